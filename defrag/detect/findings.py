@@ -1,0 +1,57 @@
+"""Findings: what a detector saw, with evidence and a stable fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+FindingKind = Literal[
+    "fragmentation",
+    "leak",
+    "starvation",
+    "idle",
+    "plan-blocked",
+    "execution-failed",
+    "circuit-open",
+]
+Severity = Literal["info", "warning", "critical"]
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One thing worth knowing or acting on.
+
+    ``subject`` names what it is about: ``cluster``, ``node/<name>``, ``pod/<ns>/<name>`` or
+    ``gpu/<node>/<index>``. ``labels`` carries the routing labels an alert needs (``node``,
+    ``namespace``, ``pod``, ``detector``). The fingerprint depends on kind and subject only,
+    so the same condition seen in the next cycle keeps its identity.
+    """
+
+    kind: FindingKind
+    subject: str
+    severity: Severity
+    summary: str
+    evidence: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    since: datetime | None = None
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    action: str = "alert"
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{self.kind}\0{self.subject}".encode()).hexdigest()[:16]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "subject": self.subject,
+            "severity": self.severity,
+            "summary": self.summary,
+            "fingerprint": self.fingerprint,
+            "evidence": dict(self.evidence),
+            "since": self.since.isoformat() if self.since else None,
+            "labels": dict(self.labels),
+            "action": self.action,
+        }

@@ -1,0 +1,152 @@
+"""Numpy views of a cluster's capacity and free resources, one row per node.
+
+Scoring, placement and the fragmentation metrics read these arrays so that one pod is scored
+against every node at once. ``NodeArrays`` is mutable on purpose: the simulator and the planner
+place and remove pods in place (``allocate`` / ``release``) thousands of times; the frozen
+:class:`~defrag.model.cluster.Cluster` copies it on write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from defrag.model.resources import Node, Pod
+from defrag.model.units import GPU_MILLI
+
+IntArray = npt.NDArray[np.int64]
+BoolArray = npt.NDArray[np.bool_]
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(slots=True)
+class NodeArrays:
+    """Per-node capacity and free resources. Row ``i`` is ``names[i]``; rows are sorted by name."""
+
+    names: tuple[str, ...]
+    index: dict[str, int]
+    gpu_total: IntArray  # [N] number of GPUs
+    gpu_free: IntArray  # [N, G] free milli-GPU per GPU slot; 0 for slots beyond gpu_total
+    gpu_exists: BoolArray  # [N, G]
+    gpu_domain: IntArray  # [N, G] NVLink domain id per GPU, -1 for missing slots
+    domain_size: IntArray  # [N, D] GPUs per domain (0 = no such domain)
+    cpu_total: IntArray
+    cpu_free: IntArray
+    mem_total: IntArray
+    mem_free: IntArray
+    gpu_mem: IntArray  # [N] memory per GPU, MiB
+    model_code: IntArray  # [N] index into models (-1 = no GPU)
+    models: tuple[str, ...]
+    schedulable: BoolArray  # [N] not cordoned (taints are checked per pod)
+
+    @classmethod
+    def from_nodes(cls, nodes: Sequence[Node]) -> NodeArrays:
+        ordered = sorted(nodes, key=lambda n: n.name)
+        n = len(ordered)
+        g = max((node.num_gpu for node in ordered), default=0) or 1
+        d = max((len(node.domains) for node in ordered), default=0) or 1
+        models = tuple(sorted({node.gpu_model for node in ordered if node.num_gpu}))
+        model_index = {m: i for i, m in enumerate(models)}
+        gpu_total = np.array([node.num_gpu for node in ordered], dtype=np.int64)
+        slots = np.arange(g)[None, :]
+        gpu_exists = slots < gpu_total[:, None]
+        gpu_domain = np.full((n, g), -1, dtype=np.int64)
+        domain_size = np.zeros((n, d), dtype=np.int64)
+        for row, node in enumerate(ordered):
+            for dom, group in enumerate(node.domains):
+                gpu_domain[row, list(group)] = dom
+                domain_size[row, dom] = len(group)
+        return cls(
+            names=tuple(node.name for node in ordered),
+            index={node.name: i for i, node in enumerate(ordered)},
+            gpu_total=gpu_total,
+            gpu_free=np.where(gpu_exists, GPU_MILLI, 0).astype(np.int64),
+            gpu_exists=gpu_exists,
+            gpu_domain=gpu_domain,
+            domain_size=domain_size,
+            cpu_total=np.array([node.cpu_milli for node in ordered], dtype=np.int64),
+            cpu_free=np.array([node.cpu_milli for node in ordered], dtype=np.int64),
+            mem_total=np.array([node.memory_mib for node in ordered], dtype=np.int64),
+            mem_free=np.array([node.memory_mib for node in ordered], dtype=np.int64),
+            gpu_mem=np.array([node.gpu_memory_mib for node in ordered], dtype=np.int64),
+            model_code=np.array(
+                [model_index[node.gpu_model] if node.num_gpu else -1 for node in ordered],
+                dtype=np.int64,
+            ),
+            models=models,
+            schedulable=np.array([not node.unschedulable for node in ordered], dtype=bool),
+        )
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def copy(self) -> NodeArrays:
+        return NodeArrays(
+            names=self.names,
+            index=self.index,
+            gpu_total=self.gpu_total,
+            gpu_free=self.gpu_free.copy(),
+            gpu_exists=self.gpu_exists,
+            gpu_domain=self.gpu_domain,
+            domain_size=self.domain_size,
+            cpu_total=self.cpu_total,
+            cpu_free=self.cpu_free.copy(),
+            mem_total=self.mem_total,
+            mem_free=self.mem_free.copy(),
+            gpu_mem=self.gpu_mem,
+            model_code=self.model_code,
+            models=self.models,
+            schedulable=self.schedulable.copy(),
+        )
+
+    # --- derived views -------------------------------------------------------------------
+
+    def whole_free(self) -> BoolArray:
+        """[N, G] GPUs that are entirely free."""
+        return self.gpu_free >= GPU_MILLI
+
+    def free_whole_count(self) -> IntArray:
+        """[N] entirely free GPUs per node."""
+        return np.asarray(self.whole_free().sum(axis=1), dtype=np.int64)
+
+    def free_share(self) -> IntArray:
+        """[N] free milli-GPU summed over each node's GPUs."""
+        return np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+
+    def domain_free(self) -> IntArray:
+        """[N, D] entirely free GPUs in each NVLink domain."""
+        whole = self.whole_free()
+        out = np.zeros(self.domain_size.shape, dtype=np.int64)
+        for dom in range(self.domain_size.shape[1]):
+            out[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
+        return out
+
+    def largest_job(self) -> IntArray:
+        """[N] the most whole GPUs one pod could get on each node, NVLink rules included."""
+        dom_free = self.domain_free()
+        full = (dom_free == self.domain_size) & (self.domain_size > 0)
+        spanning = (full * self.domain_size).sum(axis=1)
+        return np.asarray(np.maximum(dom_free.max(axis=1, initial=0), spanning), dtype=np.int64)
+
+    def model_allowed(self, pod: Pod) -> BoolArray:
+        if not pod.gpu_models or pod.num_gpu == 0:
+            return np.ones(len(self), dtype=bool)
+        codes = [i for i, m in enumerate(self.models) if m in pod.gpu_models]
+        return np.isin(self.model_code, codes)
+
+    # --- in-place updates (simulator and planner) ---------------------------------------
+
+    def allocate(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
+        self.cpu_free[row] -= pod.cpu_milli
+        self.mem_free[row] -= pod.memory_mib
+        if pod.num_gpu:
+            self.gpu_free[row, list(gpus)] -= pod.gpu_milli
+
+    def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
+        self.cpu_free[row] += pod.cpu_milli
+        self.mem_free[row] += pod.memory_mib
+        if pod.num_gpu:
+            self.gpu_free[row, list(gpus)] += pod.gpu_milli

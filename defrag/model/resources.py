@@ -1,0 +1,163 @@
+"""Frozen nodes, GPUs and pods: the objects the whole of defrag reasons about."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from defrag.model.units import GPU_MILLI
+
+EVICTABLE_ANNOTATION = "defrag.io/evictable"
+CHECKPOINT_ANNOTATION = "defrag.io/last-checkpoint"
+GPU_INDICES_ANNOTATION = "defrag.io/gpu-indices"
+NVLINK_DOMAINS_ANNOTATION = "defrag.io/nvlink-domains"
+RESERVED_FOR_ANNOTATION = "defrag.io/reserved-for"
+DRAIN_TAINT_KEY = "defrag.io/draining"
+
+GANG_LABELS = ("job-name", "training.kubeflow.org/job-name", "volcano.sh/job-name")
+
+TaintEffect = Literal["NoSchedule", "PreferNoSchedule", "NoExecute"]
+
+
+@dataclass(frozen=True, slots=True)
+class Taint:
+    key: str
+    effect: str
+    value: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    """A pod toleration. An empty key with operator Exists tolerates every taint."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerRef:
+    kind: str
+    name: str
+    controller: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    index: int
+    model: str
+    memory_mib: int
+    domain: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node's capacity (allocatable) and scheduling attributes. GPUs on one node share a model."""
+
+    name: str
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int = 0
+    gpu_model: str = ""
+    gpu_memory_mib: int = 0
+    nvlink_domains: tuple[tuple[int, ...], ...] = ()
+    """Groups of GPU indices linked by NVLink; empty means one domain holding every GPU."""
+    taints: tuple[Taint, ...] = ()
+    unschedulable: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def domains(self) -> tuple[tuple[int, ...], ...]:
+        if self.nvlink_domains:
+            return self.nvlink_domains
+        return (tuple(range(self.num_gpu)),) if self.num_gpu else ()
+
+    @property
+    def gpus(self) -> tuple[Gpu, ...]:
+        domain_of = {i: d for d, group in enumerate(self.domains) for i in group}
+        return tuple(
+            Gpu(i, self.gpu_model, self.gpu_memory_mib, domain_of.get(i, 0))
+            for i in range(self.num_gpu)
+        )
+
+
+PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    """A pod's resource shape, scheduling constraints, ownership and (when bound) placement.
+
+    ``gpu_milli`` is the share of *each* requested GPU (1000 = whole GPUs); a GPU-sharing pod
+    has ``num_gpu == 1`` and ``gpu_milli < 1000``.
+    """
+
+    name: str
+    namespace: str = "default"
+    num_gpu: int = 0
+    gpu_milli: int = GPU_MILLI
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_models: frozenset[str] = frozenset()
+    """Allowed GPU models; empty = any."""
+    gpu_memory_mib: int = 0
+    """GPU memory needed on each GPU; 0 = not asked."""
+    priority: int = 0
+    priority_class: str = ""
+    qos: str = ""
+    owner: OwnerRef | None = None
+    gang: str | None = None
+    phase: str = "Pending"
+    node: str | None = None
+    gpu_indices: tuple[int, ...] = ()
+    created_at: datetime | None = None
+    pending_since: datetime | None = None
+    pending_reason: str = ""
+    tolerations: tuple[Toleration, ...] = ()
+    uid: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
+    annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def gpu_demand_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli if self.num_gpu else 0
+
+    @property
+    def is_sharing(self) -> bool:
+        return self.num_gpu > 0 and self.gpu_milli < GPU_MILLI
+
+    @property
+    def is_bound(self) -> bool:
+        return self.node is not None
+
+    @property
+    def is_daemonset(self) -> bool:
+        return self.owner is not None and self.owner.kind == "DaemonSet"
+
+    @property
+    def gang_key(self) -> str | None:
+        """Pods that must move together share this key (namespace-qualified)."""
+        if self.gang:
+            return f"{self.namespace}/{self.gang}"
+        return None
+
+    def tolerates_all(self, taints: tuple[Taint, ...]) -> bool:
+        return all(
+            taint.effect == "PreferNoSchedule" or any(t.tolerates(taint) for t in self.tolerations)
+            for taint in taints
+        )

@@ -1,0 +1,70 @@
+"""The ports between the pure core and the outside world (DESIGN §7).
+
+Adapters implement these; ``cycle.py`` and ``execute.py`` depend only on them, so tests can
+put an emulated API, a simulated cluster or a snapshot file behind the same calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from defrag.detect.findings import Finding
+from defrag.model.cluster import Cluster
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    """One series: its labels and (unix seconds, value) points."""
+
+    labels: Mapping[str, str]
+    points: tuple[tuple[float, float], ...] = field(default=())
+
+    @property
+    def last(self) -> float | None:
+        return self.points[-1][1] if self.points else None
+
+
+@dataclass(frozen=True, slots=True)
+class EvictionResult:
+    """What the API said to one eviction. ``outcome``: evicted, blocked (429), gone, failed."""
+
+    pod: str
+    outcome: str
+    reason: str = ""
+
+
+class Clock(Protocol):
+    def now(self) -> datetime: ...
+
+
+class ClusterSource(Protocol):
+    def snapshot(self) -> Cluster: ...
+
+
+class MetricsSource(Protocol):
+    def instant(self, query: str, at: datetime | None = None) -> list[Sample]: ...
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]: ...
+
+
+class Actuator(Protocol):
+    def evict(self, namespace: str, name: str, dry_run: bool = False) -> EvictionResult: ...
+
+    def taint_node(self, node: str, key: str, value: str, effect: str) -> None: ...
+
+    def untaint_node(self, node: str, key: str) -> None: ...
+
+    def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None: ...
+
+    def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str, warning: bool = False
+    ) -> None: ...
+
+
+class AlertSink(Protocol):
+    def sync(self, findings: Sequence[Finding], now: datetime) -> None:
+        """Make the active alerts equal to ``findings``: fire new ones, refresh, resolve the rest."""
+        ...
