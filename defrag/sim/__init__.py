@@ -1,0 +1,1 @@
+"""The cluster simulator: trace loading, synthetic workloads, fill and timeline protocols."""
