@@ -1,0 +1,298 @@
+"""Findings as Alertmanager alerts, and which alerts are active.
+
+This module is pure: it maps a :class:`~defrag.detect.findings.Finding` to an :class:`Alert`
+(labels, annotations, start time) and keeps the set of active alerts from one cycle to the next.
+Sending is the job of :mod:`defrag.adapters.alertmanager`.
+
+An alert's identity is its label set, exactly as in Alertmanager: the same finding in the next
+cycle yields the same labels, so Alertmanager deduplicates it; a finding whose severity changes
+yields a new alert and the old one is resolved.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any
+
+from defrag.detect.findings import Finding
+
+log = logging.getLogger(__name__)
+
+ALERT_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "leak": "GPUMemoryLeakSuspected",
+        "starvation": "GPUJobStarved",
+        "plan-blocked": "DefragPlanBlocked",
+        "execution-failed": "DefragExecutionFailed",
+        "circuit-open": "DefragCircuitOpen",
+    }
+)
+"""Alert name per finding kind; ``fragmentation`` depends on the subject (see :func:`alert_name`)
+and ``idle`` is never alerted (it is the gate for windows, not a problem)."""
+
+CLUSTER_FRAGMENTED = "GPUClusterFragmented"
+NODE_FRAGMENTED = "GPUNodeFragmented"
+TEST_ALERT = "DefragTestAlert"
+
+OWN_ALERT_NAMES: frozenset[str] = frozenset(
+    {*ALERT_NAMES.values(), CLUSTER_FRAGMENTED, NODE_FRAGMENTED, TEST_ALERT}
+)
+"""Every alert name this project sends; alerts with other names are never touched."""
+
+ROUTING_LABELS = ("node", "namespace", "pod", "gpu", "detector")
+"""Finding labels copied onto the alert (besides alertname, severity and cluster)."""
+
+AlertKey = tuple[tuple[str, str], ...]
+"""An alert's identity: its labels, sorted."""
+
+
+def utc(moment: datetime) -> datetime:
+    """``moment`` as an aware UTC datetime (a naive one is taken to be UTC already)."""
+    if moment.tzinfo is None:
+        return moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC)
+
+
+def rfc3339(moment: datetime) -> str:
+    """The RFC 3339 form Alertmanager's API takes, in UTC with a ``Z``."""
+    return utc(moment).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_rfc3339(text: str) -> datetime:
+    """Parse a timestamp from Alertmanager's API (``...Z``, up to nanoseconds)."""
+    value = text.strip().replace("Z", "+00:00").replace("z", "+00:00")
+    if "." in value:
+        head, _, rest = value.partition(".")
+        digits = len(rest) - len(rest.lstrip("0123456789"))
+        value = f"{head}.{rest[:digits][:6].ljust(6, '0')}{rest[digits:]}"
+    return utc(datetime.fromisoformat(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Alert:
+    """One alert as Alertmanager's ``POST /api/v2/alerts`` takes it, without ``endsAt``.
+
+    ``endsAt`` is chosen at send time: a little ahead of now while firing (so the alert lapses
+    by itself if this process dies), or the moment of resolution once resolved.
+    """
+
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    starts_at: datetime | None = None
+    generator_url: str = ""
+
+    @property
+    def key(self) -> AlertKey:
+        return tuple(sorted(self.labels.items()))
+
+    @property
+    def name(self) -> str:
+        return self.labels.get("alertname", "")
+
+    def to_api(self, ends_at: datetime) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+            "endsAt": rfc3339(ends_at),
+        }
+        if self.starts_at is not None:
+            body["startsAt"] = rfc3339(self.starts_at)
+        if self.generator_url:
+            body["generatorURL"] = self.generator_url
+        return body
+
+    def with_start(self, starts_at: datetime) -> Alert:
+        return Alert(self.labels, self.annotations, utc(starts_at), self.generator_url)
+
+
+def alert_name(finding: Finding) -> str | None:
+    """The alert name of a finding, or None for kinds that are never alerted (``idle``)."""
+    if finding.kind == "fragmentation":
+        if finding.subject == "cluster":
+            return CLUSTER_FRAGMENTED
+        if finding.subject.startswith("node/") or finding.labels.get("node"):
+            return NODE_FRAGMENTED
+        return CLUSTER_FRAGMENTED
+    return ALERT_NAMES.get(finding.kind)
+
+
+def subject_labels(subject: str) -> dict[str, str]:
+    """Routing labels implied by a subject: ``node/<n>``, ``pod/<ns>/<name>``, ``gpu/<n>/<i>``."""
+    head, _, rest = subject.partition("/")
+    parts = rest.split("/") if rest else []
+    if head == "node" and len(parts) == 1 and parts[0]:
+        return {"node": parts[0]}
+    if head == "pod" and len(parts) == 2 and all(parts):
+        return {"namespace": parts[0], "pod": parts[1]}
+    if head == "gpu" and len(parts) == 2 and all(parts):
+        return {"node": parts[0], "gpu": parts[1]}
+    return {}
+
+
+def describe(finding: Finding) -> str:
+    """A multi-line description: the summary's subject, since when, and the evidence."""
+    lines = [f"{finding.kind} on {finding.subject}"]
+    if finding.since is not None:
+        lines[0] += f", since {rfc3339(finding.since)}"
+    for name in sorted(finding.evidence):
+        lines.append(f"{name}: {_short(finding.evidence[name])}")
+    if finding.action and finding.action != "alert":
+        lines.append(f"action: {finding.action}")
+    return "\n".join(lines)
+
+
+def _short(value: Any, limit: int = 300) -> str:
+    text = f"{value:.4g}" if isinstance(value, float) else str(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@dataclass(frozen=True, slots=True)
+class AlertTemplate:
+    """What every alert of one sender shares: the cluster label and the links."""
+
+    cluster: str = "default"
+    generator_url: str = "http://defrag.invalid/findings"
+    runbook_url: str = "docs/alerts.md"
+
+    def owns(self, labels: Mapping[str, str], generator_url: str) -> bool:
+        """Whether an alert seen in Alertmanager was sent by this sender (same cluster, names
+        and generator): only those are adopted and resolved after a restart."""
+        return (
+            labels.get("alertname") in OWN_ALERT_NAMES
+            and labels.get("cluster") == self.cluster
+            and generator_url.startswith(self.generator_url)
+        )
+
+    def alert(self, finding: Finding) -> Alert | None:
+        """The alert for ``finding``; None for a kind that is never alerted."""
+        name = alert_name(finding)
+        if name is None:
+            return None
+        labels = {"alertname": name, "severity": finding.severity, "cluster": self.cluster}
+        implied = subject_labels(finding.subject)
+        for label in ROUTING_LABELS:
+            value = finding.labels.get(label) or implied.get(label)
+            if value:
+                labels[label] = str(value)
+        labels.setdefault("detector", finding.kind)
+        annotations = {
+            "summary": finding.summary,
+            "description": describe(finding),
+            "runbook_url": f"{self.runbook_url}#{name.lower()}",
+        }
+        return Alert(
+            labels=labels,
+            annotations=annotations,
+            starts_at=utc(finding.since) if finding.since else None,
+            generator_url=f"{self.generator_url}/{finding.fingerprint}",
+        )
+
+    def test_alert(self, now: datetime) -> Alert:
+        """The alert ``defrag alerts test`` sends: severity info, labelled ``test="true"``."""
+        return Alert(
+            labels={
+                "alertname": TEST_ALERT,
+                "severity": "info",
+                "cluster": self.cluster,
+                "test": "true",
+            },
+            annotations={
+                "summary": "Test alert from defrag: the route to Alertmanager works.",
+                "description": "Sent by `defrag alerts test`; it resolves by itself.",
+                "runbook_url": f"{self.runbook_url}#{TEST_ALERT.lower()}",
+            },
+            starts_at=utc(now),
+            generator_url=f"{self.generator_url}/test",
+        )
+
+    def alerts(self, findings: Iterable[Finding]) -> dict[AlertKey, Alert]:
+        """The alerts of a cycle's findings, by identity; two findings with the same labels
+        make one alert (the first wins, the clash is logged)."""
+        out: dict[AlertKey, Alert] = {}
+        for finding in findings:
+            alert = self.alert(finding)
+            if alert is None:
+                continue
+            if alert.key in out:
+                log.warning("findings share one alert identity %s; keeping the first", alert.key)
+                continue
+            out[alert.key] = alert
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    """What one cycle changes: alerts that start firing, keep firing, and resolve."""
+
+    fired: tuple[Alert, ...]
+    kept: tuple[Alert, ...]
+    resolved: tuple[Alert, ...]
+
+    @property
+    def firing(self) -> tuple[Alert, ...]:
+        return self.fired + self.kept
+
+
+class ActiveAlerts:
+    """The alerts active now, kept between cycles.
+
+    After a restart it starts empty; the first cycle rebuilds it from that cycle's findings (and
+    from what Alertmanager still holds, via :meth:`adopt`). A finding that carries no ``since``
+    keeps the start time it had when first seen, so a re-sent alert never looks new.
+    """
+
+    def __init__(self) -> None:
+        self._active: dict[AlertKey, Alert] = {}
+
+    def __len__(self) -> int:
+        return len(self._active)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._active
+
+    def snapshot(self) -> tuple[Alert, ...]:
+        return tuple(self._active.values())
+
+    def adopt(self, alerts: Iterable[Alert]) -> int:
+        """Take alerts seen in Alertmanager as active (their start time too); returns how many
+        were new to this state. Known alerts keep the earlier start time."""
+        count = 0
+        for alert in alerts:
+            known = self._active.get(alert.key)
+            if known is None:
+                self._active[alert.key] = alert
+                count += 1
+            elif alert.starts_at and (known.starts_at is None or alert.starts_at < known.starts_at):
+                self._active[alert.key] = known.with_start(alert.starts_at)
+        return count
+
+    def update(self, desired: Mapping[AlertKey, Alert], now: datetime) -> Transition:
+        """Make the active set equal to ``desired``; returns what fired, stayed and resolved."""
+        fired: list[Alert] = []
+        kept: list[Alert] = []
+        for key, alert in desired.items():
+            known = self._active.get(key)
+            if known is None:
+                start = alert.starts_at or utc(now)
+                fired.append(alert.with_start(start))
+            else:
+                start = known.starts_at or alert.starts_at or utc(now)
+                if alert.starts_at is not None and alert.starts_at < start:
+                    start = alert.starts_at
+                kept.append(alert.with_start(start))
+        resolved = [alert for key, alert in self._active.items() if key not in desired]
+        self._active = {alert.key: alert for alert in (*fired, *kept)}
+        return Transition(tuple(fired), tuple(kept), tuple(resolved))
+
+
+class AlertSendError(RuntimeError):
+    """Every Alertmanager failed to take this cycle's alerts (they are kept and sent again)."""
+
+    def __init__(self, failures: Mapping[str, str]) -> None:
+        self.failures = dict(failures)
+        detail = "; ".join(f"{url}: {reason}" for url, reason in sorted(self.failures.items()))
+        super().__init__(f"no Alertmanager took the alerts ({detail})")
