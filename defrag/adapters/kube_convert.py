@@ -1,0 +1,628 @@
+"""Real Kubernetes v1 JSON (Node, Pod, PodDisruptionBudget, PriorityClass) → the cluster model.
+
+One converter serves both snapshot files (``kubectl get … -o json``) and the live API (raw JSON
+read with ``_preload_content=False``), so both paths see the same cluster.
+
+Conventions read here (documented in docs/kubernetes.md):
+
+- GPUs: ``nvidia.com/gpu`` in ``status.allocatable`` (node) and in container requests (pod; a
+  container with only a limit requests its limit, as Kubernetes defaults it).
+- GPU model and memory: GPU Feature Discovery labels ``nvidia.com/gpu.product`` and
+  ``nvidia.com/gpu.memory`` (MiB); ``nvidia.com/gpu.count`` is checked against allocatable.
+- NVLink domains: node annotation ``defrag.io/nvlink-domains`` = ``"0-3,4-7"`` (comma-separated
+  domains, each a GPU index or an inclusive range). Absent = one domain holding every GPU.
+- GPU sharing: pod annotation ``defrag.io/gpu-milli`` = the share of its one GPU in milli-GPU
+  (1..1000); a sharing pod requests ``nvidia.com/gpu: 1`` (or nothing: one GPU is implied).
+- GPU memory a pod needs: pod annotation ``defrag.io/gpu-memory`` (a quantity, e.g. ``"20Gi"``).
+- Allowed GPU models: ``nvidia.com/gpu.product`` in ``spec.nodeSelector`` or in the required
+  node affinity (``In`` expressions).
+- Bound GPU slots: pod annotation ``defrag.io/gpu-indices`` = ``"0,1"`` or ``"0-3"``.
+- Gangs: labels ``job-name``, ``training.kubeflow.org/job-name``, ``volcano.sh/job-name``,
+  ``scheduling.x-k8s.io/pod-group``; else a controlling owner of a batch kind (Job, PyTorchJob,
+  …) gives the gang ``<kind>/<name>`` (lowercase kind).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from decimal import ROUND_CEILING, Decimal
+from functools import lru_cache
+from typing import Any
+
+from defrag.model import units
+from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
+from defrag.model.resources import (
+    GANG_LABELS,
+    GPU_INDICES_ANNOTATION,
+    NVLINK_DOMAINS_ANNOTATION,
+    Node,
+    OwnerRef,
+    Pod,
+    Taint,
+    Toleration,
+)
+from defrag.model.units import GPU_MILLI, QuantityError
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+GPU_COUNT_LABEL = "nvidia.com/gpu.count"
+GPU_MILLI_ANNOTATION = "defrag.io/gpu-milli"
+GPU_MEMORY_ANNOTATION = "defrag.io/gpu-memory"
+EXTRA_GANG_LABELS = ("scheduling.x-k8s.io/pod-group",)
+GANG_OWNER_KINDS = frozenset(
+    {"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob"}
+)
+TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
+SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
+JsonObj = Mapping[str, Any]
+
+
+class ConversionError(ValueError):
+    """A Kubernetes object that cannot be read: names the object and the JSON field path."""
+
+    def __init__(self, obj: str, path: str, message: str) -> None:
+        self.obj = obj
+        self.path = path
+        self.message = message
+        super().__init__(f"{obj}: {path}: {message}" if path else f"{obj}: {message}")
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    name: str
+    value: int
+    global_default: bool = False
+
+
+@dataclass(slots=True)
+class ClusterParts:
+    """Objects converted so far; :meth:`build` resolves priorities and makes the Cluster."""
+
+    nodes: list[Node] = field(default_factory=list)
+    pods: list[tuple[Pod, bool]] = field(default_factory=list)
+    """Each pod with whether ``spec.priority`` was set (else resolved from its class)."""
+    pdbs: list[PodDisruptionBudget] = field(default_factory=list)
+    priority_classes: list[PriorityClass] = field(default_factory=list)
+
+    def add(self, obj: object, where: str, kind: str | None = None) -> None:
+        """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none)."""
+        if not isinstance(obj, Mapping):
+            raise ConversionError(where, "", f"expected an object, got {type(obj).__name__}")
+        kind = kind or obj.get("kind")
+        if kind == "Node":
+            self.nodes.append(node_from_json(obj, where))
+        elif kind == "Pod":
+            self.pods.append(pod_from_json(obj, where))
+        elif kind == "PodDisruptionBudget":
+            pdb = pdb_from_json(obj, where)
+            if pdb is not None:
+                self.pdbs.append(pdb)
+        elif kind == "PriorityClass":
+            self.priority_classes.append(priority_class_from_json(obj, where))
+        elif kind is None:
+            raise ConversionError(where, "kind", "missing")
+        # Other kinds (Services, Events, …) in a ``kubectl get`` list are ignored.
+
+    def build(self) -> Cluster:
+        values = {pc.name: pc.value for pc in self.priority_classes}
+        default = next((pc.value for pc in self.priority_classes if pc.global_default), 0)
+        pods = []
+        for pod, explicit in self.pods:
+            if not explicit:
+                value = values.get(pod.priority_class, default) if pod.priority_class else default
+                if value != pod.priority:
+                    pod = _replace_priority(pod, value)
+            pods.append(pod)
+        return Cluster.build(self.nodes, pods, self.pdbs, values)
+
+
+def cluster_from_items(items: Iterable[object], source: str = "items") -> Cluster:
+    """A Cluster from the items of a v1 List (each with its ``kind``)."""
+    parts = ClusterParts()
+    for i, obj in enumerate(items):
+        parts.add(obj, describe(obj, f"{source}[{i}]"))
+    try:
+        return parts.build()
+    except ModelError as exc:
+        raise ConversionError(source, "", str(exc)) from exc
+
+
+# --- Node ------------------------------------------------------------------------------------
+
+
+def node_from_json(obj: JsonObj, where: str = "node") -> Node:
+    meta = _mapping(obj, "metadata", where)
+    name = _name(meta, where)
+    who = f"Node {name}"
+    spec = _mapping(obj, "spec", who)
+    status = _mapping(obj, "status", who)
+    alloc = status.get("allocatable")
+    alloc_path = "status.allocatable"
+    if not alloc:
+        alloc, alloc_path = status.get("capacity"), "status.capacity"
+    if not isinstance(alloc, Mapping):
+        raise ConversionError(who, "status.allocatable", "missing (and no status.capacity)")
+    labels = _str_map(meta, "labels", who)
+    annotations = _str_map(meta, "annotations", who)
+    cpu = _quantity(alloc, "cpu", f"{alloc_path}.cpu", who, units.cpu_milli, required=True)
+    mem = _quantity(alloc, "memory", f"{alloc_path}.memory", who, units.memory_mib, required=True)
+    gpus = _quantity(alloc, GPU_RESOURCE, f'{alloc_path}["{GPU_RESOURCE}"]', who, units.count)
+    label_path = "metadata.labels"
+    if GPU_COUNT_LABEL in labels:
+        gfd_count = _int_text(labels[GPU_COUNT_LABEL], f'{label_path}["{GPU_COUNT_LABEL}"]', who)
+        if gpus > gfd_count:
+            raise ConversionError(
+                who,
+                f'{alloc_path}["{GPU_RESOURCE}"]',
+                f"{gpus} GPUs allocatable but label {GPU_COUNT_LABEL} says {gfd_count}",
+            )
+    gpu_mem = 0
+    if GPU_MEMORY_LABEL in labels:
+        gpu_mem = _int_text(labels[GPU_MEMORY_LABEL], f'{label_path}["{GPU_MEMORY_LABEL}"]', who)
+    domains: tuple[tuple[int, ...], ...] = ()
+    if NVLINK_DOMAINS_ANNOTATION in annotations and gpus:
+        path = f'metadata.annotations["{NVLINK_DOMAINS_ANNOTATION}"]'
+        domains = _nvlink_domains(annotations[NVLINK_DOMAINS_ANNOTATION], gpus, path, who)
+    return Node(
+        name=name,
+        cpu_milli=cpu,
+        memory_mib=mem,
+        num_gpu=gpus,
+        gpu_model=labels.get(GPU_PRODUCT_LABEL, "") if gpus else "",
+        gpu_memory_mib=gpu_mem,
+        nvlink_domains=domains,
+        taints=_taints(spec.get("taints"), who),
+        unschedulable=bool(spec.get("unschedulable", False)),
+        labels=labels,
+        annotations=annotations,
+    )
+
+
+def _nvlink_domains(text: str, gpus: int, path: str, who: str) -> tuple[tuple[int, ...], ...]:
+    """``"0-3,4-7"`` → ((0,1,2,3),(4,5,6,7)). Indices ≥ allocatable GPUs (a GPU the device plugin
+    withdrew) are dropped; every allocatable GPU must be in exactly one domain."""
+    domains: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for part in text.split(","):
+        group = tuple(i for i in _index_range(part, path, who) if i < gpus)
+        if seen.intersection(group):
+            raise ConversionError(who, path, f"GPU {min(seen.intersection(group))} in two domains")
+        seen.update(group)
+        if group:
+            domains.append(group)
+    missing = sorted(set(range(gpus)) - seen)
+    if missing:
+        raise ConversionError(who, path, f"GPU(s) {missing} are in no NVLink domain of {text!r}")
+    return tuple(domains)
+
+
+def _index_range(part: str, path: str, who: str) -> range:
+    text = part.strip()
+    lo, sep, hi = text.partition("-")
+    try:
+        start = int(lo)
+        stop = int(hi) if sep else start
+    except ValueError:
+        raise ConversionError(who, path, f"{text!r} is not a GPU index or range a-b") from None
+    if start < 0 or stop < start:
+        raise ConversionError(who, path, f"{text!r} is not a GPU index or range a-b")
+    return range(start, stop + 1)
+
+
+def _taints(raw: object, who: str) -> tuple[Taint, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConversionError(who, "spec.taints", "expected a list")
+    out = []
+    for i, t in enumerate(raw):
+        path = f"spec.taints[{i}]"
+        if not isinstance(t, Mapping) or not isinstance(t.get("key"), str):
+            raise ConversionError(who, f"{path}.key", "missing")
+        effect = t.get("effect")
+        if effect not in TAINT_EFFECTS:
+            raise ConversionError(who, f"{path}.effect", f"unknown effect {effect!r}")
+        out.append(Taint(key=t["key"], effect=effect, value=str(t.get("value") or "")))
+    return tuple(out)
+
+
+# --- Pod -------------------------------------------------------------------------------------
+
+
+def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
+    """The Pod, and whether ``spec.priority`` was set (else its class decides, see ClusterParts)."""
+    meta = _mapping(obj, "metadata", where)
+    name = _name(meta, where)
+    namespace = meta.get("namespace") or "default"
+    if not isinstance(namespace, str):
+        raise ConversionError(f"Pod {name}", "metadata.namespace", "expected a string")
+    who = f"Pod {namespace}/{name}"
+    spec = _mapping(obj, "spec", who)
+    status = obj.get("status") or {}
+    if not isinstance(status, Mapping):
+        raise ConversionError(who, "status", "expected an object")
+    labels = _str_map(meta, "labels", who)
+    annotations = _str_map(meta, "annotations", who)
+
+    requests = _pod_requests(spec, who)
+    gpu_request = requests[GPU_RESOURCE]
+    if gpu_request != gpu_request.to_integral_value():
+        raise ConversionError(
+            who,
+            "spec.containers[*].resources",
+            f"{GPU_RESOURCE} request {gpu_request} is fractional",
+        )
+    num_gpu = int(gpu_request)
+    gpu_milli = GPU_MILLI
+    if GPU_MILLI_ANNOTATION in annotations:
+        path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
+        gpu_milli = _int_text(annotations[GPU_MILLI_ANNOTATION], path, who)
+        if not 1 <= gpu_milli <= GPU_MILLI:
+            raise ConversionError(who, path, f"{gpu_milli} is outside 1..{GPU_MILLI}")
+        if gpu_milli < GPU_MILLI:
+            if num_gpu > 1:
+                raise ConversionError(
+                    who, path, f"a GPU share needs one GPU, but the pod requests {num_gpu}"
+                )
+            num_gpu = 1
+    gpu_memory = 0
+    if GPU_MEMORY_ANNOTATION in annotations:
+        path = f'metadata.annotations["{GPU_MEMORY_ANNOTATION}"]'
+        gpu_memory = _convert(annotations[GPU_MEMORY_ANNOTATION], units.memory_mib, path, who)
+
+    priority = spec.get("priority")
+    explicit = priority is not None
+    if explicit and (not isinstance(priority, int) or isinstance(priority, bool)):
+        raise ConversionError(who, "spec.priority", f"expected an integer, got {priority!r}")
+
+    node = spec.get("nodeName") or None
+    gpu_indices: tuple[int, ...] = ()
+    if GPU_INDICES_ANNOTATION in annotations and node is not None and num_gpu:
+        path = f'metadata.annotations["{GPU_INDICES_ANNOTATION}"]'
+        indices = [
+            i
+            for part in annotations[GPU_INDICES_ANNOTATION].split(",")
+            if part.strip()
+            for i in _index_range(part, path, who)
+        ]
+        if len(set(indices)) != len(indices):
+            raise ConversionError(who, path, "a GPU index appears twice")
+        gpu_indices = tuple(sorted(indices))
+
+    owner = _owner(meta, who)
+    created = _time(meta.get("creationTimestamp"), "metadata.creationTimestamp", who)
+    phase = status.get("phase") or "Pending"
+    pending_since, pending_reason = _pending(status, who)
+    if pending_since is None and node is None and phase == "Pending":
+        pending_since = created
+
+    pod = Pod(
+        name=name,
+        namespace=namespace,
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+        cpu_milli=_ceil(requests["cpu"] * 1000),
+        memory_mib=_ceil(requests["memory"] / 2**20),
+        gpu_models=_gpu_models(spec, who),
+        gpu_memory_mib=gpu_memory,
+        priority=priority if isinstance(priority, int) else 0,
+        priority_class=str(spec.get("priorityClassName") or ""),
+        qos=str(status.get("qosClass") or ""),
+        owner=owner,
+        gang=_gang(labels, owner),
+        phase=str(phase),
+        node=node,
+        gpu_indices=gpu_indices,
+        created_at=created,
+        pending_since=pending_since,
+        pending_reason=pending_reason,
+        tolerations=_tolerations(spec.get("tolerations"), who),
+        uid=str(meta.get("uid") or ""),
+        labels=labels,
+        annotations=annotations,
+    )
+    return pod, explicit
+
+
+_POD_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
+
+
+def _pod_requests(spec: JsonObj, who: str) -> dict[str, Decimal]:
+    """The pod's effective requests, as the scheduler computes them (KEP-753 sidecars included):
+    max(sum of app containers + sidecars, each init container + the sidecars started before it),
+    plus ``spec.overhead``."""
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise ConversionError(who, "spec.containers", "missing or empty")
+    app = dict.fromkeys(_POD_RESOURCES, Decimal(0))
+    for i, c in enumerate(containers):
+        for res, value in _container_requests(c, f"spec.containers[{i}]", who).items():
+            app[res] += value
+    init_peak = dict.fromkeys(_POD_RESOURCES, Decimal(0))
+    sidecars = dict.fromkeys(_POD_RESOURCES, Decimal(0))
+    inits = spec.get("initContainers") or []
+    if not isinstance(inits, list):
+        raise ConversionError(who, "spec.initContainers", "expected a list")
+    for i, c in enumerate(inits):
+        req = _container_requests(c, f"spec.initContainers[{i}]", who)
+        sidecar = c.get("restartPolicy") == "Always"
+        for res in _POD_RESOURCES:
+            init_peak[res] = max(init_peak[res], sidecars[res] + req.get(res, Decimal(0)))
+            if sidecar:
+                sidecars[res] += req.get(res, Decimal(0))
+    overhead = spec.get("overhead") or {}
+    out = {}
+    for res in _POD_RESOURCES:
+        total = max(app[res] + sidecars[res], init_peak[res])
+        if res in overhead:
+            total += _quantity(overhead, res, f"spec.overhead.{res}", who, units.parse_quantity)
+        out[res] = total
+    return out
+
+
+def _container_requests(c: object, path: str, who: str) -> dict[str, Decimal]:
+    if not isinstance(c, Mapping):
+        raise ConversionError(who, path, "expected an object")
+    resources = c.get("resources") or {}
+    requests = resources.get("requests") or {}
+    limits = resources.get("limits") or {}
+    out = {}
+    for res in _POD_RESOURCES:
+        # Kubernetes defaults a missing request to the limit (always so for extended resources).
+        if res in requests:
+            out[res] = _quantity(
+                requests, res, f"{path}.resources.requests.{res}", who, units.parse_quantity
+            )
+        elif res in limits:
+            out[res] = _quantity(
+                limits, res, f"{path}.resources.limits.{res}", who, units.parse_quantity
+            )
+    return out
+
+
+def _gpu_models(spec: JsonObj, who: str) -> frozenset[str]:
+    """Allowed GPU models from ``nodeSelector`` and the required node affinity; empty = any."""
+    selector = spec.get("nodeSelector") or {}
+    models: set[str] | None = None
+    if GPU_PRODUCT_LABEL in selector:
+        models = {str(selector[GPU_PRODUCT_LABEL])}
+    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = affinity.get("nodeSelectorTerms") or []
+    term_models: set[str] = set()
+    for term in terms:
+        found = [
+            e
+            for e in (term.get("matchExpressions") or [])
+            if e.get("key") == GPU_PRODUCT_LABEL and e.get("operator") == "In"
+        ]
+        if not found:
+            return frozenset(models or ())  # a term without a model constraint admits any model
+        term_models.update(str(v) for e in found for v in (e.get("values") or []))
+    if terms:
+        models = term_models if models is None else models & term_models
+    return frozenset(models or ())
+
+
+def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
+    refs = meta.get("ownerReferences") or []
+    if not isinstance(refs, list):
+        raise ConversionError(who, "metadata.ownerReferences", "expected a list")
+    chosen: OwnerRef | None = None
+    for i, ref in enumerate(refs):
+        if not isinstance(ref, Mapping) or not ref.get("kind") or not ref.get("name"):
+            raise ConversionError(who, f"metadata.ownerReferences[{i}]", "needs kind and name")
+        owner = OwnerRef(kind=ref["kind"], name=ref["name"], controller=bool(ref.get("controller")))
+        if owner.controller:
+            return owner
+        chosen = chosen or owner
+    return chosen
+
+
+def _gang(labels: Mapping[str, str], owner: OwnerRef | None) -> str | None:
+    for label in (*GANG_LABELS, *EXTRA_GANG_LABELS):
+        if labels.get(label):
+            return labels[label]
+    if owner is not None and owner.controller and owner.kind in GANG_OWNER_KINDS:
+        return f"{owner.kind.lower()}/{owner.name}"
+    return None
+
+
+def _pending(status: JsonObj, who: str) -> tuple[datetime | None, str]:
+    conditions = status.get("conditions") or []
+    if not isinstance(conditions, list):
+        raise ConversionError(who, "status.conditions", "expected a list")
+    for i, cond in enumerate(conditions):
+        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled":
+            if cond.get("status") == "False":
+                path = f"status.conditions[{i}].lastTransitionTime"
+                return _time(cond.get("lastTransitionTime"), path, who), str(
+                    cond.get("reason") or ""
+                )
+            return None, ""
+    return None, ""
+
+
+def _tolerations(raw: object, who: str) -> tuple[Toleration, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConversionError(who, "spec.tolerations", "expected a list")
+    out = []
+    for i, t in enumerate(raw):
+        if not isinstance(t, Mapping):
+            raise ConversionError(who, f"spec.tolerations[{i}]", "expected an object")
+        operator = t.get("operator") or "Equal"
+        if operator not in ("Equal", "Exists"):
+            raise ConversionError(
+                who, f"spec.tolerations[{i}].operator", f"unknown operator {operator!r}"
+            )
+        out.append(
+            Toleration(
+                key=str(t.get("key") or ""),
+                operator=operator,
+                value=str(t.get("value") or ""),
+                effect=str(t.get("effect") or ""),
+            )
+        )
+    return tuple(out)
+
+
+def _replace_priority(pod: Pod, value: int) -> Pod:
+    return replace(pod, priority=value)
+
+
+def _ceil(value: Decimal) -> int:
+    return int(value.to_integral_value(rounding=ROUND_CEILING))
+
+
+# --- PodDisruptionBudget, PriorityClass ------------------------------------------------------
+
+
+def pdb_from_json(obj: JsonObj, where: str = "pdb") -> PodDisruptionBudget | None:
+    """The PDB; None for one with no selector (policy/v1: a null selector selects no pod)."""
+    meta = _mapping(obj, "metadata", where)
+    name = _name(meta, where)
+    namespace = str(meta.get("namespace") or "default")
+    who = f"PodDisruptionBudget {namespace}/{name}"
+    spec = _mapping(obj, "spec", who)
+    selector = spec.get("selector")
+    if selector is None:
+        return None
+    if not isinstance(selector, Mapping):
+        raise ConversionError(who, "spec.selector", "expected an object")
+    match_labels = _str_map(selector, "matchLabels", who, "spec.selector.matchLabels")
+    exprs = []
+    for i, e in enumerate(selector.get("matchExpressions") or []):
+        path = f"spec.selector.matchExpressions[{i}]"
+        if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
+            raise ConversionError(who, f"{path}.key", "missing")
+        op = e.get("operator")
+        if op not in SELECTOR_OPERATORS:
+            raise ConversionError(who, f"{path}.operator", f"unknown operator {op!r}")
+        values = e.get("values") or []
+        if not isinstance(values, list):
+            raise ConversionError(who, f"{path}.values", "expected a list")
+        exprs.append((e["key"], op, tuple(str(v) for v in values)))
+    status = obj.get("status") or {}
+    allowed = status.get("disruptionsAllowed", 0)
+    if not isinstance(allowed, int) or isinstance(allowed, bool) or allowed < 0:
+        raise ConversionError(
+            who, "status.disruptionsAllowed", f"expected a non-negative integer, got {allowed!r}"
+        )
+    return PodDisruptionBudget(
+        namespace=namespace,
+        name=name,
+        match_labels=match_labels,
+        match_expressions=tuple(exprs),
+        disruptions_allowed=allowed,
+    )
+
+
+def priority_class_from_json(obj: JsonObj, where: str = "priorityclass") -> PriorityClass:
+    meta = _mapping(obj, "metadata", where)
+    name = _name(meta, where)
+    who = f"PriorityClass {name}"
+    value = obj.get("value")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConversionError(who, "value", f"expected an integer, got {value!r}")
+    return PriorityClass(name=name, value=value, global_default=bool(obj.get("globalDefault")))
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def describe(obj: object, fallback: str) -> str:
+    """``Kind ns/name`` when the object says so, else its list position."""
+    if isinstance(obj, Mapping):
+        meta = obj.get("metadata")
+        if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
+            ns = meta.get("namespace")
+            ident = f"{ns}/{meta['name']}" if ns else meta["name"]
+            return f"{obj.get('kind') or 'object'} {ident} ({fallback})"
+    return fallback
+
+
+def _mapping(obj: JsonObj, key: str, who: str) -> JsonObj:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConversionError(who, key, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _name(meta: JsonObj, where: str) -> str:
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise ConversionError(where, "metadata.name", "missing")
+    return name
+
+
+def _str_map(obj: JsonObj, key: str, who: str, path: str | None = None) -> dict[str, str]:
+    value = obj.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConversionError(who, path or f"metadata.{key}", "expected an object")
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _int_text(text: str, path: str, who: str) -> int:
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise ConversionError(who, path, f"{text!r} is not an integer") from None
+
+
+@lru_cache(maxsize=4096)
+def _cached(fn: Any, value: str | int | float) -> Any:
+    return fn(value)
+
+
+def _convert(value: object, fn: Any, path: str, who: str) -> Any:
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise ConversionError(who, path, f"not a quantity: {value!r}")
+    try:
+        return _cached(fn, value)
+    except QuantityError as exc:
+        raise ConversionError(who, path, str(exc)) from None
+
+
+def _quantity(obj: JsonObj, key: str, path: str, who: str, fn: Any, required: bool = False) -> Any:
+    if key not in obj:
+        if required:
+            raise ConversionError(who, path, "missing")
+        return fn(0)
+    return _convert(obj[key], fn, path, who)
+
+
+def _time(value: object, path: str, who: str) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise ConversionError(who, path, f"expected an RFC 3339 time, got {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        raise ConversionError(who, path, f"{value!r} is not an RFC 3339 time") from None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def items_of(document: object, where: str) -> Sequence[object]:
+    """The items of a ``v1 List`` (or any ``…List``), or a single object as a one-item list."""
+    if not isinstance(document, Mapping):
+        raise ConversionError(where, "", "expected a Kubernetes object or List")
+    if "items" in document:
+        items = document["items"]
+        if items is None:
+            return []
+        if not isinstance(items, list):
+            raise ConversionError(where, "items", "expected a list")
+        return items
+    return [document]

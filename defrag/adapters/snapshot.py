@@ -1,0 +1,68 @@
+"""Cluster snapshots from files: the JSON (or YAML) of ``kubectl get nodes,pods,pdb -A -o json``.
+
+Several files may make one snapshot (e.g. nodes and pods saved apart, PriorityClasses from
+``kubectl get priorityclasses -o json``). Every error names the file and the object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import yaml
+
+from defrag.adapters.kube_convert import ClusterParts, ConversionError, describe, items_of
+from defrag.model.cluster import Cluster, ModelError
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be read or converted; the message names the file."""
+
+
+def load_snapshot(paths: str | Path | Iterable[str | Path]) -> Cluster:
+    """One Cluster from one or more files, each a v1 ``List`` or a single object, JSON or YAML."""
+    if isinstance(paths, str | Path):
+        paths = [paths]
+    files = [Path(p) for p in paths]
+    if not files:
+        raise SnapshotError("no snapshot file given")
+    parts = ClusterParts()
+    for path in files:
+        for doc_index, document in enumerate(_documents(path)):
+            where = str(path) if doc_index == 0 else f"{path} (document {doc_index + 1})"
+            try:
+                for i, obj in enumerate(items_of(document, where)):
+                    parts.add(obj, describe(obj, f"items[{i}]"))
+            except ConversionError as exc:
+                raise SnapshotError(f"{where}: {exc}") from exc
+    try:
+        return parts.build()
+    except ModelError as exc:
+        names = ", ".join(str(p) for p in files)
+        raise SnapshotError(f"{names}: {exc}") from exc
+
+
+def _documents(path: Path) -> Sequence[object]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SnapshotError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SnapshotError(f"{path}: cannot read: {exc}") from None
+    if text.lstrip().startswith(("{", "[")):
+        try:
+            return [json.loads(text)]
+        except json.JSONDecodeError as exc:
+            raise SnapshotError(
+                f"{path}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
+            ) from None
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
+        raise SnapshotError(f"{path}: {at}invalid YAML: {exc}") from None
+    if not docs:
+        raise SnapshotError(f"{path}: empty file")
+    return docs
