@@ -14,12 +14,24 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from defrag.model.resources import Node, Pod
+from defrag.model.resources import Node, Pod, Taint
 from defrag.model.units import GPU_MILLI
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
+
+DEMAND_CLASSES = ("cpu-only", "gpu-share", "1-gpu", "2-gpu", "4-gpu", "8+-gpu")
+"""GPU-demand classes (gpu-clustering groups pods of one class on the same nodes)."""
+
+
+def demand_class(pod: Pod) -> int:
+    """Index into DEMAND_CLASSES for a pod."""
+    if pod.num_gpu == 0:
+        return 0
+    if pod.gpu_milli < GPU_MILLI:
+        return 1
+    return {1: 2, 2: 3, 3: 4, 4: 4}.get(pod.num_gpu, 5)
 
 
 @dataclass(slots=True)
@@ -41,6 +53,9 @@ class NodeArrays:
     model_code: IntArray  # [N] index into models (-1 = no GPU)
     models: tuple[str, ...]
     schedulable: BoolArray  # [N] not cordoned (taints are checked per pod)
+    taints: tuple[tuple[Taint, ...], ...]  # per row
+    tainted_rows: tuple[int, ...]  # rows with NoSchedule/NoExecute taints
+    class_count: IntArray  # [N, len(DEMAND_CLASSES)] bound pods per demand class
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeArrays:
@@ -78,6 +93,13 @@ class NodeArrays:
             ),
             models=models,
             schedulable=np.array([not node.unschedulable for node in ordered], dtype=bool),
+            taints=tuple(node.taints for node in ordered),
+            tainted_rows=tuple(
+                i
+                for i, node in enumerate(ordered)
+                if any(t.effect != "PreferNoSchedule" for t in node.taints)
+            ),
+            class_count=np.zeros((n, len(DEMAND_CLASSES)), dtype=np.int64),
         )
 
     def __len__(self) -> int:
@@ -100,6 +122,9 @@ class NodeArrays:
             model_code=self.model_code,
             models=self.models,
             schedulable=self.schedulable.copy(),
+            taints=self.taints,
+            tainted_rows=self.tainted_rows,
+            class_count=self.class_count.copy(),
         )
 
     # --- derived views -------------------------------------------------------------------
@@ -142,11 +167,13 @@ class NodeArrays:
     def allocate(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         self.cpu_free[row] -= pod.cpu_milli
         self.mem_free[row] -= pod.memory_mib
+        self.class_count[row, demand_class(pod)] += 1
         if pod.num_gpu:
             self.gpu_free[row, list(gpus)] -= pod.gpu_milli
 
     def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         self.cpu_free[row] += pod.cpu_milli
         self.mem_free[row] += pod.memory_mib
+        self.class_count[row, demand_class(pod)] -= 1
         if pod.num_gpu:
             self.gpu_free[row, list(gpus)] += pod.gpu_milli

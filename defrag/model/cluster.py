@@ -120,7 +120,7 @@ class Cluster:
         if pod.node is not None and occupies(pod):
             arrays = arrays.copy()
             pod = _assign_gpus(arrays, pod)
-            arrays.allocate(arrays.index[pod.node], pod, pod.gpu_indices)
+            arrays.allocate(arrays.index[pod.node], pod, pod.gpu_indices)  # type: ignore[index]
         pods = dict(self.pods)
         pods[pod.key] = pod
         return replace(self, pods=MappingProxyType(pods), arrays=arrays)
@@ -171,18 +171,20 @@ def _assign_gpus(arrays: NodeArrays, pod: Pod) -> Pod:
     free = arrays.gpu_free[row]
     total = int(arrays.gpu_total[row])
     if pod.gpu_indices:
-        if len(pod.gpu_indices) != pod.num_gpu or any(
-            i < 0 or i >= total for i in pod.gpu_indices
-        ):
+        if len(pod.gpu_indices) != pod.num_gpu or any(i < 0 or i >= total for i in pod.gpu_indices):
             raise ModelError(
                 f"pod {pod.key}: GPU indices {list(pod.gpu_indices)} do not fit "
                 f"{pod.num_gpu} GPU(s) on node {pod.node} with {total} GPU(s)"
             )
         if any(free[i] < pod.gpu_milli for i in pod.gpu_indices):
-            raise ModelError(f"pod {pod.key}: GPU(s) {list(pod.gpu_indices)} on {pod.node} overcommitted")
+            raise ModelError(
+                f"pod {pod.key}: GPU(s) {list(pod.gpu_indices)} on {pod.node} overcommitted"
+            )
         return pod
     # Unknown GPU slots (the API does not say): best fit on the fullest GPUs that still fit.
-    order = sorted((i for i in range(total) if free[i] >= pod.gpu_milli), key=lambda i: (free[i], i))
+    order = sorted(
+        (i for i in range(total) if free[i] >= pod.gpu_milli), key=lambda i: (free[i], i)
+    )
     if len(order) < pod.num_gpu:
         raise ModelError(
             f"pod {pod.key} asks {pod.num_gpu} GPU(s) of {pod.gpu_milli} milli on node {pod.node}, "

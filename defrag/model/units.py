@@ -31,7 +31,7 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
-    """Parse a Kubernetes quantity (``500m``, ``64Gi``, ``1e3``, ``2``) to a Decimal in base units."""
+    """Parse a Kubernetes quantity (``500m``, ``64Gi``, ``1e3``) to a Decimal in base units."""
     if isinstance(value, bool):
         raise QuantityError(f"not a quantity: {value!r}")
     if isinstance(value, int | float):

@@ -1,0 +1,1 @@
+"""Scoring: filters, the policy registry, the scheduler and fragmentation metrics."""

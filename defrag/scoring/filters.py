@@ -1,0 +1,96 @@
+"""Filters: which nodes can take a pod, and why the others cannot (DESIGN §2).
+
+``feasible_mask`` answers for every node at once; ``filter_reasons`` gives the per-node reasons
+(used to explain a placement and to count why a pod is unschedulable).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from defrag.model.arrays import BoolArray, IntArray, NodeArrays
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
+
+# Reason texts, named once so callers and tests can match them.
+R_EXCLUDED = "node excluded (draining or reserved)"
+R_UNSCHEDULABLE = "node unschedulable (cordoned)"
+R_TAINT = "untolerated taint"
+R_CPU = "insufficient cpu"
+R_MEMORY = "insufficient memory"
+R_MODEL = "gpu model not allowed"
+R_GPU_MEMORY = "insufficient gpu memory"
+R_GPU = "insufficient gpu"
+R_TOPOLOGY = "nvlink topology: no set of free GPUs sharing an NVLink domain"
+
+
+def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
+    """(enough GPUs, topology satisfied) for every node; both True for CPU-only pods."""
+    n = len(arrays)
+    if pod.num_gpu == 0:
+        ones = np.ones(n, dtype=bool)
+        return ones, ones
+    if pod.gpu_milli < GPU_MILLI:
+        enough = (arrays.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+        return enough, enough
+    enough = arrays.free_whole_count() >= pod.num_gpu
+    return enough, enough & topology_fit(pod.num_gpu, arrays)
+
+
+def topology_fit(r: int, arrays: NodeArrays) -> BoolArray:
+    """NVLink rule: R ≤ largest domain → one domain holds R free GPUs; else enough free domains."""
+    if arrays.domain_size.shape[1] == 1:
+        # One domain per node (the common NVSwitch case): any R free GPUs will do.
+        return np.asarray(arrays.free_whole_count() >= r)
+    dom_free = arrays.domain_free()
+    max_dom: IntArray = arrays.domain_size.max(axis=1)
+    within = dom_free.max(axis=1) >= r
+    full = (dom_free == arrays.domain_size) & (arrays.domain_size > 0)
+    spanning = (full * arrays.domain_size).sum(axis=1) >= r
+    return np.asarray(np.where(r <= max_dom, within, spanning))
+
+
+def taint_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
+    ok = np.ones(len(arrays), dtype=bool)
+    for row in arrays.tainted_rows:
+        ok[row] = pod.tolerates_all(arrays.taints[row])
+    return ok
+
+
+def filter_masks(
+    pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None
+) -> list[tuple[str, BoolArray]]:
+    """Each filter's pass mask, in the order reasons are reported."""
+    enough, topo = gpu_fit(pod, arrays)
+    masks: list[tuple[str, BoolArray]] = []
+    if exclude is not None:
+        masks.append((R_EXCLUDED, ~exclude))
+    masks.append((R_UNSCHEDULABLE, arrays.schedulable))
+    if arrays.tainted_rows:
+        masks.append((R_TAINT, taint_mask(pod, arrays)))
+    masks.append((R_CPU, arrays.cpu_free >= pod.cpu_milli))
+    masks.append((R_MEMORY, arrays.mem_free >= pod.memory_mib))
+    if pod.num_gpu:
+        if pod.gpu_models:
+            masks.append((R_MODEL, arrays.model_allowed(pod)))
+        if pod.gpu_memory_mib:
+            masks.append((R_GPU_MEMORY, arrays.gpu_mem >= pod.gpu_memory_mib))
+        masks.append((R_GPU, enough))
+        masks.append((R_TOPOLOGY, topo | ~enough))
+    return masks
+
+
+def feasible_mask(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None) -> BoolArray:
+    """Nodes that pass every filter."""
+    ok = np.ones(len(arrays), dtype=bool)
+    for _, mask in filter_masks(pod, arrays, exclude):
+        ok &= mask
+    return ok
+
+
+def filter_reasons(
+    pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None
+) -> list[tuple[str, ...]]:
+    """For every row, the reasons it is filtered out (empty = feasible)."""
+    masks = filter_masks(pod, arrays, exclude)
+    return [tuple(reason for reason, mask in masks if not mask[row]) for row in range(len(arrays))]

@@ -1,0 +1,77 @@
+"""The scheduling framework's value types: a Status with reasons, placements, verdicts, policies."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
+from defrag.model.resources import Pod
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """The outcome of a check: ``ok`` and, when not ok, the reasons."""
+
+    ok: bool
+    reasons: tuple[str, ...] = ()
+
+    @classmethod
+    def success(cls) -> Status:
+        return cls(True)
+
+    @classmethod
+    def fail(cls, *reasons: str) -> Status:
+        return cls(False, tuple(reasons))
+
+    def __str__(self) -> str:
+        return "ok" if self.ok else "; ".join(self.reasons)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where the scheduler puts a pod: the node (and its row in NodeArrays), GPU slots, score."""
+
+    pod: str
+    node: str
+    row: int
+    gpus: tuple[int, ...]
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class Unschedulable:
+    """No node fits; ``reasons`` counts the nodes each filter rejected."""
+
+    pod: str
+    reasons: Mapping[str, int] = field(default_factory=dict, hash=False)
+    nodes: int = 0
+
+    @property
+    def summary(self) -> str:
+        parts = ", ".join(f"{n} {reason}" for reason, n in sorted(self.reasons.items()))
+        return f"0/{self.nodes} nodes fit" + (f": {parts}" if parts else "")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeVerdict:
+    """One node's answer for one pod: a score, or the reasons it was filtered out."""
+
+    node: str
+    score: float | None
+    reasons: tuple[str, ...] = ()
+
+
+class Policy(Protocol):
+    """A score function over every node at once, and an in-node GPU choice."""
+
+    name: str
+
+    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
+        """Scores in 0..100 for every row (values where ``feasible`` is False are ignored)."""
+        ...
+
+    def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
+        """The GPU slots the pod takes on the chosen node."""
+        ...

@@ -1,0 +1,57 @@
+"""In-node GPU choice: which GPU slots a pod takes once its node is chosen.
+
+Whole-GPU pods take the NVLink domain with the fewest free GPUs that still fits (so domains do
+not fragment from the inside); GPU-sharing pods take the GPU with the least free share that
+still fits (best fit). Ties go to the lowest index.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from defrag.model.arrays import NodeArrays
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
+
+
+class NoGpuFit(ValueError):
+    """The chosen node cannot give the pod its GPUs (a filter bug if it ever happens)."""
+
+
+def best_fit_gpus(pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
+    if pod.num_gpu == 0:
+        return ()
+    total = int(arrays.gpu_total[row])
+    free = arrays.gpu_free[row, :total]
+    if pod.gpu_milli < GPU_MILLI:
+        fits = np.flatnonzero(free >= pod.gpu_milli)
+        if len(fits) < pod.num_gpu:
+            raise NoGpuFit(f"{pod.key}: node {arrays.names[row]} has no GPU with enough free share")
+        order = fits[np.lexsort((fits, free[fits]))]
+        return tuple(sorted(int(i) for i in order[: pod.num_gpu]))
+    return whole_gpus(pod.num_gpu, arrays, row)
+
+
+def whole_gpus(k: int, arrays: NodeArrays, row: int) -> tuple[int, ...]:
+    """k entirely free GPUs on ``row``, respecting NVLink domains (DESIGN §2)."""
+    total = int(arrays.gpu_total[row])
+    whole = arrays.gpu_free[row, :total] >= GPU_MILLI
+    domain = arrays.gpu_domain[row, :total]
+    sizes = arrays.domain_size[row]
+    n_dom = int((sizes > 0).sum())
+    free_in = [np.flatnonzero(whole & (domain == d)) for d in range(n_dom)]
+    if k <= int(sizes.max(initial=0)):
+        candidates = [d for d in range(n_dom) if len(free_in[d]) >= k]
+        if not candidates:
+            raise NoGpuFit(f"node {arrays.names[row]}: no NVLink domain with {k} free GPUs")
+        best = min(candidates, key=lambda d: (len(free_in[d]), d))
+        return tuple(int(i) for i in free_in[best][:k])
+    full = [d for d in range(n_dom) if len(free_in[d]) == sizes[d]]
+    chosen: list[int] = []
+    for d in sorted(full, key=lambda d: (-int(sizes[d]), d)):
+        if len(chosen) >= k:
+            break
+        chosen.extend(int(i) for i in free_in[d])
+    if len(chosen) < k:
+        raise NoGpuFit(f"node {arrays.names[row]}: not enough entirely free NVLink domains")
+    return tuple(sorted(chosen[:k]))
