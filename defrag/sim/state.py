@@ -19,7 +19,7 @@ from defrag.model.workload import WorkloadMix
 from defrag.sim.hooks import Move
 
 if TYPE_CHECKING:
-    from defrag.scoring.policies import Policy
+    from defrag.scoring.framework import Policy
 
 
 class InvalidMove(ValueError):
