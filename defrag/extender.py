@@ -1,0 +1,558 @@
+"""The kube-scheduler extender: ``filter`` and ``prioritize`` with defrag's own score function.
+
+kube-scheduler POSTs an ``ExtenderArgs`` body — ``{"pod": <v1 Pod>, "nodes": <v1 NodeList>}``,
+or ``{"pod": …, "nodenames": [...]}`` when the extender is configured ``nodeCacheCapable`` — to
+``<urlPrefix>/filter`` and ``<urlPrefix>/prioritize``. The answers are an
+``ExtenderFilterResult`` (``nodes`` or ``nodenames``, ``failedNodes``,
+``failedAndUnresolvableNodes``, ``error``) and a ``HostPriorityList`` (``[{"host", "score"}]``,
+scores 0..10).
+
+The cluster state (which GPUs are taken) comes from a :class:`~defrag.ports.ClusterSource`,
+relisted periodically by :class:`ClusterCache`; the candidate nodes come from the request.
+Placement is the scheduler's own (:func:`defrag.scoring.scheduler.schedule`), so the node the
+extender ranks first is the node ``defrag place`` picks on the same state.
+
+Score mapping (0..100 → 0..10): the node :func:`schedule` picks gets 10; every other feasible
+node gets ``min(9, floor(score / 10))``; infeasible and unknown nodes get 0. Plain rounding
+would tie the winner with near-winners (95 and 100 both → 10) and let kube-scheduler's random
+tie-break undo the packing; reserving 10 for the winner keeps defrag's choice on top.
+
+Reservations: a node annotated ``defrag.io/reserved-for: <namespace>/<pod>`` (set by make-room
+plans) is filtered out for every other pod, in ``failedAndUnresolvableNodes`` so kube-scheduler
+does not preempt its way onto the room made for someone else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from defrag.adapters.kube_convert import ConversionError, pod_from_json
+from defrag.adapters.snapshot import load_snapshot
+from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
+from defrag.model.cluster import Cluster
+from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod
+from defrag.model.workload import WorkloadMix
+from defrag.ports import ClusterSource
+from defrag.scoring.framework import Placement, Policy, Status
+from defrag.scoring.policies import make_policy
+from defrag.scoring.scheduler import explain, feasible_mask, schedule
+
+log = logging.getLogger(__name__)
+
+MAX_EXTENDER_PRIORITY = 10
+"""kube-scheduler's MaxExtenderPriority: extender scores are 0..10."""
+MAX_BODY_BYTES = 64 * 2**20
+R_UNKNOWN_NODE = "node unknown to defrag's cluster state (not relisted yet)"
+
+
+class BadRequest(ValueError):
+    """A body that is not a usable ExtenderArgs; the message goes back with the 400."""
+
+
+# --- the request ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderArgs:
+    """A parsed ExtenderArgs: the pod, the candidate node names, and (``nodes`` mode) the
+    node objects as sent, so that a filter answer can return them untouched."""
+
+    pod: Pod
+    node_names: tuple[str, ...]
+    node_objects: tuple[Mapping[str, Any], ...] | None = None
+    """The v1 Node items when the request carried ``nodes``; None in ``nodenames`` mode."""
+
+    @property
+    def node_cache_capable(self) -> bool:
+        return self.node_objects is None
+
+
+def parse_args(body: bytes | str) -> ExtenderArgs:
+    """Read an ExtenderArgs body; :class:`BadRequest` names what is wrong."""
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("body: expected a JSON object (ExtenderArgs)")
+    raw_pod = doc.get("pod")
+    if not isinstance(raw_pod, dict):
+        raise BadRequest("pod: missing or not an object")
+    try:
+        pod, _ = pod_from_json(raw_pod, "pod")
+    except ConversionError as exc:
+        raise BadRequest(f"pod: {exc}") from None
+    names = doc.get("nodenames")
+    nodes = doc.get("nodes")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise BadRequest("nodenames: expected a list of node names")
+        return ExtenderArgs(pod, tuple(names))
+    if nodes is None:
+        raise BadRequest("neither nodes nor nodenames given")
+    if not isinstance(nodes, dict) or not isinstance(nodes.get("items") or [], list):
+        raise BadRequest("nodes: expected a v1 NodeList with items")
+    items = tuple(nodes.get("items") or ())
+    node_names = []
+    for i, item in enumerate(items):
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        name = meta.get("name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"nodes.items[{i}].metadata.name: missing")
+        node_names.append(name)
+    return ExtenderArgs(pod, tuple(node_names), items)
+
+
+# --- the cluster state -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """One relisted cluster with what every request needs precomputed."""
+
+    cluster: Cluster
+    policy: Policy
+    reserved_for: Mapping[str, str]
+    """node name → the pod key its room is reserved for."""
+    taken_at: float
+    """``time.monotonic()`` when the relist finished."""
+
+
+def make_view(cluster: Cluster, policy_name: str, taken_at: float) -> ClusterView:
+    reserved = {
+        node.name: node.annotations[RESERVED_FOR_ANNOTATION].strip()
+        for node in cluster.nodes
+        if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
+    }
+    mix = WorkloadMix.from_pods(cluster.pods.values())
+    return ClusterView(cluster, make_policy(policy_name, mix=mix), reserved, taken_at)
+
+
+@dataclass(slots=True)
+class ClusterCache:
+    """The current :class:`ClusterView`, relisted from ``source`` every ``relist_interval_s``.
+
+    A failed relist keeps the last good view (and counts the failure); readiness turns false
+    once the view is older than ``max_staleness_s``.
+    """
+
+    source: ClusterSource
+    policy_name: str
+    relist_interval_s: float = 10.0
+    max_staleness_s: float = 120.0
+    clock: Callable[[], float] = time.monotonic
+    on_relist: Callable[[Status, float], None] | None = None
+    _view: ClusterView | None = None
+    _last_error: str = ""
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def view(self) -> ClusterView | None:
+        return self._view
+
+    def refresh(self) -> Status:
+        """Relist once. Never raises: a failure is a Status with the reason."""
+        started = self.clock()
+        try:
+            cluster = self.source.snapshot()
+            view = make_view(cluster, self.policy_name, self.clock())
+        except Exception as exc:  # a broken source must not kill the server; keep the last view
+            self._last_error = f"relist failed: {type(exc).__name__}: {exc}"
+            log.warning("%s", self._last_error)
+            status = Status.fail(self._last_error)
+        else:
+            self._view = view
+            self._last_error = ""
+            status = Status.success()
+        if self.on_relist is not None:
+            self.on_relist(status, self.clock() - started)
+        return status
+
+    def readiness(self) -> Status:
+        view = self._view
+        if view is None:
+            return Status.fail(self._last_error or "cluster state not loaded yet")
+        age = self.clock() - view.taken_at
+        if age > self.max_staleness_s:
+            reason = f"cluster state is {age:.0f}s old (limit {self.max_staleness_s:.0f}s)"
+            return Status.fail(reason, *([self._last_error] if self._last_error else []))
+        return Status.success()
+
+    def start(self) -> None:
+        """Relist now, then every ``relist_interval_s`` on a daemon thread."""
+        self.refresh()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="defrag-relist", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.relist_interval_s):
+            self.refresh()
+
+
+# --- filter and prioritize -------------------------------------------------------------------
+
+
+def extender_score(score: float, winner: bool) -> int:
+    """A policy score (0..100) on kube-scheduler's extender scale (0..10); see the module doc."""
+    if winner:
+        return MAX_EXTENDER_PRIORITY
+    if not math.isfinite(score):
+        return 0
+    return int(min(MAX_EXTENDER_PRIORITY - 1, max(0.0, score) // 10))
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The request's nodes resolved against the view: rows, and the rows kept out of reach."""
+
+    rows: dict[str, int]
+    """Known node name → row."""
+    unknown: tuple[str, ...]
+    reserved: dict[str, str]
+    """Node name → pod key, for nodes reserved for another pod."""
+    exclude: BoolArray
+    """Rows that are not candidates, or reserved for another pod."""
+
+
+class Extender:
+    """The two verbs over the current cluster view; pure of HTTP (the server wraps it)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def _view(self) -> ClusterView:
+        view = self.cache.view()
+        if view is None:
+            raise StateUnavailable(str(self.cache.readiness()))
+        return view
+
+    def _candidates(self, args: ExtenderArgs, view: ClusterView) -> Candidates:
+        index = view.cluster.arrays.index
+        rows: dict[str, int] = {}
+        unknown: list[str] = []
+        for name in args.node_names:
+            row = index.get(name)
+            if row is None:
+                unknown.append(name)
+            else:
+                rows[name] = row
+        reserved_for = dict(view.reserved_for)
+        if args.node_objects is not None:
+            # The request's node objects are fresher than the last relist.
+            for obj in args.node_objects:
+                meta = obj.get("metadata") or {}
+                annotations = meta.get("annotations") or {}
+                value = annotations.get(RESERVED_FOR_ANNOTATION, "")
+                if isinstance(value, str) and value.strip():
+                    reserved_for[meta["name"]] = value.strip()
+                else:
+                    reserved_for.pop(meta["name"], None)
+        pod_key = args.pod.key
+        reserved = {
+            name: key for name, key in reserved_for.items() if name in rows and key != pod_key
+        }
+        exclude = np.ones(len(view.cluster.arrays), dtype=bool)
+        if rows:
+            exclude[list(rows.values())] = False
+        for name in reserved:
+            exclude[rows[name]] = True
+        return Candidates(rows, tuple(unknown), reserved, exclude)
+
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """An ExtenderFilterResult: the nodes that fit, and a reason for each that does not."""
+        view = self._view()
+        cand = self._candidates(args, view)
+        failed: dict[str, str] = dict.fromkeys(cand.unknown, R_UNKNOWN_NODE)
+        unresolvable = {
+            name: f"node reserved for {key} ({RESERVED_FOR_ANNOTATION})"
+            for name, key in cand.reserved.items()
+        }
+        arrays = view.cluster.arrays
+        mask = feasible_mask(args.pod, arrays, cand.exclude)
+        infeasible = [n for n, r in cand.rows.items() if not mask[r] and n not in unresolvable]
+        if infeasible:
+            verdicts = {v.node: v for v in explain(args.pod, view.cluster, view.policy)}
+            for name in infeasible:
+                reasons = verdicts[name].reasons if name in verdicts else ()
+                failed[name] = "; ".join(reasons) or "does not fit"
+        passed = [n for n in args.node_names if n in cand.rows and mask[cand.rows[n]]]
+        result: dict[str, Any] = {
+            "failedNodes": failed,
+            "failedAndUnresolvableNodes": unresolvable,
+            "error": "",
+        }
+        if args.node_objects is None:
+            result["nodenames"] = passed
+        else:
+            keep = set(passed)
+            result["nodes"] = {
+                "apiVersion": "v1",
+                "kind": "NodeList",
+                "metadata": {},
+                "items": [o for o in args.node_objects if o["metadata"]["name"] in keep],
+            }
+        return result
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """A HostPriorityList: every requested node with a 0..10 score (see the module doc)."""
+        view = self._view()
+        cand = self._candidates(args, view)
+        arrays = view.cluster.arrays
+        feasible = feasible_mask(args.pod, arrays, cand.exclude)
+        scores = view.policy.score(args.pod, arrays, feasible)
+        # The winner by the scheduler's own selection, over the very scores returned (a
+        # random policy scored twice would disagree with itself).
+        choice = schedule(args.pod, arrays, _Scored(view.policy, scores), exclude=cand.exclude)
+        winner = choice.node if isinstance(choice, Placement) else None
+        out = []
+        for name in args.node_names:
+            row = cand.rows.get(name)
+            if row is None or not feasible[row]:
+                value = 0
+            else:
+                value = extender_score(float(scores[row]), name == winner)
+            out.append({"host": name, "score": value})
+        return out
+
+
+class _Scored:
+    """A policy whose scores for this one pod are already computed."""
+
+    __slots__ = ("name", "policy", "scores")
+
+    def __init__(self, policy: Policy, scores: FloatArray) -> None:
+        self.name = policy.name
+        self.policy = policy
+        self.scores = scores
+
+    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
+        return self.scores
+
+    def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
+        return self.policy.choose_gpus(pod, arrays, row)
+
+
+class StateUnavailable(RuntimeError):
+    """No cluster state to answer from (first relist not done, or failed)."""
+
+
+# --- HTTP --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ExtenderMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    seconds: Histogram
+    relists: Counter
+    relist_seconds: Gauge
+    state_age: Gauge
+
+    @classmethod
+    def create(cls, cache: ClusterCache | None = None) -> ExtenderMetrics:
+        registry = CollectorRegistry()
+        metrics = cls(
+            registry=registry,
+            requests=Counter(
+                "defrag_extender_requests",
+                "Extender requests by verb and HTTP status code.",
+                ["verb", "code"],
+                registry=registry,
+            ),
+            seconds=Histogram(
+                "defrag_extender_request_seconds",
+                "Time to answer one extender request.",
+                ["verb"],
+                buckets=(0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+                registry=registry,
+            ),
+            relists=Counter(
+                "defrag_extender_relists",
+                "Cluster relists by result (ok, failed).",
+                ["result"],
+                registry=registry,
+            ),
+            relist_seconds=Gauge(
+                "defrag_extender_relist_seconds",
+                "Duration of the last cluster relist.",
+                registry=registry,
+            ),
+            state_age=Gauge(
+                "defrag_extender_state_age_seconds",
+                "Age of the cluster state the extender answers from.",
+                registry=registry,
+            ),
+        )
+        if cache is not None:
+
+            def age() -> float:
+                view = cache.view()
+                return cache.clock() - view.taken_at if view is not None else float("nan")
+
+            metrics.state_age.set_function(age)
+        return metrics
+
+    def observe_relist(self, status: Status, seconds: float) -> None:
+        self.relists.labels(result="ok" if status.ok else "failed").inc()
+        self.relist_seconds.set(seconds)
+
+
+VERBS = ("filter", "prioritize")
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its connections
+    server: ExtenderHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _json(self, code: int, data: Any) -> None:
+        self._send(code, json.dumps(data, separators=(",", ":")).encode())
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/healthz":
+            self._send(200, b"ok\n", "text/plain")
+        elif path == "/readyz":
+            status = self.server.extender.cache.readiness()
+            code = 200 if status.ok else 503
+            self._send(code, (str(status) + "\n").encode(), "text/plain")
+        elif path == "/metrics":
+            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        else:
+            self._json(404, {"error": f"no such path {path}"})
+
+    def do_POST(self) -> None:
+        verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+        started = time.perf_counter()
+        code = self._answer(verb)
+        if verb in VERBS:
+            self.server.metrics.requests.labels(verb=verb, code=str(code)).inc()
+            self.server.metrics.seconds.labels(verb=verb).observe(time.perf_counter() - started)
+
+    def _answer(self, verb: str) -> int:
+        if verb not in VERBS:
+            self._read_body(limit=MAX_BODY_BYTES)  # drain, so the connection stays usable
+            self._json(404, {"error": f"unknown verb {verb!r}; served: {', '.join(VERBS)}"})
+            return 404
+        body = self._read_body(limit=MAX_BODY_BYTES)
+        if body is None:
+            self.close_connection = True
+            self._json(400, {"error": "a Content-Length of at most 64 MiB is required"})
+            return 400
+        extender = self.server.extender
+        try:
+            args = parse_args(body)
+            answer: Any = extender.filter(args) if verb == "filter" else extender.prioritize(args)
+        except BadRequest as exc:
+            self._json(400, {"error": str(exc)})
+            return 400
+        except StateUnavailable as exc:
+            self._json(503, {"error": f"defrag extender not ready: {exc}"})
+            return 503
+        except Exception as exc:  # never let one request take the server down
+            log.exception("extender %s failed", verb)
+            self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+            return 500
+        self._json(200, answer)
+        return 200
+
+    def _read_body(self, limit: int) -> bytes | None:
+        length_text = self.headers.get("Content-Length")
+        try:
+            length = int(length_text) if length_text is not None else -1
+        except ValueError:
+            length = -1
+        if length < 0 or length > limit:
+            return None
+        return self.rfile.read(length)
+
+
+class ExtenderHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], extender: Extender, metrics: ExtenderMetrics
+    ) -> None:
+        super().__init__(address, _Handler)
+        self.extender = extender
+        self.metrics = metrics
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+
+def serve(
+    source: ClusterSource,
+    *,
+    policy: str,
+    host: str = "0.0.0.0",
+    port: int = 8888,
+    relist_interval_s: float = 10.0,
+    max_staleness_s: float = 120.0,
+) -> ExtenderHTTPServer:
+    """Build the cache, the extender and the server, relist once and start relisting.
+
+    The caller runs ``server.serve_forever()`` (or a thread of it) and ``server.shutdown()``.
+    """
+    cache = ClusterCache(
+        source, policy, relist_interval_s=relist_interval_s, max_staleness_s=max_staleness_s
+    )
+    metrics = ExtenderMetrics.create(cache)
+    cache.on_relist = metrics.observe_relist
+    server = ExtenderHTTPServer((host, port), Extender(cache), metrics)
+    cache.start()
+    return server
+
+
+def stop(server: ExtenderHTTPServer) -> None:
+    """Stop relisting and close the socket (after ``shutdown()`` if it was serving)."""
+    server.extender.cache.stop()
+    server.server_close()
+
+
+class SnapshotFileSource:
+    """A :class:`~defrag.ports.ClusterSource` over snapshot files (``--snapshot``), reread when
+    a file changes (e.g. a ConfigMap update), so a long-running trial follows the file."""
+
+    def __init__(self, paths: Sequence[str | Path]) -> None:
+        self.paths = tuple(Path(p) for p in paths)
+        self._stamp: tuple[float, ...] | None = None
+        self._cluster: Cluster | None = None
+
+    def snapshot(self) -> Cluster:
+        stamp = tuple(p.stat().st_mtime for p in self.paths)
+        if self._cluster is None or stamp != self._stamp:
+            self._cluster = load_snapshot(self.paths)
+            self._stamp = stamp
+        return self._cluster
