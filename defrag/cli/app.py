@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import IO, Any
 
-import click
 import typer
 from rich.console import Console
+
+from defrag.model.cluster import Cluster
+
+try:  # typer ≥ 0.20 carries its own copy of click and only catches that copy's exceptions
+    from typer._click.exceptions import ClickException as _ClickException
+except ImportError:  # pragma: no cover - older typer on plain click
+    from click import ClickException as _ClickException  # type: ignore[assignment]
 
 app = typer.Typer(
     name="defrag",
@@ -21,7 +29,7 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-class UserError(click.ClickException):
+class UserError(_ClickException):
     """A user's mistake (bad file, bad flag, unreachable server): one clear line, no traceback.
 
     Click prints ``Error: <message>`` to stderr and exits with ``exit_code`` (2 by default).
@@ -39,6 +47,20 @@ def print_json(data: Any, stream: IO[str] | None = None) -> None:
     out = stream or sys.stdout
     json.dump(data, out, indent=2, sort_keys=False, default=str)
     out.write("\n")
+
+
+def load_cluster(paths: Sequence[Path]) -> Cluster:
+    """Read snapshot files; any mistake in them becomes a UserError naming file and field."""
+    from defrag.adapters.kube_convert import ConversionError
+    from defrag.adapters.snapshot import SnapshotError, load_snapshot
+    from defrag.model.cluster import ModelError
+
+    if not paths:
+        raise UserError("no snapshot given (--snapshot FILE)")
+    try:
+        return load_snapshot(list(paths))
+    except (SnapshotError, ConversionError, ModelError, OSError) as exc:
+        raise UserError(str(exc)) from None
 
 
 def main() -> None:

@@ -1,0 +1,182 @@
+"""``defrag report`` (fragmentation) and ``defrag place`` (where a pod of a shape would go)."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from defrag.cli.app import UserError, app, console, load_cluster, print_json
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
+from defrag.model.workload import WorkloadMix
+from defrag.scoring.fragmentation import FragmentationReport, fragmentation_report
+from defrag.scoring.framework import Placement
+from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy, make_policy
+from defrag.scoring.scheduler import explain, schedule
+
+
+class Output(str, Enum):
+    table = "table"
+    json = "json"
+
+
+SnapshotOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--snapshot",
+        "-s",
+        help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json` (repeatable).",
+    ),
+]
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
+
+
+def workload_mix(cluster: Cluster) -> WorkloadMix:
+    """The mix of the pods the cluster holds (bound and pending), or the default when empty."""
+    pods = [p for p in cluster.pods.values() if p.num_gpu]
+    return WorkloadMix.from_pods(pods) if pods else WorkloadMix.default()
+
+
+def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Table:
+    table = Table(title=title, show_header=True)
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("GPUs (total / entirely free)", f"{rep.total_gpus} / {rep.free_gpus}")
+    table.add_row("free GPU share (incl. partial)", f"{rep.free_gpu_share:.2f}")
+    table.add_row("GPU allocation", f"{rep.allocation_pct:.1f}%")
+    table.add_row("whole free nodes", f"{rep.whole_free_nodes} of {rep.gpu_nodes}")
+    table.add_row("largest placeable job", f"{rep.largest_placeable_job} GPUs")
+    for k in rep.placeable:
+        table.add_row(
+            f"{k}-GPU jobs placeable / stranded GPUs", f"{rep.placeable[k]} / {rep.stranded[k]}"
+        )
+    table.add_row(
+        "FGD fragmented (of idle)",
+        f"{rep.fgd_fragmented_gpus:.2f} GPUs ({rep.fgd_frag_pct_of_idle:.1f}%)",
+    )
+    return table
+
+
+def node_table(rep: FragmentationReport) -> Table:
+    table = Table(title="Nodes", show_header=True)
+    for col in ("node", "GPUs", "free", "free share", "largest job", "stranded for 8"):
+        table.add_column(col, justify="left" if col == "node" else "right")
+    for n in rep.nodes:
+        table.add_row(
+            n.name,
+            str(n.total),
+            str(n.free),
+            f"{n.free_share:.2f}",
+            str(n.largest_job),
+            str(n.stranded.get(8, "")),
+        )
+    return table
+
+
+@app.command()
+def report(
+    snapshot: SnapshotOpt = [],  # noqa: B006 - typer needs a literal default
+    output: OutputOpt = Output.table,
+    prometheus: Annotated[
+        str | None,
+        typer.Option(help="Prometheus URL: adds GPU utilisation percentiles and leak suspects."),
+    ] = None,
+) -> None:
+    """The fragmentation report of a cluster snapshot."""
+    cluster = load_cluster(snapshot)
+    rep = fragmentation_report(cluster, workload_mix(cluster))
+    extras: dict[str, Any] = _prometheus_extras(prometheus) if prometheus else {}
+    if output is Output.json:
+        print_json({**rep.to_dict(), **extras})
+        return
+    console.print(report_table(rep))
+    console.print(node_table(rep))
+    for key, value in extras.items():
+        console.print(f"{key}: {value}")
+
+
+def _prometheus_extras(url: str) -> dict[str, Any]:
+    """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
+    try:
+        from defrag.adapters.prometheus import PrometheusSource  # type: ignore[attr-defined]
+        from defrag.detection import report_extras  # type: ignore[import-not-found]
+        from defrag.rules import load_rules  # type: ignore[import-not-found]
+    except ImportError as exc:  # pragma: no cover - present once detection lands
+        raise UserError(f"--prometheus is not available in this build: {exc}") from None
+    source = PrometheusSource(url)
+    return dict(report_extras(source, load_rules(None), None))
+
+
+def pod_shape(gpus: int, gpu_milli: int, cpu_milli: int, models: list[str]) -> Pod:
+    if gpus < 0 or not 0 < gpu_milli <= GPU_MILLI:
+        raise UserError("--gpus must be ≥ 0 and --gpu-milli in 1..1000")
+    if gpu_milli < GPU_MILLI and gpus != 1:
+        raise UserError("a GPU-sharing pod (--gpu-milli < 1000) asks exactly one GPU (--gpus 1)")
+    return Pod(
+        "new-pod",
+        num_gpu=gpus,
+        gpu_milli=gpu_milli,
+        cpu_milli=cpu_milli,
+        gpu_models=frozenset(models),
+    )
+
+
+@app.command()
+def place(
+    snapshot: SnapshotOpt = [],  # noqa: B006
+    gpus: Annotated[int, typer.Option(help="GPUs the pod asks (R).")] = 1,
+    gpu_milli: Annotated[int, typer.Option(help="Share of each GPU, 1000 = whole.")] = GPU_MILLI,
+    cpu_milli: Annotated[int, typer.Option(help="CPU request in milli-CPU.")] = 0,
+    gpu_model: Annotated[list[str], typer.Option(help="Allowed GPU model (repeatable).")] = [],  # noqa: B006
+    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
+        DEFAULT_POLICY
+    ),
+    output: OutputOpt = Output.table,
+) -> None:
+    """Where a new pod of this shape would go, and why every other node scores less or fails."""
+    cluster = load_cluster(snapshot)
+    pod = pod_shape(gpus, gpu_milli, cpu_milli, gpu_model)
+    try:
+        pol = make_policy(policy, mix=workload_mix(cluster))
+    except UnknownPolicy as exc:
+        raise UserError(str(exc)) from None
+    result = schedule(pod, cluster, pol)
+    verdicts = explain(pod, cluster, pol)
+    chosen = result if isinstance(result, Placement) else None
+    data: dict[str, Any] = {
+        "policy": policy,
+        "node": chosen.node if chosen else None,
+        "gpus": list(chosen.gpus) if chosen else [],
+        "score": round(chosen.score, 3) if chosen else None,
+        "unschedulable": None if chosen else result.summary,  # type: ignore[union-attr]
+        "nodes": [
+            {
+                "node": v.node,
+                "score": None if v.score is None else round(v.score, 3),
+                "reasons": list(v.reasons),
+            }
+            for v in verdicts
+        ],
+    }
+    if output is Output.json:
+        print_json(data)
+        return
+    if chosen:
+        console.print(
+            f"[bold]{chosen.node}[/] GPUs {list(chosen.gpus)} — score {chosen.score:.1f} ({policy})"
+        )
+    else:
+        console.print(f"[bold red]unschedulable[/]: {data['unschedulable']}")
+    table = Table(show_header=True)
+    table.add_column("node")
+    table.add_column("score", justify="right")
+    table.add_column("filtered because")
+    ranked = sorted(verdicts, key=lambda v: (v.score is None, -(v.score or 0.0), v.node))
+    for v in ranked:
+        table.add_row(v.node, "" if v.score is None else f"{v.score:.1f}", "; ".join(v.reasons))
+    console.print(table)
