@@ -1,10 +1,9 @@
-"""The ``defrag`` command. Each command group lives in its own module and registers here."""
+"""The ``defrag`` command. Each command group lives in its own module and registers on ``app``
+when imported; importing them here is what puts them on the command line."""
 
 from __future__ import annotations
 
+from defrag.cli import report
 from defrag.cli.app import app, main
 
-# Command modules register themselves on ``app`` when imported.
-from defrag.cli import report as _report  # noqa: F401,E402
-
-__all__ = ["app", "main"]
+__all__ = ["app", "main", "report"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,7 +20,7 @@ from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy,
 from defrag.scoring.scheduler import explain, schedule
 
 
-class Output(str, Enum):
+class Output(StrEnum):
     table = "table"
     json = "json"
 
