@@ -1,0 +1,417 @@
+"""The executor: carries a plan out on the cluster, one draining node at a time, safely.
+
+Per source node: taint + journal, evictions in bounded concurrent batches through the
+Eviction API (a 429 is a skip with its reason, never a delete), wait until the replacements
+are scheduled, remove the taint and journal. Budgets are spent as steps are admitted; gangs
+are admitted whole or not at all. Replacements Pending past the timeout trip the circuit
+breaker, which stops this and later executions until they are scheduled.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Literal
+
+from defrag.detect.findings import Finding
+from defrag.execute.budgets import BudgetLedger, Budgets
+from defrag.execute.circuit import CircuitBreaker, controller_key, pending_of
+from defrag.execute.journal import (
+    DRAIN_EFFECT,
+    JournalStep,
+    cleared,
+    new_journal,
+    read_journal,
+)
+from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome, StepResult
+from defrag.execute.windows import WindowStatus
+from defrag.model.cluster import Cluster
+from defrag.model.resources import DRAIN_TAINT_KEY, Pod
+from defrag.plan.model import Plan, Step
+from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
+
+log = logging.getLogger(__name__)
+
+EVENT_KIND_POD = "Pod"
+EVENT_KIND_NODE = "Node"
+DRY_RUN_MARK = " (dry run)"
+STOPPED = "stopped: the daemon is shutting down"
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorSettings:
+    budgets: Budgets = field(default_factory=Budgets)
+    batch_size: int = 4
+    replacement_timeout_s: float = 600.0
+    poll_interval_s: float = 5.0
+    dry_run_events: bool = True
+
+
+class Executor:
+    """Carries plans out; keeps the budget ledger and the circuit breaker between cycles."""
+
+    def __init__(
+        self,
+        actuator: Actuator,
+        source: ClusterSource,
+        clock: Clock,
+        settings: ExecutorSettings | None = None,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self.actuator = actuator
+        self.source = source
+        self.clock = clock
+        self.settings = settings or ExecutorSettings()
+        self.sleep = sleep
+        self.breaker = breaker or CircuitBreaker()
+        self.ledger = BudgetLedger(self.settings.budgets)
+        self.stop_requested = threading.Event()
+        """Set on SIGTERM: the current node's batch finishes, its taint comes off, nothing more."""
+
+    # --- public ----------------------------------------------------------------------------
+
+    def execute(
+        self, plan: Plan, cluster: Cluster, window: WindowStatus, *, dry_run: bool
+    ) -> Execution:
+        """Carry ``plan`` out (``dry_run``: rehearse it, send only Events) within ``window``."""
+        started = self.clock.now()
+        if dry_run:
+            outcomes = self._rehearse(plan, window)
+            return Execution(plan.id, True, window.key, started, self.clock.now(), outcomes)
+        refusal = self._refusal(window)
+        if refusal:
+            outcomes = tuple(self._skip(s, refusal) for s in plan.steps)
+            return Execution(plan.id, False, window.key, started, self.clock.now(), outcomes)
+
+        self.ledger = self.ledger.for_window(window.key)
+        admitted, outcomes_list = self._admit(plan.steps, self.ledger)
+        for o in outcomes_list:
+            self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
+        run = _Run(plan.id, cluster)
+        for node, steps in _by_source(admitted).items():
+            if self.stop_requested.is_set():
+                outcomes_list += [self._skip(s, STOPPED) for s in steps]
+                run.stopped = True
+                continue
+            if self.breaker.state.open:
+                reason = f"circuit breaker open: {self.breaker.state.reason}"
+                outcomes_list += [self._skip(s, reason) for s in steps]
+                continue
+            outcomes_list += self._drain(node, steps, run)
+        findings = self._findings(plan, run, outcomes_list)
+        order = {s.pod: i for i, s in enumerate(plan.steps)}
+        outcomes = tuple(sorted(outcomes_list, key=lambda o: order.get(o.pod, len(order))))
+        return Execution(
+            plan.id, False, window.key, started, self.clock.now(), outcomes,
+            tuple(sorted(run.stuck)), run.stopped, tuple(run.problems), tuple(findings),
+        )
+
+    def reconcile(self) -> tuple[ReconcileOutcome, ...]:
+        """On start: every node with a drain taint or journal is finished or rolled back.
+
+        Journal pods no longer on the node were evicted: that drain is *finished*. Pods still
+        there were never evicted: the drain is *rolled back* (the next cycle plans afresh from
+        what the cluster is now). Either way the taint and journal come off; replacements still
+        Pending trip the circuit breaker.
+        """
+        cluster = self.source.snapshot()
+        results: list[ReconcileOutcome] = []
+        for node in cluster.nodes:
+            journal = read_journal(node)
+            if journal is None:
+                continue
+            on_node = {p.key for p in cluster.pods_on(node.name)}
+            remaining = tuple(s.pod for s in journal.steps if s.pod in on_node)
+            watched = tuple(s.owner or s.pod for s in journal.steps if s.pod not in on_node)
+            pending = pending_of(cluster, watched)
+            action: Literal["finished", "rolled-back"] = (
+                "finished" if journal.steps and not remaining else "rolled-back"
+            )
+            problem = journal.problem
+            try:
+                self.actuator.untaint_node(node.name, DRAIN_TAINT_KEY)
+                self.actuator.annotate_node(node.name, cleared())
+            except Exception as exc:
+                problem = f"could not clear the drain taint/journal: {exc}"
+                log.error("reconcile %s: %s", node.name, problem)
+            if pending:
+                self.breaker.trip(
+                    pending, f"replacements of plan {journal.plan_id} still Pending at start",
+                    self.clock.now(),
+                )
+            self._event(
+                EVENT_KIND_NODE, "", node.name, "DefragReconciled",
+                f"plan {journal.plan_id or '?'} {action} after a restart"
+                + (f"; not evicted: {', '.join(remaining)}" if remaining else ""),
+                warning=bool(problem),
+            )
+            results.append(
+                ReconcileOutcome(node.name, journal.plan_id, action, remaining, pending, problem)
+            )
+        return tuple(results)
+
+    # --- steps -------------------------------------------------------------------------------
+
+    def _refusal(self, window: WindowStatus) -> str:
+        if self.breaker.state.open:
+            return f"circuit breaker open: {self.breaker.state.reason}"
+        if not window.open:
+            return f"window closed: {window.reason}"
+        if self.stop_requested.is_set():
+            return STOPPED
+        return ""
+
+    def _admit(
+        self, steps: Sequence[Step], ledger: BudgetLedger
+    ) -> tuple[list[Step], list[StepOutcome]]:
+        """Steps the budgets allow, gangs whole; the rest skipped with the budget's reason."""
+        admitted: list[Step] = []
+        skipped: list[StepOutcome] = []
+        for unit in _units(steps):
+            status = ledger.admit([(_namespace(s.pod), s.source) for s in unit])
+            if status.ok:
+                admitted += unit
+            else:
+                skipped += [_skipped(s, str(status)) for s in unit]
+        return admitted, skipped
+
+    def _rehearse(self, plan: Plan, window: WindowStatus) -> tuple[StepOutcome, ...]:
+        """Dry run: what would happen, budgets counted on a copy; Events only, marked dry run."""
+        ledger = self.ledger.for_window(window.key).copy()
+        admitted, skipped = self._admit(plan.steps, ledger)
+        outcomes = [
+            StepOutcome(s.pod, s.source, s.target, s.kind, "planned", s.reason) for s in admitted
+        ]
+        if self.settings.dry_run_events:
+            for node, steps in _by_source(admitted).items():
+                self._event(
+                    EVENT_KIND_NODE, "", node, "DefragPlanned",
+                    f"plan {plan.id} would drain {len(steps)} pod(s){DRY_RUN_MARK}",
+                )
+            for s in admitted:
+                self._pod_event(s, "DefragPlanned", f"would {_describe(s)}{DRY_RUN_MARK}")
+            for o in skipped:
+                self._event_for(o, "DefragSkipped", f"would skip: {o.reason}{DRY_RUN_MARK}")
+        order = {s.pod: i for i, s in enumerate(plan.steps)}
+        return tuple(sorted(outcomes + skipped, key=lambda o: order[o.pod]))
+
+    def _drain(self, node: str, steps: list[Step], run: _Run) -> list[StepOutcome]:
+        journal = new_journal(
+            node, run.plan_id, self.clock.now(),
+            tuple(JournalStep(s.pod, _owner_key(run.cluster, s.pod), s.target) for s in steps),
+        )
+        try:
+            self.actuator.taint_node(node, DRAIN_TAINT_KEY, run.plan_id, DRAIN_EFFECT)
+            self.actuator.annotate_node(node, journal.annotations())
+        except Exception as exc:
+            reason = f"could not taint/annotate {node}: {exc}"
+            run.problems.append(reason)
+            self._untaint(node, run)
+            return [self._skip(s, reason) for s in steps]
+        self._event(
+            EVENT_KIND_NODE, "", node, "DefragDrainStarted",
+            f"plan {run.plan_id}: evicting {len(steps)} pod(s)",
+        )
+        outcomes: list[StepOutcome] = []
+        try:
+            for batch in _batches(steps, self.settings.batch_size):
+                if self.stop_requested.is_set():
+                    outcomes += [self._skip(s, STOPPED) for s in batch]
+                    run.stopped = True
+                    continue
+                outcomes += self._evict_batch(batch)
+            migrated = [
+                o for o in outcomes if o.result == "evicted" and o.kind == "migrate"
+            ]
+            if migrated and not self.stop_requested.is_set():
+                watched = tuple(
+                    sorted({_owner_key(run.cluster, o.pod) or o.pod for o in migrated})
+                )
+                stuck = self._await_replacements(watched)
+                if stuck:
+                    run.stuck.update(stuck)
+                    self.breaker.trip(
+                        stuck,
+                        f"replacements Pending longer than {self.settings.replacement_timeout_s:g}"
+                        f" s after draining {node}: {', '.join(stuck)}",
+                        self.clock.now(),
+                    )
+        finally:
+            self._untaint(node, run)
+        self._event(
+            EVENT_KIND_NODE, "", node, "DefragDrainFinished",
+            f"plan {run.plan_id}: "
+            + ", ".join(f"{n} {r}" for r, n in sorted(_count(outcomes).items())),
+        )
+        return outcomes
+
+    def _evict_batch(self, batch: list[Step]) -> list[StepOutcome]:
+        with ThreadPoolExecutor(max_workers=len(batch)) as pool:
+            results = list(pool.map(self._evict_one, batch))
+        outcomes = []
+        for step, result in zip(batch, results, strict=True):
+            outcome: StepResult = (
+                result.outcome if result.outcome in ("evicted", "blocked", "gone") else "failed"  # type: ignore[assignment]
+            )
+            outcomes.append(
+                StepOutcome(step.pod, step.source, step.target, step.kind, outcome, result.reason)
+            )
+            if outcome == "evicted":
+                self._pod_event(step, "DefragEvicted", _describe(step, done=True))
+            else:
+                self._pod_event(
+                    step, "DefragSkipped", f"eviction {outcome}: {result.reason}", warning=True
+                )
+        return outcomes
+
+    def _evict_one(self, step: Step) -> EvictionResult:
+        ns, name = _split(step.pod)
+        try:
+            return self.actuator.evict(ns, name)
+        except Exception as exc:
+            return EvictionResult(step.pod, "failed", str(exc) or type(exc).__name__)
+
+    def _await_replacements(self, watched: tuple[str, ...]) -> tuple[str, ...]:
+        """Poll until no watched controller has an unscheduled pod; return what is still stuck."""
+        deadline = self.clock.now() + timedelta(seconds=self.settings.replacement_timeout_s)
+        while True:
+            self.sleep(self.settings.poll_interval_s)
+            pending = pending_of(self.source.snapshot(), watched)
+            if not pending:
+                return ()
+            if self.clock.now() >= deadline or self.stop_requested.is_set():
+                return pending
+
+    def _untaint(self, node: str, run: _Run) -> None:
+        try:
+            self.actuator.untaint_node(node, DRAIN_TAINT_KEY)
+            self.actuator.annotate_node(node, cleared())
+        except Exception as exc:
+            problem = f"could not remove the drain taint from {node}: {exc}"
+            run.problems.append(problem)
+            log.error(problem)
+
+    # --- reporting -------------------------------------------------------------------------
+
+    def _findings(self, plan: Plan, run: _Run, outcomes: list[StepOutcome]) -> list[Finding]:
+        failed = [o for o in outcomes if o.result == "failed"]
+        if not (run.stuck or failed or run.problems):
+            return []
+        now = self.clock.now()
+        parts = []
+        if run.stuck:
+            parts.append(f"replacements stuck Pending: {', '.join(sorted(run.stuck))}")
+        if failed:
+            parts.append(f"{len(failed)} eviction(s) failed")
+        parts += run.problems
+        findings = [
+            Finding(
+                kind="execution-failed",
+                subject="cluster",
+                severity="critical",
+                summary=f"plan {plan.id}: " + "; ".join(parts),
+                evidence={
+                    "plan_id": plan.id,
+                    "stuck": sorted(run.stuck),
+                    "failed": [o.to_dict() for o in failed],
+                    "problems": list(run.problems),
+                },
+                since=now,
+                labels={"detector": "executor"},
+            )
+        ]
+        if self.breaker.state.open:
+            findings.append(self.breaker.state.finding())
+        return findings
+
+    def _skip(self, step: Step, reason: str) -> StepOutcome:
+        outcome = _skipped(step, reason)
+        self._event_for(outcome, "DefragSkipped", f"not evicted: {reason}")
+        return outcome
+
+    def _event_for(self, outcome: StepOutcome, reason: str, message: str) -> None:
+        ns, name = _split(outcome.pod)
+        self._event(EVENT_KIND_POD, ns, name, reason, message)
+
+    def _pod_event(self, step: Step, reason: str, message: str, warning: bool = False) -> None:
+        ns, name = _split(step.pod)
+        self._event(EVENT_KIND_POD, ns, name, reason, message, warning)
+
+    def _event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str,
+        warning: bool = False,
+    ) -> None:
+        try:
+            self.actuator.event(kind, namespace, name, reason, message, warning)
+        except Exception as exc:
+            log.warning("event %s on %s %s/%s not sent: %s", reason, kind, namespace, name, exc)
+
+
+@dataclass(slots=True)
+class _Run:
+    plan_id: str
+    cluster: Cluster
+    stuck: set[str] = field(default_factory=set)
+    stopped: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+def _skipped(step: Step, reason: str) -> StepOutcome:
+    return StepOutcome(step.pod, step.source, step.target, step.kind, "skipped", reason)
+
+
+def _units(steps: Iterable[Step]) -> list[list[Step]]:
+    """Steps grouped by gang (a lone pod is its own unit), in plan order."""
+    units: dict[str, list[Step]] = {}
+    for step in steps:
+        units.setdefault(f"gang:{step.gang}" if step.gang else f"pod:{step.pod}", []).append(step)
+    return list(units.values())
+
+
+def _by_source(steps: Iterable[Step]) -> dict[str, list[Step]]:
+    out: dict[str, list[Step]] = {}
+    for step in steps:
+        out.setdefault(step.source, []).append(step)
+    return out
+
+
+def _batches(steps: list[Step], size: int) -> Iterable[list[Step]]:
+    for i in range(0, len(steps), size):
+        yield steps[i : i + size]
+
+
+def _count(outcomes: Iterable[StepOutcome]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        counts[o.result] = counts.get(o.result, 0) + 1
+    return counts
+
+
+def _split(key: str) -> tuple[str, str]:
+    ns, _, name = key.partition("/")
+    return (ns, name) if name else ("default", ns)
+
+
+def _namespace(key: str) -> str:
+    return _split(key)[0]
+
+
+def _owner_key(cluster: Cluster, pod_key: str) -> str | None:
+    pod: Pod | None = cluster.pods.get(pod_key)
+    if pod is None or pod.owner is None:
+        return None
+    return controller_key(pod.namespace, pod.owner.kind, pod.owner.name)
+
+
+def _describe(step: Step, done: bool = False) -> str:
+    verb = "evicted" if done else "evict"
+    where = f"; expected on {step.target}" if step.target else "; it will wait (preempted)"
+    return f"{verb} from {step.source}{where}: {step.reason}"
+

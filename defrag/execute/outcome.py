@@ -1,0 +1,96 @@
+"""What execution did: one outcome per planned step, and the run's summary."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from defrag.detect.findings import Finding
+
+StepResult = Literal["planned", "evicted", "blocked", "gone", "failed", "skipped"]
+"""planned: dry run; evicted/blocked (429)/gone (404)/failed: what the API said; skipped: not
+sent (budget, window, circuit breaker, stop, taint failure), with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    pod: str
+    source: str
+    target: str | None
+    kind: str
+    result: StepResult
+    reason: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "from": self.source,
+            "to": self.target,
+            "kind": self.kind,
+            "result": self.result,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One plan carried out (or rehearsed, ``dry_run``)."""
+
+    plan_id: str
+    dry_run: bool
+    window: str
+    started: datetime
+    finished: datetime
+    outcomes: tuple[StepOutcome, ...] = ()
+    stuck: tuple[str, ...] = ()
+    """Controllers or pods whose replacements stayed Pending past the timeout."""
+    stopped: bool = False
+    problems: tuple[str, ...] = ()
+    findings: tuple[Finding, ...] = field(default=(), hash=False)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(Counter(o.result for o in self.outcomes).items()))
+
+    @property
+    def evicted(self) -> tuple[StepOutcome, ...]:
+        return tuple(o for o in self.outcomes if o.result == "evicted")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan_id": self.plan_id,
+            "dry_run": self.dry_run,
+            "window": self.window,
+            "started": self.started.isoformat(),
+            "finished": self.finished.isoformat(),
+            "counts": self.counts,
+            "steps": [o.to_dict() for o in self.outcomes],
+            "stuck": list(self.stuck),
+            "stopped": self.stopped,
+            "problems": list(self.problems),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileOutcome:
+    """What start-up found on one node carrying a journal or the drain taint, and what it did."""
+
+    node: str
+    plan_id: str
+    action: Literal["finished", "rolled-back"]
+    remaining: tuple[str, ...] = ()
+    """Journal pods still on the node (their evictions are abandoned, never resumed blindly)."""
+    pending: tuple[str, ...] = ()
+    problem: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "plan_id": self.plan_id,
+            "action": self.action,
+            "remaining": list(self.remaining),
+            "pending": list(self.pending),
+            "problem": self.problem,
+        }

@@ -1,0 +1,89 @@
+"""Execution windows: cron expressions with a length, optionally gated by an idle finding."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from apscheduler.triggers.cron import CronTrigger
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Opens at every fire time of ``cron`` (five crontab fields) and stays open ``length_s``."""
+
+    cron: str
+    length_s: float
+    timezone: str = "UTC"
+
+    def trigger(self) -> CronTrigger:
+        return CronTrigger.from_crontab(self.cron, timezone=self.timezone)
+
+    def opening(self, now: datetime) -> datetime | None:
+        """The start of the window holding ``now``, or None when ``now`` is outside it.
+
+        The earliest fire time in ``(now - length, now]``: CronTrigger's next fire time is
+        inclusive, so asking from ``now - length`` finds it. (A window longer than its cron
+        period merges with the next; the earliest start names the merged window.)
+        """
+        earliest = now - timedelta(seconds=self.length_s)
+        start = self.trigger().get_next_fire_time(None, earliest + timedelta(microseconds=1))
+        if start is not None and start <= now:
+            return start
+        return None
+
+    def next_opening(self, now: datetime) -> datetime | None:
+        return self.trigger().get_next_fire_time(None, now)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowStatus:
+    """Whether execution may happen now, and why (or why not)."""
+
+    open: bool
+    reason: str
+    start: datetime | None = None
+    end: datetime | None = None
+    next_open: datetime | None = None
+
+    @property
+    def key(self) -> str:
+        """Names this window's opening: budgets are counted per key."""
+        return self.start.isoformat() if self.start else ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "open": self.open,
+            "reason": self.reason,
+            "start": self.start.isoformat() if self.start else None,
+            "end": self.end.isoformat() if self.end else None,
+            "next_open": self.next_open.isoformat() if self.next_open else None,
+        }
+
+
+def window_status(
+    windows: Sequence[Window], now: datetime, *, idle: bool | None = None
+) -> WindowStatus:
+    """The status at ``now``. ``idle``: None = no idle gate; else whether the cluster is idle."""
+    if now.tzinfo is None:
+        now = now.replace(tzinfo=UTC)
+    if not windows:
+        return WindowStatus(False, "no execution window configured")
+    for window in windows:
+        start = window.opening(now)
+        if start is None:
+            continue
+        end = start + timedelta(seconds=window.length_s)
+        if idle is False:
+            return WindowStatus(
+                False, f"window {window.cron!r} open but the cluster is not idle (idle gate)",
+                start, end,
+            )
+        gate = " and the cluster is idle" if idle else ""
+        return WindowStatus(True, f"window {window.cron!r} open until {end.isoformat()}{gate}",
+                            start, end)
+    upcoming = [t for t in (w.next_opening(now) for w in windows) if t is not None]
+    nxt = min(upcoming) if upcoming else None
+    when = f"; next opens {nxt.isoformat()}" if nxt else ""
+    return WindowStatus(False, f"outside every execution window{when}", next_open=nxt)

@@ -1,0 +1,222 @@
+"""The daemon's settings: a YAML/JSON file, then ``DEFRAG_*`` environment variables, then flags.
+
+Later sources win: a flag beats the environment, the environment beats the file. Every field
+carries its unit in its name (``cycle_interval_s``). A bad value raises :class:`SettingsError`
+whose message names the field and where the value came from.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+ENV_PREFIX = "DEFRAG_"
+
+_FILE_DATA: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "defrag_settings_file", default=MappingProxyType({})
+)
+
+
+class SettingsError(ValueError):
+    """A setting that cannot be used; the message names the field and its source."""
+
+
+class WindowSetting(BaseModel):
+    """An execution window: opens at each ``cron`` fire time and stays open ``length_s``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    cron: str = Field(description="five-field crontab expression, e.g. '0 2 * * *'")
+    length_s: float = Field(gt=0, description="how long the window stays open, seconds")
+    timezone: str = "UTC"
+
+    @field_validator("cron")
+    @classmethod
+    def _cron_parses(cls, value: str) -> str:
+        from apscheduler.triggers.cron import CronTrigger
+
+        try:
+            CronTrigger.from_crontab(value, timezone="UTC")
+        except ValueError as exc:
+            raise ValueError(f"not a crontab expression ({exc})") from None
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _timezone_exists(cls, value: str) -> str:
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError):
+            raise ValueError(f"unknown time zone {value!r}") from None
+        return value
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """The settings file's values (set by :func:`load_settings` for the duration of one load)."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        data = _FILE_DATA.get()
+        return data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FILE_DATA.get())
+
+
+class Settings(BaseSettings):
+    """Everything the daemon can be told. See docs/daemon.md for the reference."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
+    )
+
+    # --- where the cluster and its metrics are ------------------------------------------
+    cluster: Literal["kube", "sim"] = "kube"
+    cluster_name: str = Field("default", min_length=1)
+    kubeconfig: str | None = None
+    kube_context: str | None = None
+    prometheus_url: str | None = None
+    prometheus_token_file: str | None = None
+    prometheus_ca_file: str | None = None
+    prometheus_timeout_s: float = Field(10.0, gt=0)
+    alertmanager_urls: list[str] = Field(default_factory=list)
+    rules_dir: str = "rules"
+
+    # --- the cycle ---------------------------------------------------------------------
+    cycle_interval_s: float = Field(300.0, gt=0)
+    dry_run: bool = True
+    policy: str = "reserve-binpack"
+    plan_goal: Literal["auto", "repack", "make-room", "all"] = "auto"
+    min_pod_age_s: float = Field(0.0, ge=0)
+
+    # --- execution: windows, budgets, safety --------------------------------------------
+    windows: list[WindowSetting] = Field(default_factory=list)
+    idle_gate: bool = False
+    max_evictions_per_window: int = Field(10, ge=0)
+    max_evictions_per_node: int = Field(8, ge=0)
+    max_evictions_per_namespace: int = Field(5, ge=0)
+    eviction_batch_size: int = Field(4, ge=1, le=64)
+    replacement_timeout_s: float = Field(600.0, gt=0)
+    poll_interval_s: float = Field(5.0, gt=0)
+    dry_run_events: bool = True
+
+    # --- leader election ----------------------------------------------------------------
+    leader_election: bool = True
+    lease_name: str = "defrag"
+    lease_namespace: str = "defrag-system"
+    lease_duration_s: float = Field(15.0, gt=0)
+    identity: str = Field(default_factory=socket.gethostname)
+
+    # --- HTTP, logs ---------------------------------------------------------------------
+    http_host: str = "0.0.0.0"
+    http_port: int = Field(8080, ge=0, le=65535)
+    ready_max_age_s: float | None = Field(None, gt=0)
+    log_format: Literal["text", "json"] = "text"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+
+    # --- the simulated cluster ------------------------------------------------------------
+    sim_seed: int = 0
+    sim_speedup: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> Settings:
+        try:
+            from defrag.scoring.policies import POLICY_NAMES
+        except ImportError:  # scoring not importable: the planner will report the policy
+            return self
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
+        return self
+
+    @property
+    def ready_age_limit_s(self) -> float:
+        """/readyz fails when the last good cycle is older than this (default 3 intervals)."""
+        return self.ready_max_age_s or 3 * self.cycle_interval_s
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+
+def read_settings_file(path: Path) -> dict[str, Any]:
+    """The mapping in a YAML or JSON settings file; errors name the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read settings file ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise SettingsError(f"{path}: not valid {_kind(path)}: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping of setting names to values")
+    # Accept both ``cycle_interval_s`` and the env-style ``DEFRAG_CYCLE_INTERVAL_S``.
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = str(key)
+        if name.upper().startswith(ENV_PREFIX):
+            name = name[len(ENV_PREFIX) :]
+        out[name.lower().replace("-", "_")] = value
+    return out
+
+
+def load_settings(
+    path: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> Settings:
+    """Settings from ``path`` (optional), the ``DEFRAG_*`` environment and ``overrides``."""
+    file_data = read_settings_file(path) if path is not None else {}
+    init = {k: v for k, v in (overrides or {}).items() if v is not None}
+    token = _FILE_DATA.set(file_data)
+    try:
+        return Settings(**init)
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc, path, file_data, init)) from None
+    finally:
+        _FILE_DATA.reset(token)
+
+
+def _describe(
+    exc: ValidationError, path: Path | None, file_data: Mapping[str, Any], init: Mapping[str, Any]
+) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "settings"
+        top = str(err["loc"][0]) if err["loc"] else ""
+        if top in init:
+            where = "flag"
+        elif f"{ENV_PREFIX}{top.upper()}" in {k.upper() for k in os.environ}:
+            where = f"env {ENV_PREFIX}{top.upper()}"
+        elif path is not None and top in file_data:
+            where = str(path)
+        else:
+            where = "default"
+        message = str(err["msg"]).removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            message = "unknown setting"
+        lines.append(f"setting {loc} ({where}): {message}")
+    return "; ".join(lines)
+
+
+def _kind(path: Path) -> str:
+    return "JSON" if path.suffix == ".json" else "YAML"
