@@ -15,7 +15,7 @@ held by none that DCGM names) is reported as unattributable rather than guessed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -42,6 +42,32 @@ class LeakParams:
     min_rising_fraction: float = 0.8
     max_drawdown_fraction: float = 0.1
     min_coverage: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmLabels:
+    """DCGM exporter label names; each pod field lists the names to try, in order."""
+
+    node: tuple[str, ...] = ("Hostname", "node", "kubernetes_node")
+    gpu: str = "gpu"
+    uuid: str = "UUID"
+    pod: tuple[str, ...] = ("exported_pod", "pod")
+    namespace: tuple[str, ...] = ("exported_namespace", "namespace")
+
+    def first(self, labels: Mapping[str, str], names: Sequence[str]) -> str:
+        return next((labels[n] for n in names if labels.get(n)), "")
+
+    def pod_key(self, labels: Mapping[str, str]) -> str | None:
+        """``namespace/pod`` the series is about; the ``exported_*`` pair wins when present.
+
+        Behind a ServiceMonitor without honorLabels, ``pod``/``namespace`` name the exporter
+        itself and ``exported_pod``/``exported_namespace`` the workload; so the namespace is
+        taken from the same family as the pod.
+        """
+        for pod_name, ns_name in zip(self.pod, self.namespace, strict=False):
+            if labels.get(pod_name):
+                return f"{labels.get(ns_name, '')}/{labels[pod_name]}"
+        return None
 
 
 @dataclass(frozen=True, slots=True, eq=False)

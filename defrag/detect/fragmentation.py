@@ -1,0 +1,139 @@
+"""Fragmentation findings (DESIGN §3): fragmented nodes, and a fragmented cluster.
+
+A node is fragmented when it is partly used and at least ``node_stranded_min_gpus`` of its free
+GPUs are stranded for a job size that matters (no job of that size can use them). Sizes that
+matter: the rule's ``sizes``, plus the sizes of pending GPU pods when ``include_waiting``; sizes
+larger than a node are skipped for that node (they never fit there, fragmented or not).
+
+The cluster is fragmented when its stranded GPUs for a size that matters reach
+``cluster_stranded_min_gpus``, or when it has fewer whole free nodes than
+``min_whole_free_nodes`` although its free GPUs would fill that many nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from defrag.detect.findings import Finding, Severity
+from defrag.model.cluster import Cluster
+from defrag.model.workload import WorkloadMix
+from defrag.scoring.fragmentation import (
+    FragmentationReport,
+    NodeFragmentation,
+    fragmentation_report,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class FragmentationParams:
+    name: str = "gpu-fragmentation"
+    severity: Severity = "warning"
+    action: str = "repack"
+    sizes: tuple[int, ...] = (8,)
+    include_waiting: bool = True
+    node_stranded_min_gpus: float = 2.0
+    cluster_stranded_min_gpus: float = 8.0
+    min_whole_free_nodes: int = 1
+
+
+def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[int, ...]:
+    sizes = set(params.sizes)
+    if params.include_waiting:
+        sizes |= {p.num_gpu for p in cluster.pending_pods() if p.num_gpu and not p.is_sharing}
+    return tuple(sorted(sizes))
+
+
+def workload_mix(cluster: Cluster) -> WorkloadMix:
+    """The mix of GPU pods in the cluster (the default mix when it has none)."""
+    gpu_pods = [p for p in cluster.pods.values() if p.num_gpu]
+    return WorkloadMix.from_pods(gpu_pods) if gpu_pods else WorkloadMix.default()
+
+
+def detect_fragmentation(
+    cluster: Cluster,
+    params: FragmentationParams,
+    now: datetime,
+    report: FragmentationReport | None = None,
+) -> list[Finding]:
+    sizes = sizes_that_matter(cluster, params)
+    rep = report or fragmentation_report(cluster, workload_mix(cluster), sizes)
+    missing = [k for k in sizes if k not in rep.stranded]
+    if missing:
+        rep = fragmentation_report(cluster, workload_mix(cluster), sizes)
+    findings = [f for n in rep.nodes if (f := _node_finding(n, sizes, params, now)) is not None]
+    cluster_finding = _cluster_finding(rep, sizes, params, now)
+    if cluster_finding is not None:
+        findings.insert(0, cluster_finding)
+    return findings
+
+
+def _node_finding(
+    node: NodeFragmentation, sizes: tuple[int, ...], params: FragmentationParams, now: datetime
+) -> Finding | None:
+    if not node.partly_used:
+        return None
+    fitting = [k for k in sizes if k <= node.total]
+    worst = max(fitting, key=lambda k: (node.stranded.get(k, 0), k), default=None)
+    if worst is None or node.stranded.get(worst, 0) < params.node_stranded_min_gpus:
+        return None
+    stranded = node.stranded[worst]
+    return Finding(
+        kind="fragmentation",
+        subject=f"node/{node.name}",
+        severity=params.severity,
+        summary=(
+            f"node {node.name}: {stranded} of its {node.free} free GPU(s) are stranded for "
+            f"{worst}-GPU jobs (largest placeable job {node.largest_job} of {node.total})"
+        ),
+        evidence={
+            "total": node.total,
+            "free": node.free,
+            "free_share": round(node.free_share, 3),
+            "largest_job": node.largest_job,
+            "stranded": {str(k): node.stranded[k] for k in fitting},
+            "size": worst,
+            "fgd_fragmented": round(node.fgd_fragmented, 3),
+        },
+        since=now,
+        labels={"node": node.name, "detector": "fragmentation", "rule": params.name},
+        action=params.action,
+    )
+
+
+def _cluster_finding(
+    rep: FragmentationReport, sizes: tuple[int, ...], params: FragmentationParams, now: datetime
+) -> Finding | None:
+    problems = []
+    worst = max(sizes, key=lambda k: (rep.stranded.get(k, 0), k), default=None)
+    if worst is not None and rep.stranded.get(worst, 0) >= params.cluster_stranded_min_gpus:
+        problems.append(f"{rep.stranded[worst]} free GPU(s) stranded for {worst}-GPU jobs")
+    node_size = max((n.total for n in rep.nodes), default=0)
+    possible = rep.free_gpus // node_size if node_size else 0
+    if rep.whole_free_nodes < params.min_whole_free_nodes <= possible:
+        problems.append(
+            f"{rep.whole_free_nodes} whole free node(s), below the target "
+            f"{params.min_whole_free_nodes} although {rep.free_gpus} free GPUs would fill "
+            f"{possible}"
+        )
+    if not problems:
+        return None
+    return Finding(
+        kind="fragmentation",
+        subject="cluster",
+        severity=params.severity,
+        summary="cluster fragmented: " + "; ".join(problems),
+        evidence={
+            "free_gpus": rep.free_gpus,
+            "total_gpus": rep.total_gpus,
+            "whole_free_nodes": rep.whole_free_nodes,
+            "largest_placeable_job": rep.largest_placeable_job,
+            "stranded": {str(k): rep.stranded[k] for k in sizes},
+            "placeable": {str(k): rep.placeable[k] for k in sizes},
+            "fgd_frag_pct_of_idle": round(rep.fgd_frag_pct_of_idle, 2),
+            "sizes": list(sizes),
+        },
+        since=now,
+        labels={"detector": "fragmentation", "rule": params.name},
+        action=params.action,
+    )

@@ -1,0 +1,387 @@
+"""Detection rules: YAML files → typed rules (pydantic), errors with file, line and field.
+
+A rule file holds ``rules:``, a list of rules; each names its ``detector`` (leak, starvation,
+fragmentation, idle) and carries that detector's parameters, PromQL, severity and action. Every
+problem in every file is collected and reported as ``file:line: field: message``
+(:class:`RulesError`); line numbers come from the YAML node marks. See docs/rules.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from defrag.detect.fragmentation import FragmentationParams
+from defrag.detect.idle import IdleParams
+from defrag.detect.leak import DcgmLabels, LeakParams
+from defrag.detect.starvation import StarvationParams
+from defrag.scoring.policies import POLICY_NAMES
+
+DETECTORS = ("leak", "starvation", "fragmentation", "idle")
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from a Prometheus-style duration (``30s``, ``15m``, ``1h30m``) or a number."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"duration must not be negative, got {value}")
+        return float(value)
+    if isinstance(value, str):
+        text = value.strip()
+        parts = _DURATION.findall(text)
+        if text and "".join(n + u for n, u in parts) == text:
+            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+    raise ValueError(f"bad duration {value!r}: use a number of seconds or a form like 30s, 15m, 6h")
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+Action = Literal["alert", "repack", "make-room"]
+SeverityName = Literal["info", "warning", "critical"]
+PromQL = Annotated[str, Field(min_length=1)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Rule(_Model):
+    name: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:-]+$")]
+    description: str = ""
+    severity: SeverityName = "warning"
+    action: Action = "alert"
+    enabled: bool = True
+
+    def promql(self) -> dict[str, str]:
+        """PromQL of this rule by field path (``queries.used``), for validation."""
+        return {}
+
+
+class DcgmLabelNames(_Model):
+    """Label names of the DCGM exporter series; lists are tried in order."""
+
+    node: tuple[str, ...] = ("Hostname", "node", "kubernetes_node")
+    gpu: str = "gpu"
+    uuid: str = "UUID"
+    pod: tuple[str, ...] = ("exported_pod", "pod")
+    namespace: tuple[str, ...] = ("exported_namespace", "namespace")
+
+    def dcgm(self) -> DcgmLabels:
+        return DcgmLabels(self.node, self.gpu, self.uuid, self.pod, self.namespace)
+
+
+class LeakQueries(_Model):
+    used: PromQL
+    free: PromQL
+
+
+class LeakRule(_Rule):
+    detector: Literal["leak"]
+    queries: LeakQueries
+    labels: DcgmLabelNames = DcgmLabelNames()
+    lookback: Duration = 6 * 3600.0
+    step: Duration = 60.0
+    min_slope_mib_per_h: Annotated[float, Field(gt=0)] = 256.0
+    min_r2: Annotated[float, Field(ge=0, le=1)] = 0.9
+    horizon: Duration = 48 * 3600.0
+    critical_within: Duration | None = None
+    segments: Annotated[int, Field(ge=2, le=48)] = 6
+    min_rising_fraction: Annotated[float, Field(ge=0, le=1)] = 0.8
+    max_drawdown_fraction: Annotated[float, Field(ge=0)] = 0.1
+
+    def promql(self) -> dict[str, str]:
+        return {"queries.used": self.queries.used, "queries.free": self.queries.free}
+
+    def params(self) -> LeakParams:
+        return LeakParams(
+            name=self.name,
+            severity=self.severity,
+            action=self.action,
+            query=self.queries.used,
+            lookback_s=self.lookback,
+            min_slope_mib_per_h=self.min_slope_mib_per_h,
+            min_r2=self.min_r2,
+            horizon_s=self.horizon,
+            critical_within_s=self.critical_within,
+            segments=self.segments,
+            min_rising_fraction=self.min_rising_fraction,
+            max_drawdown_fraction=self.max_drawdown_fraction,
+        )
+
+
+class StarvationRule(_Rule):
+    detector: Literal["starvation"]
+    for_: Annotated[Duration, Field(alias="for")] = 900.0
+    min_priority: int = 1000
+    priority_classes: tuple[str, ...] = ()
+    policy: str = "reserve-binpack"
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {value!r}; one of {', '.join(POLICY_NAMES)}")
+        return value
+
+    def params(self) -> StarvationParams:
+        return StarvationParams(
+            name=self.name,
+            severity=self.severity,
+            action=self.action,
+            for_s=self.for_,
+            min_priority=self.min_priority,
+            priority_classes=frozenset(self.priority_classes),
+            policy=self.policy,
+        )
+
+
+class FragmentationRule(_Rule):
+    detector: Literal["fragmentation"]
+    sizes: tuple[Annotated[int, Field(ge=1)], ...] = (8,)
+    include_waiting: bool = True
+    node_stranded_min_gpus: Annotated[float, Field(gt=0)] = 2.0
+    cluster_stranded_min_gpus: Annotated[float, Field(gt=0)] = 8.0
+    min_whole_free_nodes: Annotated[int, Field(ge=0)] = 1
+
+    def params(self) -> FragmentationParams:
+        return FragmentationParams(
+            name=self.name,
+            severity=self.severity,
+            action=self.action,
+            sizes=self.sizes,
+            include_waiting=self.include_waiting,
+            node_stranded_min_gpus=self.node_stranded_min_gpus,
+            cluster_stranded_min_gpus=self.cluster_stranded_min_gpus,
+            min_whole_free_nodes=self.min_whole_free_nodes,
+        )
+
+
+class IdleRule(_Rule):
+    detector: Literal["idle"]
+    severity: SeverityName = "info"
+    action: Action = "repack"
+    query: PromQL
+    per_gpu_query: PromQL | None = None
+    threshold_pct: Annotated[float, Field(gt=0, le=100)] = 20.0
+    for_: Annotated[Duration, Field(alias="for")] = 1800.0
+    step: Duration = 60.0
+    max_gap: Duration = 300.0
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def promql(self) -> dict[str, str]:
+        out = {"query": self.query}
+        if self.per_gpu_query:
+            out["per_gpu_query"] = self.per_gpu_query
+        return out
+
+    def params(self) -> IdleParams:
+        return IdleParams(
+            name=self.name,
+            severity=self.severity,
+            action=self.action,
+            query=self.query,
+            threshold_pct=self.threshold_pct,
+            for_s=self.for_,
+            step_s=self.step,
+            max_gap_s=self.max_gap,
+        )
+
+
+Rule = Annotated[
+    LeakRule | StarvationRule | FragmentationRule | IdleRule, Field(discriminator="detector")
+]
+
+
+class RuleFile(_Model):
+    rules: list[Rule]
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RuleIssue:
+    file: str
+    line: int
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+class RulesError(ValueError):
+    """Every problem found in the rule files, one per line."""
+
+    def __init__(self, issues: Sequence[RuleIssue]) -> None:
+        self.issues = tuple(issues)
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedRule:
+    """A rule with where it came from: its file and the line of each of its fields."""
+
+    rule: LeakRule | StarvationRule | FragmentationRule | IdleRule
+    file: str
+    line: int
+    lines: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def line_of(self, path: str) -> int:
+        return self.lines.get(path, self.line)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleSet:
+    rules: tuple[LoadedRule, ...] = ()
+
+    def __iter__(self) -> Iterator[LoadedRule]:
+        return iter(self.rules)
+
+    def __len__(self) -> int:
+        return len(self.rules)
+
+    def enabled(self, detector: str | None = None) -> list[LoadedRule]:
+        return [
+            r
+            for r in self.rules
+            if r.rule.enabled and (detector is None or r.rule.detector == detector)
+        ]
+
+
+def rule_files(paths: Iterable[str | Path]) -> list[Path]:
+    """The YAML files named, or directly inside the directories named (sorted)."""
+    out: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            out.extend(sorted(p for p in path.iterdir() if p.suffix in (".yaml", ".yml")))
+        else:
+            out.append(path)
+    return out
+
+
+def load_rules(paths: Iterable[str | Path]) -> RuleSet:
+    """Load every rule file; raise :class:`RulesError` listing all problems of all files."""
+    issues: list[RuleIssue] = []
+    loaded: list[LoadedRule] = []
+    files = rule_files(paths)
+    if not files:
+        raise RulesError([RuleIssue(", ".join(map(str, paths)), 0, "", "no rule files found")])
+    for path in files:
+        file_rules, file_issues = _load_file(path)
+        loaded.extend(file_rules)
+        issues.extend(file_issues)
+    seen: dict[str, LoadedRule] = {}
+    for item in loaded:
+        first = seen.setdefault(item.rule.name, item)
+        if first is not item:
+            issues.append(
+                RuleIssue(
+                    item.file,
+                    item.line_of("name"),
+                    "name",
+                    f"duplicate rule name {item.rule.name!r} (first at {first.file}:"
+                    f"{first.line_of('name')})",
+                )
+            )
+    if issues:
+        raise RulesError(issues)
+    return RuleSet(tuple(loaded))
+
+
+def _load_file(path: Path) -> tuple[list[LoadedRule], list[RuleIssue]]:
+    name = str(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        return [], [RuleIssue(name, 0, "", f"cannot read: {exc.strerror}")]
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
+        return [], [RuleIssue(name, line, "", f"YAML syntax: {exc.problem}")]
+    except yaml.YAMLError as exc:
+        return [], [RuleIssue(name, 0, "", f"YAML: {exc}")]
+    if not isinstance(data, dict):
+        return [], [RuleIssue(name, 1, "", "a rule file is a mapping with a 'rules:' list")]
+    try:
+        parsed = RuleFile.model_validate(data)
+    except ValidationError as exc:
+        return [], [_issue(name, root, err) for err in exc.errors()]
+    rules_node = _child(root, "rules")
+    out = []
+    for i, rule in enumerate(parsed.rules):
+        node = _child(rules_node, i)
+        line = node.start_mark.line + 1 if node is not None else 0
+        out.append(LoadedRule(rule, name, line, _field_lines(node)))
+    return out, []
+
+
+def _issue(file: str, root: yaml.Node | None, err: Any) -> RuleIssue:
+    loc = list(err["loc"])
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc.append("detector")
+    node, path = root, []
+    for part in loc:
+        child = _child(node, part)
+        if child is None:
+            if isinstance(part, str) and part in DETECTORS:
+                continue  # the discriminated union's tag is not a YAML key
+            if isinstance(part, str):
+                path.append(part)
+            break
+        node = child
+        path.append(f"[{part}]" if isinstance(part, int) else str(part))
+    line = node.start_mark.line + 1 if node is not None else 0
+    dotted = ".".join(path).replace(".[", "[")
+    message = err["msg"]
+    if err["type"] == "extra_forbidden":
+        message = "unknown field"
+    elif err["type"] == "missing":
+        message = "required field missing"
+    return RuleIssue(file, line, dotted, message)
+
+
+def _child(node: yaml.Node | None, key: str | int) -> yaml.Node | None:
+    if isinstance(node, yaml.MappingNode) and isinstance(key, str):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode) and k.value == key:
+                return v
+        return None
+    if isinstance(node, yaml.SequenceNode) and isinstance(key, int):
+        return node.value[key] if 0 <= key < len(node.value) else None
+    return None
+
+
+def _field_lines(node: yaml.Node | None, prefix: str = "") -> dict[str, int]:
+    """Dotted field path → line, for every key under a rule's mapping."""
+    out: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                path = f"{prefix}{k.value}"
+                out[path] = k.start_mark.line + 1
+                out.update(_field_lines(v, path + "."))
+    return out
