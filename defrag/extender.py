@@ -422,6 +422,8 @@ VERBS = ("filter", "prioritize")
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its connections
+    # Headers and body are separate writes: with Nagle on, the client's delayed ACK adds ~40 ms.
+    disable_nagle_algorithm = True
     server: ExtenderHTTPServer
 
     def log_message(self, format: str, *args: Any) -> None:
