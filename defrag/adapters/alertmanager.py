@@ -21,6 +21,7 @@ no longer found are resolved. Nothing re-fires, nothing is forgotten.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -208,7 +209,7 @@ class AlertmanagerSink:
         now = utc(now)
         outcomes: dict[str, SendResult] = {}
         if not self._rebuilt:
-            outcomes = self._rebuild(now)
+            outcomes = self._rebuild()
         transition = self.state.update(self.template.alerts(findings), now)
         results = []
         for target in self._targets:
@@ -254,7 +255,7 @@ class AlertmanagerSink:
                 return target
         raise KeyError(url)
 
-    def _rebuild(self, now: datetime) -> dict[str, SendResult]:
+    def _rebuild(self) -> dict[str, SendResult]:
         """Adopt the alerts Alertmanager still holds from a previous run of this sender."""
         outcomes: dict[str, SendResult] = {}
         for target in self._targets:
@@ -265,9 +266,9 @@ class AlertmanagerSink:
                 log.warning("Alertmanager %s: %s", target.shown, reason)
                 outcomes[target.shown] = SendResult(target.shown, "failed", reason=reason)
                 continue
+            # Adopted alerts are refreshed (or resolved) in this same cycle: their endsAt
+            # in Alertmanager is whatever the previous run set, possibly close.
             adopted = self.state.adopt(held)
-            for alert in held:  # this URL holds them: refresh on the normal schedule
-                target.last_sent.setdefault(alert.key, now - self.resend_interval)
             self._rebuilt = True
             if adopted:
                 log.info("adopted %d active alerts from %s", adopted, target.shown)
@@ -372,7 +373,7 @@ class AlertmanagerSink:
                 method, url, headers=headers, timeout=self.timeout_s, **kwargs
             )
         except requests.ConnectionError as exc:
-            raise _Retryable(f"cannot connect: {_first_line(exc)}") from exc
+            raise _Retryable(f"cannot connect: {_connect_reason(exc)}") from exc
         except requests.Timeout as exc:
             raise _Retryable(f"timed out after {self.timeout_s:g}s") from exc
         except requests.RequestException as exc:
@@ -390,6 +391,12 @@ class AlertmanagerSink:
             except OSError as exc:
                 raise ValueError(f"cannot read bearer token file: {exc}") from exc
         return self._bearer_token
+
+
+def _connect_reason(exc: BaseException) -> str:
+    """The OS's words for a failed connection ("Connection refused"), not urllib3's wrapping."""
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
+    return found.group(1).strip() if found else _first_line(exc)
 
 
 def _first_line(exc: BaseException) -> str:

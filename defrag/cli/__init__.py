@@ -3,6 +3,7 @@ when imported; importing them here is what puts them on the command line."""
 
 from __future__ import annotations
 
+from defrag.cli import alerts as alerts  # registers `defrag alerts`
 from defrag.cli import report
 from defrag.cli.app import app, main
 

@@ -1,0 +1,181 @@
+"""``defrag alerts test``: send a test alert to Alertmanager, then resolve it.
+
+Also the Alertmanager options other commands share (``defrag detect --alertmanager URL``):
+import the ``*Opt`` annotations and build the sink with :func:`make_sink`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
+from defrag.cli.app import UserError, app, console, print_json
+
+alerts_app = typer.Typer(help="Alerts sent to Alertmanager.", no_args_is_help=True)
+app.add_typer(alerts_app, name="alerts")
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+AlertmanagerOpt = Annotated[
+    list[str],
+    typer.Option(
+        "--alertmanager",
+        help="Alertmanager base URL, e.g. http://alertmanager:9093 (repeat for an HA pair).",
+    ),
+]
+ClusterOpt = Annotated[
+    str, typer.Option("--cluster", help="Value of the `cluster` label on every alert.")
+]
+BearerTokenFileOpt = Annotated[
+    Path | None,
+    typer.Option("--am-bearer-token-file", help="File holding a bearer token for Alertmanager."),
+]
+BasicAuthOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--am-basic-auth",
+        envvar="DEFRAG_AM_BASIC_AUTH",
+        help="user:password for Alertmanager (or the DEFRAG_AM_BASIC_AUTH variable).",
+    ),
+]
+CaFileOpt = Annotated[
+    Path | None, typer.Option("--am-ca-file", help="CA bundle to verify Alertmanager's TLS.")
+]
+InsecureOpt = Annotated[
+    bool, typer.Option("--am-insecure", help="Do not verify Alertmanager's TLS certificate.")
+]
+
+
+def make_sink(
+    urls: list[str],
+    *,
+    cluster: str = "default",
+    bearer_token_file: Path | None = None,
+    basic_auth: str | None = None,
+    ca_file: Path | None = None,
+    insecure: bool = False,
+    timeout_s: float = 5.0,
+    retry_attempts: int = 3,
+    retry_wait_s: float = 0.5,
+) -> AlertmanagerSink:
+    """An AlertmanagerSink from command-line options; a bad option is a UserError."""
+    auth: tuple[str, str] | None = None
+    if basic_auth is not None:
+        user, sep, password = basic_auth.partition(":")
+        if not sep or not user:
+            raise UserError("--am-basic-auth: expected user:password")
+        auth = (user, password)
+    if bearer_token_file is not None and not bearer_token_file.is_file():
+        raise UserError(f"--am-bearer-token-file: no such file: {bearer_token_file}")
+    try:
+        return AlertmanagerSink(
+            urls,
+            cluster=cluster,
+            bearer_token_file=bearer_token_file,
+            basic_auth=auth,
+            ca_file=ca_file,
+            verify_tls=not insecure,
+            timeout_s=timeout_s,
+            retry_attempts=retry_attempts,
+            retry_wait_s=retry_wait_s,
+        )
+    except ValueError as exc:
+        raise UserError(f"--alertmanager: {exc}") from exc
+
+
+@alerts_app.command("test")
+def test_alert(
+    alertmanager: AlertmanagerOpt,
+    cluster: ClusterOpt = "default",
+    hold: Annotated[
+        float,
+        typer.Option(
+            "--hold",
+            min=0,
+            help="Seconds the test alert stays firing before it is resolved. Alertmanager "
+            "notifies only after the route's group_wait (30 s by default), so hold longer "
+            "than that to see the notification; 0 checks only that the alert is accepted.",
+        ),
+    ] = 60.0,
+    bearer_token_file: BearerTokenFileOpt = None,
+    basic_auth: BasicAuthOpt = None,
+    ca_file: CaFileOpt = None,
+    insecure: InsecureOpt = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 5.0,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = (
+        Output.table
+    ),
+) -> None:
+    """Send a test alert (DefragTestAlert, severity info) to every Alertmanager, hold it
+    firing, then resolve it. Exits non-zero if any Alertmanager did not take it."""
+    if not alertmanager:
+        raise UserError("--alertmanager: give at least one URL")
+    # The table below reports each failure; the sink's own error log would only repeat it.
+    logging.getLogger("defrag.adapters.alertmanager").setLevel(logging.CRITICAL)
+    sink = make_sink(
+        alertmanager,
+        cluster=cluster,
+        bearer_token_file=bearer_token_file,
+        basic_auth=basic_auth,
+        ca_file=ca_file,
+        insecure=insecure,
+        timeout_s=timeout,
+        retry_attempts=2,
+        retry_wait_s=0.5,
+    )
+    start = datetime.now(UTC)
+    alert = sink.template.test_alert(start)
+    # If this process dies while holding, the alert lapses by itself a minute later.
+    fired = sink.send([(alert, start + timedelta(seconds=hold + 60))], start)
+    if any(r.outcome == "ok" for r in fired) and hold > 0:
+        if output is Output.table:
+            console.print(f"test alert firing; resolving it in {hold:g} s (Ctrl-C: now)")
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C resolves at once
+            time.sleep(hold)
+    end = datetime.now(UTC)
+    resolved = sink.send([(alert, end)], end)
+    rows = [
+        {"url": f.url, "fired": f.outcome == "ok", "resolved": r.outcome == "ok", "reason": why}
+        for f, r in zip(fired, resolved, strict=True)
+        for why in [_reason(f, r)]
+    ]
+    if output is Output.json:
+        print_json({"alert": dict(alert.labels), "results": rows})
+    else:
+        table = Table(title=f"{alert.name} (cluster {cluster})")
+        for column in ("alertmanager", "fired", "resolved", "reason"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(
+                str(row["url"]), _mark(row["fired"]), _mark(row["resolved"]), str(row["reason"])
+            )
+        console.print(table)
+    failed = [row for row in rows if row["reason"]]
+    if failed:
+        detail = "; ".join(f"{row['url']}: {row['reason']}" for row in failed)
+        raise UserError(f"test alert not delivered to every Alertmanager ({detail})", exit_code=1)
+
+
+def _reason(fired: SendResult, resolved: SendResult) -> str:
+    if fired.reason:
+        return f"firing: {fired.reason}"
+    if resolved.reason:
+        return f"resolving: {resolved.reason}"
+    return ""
+
+
+def _mark(ok: object) -> str:
+    return "yes" if ok else "no"

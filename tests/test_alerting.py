@@ -1,0 +1,202 @@
+"""Finding → alert mapping and the active-alert state (pure, no Alertmanager)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+
+from defrag.alerting import (
+    OWN_ALERT_NAMES,
+    ActiveAlerts,
+    Alert,
+    AlertSendError,
+    AlertTemplate,
+    alert_name,
+    parse_rfc3339,
+    rfc3339,
+    subject_labels,
+)
+from defrag.detect.findings import Finding
+
+T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+TEMPLATE = AlertTemplate(cluster="prod-a", generator_url="http://defrag.example/f")
+
+
+def finding(kind: str = "leak", subject: str = "pod/ml/train-0", **kw: object) -> Finding:
+    kw.setdefault("severity", "warning")
+    kw.setdefault("summary", f"{kind} on {subject}")
+    return Finding(kind=kind, subject=subject, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("kind", "subject", "labels", "expected"),
+    [
+        ("fragmentation", "cluster", {}, "GPUClusterFragmented"),
+        ("fragmentation", "node/gpu-7", {}, "GPUNodeFragmented"),
+        ("fragmentation", "gpu/gpu-7/3", {"node": "gpu-7"}, "GPUNodeFragmented"),
+        ("leak", "pod/ml/train-0", {}, "GPUMemoryLeakSuspected"),
+        ("starvation", "pod/ml/big-job", {}, "GPUJobStarved"),
+        ("plan-blocked", "plan/p-1", {}, "DefragPlanBlocked"),
+        ("execution-failed", "plan/p-1", {}, "DefragExecutionFailed"),
+        ("circuit-open", "cluster", {}, "DefragCircuitOpen"),
+        ("idle", "cluster", {}, None),
+    ],
+)
+def test_alert_name_by_kind_and_subject(
+    kind: str, subject: str, labels: dict[str, str], expected: str | None
+) -> None:
+    assert alert_name(finding(kind, subject, labels=labels)) == expected
+    if expected is not None:
+        assert expected in OWN_ALERT_NAMES
+
+
+@pytest.mark.parametrize(
+    ("subject", "expected"),
+    [
+        ("node/gpu-7", {"node": "gpu-7"}),
+        ("pod/ml/train-0", {"namespace": "ml", "pod": "train-0"}),
+        ("gpu/gpu-7/3", {"node": "gpu-7", "gpu": "3"}),
+        ("cluster", {}),
+        ("pod/only-name", {}),  # malformed: no label guessed
+        ("node/", {}),
+    ],
+)
+def test_subject_labels(subject: str, expected: dict[str, str]) -> None:
+    assert subject_labels(subject) == expected
+
+
+def test_alert_labels_annotations_and_links() -> None:
+    f = finding(
+        "leak",
+        "pod/ml/train-0",
+        severity="critical",
+        evidence={"slope_mib_per_h": 2000.0, "query": "DCGM_FI_DEV_FB_USED"},
+        since=T0,
+        labels={"node": "gpu-7", "detector": "gpu-memory-leak", "team": "ignored"},
+    )
+    alert = TEMPLATE.alert(f)
+    assert alert is not None
+    assert dict(alert.labels) == {
+        "alertname": "GPUMemoryLeakSuspected",
+        "severity": "critical",
+        "cluster": "prod-a",
+        "node": "gpu-7",
+        "namespace": "ml",
+        "pod": "train-0",
+        "detector": "gpu-memory-leak",
+    }
+    assert alert.annotations["summary"] == "leak on pod/ml/train-0"
+    assert alert.annotations["runbook_url"] == "docs/alerts.md#gpumemoryleaksuspected"
+    assert alert.annotations["description"].splitlines() == [
+        "leak on pod/ml/train-0, since 2026-03-02T12:00:00.000Z",
+        "query: DCGM_FI_DEV_FB_USED",
+        "slope_mib_per_h: 2000",
+    ]
+    assert alert.generator_url == f"http://defrag.example/f/{f.fingerprint}"
+    assert alert.starts_at == T0
+    body = alert.to_api(T0 + timedelta(minutes=15))
+    assert body["startsAt"] == "2026-03-02T12:00:00.000Z"
+    assert body["endsAt"] == "2026-03-02T12:15:00.000Z"
+    assert body["generatorURL"] == alert.generator_url
+
+
+def test_finding_labels_win_over_subject_and_detector_defaults_to_kind() -> None:
+    alert = TEMPLATE.alert(finding("fragmentation", "node/a", labels={"node": "b"}))
+    assert alert is not None
+    assert alert.labels["node"] == "b"
+    assert alert.labels["detector"] == "fragmentation"
+
+
+def test_idle_is_never_alerted_and_clashing_findings_make_one_alert() -> None:
+    findings = [
+        finding("idle", "cluster"),
+        finding("fragmentation", "node/a", summary="first"),
+        finding("fragmentation", "node/a", summary="second"),  # same labels
+        finding("fragmentation", "cluster"),
+    ]
+    alerts = TEMPLATE.alerts(findings)
+    assert sorted(a.name for a in alerts.values()) == ["GPUClusterFragmented", "GPUNodeFragmented"]
+    node = next(a for a in alerts.values() if a.name == "GPUNodeFragmented")
+    assert node.annotations["summary"] == "first"
+
+
+@pytest.mark.parametrize(
+    ("labels", "generator", "owned"),
+    [
+        ({"alertname": "GPUJobStarved", "cluster": "prod-a"}, "http://defrag.example/f/x", True),
+        ({"alertname": "GPUJobStarved", "cluster": "prod-b"}, "http://defrag.example/f/x", False),
+        ({"alertname": "GPUJobStarved", "cluster": "prod-a"}, "http://prometheus/graph", False),
+        ({"alertname": "NodeDown", "cluster": "prod-a"}, "http://defrag.example/f/x", False),
+    ],
+)
+def test_owns_only_this_senders_alerts(labels: dict[str, str], generator: str, owned: bool) -> None:
+    assert TEMPLATE.owns(labels, generator) is owned
+
+
+def test_time_formats_round_trip() -> None:
+    # Alertmanager answers with nanoseconds; Python keeps microseconds.
+    assert parse_rfc3339("2026-03-02T12:00:01.123456789Z") == T0 + timedelta(
+        seconds=1, microseconds=123456
+    )
+    assert parse_rfc3339("2026-03-02T12:00:00Z") == T0
+    east = datetime(2026, 3, 2, 14, 0, tzinfo=timezone(timedelta(hours=2)))
+    assert rfc3339(east) == "2026-03-02T12:00:00.000Z"
+    assert rfc3339(datetime(2026, 3, 2, 12, 0)) == "2026-03-02T12:00:00.000Z"  # naive = UTC
+
+
+def keyed(*findings: Finding) -> dict[tuple[tuple[str, str], ...], Alert]:
+    return TEMPLATE.alerts(findings)
+
+
+def test_state_fires_keeps_and_resolves() -> None:
+    state = ActiveAlerts()
+    a, b = finding("leak", "pod/ml/a"), finding("leak", "pod/ml/b")
+    first = state.update(keyed(a, b), T0)
+    assert [x.labels["pod"] for x in first.fired] == ["a", "b"]
+    assert first.kept == () and first.resolved == ()
+    # no `since`: the start is the first cycle's time, and it stays so
+    assert {x.starts_at for x in first.fired} == {T0}
+    second = state.update(keyed(a), T0 + timedelta(minutes=1))
+    assert second.fired == ()
+    assert [(x.labels["pod"], x.starts_at) for x in second.kept] == [("a", T0)]
+    assert [x.labels["pod"] for x in second.resolved] == ["b"]
+    assert len(state) == 1
+
+
+def test_severity_change_resolves_old_alert_and_fires_new() -> None:
+    state = ActiveAlerts()
+    state.update(keyed(finding("starvation", "pod/ml/j", severity="warning")), T0)
+    step = state.update(keyed(finding("starvation", "pod/ml/j", severity="critical")), T0)
+    assert [x.labels["severity"] for x in step.fired] == ["critical"]
+    assert [x.labels["severity"] for x in step.resolved] == ["warning"]
+
+
+def test_adopted_alerts_keep_their_start_and_resolve_when_gone() -> None:
+    """A restarted sender adopts what Alertmanager holds: still found → kept with the old
+    start (no re-fire); no longer found → resolved (not forgotten)."""
+    a, b = finding("leak", "pod/ml/a"), finding("leak", "pod/ml/b")
+    held = [x.with_start(T0) for x in keyed(a, b).values()]
+    state = ActiveAlerts()
+    assert state.adopt(held) == 2
+    assert state.adopt(held) == 0  # idempotent
+    step = state.update(keyed(a), T0 + timedelta(hours=1))
+    assert step.fired == ()
+    assert [(x.labels["pod"], x.starts_at) for x in step.kept] == [("a", T0)]
+    assert [x.labels["pod"] for x in step.resolved] == ["b"]
+
+
+def test_earliest_start_wins() -> None:
+    state = ActiveAlerts()
+    late = finding("leak", "pod/ml/a", since=T0 + timedelta(hours=1))
+    state.update(keyed(late), T0 + timedelta(hours=2))
+    state.adopt([x.with_start(T0) for x in keyed(late).values()])
+    step = state.update(keyed(late), T0 + timedelta(hours=3))
+    assert step.kept[0].starts_at == T0
+
+
+def test_send_error_names_every_url() -> None:
+    error = AlertSendError({"http://b:9093": "HTTP 500", "http://a:9093": "cannot connect"})
+    assert str(error) == (
+        "no Alertmanager took the alerts (http://a:9093: cannot connect; http://b:9093: HTTP 500)"
+    )
