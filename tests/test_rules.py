@@ -81,7 +81,8 @@ def test_bad_rule_file_reports_file_line_and_field(
 
 def test_all_errors_of_all_files_are_reported(tmp_path: Path) -> None:
     write(tmp_path, GOOD_LEAK + "    min_r2: x\n    step: soon\n", "a.yaml")
-    write(tmp_path, GOOD_LEAK.replace("name: leak", "name: leak2") + "    horizon: never\n", "b.yaml")
+    second = GOOD_LEAK.replace("name: leak", "name: leak2") + "    horizon: never\n"
+    write(tmp_path, second, "b.yaml")
     with pytest.raises(RulesError) as caught:
         load_rules([tmp_path])
     where = sorted((Path(i.file).name, i.line, i.field) for i in caught.value.issues)
