@@ -1,0 +1,213 @@
+"""Filters, the policies and the scheduler, table-driven with the arithmetic in comments."""
+
+from __future__ import annotations
+
+import pytest
+
+from defrag.model import Cluster, Node, Pod
+from defrag.model.resources import Taint, Toleration
+from defrag.model.workload import Shape, WorkloadMix
+from defrag.scoring.filters import R_CPU, R_GPU, R_MODEL, R_TAINT, R_TOPOLOGY
+from defrag.scoring.framework import Placement, Unschedulable
+from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy, make_policy
+from defrag.scoring.scheduler import explain, schedule
+
+
+def worked_example() -> Cluster:
+    """DESIGN §2: node-1 has 1 of 8 GPUs free, node-2 8 of 8, node-3 4 of 8."""
+    nodes = [Node(f"node-{i}", 64000, 512000, 8, "A100") for i in (1, 2, 3)]
+    pods = [
+        Pod("seven", num_gpu=7, node="node-1", phase="Running"),
+        Pod("four", num_gpu=4, node="node-3", phase="Running"),
+    ]
+    return Cluster.build(nodes, pods)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "expected_node", "expected_scores"),
+    [
+        # R=1 < T=8. node-1: F=1 → (1 − (1−1)/8)·100 = 100; node-3: F=4 → (1 − 3/8)·100 = 62.5;
+        # node-2: F=T → 0.
+        (1, "node-1", {"node-1": 100.0, "node-2": 0.0, "node-3": 62.5}),
+        # R=8 ≥ T: node-2 entirely free → 100; node-1 and node-3 are filtered (F < R).
+        (8, "node-2", {"node-1": None, "node-2": 100.0, "node-3": None}),
+        # R=4 < T: node-3 F=4 → (1 − 0/8)·100 = 100; node-2 F=T → 0; node-1 filtered.
+        (4, "node-3", {"node-1": None, "node-2": 0.0, "node-3": 100.0}),
+    ],
+)
+def test_reserve_binpack_worked_example(
+    gpus: int, expected_node: str, expected_scores: dict[str, float | None]
+) -> None:
+    cluster = worked_example()
+    pod = Pod("new", num_gpu=gpus)
+    placement = schedule(pod, cluster, "reserve-binpack")
+    assert isinstance(placement, Placement)
+    assert placement.node == expected_node
+    verdicts = {v.node: v for v in explain(pod, cluster, "reserve-binpack")}
+    for node, score in expected_scores.items():
+        assert verdicts[node].score == score
+        if score is None:
+            assert verdicts[node].reasons == (R_GPU,)
+
+
+def test_reserve_binpack_sharing_counts_share() -> None:
+    # node-1 free share 1.0 GPU, node-3 4.0. A 0.5-GPU pod: node-1 → (1 − (1 − 0.5)/8)·100 = 93.75,
+    # node-3 → (1 − (4 − 0.5)/8)·100 = 56.25, node-2 (all free) → 0.
+    scores = {
+        v.node: v.score for v in explain(Pod("s", num_gpu=1, gpu_milli=500), worked_example())
+    }
+    assert scores == {"node-1": 93.75, "node-2": 0.0, "node-3": 56.25}
+
+
+def test_whole_node_job_on_partly_used_node_scores_20() -> None:
+    # A 2-GPU node with one GPU busy cannot take R=2 (filtered); R ≥ T on a node with F < T
+    # scores 20, seen with R = T = 1 on a 1-GPU node that is half shared.
+    cluster = Cluster.build(
+        [Node("n", 8000, 8000, 1, "T4")], [Pod("a", num_gpu=1, gpu_milli=200, node="n")]
+    )
+    pol = make_policy("reserve-binpack")
+    # R = 0.5 < T = 1 → small job: F = 0.8 → (1 − (0.8 − 0.5)/1)·100 = 70
+    assert schedule(Pod("s", num_gpu=1, gpu_milli=500), cluster, pol).score == pytest.approx(70.0)  # type: ignore[union-attr]
+    # CPU-only pod on a GPU node: R = 0 < T, F = 0.8 → (1 − 0.8/1)·100 = 20
+    assert schedule(Pod("c"), cluster, pol).score == pytest.approx(20.0)  # type: ignore[union-attr]
+
+
+def nvlink_node(busy: tuple[int, ...]) -> Cluster:
+    node = Node("nv", 64000, 512000, 8, "H100", nvlink_domains=((0, 1, 2, 3), (4, 5, 6, 7)))
+    pods = [Pod(f"b{i}", num_gpu=1, node="nv", gpu_indices=(i,)) for i in busy]
+    return Cluster.build([node], pods)
+
+
+@pytest.mark.parametrize(
+    ("busy", "gpus", "expected"),
+    [
+        # free {2,3,4,5}: 4 free GPUs, but no domain holds 4 → filtered by topology
+        ((0, 1, 6, 7), 4, None),
+        # free {4,5,6,7}: domain 1 is whole → placed there
+        ((0, 1, 2, 3), 4, (4, 5, 6, 7)),
+        # free {1,2,3,4,5,6,7}: a 2-GPU pod takes the fullest domain that fits: domain 0 (3 free)
+        ((0,), 2, (1, 2)),
+        # 8-GPU pod needs ⌈8/4⌉ = 2 entirely free domains
+        ((), 8, (0, 1, 2, 3, 4, 5, 6, 7)),
+        # 6 free GPUs but only one whole domain → an 8-GPU pod... and a 5-GPU pod needs 2 domains
+        ((0, 1), 5, None),
+    ],
+)
+def test_nvlink_topology(
+    busy: tuple[int, ...], gpus: int, expected: tuple[int, ...] | None
+) -> None:
+    result = schedule(Pod("t", num_gpu=gpus), nvlink_node(busy))
+    if expected is None:
+        assert isinstance(result, Unschedulable)
+        assert result.reasons == {R_TOPOLOGY: 1}
+        assert "nvlink" in result.summary
+    else:
+        assert isinstance(result, Placement)
+        assert result.gpus == expected
+
+
+def test_filters_name_each_reason() -> None:
+    nodes = [
+        Node("cpu-poor", 100, 1000, 8, "A100"),
+        Node("t4", 64000, 1000, 8, "T4"),
+        Node("tainted", 64000, 1000, 8, "A100", taints=(Taint("dedicated", "NoSchedule", "x"),)),
+    ]
+    pod = Pod("p", num_gpu=1, cpu_milli=1000, gpu_models=frozenset({"A100"}))
+    verdicts = {v.node: v.reasons for v in explain(pod, Cluster.build(nodes))}
+    assert verdicts == {"cpu-poor": (R_CPU,), "t4": (R_MODEL,), "tainted": (R_TAINT,)}
+    tolerant = Pod(
+        "q",
+        num_gpu=1,
+        gpu_models=frozenset({"A100"}),
+        tolerations=(Toleration("dedicated", "Exists"),),
+    )
+    assert schedule(tolerant, Cluster.build(nodes)).node == "cpu-poor"  # type: ignore[union-attr]
+
+
+def test_exclude_keeps_a_node_out_of_reach() -> None:
+    cluster = worked_example()
+    exclude = cluster.arrays.gpu_total < 0  # all False
+    exclude[cluster.arrays.index["node-1"]] = True
+    placement = schedule(Pod("x", num_gpu=1), cluster, exclude=exclude)
+    assert isinstance(placement, Placement) and placement.node == "node-3"
+
+
+def small_cluster() -> Cluster:
+    """Three 4-GPU nodes: a holds a 0.5-GPU pod on GPU 0, b holds 2 whole GPUs, c is idle."""
+    nodes = [Node(n, 32000, 100000, 4, "V100") for n in "abc"]
+    pods = [
+        Pod("share", num_gpu=1, gpu_milli=500, cpu_milli=4000, node="a"),
+        Pod("two", num_gpu=2, cpu_milli=8000, node="b"),
+    ]
+    return Cluster.build(nodes, pods)
+
+
+@pytest.mark.parametrize(
+    ("policy", "pod", "node", "gpus"),
+    [
+        # least-allocated: mean free fraction after placement (cpu, mem, gpu).
+        # 1 GPU, 4 CPU: a: (24/32 + 1 + 2.5/4)/3 = 0.79; b: (20/32 + 1 + 1/4)/3 = 0.625;
+        # c: (28/32 + 1 + 3/4)/3 = 0.875 → c.
+        ("least-allocated", Pod("x", num_gpu=1, cpu_milli=4000), "c", (0,)),
+        # most-allocated is its mirror → b (fullest).
+        ("most-allocated", Pod("x", num_gpu=1, cpu_milli=4000), "b", (2,)),
+        # best-fit leftover 0.5·cpu + 0.5·gpu: a: 0.5·24/32 + 0.5·2.5/4 = 0.6875;
+        # b: 0.5·20/32 + 0.5·1/4 = 0.4375; c: 0.5·28/32 + 0.5·3/4 = 0.8125 → b.
+        ("best-fit", Pod("x", num_gpu=1, cpu_milli=4000), "b", (2,)),
+        # dot-product (demand·free): demand (4/32, 1/4); a: 0.125·28/32 + 0.25·3.5/4 = 0.328;
+        # b: 0.125·24/32 + 0.25·2/4 = 0.219; c: 0.125·1 + 0.25·1 = 0.375 → c.
+        ("dot-product", Pod("x", num_gpu=1, cpu_milli=4000), "c", (0,)),
+        # gpu-packing: a sharing pod goes to the already-shared GPU (a, GPU 0).
+        ("gpu-packing", Pod("x", num_gpu=1, gpu_milli=300), "a", (0,)),
+        # gpu-packing: a whole GPU goes to a node in use, the fuller one (b: 2 of 4 free).
+        ("gpu-packing", Pod("x", num_gpu=1), "b", (2,)),
+        # gpu-clustering: a 1-GPU... class "2-gpu" pod joins b, which hosts only 2-GPU pods.
+        ("gpu-clustering", Pod("x", num_gpu=2), "b", (2, 3)),
+        # gpu-clustering: a sharing pod joins a (only sharing pods there); best-fit GPU 0.
+        ("gpu-clustering", Pod("x", num_gpu=1, gpu_milli=300), "a", (0,)),
+        # reserve-binpack: 1 GPU → b: (1 − (2−1)/4)·100 = 75 beats a: (1 − (3.5−1)/4)·100 = 37.5.
+        ("reserve-binpack", Pod("x", num_gpu=1), "b", (2,)),
+    ],
+)
+def test_policy_choices(policy: str, pod: Pod, node: str, gpus: tuple[int, ...]) -> None:
+    placement = schedule(pod, small_cluster(), make_policy(policy))
+    assert isinstance(placement, Placement)
+    assert (placement.node, placement.gpus) == (node, gpus)
+
+
+def test_fgd_prefers_the_gpu_that_leaves_usable_share() -> None:
+    # Mix: only 0.5-GPU pods. Free shares: a [500, 1000, 1000, 1000], b [0, 0, 1000, 1000],
+    # c [1000]*4; no node is fragmented now (every GPU is 0 or ≥ 500).
+    # A 0.3 pod on a's GPU 0 leaves 200 < 500 → Δfrag = +200; on any whole GPU it leaves
+    # 700 ≥ 500 → Δ = 0. So every node ties at Δ = 0 (a, b, c) and the name breaks the tie: a,
+    # on its first GPU with Δ = 0: GPU 1.
+    mix = WorkloadMix((Shape(0, 1, 500),), (1.0,))
+    pol = make_policy("fgd", mix=mix)
+    placement = schedule(Pod("x", num_gpu=1, gpu_milli=300), small_cluster(), pol)
+    assert isinstance(placement, Placement)
+    assert (placement.node, placement.gpus) == ("a", (1,))
+    # A 0.5 pod on GPU 0 leaves 0 (nothing to fragment) and on a whole GPU leaves 500 (usable):
+    # Δ = 0 both ways; the tie goes to the least free share → GPU 0.
+    placement = schedule(Pod("y", num_gpu=1, gpu_milli=500), small_cluster(), pol)
+    assert (placement.node, placement.gpus) == ("a", (0,))  # type: ignore[union-attr]
+
+
+def test_random_is_seeded() -> None:
+    picks = [
+        schedule(Pod("x", num_gpu=1), small_cluster(), make_policy("random", seed=7)).node  # type: ignore[union-attr]
+        for _ in range(3)
+    ]
+    assert len(set(picks)) == 1
+
+
+def test_unknown_policy() -> None:
+    with pytest.raises(UnknownPolicy, match="known: reserve-binpack"):
+        make_policy("nope")
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_policy_places_and_explains(policy: str) -> None:
+    cluster = worked_example()
+    placement = schedule(Pod("x", num_gpu=8), cluster, make_policy(policy))
+    # Only node-2 can take 8 GPUs, whatever the policy.
+    assert isinstance(placement, Placement) and placement.node == "node-2"
