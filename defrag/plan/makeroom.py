@@ -1,0 +1,142 @@
+"""Make room: give a pending pod a node by evicting the cheapest set of lower-priority pods.
+
+Candidate nodes are those that could hold the pod once emptied (model, taints, capacity),
+ranked by how little must be freed on them; on the best few the victim search of
+:mod:`defrag.plan.room` prices the cheapest victim set, and the cheapest set whose victims all
+find a new node (or may be preempted) wins. Victims always rank strictly below the pod.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
+from defrag.plan import constraints as c
+from defrag.plan.model import Blocked, Step
+from defrag.plan.room import Context, Relocation, Room, find_room, relocate
+from defrag.plan.workspace import Workspace
+from defrag.scoring.filters import taint_mask
+from defrag.scoring.framework import Placement
+from defrag.scoring.scheduler import schedule
+
+
+@dataclass(frozen=True, slots=True)
+class RoomResult:
+    """Steps that make room for a pod (empty when it fits already), or what blocked it."""
+
+    pod: str
+    steps: tuple[Step, ...]
+    blocked: tuple[Blocked, ...]
+    row: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.row is not None
+
+
+def make_room(
+    ws: Workspace,
+    ctx: Context,
+    pod: Pod,
+    *,
+    preempt: bool,
+    candidates: int = 32,
+    tries: int = 8,
+    any_priority: bool = False,
+) -> RoomResult:
+    """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
+
+    ``any_priority`` lifts the strictly-lower-priority rule (the simulator's fill protocol,
+    where pods only migrate and nothing is lost).
+    """
+    placed = schedule(pod, ws.arrays, ctx.policy, exclude=ws.no_target)
+    if isinstance(placed, Placement):
+        ws.reserve(pod, placed.row, placed.gpus)
+        return RoomResult(pod.key, (), (), placed.row)
+    allowed = ctx.victim_filter(None if any_priority else pod.priority)
+    rows = candidate_rows(ws, pod, candidates)
+    rooms: list[Room] = []
+    blocked: dict[str, Blocked] = {}
+    for row in rows:
+        found = find_room(ws, int(row), pod, allowed, ctx.cost)
+        if isinstance(found, Room):
+            rooms.append(found)
+        elif len(blocked) < 20:
+            for b in found:
+                blocked.setdefault(b.pod, b)
+    rooms.sort(key=lambda r: (r.cost, len(r.victims), r.row))
+    reason = f"make room for {pod.key} ({describe(pod)})"
+    for room in rooms[:tries]:
+        mark = ws.mark()
+        done = relocate(
+            ws,
+            ctx,
+            room,
+            pod,
+            reason=f"{reason} on {ws.node(room.row)}",
+            allowed=allowed,
+            preempt=preempt,
+        )
+        if isinstance(done, Relocation):
+            ctx.ledger.commit(done.evictions)
+            for b in room.blocked:
+                blocked.setdefault(b.pod, b)
+            return RoomResult(pod.key, done.steps, tuple(blocked.values()), room.row)
+        ws.rollback(mark)
+        for b in done:
+            blocked.setdefault(b.pod, b)
+    if not blocked:
+        detail = placed.summary if not rooms else "no victim set could be re-placed"
+        blocked[pod.key] = Blocked(pod.key, c.NO_ROOM, detail)
+    return RoomResult(pod.key, (), tuple(blocked.values()), None)
+
+
+def candidate_rows(ws: Workspace, pod: Pod, limit: int) -> np.ndarray:
+    """Rows that could hold ``pod`` once emptied, fewest GPUs (then CPU) to free first."""
+    a = ws.arrays
+    ok = static_mask(pod, a) & ~ws.no_target
+    rows = np.flatnonzero(ok)
+    if len(rows) == 0:
+        return rows
+    deficit = gpu_deficit(pod, a)[rows]
+    cpu_short = np.maximum(pod.cpu_milli - a.cpu_free[rows], 0) / np.maximum(a.cpu_total[rows], 1)
+    rank = deficit + cpu_short
+    if len(rows) > limit:
+        keep = np.argpartition(rank, limit - 1)[:limit]
+        rows, rank = rows[keep], rank[keep]
+    order = np.lexsort((rows, rank))
+    return np.asarray(rows[order])
+
+
+def static_mask(pod: Pod, a: NodeArrays) -> BoolArray:
+    """Nodes whose capacity (not their free resources) can hold the pod."""
+    ok = a.schedulable & (a.cpu_total >= pod.cpu_milli) & (a.mem_total >= pod.memory_mib)
+    if a.tainted_rows:
+        ok &= taint_mask(pod, a)
+    if pod.num_gpu:
+        ok &= (a.gpu_total >= pod.num_gpu) & a.model_allowed(pod)
+        if pod.gpu_memory_mib:
+            ok &= a.gpu_mem >= pod.gpu_memory_mib
+    return np.asarray(ok)
+
+
+def gpu_deficit(pod: Pod, a: NodeArrays) -> FloatArray:
+    """[N] GPUs that would have to be freed for the pod, ignoring which pods hold them."""
+    if pod.num_gpu == 0:
+        return np.zeros(len(a))
+    if pod.gpu_milli < GPU_MILLI:
+        best = a.gpu_free.max(axis=1)
+        return np.asarray(np.maximum(pod.gpu_milli - best, 0) / GPU_MILLI, dtype=np.float64)
+    return np.asarray(np.maximum(pod.num_gpu - a.largest_job(), 0), dtype=np.float64)
+
+
+def describe(pod: Pod) -> str:
+    if pod.num_gpu == 0:
+        return "no GPU"
+    if pod.gpu_milli < GPU_MILLI:
+        return f"{pod.gpu_milli / GPU_MILLI:.2f} GPU"
+    return f"{pod.num_gpu} GPU"

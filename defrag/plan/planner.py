@@ -1,0 +1,160 @@
+"""``make_plan``: one plan for a cluster — make room for starved pods, then repack.
+
+Both run on a :class:`~defrag.plan.workspace.Workspace` copied from the cluster, with the
+scheduler's own filter + score, so every migration names the node the scheduler is expected
+to choose. The plan is deterministic for a given cluster, goal, policy, constraints and time.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Pod
+from defrag.model.workload import WorkloadMix
+from defrag.plan import constraints as c
+from defrag.plan.constraints import Constraints, Ledger, gang_of
+from defrag.plan.cost import DEFAULT_COST, CostModel
+from defrag.plan.makeroom import describe, make_room
+from defrag.plan.model import GOALS, Blocked, Plan, Step
+from defrag.plan.repack import repack
+from defrag.plan.room import Context
+from defrag.plan.workspace import Workspace
+from defrag.scoring.fragmentation import fragmentation_report
+from defrag.scoring.framework import Policy
+from defrag.scoring.policies import DEFAULT_POLICY, make_policy
+
+
+@dataclass(frozen=True, slots=True)
+class PlanOptions:
+    """How hard the planner tries; what counts as starved."""
+
+    cost: CostModel = DEFAULT_COST
+    starved_priority: int = 0
+    """Pending pods at or above this priority may get room made for them."""
+    starved_after: timedelta = timedelta(0)
+    """…once they have been pending this long (since ``pending_since``, else creation)."""
+    preempt: bool = True
+    """Make-room may preempt (evict without a new node) victims that fit nowhere."""
+    candidates: int = 32
+    """Nodes priced per pending pod (the ones needing the least freed)."""
+    tries: int = 8
+    """Victim sets tried per pending pod, cheapest first."""
+    min_gain_per_cost: float = 0.05
+    """Repack keeps a drain only if it frees this many fragmented GPUs per unit of cost
+    (0.05: one GPU of FGD fragmentation per 20 GPU-hours of lost work)."""
+    report_nodes: bool = True
+    """Include per-node rows in ``before``/``after``."""
+    sizes: tuple[int, ...] = field(default=(1, 2, 4, 8))
+    """Job sizes of the fragmentation reports."""
+
+
+DEFAULT_OPTIONS = PlanOptions()
+
+
+class PlanError(ValueError):
+    """A goal or policy the planner does not know."""
+
+
+def make_plan(
+    cluster: Cluster,
+    goal: str = "all",
+    *,
+    policy: str | Policy = DEFAULT_POLICY,
+    constraints: Constraints = Constraints(),
+    now: datetime,
+    mix: WorkloadMix | None = None,
+    options: PlanOptions = DEFAULT_OPTIONS,
+) -> Plan:
+    if goal not in GOALS:
+        raise PlanError(f"unknown goal {goal!r}; known: {', '.join(GOALS)}")
+    if isinstance(policy, str):
+        policy_name, pol = policy, make_policy(policy, mix=mix)
+    else:
+        policy_name, pol = policy.name, policy
+    ws = Workspace.from_cluster(cluster)
+    ctx = Context(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
+    before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)
+    steps: list[Step] = []
+    blocked: dict[tuple[str, str], Blocked] = {}
+    targets: list[str] = []
+
+    def note(found: tuple[Blocked, ...]) -> None:
+        for b in found:
+            blocked.setdefault((b.pod, b.constraint), b)
+
+    if goal in ("make-room", "all"):
+        for group in starved_groups(cluster, now, options):
+            mark = ws.mark()
+            n_steps = len(steps)
+            ledger_state = ctx.ledger.snapshot()
+            failed: tuple[Blocked, ...] = ()
+            for pod in group:
+                result = make_room(
+                    ws, ctx, pod, preempt=options.preempt,
+                    candidates=options.candidates, tries=options.tries,
+                )  # fmt: skip
+                note(result.blocked if result.ok else ())
+                if not result.ok:
+                    failed = result.blocked
+                    break
+                steps.extend(result.steps)
+            if failed:
+                ws.rollback(mark)
+                del steps[n_steps:]
+                ctx.ledger.restore(ledger_state)
+                gang = gang_of(group[0]) if len(group) > 1 else None
+                if gang:
+                    note(tuple(
+                        Blocked(p.key, c.GANG, f"gang {gang} is placed whole or not at all")
+                        for p in group
+                    ))  # fmt: skip
+                note(failed)
+            else:
+                targets.extend(f"{p.key} ({describe(p)})" for p in group)
+    if goal in ("repack", "all"):
+        packed = repack(
+            ws, ctx, mix or WorkloadMix.default(), min_gain_per_cost=options.min_gain_per_cost
+        )
+        steps.extend(packed.steps)
+        note(packed.blocked)
+        targets.extend(f"repack {node}" for node in packed.drained)
+    ws.release_reservations()
+    after = fragmentation_report(ws.arrays, mix, options.sizes).to_dict(options.report_nodes)
+    return Plan(
+        goal=goal,
+        policy=policy_name,
+        steps=tuple(steps),
+        blocked=tuple(sorted(blocked.values(), key=lambda b: (b.pod, b.constraint))),
+        before=before,
+        after=after,
+        targets=tuple(targets),
+    )
+
+
+def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> list[list[Pod]]:
+    """Pending pods that qualify for make-room, a gang as one group, most urgent first."""
+    groups: dict[str, list[Pod]] = defaultdict(list)
+    for pod in cluster.pending_pods():
+        if pod.priority < options.starved_priority:
+            continue
+        since = pod.pending_since or pod.created_at
+        if options.starved_after > timedelta(0) and (
+            since is None or _aware(now) - _aware(since) < options.starved_after
+        ):
+            continue
+        groups[gang_of(pod) or pod.key].append(pod)
+
+    def urgency(group: list[Pod]) -> tuple[int, datetime, str]:
+        first = min(group, key=lambda p: p.key)
+        since = first.pending_since or first.created_at or now
+        return (-max(p.priority for p in group), _aware(since), first.key)
+
+    ordered = sorted(groups.values(), key=urgency)
+    return [sorted(g, key=lambda p: (-p.gpu_demand_milli, p.key)) for g in ordered]
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -1,0 +1,408 @@
+"""Making room on one node: the cheapest victim set, then re-placing the victims.
+
+:func:`find_room` picks, on one node, the cheapest set of evictable pods whose removal lets a
+pod fit (whole GPUs inside one NVLink domain, or enough entirely free domains; a GPU with
+enough free share for a GPU-sharing pod; CPU and memory). It clears GPUs greedily by cost per
+GPU freed, then drops victims that turn out unneeded.
+
+:func:`relocate` evicts a room's victims (whole gangs), gives the room to the pod it was made
+for, and re-places every victim with the scheduler's own filter + score on the rest of the
+cluster (the node and every node the plan keeps free are out of reach). A victim that fits
+nowhere is preempted when the caller allows it; otherwise the attempt is rolled back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import numpy as np
+
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
+from defrag.plan import constraints as c
+from defrag.plan.constraints import Constraints, Ledger, blocked_from, check_pod, gang_of
+from defrag.plan.cost import CostModel, gpus_held
+from defrag.plan.model import Blocked, Step
+from defrag.plan.workspace import Occupant, Workspace
+from defrag.scoring.framework import Placement, Policy, Status
+from defrag.scoring.scheduler import schedule
+
+VictimFilter = Callable[[Pod], Status]
+
+
+@dataclass(slots=True)
+class Context:
+    """What every room search of one plan shares: policy, budgets, costs and their caches."""
+
+    policy: Policy
+    ledger: Ledger
+    constraints: Constraints
+    cost_model: CostModel
+    now: datetime | None
+    _checks: dict[str, Status] = field(default_factory=dict)
+    _costs: dict[str, float] = field(default_factory=dict)
+
+    def check(self, pod: Pod) -> Status:
+        status = self._checks.get(pod.key)
+        if status is None:
+            status = check_pod(pod, self.constraints, self.now)
+            self._checks[pod.key] = status
+        return status
+
+    def cost(self, pod: Pod) -> float:
+        value = self._costs.get(pod.key)
+        if value is None:
+            value = self.cost_model.eviction(pod, self.now)
+            self._costs[pod.key] = value
+        return value
+
+    def victim_filter(self, below_priority: int | None) -> VictimFilter:
+        """Pods that pass every per-pod constraint (and rank strictly below a priority)."""
+
+        def allowed(pod: Pod) -> Status:
+            status = self.check(pod)
+            if status.ok and below_priority is not None and pod.priority >= below_priority:
+                return Status.fail(
+                    f"{c.PRIORITY}: priority {pod.priority} not below the pending pod's "
+                    f"{below_priority}"
+                )
+            return status
+
+        return allowed
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    row: int
+    victims: tuple[str, ...]
+    cost: float
+    blocked: tuple[Blocked, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Relocation:
+    steps: tuple[Step, ...]
+    evictions: tuple[tuple[Pod, str], ...]
+    receivers: tuple[int, ...]
+
+
+def find_room(
+    ws: Workspace, row: int, pod: Pod, allowed: VictimFilter, cost: Callable[[Pod], float]
+) -> Room | tuple[Blocked, ...]:
+    """The cheapest victims on ``row`` that let ``pod`` fit, or what blocked every option."""
+    search = _Search(ws, row, pod, allowed, cost)
+    victims = search.gpu_victims()
+    if victims is None:
+        return tuple(search.blocked.values())
+    victims = search.top_up(victims)
+    if victims is None:
+        return tuple(search.blocked.values())
+    total = sum(cost(o.pod) for o in victims.values())
+    return Room(row, tuple(sorted(victims)), round(total, 6), tuple(search.blocked.values()))
+
+
+class _Search:
+    def __init__(
+        self,
+        ws: Workspace,
+        row: int,
+        pod: Pod,
+        allowed: VictimFilter,
+        cost: Callable[[Pod], float],
+    ) -> None:
+        a = ws.arrays
+        self.ws, self.row, self.pod, self.allowed, self.cost = ws, row, pod, allowed, cost
+        self.total = int(a.gpu_total[row])
+        self.free = a.gpu_free[row, : self.total].copy()
+        self.domain = a.gpu_domain[row, : self.total]
+        self.sizes = a.domain_size[row]
+        self.occ: list[list[Occupant]] = [[] for _ in range(self.total)]
+        self.others: list[Occupant] = []
+        for o in ws.occupants(row):
+            if o.pod.num_gpu:
+                for g in o.gpus:
+                    self.occ[g].append(o)
+            else:
+                self.others.append(o)
+        self.blocked: dict[str, Blocked] = {}
+
+    def _usable(self, occupants: Iterable[Occupant]) -> bool:
+        ok = True
+        for o in occupants:
+            status = self.allowed(o.pod)
+            if not status.ok:
+                self.blocked.setdefault(o.pod.key, blocked_from(o.pod.key, status))
+                ok = False
+        return ok
+
+    def _freed(self, victims: dict[str, Occupant]) -> np.ndarray:
+        free = self.free.copy()
+        for o in victims.values():
+            if o.pod.num_gpu:
+                free[list(o.gpus)] += o.pod.gpu_milli
+        return free
+
+    # --- GPUs -----------------------------------------------------------------------------
+
+    def gpu_victims(self) -> dict[str, Occupant] | None:
+        pod = self.pod
+        if pod.num_gpu == 0:
+            return {}
+        if pod.gpu_milli < GPU_MILLI:
+            return self._share_victims(pod.gpu_milli)
+        r = pod.num_gpu
+        max_dom = int(self.sizes.max(initial=0))
+        if r > self.total:
+            return None
+        if r <= max_dom:
+            best: tuple[float, dict[str, Occupant]] | None = None
+            for d in range(len(self.sizes)):
+                if self.sizes[d] < r:
+                    continue
+                gpus = np.flatnonzero(self.domain == d)
+                found = self._clear(gpus, r)
+                if found is not None:
+                    price = sum(self.cost(o.pod) for o in found.values())
+                    if best is None or price < best[0]:
+                        best = (price, found)
+            return None if best is None else best[1]
+        return self._clear_domains(r)
+
+    def _clear(self, gpus: np.ndarray, r: int) -> dict[str, Occupant] | None:
+        """Victims that leave ``r`` entirely free GPUs among ``gpus`` (greedy, then pruned)."""
+        victims: dict[str, Occupant] = {}
+        free = self.free.copy()
+        while int((free[gpus] >= GPU_MILLI).sum()) < r:
+            have = int((free[gpus] >= GPU_MILLI).sum())
+            best: tuple[float, int, list[Occupant]] | None = None
+            for g in gpus:
+                if free[g] >= GPU_MILLI:
+                    continue
+                pods = [o for o in self.occ[g] if o.pod.key not in victims]
+                if not self._usable(pods):
+                    continue
+                trial = free.copy()
+                for o in pods:
+                    trial[list(o.gpus)] += o.pod.gpu_milli
+                gain = int((trial[gpus] >= GPU_MILLI).sum()) - have
+                if gain <= 0:
+                    continue
+                price = sum(self.cost(o.pod) for o in pods) / gain
+                if best is None or price < best[0]:
+                    best = (price, int(g), pods)
+            if best is None:
+                return None
+            for o in best[2]:
+                victims[o.pod.key] = o
+                free[list(o.gpus)] += o.pod.gpu_milli
+        return self._prune(victims, lambda f: int((f[gpus] >= GPU_MILLI).sum()) >= r)
+
+    def _clear_domains(self, r: int) -> dict[str, Occupant] | None:
+        """Victims that leave whole NVLink domains free, holding at least ``r`` GPUs together."""
+        options: list[tuple[float, int, list[Occupant]]] = []
+        for d in range(len(self.sizes)):
+            size = int(self.sizes[d])
+            if size == 0:
+                continue
+            gpus = np.flatnonzero(self.domain == d)
+            held = {o.pod.key: o for g in gpus for o in self.occ[g]}
+            if not self._usable(held.values()):
+                continue
+            price = sum(self.cost(o.pod) for o in held.values())
+            options.append((price / size, d, list(held.values())))
+        victims: dict[str, Occupant] = {}
+        gained = 0
+        for _, d, pods in sorted(options, key=lambda t: (t[0], t[1])):
+            if gained >= r:
+                break
+            for o in pods:
+                victims[o.pod.key] = o
+            gained += int(self.sizes[d])
+        if gained < r:
+            return None
+
+        def spans(free: np.ndarray) -> bool:
+            whole = free >= GPU_MILLI
+            full = sum(
+                int(self.sizes[d])
+                for d in range(len(self.sizes))
+                if self.sizes[d] and whole[self.domain == d].all()
+            )
+            return full >= r
+
+        return self._prune(victims, spans)
+
+    def _share_victims(self, milli: int) -> dict[str, Occupant] | None:
+        best: tuple[float, int, dict[str, Occupant]] | None = None
+        for g in range(self.total):
+            victims: dict[str, Occupant] = {}
+            free = int(self.free[g])
+            ordered = sorted(self.occ[g], key=lambda o: (self.cost(o.pod), o.pod.key))
+            for o in ordered:
+                if free >= milli:
+                    break
+                if not self._usable([o]):
+                    continue
+                victims[o.pod.key] = o
+                free += o.pod.gpu_milli
+            if free < milli:
+                continue
+            price = sum(self.cost(o.pod) for o in victims.values())
+            if best is None or price < best[0]:
+                best = (price, g, victims)
+        return None if best is None else best[2]
+
+    def _prune(
+        self, victims: dict[str, Occupant], enough: Callable[[np.ndarray], bool]
+    ) -> dict[str, Occupant]:
+        for key in sorted(victims, key=lambda k: (-self.cost(victims[k].pod), k)):
+            trial = {k: o for k, o in victims.items() if k != key}
+            if enough(self._freed(trial)):
+                victims = trial
+        return victims
+
+    # --- CPU and memory ---------------------------------------------------------------------
+
+    def top_up(self, victims: dict[str, Occupant]) -> dict[str, Occupant] | None:
+        a, row, pod = self.ws.arrays, self.row, self.pod
+
+        def short() -> bool:
+            cpu = int(a.cpu_free[row]) + sum(o.pod.cpu_milli for o in victims.values())
+            mem = int(a.mem_free[row]) + sum(o.pod.memory_mib for o in victims.values())
+            return cpu < pod.cpu_milli or mem < pod.memory_mib
+
+        if not short():
+            return victims
+        rest = [
+            o
+            for o in self.ws.occupants(row)
+            if o.pod.key not in victims and (o.pod.cpu_milli or o.pod.memory_mib)
+        ]
+        rest.sort(key=lambda o: (self.cost(o.pod) / max(o.pod.cpu_milli, 1), o.pod.key))
+        for o in rest:
+            if not self._usable([o]):
+                continue
+            victims[o.pod.key] = o
+            if not short():
+                return victims
+        return None
+
+
+def relocate(
+    ws: Workspace,
+    ctx: Context,
+    room: Room,
+    pod: Pod | None,
+    *,
+    reason: str,
+    allowed: VictimFilter,
+    preempt: bool,
+) -> Relocation | tuple[Blocked, ...]:
+    """Evict the room's victims (with their gangs), reserve the room, re-place the victims.
+
+    On success the workspace holds the new state (roll back with ``ws.mark()`` taken before);
+    the ledger is only checked — the caller commits ``evictions`` once it keeps the result.
+    On failure the workspace is as it was and the answer says what blocked.
+    """
+    node = ws.node(room.row)
+    groups = _with_gangs(ws, room.victims, allowed)
+    if isinstance(groups, Blocked):
+        return (groups,)
+    evictions = tuple(
+        (ws.where[k].pod, ws.node(ws.where[k].row)) for group in groups for k in group
+    )
+    status, culprit = ctx.ledger.check(evictions)
+    if not status.ok:
+        return (blocked_from(culprit or "", status),)
+    mark = ws.mark()
+    seats = {k: ws.remove(k) for group in groups for k in group}
+    if pod is not None:
+        only = np.ones(len(ws.arrays), dtype=bool)
+        only[room.row] = False
+        placed = schedule(pod, ws.arrays, ctx.policy, exclude=only)
+        if not isinstance(placed, Placement):
+            ws.rollback(mark)
+            return (Blocked(pod.key, c.NO_ROOM, f"{node}: {placed.summary}"),)
+        ws.reserve(pod, room.row, placed.gpus)
+    ws.forbid(room.row)
+    steps: list[Step] = []
+    receivers: list[int] = []
+    ordered = sorted(groups, key=lambda g: -sum(seats[k].pod.gpu_demand_milli for k in g))
+    for group in ordered:
+        gang = gang_of(seats[group[0]].pod)
+        group_mark = ws.mark()
+        moved: list[Step] = []
+        failed: tuple[str, str] | None = None
+        for key in sorted(group, key=lambda k: (-seats[k].pod.gpu_demand_milli, k)):
+            seat = seats[key]
+            placed = schedule(seat.pod, ws.arrays, ctx.policy, exclude=ws.no_target)
+            if not isinstance(placed, Placement):
+                failed = (key, placed.summary)
+                break
+            ws.place(seat.pod, placed.row, placed.gpus)
+            moved.append(
+                _step("migrate", seat, ws, ws.node(placed.row), placed.gpus, reason, gang, ctx)
+            )
+        if failed is None:
+            steps.extend(moved)
+            receivers.extend(ws.arrays.index[s.target] for s in moved if s.target)
+            continue
+        ws.rollback(group_mark)
+        if not preempt:
+            ws.rollback(mark)
+            return (Blocked(failed[0], c.NO_ROOM, f"nowhere to move it: {failed[1]}"),)
+        for key in sorted(group):
+            steps.append(_step("preempt", seats[key], ws, None, (), reason, gang, ctx))
+    return Relocation(tuple(steps), evictions, tuple(sorted(set(receivers))))
+
+
+def _with_gangs(
+    ws: Workspace, victims: Iterable[str], allowed: VictimFilter
+) -> list[tuple[str, ...]] | Blocked:
+    """Victims grouped so that every gang is evicted whole; a Blocked if a member may not go."""
+    groups: list[tuple[str, ...]] = []
+    seen: set[str] = set()
+    for key in victims:
+        if key in seen:
+            continue
+        gang = gang_of(ws.where[key].pod)
+        members = ws.gang_members(gang) if gang else ()
+        if not members:
+            groups.append((key,))
+            seen.add(key)
+            continue
+        running = tuple(m for m in members if m in ws.where)
+        for m in running:
+            status = allowed(ws.where[m].pod)
+            if not status.ok:
+                return Blocked(key, c.GANG, f"gang {gang} moves whole; member {m}: {status}")
+        groups.append(running)
+        seen.update(running)
+    return groups
+
+
+def _step(
+    kind: str,
+    seat: Occupant,
+    ws: Workspace,
+    target: str | None,
+    gpus: tuple[int, ...],
+    reason: str,
+    gang: str | None,
+    ctx: Context,
+) -> Step:
+    pod = seat.pod
+    price = ctx.cost(pod) if kind == "migrate" else ctx.cost_model.preemption(pod, ctx.now)
+    return Step(
+        kind=kind,  # type: ignore[arg-type]
+        pod=pod.key,
+        source=ws.node(seat.row),
+        target=target,
+        reason=reason,
+        gpus=tuple(gpus),
+        gpus_held=round(gpus_held(pod), 3),
+        cost=price,
+        gang=gang,
+    )

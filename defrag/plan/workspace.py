@@ -1,0 +1,149 @@
+"""The planner's scratch state: mutable free resources and the pod on each seat, with undo.
+
+A plan is made by trying moves on a :class:`Workspace` — remove victims, place them where the
+scheduler would — and rolling back what does not work out. The workspace owns a copy of the
+arrays, so neither the :class:`~defrag.model.cluster.Cluster` nor the simulator's state it was
+made from changes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from defrag.model.arrays import BoolArray, NodeArrays
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Pod
+from defrag.plan.constraints import gang_of
+
+
+class Occupant(Protocol):
+    """A running pod on a row (the simulator's ``Placed`` has the same attributes)."""
+
+    @property
+    def pod(self) -> Pod: ...
+    @property
+    def row(self) -> int: ...
+    @property
+    def gpus(self) -> tuple[int, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Seat:
+    pod: Pod
+    row: int
+    gpus: tuple[int, ...]
+
+
+class Workspace:
+    """Free resources (``arrays``) and the running pods of each row, changed with an undo log.
+
+    ``no_target`` marks rows the plan keeps out of reach for re-placed pods (a node being
+    drained, a node whose room is reserved for a starved pod).
+    """
+
+    def __init__(
+        self,
+        arrays: NodeArrays,
+        rows: Iterable[Mapping[str, Occupant]],
+        gangs: Mapping[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        self.arrays = arrays
+        self.rows: list[dict[str, Occupant]] = [dict(r) for r in rows]
+        self.where: dict[str, Occupant] = {k: o for r in self.rows for k, o in r.items()}
+        self.gangs: Mapping[str, tuple[str, ...]] = gangs or {}
+        self.no_target: BoolArray = np.zeros(len(arrays), dtype=bool)
+        self.reserved: dict[str, Occupant] = {}
+        """Pending pods given room by the plan (released before the ``after`` report)."""
+        self._log: list[tuple[str, Occupant]] = []
+
+    @classmethod
+    def from_cluster(cls, cluster: Cluster) -> Workspace:
+        arrays = cluster.arrays.copy()
+        rows: list[dict[str, Occupant]] = [{} for _ in range(len(arrays))]
+        gangs: dict[str, list[str]] = defaultdict(list)
+        for pod in sorted(cluster.bound_pods(), key=lambda p: p.key):
+            row = arrays.index[pod.node]  # type: ignore[index]
+            rows[row][pod.key] = Seat(pod, row, pod.gpu_indices)
+            gang = gang_of(pod)
+            if gang:
+                gangs[gang].append(pod.key)
+        for pod in cluster.pending_pods():
+            gang = gang_of(pod)
+            if gang:
+                gangs[gang].append(pod.key)
+        return cls(arrays, rows, {g: tuple(sorted(keys)) for g, keys in gangs.items()})
+
+    # --- queries -----------------------------------------------------------------------------
+
+    def seat(self, key: str) -> Occupant | None:
+        return self.where.get(key)
+
+    def node(self, row: int) -> str:
+        return self.arrays.names[row]
+
+    def occupants(self, row: int) -> list[Occupant]:
+        return sorted(self.rows[row].values(), key=lambda o: o.pod.key)
+
+    def gang_members(self, gang: str) -> tuple[str, ...]:
+        return self.gangs.get(gang, ())
+
+    # --- changes (logged) ----------------------------------------------------------------------
+
+    def remove(self, key: str) -> Occupant:
+        seat = self.where.pop(key)
+        del self.rows[seat.row][key]
+        self.arrays.release(seat.row, seat.pod, seat.gpus)
+        self._log.append(("remove", seat))
+        return seat
+
+    def place(self, pod: Pod, row: int, gpus: tuple[int, ...]) -> Occupant:
+        seat = Seat(pod, row, tuple(gpus))
+        self.arrays.allocate(row, pod, seat.gpus)
+        self.rows[row][pod.key] = seat
+        self.where[pod.key] = seat
+        self._log.append(("place", seat))
+        return seat
+
+    def reserve(self, pod: Pod, row: int, gpus: tuple[int, ...]) -> None:
+        """Give a pending pod its room (it holds resources, but is not a running pod)."""
+        seat = Seat(pod, row, tuple(gpus))
+        self.arrays.allocate(row, pod, seat.gpus)
+        self.reserved[pod.key] = seat
+        self._log.append(("reserve", seat))
+
+    def forbid(self, row: int) -> None:
+        if not self.no_target[row]:
+            self.no_target[row] = True
+            self._log.append(("forbid", Seat(Pod(name=""), row, ())))
+
+    def mark(self) -> int:
+        return len(self._log)
+
+    def rollback(self, mark: int) -> None:
+        while len(self._log) > mark:
+            kind, seat = self._log.pop()
+            if kind == "remove":
+                self.arrays.allocate(seat.row, seat.pod, seat.gpus)
+                self.rows[seat.row][seat.pod.key] = seat
+                self.where[seat.pod.key] = seat
+            elif kind == "place":
+                self.arrays.release(seat.row, seat.pod, seat.gpus)
+                del self.rows[seat.row][seat.pod.key]
+                del self.where[seat.pod.key]
+            elif kind == "reserve":
+                self.arrays.release(seat.row, seat.pod, seat.gpus)
+                del self.reserved[seat.pod.key]
+            else:
+                self.no_target[seat.row] = False
+
+    def release_reservations(self) -> None:
+        """Take back every reservation (the ``after`` state has pending pods still pending)."""
+        for seat in self.reserved.values():
+            self.arrays.release(seat.row, seat.pod, seat.gpus)
+        self.reserved.clear()
+        self._log.clear()
