@@ -9,7 +9,7 @@ place and remove pods in place (``allocate`` / ``release``) thousands of times; 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 import numpy.typing as npt
@@ -126,6 +126,24 @@ class NodeArrays:
             tainted_rows=self.tainted_rows,
             class_count=self.class_count.copy(),
         )
+
+    def row_view(self, row: int) -> NodeArrays:
+        """A one-row NodeArrays whose numpy fields are views sharing memory with this one."""
+        n = len(self)
+        values: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "index":
+                values[f.name] = {self.names[row]: 0}
+            elif f.name == "tainted_rows":
+                values[f.name] = (0,) if row in value else ()
+            elif isinstance(value, np.ndarray) and value.shape[:1] == (n,):
+                values[f.name] = value[row : row + 1]
+            elif isinstance(value, tuple) and f.name != "models" and len(value) == n:
+                values[f.name] = (value[row],)
+            else:
+                values[f.name] = value
+        return NodeArrays(**values)  # type: ignore[arg-type]
 
     # --- derived views -------------------------------------------------------------------
 

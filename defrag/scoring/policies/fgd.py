@@ -113,7 +113,7 @@ class Fgd:
         if pod.num_gpu > 1:
             return best_fit_gpus(pod, arrays, row)
         fm = self.model_for(arrays)
-        sub = _row_view(arrays, row)
+        sub = arrays.row_view(row)
         count, small = fm.counts_and_small(sub.gpu_free)
         before = fm.combine(sub.gpu_free.sum(axis=1), sub.cpu_free, sub.model_code, count, small)
         _, slots, delta = self.sharing_candidates(pod, sub, fm, count, small, before)
@@ -121,27 +121,3 @@ class Fgd:
         # Smallest growth; ties to the least free share, then the lowest index.
         best = min(range(len(slots)), key=lambda c: (delta[c], free[slots[c]], slots[c]))
         return (int(slots[best]),)
-
-
-def _row_view(arrays: NodeArrays, row: int) -> NodeArrays:
-    sl = slice(row, row + 1)
-    return NodeArrays(
-        names=arrays.names[sl],
-        index={arrays.names[row]: 0},
-        gpu_total=arrays.gpu_total[sl],
-        gpu_free=arrays.gpu_free[sl],
-        gpu_exists=arrays.gpu_exists[sl],
-        gpu_domain=arrays.gpu_domain[sl],
-        domain_size=arrays.domain_size[sl],
-        cpu_total=arrays.cpu_total[sl],
-        cpu_free=arrays.cpu_free[sl],
-        mem_total=arrays.mem_total[sl],
-        mem_free=arrays.mem_free[sl],
-        gpu_mem=arrays.gpu_mem[sl],
-        model_code=arrays.model_code[sl],
-        models=arrays.models,
-        schedulable=arrays.schedulable[sl],
-        taints=arrays.taints[sl],
-        tainted_rows=(),
-        class_count=arrays.class_count[sl],
-    )
