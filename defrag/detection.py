@@ -1,0 +1,208 @@
+"""Detection at the edge: fetch what each rule needs, run the pure detectors, collect findings.
+
+``detect(rules, metrics, cluster, now)`` is what the daemon's cycle calls once per cycle and what
+``defrag detect`` prints. Rules that need metrics are skipped when there is no metrics source,
+rules that need the cluster when there is no cluster; a rule whose query fails does not stop the
+others (:func:`run_detection` returns both), but :func:`detect` raises :class:`DetectionError`
+after running them all, naming each failed rule, its query and Prometheus's message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from defrag.detect.findings import Finding
+from defrag.detect.fragmentation import detect_fragmentation
+from defrag.detect.idle import IdleStatus, assess_idle, detect_idle
+from defrag.detect.leak import DcgmLabels, GpuMemorySeries, detect_leaks
+from defrag.detect.starvation import detect_starvation
+from defrag.model.cluster import Cluster
+from defrag.ports import MetricsSource, Sample
+from defrag.rules import FragmentationRule, IdleRule, LeakRule, LoadedRule, RuleSet, StarvationRule
+
+
+class DetectionError(RuntimeError):
+    """One or more rules could not be evaluated; the message has one line per rule."""
+
+    def __init__(self, failures: tuple[RuleFailure, ...]) -> None:
+        super().__init__("\n".join(str(f) for f in failures))
+        self.failures = failures
+
+
+@dataclass(frozen=True, slots=True)
+class RuleFailure:
+    rule: str
+    file: str
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"rule {self.rule} ({self.file}:{self.line}): {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class DetectionReport:
+    findings: tuple[Finding, ...]
+    failures: tuple[RuleFailure, ...] = ()
+    skipped: Mapping[str, str] = field(default_factory=dict)
+
+
+def detect(
+    rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
+) -> list[Finding]:
+    """Findings of every enabled rule; :class:`DetectionError` if any rule failed."""
+    report = run_detection(rules, metrics, cluster, now)
+    if report.failures:
+        raise DetectionError(report.failures)
+    return list(report.findings)
+
+
+def run_detection(
+    rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
+) -> DetectionReport:
+    findings: list[Finding] = []
+    failures: list[RuleFailure] = []
+    skipped: dict[str, str] = {}
+    for loaded in rules.enabled():
+        rule = loaded.rule
+        try:
+            if isinstance(rule, LeakRule | IdleRule):
+                if metrics is None:
+                    skipped[rule.name] = "no metrics source"
+                    continue
+                if isinstance(rule, LeakRule):
+                    findings += detect_leaks(leak_series(rule, metrics, now), rule.params(), now)
+                else:
+                    times, values = idle_curve(rule, metrics, now)
+                    findings += detect_idle(times, values, rule.params(), now)
+            elif cluster is None:
+                skipped[rule.name] = "no cluster snapshot"
+            elif isinstance(rule, StarvationRule):
+                findings += detect_starvation(cluster, rule.params(), now)
+            elif isinstance(rule, FragmentationRule):
+                findings += detect_fragmentation(cluster, rule.params(), now)
+        except Exception as exc:
+            failures.append(_failure(loaded, exc))
+    return DetectionReport(tuple(findings), tuple(failures), skipped)
+
+
+def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:
+    return RuleFailure(loaded.rule.name, loaded.file, loaded.line, str(exc) or type(exc).__name__)
+
+
+# --- fetching ------------------------------------------------------------------------------------
+
+
+def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[GpuMemorySeries]:
+    """One memory series per GPU over the rule's lookback, with the pods DCGM names on it."""
+    start = now - timedelta(seconds=rule.lookback)
+    used = metrics.range(rule.queries.used, start, now, rule.step)
+    free = metrics.instant(rule.queries.free, now)
+    names = rule.labels.dcgm()
+    free_by_gpu: dict[tuple[str, str], float] = {}
+    for s in free:
+        if s.last is not None:
+            free_by_gpu[_gpu_key(names, s.labels)] = s.last
+    groups: dict[tuple[str, str], list[Sample]] = {}
+    for s in used:
+        groups.setdefault(_gpu_key(names, s.labels), []).append(s)
+    out = []
+    for (node, gpu), samples in sorted(groups.items()):
+        first = max(samples, key=lambda s: len(s.points))
+        points = np.asarray(first.points, dtype=float).reshape(-1, 2)
+        pods = tuple(sorted({k for s in samples if (k := names.pod_key(s.labels))}))
+        last_used = float(points[-1, 1]) if len(points) else 0.0
+        total = last_used + free_by_gpu[(node, gpu)] if (node, gpu) in free_by_gpu else 0.0
+        out.append(
+            GpuMemorySeries(
+                node=node,
+                gpu=gpu,
+                times=points[:, 0],
+                used_mib=points[:, 1],
+                total_mib=total,
+                pods=pods,
+                uuid=first.labels.get(names.uuid, ""),
+            )
+        )
+    return out
+
+
+def _gpu_key(names: DcgmLabels, labels: Mapping[str, str]) -> tuple[str, str]:
+    gpu = labels.get(names.gpu) or labels.get(names.uuid, "")
+    return names.first(labels, names.node), gpu
+
+
+def idle_curve(rule: IdleRule, metrics: MetricsSource, now: datetime) -> tuple[Any, Any]:
+    """The utilisation curve over twice the rule's ``for`` (to tell since when it is quiet)."""
+    start = now - timedelta(seconds=2 * rule.for_)
+    series = metrics.range(rule.query, start, now, rule.step)
+    if len(series) > 1:
+        raise ValueError(
+            f"idle query {rule.query!r} returned {len(series)} series; it must return one "
+            "(aggregate it, e.g. avg(...))"
+        )
+    if not series:
+        return np.empty(0), np.empty(0)
+    points = np.asarray(series[0].points, dtype=float).reshape(-1, 2)
+    return points[:, 0], points[:, 1]
+
+
+def idle_status(rules: RuleSet, metrics: MetricsSource, now: datetime) -> IdleStatus:
+    """The idle gate for execution windows: idle when every enabled idle rule says so."""
+    idle_rules = [r.rule for r in rules.enabled("idle")]
+    if not idle_rules:
+        return IdleStatus(False, ("no idle rule is enabled",))
+    reasons: list[str] = []
+    since: datetime | None = None
+    for rule in idle_rules:
+        assert isinstance(rule, IdleRule)
+        times, values = idle_curve(rule, metrics, now)
+        status = assess_idle(times, values, rule.params(), now)
+        reasons += [f"{rule.name}: {r}" for r in status.reasons]
+        if status.since is not None:
+            since = max(since, status.since) if since else status.since
+    return IdleStatus(not reasons, tuple(reasons), since if not reasons else None)
+
+
+# --- report extras -------------------------------------------------------------------------------
+
+
+def report_extras(
+    metrics: MetricsSource, rules: RuleSet, at: datetime, window_s: float = 24 * 3600.0
+) -> dict[str, Any]:
+    """For ``defrag report --prometheus``: GPU utilisation p50/p90/p99 and the leak suspects.
+
+    Utilisation percentiles are over every per-GPU sample of the last ``window_s`` (the idle
+    rule's ``per_gpu_query``, else its ``query``), at a 5-minute step.
+    """
+    out: dict[str, Any] = {"utilisation": None, "leak_suspects": []}
+    idle_rules = [r.rule for r in rules.enabled("idle")]
+    if idle_rules:
+        rule = idle_rules[0]
+        assert isinstance(rule, IdleRule)
+        query = rule.per_gpu_query or rule.query
+        series = metrics.range(query, at - timedelta(seconds=window_s), at, 300.0)
+        values = np.array([v for s in series for _, v in s.points], dtype=float)
+        values = values[np.isfinite(values)]
+        if len(values):
+            p50, p90, p99 = np.percentile(values, [50, 90, 99])
+            out["utilisation"] = {
+                "p50": round(float(p50), 2),
+                "p90": round(float(p90), 2),
+                "p99": round(float(p99), 2),
+                "gpus": len(series),
+                "samples": len(values),
+                "window_s": window_s,
+                "query": query,
+            }
+    for loaded in rules.enabled("leak"):
+        rule_ = loaded.rule
+        assert isinstance(rule_, LeakRule)
+        found = detect_leaks(leak_series(rule_, metrics, at), rule_.params(), at)
+        out["leak_suspects"] += [f.to_dict() for f in found]
+    return out

@@ -1,0 +1,133 @@
+"""Leak and idle detection against the real Prometheus, on backfilled 12-hour DCGM histories.
+
+A dozen GPUs at 30 s: one linear leak, one plateau after warm-up, one sawtooth, one step, flat
+ones (one of them shared by two pods). The leak detector must flag exactly the leak, with the
+predicted exhaustion time within 10% of the truth — with plain ``pod`` labels and with the
+``exported_pod`` variant a ServiceMonitor without honorLabels produces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from defrag.adapters.prometheus import (
+    PrometheusSource,
+    PrometheusUnreachable,
+    PromQLError,
+    apply_gpu_indices,
+    gpu_indices_by_pod,
+)
+from defrag.detect.leak import DcgmLabels
+from defrag.detection import DetectionError, detect, idle_status, report_extras, run_detection
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Node, Pod
+from defrag.rules import load_rules
+from tests.support.binaries import free_port
+from tests.support.prometheus import (
+    END,
+    HOUR,
+    leak_exhaustion,
+    make_fleet,
+    prometheus_server,
+    write_openmetrics,
+)
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+SHAPES = ["leak", "plateau", "sawtooth", "step"] + ["flat"] * 8
+FLEET = make_fleet(SHAPES, hours=12, step_s=30, shared=(11,))
+
+
+@pytest.fixture(scope="module", params=["pod", "exported_pod"])
+def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    exported = request.param == "exported_pod"
+    path = tmp_path_factory.mktemp("om") / "history.om"
+    with path.open("w") as out:
+        write_openmetrics(FLEET, out, exported=exported)
+    with prometheus_server(path) as server:
+        yield server.url
+
+
+def source(url: str) -> PrometheusSource:
+    return PrometheusSource(url, retries=0, timeout_s=5)
+
+
+def test_leak_detector_flags_exactly_the_leak(prom: str) -> None:
+    rules = load_rules([ROOT / "rules" / "leak.yaml"])
+    findings = detect(rules, source(prom), None, END)
+    assert [f.subject for f in findings] == ["pod/ml/leak-0"]
+    [leak] = findings
+    assert leak.labels["pod"] == "leak-0" and leak.labels["namespace"] == "ml"
+    assert leak.labels["node"] == "node-000" and leak.labels["gpu"] == "0"
+    assert leak.evidence["query"] == "DCGM_FI_DEV_FB_USED"
+    # truth: 8000 MiB + 2000 MiB/h on 81920 MiB, starting 12 h before END → 24.96 h after END
+    truth_h = (leak_exhaustion(END.timestamp() - 12 * HOUR) - END.timestamp()) / HOUR
+    predicted_h = leak.evidence["hours_to_exhaust"]
+    assert abs(predicted_h - truth_h) <= 0.10 * truth_h, (predicted_h, truth_h)
+    predicted_at = datetime.fromisoformat(leak.evidence["exhaust_at"])
+    assert abs(predicted_at - (END + timedelta(hours=truth_h))) < timedelta(hours=0.1 * truth_h)
+
+
+def test_gpu_indices_by_pod_reads_dcgm_labels(prom: str) -> None:
+    holdings = gpu_indices_by_pod(source(prom), "DCGM_FI_DEV_FB_USED", END, DcgmLabels())
+    assert holdings["ml/leak-0"].node == "node-000" and holdings["ml/leak-0"].gpus == (0,)
+    assert holdings["ml/flat-9"].node == "node-001" and holdings["ml/flat-9"].gpus == (1,)
+    # the shared GPU (position 11 = node-001 GPU 3) is held by both pods
+    assert holdings["ml/flat-11-a"].gpus == holdings["ml/flat-11-b"].gpus == (3,)
+    assert not any(k.startswith("gpu-operator/") for k in holdings)  # never the exporter pod
+
+    nodes = [Node("node-000", 64000, 512000, num_gpu=8, gpu_model="H100")]
+    pods = [
+        Pod("leak-0", "ml", num_gpu=1, node="node-000", phase="Running"),
+        Pod("other", "ml", num_gpu=1, node="node-000", phase="Running"),
+    ]
+    cluster = Cluster.build(nodes, pods)
+    update = apply_gpu_indices(cluster, holdings)
+    assert update.cluster.pods["ml/leak-0"].gpu_indices == (0,)
+    # "other" is re-assigned around GPU 0 (best fit: the lowest free index left)
+    assert update.cluster.pods["ml/other"].gpu_indices == (1,)
+    assert update.applied == ("ml/leak-0",)
+    assert update.skipped["ml/flat-9"] == "not a bound pod of the cluster"
+
+
+def test_idle_gate_and_report_extras(prom: str) -> None:
+    rules = load_rules([ROOT / "rules" / "idle.yaml", ROOT / "rules" / "leak.yaml"])
+    status = idle_status(rules, source(prom), END)
+    assert status.idle, status.reasons  # every GPU at ~10% (sd 2) for 12 h, threshold 20%
+    extras = report_extras(source(prom), rules, END)
+    util = extras["utilisation"]
+    assert 9.0 < util["p50"] < 11.0 and util["p50"] <= util["p90"] <= util["p99"] < 20.0
+    assert [s["subject"] for s in extras["leak_suspects"]] == ["pod/ml/leak-0"]
+
+
+def test_bad_promql_names_the_query_and_prometheus_message(prom: str) -> None:
+    with pytest.raises(PromQLError) as caught:
+        source(prom).instant("sum(rate(DCGM_FI_DEV_FB_USED[5m])", END)
+    message = str(caught.value)
+    assert "sum(rate(DCGM_FI_DEV_FB_USED[5m])" in message
+    assert "bad_data" in message and "parse error" in message
+
+
+def test_failed_rule_is_reported_and_others_still_run(prom: str, tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text(
+        (ROOT / "rules" / "leak.yaml").read_text()
+        + "  - name: broken\n    detector: idle\n    query: avg(DCGM_FI_DEV_GPU_UTIL\n"
+    )
+    rules = load_rules([tmp_path])
+    report = run_detection(rules, source(prom), None, END)
+    assert [f.subject for f in report.findings] == ["pod/ml/leak-0"]
+    [failure] = report.failures
+    assert failure.rule == "broken" and "parse error" in failure.message
+    with pytest.raises(DetectionError, match=r"rule broken \(.*r.yaml:\d+\)"):
+        detect(rules, source(prom), None, END)
+
+
+def test_unreachable_server_is_a_clear_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(PrometheusUnreachable, match=f"Prometheus at {url} is unreachable"):
+        source(url).instant("up", END)
