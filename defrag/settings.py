@@ -44,10 +44,10 @@ class WindowSetting(BaseModel):
     @field_validator("cron")
     @classmethod
     def _cron_parses(cls, value: str) -> str:
-        from apscheduler.triggers.cron import CronTrigger
+        from defrag.execute.windows import crontab_trigger
 
         try:
-            CronTrigger.from_crontab(value, timezone="UTC")
+            crontab_trigger(value)
         except ValueError as exc:
             raise ValueError(f"not a crontab expression ({exc})") from None
         return value

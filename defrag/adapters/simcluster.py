@@ -179,28 +179,27 @@ class SimCluster:
         )
 
     def _run_scheduler(self) -> None:
+        """Place what the scheduler would now: due replacements and other Pending pods,
+        highest priority first. What does not fit stays Pending with the scheduler's reason."""
         now = self.clock.now()
-        still: list[_Due] = []
+        waiting = {d.key: d for d in self._due if d.at > now}
+        due = {d.key: d for d in self._due if d.at <= now}
+        queue = sorted(
+            (p for p in self._state.pending_pods() if p.key not in waiting),
+            key=lambda p: (-p.priority, p.key),
+        )
         restore: dict[str, int] = {}
-        for due in sorted(self._due, key=lambda d: (d.at, d.key)):
-            pod = self._state.pods.get(due.key)
-            if pod is None or pod.node is not None:
-                continue
-            if due.at > now:
-                still.append(due)
-                continue
+        for pod in queue:
             placed = schedule(pod, self._state, self.policy)
             if isinstance(placed, Placement):
                 self._state = self._state.with_pod_bound(pod.key, placed.node, placed.gpus)
-                for key in due.pdbs:
+                for key in due.pop(pod.key).pdbs if pod.key in due else ():
                     restore[key] = restore.get(key, 0) + 1
-            else:
-                reason = placed.summary
+            elif pod.pending_reason != placed.summary:
                 self._state = self._state.with_pod_removed(pod.key).with_pod_added(
-                    replace(pod, pending_reason=reason)
+                    replace(pod, pending_reason=placed.summary)
                 )
-                still.append(due)
-        self._due = still
+        self._due = [*waiting.values(), *due.values()]
         if restore:
             current = {b.key: b.disruptions_allowed for b in self._state.pdbs}
             self._state = _with_pdbs(

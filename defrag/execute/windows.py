@@ -8,6 +8,47 @@ from datetime import UTC, datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
 
+DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+
+
+def crontab_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
+    """A CronTrigger for a five-field crontab line, with crontab's day-of-week numbering.
+
+    APScheduler 3 counts days of the week from Monday = 0, crontab from Sunday = 0 (7 is
+    Sunday too): ``1-5`` must mean Monday to Friday, so numeric days become names first.
+    """
+    fields = expr.split()
+    if len(fields) != 5:
+        raise ValueError(f"expected 5 fields (minute hour day month weekday), got {len(fields)}")
+    minute, hour, day, month, weekday = fields
+    return CronTrigger(
+        minute=minute, hour=hour, day=day, month=month,
+        day_of_week=_weekday_names(weekday), timezone=timezone,
+    )
+
+
+def _weekday_names(field: str) -> str:
+    parts = []
+    for token in field.split(","):
+        base, _, step_text = token.partition("/")
+        step = int(step_text) if step_text else 1
+        if base == "*" and step == 1:
+            parts.append("*")
+            continue
+        if base == "*":
+            lo, hi = 0, 6
+        elif base.replace("-", "").isdigit():
+            lo_text, _, hi_text = base.partition("-")
+            lo = int(lo_text)
+            hi = int(hi_text) if hi_text else (6 if step_text else lo)
+        else:
+            parts.append(token)  # names: APScheduler reads them as crontab does
+            continue
+        if not (0 <= lo <= 7 and 0 <= hi <= 7 and lo <= hi and step >= 1):
+            raise ValueError(f"day of week {token!r} out of range 0-7")
+        parts += [DAY_NAMES[d % 7] for d in range(lo, hi + 1, step)]
+    return ",".join(dict.fromkeys(parts))
+
 
 @dataclass(frozen=True, slots=True)
 class Window:
@@ -18,7 +59,7 @@ class Window:
     timezone: str = "UTC"
 
     def trigger(self) -> CronTrigger:
-        return CronTrigger.from_crontab(self.cron, timezone=self.timezone)
+        return crontab_trigger(self.cron, self.timezone)
 
     def opening(self, now: datetime) -> datetime | None:
         """The start of the window holding ``now``, or None when ``now`` is outside it.

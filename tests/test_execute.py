@@ -1,0 +1,259 @@
+"""The executor over the simulated cluster: drains, Events, budgets, 429s, breaker, reconcile."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+
+import pytest
+
+from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
+from defrag.execute import Budgets, Executor, ExecutorSettings, WindowStatus
+from defrag.execute.journal import JOURNAL_ANNOTATIONS, PLAN_ANNOTATION, JournalStep, new_journal
+from defrag.model.cluster import Cluster
+from defrag.model.resources import DRAIN_TAINT_KEY, Node, OwnerRef, Pod
+from defrag.plan.model import Plan, Step
+from defrag.ports import EvictionResult
+
+OPEN = WindowStatus(True, "test window", SIM_START)
+
+
+def movable_on(cluster: Cluster, node: str) -> list[Pod]:
+    return sorted(
+        (p for p in cluster.pods_on(node) if p.namespace == "inference" and p.owner
+         and p.owner.name != "lg" and "defrag.io/evictable" not in p.annotations),
+        key=lambda p: p.key,
+    )
+
+
+def plan_for(pods: list[Pod], target: str | None = "gpu-01", gang: str | None = None) -> Plan:
+    steps = tuple(
+        Step("migrate" if target else "preempt", p.key, p.node or "", target, "repack", gang=gang)
+        for p in pods
+    )
+    return Plan("repack", "reserve-binpack", steps, ())
+
+
+def make(
+    cluster: Cluster | None = None, budgets: Budgets | None = None, timeout_s: float = 120
+) -> tuple[SimCluster, Executor]:
+    clock = SimClock(speedup=0)  # time moves only when the executor sleeps
+    sim = SimCluster(cluster or fragmented_cluster(), clock)
+    settings = ExecutorSettings(
+        budgets=budgets or Budgets(50, 50, 50), batch_size=2, replacement_timeout_s=timeout_s,
+        poll_interval_s=10,
+    )
+    return sim, Executor(sim, sim, clock, settings, sleep=clock.sleep)
+
+
+def test_dry_run_changes_nothing_and_marks_its_events() -> None:
+    sim, ex = make()
+    cluster = sim.snapshot()
+    pods = movable_on(cluster, "gpu-00")
+    result = ex.execute(plan_for(pods), cluster, OPEN, dry_run=True)
+    assert [o.result for o in result.outcomes] == ["planned"] * len(pods)
+    assert sim.evictions == []
+    assert sim.snapshot() is cluster  # not one change: the same object comes back
+    assert sim.events and all(e.message.endswith("(dry run)") for e in sim.events)
+    assert {e.name for e in sim.events if e.kind == "Pod"} == {p.name for p in pods}
+
+
+def test_drain_evicts_waits_for_replacements_and_untaints() -> None:
+    sim, ex = make()
+    cluster = sim.snapshot()
+    pods = movable_on(cluster, "gpu-00")  # embed-001, embed-002 (2 GPUs), chat-004 (1 GPU)
+    result = ex.execute(plan_for(pods), cluster, OPEN, dry_run=False)
+    assert result.counts == {"evicted": 3}
+    after = sim.snapshot()
+    node = after.node("gpu-00")
+    assert node.taints == () and not set(JOURNAL_ANNOTATIONS) & set(node.annotations)
+    # Every replacement runs, none back on the drained node (the taint kept them off).
+    replacements = [p for p in after.pods.values() if p.uid.startswith("sim-")]
+    assert len(replacements) == 3 and all(p.node not in (None, "gpu-00") for p in replacements)
+    reasons = [e.reason for e in sim.events]
+    assert reasons[0] == "DefragDrainStarted" and reasons[-1] == "DefragDrainFinished"
+    assert reasons.count("DefragEvicted") == 3
+
+
+def test_journal_is_on_the_node_before_the_first_eviction() -> None:
+    sim, ex = make()
+    seen: list[Mapping[str, str]] = []
+    evict = sim.evict
+
+    def spy(namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+        node = sim.snapshot().node("gpu-00")
+        seen.append({**node.annotations, "taint": ",".join(t.value for t in node.taints)})
+        return evict(namespace, name, dry_run)
+
+    sim.evict = spy  # type: ignore[method-assign]
+    cluster = sim.snapshot()
+    plan = plan_for(movable_on(cluster, "gpu-00"))
+    ex.execute(plan, cluster, OPEN, dry_run=False)
+    assert seen and all(s[PLAN_ANNOTATION] == plan.id and s["taint"] == plan.id for s in seen)
+    assert '"pod": "inference/embed-001"' in seen[0]["defrag.io/drain-steps"]
+
+
+def test_pdb_429_is_a_skip_with_its_reason_and_an_event() -> None:
+    sim, ex = make()
+    cluster = sim.snapshot()
+    ledger_pod = cluster.pods["inference/chat-003"]  # PDB "ledger", disruptionsAllowed 0
+    result = ex.execute(plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN,
+                        dry_run=False)
+    first = result.outcomes[0]
+    assert (first.pod, first.result) == ("inference/chat-003", "blocked")
+    assert "disruption budget" in first.reason
+    assert result.counts == {"blocked": 1, "evicted": 3}  # the plan went on
+    warning = [e for e in sim.events if e.name == "chat-003"]
+    assert warning[0].reason == "DefragSkipped" and warning[0].warning
+    assert "inference/chat-003" in sim.snapshot().pods  # never deleted
+
+
+@pytest.mark.parametrize(
+    ("budgets", "evicted", "then"),
+    [
+        # 7 pods asked; the window allows 4, then nothing more in that window.
+        (Budgets(per_window=4, per_node=50, per_namespace=50), 4, 0),
+        # 2 from each of gpu-00 and gpu-01; a later plan still gets 2 from gpu-02.
+        (Budgets(per_window=50, per_node=2, per_namespace=50), 4, 2),
+        # namespace inference: 3, then nothing more.
+        (Budgets(per_window=50, per_node=50, per_namespace=3), 3, 0),
+    ],
+)
+def test_evictions_never_exceed_the_budgets(budgets: Budgets, evicted: int, then: int) -> None:
+    sim, ex = make(budgets=budgets)
+    cluster = sim.snapshot()
+    pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01")  # 3 + 4 pods
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN, dry_run=False)
+    assert len(result.evicted) == evicted
+    skipped = [o for o in result.outcomes if o.result == "skipped"]
+    assert len(skipped) == len(pods) - evicted and all("budget" in o.reason for o in skipped)
+    # The same window keeps counting: a second plan gets only what is left.
+    now = sim.snapshot()
+    again = ex.execute(plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN,
+                       dry_run=False)
+    assert len(again.evicted) == then
+    assert len([e for e in sim.evictions if e.outcome == "evicted"]) == evicted + then
+
+
+def test_a_gang_that_does_not_fit_the_budget_is_skipped_whole() -> None:
+    sim, ex = make(budgets=Budgets(per_window=3, per_node=50, per_namespace=50))
+    cluster = sim.snapshot()
+    gang = movable_on(cluster, "gpu-01")  # 4 pods > 3
+    result = ex.execute(plan_for(gang, gang="inference/job"), cluster, OPEN, dry_run=False)
+    assert {o.result for o in result.outcomes} == {"skipped"} and sim.evictions == []
+
+
+def test_closed_window_or_open_breaker_sends_nothing() -> None:
+    sim, ex = make()
+    cluster = sim.snapshot()
+    plan = plan_for(movable_on(cluster, "gpu-00"))
+    closed = ex.execute(plan, cluster, WindowStatus(False, "outside"), dry_run=False)
+    assert {o.result for o in closed.outcomes} == {"skipped"}
+    assert all(o.reason.startswith("window closed") for o in closed.outcomes)
+    ex.breaker.trip(("x/ReplicaSet/y",), "test", SIM_START)
+    tripped = ex.execute(plan, cluster, OPEN, dry_run=False)
+    assert all(o.reason.startswith("circuit breaker open") for o in tripped.outcomes)
+    assert sim.evictions == []
+
+
+def tight_cluster() -> Cluster:
+    """Two 4-GPU nodes; a 3-GPU pod on each: an evicted pod fits only back where it was."""
+    nodes = [Node(f"n{i}", 32_000, 65_536, num_gpu=4, gpu_model="L4") for i in (1, 2)]
+    pods = [
+        Pod(f"job-{i}", "ml", num_gpu=3, owner=OwnerRef("ReplicaSet", f"job-{i}"),
+            phase="Running", node=f"n{i}")
+        for i in (1, 2)
+    ]
+    return Cluster.build(nodes, pods)
+
+
+def test_replacements_stuck_pending_open_the_breaker_until_they_run() -> None:
+    sim, ex = make(tight_cluster(), timeout_s=60)
+    cluster = sim.snapshot()
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN,
+                        dry_run=False)
+    assert result.stuck == ("ml/ReplicaSet/job-1",)
+    assert ex.breaker.state.open and "Pending longer than 60 s" in ex.breaker.state.reason
+    kinds = sorted(f.kind for f in result.findings)
+    assert kinds == ["circuit-open", "execution-failed"]
+    assert sim.snapshot().node("n1").taints == ()  # untainted even so
+    # The breaker holds later plans back...
+    blocked = ex.execute(plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN,
+                         dry_run=False)
+    assert blocked.counts == {"skipped": 1}
+    # ...until the replacement is scheduled (n1 is free again, so the scheduler places it).
+    assert not ex.breaker.refresh(sim.snapshot()).open
+
+
+def test_stop_request_finishes_the_batch_untaints_and_sends_no_more() -> None:
+    sim, ex = make()
+    evict = sim.evict
+
+    def stop_after_first(namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+        ex.stop_requested.set()  # SIGTERM arrives while the first batch is out
+        return evict(namespace, name, dry_run)
+
+    sim.evict = stop_after_first  # type: ignore[method-assign]
+    cluster = sim.snapshot()
+    pods = movable_on(cluster, "gpu-01") + movable_on(cluster, "gpu-02")
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN, dry_run=False)
+    assert result.stopped
+    assert [o.result for o in result.outcomes[:2]] == ["evicted", "evicted"]  # batch of 2
+    assert {o.result for o in result.outcomes[2:]} == {"skipped"}
+    after = sim.snapshot()
+    assert all(n.taints == () for n in after.nodes)
+
+
+def test_taint_failure_means_no_eviction_from_that_node() -> None:
+    sim, ex = make()
+
+    def broken(node: str, key: str, value: str, effect: str) -> None:
+        raise RuntimeError("403 forbidden")
+
+    sim.taint_node = broken  # type: ignore[method-assign]
+    cluster = sim.snapshot()
+    result = ex.execute(plan_for(movable_on(cluster, "gpu-00")), cluster, OPEN, dry_run=False)
+    assert sim.evictions == [] and {o.result for o in result.outcomes} == {"skipped"}
+    assert "could not taint" in result.outcomes[0].reason
+    assert [f.kind for f in result.findings] == ["execution-failed"]
+
+
+@pytest.mark.parametrize(("evict_count", "action"), [(2, "rolled-back"), (3, "finished")])
+def test_restart_after_a_crash_reconciles_and_leaves_no_node_tainted(
+    evict_count: int, action: str
+) -> None:
+    sim, _ = make()
+    cluster = sim.snapshot()
+    pods = movable_on(cluster, "gpu-00")
+    # The crashed run: taint, journal, and evict the first ``evict_count`` pods, then nothing.
+    journal = new_journal("gpu-00", "plan-crashed", SIM_START,
+                          tuple(JournalStep(p.key, f"inference/ReplicaSet/{p.owner.name}")  # type: ignore[union-attr]
+                                for p in pods))
+    sim.taint_node("gpu-00", DRAIN_TAINT_KEY, "plan-crashed", "NoSchedule")
+    sim.annotate_node("gpu-00", journal.annotations())
+    for p in pods[:evict_count]:
+        sim.evict(p.namespace, p.name)
+    sim.clock.sleep(60)  # the scheduler places the replacements
+    _, restarted = make()
+    restarted.actuator = restarted.source = sim  # type: ignore[assignment]
+    outcomes = restarted.reconcile()
+    assert [(o.node, o.plan_id, o.action) for o in outcomes] == [("gpu-00", "plan-crashed", action)]
+    assert outcomes[0].remaining == tuple(p.key for p in pods[evict_count:])
+    after = sim.snapshot()
+    assert all(n.taints == () for n in after.nodes)
+    assert not set(JOURNAL_ANNOTATIONS) & set(after.node("gpu-00").annotations)
+    assert not restarted.breaker.state.open
+
+
+def test_reconcile_with_replacements_still_pending_trips_the_breaker() -> None:
+    sim, ex = make(tight_cluster())
+    sim.taint_node("n1", DRAIN_TAINT_KEY, "plan-x", "NoSchedule")
+    sim.annotate_node("n1", new_journal("n1", "plan-x", datetime(2026, 1, 5, tzinfo=UTC),
+                                        (JournalStep("ml/job-1", "ml/ReplicaSet/job-1"),))
+                      .annotations())
+    sim.evict("ml", "job-1")
+    sim.clock.sleep(60)  # n1 tainted, n2 full: the replacement stays Pending
+    outcomes = ex.reconcile()
+    assert outcomes[0].action == "finished" and outcomes[0].pending == ("ml/ReplicaSet/job-1",)
+    assert ex.breaker.state.open
+    assert sim.snapshot().node("n1").taints == ()
