@@ -1,0 +1,637 @@
+"""The live cluster through the ``kubernetes`` client: snapshot, actuator and leader election.
+
+- :class:`KubeClusterSource` lists nodes, pods, PodDisruptionBudgets and PriorityClasses page by
+  page and converts the raw JSON with :mod:`defrag.adapters.kube_convert` (the client's own
+  deserialisation into model objects is skipped: ``_preload_content=False`` + ``json.loads``).
+- :class:`KubeActuator` implements :class:`defrag.ports.Actuator`: policy/v1 Evictions, node
+  taints and annotations by patch, core/v1 Events.
+- :class:`LeaseElector` elects a leader on a ``coordination.k8s.io/v1`` Lease.
+
+Transient failures (5xx, API-priority 429s, timeouts, dropped connections) are retried with
+exponential backoff (tenacity); everything else becomes a :class:`KubeError` naming the call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+from defrag.adapters.kube_convert import ClusterParts, ConversionError
+from defrag.model.cluster import Cluster, ModelError
+from defrag.ports import Clock, EvictionResult
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+COMPONENT = "defrag"
+
+
+class KubeError(RuntimeError):
+    """A Kubernetes API call that failed for good (after retries), with what was asked."""
+
+
+# --- connection --------------------------------------------------------------------------------
+
+
+def connect(
+    kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None
+) -> client.ApiClient:
+    """An API client: in-cluster (service account) when running in a pod and no kubeconfig is
+    given, else the kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+    if in_cluster is None:
+        in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
+    configuration = client.Configuration()
+    try:
+        if in_cluster:
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            config.load_kube_config(
+                config_file=kubeconfig, context=context, client_configuration=configuration
+            )
+    except (ConfigException, OSError) as exc:
+        where = "in-cluster service account" if in_cluster else (kubeconfig or "kubeconfig")
+        raise KubeError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+    return client.ApiClient(configuration)
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries of transient failures: ``attempts`` in all, backoff doubling from ``backoff_s``."""
+
+    attempts: int = 5
+    backoff_s: float = 0.5
+    max_backoff_s: float = 10.0
+    timeout_s: float = 30.0
+    """Per-request timeout (connect and read)."""
+
+
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body or "")
+    except (TypeError, ValueError):
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def api_message(exc: ApiException) -> str:
+    """The API server's own message (and causes) from a Status body, else the HTTP reason."""
+    body = _status_body(exc)
+    message = str(body.get("message") or exc.reason or "")
+    causes = [str(c.get("message")) for c in (body.get("details") or {}).get("causes") or [] if c]
+    return "; ".join([message, *causes]) if causes else message
+
+
+def _is_pdb_refusal(exc: ApiException) -> bool:
+    if exc.status != 429:
+        return False
+    body = _status_body(exc)
+    causes = (body.get("details") or {}).get("causes") or []
+    return any(c.get("reason") == "DisruptionBudget" for c in causes) or (
+        "disruption budget" in str(body.get("message", "")).lower()
+    )
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        return status >= 500 or (status == 429 and not _is_pdb_refusal(exc)) or status == 0
+    return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
+
+
+class _Caller:
+    """Runs one API call with the retry policy; the last error is re-raised."""
+
+    def __init__(self, policy: RetryPolicy) -> None:
+        self.policy = policy
+
+    def __call__(self, fn: Callable[[], T]) -> T:
+        p = self.policy
+        retrying = Retrying(
+            stop=stop_after_attempt(max(1, p.attempts)),
+            wait=wait_exponential(multiplier=p.backoff_s, max=p.max_backoff_s),
+            retry=retry_if_exception(_transient),
+            reraise=True,
+        )
+        try:
+            return retrying(fn)
+        except RetryError as exc:  # pragma: no cover - reraise=True re-raises the cause
+            raise exc.last_attempt.exception() or exc from None
+
+    @property
+    def timeout(self) -> tuple[float, float]:
+        return (self.policy.timeout_s, self.policy.timeout_s)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status}: {api_message(exc)}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+# --- snapshot -----------------------------------------------------------------------------------
+
+
+class KubeClusterSource:
+    """:class:`defrag.ports.ClusterSource` over the API: one consistent-enough list per kind."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        page_size: int = 500,
+        retry: RetryPolicy | None = None,
+        skip_finished_pods: bool = True,
+    ) -> None:
+        self.api = api
+        self.page_size = page_size
+        self.call = _Caller(retry or RetryPolicy())
+        self.skip_finished_pods = skip_finished_pods
+        # The client's typed models are bypassed (raw JSON both ways), hence Any.
+        self.core: Any = client.CoreV1Api(api)
+        self.policy: Any = client.PolicyV1Api(api)
+        self.scheduling: Any = client.SchedulingV1Api(api)
+
+    def snapshot(self) -> Cluster:
+        parts = ClusterParts()
+        pod_fields = "status.phase!=Succeeded,status.phase!=Failed"
+        listings: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+            ("PriorityClass", self.scheduling.list_priority_class, {}),
+            ("Node", self.core.list_node, {}),
+            (
+                "Pod",
+                self.core.list_pod_for_all_namespaces,
+                {"field_selector": pod_fields} if self.skip_finished_pods else {},
+            ),
+            ("PodDisruptionBudget", self.policy.list_pod_disruption_budget_for_all_namespaces, {}),
+        ]
+        for kind, lister, kwargs in listings:
+            for i, item in enumerate(self._list(kind, lister, kwargs)):
+                try:
+                    parts.add(item, f"{kind} list item {i}", kind=kind)
+                except ConversionError as exc:
+                    raise KubeError(f"the API returned a {kind} defrag cannot read: {exc}") from exc
+        try:
+            return parts.build()
+        except ModelError as exc:
+            raise KubeError(f"inconsistent cluster snapshot: {exc}") from exc
+
+    def _list(self, kind: str, lister: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
+        """Every item, page by page; an expired continue token (410) restarts the listing."""
+        for _restart in range(3):
+            items: list[Any] = []
+            token: str | None = None
+            try:
+                while True:
+                    page = self._page(lister, kwargs, token)
+                    items.extend(page.get("items") or [])
+                    token = (page.get("metadata") or {}).get("continue") or None
+                    if not token:
+                        return items
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("listing %s: continue token expired, listing again", kind)
+                    continue
+                raise KubeError(f"cannot list {kind}s: {_describe(exc)}") from None
+            except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+                raise KubeError(f"cannot list {kind}s: {_describe(exc)}") from None
+        raise KubeError(f"cannot list {kind}s: the continue token kept expiring")
+
+    def _page(
+        self, lister: Callable[..., Any], kwargs: dict[str, Any], token: str | None
+    ) -> dict[str, Any]:
+        def call() -> dict[str, Any]:
+            args = dict(kwargs, limit=self.page_size)
+            if token:
+                args["_continue"] = token
+            response = lister(**args, _preload_content=False, _request_timeout=self.call.timeout)
+            data = json.loads(response.data)
+            if not isinstance(data, dict):
+                raise KubeError("the API returned a list that is not a JSON object")
+            return data
+
+        return self.call(call)
+
+
+# --- actuator -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Intent:
+    """A write a client-side dry run did not send."""
+
+    action: str
+    target: str
+    detail: str = ""
+
+
+class KubeActuator:
+    """:class:`defrag.ports.Actuator` over the API.
+
+    ``send_writes=False`` (client-side dry run) sends no write request at all: each intended
+    write is logged and kept in :attr:`intents`. ``evict(..., dry_run=True)`` instead asks the
+    API server for a server-side dry run (``dryRun=All``): the PDB is checked, nothing happens.
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        send_writes: bool = True,
+        retry: RetryPolicy | None = None,
+        conflict_attempts: int = 5,
+        event_namespace: str = "default",
+        instance: str | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.api = api
+        self.send_writes = send_writes
+        self.call = _Caller(retry or RetryPolicy())
+        self.conflict_attempts = conflict_attempts
+        self.event_namespace = event_namespace
+        self.instance = instance or socket.gethostname()
+        self.clock = clock
+        self.core: Any = client.CoreV1Api(api)  # raw JSON bodies and responses
+        self.intents: list[Intent] = []
+
+    def _now(self) -> datetime:
+        return self.clock.now() if self.clock is not None else datetime.now(UTC)
+
+    def _intend(self, action: str, target: str, detail: str = "") -> None:
+        self.intents.append(Intent(action, target, detail))
+        log.info("dry run: would %s %s %s", action, target, detail)
+
+    # --- evictions ---------------------------------------------------------------------------
+
+    def evict(self, namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+        key = f"{namespace}/{name}"
+        if not self.send_writes:
+            self._intend("evict", key)
+            return EvictionResult(key, "evicted", "dry run: not sent")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+        }
+        extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
+        try:
+            self.call(
+                lambda: self.core.create_namespaced_pod_eviction(
+                    name,
+                    namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.call.timeout,
+                    **extra,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 429:
+                return EvictionResult(key, "blocked", api_message(exc))
+            if exc.status == 404:
+                return EvictionResult(key, "gone", "the pod no longer exists")
+            return EvictionResult(key, "failed", _describe(exc))
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            return EvictionResult(key, "failed", _describe(exc))
+        return EvictionResult(key, "evicted", "server dry run" if dry_run else "")
+
+    # --- nodes -------------------------------------------------------------------------------
+
+    def taint_node(self, node: str, key: str, value: str, effect: str) -> None:
+        def change(taints: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            wanted = {"key": key, "value": value, "effect": effect}
+            same = [t for t in taints if t.get("key") == key and t.get("effect") == effect]
+            if same and all(t.get("value", "") == value for t in same):
+                return None
+            kept = [t for t in taints if not (t.get("key") == key and t.get("effect") == effect)]
+            return [*kept, wanted]
+
+        self._update_taints(node, f"taint {key}={value}:{effect}", change)
+
+    def untaint_node(self, node: str, key: str) -> None:
+        def change(taints: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+            kept = [t for t in taints if t.get("key") != key]
+            return kept if len(kept) != len(taints) else None
+
+        self._update_taints(node, f"untaint {key}", change)
+
+    def _update_taints(
+        self,
+        node: str,
+        what: str,
+        change: Callable[[list[dict[str, Any]]], list[dict[str, Any]] | None],
+    ) -> None:
+        """Read the node, change its taint list, patch it with the read resourceVersion as a
+        precondition (``spec.taints`` is replaced whole, so a concurrent change → 409 → again)."""
+        if not self.send_writes:
+            self._intend(what, f"node/{node}")
+            return
+        for _attempt in range(self.conflict_attempts):
+            current = self._get_node(node)
+            taints = list((current.get("spec") or {}).get("taints") or [])
+            new = change(taints)
+            if new is None:
+                return  # already as wanted: no write
+            patch = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "spec": {"taints": new},
+            }
+            try:
+                self._patch_node(node, patch)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise KubeError(f"cannot {what} on node {node}: {_describe(exc)}") from None
+                log.info("node %s changed while we patched it; reading it again", node)
+        raise KubeError(f"cannot {what} on node {node}: it kept changing (409 conflicts)")
+
+    def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        """Set annotations; a value of None removes that annotation."""
+        if not annotations:
+            return
+        if not self.send_writes:
+            self._intend("annotate", f"node/{node}", json.dumps(dict(annotations)))
+            return
+        try:
+            self._patch_node(node, {"metadata": {"annotations": dict(annotations)}})
+        except ApiException as exc:
+            raise KubeError(f"cannot annotate node {node}: {_describe(exc)}") from None
+
+    def _get_node(self, node: str) -> dict[str, Any]:
+        try:
+            response = self.call(
+                lambda: self.core.read_node(
+                    node, _preload_content=False, _request_timeout=self.call.timeout
+                )
+            )
+        except ApiException as exc:
+            raise KubeError(f"cannot read node {node}: {_describe(exc)}") from None
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            raise KubeError(f"cannot read node {node}: {_describe(exc)}") from None
+        data: dict[str, Any] = json.loads(response.data)
+        return data
+
+    def _patch_node(self, node: str, patch: dict[str, Any]) -> None:
+        try:
+            self.call(
+                lambda: self.core.patch_node(
+                    node,
+                    patch,
+                    _content_type="application/strategic-merge-patch+json",
+                    _preload_content=False,
+                    _request_timeout=self.call.timeout,
+                )
+            )
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            raise KubeError(f"cannot patch node {node}: {_describe(exc)}") from None
+
+    # --- events ------------------------------------------------------------------------------
+
+    def event(
+        self, kind: str, namespace: str, name: str, reason: str, message: str, warning: bool = False
+    ) -> None:
+        """A core/v1 Event on a pod (in its namespace) or a node (in ``event_namespace``).
+
+        Events are best effort: a failure is logged, never raised."""
+        involved: dict[str, Any] = {"kind": kind, "name": name, "apiVersion": "v1"}
+        if namespace:
+            involved["namespace"] = namespace
+        where = namespace or self.event_namespace
+        now = self._now().astimezone(UTC)
+        stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{time.time_ns():x}", "namespace": where},
+            "involvedObject": involved,
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT, "host": self.instance},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+            "action": reason,
+        }
+        if not self.send_writes:
+            self._intend("event", f"{kind.lower()}/{where}/{name}", f"{reason}: {message}")
+            return
+        try:
+            self.call(
+                lambda: self.core.create_namespaced_event(
+                    where, body, _preload_content=False, _request_timeout=self.call.timeout
+                )
+            )
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            log.warning("cannot record event %s on %s %s: %s", reason, kind, name, _describe(exc))
+
+
+# --- leader election ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderStatus:
+    leader: bool
+    holder: str
+    reason: str
+
+
+def _micro(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+class LeaseElector:
+    """Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go does it.
+
+    Call :meth:`is_leader` (or :meth:`tick`) at least every ``lease_duration_s / 2``: it creates
+    the Lease, renews our hold, or takes over one whose holder let it expire. Every write carries
+    the resourceVersion read, so of two candidates racing only one wins (the other gets 409).
+    Expiry is judged on ``renewTime + leaseDurationSeconds`` against this process's clock.
+    :meth:`release` (also on leaving a ``with`` block) hands the Lease back at once.
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        name: str = "defrag-leader",
+        identity: str | None = None,
+        lease_duration_s: int = 15,
+        clock: Clock | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        self.api = api
+        self.namespace = namespace
+        self.name = name
+        self.identity = identity or f"{socket.gethostname()}_{os.getpid()}"
+        self.lease_duration_s = lease_duration_s
+        self.clock = clock
+        self.call = _Caller(retry or RetryPolicy(attempts=2, backoff_s=0.2))
+        self.coordination: Any = client.CoordinationV1Api(api)  # raw JSON both ways
+        self.last = LeaderStatus(False, "", "not tried yet")
+
+    def _now(self) -> datetime:
+        return self.clock.now() if self.clock is not None else datetime.now(UTC)
+
+    def is_leader(self) -> bool:
+        return self.tick().leader
+
+    def tick(self) -> LeaderStatus:
+        """Acquire, renew or observe the Lease. API failures make us a follower (never raise)."""
+        try:
+            self.last = self._tick()
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            self.last = LeaderStatus(False, self.last.holder, f"lease: {_describe(exc)}")
+            log.warning(
+                "leader election on %s/%s failed: %s", self.namespace, self.name, self.last.reason
+            )
+        return self.last
+
+    def _tick(self) -> LeaderStatus:
+        now = self._now()
+        lease = self._read()
+        if lease is None:
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace},
+                "spec": self._spec(now, acquire=True, transitions=0),
+            }
+            try:
+                self.call(
+                    lambda: self.coordination.create_namespaced_lease(
+                        self.namespace,
+                        body,
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
+                )
+            except ApiException as exc:
+                if exc.status == 409:
+                    return LeaderStatus(False, "", "another candidate created the Lease first")
+                raise
+            return LeaderStatus(True, self.identity, "created the Lease")
+        spec = lease.get("spec") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if holder == self.identity:
+            spec_new = {
+                **spec,
+                "renewTime": _micro(now),
+                "leaseDurationSeconds": self.lease_duration_s,
+            }
+            reason = "renewed the Lease"
+        else:
+            renewed = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
+            duration = int(spec.get("leaseDurationSeconds") or self.lease_duration_s)
+            if holder and renewed is not None and now < renewed + timedelta(seconds=duration):
+                return LeaderStatus(False, holder, f"held by {holder}")
+            spec_new = self._spec(now, acquire=True, transitions=transitions + 1)
+            reason = f"took over the Lease from {holder}" if holder else "acquired a free Lease"
+        body = {**lease, "spec": spec_new}
+        try:
+            self.call(
+                lambda: self.coordination.replace_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.call.timeout,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)")
+            raise
+        return LeaderStatus(True, self.identity, reason)
+
+    def _spec(self, now: datetime, acquire: bool, transitions: int) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": self.lease_duration_s,
+            "renewTime": _micro(now),
+            "leaseTransitions": transitions,
+        }
+        if acquire:
+            spec["acquireTime"] = _micro(now)
+        return spec
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            response = self.call(
+                lambda: self.coordination.read_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    _preload_content=False,
+                    _request_timeout=self.call.timeout,
+                )
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        data: dict[str, Any] = json.loads(response.data)
+        return data
+
+    def release(self) -> None:
+        """Give the Lease up if we hold it (holder cleared, as client-go's ReleaseOnCancel)."""
+        try:
+            lease = self._read()
+            if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
+                return
+            spec = {
+                **lease["spec"],
+                "holderIdentity": "",
+                "leaseDurationSeconds": 1,
+                "renewTime": _micro(self._now()),
+            }
+            body = {**lease, "spec": spec}
+            self.call(
+                lambda: self.coordination.replace_namespaced_lease(
+                    self.name,
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.call.timeout,
+                )
+            )
+            self.last = LeaderStatus(False, "", "released the Lease")
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            log.warning(
+                "cannot release the Lease %s/%s: %s", self.namespace, self.name, _describe(exc)
+            )
+
+    def __enter__(self) -> LeaseElector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
