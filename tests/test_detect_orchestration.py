@@ -1,0 +1,75 @@
+"""detection.detect over a fake MetricsSource: routing, skipping and failures per rule."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from defrag.detection import DetectionError, detect, run_detection
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Node, Pod
+from defrag.ports import Sample
+from defrag.rules import load_rules
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+RULES = load_rules([ROOT / "rules"])
+
+
+class FakeMetrics:
+    """Answers every range query with ``series`` and every instant query with nothing."""
+
+    def __init__(self, series: list[Sample]) -> None:
+        self.series = series
+        self.queries: list[str] = []
+
+    def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
+        self.queries.append(query)
+        return []
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
+        self.queries.append(query)
+        return self.series
+
+
+def quiet_curve() -> list[Sample]:
+    t0 = NOW.timestamp()
+    return [Sample({}, tuple((t0 - 60.0 * i, 3.0) for i in range(60, -1, -1)))]
+
+
+def test_without_metrics_only_cluster_rules_run() -> None:
+    cluster = Cluster.build(
+        [Node("n1", 1000, 1000, num_gpu=8), Node("n2", 1000, 1000, num_gpu=8)],
+        [Pod("a", num_gpu=5, node="n1", phase="Running")],
+    )
+    report = run_detection(RULES, None, cluster, NOW)
+    assert report.skipped == {
+        "gpu-memory-leak": "no metrics source",
+        "cluster-idle": "no metrics source",
+    }
+    assert [f.subject for f in report.findings] == ["node/n1"]  # 3 free, stranded for 4 and 8
+
+
+def test_without_cluster_only_metric_rules_run() -> None:
+    metrics = FakeMetrics(quiet_curve())
+    report = run_detection(RULES, metrics, None, NOW)
+    assert report.skipped == {
+        "gpu-fragmentation": "no cluster snapshot",
+        "high-priority-starved": "no cluster snapshot",
+    }
+    assert [f.kind for f in report.findings] == ["idle"]  # 3% for an hour, threshold 20%
+    assert (
+        "avg(DCGM_FI_DEV_GPU_UTIL)" in metrics.queries and "DCGM_FI_DEV_FB_USED" in metrics.queries
+    )
+
+
+def test_idle_query_with_several_series_fails_that_rule_only() -> None:
+    metrics = FakeMetrics(quiet_curve() * 2)
+    report = run_detection(RULES, metrics, None, NOW)
+    assert [f.rule for f in report.failures] == ["cluster-idle"]
+    with pytest.raises(
+        DetectionError, match=r"rule cluster-idle \(.*rules/idle.yaml:4\): .*returned 2"
+    ):
+        detect(RULES, metrics, None, NOW)
