@@ -1,0 +1,303 @@
+"""The node agent (``defrag agent``, a DaemonSet on GPU nodes).
+
+It reads the node's GPUs through NVML, derives the NVLink domains (connected components of the
+NVLink graph: GPUs linked directly or through a common NVSwitch share a domain; a GPU with no
+NVLink is a domain of its own), publishes them as the node annotation
+``defrag.io/nvlink-domains`` (``"0-3,4-7"``), and serves per-GPU memory and per-process usage
+on ``/metrics`` for clusters without the DCGM exporter.
+
+The annotation format (parsed by :mod:`defrag.adapters.kube_convert`) is comma-separated
+domains, each one GPU index or an inclusive range ``a-b``. A domain whose GPU indices are not
+contiguous cannot be written that way: it is published as its contiguous runs, which claims
+less NVLink than there is (never more) — the scheduler then keeps multi-GPU pods inside a run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from defrag.adapters.nvml import GpuDevice, NvmlInventory
+from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION
+
+log = logging.getLogger(__name__)
+
+EXIT_NO_NVML = 3
+"""``defrag agent`` exit status when NVML (the NVIDIA driver) is not available."""
+MIB = 2**20
+
+
+# --- topology --------------------------------------------------------------------------------
+
+
+def nvlink_domains(devices: Sequence[GpuDevice]) -> tuple[tuple[int, ...], ...]:
+    """Connected components of the NVLink graph over GPU indices, sorted by their first GPU.
+
+    Vertices are the GPUs and the non-GPU endpoints their links reach (NVSwitches, or an
+    endpoint an old driver cannot name); a link to an IBM NPU (a CPU) joins nothing.
+    """
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            parent[max(ra, rb)] = min(ra, rb)
+
+    gpu_bus = {d.bus_id for d in devices}
+    for dev in devices:
+        find(dev.bus_id)
+        for link in dev.links:
+            if link.remote_bus_id in gpu_bus:
+                union(dev.bus_id, link.remote_bus_id)
+            elif link.remote_kind in ("switch", "unknown"):
+                union(dev.bus_id, f"endpoint:{link.remote_bus_id}")
+            # "npu", or a "gpu" this process cannot see: no GPU-to-GPU path through it.
+    groups: dict[str, list[int]] = {}
+    for dev in devices:
+        groups.setdefault(find(dev.bus_id), []).append(dev.index)
+    return tuple(sorted((tuple(sorted(g)) for g in groups.values()), key=lambda g: g[0]))
+
+
+def runs(group: Sequence[int]) -> list[tuple[int, int]]:
+    """Contiguous runs of sorted indices: (0,1,2,5) → [(0, 2), (5, 5)]."""
+    out: list[tuple[int, int]] = []
+    for i in sorted(group):
+        if out and i == out[-1][1] + 1:
+            out[-1] = (out[-1][0], i)
+        else:
+            out.append((i, i))
+    return out
+
+
+def format_domains(domains: Sequence[Sequence[int]]) -> tuple[str, tuple[str, ...]]:
+    """The annotation text, and a note for each domain that had to be split into runs."""
+    parts: list[tuple[int, str]] = []
+    notes: list[str] = []
+    for group in domains:
+        group_runs = runs(group)
+        if len(group_runs) > 1:
+            notes.append(
+                f"NVLink domain {list(group)} is not contiguous; published as "
+                f"{len(group_runs)} domains (claims less NVLink than there is)"
+            )
+        for lo, hi in group_runs:
+            parts.append((lo, str(lo) if lo == hi else f"{lo}-{hi}"))
+    return ",".join(text for _, text in sorted(parts)), tuple(notes)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    devices: tuple[GpuDevice, ...]
+    domains: tuple[tuple[int, ...], ...]
+    annotation: str
+    """The annotation value ("" when the node has no GPU)."""
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "annotation": {NVLINK_DOMAINS_ANNOTATION: self.annotation or None},
+            "domains": [list(d) for d in self.domains],
+            "notes": list(self.notes),
+            "gpus": [
+                {
+                    "index": d.index,
+                    "uuid": d.uuid,
+                    "name": d.name,
+                    "bus_id": d.bus_id,
+                    "memory_total_mib": d.memory_total_mib,
+                    "memory_used_mib": d.memory_used_mib,
+                    "nvlinks": len(d.links),
+                    "processes": [{"pid": p.pid, "used_mib": p.used_mib} for p in d.processes],
+                }
+                for d in self.devices
+            ],
+        }
+
+
+def read_topology(devices: Sequence[GpuDevice]) -> Topology:
+    domains = nvlink_domains(devices)
+    annotation, notes = format_domains(domains)
+    return Topology(tuple(devices), domains, annotation, notes)
+
+
+# --- publishing ------------------------------------------------------------------------------
+
+
+class NodeAnnotator(Protocol):
+    def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        """Set (or, with None, remove) annotations on ``node``."""
+        ...
+
+
+class KubeNodeAnnotator:
+    """Annotations by a merge patch of the Node through the ``kubernetes`` client (RBAC: patch
+    nodes, nothing else)."""
+
+    def __init__(self, api_client: Any) -> None:
+        from kubernetes import client
+
+        self._core = client.CoreV1Api(api_client)
+
+    def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        body = {"metadata": {"annotations": dict(annotations)}}
+        # The answer (the whole Node) is not needed: skip the client's model deserialisation.
+        response: Any = self._core.patch_node(node, body, _preload_content=False)
+        response.read()  # drain it, or the pooled connection hands these bytes to the next call
+        response.release_conn()
+
+
+# --- metrics ---------------------------------------------------------------------------------
+
+
+class GpuCollector:
+    """Reads NVML on every scrape: memory per GPU and per process, and each GPU's domain."""
+
+    def __init__(self, node: str, read: Callable[[], tuple[GpuDevice, ...]]) -> None:
+        self.node = node
+        self.read = read
+        self.lock = threading.Lock()
+        self.errors = 0
+
+    def describe(self) -> list[Metric]:
+        return []  # read on demand; do not scrape NVML at registration
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with self.lock:
+                devices = self.read()
+        except Exception as exc:  # one bad scrape must not take /metrics down
+            self.errors += 1
+            log.warning("NVML read failed during scrape: %s", exc)
+            devices = ()
+        gpu_labels = ["node", "gpu", "uuid", "model"]
+        total = GaugeMetricFamily(
+            "defrag_gpu_memory_total_bytes", "GPU memory, total (NVML).", labels=gpu_labels
+        )
+        used = GaugeMetricFamily(
+            "defrag_gpu_memory_used_bytes", "GPU memory in use (NVML).", labels=gpu_labels
+        )
+        proc = GaugeMetricFamily(
+            "defrag_gpu_process_memory_used_bytes",
+            "GPU memory held by one process (NVML compute processes; host PID).",
+            labels=["node", "gpu", "uuid", "pid"],
+        )
+        domain = GaugeMetricFamily(
+            "defrag_gpu_nvlink_domain_info",
+            "1 for each GPU, labelled with the NVLink domain it belongs to (as published).",
+            labels=["node", "gpu", "uuid", "domain"],
+        )
+        errors = GaugeMetricFamily(
+            "defrag_agent_nvml_scrape_errors", "NVML reads that failed during a scrape."
+        )
+        errors.add_metric([], self.errors)
+        domain_of = {i: n for n, group in enumerate(nvlink_domains(devices)) for i in group}
+        for d in devices:
+            base = [self.node, str(d.index), d.uuid]
+            total.add_metric([*base, d.name], d.memory_total_mib * MIB)
+            used.add_metric([*base, d.name], d.memory_used_mib * MIB)
+            domain.add_metric([*base, str(domain_of.get(d.index, d.index))], 1)
+            for p in d.processes:
+                if p.used_mib >= 0:
+                    proc.add_metric([*base, str(p.pid)], p.used_mib * MIB)
+        yield from (total, used, proc, domain, errors)
+
+
+# --- the agent -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Agent:
+    """Publishes the node's NVLink domains when they change, every ``interval_s``."""
+
+    node: str
+    inventory: NvmlInventory
+    annotator: NodeAnnotator | None
+    interval_s: float = 300.0
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    published: str | None = None
+    _publish_errors: Counter | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._publish_errors = Counter(
+            "defrag_agent_publish_errors",
+            "Failed patches of the node annotation.",
+            registry=self.registry,
+        )
+        self.registry.register(GpuCollector(self.node, self._devices))
+
+    def _devices(self) -> tuple[GpuDevice, ...]:
+        with self._lock:
+            return self.inventory.devices()
+
+    def sync_once(self) -> Topology:
+        """Read the topology; patch the annotation when it differs from what was published."""
+        topology = read_topology(self._devices())
+        for note in topology.notes:
+            log.warning("%s", note)
+        value = topology.annotation or None
+        if self.annotator is not None and value != self.published:
+            try:
+                self.annotator.annotate_node(self.node, {NVLINK_DOMAINS_ANNOTATION: value})
+            except Exception:
+                assert self._publish_errors is not None
+                self._publish_errors.inc()
+                raise
+            self.published = value
+            log.info("node %s: %s=%r", self.node, NVLINK_DOMAINS_ANNOTATION, value)
+        return topology
+
+    def run(self, stop: threading.Event) -> None:
+        """Sync now and every ``interval_s`` until ``stop``; a failed sync is retried next time."""
+        while True:
+            try:
+                self.sync_once()
+            except Exception as exc:
+                log.error("agent sync failed: %s", exc)
+            if stop.wait(self.interval_s):
+                return
+
+
+class _AgentHandler(BaseHTTPRequestHandler):
+    server: AgentHTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            body, ctype, code = generate_latest(self.server.registry), CONTENT_TYPE_LATEST, 200
+        elif path == "/healthz":
+            body, ctype, code = b"ok\n", "text/plain", 200
+        else:
+            body, ctype, code = json.dumps({"error": "not found"}).encode(), "application/json", 404
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+class AgentHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
+        super().__init__(address, _AgentHandler)
+        self.registry = registry
