@@ -92,7 +92,12 @@ class Settings(BaseSettings):
     prometheus_ca_file: str | None = None
     prometheus_timeout_s: float = Field(10.0, gt=0)
     alertmanager_urls: list[str] = Field(default_factory=list)
-    rules_dir: str = "rules"
+    alertmanager_token_file: str | None = None
+    alertmanager_ca_file: str | None = None
+    alert_resend_interval_s: float = Field(60.0, ge=0)
+    alert_ttl_s: float = Field(900.0, gt=0)
+    rules_dir: str | None = None
+    """Detection rules; default: ./rules, else the rules beside the package."""
 
     # --- the cycle ---------------------------------------------------------------------
     cycle_interval_s: float = Field(300.0, gt=0)
@@ -110,7 +115,7 @@ class Settings(BaseSettings):
     eviction_batch_size: int = Field(4, ge=1, le=64)
     replacement_timeout_s: float = Field(600.0, gt=0)
     poll_interval_s: float = Field(5.0, gt=0)
-    dry_run_events: bool = True
+    dry_run_events: bool = False
 
     # --- leader election ----------------------------------------------------------------
     leader_election: bool = True
@@ -132,10 +137,15 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
-        try:
-            from defrag.scoring.policies import POLICY_NAMES
-        except ImportError:  # scoring not importable: the planner will report the policy
-            return self
+        if self.alertmanager_urls and self.alert_ttl_s <= max(
+            self.alert_resend_interval_s, self.cycle_interval_s
+        ):
+            raise ValueError(
+                f"alert_ttl_s ({self.alert_ttl_s:g}) must exceed alert_resend_interval_s and "
+                f"cycle_interval_s ({self.cycle_interval_s:g}), or alerts lapse between cycles"
+            )
+        from defrag.scoring.policies import POLICY_NAMES
+
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
         return self
@@ -214,7 +224,7 @@ def _describe(
         message = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown setting"
-        lines.append(f"setting {loc} ({where}): {message}")
+        lines.append(f"setting {loc} ({where}): {message}" if top else f"settings: {message}")
     return "; ".join(lines)
 
 

@@ -4,7 +4,9 @@ when imported; importing them here is what puts them on the command line."""
 from __future__ import annotations
 
 from defrag.cli import alerts as alerts  # registers `defrag alerts`
+from defrag.cli import detect as detect  # registers `defrag detect`, `defrag rules check`
 from defrag.cli import report
+from defrag.cli import run as run  # registers `defrag run` and `defrag demo`
 from defrag.cli.app import app, main
 
 __all__ = ["app", "main", "report"]

@@ -49,7 +49,7 @@ class ExecutorSettings:
     batch_size: int = 4
     replacement_timeout_s: float = 600.0
     poll_interval_s: float = 5.0
-    dry_run_events: bool = True
+    dry_run_events: bool = False
 
 
 class Executor:

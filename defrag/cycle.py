@@ -1,0 +1,223 @@
+"""One cycle: observe → detect → plan → execute → alert → report, as a plain function.
+
+:func:`run_cycle` takes the ports (cluster source, detector, planner, executor, alert sink,
+clock) and returns a frozen :class:`CycleResult`. It holds no state of its own: the
+executor keeps budgets and the circuit breaker, the alert sink its active alerts. Execution
+happens only for the leader, not in dry run, inside an open window and with the breaker
+closed; in dry run the executor rehearses the plan (Events marked "(dry run)").
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from defrag.detect.findings import Finding
+from defrag.execute.executor import Executor
+from defrag.execute.outcome import Execution
+from defrag.execute.windows import Window, WindowStatus, window_status
+from defrag.model.cluster import Cluster
+from defrag.plan.model import Plan
+from defrag.ports import AlertSink, Clock, ClusterSource
+from defrag.scoring.fragmentation import fragmentation_report
+
+log = logging.getLogger(__name__)
+
+Detector = Callable[[Cluster, datetime], Sequence[Finding]]
+"""Findings for a cluster at a moment (the daemon binds rules and metrics)."""
+Planner = Callable[[Cluster, str, datetime], Plan]
+"""A plan for a cluster, a goal (repack, make-room, all) and a moment."""
+
+GOALS_BY_ACTION = {"repack": "repack", "make-room": "make-room"}
+SUMMARY_KEYS = ("free_gpus", "whole_free_nodes", "largest_placeable_job")
+
+
+class SystemClock:
+    """Wall-clock time, UTC."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class CyclePorts:
+    source: ClusterSource
+    clock: Clock
+    detector: Detector
+    planner: Planner
+    executor: Executor | None = None
+    """None: this daemon never acts (nothing to evict with)."""
+    alerts: AlertSink | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CycleConfig:
+    dry_run: bool = True
+    goal: str = "auto"
+    """auto: from the findings' actions; or always repack / make-room / all."""
+    windows: tuple[Window, ...] = ()
+    idle_gate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CycleResult:
+    """What one cycle saw, planned and did. ``after`` is observed when moves ran, else expected."""
+
+    started: datetime
+    finished: datetime
+    leader: bool
+    dry_run: bool
+    window: WindowStatus
+    findings: tuple[Finding, ...]
+    plan: Plan | None
+    executed: Execution | None
+    before: Mapping[str, Any] = field(hash=False)
+    after: Mapping[str, Any] = field(hash=False)
+    after_source: str = "unchanged"
+    """observed (re-read after execution), expected (the plan's), unchanged (no plan)."""
+    verification: Mapping[str, Any] | None = field(default=None, hash=False)
+    alert_error: str = ""
+    circuit: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished - self.started).total_seconds()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "started": self.started.isoformat(),
+            "finished": self.finished.isoformat(),
+            "leader": self.leader,
+            "dry_run": self.dry_run,
+            "window": self.window.to_dict(),
+            "findings": [f.to_dict() for f in self.findings],
+            "plan": self.plan.to_dict() if self.plan else None,
+            "executed": self.executed.to_dict() if self.executed else None,
+            "before": dict(self.before),
+            "after": dict(self.after),
+            "after_source": self.after_source,
+            "verification": dict(self.verification) if self.verification else None,
+            "alert_error": self.alert_error or None,
+            "circuit": dict(self.circuit),
+        }
+
+
+def goal_for(findings: Sequence[Finding], configured: str) -> str | None:
+    """The plan goal: the configured one, or (auto) what the findings ask for; None = no plan."""
+    if configured != "auto":
+        return configured
+    goals = {GOALS_BY_ACTION[f.action] for f in findings if f.action in GOALS_BY_ACTION}
+    if not goals:
+        return None
+    return goals.pop() if len(goals) == 1 else "all"
+
+
+def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) -> CycleResult:
+    """One full cycle. Errors observing or planning propagate; alert failures are recorded."""
+    started = ports.clock.now()
+    cluster = ports.source.snapshot()
+    before = _summary(fragmentation_report(cluster).to_dict(with_nodes=False))
+    findings = list(ports.detector(cluster, started))
+
+    breaker = ports.executor.breaker if ports.executor else None
+    if breaker is not None:
+        breaker.refresh(cluster)
+    idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
+    window = window_status(config.windows, started, idle=idle)
+
+    goal = goal_for(findings, config.goal)
+    plan = ports.planner(cluster, goal, started) if goal else None
+    if plan is not None and plan.empty and plan.blocked:
+        findings.append(_blocked_finding(plan, started))
+
+    executed: Execution | None = None
+    if plan is not None and not plan.empty and ports.executor is not None and leader:
+        if config.dry_run:
+            executed = ports.executor.execute(plan, cluster, window, dry_run=True)
+        elif window.open and not ports.executor.breaker.state.open:
+            executed = ports.executor.execute(plan, cluster, window, dry_run=False)
+            findings += executed.findings
+    if breaker is not None and breaker.state.open and not any(
+        f.kind == "circuit-open" for f in findings
+    ):
+        findings.append(breaker.state.finding())
+
+    after, after_source, verification = dict(before), "unchanged", None
+    if executed is not None and not executed.dry_run and executed.evicted:
+        observed = ports.source.snapshot()
+        after = _summary(fragmentation_report(observed).to_dict(with_nodes=False))
+        after_source = "observed"
+        verification = _verify(plan, after, observed) if plan else None
+    elif plan is not None and plan.after:
+        after, after_source = _summary(plan.after), "expected"
+
+    alert_error = ""
+    if ports.alerts is not None and leader:
+        try:
+            ports.alerts.sync(findings, started)
+        except Exception as exc:  # the sink keeps what failed and retries next cycle
+            alert_error = f"{type(exc).__name__}: {exc}"
+            log.error("alerts not delivered: %s", alert_error)
+
+    return CycleResult(
+        started=started,
+        finished=ports.clock.now(),
+        leader=leader,
+        dry_run=config.dry_run,
+        window=window,
+        findings=tuple(findings),
+        plan=plan,
+        executed=executed,
+        before=before,
+        after=after,
+        after_source=after_source,
+        verification=verification,
+        alert_error=alert_error,
+        circuit=breaker.state.to_dict() if breaker else {},
+    )
+
+
+def _summary(report: Mapping[str, Any]) -> dict[str, Any]:
+    """A fragmentation report without the per-node list (which grows with the cluster)."""
+    return {k: v for k, v in report.items() if k != "nodes"}
+
+
+def _verify(plan: Plan, achieved: Mapping[str, Any], observed: Cluster) -> dict[str, Any]:
+    """Expected vs achieved, after the moves ran.
+
+    Met when no figure the plan promised fell short — or when every pod the plan made room
+    for is now scheduled (it took the room, so the figures dropped for the right reason).
+    """
+    expected = plan.after
+    rows = {
+        key: {"expected": expected.get(key), "achieved": achieved.get(key)}
+        for key in SUMMARY_KEYS
+        if key in expected
+    }
+    short = [
+        k for k, r in rows.items()
+        if isinstance(r["expected"], int | float) and (r["achieved"] or 0) < r["expected"]
+    ]
+    pods = [t.split(" ", 1)[0] for t in plan.targets if "/" in t.split(" ", 1)[0]]
+    placed = [t for t in pods if t in observed.pods and observed.pods[t].node is not None]
+    met = not short or (bool(pods) and len(placed) == len(pods))
+    return {"figures": rows, "short": short, "targets_placed": placed, "met": met}
+
+
+def _blocked_finding(plan: Plan, now: datetime) -> Finding:
+    by_constraint: dict[str, int] = {}
+    for b in plan.blocked:
+        by_constraint[b.constraint] = by_constraint.get(b.constraint, 0) + 1
+    parts = ", ".join(f"{n} by {c}" for c, n in sorted(by_constraint.items()))
+    return Finding(
+        kind="plan-blocked",
+        subject="cluster",
+        severity="warning",
+        summary=f"no {plan.goal} plan possible: {len(plan.blocked)} pod(s) blocked ({parts})",
+        evidence={"blocked": [b.to_dict() for b in plan.blocked[:20]], "goal": plan.goal},
+        since=now,
+        labels={"detector": "planner"},
+    )

@@ -1,0 +1,370 @@
+"""The daemon: cycles on a schedule, windows on their cron, leader election, health and metrics.
+
+:class:`Daemon` runs :func:`~defrag.cycle.run_cycle` from an APScheduler job every
+``cycle_interval_s`` and once more at every window opening (so execution starts when the
+window does, not up to one interval later). It serves ``/healthz`` (the process answers),
+``/readyz`` (the last cycle succeeded within ``ready_age_limit_s``) and ``/metrics``.
+SIGTERM sets the executor's stop flag (the current step finishes, its taint comes off),
+stops the scheduler, gives up the Lease and closes the server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import FrameType
+from typing import Any, Protocol
+
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.interval import IntervalTrigger
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from defrag.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
+from defrag.execute.outcome import ReconcileOutcome
+from defrag.scoring.framework import Status
+
+log = logging.getLogger(__name__)
+
+
+class Elector(Protocol):
+    """Leader election (the Kubernetes adapter's LeaseElector, or always-leader)."""
+
+    def is_leader(self) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+class AlwaysLeader:
+    """A single replica, or the simulated cluster: always the leader."""
+
+    def is_leader(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        return None
+
+
+class DaemonMetrics:
+    """The daemon's own series, on a registry of its own (several daemons may share a process)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.free_gpus = Gauge("defrag_free_gpus", "Whole free GPUs in the cluster.", registry=r)
+        self.stranded = Gauge(
+            "defrag_stranded_gpus", "Free GPUs no job of this size can use.", ["size"], registry=r
+        )
+        self.whole_free_nodes = Gauge(
+            "defrag_whole_free_nodes", "GPU nodes with every GPU free.", registry=r
+        )
+        self.largest_job = Gauge(
+            "defrag_largest_placeable_job_gpus", "The largest GPU job that fits now.", registry=r
+        )
+        self.fgd_pct = Gauge(
+            "defrag_fgd_fragmentation_pct_of_idle", "FGD fragmentation, % of idle GPUs.",
+            registry=r,
+        )
+        self.findings = Gauge(
+            "defrag_findings", "Findings in the last cycle.", ["kind"], registry=r
+        )
+        self.plan_steps = Gauge(
+            "defrag_plan_steps", "Steps in the last plan.", ["kind"], registry=r
+        )
+        self.evictions = Counter(
+            "defrag_evictions", "Evictions by result (planned = dry run).", ["result"], registry=r
+        )
+        self.cycles = Counter("defrag_cycles", "Cycles run, by outcome.", ["outcome"], registry=r)
+        self.cycle_seconds = Histogram(
+            "defrag_cycle_duration_seconds", "Wall time of one cycle.", registry=r,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+        )
+        self.last_success = Gauge(
+            "defrag_last_success_timestamp_seconds", "When the last cycle succeeded.", registry=r
+        )
+        self.circuit_open = Gauge(
+            "defrag_circuit_open", "1 while the circuit breaker stops execution.", registry=r
+        )
+        self.leader = Gauge("defrag_leader", "1 when this replica holds the Lease.", registry=r)
+        self.window_open = Gauge(
+            "defrag_window_open", "1 while an execution window is open.", registry=r
+        )
+        for kind in ("fragmentation", "leak", "starvation", "idle", "plan-blocked",
+                     "execution-failed", "circuit-open"):
+            self.findings.labels(kind=kind).set(0)
+        for kind in ("migrate", "preempt"):
+            self.plan_steps.labels(kind=kind).set(0)
+
+    def record(self, result: CycleResult, wall_s: float) -> None:
+        before = result.before
+        self.free_gpus.set(before.get("free_gpus", 0))
+        for size, n in dict(before.get("stranded", {})).items():
+            self.stranded.labels(size=str(size)).set(n)
+        self.whole_free_nodes.set(before.get("whole_free_nodes", 0))
+        self.largest_job.set(before.get("largest_placeable_job", 0))
+        self.fgd_pct.set(before.get("fgd_frag_pct_of_idle", 0.0))
+        counts: dict[str, int] = {}
+        for f in result.findings:
+            counts[f.kind] = counts.get(f.kind, 0) + 1
+        for kind in list(_label_values(self.findings)) + list(counts):
+            self.findings.labels(kind=kind).set(counts.get(kind, 0))
+        steps = result.plan.steps if result.plan else ()
+        for kind in ("migrate", "preempt"):
+            self.plan_steps.labels(kind=kind).set(sum(1 for s in steps if s.kind == kind))
+        if result.executed is not None:
+            for outcome in result.executed.outcomes:
+                self.evictions.labels(result=outcome.result).inc()
+        self.cycles.labels(outcome="success").inc()
+        self.cycle_seconds.observe(wall_s)
+        self.last_success.set(time.time())
+        self.circuit_open.set(1 if result.circuit.get("open") else 0)
+        self.leader.set(1 if result.leader else 0)
+        self.window_open.set(1 if result.window.open else 0)
+
+    def failed(self, wall_s: float) -> None:
+        self.cycles.labels(outcome="failure").inc()
+        self.cycle_seconds.observe(wall_s)
+
+    def exposition(self) -> bytes:
+        """This daemon's series, then the process-wide ones (alert sends, Python runtime)."""
+        return generate_latest(self.registry) + generate_latest(REGISTRY)
+
+
+def _label_values(gauge: Gauge) -> list[str]:
+    return [s.labels["kind"] for m in gauge.collect() for s in m.samples]
+
+
+@dataclass(frozen=True, slots=True)
+class HealthState:
+    last_success: datetime | None = None
+    last_error: str = ""
+    last_result: CycleResult | None = None
+
+
+class Daemon:
+    """Wires the ports, the cycle, the schedule, the HTTP endpoints and the signals together."""
+
+    def __init__(
+        self,
+        ports: CyclePorts,
+        config: CycleConfig,
+        *,
+        cycle_interval_s: float = 300.0,
+        ready_age_limit_s: float = 900.0,
+        elector: Elector | None = None,
+        time_scale: float = 1.0,
+        http_host: str = "127.0.0.1",
+        http_port: int = 0,
+        elector_interval_s: float = 5.0,
+    ) -> None:
+        self.ports = ports
+        self.config = config
+        self.cycle_interval_s = cycle_interval_s
+        self.ready_age_limit_s = ready_age_limit_s
+        self.elector = elector or AlwaysLeader()
+        self.time_scale = time_scale
+        """Simulated seconds per real second (the simulated cluster runs faster)."""
+        self.metrics = DaemonMetrics()
+        self.health = HealthState()
+        self.stopped = threading.Event()
+        self._cycle_lock = threading.Lock()
+        self._scheduler: BackgroundScheduler | None = None
+        self._server: ThreadingHTTPServer | None = None
+        self._http = (http_host, http_port)
+        self.elector_interval_s = elector_interval_s
+        self.on_cycle: Callable[[CycleResult], None] | None = None
+
+    # --- one cycle -------------------------------------------------------------------------
+
+    def run_once(self) -> CycleResult:
+        """One cycle, recorded in metrics and health. Errors are recorded, then re-raised."""
+        with self._cycle_lock:
+            t0 = time.perf_counter()
+            try:
+                leader = self.elector.is_leader()
+                result = run_cycle(self.ports, self.config, leader=leader)
+            except Exception as exc:
+                self.metrics.failed(time.perf_counter() - t0)
+                self.health = HealthState(
+                    self.health.last_success, f"{type(exc).__name__}: {exc}",
+                    self.health.last_result,
+                )
+                raise
+            self.metrics.record(result, time.perf_counter() - t0)
+            self.health = HealthState(result.finished, "", result)
+        log.info(
+            "cycle done",
+            extra={"fields": {
+                "leader": result.leader, "findings": len(result.findings),
+                "steps": len(result.plan.steps) if result.plan else 0,
+                "executed": result.executed.counts if result.executed else None,
+                "window": result.window.reason,
+            }},
+        )
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        return result
+
+    def reconcile(self) -> tuple[ReconcileOutcome, ...]:
+        """Finish or roll back what a previous run left on the nodes (leader, not dry run)."""
+        executor = self.ports.executor
+        if executor is None or self.config.dry_run or not self.elector.is_leader():
+            return ()
+        outcomes = executor.reconcile()
+        for o in outcomes:
+            log.warning("reconciled node %s: plan %s %s", o.node, o.plan_id, o.action)
+        return outcomes
+
+    def ready(self) -> Status:
+        last = self.health.last_success
+        if last is None:
+            return Status.fail("no cycle has succeeded yet" + _suffix(self.health.last_error))
+        age = (self.ports.clock.now() - last).total_seconds()
+        if age > self.ready_age_limit_s:
+            return Status.fail(
+                f"last good cycle {age:.0f} s ago (limit {self.ready_age_limit_s:.0f} s)"
+                + _suffix(self.health.last_error)
+            )
+        return Status.success()
+
+    # --- running -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Serve HTTP and schedule cycles (the first one now) in background threads."""
+        self._serve_http()
+        scheduler = BackgroundScheduler(timezone="UTC")
+        interval = self.cycle_interval_s / self.time_scale
+        scheduler.add_job(
+            self._safe_cycle, IntervalTrigger(seconds=interval), id="cycle",
+            max_instances=1, coalesce=True, next_run_time=datetime.now().astimezone(),
+        )
+        scheduler.add_job(
+            self._tick_elector, IntervalTrigger(seconds=self.elector_interval_s), id="lease",
+            max_instances=1, coalesce=True,
+        )
+        if self.time_scale == 1.0:
+            for i, window in enumerate(self.config.windows):
+                scheduler.add_job(
+                    self._safe_cycle, window.trigger(),
+                    id=f"window-{i}", max_instances=1, coalesce=True,
+                )
+        scheduler.start()
+        self._scheduler = scheduler
+
+    def stop(self) -> None:
+        """Finish the current step, take taints off, stop scheduling, release the Lease."""
+        if self.ports.executor is not None:
+            self.ports.executor.stop_requested.set()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        self.elector.release()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+        self.stopped.set()
+
+    def serve_forever(self) -> None:
+        """Run until SIGTERM or SIGINT."""
+        def _on_signal(signum: int, frame: FrameType | None) -> None:
+            log.warning("signal %d: finishing the current step and stopping", signum)
+            threading.Thread(target=self.stop, daemon=True).start()
+
+        signal.signal(signal.SIGTERM, _on_signal)
+        signal.signal(signal.SIGINT, _on_signal)
+        self.reconcile()
+        self.start()
+        self.stopped.wait()
+
+    @property
+    def http_address(self) -> tuple[str, int]:
+        if self._server is None:
+            raise RuntimeError("the HTTP server is not running")
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    def _tick_elector(self) -> None:
+        """Renew (or try to take) the Lease between cycles, so it never lapses while we lead."""
+        try:
+            self.metrics.leader.set(1 if self.elector.is_leader() else 0)
+        except Exception:
+            log.exception("leader election failed")
+
+    def _safe_cycle(self) -> None:
+        try:
+            self.run_once()
+        except Exception:
+            log.exception("cycle failed")
+
+    def _serve_http(self) -> None:
+        daemon = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/healthz":
+                    self._reply(200, b"ok\n", "text/plain")
+                elif path == "/readyz":
+                    status = daemon.ready()
+                    body = (str(status) + "\n").encode()
+                    self._reply(200 if status.ok else 503, body, "text/plain")
+                elif path == "/metrics":
+                    self._reply(200, daemon.metrics.exposition(), CONTENT_TYPE_LATEST)
+                else:
+                    self._reply(404, b"not found\n", "text/plain")
+
+            def _reply(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                log.debug("http %s", format % args)
+
+        server = ThreadingHTTPServer(self._http, Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="defrag-http", daemon=True).start()
+        self._server = server
+
+
+def _suffix(error: str) -> str:
+    return f"; last error: {error}" if error else ""
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message and any ``extra={"fields": …}``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created).astimezone().isoformat(),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            out.update(fields)
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
+    handler = logging.StreamHandler()
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
