@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -173,13 +173,15 @@ def idle_status(rules: RuleSet, metrics: MetricsSource, now: datetime) -> IdleSt
 
 
 def report_extras(
-    metrics: MetricsSource, rules: RuleSet, at: datetime, window_s: float = 24 * 3600.0
+    metrics: MetricsSource, rules: RuleSet, at: datetime | None, window_s: float = 24 * 3600.0
 ) -> dict[str, Any]:
     """For ``defrag report --prometheus``: GPU utilisation p50/p90/p99 and the leak suspects.
 
     Utilisation percentiles are over every per-GPU sample of the last ``window_s`` (the idle
-    rule's ``per_gpu_query``, else its ``query``), at a 5-minute step.
+    rule's ``per_gpu_query``, else its ``query``), at a 5-minute step; ``at`` None means now.
+    Raises the metrics source's error (e.g. ``MetricsError``) when a query fails.
     """
+    at = at or datetime.now(UTC)
     out: dict[str, Any] = {"utilisation": None, "leak_suspects": []}
     idle_rules = [r.rule for r in rules.enabled("idle")]
     if idle_rules:

@@ -8,6 +8,7 @@ problem in every file is collected and reported as ``file:line: field: message``
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -281,10 +282,22 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load_rules(paths: Iterable[str | Path]) -> RuleSet:
-    """Load every rule file; raise :class:`RulesError` listing all problems of all files."""
+def default_rules_dir() -> Path:
+    """``$DEFRAG_RULES_DIR``, else the ``rules/`` directory of a source checkout, else
+    ``/etc/defrag/rules`` (where the deployment mounts its ConfigMap)."""
+    env = os.environ.get("DEFRAG_RULES_DIR")
+    if env:
+        return Path(env)
+    checkout = Path(__file__).resolve().parents[1] / "rules"
+    return checkout if checkout.is_dir() else Path("/etc/defrag/rules")
+
+
+def load_rules(paths: Iterable[str | Path] | None = None) -> RuleSet:
+    """Load every rule file (default: :func:`default_rules_dir`); raise :class:`RulesError`
+    listing all problems of all files."""
     issues: list[RuleIssue] = []
     loaded: list[LoadedRule] = []
+    paths = [default_rules_dir()] if paths is None else list(paths)
     files = rule_files(paths)
     if not files:
         raise RulesError([RuleIssue(", ".join(map(str, paths)), 0, "", "no rule files found")])
@@ -329,7 +342,8 @@ def _load_file(path: Path) -> tuple[list[LoadedRule], list[RuleIssue]]:
     try:
         parsed = RuleFile.model_validate(data)
     except ValidationError as exc:
-        return [], [_issue(name, root, err) for err in exc.errors()]
+        found = [_issue(name, root, err) for err in exc.errors()]
+        return [], sorted(found, key=lambda i: (i.line, i.field))
     rules_node = _child(root, "rules")
     out = []
     for i, rule in enumerate(parsed.rules):
@@ -357,6 +371,8 @@ def _issue(file: str, root: yaml.Node | None, err: Any) -> RuleIssue:
     line = node.start_mark.line + 1 if node is not None else 0
     dotted = ".".join(path).replace(".[", "[")
     message = err["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, ") :]
     if err["type"] == "extra_forbidden":
         message = "unknown field"
     elif err["type"] == "missing":

@@ -1,0 +1,305 @@
+"""``defrag detect`` (findings from Prometheus and/or a snapshot) and ``defrag rules check``."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+import yaml
+from rich.table import Table
+
+from defrag.adapters.prometheus import (
+    MetricsError,
+    PrometheusSource,
+    PromQLError,
+    apply_gpu_indices,
+    gpu_indices_by_pod,
+)
+from defrag.cli.alerts import (
+    AlertmanagerOpt,
+    BasicAuthOpt,
+    BearerTokenFileOpt,
+    CaFileOpt,
+    ClusterOpt,
+    InsecureOpt,
+    make_sink,
+)
+from defrag.cli.app import UserError, app, console, err_console, load_cluster, print_json
+from defrag.detection import DetectionReport, run_detection
+from defrag.model.cluster import Cluster
+from defrag.rules import LeakRule, RuleIssue, RulesError, RuleSet, load_rules
+
+rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
+app.add_typer(rules_app, name="rules")
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+PrometheusOpt = Annotated[
+    str | None, typer.Option("--prometheus", help="Prometheus base URL, e.g. http://prom:9090.")
+]
+RulesOpt = Annotated[
+    list[Path],
+    typer.Option("--rules", "-r", help="Rule file or directory (repeatable; default rules/)."),
+]
+PromTokenOpt = Annotated[
+    Path | None,
+    typer.Option("--prom-bearer-token-file", help="File holding a bearer token for Prometheus."),
+]
+PromCaOpt = Annotated[
+    Path | None, typer.Option("--prom-ca-file", help="CA bundle to verify Prometheus's TLS.")
+]
+PromInsecureOpt = Annotated[
+    bool, typer.Option("--prom-insecure", help="Do not verify Prometheus's TLS certificate.")
+]
+PromTimeoutOpt = Annotated[
+    float, typer.Option("--prom-timeout", help="Seconds per Prometheus request.")
+]
+
+
+def parse_time(text: str | None) -> datetime:
+    """``--at``: RFC 3339 (``2026-03-02T12:00:00Z``) or unix seconds; default now."""
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        return datetime.fromtimestamp(float(text), UTC)
+    except ValueError:
+        pass
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(
+            f"--at: cannot read {text!r}; use RFC 3339 (2026-03-02T12:00:00Z) or unix seconds"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def make_source(
+    url: str, token: Path | None, ca: Path | None, insecure: bool, timeout_s: float
+) -> PrometheusSource:
+    if token is not None and not token.is_file():
+        raise UserError(f"--prom-bearer-token-file: no such file: {token}")
+    if ca is not None and not ca.is_file():
+        raise UserError(f"--prom-ca-file: no such file: {ca}")
+    try:
+        return PrometheusSource(
+            url, timeout_s=timeout_s, bearer_token_file=token, ca_bundle=ca, verify_tls=not insecure
+        )
+    except ValueError as exc:
+        raise UserError(f"--prometheus: {exc}") from None
+
+
+def fail_with_issues(issues: Sequence[object], exit_code: int = 2) -> NoReturn:
+    """Every issue on its own plain stderr line (never wrapped or cut), then one error line."""
+    for issue in issues:
+        sys.stderr.write(f"{issue}\n")
+    raise UserError(f"{len(issues)} problem(s) in the rule files", exit_code=exit_code)
+
+
+def read_rules(paths: list[Path]) -> RuleSet:
+    try:
+        return load_rules(paths or None)
+    except RulesError as exc:
+        fail_with_issues(exc.issues)
+
+
+def with_dcgm_gpu_indices(cluster: Cluster, rules: RuleSet, source: Any, at: datetime) -> Cluster:
+    """The cluster with the GPU indices DCGM reports for its pods (first enabled leak rule)."""
+    leak = next((r.rule for r in rules.enabled("leak")), None)
+    if not isinstance(leak, LeakRule):
+        return cluster
+    holdings = gpu_indices_by_pod(source, leak.queries.used, at, leak.labels.dcgm())
+    return apply_gpu_indices(cluster, holdings).cluster
+
+
+@app.command()
+def detect(
+    prometheus: PrometheusOpt = None,
+    snapshot: Annotated[
+        list[Path],
+        typer.Option(
+            "--snapshot", "-s", help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json`."
+        ),
+    ] = [],  # noqa: B006 - typer needs a literal default
+    rules: RulesOpt = [],  # noqa: B006
+    at: Annotated[
+        str | None, typer.Option("--at", help="Evaluate at this time (RFC 3339 or unix seconds).")
+    ] = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = Output.table,
+    prom_bearer_token_file: PromTokenOpt = None,
+    prom_ca_file: PromCaOpt = None,
+    prom_insecure: PromInsecureOpt = False,
+    prom_timeout: PromTimeoutOpt = 10.0,
+    alertmanager: AlertmanagerOpt = [],  # noqa: B006
+    cluster_label: ClusterOpt = "default",
+    am_bearer_token_file: BearerTokenFileOpt = None,
+    am_basic_auth: BasicAuthOpt = None,
+    am_ca_file: CaFileOpt = None,
+    am_insecure: InsecureOpt = False,
+) -> None:
+    """Run the detection rules once and print the findings (optionally send them as alerts)."""
+    if prometheus is None and not snapshot:
+        raise UserError("nothing to detect from: give --prometheus URL and/or --snapshot FILE")
+    now = parse_time(at)
+    ruleset = read_rules(rules)
+    sink = (
+        make_sink(
+            alertmanager,
+            cluster=cluster_label,
+            bearer_token_file=am_bearer_token_file,
+            basic_auth=am_basic_auth,
+            ca_file=am_ca_file,
+            insecure=am_insecure,
+        )
+        if alertmanager
+        else None
+    )
+    source = (
+        make_source(prometheus, prom_bearer_token_file, prom_ca_file, prom_insecure, prom_timeout)
+        if prometheus
+        else None
+    )
+    cluster = load_cluster(snapshot) if snapshot else None
+    if cluster is not None and source is not None:
+        try:
+            cluster = with_dcgm_gpu_indices(cluster, ruleset, source, now)
+        except MetricsError as exc:
+            raise UserError(str(exc)) from None
+    report = run_detection(ruleset, source, cluster, now)
+    if output is Output.json:
+        print_json(
+            {
+                "at": now.isoformat(),
+                "findings": [f.to_dict() for f in report.findings],
+                "skipped": dict(report.skipped),
+                "failures": [str(f) for f in report.failures],
+            }
+        )
+    else:
+        _print_table(report, now)
+    if sink is not None:
+        from defrag.alerting import AlertSendError
+
+        try:
+            sink.sync(list(report.findings), now)
+        except AlertSendError as exc:
+            raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
+    if report.failures:
+        raise UserError(
+            "some rules failed:\n" + "\n".join(str(f) for f in report.failures), exit_code=1
+        )
+
+
+def _print_table(report: DetectionReport, now: datetime) -> None:
+    table = Table(title=f"Findings at {now.isoformat(timespec='seconds')}", show_header=True)
+    for col in ("kind", "severity", "subject", "action", "summary"):
+        table.add_column(col, overflow="fold")
+    for f in report.findings:
+        table.add_row(f.kind, f.severity, f.subject, f.action, f.summary)
+    console.print(table if report.findings else "no findings")
+    for name, why in report.skipped.items():
+        err_console.print(f"skipped rule {name}: {why}")
+
+
+# --- rules check ---------------------------------------------------------------------------------
+
+
+@rules_app.command("check")
+def rules_check(
+    paths: Annotated[
+        list[Path] | None, typer.Argument(help="Rule files or directories (default rules/).")
+    ] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Also ask this Prometheus to parse every query."),
+    ] = None,
+) -> None:
+    """Validate rule files: types, durations, detectors, and every query's PromQL.
+
+    PromQL is parsed by Prometheus itself: the server given with --prometheus, else the local
+    ``promtool`` (skipped with a note when neither is available).
+    """
+    ruleset = read_rules(list(paths or []))
+    queries = [
+        (loaded, path, query) for loaded in ruleset for path, query in loaded.rule.promql().items()
+    ]
+    if prometheus:
+        issues = _check_with_server(queries, make_source(prometheus, None, None, False, 10.0))
+        checker = f"Prometheus at {prometheus}"
+    elif shutil.which("promtool"):
+        issues = _check_with_promtool(queries)
+        checker = "promtool"
+    else:
+        issues, checker = [], ""
+    if issues:
+        fail_with_issues(issues)
+    files = sorted({r.file for r in ruleset})
+    note = f"PromQL checked by {checker}" if checker else "PromQL not checked (no promtool)"
+    console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}")
+
+
+Query = tuple[Any, str, str]
+
+
+def _issue(loaded: Any, path: str, message: str) -> RuleIssue:
+    return RuleIssue(loaded.file, loaded.line_of(path), f"{loaded.rule.name}.{path}", message)
+
+
+def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[RuleIssue]:
+    issues = []
+    for loaded, path, query in queries:
+        try:
+            source.instant(query)
+        except PromQLError as exc:
+            issues.append(_issue(loaded, path, f"invalid PromQL: {exc.prometheus_message}"))
+        except MetricsError as exc:
+            raise UserError(str(exc)) from None
+    return issues
+
+
+_PROMTOOL_LINE = re.compile(r'rule (\d+), "q\d+": (.*)$')
+
+
+def _check_with_promtool(queries: list[Query]) -> list[RuleIssue]:
+    """Parse every query with promtool, as recording rules of a throwaway file."""
+    if not queries:
+        return []
+    doc = {
+        "groups": [
+            {
+                "name": "defrag-rules-check",
+                "rules": [{"record": f"q{i}", "expr": q} for i, (_, _, q) in enumerate(queries)],
+            }
+        ]
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "check.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        promtool = shutil.which("promtool") or "promtool"
+        done = subprocess.run(
+            [promtool, "check", "rules", str(path)], capture_output=True, text=True, check=False
+        )
+    if done.returncode == 0:
+        return []
+    issues = []
+    for line in (done.stdout + done.stderr).splitlines():
+        match = _PROMTOOL_LINE.search(line)
+        if match:
+            loaded, field, _ = queries[int(match.group(1)) - 1]
+            message = match.group(2).replace("could not parse expression: ", "")
+            issues.append(_issue(loaded, field, f"invalid PromQL (promtool): {message}"))
+    if not issues:
+        raise UserError(f"promtool failed: {(done.stderr or done.stdout).strip()}")
+    return issues
