@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -485,7 +486,7 @@ class LeaseElector:
         namespace: str,
         name: str = "defrag-leader",
         identity: str | None = None,
-        lease_duration_s: int = 15,
+        lease_duration_s: float = 15,
         clock: Clock | None = None,
         retry: RetryPolicy | None = None,
     ) -> None:
@@ -493,7 +494,7 @@ class LeaseElector:
         self.namespace = namespace
         self.name = name
         self.identity = identity or f"{socket.gethostname()}_{os.getpid()}"
-        self.lease_duration_s = lease_duration_s
+        self.lease_duration_s = max(1, math.ceil(lease_duration_s))  # the API takes whole seconds
         self.clock = clock
         self.call = _Caller(retry or RetryPolicy(attempts=2, backoff_s=0.2))
         self.coordination: Any = client.CoordinationV1Api(api)  # raw JSON both ways

@@ -270,7 +270,9 @@ class KubeApi:
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -738,6 +740,7 @@ def _rbac(
 class _Handler(BaseHTTPRequestHandler):
     emulator: KubeApi
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body go out in two writes
 
     def log_message(self, format: str, *args: Any) -> None:
         pass

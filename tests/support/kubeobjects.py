@@ -87,9 +87,22 @@ def node(
                     "message": "kubelet is posting ready status",
                 }
             ],
+            "addresses": [
+                {"type": "InternalIP", "address": "10.0.0.1"},
+                {"type": "Hostname", "address": name},
+            ],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {
+                "architecture": "amd64",
+                "bootID": _uid("boot", "", name),
+                "containerRuntimeVersion": "containerd://1.7.22",
+                "kernelVersion": "5.15.0-1066-aws",
+                "kubeProxyVersion": "v1.31.2",
                 "kubeletVersion": "v1.31.2",
-                "containerRuntimeVersion": "containerd://1.7",
+                "machineID": _uid("machine", "", name).replace("-", ""),
+                "operatingSystem": "linux",
+                "osImage": "Ubuntu 22.04.5 LTS",
+                "systemUUID": _uid("system", "", name),
             },
         },
     }
