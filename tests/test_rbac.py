@@ -1,0 +1,147 @@
+"""Least privilege: the RBAC in deploy/ grants exactly what the Kubernetes adapter uses.
+
+Every adapter method runs against the emulated API server; the (API group, resource, verb)
+triples in its request log must all be granted by the rendered kustomize base, and every
+granted triple must have been used.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
+from tests.support import kubeobjects as k
+from tests.support.binaries import require_binary
+from tests.support.kubeapi import KubeApi, running
+from tests.support.snapshots import scattered_20
+
+ROOT = Path(__file__).resolve().parents[1]
+Grant = tuple[str, str, str]  # (apiGroup, resource, verb)
+FAST = RetryPolicy(attempts=1, backoff_s=0.0, timeout_s=2.0)
+
+
+@pytest.fixture(scope="module")
+def manifests() -> list[dict[str, Any]]:
+    kubectl = require_binary("kubectl")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy" / "base")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def _grants(role: dict[str, Any]) -> set[Grant]:
+    return {
+        (group, resource, verb)
+        for rule in role.get("rules") or []
+        for group in rule.get("apiGroups") or []
+        for resource in rule.get("resources") or []
+        for verb in rule.get("verbs") or []
+    }
+
+
+def _bound_roles(manifests: list[dict[str, Any]], account: tuple[str, str]) -> list[dict[str, Any]]:
+    """The Roles/ClusterRoles bound to the service account ``(namespace, name)``."""
+    by_ref = {
+        (m["kind"], m["metadata"]["name"], m["metadata"].get("namespace", "")): m
+        for m in manifests
+        if m["kind"] in ("Role", "ClusterRole")
+    }
+    roles = []
+    for binding in manifests:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        subjects = {
+            (s.get("namespace", ""), s["name"])
+            for s in binding.get("subjects") or []
+            if s["kind"] == "ServiceAccount"
+        }
+        if account not in subjects:
+            continue
+        ref = binding["roleRef"]
+        ns = binding["metadata"].get("namespace", "") if ref["kind"] == "Role" else ""
+        roles.append(by_ref[(ref["kind"], ref["name"], ns)])
+    return roles
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApi]:
+    yield from running(scattered_20()["items"])
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = datetime(2026, 11, 29, 12, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self.t
+
+
+def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
+    KubeClusterSource(api.client(), page_size=5, retry=FAST).snapshot()
+    act = KubeActuator(api.client(), retry=FAST, event_namespace=lease_namespace)
+    act.taint_node("gpu-01", "defrag.io/draining", "p1", "NoSchedule")
+    act.annotate_node("gpu-01", {"defrag.io/plan": "p1"})
+    act.evict("ml", "batch-01-0-0")
+    act.evict("serving", "serve-7d9f-01")  # blocked by its PDB
+    act.evict("ml", "batch-02-0-0", dry_run=True)
+    act.event("Pod", "ml", "batch-01-0-0", "DefragEvicted", "moved")
+    act.event("Node", "", "gpu-01", "DefragDraining", "plan p1")
+    act.untaint_node("gpu-01", "defrag.io/draining")
+    act.annotate_node("gpu-01", {"defrag.io/plan": None})
+    clock = Clock()
+    a = LeaseElector(api.client(), lease_namespace, "defrag", identity="a", clock=clock)
+    b = LeaseElector(api.client(), lease_namespace, "defrag", identity="b", clock=clock)
+    assert a.is_leader()  # create
+    assert a.is_leader()  # renew (update)
+    clock.t += timedelta(minutes=5)
+    assert b.is_leader()  # take over (update)
+    b.release()
+
+
+def test_the_adapter_uses_exactly_what_deploy_grants(
+    api: KubeApi, manifests: list[dict[str, Any]]
+) -> None:
+    (account,) = [m for m in manifests if m["kind"] == "ServiceAccount"]
+    sa = (account["metadata"]["namespace"], account["metadata"]["name"])
+    roles = _bound_roles(manifests, sa)
+    cluster_wide = set().union(*(_grants(r) for r in roles if r["kind"] == "ClusterRole"))
+    namespaced = {r["metadata"]["namespace"]: _grants(r) for r in roles if r["kind"] == "Role"}
+    lease_namespace = sa[0]  # the daemon's own namespace (settings: lease_namespace)
+    api.put(k.pod("extra", "ml", 1, node_name="gpu-01", phase="Succeeded"))
+
+    exercise_every_adapter_method(api, lease_namespace)
+
+    used: set[Grant] = set()
+    for request in api.requests:
+        grant = (request.group, request.resource, request.verb)
+        used.add(grant)
+        granted = grant in cluster_wide or grant in namespaced.get(request.namespace, set())
+        assert granted, f"{request.method} {request.path} needs {grant}, which deploy/ lacks"
+    everything = cluster_wide.union(*namespaced.values())
+    assert everything - used == set(), "granted but never used by the adapter"
+
+
+def test_leases_are_granted_only_in_the_daemons_namespace(manifests: list[dict[str, Any]]) -> None:
+    cluster_roles = [m for m in manifests if m["kind"] == "ClusterRole"]
+    assert all(g[1] != "leases" for r in cluster_roles for g in _grants(r))
+    (account,) = [m for m in manifests if m["kind"] == "ServiceAccount"]
+    roles = [m for m in manifests if m["kind"] == "Role"]
+    assert {r["metadata"]["namespace"] for r in roles} == {account["metadata"]["namespace"]}
+
+
+def test_no_delete_of_pods_is_granted(manifests: list[dict[str, Any]]) -> None:
+    # DESIGN §5: evictions only via the Eviction API.
+    granted = set().union(*(_grants(m) for m in manifests if m["kind"].endswith("Role")))
+    assert ("", "pods", "delete") not in granted
+    assert ("", "pods/eviction", "create") in granted
