@@ -1,0 +1,203 @@
+"""The executor and the cycle with the real Kubernetes client against the emulated API server.
+
+Each test reads the server's request log: what was written, in which order, and what not.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
+from defrag.cli.run import _detector, _planner, default_rules_dir
+from defrag.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.daemon import Daemon
+from defrag.execute import Budgets, Executor, ExecutorSettings, Window, WindowStatus
+from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
+from defrag.plan.model import Plan, Step
+from defrag.rules import load_rules
+from defrag.settings import load_settings
+from tests.support import kubeobjects as k
+from tests.support.kubeapi import KubeApi, running
+from tests.support.snapshots import scattered_20
+
+FAST = RetryPolicy(attempts=2, backoff_s=0.0, timeout_s=2.0)
+DRAIN = "defrag.io/draining"
+ALWAYS = (Window("* * * * *", 120),)
+OPEN = WindowStatus(True, "test", None)
+
+
+def small_cluster() -> list[dict[str, Any]]:
+    """gpu-1 runs three movable pods and one under a PDB with no disruption left."""
+    items = [k.node(f"gpu-{i}") for i in (1, 2, 3)]
+    items += [
+        k.pod("web-a", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-a")),
+        k.pod("web-b", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-b")),
+        k.pod("web-c", "inf", 1, node_name="gpu-1", owner=("ReplicaSet", "web-c")),
+        k.pod("ledger-0", "inf", 1, node_name="gpu-1", owner=("StatefulSet", "ledger"),
+              labels={"app": "ledger"}),
+        k.pod("big-0", "inf", 6, node_name="gpu-2", owner=("ReplicaSet", "big")),
+        k.pod("big-1", "inf", 6, node_name="gpu-3", owner=("ReplicaSet", "big")),
+        k.pdb("ledger", "inf", match_labels={"app": "ledger"}, disruptions_allowed=0),
+    ]
+    return items
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApi]:
+    yield from running(small_cluster())
+
+
+def executor(api: KubeApi, budgets: Budgets | None = None, **kw: Any) -> Executor:
+    client = api.client()
+    settings = ExecutorSettings(
+        budgets=budgets or Budgets(20, 20, 20), batch_size=2,
+        replacement_timeout_s=kw.pop("timeout_s", 2.0), poll_interval_s=0.02, **kw,
+    )
+    return Executor(KubeActuator(client, retry=FAST), KubeClusterSource(client, retry=FAST),
+                    SystemClock(), settings)
+
+
+def plan_of(*pods: str, source: str = "gpu-1", target: str = "gpu-2") -> Plan:
+    steps = tuple(Step("migrate", p, source, target, "repack") for p in pods)
+    return Plan("repack", "reserve-binpack", steps, ())
+
+
+def evictions(api: KubeApi) -> list[str]:
+    return [f"{r.namespace}/{r.name}" for r in api.requests if r.resource == "pods/eviction"]
+
+
+def taints(api: KubeApi, node: str) -> list[dict[str, str]]:
+    return (api.get("Node", node) or {}).get("spec", {}).get("taints", [])
+
+
+def annotations(api: KubeApi, node: str) -> dict[str, str]:
+    return (api.get("Node", node) or {}).get("metadata", {}).get("annotations", {})
+
+
+def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
+    client = api.client()
+    source = KubeClusterSource(client, retry=FAST)
+    actuator = KubeActuator(client, retry=FAST)
+    s = load_settings(None, {"min_pod_age_s": 0, **settings})
+    ex = Executor(actuator, source, SystemClock(),
+                  ExecutorSettings(dry_run_events=s.dry_run_events, poll_interval_s=0.02,
+                                   replacement_timeout_s=2.0))
+    return CyclePorts(source, SystemClock(), _detector(load_rules([default_rules_dir()]), None),
+                      _planner(s), ex)
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_dry_run_sends_no_write_request(events: bool) -> None:
+    with KubeApi(scattered_20()["items"]) as server:
+        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig(dry_run=True))
+        assert result.plan is not None and result.plan.steps  # there was something to do
+        writes = server.writes()
+        if not events:
+            assert writes == []
+        else:  # Events only, each one marked
+            assert writes and {(w.method, w.resource) for w in writes} == {("POST", "events")}
+            assert all(w.body["message"].endswith("(dry run)") for w in writes)
+
+
+def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
+    ex = executor(api)
+    plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
+    result = ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    assert result.counts == {"evicted": 3}
+    node_writes = [(r.method, r.resource) for r in api.writes() if r.resource != "events"]
+    assert node_writes[:2] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # taint, journal
+    assert node_writes[2:5] == [("POST", "pods/eviction")] * 3
+    assert node_writes[5:] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # untaint, clear
+    assert taints(api, "gpu-1") == []
+    assert not set(JOURNAL_ANNOTATIONS) & set(annotations(api, "gpu-1"))
+    # Evictions use the policy/v1 Eviction subresource; nothing is deleted directly.
+    assert not [r for r in api.requests if r.method == "DELETE"]
+
+
+def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi) -> None:
+    ex = executor(api)
+    result = ex.execute(plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN,
+                        dry_run=False)
+    assert [(o.pod, o.result) for o in result.outcomes] == [
+        ("inf/ledger-0", "blocked"), ("inf/web-a", "evicted"),
+    ]
+    assert "disruption budget" in result.outcomes[0].reason
+    assert api.get("Pod", "ledger-0", "inf") is not None  # never deleted
+    events = [r.body for r in api.writes() if r.resource == "events"]
+    skipped = [e for e in events if e["involvedObject"]["name"] == "ledger-0"]
+    assert skipped and skipped[0]["type"] == "Warning" and skipped[0]["reason"] == "DefragSkipped"
+    assert "disruption budget" in skipped[0]["message"]
+
+
+@pytest.mark.parametrize(("per_window", "per_node"), [(1, 20), (20, 2)])
+def test_evictions_never_exceed_the_budgets(api: KubeApi, per_window: int, per_node: int) -> None:
+    ex = executor(api, Budgets(per_window, per_node, 20))
+    plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
+    ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    ex.execute(plan_of("inf/big-0", source="gpu-2", target="gpu-3"), ex.source.snapshot(), OPEN,
+               dry_run=False)
+    sent = evictions(api)
+    assert len(sent) <= per_window
+    assert sum(1 for p in sent if p.startswith("inf/web-")) <= per_node
+
+
+def test_crash_mid_drain_then_restart_reconciles_and_untaints(api: KubeApi) -> None:
+    client = api.client()
+    actuator = KubeActuator(client, retry=FAST)
+    pods = ["inf/web-a", "inf/web-b", "inf/web-c"]
+    # The crashed daemon got this far: taint, journal, two of three evictions. Then SIGKILL.
+    actuator.taint_node("gpu-1", DRAIN, "plan-dead", "NoSchedule")
+    journal = new_journal("gpu-1", "plan-dead", SystemClock().now(),
+                          tuple(JournalStep(p, f"inf/ReplicaSet/{p[4:]}") for p in pods))
+    actuator.annotate_node("gpu-1", journal.annotations())
+    for p in pods[:2]:
+        actuator.evict("inf", p[4:])
+    assert taints(api, "gpu-1")[0]["value"] == "plan-dead"
+    restarted = executor(api)
+    outcomes = restarted.reconcile()
+    assert [(o.node, o.plan_id, o.action, o.remaining) for o in outcomes] == [
+        ("gpu-1", "plan-dead", "rolled-back", ("inf/web-c",)),
+    ]
+    assert all(taints(api, n) == [] for n in ("gpu-1", "gpu-2", "gpu-3"))
+    assert not set(JOURNAL_ANNOTATIONS) & set(annotations(api, "gpu-1"))
+    assert api.get("Pod", "web-c", "inf") is not None  # the rest is not evicted blindly
+    assert json.loads(json.dumps([o.to_dict() for o in outcomes]))  # reportable
+
+
+def test_replacements_stuck_pending_open_the_breaker(api: KubeApi) -> None:
+    def controller(server: KubeApi, evicted: dict[str, Any]) -> None:
+        # The ReplicaSet recreates the pod; no node has room, so it stays Pending.
+        server.put(k.pod("web-a-x7k2p", "inf", 2, owner=("ReplicaSet", "web-a")))
+
+    api.on_eviction = controller
+    ex = executor(api, timeout_s=0.2)
+    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    assert result.stuck == ("inf/ReplicaSet/web-a",)
+    assert ex.breaker.state.open
+    assert sorted(f.kind for f in result.findings) == ["circuit-open", "execution-failed"]
+    assert taints(api, "gpu-1") == []
+    again = ex.execute(plan_of("inf/web-b"), ex.source.snapshot(), OPEN, dry_run=False)
+    assert again.counts == {"skipped": 1} and evictions(api) == ["inf/web-a"]
+
+
+def test_only_the_lease_holder_executes() -> None:
+    with KubeApi(scattered_20()["items"]) as server:
+        daemons = []
+        for who in ("a", "b"):
+            elector = LeaseElector(server.client(), "defrag-system", "defrag", identity=who,
+                                   lease_duration_s=15, retry=FAST)
+            daemons.append(Daemon(cycle_ports(server), CycleConfig(dry_run=False, windows=ALWAYS),
+                                  elector=elector))
+        first, second = (d.run_once() for d in daemons)
+        assert (first.leader, second.leader) == (True, False)
+        assert first.executed is not None and first.executed.evicted
+        assert second.executed is None
+        assert len(evictions(server)) == len(first.executed.outcomes) - first.executed.counts.get(
+            "skipped", 0
+        )
+        lease = server.get("Lease", "defrag", "defrag-system")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "a"
