@@ -145,21 +145,7 @@ class NodeAnnotator(Protocol):
         ...
 
 
-class KubeNodeAnnotator:
-    """Annotations by a merge patch of the Node through the ``kubernetes`` client (RBAC: patch
-    nodes, nothing else)."""
-
-    def __init__(self, api_client: Any) -> None:
-        from kubernetes import client
-
-        self._core = client.CoreV1Api(api_client)
-
-    def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
-        body = {"metadata": {"annotations": dict(annotations)}}
-        # The answer (the whole Node) is not needed: skip the client's model deserialisation.
-        response: Any = self._core.patch_node(node, body, _preload_content=False)
-        response.read()  # drain it, or the pooled connection hands these bytes to the next call
-        response.release_conn()
+# The live implementation is defrag.adapters.kube.KubeActuator (patch nodes, with retries).
 
 
 # --- metrics ---------------------------------------------------------------------------------

@@ -137,7 +137,9 @@ def make_view(cluster: Cluster, policy_name: str, taken_at: float) -> ClusterVie
         for node in cluster.nodes
         if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
     }
-    mix = WorkloadMix.from_pods(cluster.pods.values())
+    # The mix `defrag place` uses: the GPU pods the cluster holds, or the default when none.
+    gpu_pods = [p for p in cluster.pods.values() if p.num_gpu]
+    mix = WorkloadMix.from_pods(gpu_pods) if gpu_pods else WorkloadMix.default()
     return ClusterView(cluster, make_policy(policy_name, mix=mix), reserved, taken_at)
 
 

@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from defrag.adapters.kube import KubeActuator, RetryPolicy
 from defrag.adapters.kube_convert import node_from_json
 from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable, normalise_bus_id
-from defrag.agent import Agent, KubeNodeAnnotator, format_domains, nvlink_domains, read_topology
+from defrag.agent import Agent, format_domains, nvlink_domains, read_topology
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION
 from tests.support import kubeobjects
 from tests.support.kubeapi import KubeApi, running
@@ -282,6 +283,11 @@ def kube_api() -> Iterator[KubeApi]:
     yield from running([kubeobjects.node("gpu-1", 8), kubeobjects.node("gpu-2", 8)])
 
 
+def annotator(api: KubeApi) -> KubeActuator:
+    """The daemon's own API adapter; one attempt, so an injected 503 surfaces at once."""
+    return KubeActuator(api.client(), retry=RetryPolicy(attempts=1))
+
+
 def patches(api: KubeApi) -> list[Any]:
     return [r for r in api.requests if r.method == "PATCH"]
 
@@ -290,7 +296,7 @@ def test_agent_publishes_domains_through_the_api(kube_api: KubeApi) -> None:
     fake = FakeNvml(two_islands())
     inventory = NvmlInventory(fake)
     inventory.open()
-    agent = Agent("gpu-1", inventory, KubeNodeAnnotator(kube_api.client()))
+    agent = Agent("gpu-1", inventory, annotator(kube_api))
     agent.sync_once()
     node = kube_api.get("Node", "gpu-1")
     assert node is not None
@@ -317,7 +323,7 @@ def test_agent_publishes_domains_through_the_api(kube_api: KubeApi) -> None:
 
 def test_agent_removes_the_annotation_when_no_gpu_is_left(kube_api: KubeApi) -> None:
     fake = FakeNvml(no_nvlink(2))
-    agent = Agent("gpu-1", NvmlInventory(fake), KubeNodeAnnotator(kube_api.client()))
+    agent = Agent("gpu-1", NvmlInventory(fake), annotator(kube_api))
     agent.sync_once()
     fake.gpus = []
     agent.sync_once()
@@ -327,9 +333,7 @@ def test_agent_removes_the_annotation_when_no_gpu_is_left(kube_api: KubeApi) -> 
 
 
 def test_failed_patch_is_retried_next_sync(kube_api: KubeApi) -> None:
-    agent = Agent(
-        "gpu-1", NvmlInventory(FakeNvml(nvswitch_8())), KubeNodeAnnotator(kube_api.client())
-    )
+    agent = Agent("gpu-1", NvmlInventory(FakeNvml(nvswitch_8())), annotator(kube_api))
     kube_api.fail("PATCH", "/api/v1/nodes/gpu-1", status=503)
     with pytest.raises(Exception, match="503"):
         agent.sync_once()

@@ -1,0 +1,218 @@
+"""``defrag extender`` (the kube-scheduler extender) and ``defrag agent`` (the node agent)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from enum import StrEnum
+from pathlib import Path
+from types import FrameType
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from defrag.cli.app import UserError, app, console, err_console, print_json
+from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+
+EXIT_NO_NVML = 3  # the same value as defrag.agent.EXIT_NO_NVML (kept import-free for --help)
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def _on_sigterm(stop: threading.Event) -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _logging() -> None:
+    logging.basicConfig(
+        level=os.environ.get("DEFRAG_LOG_LEVEL", "INFO").upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def extender(
+    port: Annotated[int, typer.Option(help="Port to serve /filter and /prioritize on.")] = 8888,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    snapshot: Annotated[
+        list[Path],
+        typer.Option(
+            "--snapshot",
+            "-s",
+            help="Serve from snapshot file(s) instead of the API (reread when they change).",
+        ),
+    ] = [],  # noqa: B006
+    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
+        DEFAULT_POLICY
+    ),
+    relist_interval_s: Annotated[
+        float, typer.Option(help="Seconds between relists of the cluster state.")
+    ] = 10.0,
+    max_staleness_s: Annotated[
+        float, typer.Option(help="/readyz fails when the state is older than this.")
+    ] = 120.0,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
+    ] = None,
+) -> None:
+    """Serve the kube-scheduler extender (filter, prioritize) with defrag's score function."""
+    from defrag.adapters.kube_convert import ConversionError
+    from defrag.adapters.snapshot import SnapshotError
+    from defrag.extender import SnapshotFileSource, serve, stop
+    from defrag.model.cluster import ModelError
+    from defrag.ports import ClusterSource
+
+    if policy not in POLICY_NAMES:
+        raise UserError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
+    if relist_interval_s <= 0 or max_staleness_s <= 0:
+        raise UserError("--relist-interval-s and --max-staleness-s must be positive")
+    _logging()
+    source: ClusterSource
+    if snapshot:
+        file_source = SnapshotFileSource(snapshot)
+        try:
+            file_source.snapshot()  # a bad file is the user's mistake: say so now, not at /readyz
+        except (SnapshotError, ConversionError, ModelError, OSError) as exc:
+            raise UserError(str(exc)) from None
+        source = file_source
+    else:
+        from defrag.adapters.kube import KubeClusterSource, KubeError, connect
+
+        try:
+            source = KubeClusterSource(connect(str(kubeconfig) if kubeconfig else None))
+        except KubeError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        server = serve(
+            source,
+            policy=policy,
+            host=host,
+            port=port,
+            relist_interval_s=relist_interval_s,
+            max_staleness_s=max_staleness_s,
+        )
+    except OSError as exc:
+        raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
+    stopping = threading.Event()
+    _on_sigterm(stopping)
+    thread = threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True)
+    thread.start()
+    err_console.print(f"defrag extender: policy {policy}, serving on {server.url}")
+    try:
+        while not stopping.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.shutdown()
+        stop(server)
+
+
+@app.command()
+def agent(
+    node: Annotated[
+        str | None,
+        typer.Option(help="This node's name (default: $NODE_NAME, set by the DaemonSet)."),
+    ] = None,
+    port: Annotated[int, typer.Option(help="Port for /metrics and /healthz.")] = 9400,
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    interval_s: Annotated[
+        float, typer.Option(help="Seconds between topology checks (published on change).")
+    ] = 300.0,
+    once: Annotated[bool, typer.Option(help="Read the GPUs once, publish, print, exit.")] = False,
+    publish: Annotated[
+        bool, typer.Option(help="Patch the node annotation (--no-publish: only read and print).")
+    ] = True,
+    kubeconfig: Annotated[
+        Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
+    ] = None,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = (
+        Output.table
+    ),
+) -> None:
+    """The node agent: NVLink domains → node annotation; GPU memory on /metrics.
+
+    Exits 3 when NVML (the NVIDIA driver) is not available on this machine.
+    """
+    from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
+    from defrag.agent import Agent, AgentHTTPServer, NodeAnnotator
+
+    node_name = node or os.environ.get("NODE_NAME") or ""
+    if publish and not node_name:
+        raise UserError("no node name: pass --node or set NODE_NAME (or use --no-publish)")
+    if interval_s <= 0:
+        raise UserError("--interval-s must be positive")
+    _logging()
+    inventory = NvmlInventory()
+    try:
+        inventory.open()
+    except NvmlUnavailable as exc:
+        raise UserError(str(exc), exit_code=EXIT_NO_NVML) from None
+    try:
+        annotator: NodeAnnotator | None = None
+        if publish:
+            from defrag.adapters.kube import KubeActuator, KubeError, connect
+
+            try:
+                annotator = KubeActuator(connect(str(kubeconfig) if kubeconfig else None))
+            except KubeError as exc:
+                raise UserError(str(exc)) from None
+        worker = Agent(node_name or "local", inventory, annotator, interval_s)
+        if once:
+            try:
+                topology = worker.sync_once()
+            except Exception as exc:
+                raise UserError(f"cannot publish the NVLink domains: {exc}") from None
+            _print_topology(topology.to_dict(), output, inventory.driver_version())
+            return
+        try:
+            server = AgentHTTPServer((host, port), worker.registry)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
+        threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
+        stopping = threading.Event()
+        _on_sigterm(stopping)
+        err_console.print(f"defrag agent on {node_name}: /metrics on {host}:{port}")
+        try:
+            worker.run(stopping)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            server.shutdown()
+            server.server_close()
+    finally:
+        inventory.close()
+
+
+def _print_topology(data: dict[str, object], output: Output, driver: str) -> None:
+    data = {"driver_version": driver, **data}
+    if output is Output.json:
+        print_json(data)
+        return
+    table = Table(title=f"GPUs (driver {driver})")
+    for col in ("gpu", "name", "memory used / total MiB", "NVLinks", "processes"):
+        table.add_column(col)
+    gpus = data.get("gpus")
+    for g in gpus if isinstance(gpus, list) else []:
+        table.add_row(
+            str(g["index"]),
+            str(g["name"]),
+            f"{g['memory_used_mib']} / {g['memory_total_mib']}",
+            str(g["nvlinks"]),
+            str(len(g["processes"])),
+        )
+    console.print(table)
+    console.print(f"NVLink domains: {data['annotation']}")
+    notes = data.get("notes")
+    for note in notes if isinstance(notes, list) else []:
+        console.print(f"note: {note}")
