@@ -197,9 +197,9 @@ def detect(
         except AlertSendError as exc:
             raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
     if report.failures:
-        raise UserError(
-            "some rules failed:\n" + "\n".join(str(f) for f in report.failures), exit_code=1
-        )
+        for failure in report.failures:
+            sys.stderr.write(f"{failure}\n")
+        raise UserError(f"{len(report.failures)} rule(s) failed", exit_code=1)
 
 
 def _print_table(report: DetectionReport, now: datetime) -> None:
@@ -247,7 +247,7 @@ def rules_check(
         fail_with_issues(issues)
     files = sorted({r.file for r in ruleset})
     note = f"PromQL checked by {checker}" if checker else "PromQL not checked (no promtool)"
-    console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}")
+    console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}", soft_wrap=True)
 
 
 Query = tuple[Any, str, str]

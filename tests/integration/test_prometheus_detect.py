@@ -8,11 +8,13 @@ predicted exhaustion time within 10% of the truth — with plain ``pod`` labels 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 from defrag.adapters.prometheus import (
     PrometheusSource,
@@ -21,12 +23,13 @@ from defrag.adapters.prometheus import (
     apply_gpu_indices,
     gpu_indices_by_pod,
 )
+from defrag.cli import app
 from defrag.detect.leak import DcgmLabels
 from defrag.detection import DetectionError, detect, idle_status, report_extras, run_detection
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.rules import load_rules
-from tests.support.binaries import free_port
+from tests.support.binaries import free_port, require_binary
 from tests.support.prometheus import (
     END,
     HOUR,
@@ -131,3 +134,74 @@ def test_unreachable_server_is_a_clear_error() -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(PrometheusUnreachable, match=f"Prometheus at {url} is unreachable"):
         source(url).instant("up", END)
+
+
+# --- the command line against the same server ---------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_detect_json_lists_the_leak(prom: str) -> None:
+    result = runner.invoke(
+        app,
+        [
+            "detect",
+            "--prometheus",
+            prom,
+            "--at",
+            END.isoformat(),
+            "-o",
+            "json",
+            "--rules",
+            str(ROOT / "rules" / "leak.yaml"),
+            "--rules",
+            str(ROOT / "rules" / "idle.yaml"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [(f["kind"], f["subject"]) for f in data["findings"]] == [
+        ("leak", "pod/ml/leak-0"),
+        ("idle", "cluster"),
+    ]
+    leak = data["findings"][0]
+    assert {"kind", "subject", "severity", "fingerprint", "evidence"} <= set(leak)
+    assert leak["evidence"]["query"] == "DCGM_FI_DEV_FB_USED"
+
+
+BAD_PROMQL = "rules:\n  - name: i\n    detector: idle\n    query: avg(DCGM_FI_DEV_GPU_UTIL\n"
+
+
+def test_cli_rules_check_asks_prometheus_to_parse(prom: str, tmp_path: Path) -> None:
+    (tmp_path / "r.yaml").write_text(BAD_PROMQL)
+    result = runner.invoke(app, ["rules", "check", str(tmp_path), "--prometheus", prom])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'r.yaml'}:4: i.query: invalid PromQL: bad_data:" in result.stderr
+    assert "parse error" in result.stderr
+    ok = runner.invoke(app, ["rules", "check", str(ROOT / "rules"), "--prometheus", prom])
+    assert ok.exit_code == 0 and f"PromQL checked by Prometheus at {prom}" in ok.stdout
+
+
+def test_cli_rules_check_uses_promtool_offline(tmp_path: Path) -> None:
+    require_binary("promtool")
+    (tmp_path / "r.yaml").write_text(BAD_PROMQL)
+    result = runner.invoke(app, ["rules", "check", str(tmp_path)])
+    assert result.exit_code == 2
+    assert f"{tmp_path / 'r.yaml'}:4: i.query: invalid PromQL (promtool):" in result.stderr
+    assert "unclosed left parenthesis" in result.stderr
+
+
+def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = runner.invoke(
+        app, ["detect", "--prometheus", url, "--prom-timeout", "2", "-r", str(ROOT / "rules")]
+    )
+    assert result.exit_code == 1
+    # one line per failed rule, naming the rule, its file and the query
+    assert (
+        f"rule gpu-memory-leak ({ROOT / 'rules' / 'leak.yaml'}:4): Prometheus at {url} "
+        "is unreachable" in result.stderr
+    )
+    assert "query 'DCGM_FI_DEV_FB_USED'" in result.stderr
+    assert "2 rule(s) failed" in result.stderr
+    assert "Traceback" not in result.output
