@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 import requests
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from defrag.adapters.alertmanager import AlertmanagerSink, redact
@@ -259,3 +261,69 @@ def test_credentials_never_reach_logs_or_metric_labels() -> None:
         s.sync([A], T0)
     assert "secret" not in str(info.value)
     assert failures("http://am-x:9093") >= 1
+
+
+class ModelAlertmanager(ScriptedSession):
+    """Keeps what was posted, by label set, as Alertmanager does; can be taken down."""
+
+    def __init__(self) -> None:
+        super().__init__(self._answer)
+        self.up = True
+        self.held: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+
+    def _answer(self, method: str, url: str) -> Answer:
+        if not self.up:
+            return requests.ConnectionError("refused")
+        if method == "POST":
+            for alert in self.calls[-1]["json"]:
+                self.held[tuple(sorted(alert["labels"].items()))] = alert
+            return 200
+        return []
+
+    def active_pods(self, at: datetime) -> set[str]:
+        return {
+            a["labels"]["pod"]
+            for a in self.held.values()
+            if datetime.fromisoformat(a["endsAt"].replace("Z", "+00:00")) > at
+        }
+
+
+PODS = [Finding("leak", f"pod/ml/p{i}", "warning", f"p{i} leaks") for i in range(4)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sets(st.integers(0, 3)),
+            st.sampled_from(["up", "unreachable", "restarted"]),
+            st.integers(1, 200),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_after_any_outages_the_next_good_cycle_leaves_nothing_lost(
+    cycles: list[tuple[set[int], str, int]],
+) -> None:
+    """Whatever the findings and outages (unreachable: Alertmanager keeps what it held;
+    restarted: it lost the alerts it held in memory), once it is up again, the cycle a resend
+    interval later makes what it holds active equal to the findings: no firing alert missing,
+    no cleared one left firing."""
+    am = ModelAlertmanager()
+    s = sink(am, retry_attempts=1, resend_interval_s=60, ttl_s=900)
+    at = T0
+    for found, state, step_s in cycles:
+        at += timedelta(seconds=step_s)
+        am.up = state == "up"
+        if state == "restarted":
+            am.held.clear()
+        try:
+            s.sync([PODS[i] for i in sorted(found)], at)
+        except AlertSendError:
+            assert state != "up"
+    am.up = True
+    final = cycles[-1][0]
+    at += timedelta(seconds=60)  # the resend interval
+    s.sync([PODS[i] for i in sorted(final)], at)
+    assert am.active_pods(at) == {f"p{i}" for i in final}

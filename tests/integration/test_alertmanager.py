@@ -43,10 +43,14 @@ def am() -> Iterator[tuple[AlertmanagerServer, WebhookReceiver]]:
         yield pair
 
 
-def make_sink(*urls: str, **kw: float) -> AlertmanagerSink:
-    kw.setdefault("resend_interval_s", 0.3)
-    kw.setdefault("ttl_s", 1.5)
-    return AlertmanagerSink(list(urls), cluster="it", retry_wait_s=0.05, **kw)  # type: ignore[arg-type]
+def make_sink(*urls: str, resend_interval_s: float = 0.3, ttl_s: float = 1.5) -> AlertmanagerSink:
+    return AlertmanagerSink(
+        list(urls),
+        cluster="it",
+        resend_interval_s=resend_interval_s,
+        ttl_s=ttl_s,
+        retry_wait_s=0.05,
+    )
 
 
 def now() -> datetime:
