@@ -1,0 +1,170 @@
+"""The daemon: HTTP health and metrics, readiness, windows on their cron, SIGTERM, settings."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from datetime import UTC, datetime
+
+import pytest
+from freezegun import freeze_time
+
+from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
+from defrag.cli.run import _detector, _planner, build, default_rules_dir
+from defrag.cycle import CycleConfig, CyclePorts, SystemClock
+from defrag.daemon import Daemon
+from defrag.execute import Budgets, Executor, ExecutorSettings, Window
+from defrag.rules import load_rules
+from defrag.settings import load_settings
+from tests.support.binaries import free_port
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def sim_daemon(windows: tuple[Window, ...] = (), dry_run: bool = True, clock: object = None,
+               **kw: object) -> tuple[SimCluster, Daemon]:
+    sim_clock = SimClock(speedup=0)
+    sim = SimCluster(fragmented_cluster(), sim_clock)
+    use = clock or sim_clock
+    settings = load_settings(None, {"max_evictions_per_namespace": 20})
+    ex = Executor(sim, sim, use, ExecutorSettings(Budgets(20, 8, 20), poll_interval_s=10),  # type: ignore[arg-type]
+                  sleep=sim_clock.sleep)
+    ports = CyclePorts(sim, use, _detector(load_rules([default_rules_dir()]), None),  # type: ignore[arg-type]
+                       _planner(settings), ex)
+    return sim, Daemon(ports, CycleConfig(dry_run=dry_run, windows=windows), **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def served() -> object:
+    sim, daemon = sim_daemon(ready_age_limit_s=600)
+    daemon._serve_http()  # the endpoints alone, no scheduler
+    host, port = daemon.http_address
+    yield sim, daemon, f"http://{host}:{port}"
+    daemon.stop()
+
+
+def test_health_readiness_and_metrics_over_http(served: tuple[SimCluster, Daemon, str]) -> None:
+    sim, daemon, base = served
+    assert get(base + "/healthz") == (200, "ok\n")
+    code, body = get(base + "/readyz")
+    assert code == 503 and "no cycle has succeeded yet" in body
+    daemon.run_once()
+    assert get(base + "/readyz") == (200, "ok\n")
+    code, text = get(base + "/metrics")
+    assert code == 200
+    # The fragmented cluster: 20 free GPUs, none usable by an 8-GPU job, largest job 2.
+    for line in (
+        "defrag_free_gpus 20.0",
+        "defrag_largest_placeable_job_gpus 2.0",
+        "defrag_whole_free_nodes 0.0",
+        'defrag_stranded_gpus{size="8"} 20.0',
+        'defrag_findings{kind="starvation"} 1.0',
+        'defrag_cycles_total{outcome="success"} 1.0',
+        "defrag_leader 1.0",
+        "defrag_circuit_open 0.0",
+    ):
+        assert line in text, line
+    assert 'defrag_evictions_total{result="planned"}' in text  # dry run rehearsal
+    assert "defrag_cycle_duration_seconds_count 1.0" in text
+    assert get(base + "/nope")[0] == 404
+    # Readiness lapses when the last good cycle grows old (simulated clock, 601 s > 600 s).
+    sim.clock.sleep(601)
+    code, body = get(base + "/readyz")
+    assert code == 503 and "last good cycle 601 s ago (limit 600 s)" in body
+
+
+def test_a_failed_cycle_is_counted_and_readiness_says_why() -> None:
+    sim, daemon = sim_daemon()
+
+    def broken() -> object:
+        raise ConnectionError("API server unreachable")
+
+    sim.snapshot = broken  # type: ignore[method-assign,assignment]
+    with pytest.raises(ConnectionError):
+        daemon.run_once()
+    assert "last error: ConnectionError: API server unreachable" in str(daemon.ready())
+    assert b'defrag_cycles_total{outcome="failure"} 1.0' in daemon.metrics.exposition()
+
+
+def test_windows_open_and_close_on_their_cron_with_the_wall_clock() -> None:
+    # The nightly window, 02:00-03:00 UTC; the real clock is frozen and moved by hand.
+    with freeze_time("2026-01-05 01:59:00", tz_offset=0) as frozen:
+        sim, daemon = sim_daemon((Window("0 2 * * *", 3600),), dry_run=False, clock=SystemClock())
+        before = daemon.run_once()
+        assert not before.window.open and before.executed is None and sim.evictions == []
+        frozen.move_to("2026-01-05 02:00:00")
+        inside = daemon.run_once()
+        assert inside.window.open and inside.window.start == datetime(2026, 1, 5, 2, tzinfo=UTC)
+        assert inside.executed is not None and inside.executed.evicted
+        frozen.move_to("2026-01-05 03:00:00")
+        after = daemon.run_once()
+        assert not after.window.open and after.executed is None
+        assert "next opens 2026-01-06T02:00:00+00:00" in after.window.reason
+
+
+def test_scheduler_runs_cycles_and_stop_releases_everything() -> None:
+    _, daemon = sim_daemon(cycle_interval_s=3600)
+    released: list[bool] = []
+    daemon.elector.release = lambda: released.append(True)  # type: ignore[method-assign]
+    daemon.start()  # the first cycle runs at once
+    deadline = time.monotonic() + 10
+    while daemon.health.last_result is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon.stop()
+    assert daemon.health.last_result is not None
+    assert daemon.ports.executor is not None and daemon.ports.executor.stop_requested.is_set()
+    assert released == [True] and daemon.stopped.is_set()
+
+
+def test_sigterm_stops_the_daemon_cleanly() -> None:
+    port = free_port()
+    env = {**os.environ, "DEFRAG_HTTP_PORT": str(port), "DEFRAG_HTTP_HOST": "127.0.0.1",
+           "DEFRAG_SIM_SPEEDUP": "1", "DEFRAG_LOG_FORMAT": "json"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from defrag.cli import main; main()", "run", "--cluster", "sim"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        ready = (0, "")
+        while time.monotonic() < deadline:
+            try:
+                ready = get(f"http://127.0.0.1:{port}/readyz")
+                if ready[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert ready == (200, "ok\n")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    assert '"message": "signal 15: finishing the current step and stopping"' in err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"cluster": "sim", "rules_dir": "/nonexistent"}, "/nonexistent"),
+        ({"cluster": "sim", "alertmanager_urls": ["ftp://x"]}, "setting alertmanager_urls"),
+    ],
+)
+def test_bad_wiring_settings_name_what_is_wrong(overrides: dict[str, object], message: str) -> None:
+    from defrag.settings import SettingsError
+
+    with pytest.raises(SettingsError, match=message):
+        build(load_settings(None, overrides))
