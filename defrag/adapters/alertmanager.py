@@ -242,18 +242,7 @@ class AlertmanagerSink:
                 results.append(SendResult(target.shown, "ok", firing, len(batch) - firing))
         return tuple(results)
 
-    def active_alerts(self, url: str | None = None) -> list[Alert]:
-        """This sender's alerts that an Alertmanager holds active (the first URL by default)."""
-        target = self._targets[0] if url is None else self._target(url)
-        return self._fetch(target)
-
     # -- internals --------------------------------------------------------------------
-
-    def _target(self, url: str) -> _Target:
-        for target in self._targets:
-            if url in (target.url, target.shown):
-                return target
-        raise KeyError(url)
 
     def _rebuild(self) -> dict[str, SendResult]:
         """Adopt the alerts Alertmanager still holds from a previous run of this sender."""
