@@ -132,7 +132,6 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     # --- the simulated cluster ------------------------------------------------------------
-    sim_seed: int = 0
     sim_speedup: float = Field(60.0, gt=0)
 
     @model_validator(mode="after")
