@@ -327,3 +327,17 @@ def test_after_any_outages_the_next_good_cycle_leaves_nothing_lost(
     at += timedelta(seconds=60)  # the resend interval
     s.sync([PODS[i] for i in sorted(final)], at)
     assert am.active_pods(at) == {f"p{i}" for i in final}
+
+
+def test_a_clock_far_from_the_wall_clock_is_warned_once(caplog: pytest.LogCaptureFixture) -> None:
+    """A simulated clock makes alerts Alertmanager sees as long over: say so, once."""
+    s = sink(ScriptedSession())
+    wall = datetime.now(UTC)
+    with caplog.at_level("WARNING", logger="defrag.adapters.alertmanager"):
+        s.sync([A], wall)
+        assert caplog.records == []
+        s.sync([A], wall - timedelta(days=30))
+        s.sync([A], wall - timedelta(days=30))
+    (record,) = caplog.records
+    assert "behind this machine's clock" in record.getMessage()
+    assert "already ended" in record.getMessage()

@@ -184,6 +184,7 @@ class AlertmanagerSink:
         self.last_report: SyncReport | None = None
         self._targets = [_Target(check_url(u), redact(u)) for u in dict.fromkeys(urls)]
         self._rebuilt = False
+        self._clock_warned = False
         self._bearer_token = bearer_token
         self._bearer_token_file = Path(bearer_token_file) if bearer_token_file else None
         self._session = session or requests.Session()
@@ -207,6 +208,7 @@ class AlertmanagerSink:
     def sync_report(self, findings: Sequence[Finding], now: datetime) -> SyncReport:
         """:meth:`sync` without raising: what changed and what each URL did."""
         now = utc(now)
+        self._check_clock(now)
         outcomes: dict[str, SendResult] = {}
         if not self._rebuilt:
             outcomes = self._rebuild()
@@ -243,6 +245,21 @@ class AlertmanagerSink:
         return tuple(results)
 
     # -- internals --------------------------------------------------------------------
+
+    def _check_clock(self, now: datetime) -> None:
+        """Warn once when ``now`` is far from this machine's clock (a simulated clock, say):
+        Alertmanager judges ``endsAt`` by its own clock and would see the alerts expired or
+        far in the future."""
+        skew = now - utc(datetime.now().astimezone())
+        if abs(skew) > self.ttl and not self._clock_warned:
+            self._clock_warned = True
+            log.warning(
+                "alert times are %.0f s %s this machine's clock (more than ttl_s): "
+                "Alertmanager will see these alerts as %s; pass the wall-clock time to sync()",
+                abs(skew.total_seconds()),
+                "behind" if skew < timedelta(0) else "ahead of",
+                "already ended" if skew < timedelta(0) else "starting in the future",
+            )
 
     def _rebuild(self) -> dict[str, SendResult]:
         """Adopt the alerts Alertmanager still holds from a previous run of this sender."""
