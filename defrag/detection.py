@@ -9,6 +9,7 @@ after running them all, naming each failed rule, its query and Prometheus's mess
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -98,10 +99,26 @@ def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:
 # --- fetching ------------------------------------------------------------------------------------
 
 
+_SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
+
+
+def leak_range_query(rule: LeakRule) -> str:
+    """The range query for the leak rule: with ``prefilter``, only GPUs whose least-squares
+    slope over the whole lookback (``deriv(...) @ end()``, evaluated once by Prometheus) is at
+    least half the minimum — a necessary condition of the detector — come back."""
+    used = rule.queries.used
+    if not rule.prefilter or not _SELECTOR.match(used):
+        return used
+    threshold = rule.min_slope_mib_per_h / 2
+    return (
+        f"({used}) and (deriv({used.strip()}[{rule.lookback:.0f}s] @ end()) * 3600 > {threshold:g})"
+    )
+
+
 def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[GpuMemorySeries]:
     """One memory series per GPU over the rule's lookback, with the pods DCGM names on it."""
     start = now - timedelta(seconds=rule.lookback)
-    used = metrics.range(rule.queries.used, start, now, rule.step)
+    used = metrics.range(leak_range_query(rule), start, now, rule.step)
     free = metrics.instant(rule.queries.free, now)
     names = rule.labels.dcgm()
     free_by_gpu: dict[tuple[str, str], float] = {}

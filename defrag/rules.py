@@ -97,7 +97,8 @@ class LeakRule(_Rule):
     queries: LeakQueries
     labels: DcgmLabelNames = DcgmLabelNames()
     lookback: Duration = 6 * 3600.0
-    step: Duration = 60.0
+    step: Duration = 120.0
+    prefilter: bool = True
     min_slope_mib_per_h: Annotated[float, Field(gt=0)] = 256.0
     min_r2: Annotated[float, Field(ge=0, le=1)] = 0.9
     horizon: Duration = 48 * 3600.0

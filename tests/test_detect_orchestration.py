@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from defrag.detection import DetectionError, detect, run_detection
+from defrag.detection import DetectionError, detect, leak_range_query, run_detection
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample
-from defrag.rules import load_rules
+from defrag.rules import LeakRule, load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -60,9 +60,8 @@ def test_without_cluster_only_metric_rules_run() -> None:
         "high-priority-starved": "no cluster snapshot",
     }
     assert [f.kind for f in report.findings] == ["idle"]  # 3% for an hour, threshold 20%
-    assert (
-        "avg(DCGM_FI_DEV_GPU_UTIL)" in metrics.queries and "DCGM_FI_DEV_FB_USED" in metrics.queries
-    )
+    assert "avg(DCGM_FI_DEV_GPU_UTIL)" in metrics.queries
+    assert "DCGM_FI_DEV_FB_FREE" in metrics.queries
 
 
 def test_idle_query_with_several_series_fails_that_rule_only() -> None:
@@ -73,3 +72,35 @@ def test_idle_query_with_several_series_fails_that_rule_only() -> None:
         DetectionError, match=r"rule cluster-idle \(.*rules/idle.yaml:4\): .*returned 2"
     ):
         detect(RULES, metrics, None, NOW)
+
+
+@pytest.mark.parametrize(
+    ("used", "prefilter", "query"),
+    [
+        (
+            "DCGM_FI_DEV_FB_USED",
+            True,
+            # half of 256 MiB/h over the 6 h lookback, evaluated once at the end of the range
+            "(DCGM_FI_DEV_FB_USED) and (deriv(DCGM_FI_DEV_FB_USED[21600s] @ end()) * 3600 > 128)",
+        ),
+        (
+            'DCGM_FI_DEV_FB_USED{job="dcgm"}',
+            True,
+            '(DCGM_FI_DEV_FB_USED{job="dcgm"}) and '
+            '(deriv(DCGM_FI_DEV_FB_USED{job="dcgm"}[21600s] @ end()) * 3600 > 128)',
+        ),
+        ("DCGM_FI_DEV_FB_USED", False, "DCGM_FI_DEV_FB_USED"),
+        # not a plain selector: no range selector can be put on it, so no prefilter
+        ("sum by (gpu) (DCGM_FI_DEV_FB_USED)", True, "sum by (gpu) (DCGM_FI_DEV_FB_USED)"),
+    ],
+)
+def test_leak_range_query(used: str, prefilter: bool, query: str) -> None:
+    rule = LeakRule.model_validate(
+        {
+            "name": "l",
+            "detector": "leak",
+            "queries": {"used": used, "free": "F"},
+            "prefilter": prefilter,
+        }
+    )
+    assert leak_range_query(rule) == query

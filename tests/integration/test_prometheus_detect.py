@@ -60,8 +60,13 @@ def source(url: str) -> PrometheusSource:
     return PrometheusSource(url, retries=0, timeout_s=5)
 
 
-def test_leak_detector_flags_exactly_the_leak(prom: str) -> None:
-    rules = load_rules([ROOT / "rules" / "leak.yaml"])
+@pytest.mark.parametrize("prefilter", [True, False])
+def test_leak_detector_flags_exactly_the_leak(prom: str, prefilter: bool, tmp_path: Path) -> None:
+    text = (ROOT / "rules" / "leak.yaml").read_text()
+    rule_file = tmp_path / "leak.yaml"
+    rule_file.write_text(text.replace("prefilter: true", f"prefilter: {str(prefilter).lower()}"))
+    rules = load_rules([rule_file])
+    assert rules.rules[0].rule.prefilter is prefilter  # type: ignore[union-attr]
     findings = detect(rules, source(prom), None, END)
     assert [f.subject for f in findings] == ["pod/ml/leak-0"]
     [leak] = findings
@@ -202,6 +207,6 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         f"rule gpu-memory-leak ({ROOT / 'rules' / 'leak.yaml'}:4): Prometheus at {url} "
         "is unreachable" in result.stderr
     )
-    assert "query 'DCGM_FI_DEV_FB_USED'" in result.stderr
+    assert "query '(DCGM_FI_DEV_FB_USED) and (deriv(" in result.stderr
     assert "2 rule(s) failed" in result.stderr
     assert "Traceback" not in result.output
