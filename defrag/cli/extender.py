@@ -124,7 +124,7 @@ def agent(
         str | None,
         typer.Option(help="This node's name (default: $NODE_NAME, set by the DaemonSet)."),
     ] = None,
-    port: Annotated[int, typer.Option(help="Port for /metrics and /healthz.")] = 9400,
+    port: Annotated[int, typer.Option(help="Port for /metrics and /healthz.")] = 9410,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
     interval_s: Annotated[
         float, typer.Option(help="Seconds between topology checks (published on change).")

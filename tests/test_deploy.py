@@ -1,0 +1,328 @@
+"""deploy/: every overlay renders with kustomize, validates against the Kubernetes OpenAPI schema
+offline, and hangs together (selectors, ports, references, settings, rules, dashboard)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from defrag.extender import MAX_EXTENDER_PRIORITY, VERBS
+from defrag.settings import load_settings
+from tests.support.binaries import require_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+OVERLAYS = ("dry-run", "enforce")
+K8S_VERSION = "1.30.0"
+CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+IMAGE = "ghcr.io/defrag-io/defrag:0.1.0"
+
+Obj = dict[str, Any]
+
+
+def render(path: Path) -> list[Obj]:
+    kubectl = require_binary("kubectl")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(path)], check=True, capture_output=True, text=True, timeout=60
+    ).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[Obj]]:
+    return {name: render(DEPLOY / "overlays" / name) for name in OVERLAYS}
+
+
+def one(objs: list[Obj], kind: str, name: str) -> Obj:
+    found = [o for o in objs if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{kind}/{name}: {len(found)} found"
+    return found[0]
+
+
+def workloads(objs: list[Obj]) -> Iterator[Obj]:
+    return (o for o in objs if o["kind"] in ("Deployment", "DaemonSet"))
+
+
+# --- rendering and schema ----------------------------------------------------------------------
+
+
+EXPECTED = {
+    ("Namespace", "defrag-system"),
+    ("ServiceAccount", "defrag"),
+    ("ClusterRole", "defrag"),
+    ("ClusterRoleBinding", "defrag"),
+    ("Role", "defrag-leader-election"),
+    ("RoleBinding", "defrag-leader-election"),
+    ("Deployment", "defrag"),
+    ("Service", "defrag"),
+    ("ServiceMonitor", "defrag"),
+    ("PrometheusRule", "defrag"),
+    ("NetworkPolicy", "defrag"),
+    ("ConfigMap", "defrag-grafana-dashboard"),
+    ("ServiceAccount", "defrag-extender"),
+    ("ClusterRole", "defrag-extender"),
+    ("ClusterRoleBinding", "defrag-extender"),
+    ("Deployment", "defrag-extender"),
+    ("Service", "defrag-extender"),
+    ("NetworkPolicy", "defrag-extender"),
+    ("ServiceAccount", "defrag-agent"),
+    ("ClusterRole", "defrag-agent"),
+    ("ClusterRoleBinding", "defrag-agent"),
+    ("DaemonSet", "defrag-agent"),
+    ("PodMonitor", "defrag-agent"),
+    ("NetworkPolicy", "defrag-agent"),
+}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_every_object(rendered: dict[str, list[Obj]], overlay: str) -> None:
+    objs = rendered[overlay]
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in objs}
+    assert kinds >= EXPECTED
+    # Plus the two hashed ConfigMaps (settings, rules).
+    hashed = sorted(n for k, n in kinds - EXPECTED)
+    assert [re.sub(r"-[a-z0-9]{10}$", "", n) for n in hashed] == ["defrag-rules", "defrag-settings"]
+    for o in objs:
+        assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "defrag", o["kind"]
+        if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+            assert o["metadata"]["namespace"] == "defrag-system", o["kind"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_builtin_kinds_validate_against_the_openapi_schema(
+    rendered: dict[str, list[Obj]], overlay: str
+) -> None:
+    checked = 0
+    for o in rendered[overlay]:
+        if o["kind"] in CRD_KINDS:
+            continue
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+        checked += 1
+    assert checked == len(rendered[overlay]) - 3
+
+
+def test_schema_validation_would_catch_a_mistake(rendered: dict[str, list[Obj]]) -> None:
+    """The validator is not a no-op: a misspelt field in the Deployment fails strict mode."""
+    bad = json.loads(json.dumps(one(rendered["dry-run"], "Deployment", "defrag")))
+    bad["spec"]["template"]["spec"]["containers"][0]["readOnlyRootFS"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_overlays_differ_only_in_dry_run(rendered: dict[str, list[Obj]]) -> None:
+    def env(objs: list[Obj]) -> dict[str, Any]:
+        container = one(objs, "Deployment", "defrag")["spec"]["template"]["spec"]["containers"][0]
+        return {e["name"]: e.get("value") for e in container["env"]}
+
+    assert env(rendered["dry-run"])["DEFRAG_DRY_RUN"] == "true"
+    assert env(rendered["enforce"])["DEFRAG_DRY_RUN"] == "false"
+    strip = [
+        o
+        for o in rendered["enforce"]
+        if not (o["kind"] == "Deployment" and o["metadata"]["name"] == "defrag")
+    ]
+    same = [
+        o
+        for o in rendered["dry-run"]
+        if not (o["kind"] == "Deployment" and o["metadata"]["name"] == "defrag")
+    ]
+    assert strip == same
+
+
+# --- workloads -----------------------------------------------------------------------------------
+
+
+def test_workloads_are_locked_down(rendered: dict[str, list[Obj]]) -> None:
+    objs = rendered["dry-run"]
+    accounts = {o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount"}
+    config_maps = {o["metadata"]["name"] for o in objs if o["kind"] == "ConfigMap"}
+    for w in workloads(objs):
+        pod = w["spec"]["template"]["spec"]
+        who = w["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, who
+        assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", who
+        assert pod["serviceAccountName"] in accounts, who
+        for volume in pod.get("volumes", []):
+            if "configMap" in volume:
+                assert volume["configMap"]["name"] in config_maps, (who, volume)
+        for c in pod["containers"]:
+            sc = c["securityContext"]
+            assert sc["readOnlyRootFilesystem"] is True, who
+            assert sc["allowPrivilegeEscalation"] is False, who
+            assert sc["capabilities"]["drop"] == ["ALL"], who
+            assert c["image"] == IMAGE
+            assert {"cpu", "memory"} <= set(c["resources"]["requests"]), who
+            assert "memory" in c["resources"]["limits"], who
+            ports = {p["name"] for p in c["ports"]}
+            for probe in ("livenessProbe", "readinessProbe"):
+                assert c[probe]["httpGet"]["port"] in ports, (who, probe)
+
+
+@pytest.mark.parametrize(
+    ("name", "replicas", "ready"),
+    [
+        ("defrag", 2, "/readyz"),
+        ("defrag-extender", 2, "/readyz"),
+    ],
+)
+def test_deployments(rendered: dict[str, list[Obj]], name: str, replicas: int, ready: str) -> None:
+    d = one(rendered["dry-run"], "Deployment", name)
+    assert d["spec"]["replicas"] == replicas
+    c = d["spec"]["template"]["spec"]["containers"][0]
+    assert c["readinessProbe"]["httpGet"]["path"] == ready
+    assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_daemon_args_and_settings_load(rendered: dict[str, list[Obj]], tmp_path: Path) -> None:
+    objs = rendered["dry-run"]
+    d = one(objs, "Deployment", "defrag")["spec"]["template"]["spec"]
+    c = d["containers"][0]
+    assert c["args"][:1] == ["run"]
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert "/etc/defrag/settings.yaml" in mounts and "/etc/defrag/rules" in mounts
+    settings_cm = next(
+        o
+        for o in objs
+        if o["kind"] == "ConfigMap" and o["metadata"]["name"].startswith("defrag-settings")
+    )
+    path = tmp_path / "settings.yaml"
+    path.write_text(settings_cm["data"]["settings.yaml"])
+    settings = load_settings(path, {"dry_run": True})  # the real loader: every field is known
+    assert settings.http_port == int(c["ports"][0]["containerPort"])
+    assert settings.leader_election and settings.lease_namespace == "defrag-system"
+    assert settings.lease_name == "defrag"
+
+
+def test_agent_daemonset_targets_gpu_nodes(rendered: dict[str, list[Obj]]) -> None:
+    ds = one(rendered["dry-run"], "DaemonSet", "defrag-agent")["spec"]["template"]["spec"]
+    assert ds["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert any(t["key"] == "nvidia.com/gpu" for t in ds["tolerations"])
+    env = {e["name"]: e for e in ds["containers"][0]["env"]}
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert env["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+    # It asks no GPU: it must not take one from the workloads it measures.
+    assert "nvidia.com/gpu" not in json.dumps(ds["containers"][0]["resources"])
+
+
+# --- services, monitors, network policies ---------------------------------------------------------
+
+
+def pod_of(objs: list[Obj], selector: dict[str, str]) -> Obj:
+    matches = [
+        w
+        for w in workloads(objs)
+        if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+    ]
+    assert len(matches) == 1, selector
+    return matches[0]["spec"]["template"]
+
+
+def container_ports(template: Obj) -> dict[str, int]:
+    return {
+        p["name"]: p["containerPort"] for c in template["spec"]["containers"] for p in c["ports"]
+    }
+
+
+def test_services_and_monitors_reach_their_pods(rendered: dict[str, list[Obj]]) -> None:
+    objs = rendered["dry-run"]
+    for svc in (o for o in objs if o["kind"] == "Service"):
+        ports = container_ports(pod_of(objs, svc["spec"]["selector"]))
+        for p in svc["spec"]["ports"]:
+            assert p["targetPort"] in ports, svc["metadata"]["name"]
+    sm = one(objs, "ServiceMonitor", "defrag")
+    svc = one(objs, "Service", "defrag")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    pm = one(objs, "PodMonitor", "defrag-agent")
+    agent = pod_of(objs, pm["spec"]["selector"]["matchLabels"])
+    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= set(container_ports(agent))
+    for monitor in (sm, pm):
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["defrag-system"]
+
+
+def test_network_policies_open_only_the_served_ports(rendered: dict[str, list[Obj]]) -> None:
+    objs = rendered["dry-run"]
+    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
+    assert len(policies) == 3
+    for np_ in policies:
+        template = pod_of(objs, np_["spec"]["podSelector"]["matchLabels"])
+        served = set(container_ports(template).values())
+        opened = {p["port"] for rule in np_["spec"]["ingress"] for p in rule["ports"]}
+        assert opened == served, np_["metadata"]["name"]
+        assert np_["spec"]["policyTypes"] == ["Ingress"]
+
+
+# --- rules, dashboard, scheduler configuration ----------------------------------------------
+
+
+def test_rule_copies_are_in_step_with_rules_dir() -> None:
+    result = subprocess.run(
+        [sys.executable, str(DEPLOY / "sync.py"), "--check"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, f"run `python deploy/sync.py`: {result.stderr}"
+
+
+def test_prometheus_rule_passes_promtool(rendered: dict[str, list[Obj]], tmp_path: Path) -> None:
+    promtool = require_binary("promtool")
+    rule = one(rendered["dry-run"], "PrometheusRule", "defrag")
+    assert rule["spec"]["groups"], "no rule groups"
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def defined_metrics() -> set[str]:
+    """Metric names the code registers (prometheus_client adds _total/_bucket suffixes)."""
+    names: set[str] = set()
+    for path in (ROOT / "defrag").rglob("*.py"):
+        names.update(re.findall(r'"(defrag_[a-z0-9_]+)"', path.read_text(encoding="utf-8")))
+    return names
+
+
+def test_grafana_dashboard_uses_only_metrics_the_code_exports(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    cm = one(rendered["dry-run"], "ConfigMap", "defrag-grafana-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(cm["data"]["defrag.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b(defrag_[a-z0-9_]+)", e)}
+    known = defined_metrics()
+    for metric in used:
+        base = re.sub(r"_(total|bucket|count|sum)$", "", metric)
+        assert metric in known or base in known, f"dashboard queries unknown metric {metric}"
+    titles = " ".join(p["title"].lower() for p in dashboard["panels"])
+    for topic in ("free", "stranded", "largest placeable job", "findings", "plan", "evictions"):
+        assert topic in titles
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+
+
+def test_kube_scheduler_configuration_points_at_the_extender(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    config = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
+    assert config["kind"] == "KubeSchedulerConfiguration"
+    (ext,) = config["extenders"]
+    svc = one(rendered["dry-run"], "Service", "defrag-extender")
+    (port,) = svc["spec"]["ports"]
+    host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
+    assert ext["urlPrefix"] == f"http://{host}:{port['port']}"
+    assert (ext["filterVerb"], ext["prioritizeVerb"]) == VERBS
+    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
+    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
+    # One extender point (winner 10 vs ≤ 9) × weight × 10 must exceed the default score
+    # plugins' combined range: weights 3+2+2+2+1+1+1 = 12, × 100 = 1,200.
+    assert 1 * ext["weight"] * (100 // MAX_EXTENDER_PRIORITY) > 1200

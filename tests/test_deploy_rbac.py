@@ -1,0 +1,81 @@
+"""Least privilege for the extender and the node agent: each ClusterRole in
+deploy/components grants exactly the API calls that component makes (the daemon's own role is
+checked by tests/test_rbac.py)."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from defrag.adapters.kube import KubeActuator, KubeClusterSource, RetryPolicy
+from defrag.adapters.nvml import NvmlInventory
+from defrag.agent import Agent
+from tests.support.binaries import require_binary
+from tests.support.kubeapi import KubeApi, running
+from tests.support.snapshots import scattered_20
+from tests.test_agent import FakeNvml, two_islands
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = RetryPolicy(attempts=1, backoff_s=0.0, timeout_s=2.0)
+Grant = tuple[str, str, str]
+
+
+def component_role(name: str) -> set[Grant]:
+    kubectl = require_binary("kubectl")
+    out = subprocess.run(
+        [kubectl, "kustomize", str(ROOT / "deploy" / "overlays" / "dry-run")],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    (binding,) = [
+        d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == name
+    ]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": name, "namespace": "defrag-system"}
+    ]
+    (role,) = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRole" and d["metadata"]["name"] == binding["roleRef"]["name"]
+    ]
+    assert not [d for d in docs if d["kind"] == "RoleBinding" and _binds(d, name)]
+    return {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+
+
+def _binds(binding: dict[str, Any], account: str) -> bool:
+    return any(s.get("name") == account for s in binding.get("subjects") or [])
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApi]:
+    yield from running(scattered_20()["items"])
+
+
+def used(api: KubeApi) -> set[Grant]:
+    return {(r.group, r.resource, r.verb) for r in api.requests}
+
+
+def test_extender_role_is_exactly_what_its_relist_uses(api: KubeApi) -> None:
+    KubeClusterSource(api.client(), page_size=5, retry=FAST).snapshot()
+    assert used(api) == component_role("defrag-extender")
+
+
+def test_agent_role_is_exactly_what_publishing_uses(api: KubeApi) -> None:
+    node = api.objects("Node")[0]["metadata"]["name"]
+    actuator = KubeActuator(api.client(), retry=FAST)
+    Agent(node, NvmlInventory(FakeNvml(two_islands())), actuator).sync_once()
+    assert used(api) == component_role("defrag-agent") == {("", "nodes", "patch")}
