@@ -8,6 +8,7 @@ find a new node (or may be preempted) wins. Victims always rank strictly below t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,11 +16,12 @@ import numpy as np
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
+from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.model import Blocked, Step
 from defrag.plan.room import Context, Relocation, Room, find_room, relocate
 from defrag.plan.workspace import Workspace
-from defrag.scoring.filters import taint_mask
+from defrag.scoring.filters import feasible_mask, taint_mask
 from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
 
@@ -61,8 +63,9 @@ def make_room(
     rows = candidate_rows(ws, pod, candidates)
     rooms: list[Room] = []
     blocked: dict[str, Blocked] = {}
+    movable = None if preempt else placeable_elsewhere(ws)
     for row in rows:
-        found = find_room(ws, int(row), pod, allowed, ctx.cost)
+        found = find_room(ws, int(row), pod, allowed, ctx.cost, movable)
         if isinstance(found, Room):
             rooms.append(found)
         elif len(blocked) < 20:
@@ -96,20 +99,45 @@ def make_room(
 
 
 def candidate_rows(ws: Workspace, pod: Pod, limit: int) -> np.ndarray:
-    """Rows that could hold ``pod`` once emptied, fewest GPUs (then CPU) to free first."""
+    """Rows that could hold ``pod`` once emptied, fewest GPUs (then CPU) to free first.
+
+    CPU held by CPU-only pods counts as nearly free (they fit almost anywhere); a row whose
+    CPU could only come from GPU pods ranks after every row where it need not.
+    """
     a = ws.arrays
     ok = static_mask(pod, a) & ~ws.no_target
     rows = np.flatnonzero(ok)
     if len(rows) == 0:
         return rows
     deficit = gpu_deficit(pod, a)[rows]
-    cpu_short = np.maximum(pod.cpu_milli - a.cpu_free[rows], 0) / np.maximum(a.cpu_total[rows], 1)
-    rank = deficit + cpu_short
+    short = np.maximum(pod.cpu_milli - a.cpu_free[rows], 0)
+    rank = deficit + short / np.maximum(a.cpu_total[rows], 1)
+    if short.any():
+        movable = np.zeros(len(a), dtype=np.int64)
+        for o in ws.where.values():
+            if o.pod.num_gpu == 0:
+                movable[o.row] += o.pod.cpu_milli
+        rank = rank + 10.0 * (short > movable[rows])
     if len(rows) > limit:
         keep = np.argpartition(rank, limit - 1)[:limit]
         rows, rank = rows[keep], rank[keep]
     order = np.lexsort((rows, rank))
     return np.asarray(rows[order])
+
+
+def placeable_elsewhere(ws: Workspace) -> Callable[[Pod], bool]:
+    """Whether a pod of this shape fits on some node the plan may use (cached per shape)."""
+    seen: dict[tuple[object, ...], bool] = {}
+
+    def movable(pod: Pod) -> bool:
+        shape = (Shape.of(pod), pod.memory_mib, pod.gpu_memory_mib, pod.tolerations)
+        ok = seen.get(shape)
+        if ok is None:
+            ok = bool(feasible_mask(pod, ws.arrays, ws.no_target).any())
+            seen[shape] = ok
+        return ok
+
+    return movable
 
 
 def static_mask(pod: Pod, a: NodeArrays) -> BoolArray:

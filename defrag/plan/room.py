@@ -41,13 +41,17 @@ class Context:
     constraints: Constraints
     cost_model: CostModel
     now: datetime | None
+    enforce: bool = True
+    """False in the simulator: trace pods have no owners or PDBs, and every pod may move."""
     _checks: dict[str, Status] = field(default_factory=dict)
     _costs: dict[str, float] = field(default_factory=dict)
 
     def check(self, pod: Pod) -> Status:
         status = self._checks.get(pod.key)
         if status is None:
-            status = check_pod(pod, self.constraints, self.now)
+            status = (
+                check_pod(pod, self.constraints, self.now) if self.enforce else Status.success()
+            )
             self._checks[pod.key] = status
         return status
 
@@ -89,10 +93,18 @@ class Relocation:
 
 
 def find_room(
-    ws: Workspace, row: int, pod: Pod, allowed: VictimFilter, cost: Callable[[Pod], float]
+    ws: Workspace,
+    row: int,
+    pod: Pod,
+    allowed: VictimFilter,
+    cost: Callable[[Pod], float],
+    movable: Callable[[Pod], bool] | None = None,
 ) -> Room | tuple[Blocked, ...]:
-    """The cheapest victims on ``row`` that let ``pod`` fit, or what blocked every option."""
-    search = _Search(ws, row, pod, allowed, cost)
+    """The cheapest victims on ``row`` that let ``pod`` fit, or what blocked every option.
+
+    ``movable`` (when given) rules out victims that could fit on no other node right now.
+    """
+    search = _Search(ws, row, pod, allowed, cost, movable)
     victims = search.gpu_victims()
     if victims is None:
         return tuple(search.blocked.values())
@@ -111,9 +123,11 @@ class _Search:
         pod: Pod,
         allowed: VictimFilter,
         cost: Callable[[Pod], float],
+        movable: Callable[[Pod], bool] | None,
     ) -> None:
         a = ws.arrays
         self.ws, self.row, self.pod, self.allowed, self.cost = ws, row, pod, allowed, cost
+        self.movable = movable
         self.total = int(a.gpu_total[row])
         self.free = a.gpu_free[row, : self.total].copy()
         self.domain = a.gpu_domain[row, : self.total]
@@ -134,6 +148,8 @@ class _Search:
             status = self.allowed(o.pod)
             if not status.ok:
                 self.blocked.setdefault(o.pod.key, blocked_from(o.pod.key, status))
+                ok = False
+            elif self.movable is not None and not self.movable(o.pod):
                 ok = False
         return ok
 
@@ -280,7 +296,14 @@ class _Search:
             for o in self.ws.occupants(row)
             if o.pod.key not in victims and (o.pod.cpu_milli or o.pod.memory_mib)
         ]
-        rest.sort(key=lambda o: (self.cost(o.pod) / max(o.pod.cpu_milli, 1), o.pod.key))
+        # CPU-only pods first (they fit almost anywhere), then the cheapest per CPU freed.
+        rest.sort(
+            key=lambda o: (
+                o.pod.num_gpu > 0,
+                self.cost(o.pod) / max(o.pod.cpu_milli, 1),
+                o.pod.key,
+            )
+        )
         for o in rest:
             if not self._usable([o]):
                 continue

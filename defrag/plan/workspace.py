@@ -51,10 +51,13 @@ class Workspace:
         arrays: NodeArrays,
         rows: Iterable[Mapping[str, Occupant]],
         gangs: Mapping[str, tuple[str, ...]] | None = None,
+        where: Mapping[str, Occupant] | None = None,
     ) -> None:
         self.arrays = arrays
         self.rows: list[dict[str, Occupant]] = [dict(r) for r in rows]
-        self.where: dict[str, Occupant] = {k: o for r in self.rows for k, o in r.items()}
+        self.where: dict[str, Occupant] = (
+            dict(where) if where is not None else {k: o for r in self.rows for k, o in r.items()}
+        )
         self.gangs: Mapping[str, tuple[str, ...]] = gangs or {}
         self.no_target: BoolArray = np.zeros(len(arrays), dtype=bool)
         self.reserved: dict[str, Occupant] = {}
