@@ -5,7 +5,10 @@
    ``ratio`` (130%) of the cluster's GPUs, then shuffled, both with the run's seed.
 3. Pods arrive in that order and never leave; a pod that fits nowhere is counted as failed
    (after the defragmentation hook, if any, had its chance) and the fill goes on.
-4. After each arrival the GPU allocation and the FGD fragmentation are logged against the
+4. Node order: like the paper's simulator, which prefixes every node name with a seeded random
+   permutation, ties between equal scores go to a node order shuffled with the run's seed
+   (``shuffle_nodes=False`` keeps the trace's names).
+5. After each arrival the GPU allocation and the FGD fragmentation are logged against the
    arrived GPU demand. The curve's point at k% is the mean of the records whose arrived
    demand rounds to k% (so the point at 0% is about 0.25% when every pod fits).
 """
@@ -120,6 +123,16 @@ def sample_workload(
     )
 
 
+def shuffled_node_order(nodes: Sequence[Node], seed: int) -> list[Node]:
+    """The nodes renamed ``<k>-<name>`` with k a seeded random permutation, as the paper's
+    simulator does: rows (sorted by name) then follow a random order fixed for the run."""
+    perm = np.random.default_rng([seed, 1]).permutation(len(nodes))
+    width = len(str(max(len(nodes) - 1, 0)))
+    return [
+        replace(n, name=f"{int(k):0{width}d}-{n.name}") for n, k in zip(nodes, perm, strict=True)
+    ]
+
+
 def run_fill(
     nodes: Sequence[Node],
     trace_pods: Sequence[Pod],
@@ -129,6 +142,7 @@ def run_fill(
     mix: WorkloadMix | None = None,
     hook: DefragHook | None = None,
     ratio: float = FILL_RATIO,
+    shuffle_nodes: bool = True,
     progress: Progress | None = None,
 ) -> FillRun:
     """One fill of ``nodes`` with pods sampled from ``trace_pods`` under ``policy``.
@@ -137,6 +151,8 @@ def run_fill(
     """
     started = time.perf_counter()
     mix = mix if mix is not None else WorkloadMix.from_pods(trace_pods)
+    if shuffle_nodes:
+        nodes = shuffled_node_order(nodes, seed)
     state = SimState.new(nodes, make_policy(policy, mix=mix, seed=seed), policy, mix)
     capacity = capacity_milli(state.arrays)
     if capacity == 0:
