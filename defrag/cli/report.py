@@ -102,14 +102,15 @@ def report(
 
 def _prometheus_extras(url: str) -> dict[str, Any]:
     """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
+    from defrag.adapters.prometheus import MetricsError, PrometheusSource
+    from defrag.cli.detect import read_rules
+    from defrag.detection import report_extras
+
     try:
-        from defrag.adapters.prometheus import PrometheusSource  # type: ignore[attr-defined]
-        from defrag.detection import report_extras  # type: ignore[import-not-found]
-        from defrag.rules import load_rules  # type: ignore[import-not-found]
-    except ImportError as exc:  # pragma: no cover - present once detection lands
-        raise UserError(f"--prometheus is not available in this build: {exc}") from None
-    source = PrometheusSource(url)
-    return dict(report_extras(source, load_rules(None), None))
+        source = PrometheusSource(url)
+        return report_extras(source, read_rules([]), None)
+    except (MetricsError, ValueError) as exc:
+        raise UserError(f"--prometheus {url}: {exc}") from None
 
 
 def pod_shape(gpus: int, gpu_milli: int, cpu_milli: int, models: list[str]) -> Pod:
