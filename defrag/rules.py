@@ -248,6 +248,8 @@ class LoadedRule:
     file: str
     line: int
     lines: Mapping[str, int] = field(default_factory=dict, hash=False)
+    index: int = 0
+    """Position in its file's ``rules:`` list (field paths in errors are ``rules[index].…``)."""
 
     def line_of(self, path: str) -> int:
         return self.lines.get(path, self.line)
@@ -350,7 +352,7 @@ def _load_file(path: Path) -> tuple[list[LoadedRule], list[RuleIssue]]:
     for i, rule in enumerate(parsed.rules):
         node = _child(rules_node, i)
         line = node.start_mark.line + 1 if node is not None else 0
-        out.append(LoadedRule(rule, name, line, _field_lines(node)))
+        out.append(LoadedRule(rule, name, line, _field_lines(node), i))
     return out, []
 
 

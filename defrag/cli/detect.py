@@ -254,7 +254,10 @@ Query = tuple[Any, str, str]
 
 
 def _issue(loaded: Any, path: str, message: str) -> RuleIssue:
-    return RuleIssue(loaded.file, loaded.line_of(path), f"{loaded.rule.name}.{path}", message)
+    field = f"rules[{loaded.index}].{path}"
+    return RuleIssue(
+        loaded.file, loaded.line_of(path), field, f"rule {loaded.rule.name}: {message}"
+    )
 
 
 def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[RuleIssue]:

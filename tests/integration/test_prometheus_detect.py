@@ -181,7 +181,10 @@ def test_cli_rules_check_asks_prometheus_to_parse(prom: str, tmp_path: Path) -> 
     (tmp_path / "r.yaml").write_text(BAD_PROMQL)
     result = runner.invoke(app, ["rules", "check", str(tmp_path), "--prometheus", prom])
     assert result.exit_code == 2
-    assert f"{tmp_path / 'r.yaml'}:4: i.query: invalid PromQL: bad_data:" in result.stderr
+    assert (
+        f"{tmp_path / 'r.yaml'}:4: rules[0].query: rule i: invalid PromQL: bad_data:"
+        in result.stderr
+    )
     assert "parse error" in result.stderr
     ok = runner.invoke(app, ["rules", "check", str(ROOT / "rules"), "--prometheus", prom])
     assert ok.exit_code == 0 and f"PromQL checked by Prometheus at {prom}" in ok.stdout
@@ -192,7 +195,10 @@ def test_cli_rules_check_uses_promtool_offline(tmp_path: Path) -> None:
     (tmp_path / "r.yaml").write_text(BAD_PROMQL)
     result = runner.invoke(app, ["rules", "check", str(tmp_path)])
     assert result.exit_code == 2
-    assert f"{tmp_path / 'r.yaml'}:4: i.query: invalid PromQL (promtool):" in result.stderr
+    assert (
+        f"{tmp_path / 'r.yaml'}:4: rules[0].query: rule i: invalid PromQL (promtool):"
+        in result.stderr
+    )
     assert "unclosed left parenthesis" in result.stderr
 
 
