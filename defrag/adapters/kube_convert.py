@@ -90,7 +90,7 @@ class ClusterParts:
 
     def add(self, obj: object, where: str, kind: str | None = None) -> None:
         """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none)."""
-        if not isinstance(obj, Mapping):
+        if not isinstance(obj, dict):
             raise ConversionError(where, "", f"expected an object, got {type(obj).__name__}")
         kind = kind or obj.get("kind")
         if kind == "Node":
@@ -144,7 +144,7 @@ def node_from_json(obj: JsonObj, where: str = "node") -> Node:
     alloc_path = "status.allocatable"
     if not alloc:
         alloc, alloc_path = status.get("capacity"), "status.capacity"
-    if not isinstance(alloc, Mapping):
+    if not isinstance(alloc, dict):
         raise ConversionError(who, "status.allocatable", "missing (and no status.capacity)")
     labels = _str_map(meta, "labels", who)
     annotations = _str_map(meta, "annotations", who)
@@ -221,7 +221,7 @@ def _taints(raw: object, who: str) -> tuple[Taint, ...]:
     out = []
     for i, t in enumerate(raw):
         path = f"spec.taints[{i}]"
-        if not isinstance(t, Mapping) or not isinstance(t.get("key"), str):
+        if not isinstance(t, dict) or not isinstance(t.get("key"), str):
             raise ConversionError(who, f"{path}.key", "missing")
         effect = t.get("effect")
         if effect not in TAINT_EFFECTS:
@@ -243,7 +243,7 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
     who = f"Pod {namespace}/{name}"
     spec = _mapping(obj, "spec", who)
     status = obj.get("status") or {}
-    if not isinstance(status, Mapping):
+    if not isinstance(status, dict):
         raise ConversionError(who, "status", "expected an object")
     labels = _str_map(meta, "labels", who)
     annotations = _str_map(meta, "annotations", who)
@@ -365,7 +365,7 @@ def _pod_requests(spec: JsonObj, who: str) -> dict[str, Decimal]:
 
 
 def _container_requests(c: object, path: str, who: str) -> dict[str, Decimal]:
-    if not isinstance(c, Mapping):
+    if not isinstance(c, dict):
         raise ConversionError(who, path, "expected an object")
     resources = c.get("resources") or {}
     requests = resources.get("requests") or {}
@@ -415,7 +415,7 @@ def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
         raise ConversionError(who, "metadata.ownerReferences", "expected a list")
     chosen: OwnerRef | None = None
     for i, ref in enumerate(refs):
-        if not isinstance(ref, Mapping) or not ref.get("kind") or not ref.get("name"):
+        if not isinstance(ref, dict) or not ref.get("kind") or not ref.get("name"):
             raise ConversionError(who, f"metadata.ownerReferences[{i}]", "needs kind and name")
         owner = OwnerRef(kind=ref["kind"], name=ref["name"], controller=bool(ref.get("controller")))
         if owner.controller:
@@ -438,7 +438,7 @@ def _pending(status: JsonObj, who: str) -> tuple[datetime | None, str]:
     if not isinstance(conditions, list):
         raise ConversionError(who, "status.conditions", "expected a list")
     for i, cond in enumerate(conditions):
-        if isinstance(cond, Mapping) and cond.get("type") == "PodScheduled":
+        if isinstance(cond, dict) and cond.get("type") == "PodScheduled":
             if cond.get("status") == "False":
                 path = f"status.conditions[{i}].lastTransitionTime"
                 return _time(cond.get("lastTransitionTime"), path, who), str(
@@ -455,7 +455,7 @@ def _tolerations(raw: object, who: str) -> tuple[Toleration, ...]:
         raise ConversionError(who, "spec.tolerations", "expected a list")
     out = []
     for i, t in enumerate(raw):
-        if not isinstance(t, Mapping):
+        if not isinstance(t, dict):
             raise ConversionError(who, f"spec.tolerations[{i}]", "expected an object")
         operator = t.get("operator") or "Equal"
         if operator not in ("Equal", "Exists"):
@@ -494,13 +494,13 @@ def pdb_from_json(obj: JsonObj, where: str = "pdb") -> PodDisruptionBudget | Non
     selector = spec.get("selector")
     if selector is None:
         return None
-    if not isinstance(selector, Mapping):
+    if not isinstance(selector, dict):
         raise ConversionError(who, "spec.selector", "expected an object")
     match_labels = _str_map(selector, "matchLabels", who, "spec.selector.matchLabels")
     exprs = []
     for i, e in enumerate(selector.get("matchExpressions") or []):
         path = f"spec.selector.matchExpressions[{i}]"
-        if not isinstance(e, Mapping) or not isinstance(e.get("key"), str):
+        if not isinstance(e, dict) or not isinstance(e.get("key"), str):
             raise ConversionError(who, f"{path}.key", "missing")
         op = e.get("operator")
         if op not in SELECTOR_OPERATORS:
@@ -539,9 +539,9 @@ def priority_class_from_json(obj: JsonObj, where: str = "priorityclass") -> Prio
 
 def describe(obj: object, fallback: str) -> str:
     """``Kind ns/name`` when the object says so, else its list position."""
-    if isinstance(obj, Mapping):
+    if isinstance(obj, dict):
         meta = obj.get("metadata")
-        if isinstance(meta, Mapping) and isinstance(meta.get("name"), str):
+        if isinstance(meta, dict) and isinstance(meta.get("name"), str):
             ns = meta.get("namespace")
             ident = f"{ns}/{meta['name']}" if ns else meta["name"]
             return f"{obj.get('kind') or 'object'} {ident} ({fallback})"
@@ -552,7 +552,7 @@ def _mapping(obj: JsonObj, key: str, who: str) -> JsonObj:
     value = obj.get(key)
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise ConversionError(who, key, f"expected an object, got {type(value).__name__}")
     return value
 
@@ -568,7 +568,7 @@ def _str_map(obj: JsonObj, key: str, who: str, path: str | None = None) -> dict[
     value = obj.get(key)
     if value is None:
         return {}
-    if not isinstance(value, Mapping):
+    if not isinstance(value, dict):
         raise ConversionError(who, path or f"metadata.{key}", "expected an object")
     return {str(k): str(v) for k, v in value.items()}
 
@@ -616,7 +616,7 @@ def _time(value: object, path: str, who: str) -> datetime | None:
 
 def items_of(document: object, where: str) -> Sequence[object]:
     """The items of a ``v1 List`` (or any ``…List``), or a single object as a one-item list."""
-    if not isinstance(document, Mapping):
+    if not isinstance(document, dict):
         raise ConversionError(where, "", "expected a Kubernetes object or List")
     if "items" in document:
         items = document["items"]

@@ -23,8 +23,10 @@ configured ``kubernetes.client.ApiClient``.
 from __future__ import annotations
 
 import base64
+import bisect
 import copy
 import json
+import multiprocessing
 import re
 import threading
 import time
@@ -507,34 +509,39 @@ class KubeApi:
         if keys is None:
             keys = sorted(self._store[rt.resource])
             self._sorted[rt.resource] = keys
-        if namespace:
-            keys = [k for k in keys if k[0] == namespace]
-        labels = query.get("labelSelector", [""])[0]
-        fields = query.get("fieldSelector", [""])[0]
-        if labels or fields:
-            store = self._store[rt.resource]
-            keys = [
-                k
-                for k in keys
-                if (not labels or _labels_match(store[k]["metadata"].get("labels") or {}, labels))
-                and (not fields or _fields_match(store[k], fields))
-            ]
+        first = 0
         token = query.get("continue", [""])[0]
         if token:
             try:
-                start = tuple(json.loads(base64.urlsafe_b64decode(token))["after"])
+                after = tuple(json.loads(base64.urlsafe_b64decode(token))["after"])
             except (ValueError, KeyError, TypeError):
                 raise ApiError(400, "BadRequest", "continue key is not valid") from None
-            keys = [k for k in keys if k > start]
+            first = bisect.bisect_right(keys, after)
+        labels = query.get("labelSelector", [""])[0]
+        fields = query.get("fieldSelector", [""])[0]
         limit = int(query.get("limit", ["0"])[0] or 0)
+        store = self._store[rt.resource]
+        page: list[Key] = []
+        more = False
+        for i in range(first, len(keys)):
+            key = keys[i]
+            if namespace and key[0] != namespace:
+                continue
+            if labels and not _labels_match(store[key]["metadata"].get("labels") or {}, labels):
+                continue
+            if fields and not _fields_match(store[key], fields):
+                continue
+            if limit and len(page) == limit:
+                more = True
+                break
+            page.append(key)
         meta: Obj = {"resourceVersion": str(self._rv)}
-        page = keys
-        if limit and len(keys) > limit:
-            page = keys[:limit]
+        if more:
             meta["continue"] = base64.urlsafe_b64encode(
                 json.dumps({"after": list(page[-1]), "rv": self._rv}).encode()
             ).decode()
-            meta["remainingItemCount"] = len(keys) - limit
+            if not (namespace or labels or fields):  # as the API server: only when it knows
+                meta["remainingItemCount"] = len(keys) - first - limit
         head = json.dumps(
             {"kind": f"{rt.kind}List", "apiVersion": rt.api_version, "metadata": meta}
         ).encode()
@@ -763,6 +770,39 @@ class _Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _serve
 
 
+def client_for(url: str) -> Any:
+    """A ``kubernetes.client.ApiClient`` for an emulator at ``url`` (e.g. in another process)."""
+    from kubernetes import client
+
+    config = client.Configuration()
+    config.host = url
+    config.retries = 0
+    return client.ApiClient(config)
+
+
+def serve_in_subprocess(objects: list[Obj]) -> tuple[str, Callable[[], None]]:
+    """Run an emulator in a forked process (so it does not share the client's GIL, as a real API
+    server would not); returns its URL and a function that stops it. For benchmarks."""
+    ctx = multiprocessing.get_context("fork")
+    ours, theirs = ctx.Pipe()
+    process = ctx.Process(target=_serve_child, args=(objects, theirs), daemon=True)
+    process.start()
+    url = ours.recv()
+
+    def stop() -> None:
+        ours.send("stop")
+        process.join(10)
+
+    return str(url), stop
+
+
+def _serve_child(objects: list[Obj], conn: Any) -> None:
+    api = KubeApi(objects).start()
+    conn.send(api.url)
+    conn.recv()
+    api.stop()
+
+
 def running(objects: Iterable[Obj] = ()) -> Iterator[KubeApi]:
     """Generator for a pytest fixture: ``yield from running(objects)``."""
     api = KubeApi(objects).start()
@@ -772,4 +812,13 @@ def running(objects: Iterable[Obj] = ()) -> Iterator[KubeApi]:
         api.stop()
 
 
-__all__ = ["ApiError", "Fault", "KubeApi", "Request", "merge_patch", "running"]
+__all__ = [
+    "ApiError",
+    "Fault",
+    "KubeApi",
+    "Request",
+    "client_for",
+    "merge_patch",
+    "running",
+    "serve_in_subprocess",
+]
