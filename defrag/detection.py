@@ -21,10 +21,20 @@ from defrag.detect.findings import Finding
 from defrag.detect.fragmentation import detect_fragmentation
 from defrag.detect.idle import IdleStatus, assess_idle, detect_idle
 from defrag.detect.leak import DcgmLabels, GpuMemorySeries, detect_leaks
+from defrag.detect.series import trailing_run_start
 from defrag.detect.starvation import detect_starvation
-from defrag.model.cluster import Cluster
+from defrag.model.cluster import Cluster, ModelError
+from defrag.model.resources import Node, Pod
 from defrag.ports import MetricsSource, Sample
-from defrag.rules import FragmentationRule, IdleRule, LeakRule, LoadedRule, RuleSet, StarvationRule
+from defrag.rules import (
+    FragmentationRule,
+    IdleRule,
+    KubeStateQueries,
+    LeakRule,
+    LoadedRule,
+    RuleSet,
+    StarvationRule,
+)
 
 
 class DetectionError(RuntimeError):
@@ -66,12 +76,25 @@ def detect(
 def run_detection(
     rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
 ) -> DetectionReport:
+    """Every enabled rule. Without ``cluster``, cluster rules that carry kube-state-metrics
+    ``queries`` build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`)."""
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
+    built: dict[KubeStateQueries, Cluster] = {}
     for loaded in rules.enabled():
         rule = loaded.rule
         try:
+            if (
+                cluster is None
+                and metrics is not None
+                and isinstance(rule, StarvationRule | FragmentationRule)
+                and rule.queries is not None
+            ):
+                if rule.queries not in built:
+                    built[rule.queries] = cluster_from_kube_state(rule.queries, metrics, now)
+                findings += _cluster_rule(rule, built[rule.queries], now)
+                continue
             if isinstance(rule, LeakRule | IdleRule):
                 if metrics is None:
                     skipped[rule.name] = "no metrics source"
@@ -83,13 +106,19 @@ def run_detection(
                     findings += detect_idle(times, values, rule.params(), now)
             elif cluster is None:
                 skipped[rule.name] = "no cluster snapshot"
-            elif isinstance(rule, StarvationRule):
-                findings += detect_starvation(cluster, rule.params(), now)
-            elif isinstance(rule, FragmentationRule):
-                findings += detect_fragmentation(cluster, rule.params(), now)
+            elif isinstance(rule, StarvationRule | FragmentationRule):
+                findings += _cluster_rule(rule, cluster, now)
         except Exception as exc:
             failures.append(_failure(loaded, exc))
     return DetectionReport(tuple(findings), tuple(failures), skipped)
+
+
+def _cluster_rule(
+    rule: StarvationRule | FragmentationRule, cluster: Cluster, now: datetime
+) -> list[Finding]:
+    if isinstance(rule, StarvationRule):
+        return detect_starvation(cluster, rule.params(), now)
+    return detect_fragmentation(cluster, rule.params(), now)
 
 
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:
@@ -184,6 +213,82 @@ def idle_status(rules: RuleSet, metrics: MetricsSource, now: datetime) -> IdleSt
         if status.since is not None:
             since = max(since, status.since) if since else status.since
     return IdleStatus(not reasons, tuple(reasons), since if not reasons else None)
+
+
+# --- a cluster from kube-state-metrics ----------------------------------------------------------
+
+
+def cluster_from_kube_state(
+    queries: KubeStateQueries, metrics: MetricsSource, now: datetime
+) -> Cluster:
+    """A GPU-only cluster from kube-state-metrics at ``now``: nodes with their allocatable GPUs,
+    pods bound or pending with their GPU requests, priority class and (from the ``pending``
+    range over ``lookback``) since when they are pending. CPU and memory are not modelled.
+
+    Pods whose requests do not fit what their node has left (scrapes a moment apart) are left
+    out rather than failing the cycle.
+    """
+    nodes = {}
+    for s in metrics.instant(queries.allocatable, now):
+        name = s.labels.get("node", "")
+        if name and s.last is not None:
+            nodes[name] = Node(name, cpu_milli=0, memory_mib=0, num_gpu=int(s.last))
+    requests: dict[str, float] = {}
+    req_node: dict[str, str] = {}
+    for s in metrics.instant(queries.gpu_requests, now):
+        key = _pod_key(s.labels)
+        if key and s.last:
+            requests[key] = requests.get(key, 0.0) + s.last
+            req_node.setdefault(key, s.labels.get("node", ""))
+    phases = {
+        key: s.labels.get("phase", "")
+        for s in metrics.instant(queries.phase, now)
+        if (key := _pod_key(s.labels)) and s.last
+    }
+    info = {
+        key: s.labels for s in metrics.instant(queries.info, now) if (key := _pod_key(s.labels))
+    }
+    since: dict[str, datetime] = {}
+    start = now - timedelta(seconds=queries.lookback)
+    for s in metrics.range(queries.pending, start, now, queries.step):
+        key = _pod_key(s.labels)
+        points = np.asarray(s.points, dtype=float).reshape(-1, 2)
+        if not key or len(points) == 0 or points[-1, 0] < now.timestamp() - 2 * queries.step:
+            continue  # not pending any more
+        began = trailing_run_start(points[:, 0], points[:, 1] > 0)
+        if began is not None:
+            since[key] = datetime.fromtimestamp(began, UTC)
+    pods = []
+    for key, gpus in sorted(requests.items()):
+        phase = phases.get(key, "Pending" if key in since else "")
+        if phase not in ("Pending", "Running"):
+            continue
+        labels = info.get(key, {})
+        node = labels.get("node") or req_node.get(key) or None
+        namespace, _, name = key.partition("/")
+        pods.append(
+            Pod(
+                name,
+                namespace,
+                num_gpu=round(gpus),
+                priority_class=labels.get("priority_class", ""),
+                phase=phase,
+                node=node if node in nodes else None,
+                pending_since=since.get(key) if phase == "Pending" else None,
+            )
+        )
+    cluster = Cluster.build(nodes.values())
+    for pod in pods:
+        try:
+            cluster = cluster.with_pod_added(pod)
+        except ModelError:
+            continue
+    return cluster
+
+
+def _pod_key(labels: Mapping[str, str]) -> str:
+    pod = labels.get("pod", "")
+    return f"{labels.get('namespace', '')}/{pod}" if pod else ""
 
 
 # --- report extras -------------------------------------------------------------------------------

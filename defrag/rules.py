@@ -127,7 +127,34 @@ class LeakRule(_Rule):
         )
 
 
-class StarvationRule(_Rule):
+class KubeStateQueries(_Model):
+    """kube-state-metrics queries that build a GPU-only cluster when no snapshot is given.
+
+    Labels read: ``node`` (allocatable, requests, info), ``namespace``/``pod``, ``phase``,
+    ``priority_class`` (info) — kube-state-metrics' own names.
+    """
+
+    allocatable: PromQL
+    gpu_requests: PromQL
+    phase: PromQL
+    pending: PromQL
+    info: PromQL
+    lookback: Duration = 6 * 3600.0
+    step: Duration = 60.0
+
+    def promql(self, prefix: str) -> dict[str, str]:
+        names = ("allocatable", "gpu_requests", "phase", "pending", "info")
+        return {f"{prefix}.{n}": getattr(self, n) for n in names}
+
+
+class _ClusterRule(_Rule):
+    queries: KubeStateQueries | None = None
+
+    def promql(self) -> dict[str, str]:
+        return self.queries.promql("queries") if self.queries else {}
+
+
+class StarvationRule(_ClusterRule):
     detector: Literal["starvation"]
     for_: Annotated[Duration, Field(alias="for")] = 900.0
     min_priority: int = 1000
@@ -154,7 +181,7 @@ class StarvationRule(_Rule):
         )
 
 
-class FragmentationRule(_Rule):
+class FragmentationRule(_ClusterRule):
     detector: Literal["fragmentation"]
     sizes: tuple[Annotated[int, Field(ge=1)], ...] = (8,)
     include_waiting: bool = True

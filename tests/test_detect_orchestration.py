@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from defrag.detection import DetectionError, detect, leak_range_query, run_detec
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample
-from defrag.rules import LeakRule, load_rules
+from defrag.rules import LeakRule, RuleSet, load_rules
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -52,9 +53,29 @@ def test_without_metrics_only_cluster_rules_run() -> None:
     assert [f.subject for f in report.findings] == ["node/n1"]  # 3 free, stranded for 4 and 8
 
 
-def test_without_cluster_only_metric_rules_run() -> None:
+def without_kube_state_queries(rules: RuleSet) -> RuleSet:
+    return RuleSet(
+        tuple(
+            replace(r, rule=r.rule.model_copy(update={"queries": None}))
+            if r.rule.detector in ("starvation", "fragmentation")
+            else r
+            for r in rules
+        )
+    )
+
+
+def test_cluster_rules_build_the_cluster_from_kube_state_metrics() -> None:
     metrics = FakeMetrics(quiet_curve())
     report = run_detection(RULES, metrics, None, NOW)
+    assert report.skipped == {} and report.failures == ()
+    assert 'kube_node_status_allocatable{resource="nvidia_com_gpu"}' in metrics.queries
+    # built once for both rules (same queries): allocatable asked once
+    assert metrics.queries.count('kube_node_status_allocatable{resource="nvidia_com_gpu"}') == 1
+
+
+def test_without_cluster_only_metric_rules_run() -> None:
+    metrics = FakeMetrics(quiet_curve())
+    report = run_detection(without_kube_state_queries(RULES), metrics, None, NOW)
     assert report.skipped == {
         "gpu-fragmentation": "no cluster snapshot",
         "high-priority-starved": "no cluster snapshot",

@@ -1,0 +1,117 @@
+"""Starvation and fragmentation from kube-state-metrics alone (no snapshot), real Prometheus.
+
+Three 8-GPU nodes with 5, 5 and 6 GPUs requested (8 free, at most 3 on a node); pending 4-GPU
+pods: ``urgent`` (high-priority, 30 min), ``batch`` (low priority, 5 h) and ``fresh``
+(high-priority, 5 min, under the rule's 15 min ``for``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from defrag.adapters.prometheus import PrometheusSource
+from defrag.detection import cluster_from_kube_state, detect
+from defrag.rules import StarvationRule, load_rules
+from tests.support.prometheus import END, gauge_family, prometheus_server
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+STEP = 30.0
+TIMES = np.arange(END.timestamp() - 6 * 3600, END.timestamp() + 1, STEP)
+
+RUNNING = {"a": ("n1", 5), "b": ("n2", 5), "c": ("n3", 6)}
+PENDING = {"urgent": ("high-priority", 30), "batch": ("low", 300), "fresh": ("high-priority", 5)}
+
+
+def since(minutes: float) -> np.ndarray:
+    first = END.timestamp() - minutes * 60
+    return TIMES[first <= TIMES]
+
+
+def history() -> str:
+    ones = np.ones(len(TIMES))
+    alloc = [
+        ({"node": n, "resource": "nvidia_com_gpu", "unit": "integer"}, TIMES, ones * 8)
+        for n in ("n1", "n2", "n3")
+    ]
+    requests, phase, info = [], [], []
+    for pod, (node, gpus) in RUNNING.items():
+        base = {"namespace": "ml", "pod": pod}
+        requests.append(
+            (
+                {
+                    **base,
+                    "container": "main",
+                    "node": node,
+                    "resource": "nvidia_com_gpu",
+                    "unit": "integer",
+                },
+                TIMES,
+                ones * gpus,
+            )
+        )
+        phase.append(({**base, "phase": "Running"}, TIMES, ones))
+        info.append(({**base, "node": node, "priority_class": "low"}, TIMES, ones))
+    for pod, (cls, minutes) in PENDING.items():
+        base = {"namespace": "ml", "pod": pod}
+        t = since(minutes)
+        requests.append(
+            (
+                {
+                    **base,
+                    "container": "main",
+                    "node": "",
+                    "resource": "nvidia_com_gpu",
+                    "unit": "integer",
+                },
+                t,
+                np.full(len(t), 4),
+            )
+        )
+        phase.append(({**base, "phase": "Pending"}, t, np.ones(len(t))))
+        info.append(({**base, "node": "", "priority_class": cls}, t, np.ones(len(t))))
+    return (
+        gauge_family("kube_node_status_allocatable", alloc)
+        + gauge_family("kube_pod_container_resource_requests", requests)
+        + gauge_family("kube_pod_status_phase", phase)
+        + gauge_family("kube_pod_info", info)
+        + "# EOF\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    path = tmp_path_factory.mktemp("ksm") / "ksm.om"
+    path.write_text(history())
+    with prometheus_server(path) as server:
+        yield server.url
+
+
+def test_cluster_from_kube_state_metrics(prom: str) -> None:
+    rule = load_rules([ROOT / "rules" / "starvation.yaml"]).rules[0].rule
+    assert isinstance(rule, StarvationRule) and rule.queries is not None
+    source = PrometheusSource(prom, retries=0)
+    cluster = cluster_from_kube_state(rule.queries, source, END)
+    assert [n.name for n in cluster.nodes] == ["n1", "n2", "n3"]
+    assert cluster.arrays.free_whole_count().tolist() == [3, 3, 2]  # 8 − 5, 8 − 5, 8 − 6
+    urgent = cluster.pods["ml/urgent"]
+    assert urgent.node is None and urgent.num_gpu == 4 and urgent.priority_class == "high-priority"
+    assert urgent.pending_since == END - timedelta(minutes=30)
+
+
+def test_starvation_from_prometheus_alone_says_fragmented(prom: str) -> None:
+    rules = load_rules([ROOT / "rules" / "starvation.yaml", ROOT / "rules" / "fragmentation.yaml"])
+    findings = detect(rules, PrometheusSource(prom, retries=0), None, END)
+    starving = [f for f in findings if f.kind == "starvation"]
+    # urgent: high-priority past 15 min; batch is low priority; fresh waits only 5 min
+    assert [f.subject for f in starving] == ["pod/ml/urgent"]
+    assert starving[0].evidence["reason"] == "fragmented"
+    assert "fragmented" in starving[0].summary and "8 GPU(s) free in total" in starving[0].summary
+    frag = {f.subject for f in findings if f.kind == "fragmentation"}
+    assert frag == {"cluster", "node/n1", "node/n2", "node/n3"}
