@@ -243,11 +243,8 @@ def test_events_on_pods_and_nodes(api: KubeApi) -> None:
     act = actuator(api, event_namespace="defrag-system", instance="defrag-0")
     act.event("Pod", "ml", "batch-01-0-0", "DefragEvicted", "moved to gpu-07")
     act.event("Node", "", "gpu-01", "DefragBlocked", "PDB serve", warning=True)
-    pod_event, node_event = (
-        api.objects("Event")[::-1]
-        if False
-        else sorted(api.objects("Event"), key=lambda e: e["involvedObject"]["kind"])[::-1]
-    )
+    events = {e["involvedObject"]["kind"]: e for e in api.objects("Event")}
+    pod_event, node_event = events["Pod"], events["Node"]
     assert pod_event["metadata"]["namespace"] == "ml"
     assert pod_event["involvedObject"] == {
         "kind": "Pod",
@@ -418,3 +415,19 @@ def test_emulator_on_eviction_creates_a_replacement(api: KubeApi) -> None:
     assert actuator(api).evict("ml", "batch-01-0-0").outcome == "evicted"
     assert api.get("Pod", "batch-01-0-0r", "ml") is not None
     assert api.evicted == [("ml", "batch-01-0-0")]
+
+
+def test_emulator_create_conflicts_and_dry_run(api: KubeApi) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api.client())
+    body = k.pod("new-0", "ml", 1)
+    core.create_namespaced_pod("ml", body, dry_run="All", _preload_content=False)
+    assert api.get("Pod", "new-0", "ml") is None  # dry run: not stored
+    core.create_namespaced_pod("ml", body, _preload_content=False)
+    created = api.get("Pod", "new-0", "ml")
+    assert created is not None and created["metadata"]["resourceVersion"]
+    with pytest.raises(client.ApiException) as info:
+        core.create_namespaced_pod("ml", body, _preload_content=False)
+    assert info.value.status == 409
+    assert json.loads(info.value.body)["message"] == 'pods "new-0" already exists'
