@@ -19,7 +19,7 @@ from defrag.model.units import GPU_MILLI
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.model import Blocked, Step
-from defrag.plan.room import Context, Relocation, Room, find_room, relocate
+from defrag.plan.room import Context, Nest, Relocation, Room, VictimFilter, find_room, relocate
 from defrag.plan.workspace import Workspace
 from defrag.scoring.filters import feasible_mask, taint_mask
 from defrag.scoring.framework import Placement
@@ -34,6 +34,7 @@ class RoomResult:
     steps: tuple[Step, ...]
     blocked: tuple[Blocked, ...]
     row: int | None
+    gpus: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -49,53 +50,74 @@ def make_room(
     candidates: int = 32,
     tries: int = 8,
     any_priority: bool = False,
+    depth: int = 1,
+    place: bool = False,
+    allowed: VictimFilter | None = None,
 ) -> RoomResult:
     """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
 
     ``any_priority`` lifts the strictly-lower-priority rule (the simulator's fill protocol,
-    where pods only migrate and nothing is lost).
+    where pods only migrate and nothing is lost). A victim that fits nowhere else may get room
+    made for it in turn, ``depth`` levels deep (a chain of migrations). ``place`` puts the pod
+    on its node as a running pod (a victim being chained) instead of reserving the room.
     """
     placed = schedule(pod, ws.arrays, ctx.policy, exclude=ws.no_target)
     if isinstance(placed, Placement):
-        ws.reserve(pod, placed.row, placed.gpus)
-        return RoomResult(pod.key, (), (), placed.row)
-    allowed = ctx.victim_filter(None if any_priority else pod.priority)
+        (ws.place if place else ws.reserve)(pod, placed.row, placed.gpus)
+        return RoomResult(pod.key, (), (), placed.row, placed.gpus)
+    if allowed is None:
+        allowed = ctx.victim_filter(None if any_priority else pod.priority)
     rows = candidate_rows(ws, pod, candidates)
-    rooms: list[Room] = []
     blocked: dict[str, Blocked] = {}
-    movable = None if preempt else placeable_elsewhere(ws)
-    for row in rows:
-        found = find_room(ws, int(row), pod, allowed, ctx.cost, movable)
-        if isinstance(found, Room):
-            rooms.append(found)
-        elif len(blocked) < 20:
-            for b in found:
-                blocked.setdefault(b.pod, b)
-    rooms.sort(key=lambda r: (r.cost, len(r.victims), r.row))
     reason = f"make room for {pod.key} ({describe(pod)})"
-    for room in rooms[:tries]:
-        mark = ws.mark()
-        done = relocate(
-            ws,
-            ctx,
-            room,
-            pod,
-            reason=f"{reason} on {ws.node(room.row)}",
-            allowed=allowed,
-            preempt=preempt,
-        )
-        if isinstance(done, Relocation):
-            ctx.ledger.commit(done.evictions)
-            for b in room.blocked:
+    # First victims that fit elsewhere as they are; then, if that fails, any victim, with
+    # chains of migrations (depth) or preemption making room for the ones that fit nowhere.
+    passes: list[tuple[Callable[[Pod], bool] | None, Nest | None]] = []
+    if not preempt:
+        passes.append((placeable_elsewhere(ws), None))
+    if preempt or depth > 0:
+        nest = _nest(ws, ctx, allowed, depth - 1, candidates, tries) if depth > 0 else None
+        passes.append((None, nest))
+    for movable, nest in passes:
+        rooms: list[Room] = []
+        for row in rows:
+            found = find_room(ws, int(row), pod, allowed, ctx.cost, movable)
+            if isinstance(found, Room):
+                rooms.append(found)
+            elif len(blocked) < 20:
+                for b in found:
+                    blocked.setdefault(b.pod, b)
+        rooms.sort(key=lambda r: (r.cost, len(r.victims), r.row))
+        for room in rooms[:tries]:
+            done = relocate(
+                ws, ctx, room, pod,
+                reason=f"{reason} on {ws.node(room.row)}",
+                allowed=allowed, preempt=preempt, place=place, nest=nest,
+            )  # fmt: skip
+            if isinstance(done, Relocation):
+                for b in room.blocked:
+                    blocked.setdefault(b.pod, b)
+                return RoomResult(pod.key, done.steps, tuple(blocked.values()), room.row, done.gpus)
+            for b in done:
                 blocked.setdefault(b.pod, b)
-            return RoomResult(pod.key, done.steps, tuple(blocked.values()), room.row)
-        ws.rollback(mark)
-        for b in done:
-            blocked.setdefault(b.pod, b)
     if not blocked:
-        detail = placed.summary if not rooms else "no victim set could be re-placed"
-        blocked[pod.key] = Blocked(pod.key, c.NO_ROOM, detail)
+        blocked[pod.key] = Blocked(pod.key, c.NO_ROOM, placed.summary)
     return RoomResult(pod.key, (), tuple(blocked.values()), None)
+
+
+def _nest(
+    ws: Workspace, ctx: Context, allowed: VictimFilter, depth: int, candidates: int, tries: int
+) -> Nest:
+    def chain(victim: Pod) -> tuple[tuple[Step, ...], int, tuple[int, ...]] | None:
+        result = make_room(
+            ws, ctx, victim, preempt=False, candidates=candidates, tries=tries,
+            depth=depth, place=True, allowed=allowed,
+        )  # fmt: skip
+        if result.row is None:
+            return None
+        return result.steps, result.row, result.gpus
+
+    return chain
 
 
 def candidate_rows(ws: Workspace, pod: Pod, limit: int) -> np.ndarray:

@@ -82,7 +82,7 @@ def repack(
         if ws.no_target[row] or received[row]:
             continue
         room = rooms[(row, k)]
-        mark = ws.mark()
+        mark, ledger_state = ws.mark(), ctx.ledger.snapshot()
         done = relocate(
             ws,
             ctx,
@@ -104,12 +104,13 @@ def repack(
         ratio = gain / max(price, 1e-9)
         if ratio < min_gain_per_cost:
             ws.rollback(mark)
+            ctx.ledger.restore(ledger_state)
             continue
         if not evaluated and heap and ratio < -heap[0][0]:
             ws.rollback(mark)
+            ctx.ledger.restore(ledger_state)
             heapq.heappush(heap, (-ratio, row, k, True))
             continue
-        ctx.ledger.commit(done.evictions)
         frag_now[touched] = after
         received[list(done.receivers)] = True
         steps.extend(done.steps)

@@ -90,6 +90,13 @@ class Relocation:
     steps: tuple[Step, ...]
     evictions: tuple[tuple[Pod, str], ...]
     receivers: tuple[int, ...]
+    gpus: tuple[int, ...] = ()
+    """The GPU slots the pod the room was made for takes."""
+
+
+Nest = Callable[[Pod], "tuple[tuple[Step, ...], int, tuple[int, ...]] | None"]
+"""Makes room for a victim that fits nowhere (one level deeper): the steps that did it (already
+applied to the workspace, the victim placed), its row and GPU slots; None when impossible."""
 
 
 def find_room(
@@ -322,12 +329,17 @@ def relocate(
     reason: str,
     allowed: VictimFilter,
     preempt: bool,
+    place: bool = False,
+    nest: Nest | None = None,
 ) -> Relocation | tuple[Blocked, ...]:
-    """Evict the room's victims (with their gangs), reserve the room, re-place the victims.
+    """Evict the room's victims (with their gangs), give the room to ``pod``, re-place them.
 
-    On success the workspace holds the new state (roll back with ``ws.mark()`` taken before);
-    the ledger is only checked — the caller commits ``evictions`` once it keeps the result.
-    On failure the workspace is as it was and the answer says what blocked.
+    ``pod`` is reserved there (a pending pod), or placed (``place``: a victim one level up).
+    A victim that fits nowhere gets room made for it by ``nest``, else is preempted when
+    ``preempt``, else the attempt fails. On success the workspace holds the new state and the
+    ledger has the evictions committed (a caller that undoes it rolls back the workspace to a
+    ``ws.mark()`` and the ledger to a ``snapshot()`` taken before); on failure both are as
+    they were and the answer says what blocked.
     """
     node = ws.node(room.row)
     groups = _with_gangs(ws, room.victims, allowed)
@@ -340,15 +352,23 @@ def relocate(
     if not status.ok:
         return (blocked_from(culprit or "", status),)
     mark = ws.mark()
+    ledger_state = ctx.ledger.snapshot()
+    ctx.ledger.commit(evictions)
     seats = {k: ws.remove(k) for group in groups for k in group}
+    pod_gpus: tuple[int, ...] = ()
     if pod is not None:
         only = np.ones(len(ws.arrays), dtype=bool)
         only[room.row] = False
         placed = schedule(pod, ws.arrays, ctx.policy, exclude=only)
         if not isinstance(placed, Placement):
             ws.rollback(mark)
+            ctx.ledger.restore(ledger_state)
             return (Blocked(pod.key, c.NO_ROOM, f"{node}: {placed.summary}"),)
-        ws.reserve(pod, room.row, placed.gpus)
+        pod_gpus = placed.gpus
+        if place:
+            ws.place(pod, room.row, pod_gpus)
+        else:
+            ws.reserve(pod, room.row, pod_gpus)
     ws.forbid(room.row)
     steps: list[Step] = []
     receivers: list[int] = []
@@ -356,29 +376,36 @@ def relocate(
     for group in ordered:
         gang = gang_of(seats[group[0]].pod)
         group_mark = ws.mark()
+        group_ledger = ctx.ledger.snapshot()
         moved: list[Step] = []
         failed: tuple[str, str] | None = None
         for key in sorted(group, key=lambda k: (-seats[k].pod.gpu_demand_milli, k)):
             seat = seats[key]
             placed = schedule(seat.pod, ws.arrays, ctx.policy, exclude=ws.no_target)
-            if not isinstance(placed, Placement):
-                failed = (key, placed.summary)
-                break
-            ws.place(seat.pod, placed.row, placed.gpus)
-            moved.append(
-                _step("migrate", seat, ws, ws.node(placed.row), placed.gpus, reason, gang, ctx)
-            )
+            if isinstance(placed, Placement):
+                ws.place(seat.pod, placed.row, placed.gpus)
+                target, gpus = placed.row, placed.gpus
+            else:
+                chained = nest(seat.pod) if nest is not None else None
+                if chained is None:
+                    failed = (key, placed.summary)
+                    break
+                moved.extend(chained[0])
+                target, gpus = chained[1], chained[2]
+            moved.append(_step("migrate", seat, ws, ws.node(target), gpus, reason, gang, ctx))
         if failed is None:
             steps.extend(moved)
             receivers.extend(ws.arrays.index[s.target] for s in moved if s.target)
             continue
         ws.rollback(group_mark)
+        ctx.ledger.restore(group_ledger)
         if not preempt:
             ws.rollback(mark)
+            ctx.ledger.restore(ledger_state)
             return (Blocked(failed[0], c.NO_ROOM, f"nowhere to move it: {failed[1]}"),)
         for key in sorted(group):
             steps.append(_step("preempt", seats[key], ws, None, (), reason, gang, ctx))
-    return Relocation(tuple(steps), evictions, tuple(sorted(set(receivers))))
+    return Relocation(tuple(steps), evictions, tuple(sorted(set(receivers))), pod_gpus)
 
 
 def _with_gangs(

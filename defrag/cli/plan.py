@@ -1,0 +1,156 @@
+"""``defrag plan``: a one-shot plan for a cluster snapshot, as a table, JSON or YAML."""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import yaml
+from rich.table import Table
+
+from defrag.cli.app import UserError, app, console, load_cluster, print_json
+from defrag.model.cluster import Cluster
+from defrag.model.workload import WorkloadMix
+from defrag.plan import Constraints, Plan, PlanError, PlanOptions, make_plan
+from defrag.plan.model import GOALS
+from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy
+
+
+class PlanOutput(StrEnum):
+    table = "table"
+    json = "json"
+    yaml = "yaml"
+
+
+class GoalChoice(StrEnum):
+    repack = "repack"
+    make_room = "make-room"
+    all = "all"
+
+
+assert tuple(g.value for g in GoalChoice) == GOALS
+
+
+@app.command("plan")
+def plan_command(
+    snapshot: Annotated[
+        list[Path],
+        typer.Option(
+            "--snapshot", "-s", help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json`."
+        ),
+    ] = [],  # noqa: B006 - typer needs a literal default
+    goal: Annotated[GoalChoice, typer.Option(help="repack, make-room or all.")] = GoalChoice.all,
+    max_evictions: Annotated[
+        int, typer.Option(min=0, help="Evictions the plan may use (its budget).")
+    ] = 50,
+    max_per_node: Annotated[
+        int | None, typer.Option(min=0, help="Evictions per node (default: no limit).")
+    ] = None,
+    max_per_namespace: Annotated[
+        int | None, typer.Option(min=0, help="Evictions per namespace (default: no limit).")
+    ] = None,
+    min_age: Annotated[
+        float, typer.Option(min=0, help="Minutes a pod must have run before it may move.")
+    ] = 10.0,
+    protect_priority: Annotated[
+        int | None, typer.Option(help="Pods at or above this priority never move.")
+    ] = None,
+    no_preempt: Annotated[
+        bool, typer.Option("--no-preempt", help="Make-room migrates only, never preempts.")
+    ] = False,
+    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
+        DEFAULT_POLICY
+    ),
+    now: Annotated[
+        str | None,
+        typer.Option(help="The planning time, RFC 3339 (default: now); ages and costs use it."),
+    ] = None,
+    output: Annotated[PlanOutput, typer.Option("--output", "-o")] = PlanOutput.table,
+) -> None:
+    """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
+    cluster = load_cluster(snapshot)
+    when = _parse_now(now)
+    constraints = Constraints(
+        min_age=timedelta(minutes=min_age),
+        protect_priority=protect_priority,
+        max_evictions=max_evictions,
+        max_per_node=max_per_node,
+        max_per_namespace=max_per_namespace,
+    )
+    try:
+        plan = make_plan(
+            cluster,
+            goal.value,
+            policy=policy,
+            constraints=constraints,
+            now=when,
+            mix=_mix(cluster),
+            options=PlanOptions(preempt=not no_preempt),
+        )
+    except (UnknownPolicy, PlanError) as exc:
+        raise UserError(str(exc)) from None
+    if output is PlanOutput.json:
+        print_json(plan.to_dict())
+    elif output is PlanOutput.yaml:
+        yaml.safe_dump(plan.to_dict(), sys.stdout, sort_keys=False, allow_unicode=True)
+    else:
+        _print_table(plan)
+
+
+def _parse_now(text: str | None) -> datetime:
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(f"--now: not an RFC 3339 time: {text!r}") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _mix(cluster: Cluster) -> WorkloadMix:
+    pods = [p for p in cluster.pods.values() if p.num_gpu]
+    return WorkloadMix.from_pods(pods) if pods else WorkloadMix.default()
+
+
+def _print_table(plan: Plan) -> None:
+    before, after = plan.before, plan.after
+    console.print(
+        f"[bold]{plan.id}[/] goal {plan.goal}, policy {plan.policy}: "
+        f"{plan.migrations} migration(s), {plan.preemptions} preemption(s), cost {plan.cost:g}"
+    )
+    for target in plan.targets:
+        console.print(f"  for {target}")
+    steps = Table(title="Steps", show_header=True)
+    for col in ("#", "kind", "pod", "from", "to", "GPUs", "cost", "reason"):
+        steps.add_column(
+            col,
+            justify="right" if col in ("#", "GPUs", "cost") else "left",
+            overflow="fold",
+        )
+    for i, s in enumerate(plan.steps, start=1):
+        steps.add_row(
+            str(i), s.kind, s.pod, s.source, s.target or "(waits)",
+            f"{s.gpus_held:g}", f"{s.cost:g}", s.reason,
+        )  # fmt: skip
+    console.print(steps)
+    if plan.blocked:
+        blocked = Table(title="Blocked", show_header=True)
+        for col in ("pod", "constraint", "detail"):
+            blocked.add_column(col)
+        for b in plan.blocked:
+            blocked.add_row(b.pod, b.constraint, b.detail)
+        console.print(blocked)
+    gain = Table(title="Expected gain", show_header=True)
+    for col in ("metric", "before", "after"):
+        gain.add_column(col, justify="left" if col == "metric" else "right")
+    for key in ("free_gpus", "whole_free_nodes", "largest_placeable_job", "fgd_fragmented_gpus"):
+        gain.add_row(key, str(before.get(key, "")), str(after.get(key, "")))
+    for k, v in dict(before.get("placeable", {})).items():
+        gain.add_row(
+            f"{k}-GPU jobs placeable", str(v), str(dict(after.get("placeable", {})).get(k))
+        )
+    console.print(gain)

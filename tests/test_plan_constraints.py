@@ -1,0 +1,124 @@
+"""Per-pod constraints, the budget ledger and the cost formula."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from defrag.model.cluster import PodDisruptionBudget
+from defrag.model.resources import OwnerRef, Pod
+from defrag.plan.constraints import Constraints, Ledger, blocked_from, check_pod, gang_of
+from defrag.plan.cost import CostModel
+from tests.test_plan_support import NOW, running
+
+
+@pytest.mark.parametrize(
+    "pod,constraints,expected",
+    [
+        (running("a", "n"), Constraints(), None),
+        (running("a", "n", annotations={"defrag.io/evictable": "false"}), Constraints(), "opt-out"),
+        (running("a", "n", annotations={"defrag.io/evictable": "true"}), Constraints(), None),
+        (running("a", "n", owner=None), Constraints(), "bare-pod"),
+        (running("a", "n", owner=OwnerRef("Node", "n")), Constraints(), "bare-pod"),
+        (running("a", "n", owner=OwnerRef("DaemonSet", "ds")), Constraints(), "daemonset"),
+        (running("a", "n", priority=2_000_000_000), Constraints(), "system-critical"),
+        (running("a", "n", hours=0.05), Constraints(min_age=timedelta(minutes=10)), "min-age"),
+        (running("a", "n", hours=0.05), Constraints(min_age=timedelta(0)), None),
+        (running("a", "n", priority=500), Constraints(protect_priority=500), "priority"),
+        (running("a", "n", priority=499), Constraints(protect_priority=500), None),
+    ],
+)
+def test_check_pod(pod: Pod, constraints: Constraints, expected: str | None) -> None:
+    status = check_pod(pod, constraints, NOW)
+    if expected is None:
+        assert status.ok
+    else:
+        assert not status.ok
+        assert blocked_from(pod.key, status).constraint == expected
+
+
+def test_system_critical_class() -> None:
+    from dataclasses import replace
+
+    pod = replace(running("a", "n"), priority_class="system-node-critical")
+    assert blocked_from("x", check_pod(pod, Constraints(), NOW)).constraint == "system-critical"
+
+
+def test_pdb_is_counted_down_as_the_plan_uses_it() -> None:
+    pdb = PodDisruptionBudget("default", "web", {"app": "web"}, disruptions_allowed=1)
+    a = running("a", "n1", labels={"app": "web"})
+    b = running("b", "n2", labels={"app": "web"})
+    other = running("c", "n2", labels={"app": "db"})
+    ledger = Ledger([pdb], Constraints())
+    status, culprit = ledger.check([(a, "n1"), (b, "n2")])
+    assert not status.ok and culprit == "default/b"  # 2 disruptions asked, 1 allowed
+    assert ledger.check([(a, "n1")])[0].ok
+    ledger.commit([(a, "n1")])
+    assert ledger.pdb_left["default/web"] == 0
+    status, culprit = ledger.check([(b, "n2")])
+    assert blocked_from(culprit or "", status).constraint == "pdb"
+    assert ledger.check([(other, "n2")])[0].ok
+
+
+@pytest.mark.parametrize(
+    "constraints,evictions,expected",
+    [
+        (Constraints(max_evictions=2), [("a", "n1", "x"), ("b", "n2", "x"), ("c", "n3", "x")], "budget-plan"),
+        (Constraints(max_per_node=1), [("a", "n1", "x"), ("b", "n1", "x")], "budget-node"),
+        (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "x")], "budget-namespace"),
+        (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "y")], None),
+    ],
+)  # fmt: skip
+def test_budgets(
+    constraints: Constraints, evictions: list[tuple[str, str, str]], expected: str | None
+) -> None:
+    ledger = Ledger([], constraints)
+    pairs = [(running(name, node, namespace=ns), node) for name, node, ns in evictions]
+    status, _ = ledger.check(pairs)
+    assert status.ok is (expected is None)
+    if expected:
+        assert blocked_from("p", status).constraint == expected
+
+
+def test_snapshot_restore() -> None:
+    pdb = PodDisruptionBudget("default", "web", {}, disruptions_allowed=2)
+    ledger = Ledger([pdb], Constraints())
+    state = ledger.snapshot()
+    ledger.commit([(running("a", "n1"), "n1")])
+    assert (ledger.evictions, ledger.pdb_left["default/web"]) == (1, 1)
+    ledger.restore(state)
+    assert (ledger.evictions, ledger.pdb_left["default/web"], ledger.per_node["n1"]) == (0, 2, 0)
+
+
+def test_gang_from_field_or_label() -> None:
+    assert gang_of(running("a", "n", gang="job1")) == "default/job1"
+    assert gang_of(running("a", "n", labels={"volcano.sh/job-name": "v"})) == "default/v"
+    assert gang_of(running("a", "n")) is None
+
+
+@pytest.mark.parametrize(
+    "pod,expected",
+    [
+        # (1 + 2 GPUs × 3 h) × (1 + 1000/1000) = 7 × 2 = 14
+        (running("a", "n", 2, priority=1000, hours=3), 14.0),
+        # (1 + 0.5 GPU × 4 h) × 1 = 3
+        (running("a", "n", 1, gpu_milli=500, hours=4), 3.0),
+        # checkpoint 1 h ago: (1 + 4 × 1) × 1 = 5
+        (running("a", "n", 4, hours=10, annotations={"defrag.io/last-checkpoint": "2026-11-29T11:00:00Z"}), 5.0),
+        # unreadable checkpoint → since start (10 h): 1 + 1 × 10 = 11
+        (running("a", "n", 1, hours=10, annotations={"defrag.io/last-checkpoint": "yesterday"}), 11.0),
+        # capped at a week: 1 + 1 × 168 = 169
+        (running("a", "n", 1, hours=1000), 169.0),
+        # CPU-only: just the constant
+        (running("a", "n", 0, hours=5), 1.0),
+    ],
+)  # fmt: skip
+def test_cost_formula(pod: Pod, expected: float) -> None:
+    assert CostModel().eviction(pod, NOW) == pytest.approx(expected)
+
+
+def test_preemption_costs_more_and_unknown_time_costs_the_constant() -> None:
+    pod = running("a", "n", 2, hours=3)  # (1 + 2 × 3) = 7
+    assert CostModel().preemption(pod, NOW) == pytest.approx(14.0)
+    assert CostModel().eviction(pod, None) == pytest.approx(1.0)
