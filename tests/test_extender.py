@@ -20,6 +20,7 @@ from defrag.extender import (
     Extender,
     ExtenderHTTPServer,
     SnapshotFileSource,
+    encode_priorities,
     extender_score,
     parse_args,
     serve,
@@ -425,3 +426,23 @@ def test_snapshot_source_follows_the_file(tmp_path: Any) -> None:
     assert second is not first
     assert int(second.arrays.free_whole_count()[second.arrays.index["node-1"]]) == 0
     assert np.array_equal(first.arrays.free_whole_count(), [1, 8, 4])
+
+
+def test_empty_candidate_list() -> None:
+    ext = make_extender(worked_example())
+    body = args_body(v1_pod("small", 1), [])
+    assert ext.filter(parse_args(body))["nodenames"] == []
+    assert ext.prioritize(parse_args(body)) == []
+
+
+@pytest.mark.parametrize(
+    "hosts",
+    [
+        ["node-1", "gpu-a.zone-b.example.com"],
+        ['we"ird', "back\\slash", "ünïcode"],  # not RFC 1123: the slow, escaping path
+        [],
+    ],
+)
+def test_priority_encoding_is_plain_json(hosts: list[str]) -> None:
+    items = [{"host": h, "score": i} for i, h in enumerate(hosts)]
+    assert json.loads(encode_priorities(hosts, list(range(len(hosts))))) == items
