@@ -69,10 +69,17 @@ class FillRun:
     frag_ratio_at_100: float
     curve: FillCurve
     seconds: float
+    defrag: bool = False
+    """Whether the defragmentation hook ran."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}+defrag" if self.defrag else self.policy
 
     def to_dict(self, *, curve: bool = False) -> dict[str, object]:
         out: dict[str, object] = {
             "policy": self.policy,
+            "defrag": self.defrag,
             "seed": self.seed,
             "pods": self.pods,
             "allocation_at_100": round(self.allocation_at_100, 3),
@@ -204,6 +211,7 @@ def run_fill(
         frag_ratio_at_100=ratio100,
         curve=curve,
         seconds=time.perf_counter() - started,
+        defrag=hook is not None,
     )
 
 

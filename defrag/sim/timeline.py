@@ -202,6 +202,11 @@ class TimelineRun:
     by_priority: tuple[ClassStats, ...]
     series: TimelineSeries
     seconds: float
+    defrag: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy}+defrag" if self.defrag else self.policy
 
     def wait(self, cls: str) -> ClassStats | None:
         return next((c for c in (*self.by_gpus, *self.by_priority) if c.name == cls), None)
@@ -209,6 +214,7 @@ class TimelineRun:
     def to_dict(self, *, series: bool = False) -> dict[str, object]:
         out: dict[str, object] = {
             "policy": self.policy,
+            "defrag": self.defrag,
             "seed": self.seed,
             "load": self.load,
             "arrivals": self.arrivals,
@@ -487,4 +493,5 @@ def run_timeline(
         by_priority=_stats(record.prio_waits, record.prio_unfinished, prio_order),
         series=TimelineSeries(tuple(samples_t), tuple(samples_alloc), tuple(samples_queue)),
         seconds=time.perf_counter() - started_at,
+        defrag=hook is not None,
     )

@@ -1,0 +1,234 @@
+"""``defrag simulate``: replay a workload under several policies, with and without defrag."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from defrag.cli.app import UserError, app, console, err_console, print_json
+from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+from defrag.sim.hooks import HookUnavailable
+from defrag.sim.plot import plot_fill, plot_timeline
+from defrag.sim.report import (
+    FILL_HEADER,
+    fill_json,
+    fill_rows,
+    timeline_header,
+    timeline_json,
+    timeline_rows,
+)
+from defrag.sim.runner import Run, Task, Workload, run_tasks
+from defrag.sim.synthetic import synthetic_nodes, synthetic_pods
+from defrag.sim.timeline import DurationModel, TimelineConfig, TimelineRun
+from defrag.sim.trace import TraceError, load_nodes, load_pods
+
+DEFAULT_POLICIES = (DEFAULT_POLICY, "least-allocated", "best-fit", "fgd")
+FIRST_SEED = 42
+
+
+class Protocol(StrEnum):
+    fill = "fill"
+    timeline = "timeline"
+
+
+class Output(StrEnum):
+    table = "table"
+    json = "json"
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``N`` → N seeds from 42 (the paper's first); ``42,43`` (any comma) → those seeds."""
+    text = text.strip()
+    try:
+        if "," in text:
+            seeds = [int(s) for s in text.split(",") if s.strip()]
+        else:
+            count = int(text)
+            if count < 1:
+                raise UserError(f"--seeds: a count must be >= 1, got {count}")
+            seeds = list(range(FIRST_SEED, FIRST_SEED + count))
+    except ValueError:
+        raise UserError(
+            f"--seeds: expected a count or a comma-separated list, got {text!r}"
+        ) from None
+    if not seeds:
+        raise UserError("--seeds: no seed given")
+    return list(dict.fromkeys(seeds))
+
+
+def load_workload(trace: Path | None, nodes: Path | None, pods: int, scale: float) -> Workload:
+    try:
+        if trace is not None and nodes is None:
+            raise UserError("--trace needs --nodes (the node list the pods run on)")
+        node_list = load_nodes(nodes) if nodes is not None else synthetic_nodes(scale)
+        if trace is not None:
+            return Workload(trace.stem, node_list, load_pods(trace).pods)
+        name = "synthetic" if nodes is None else f"synthetic pods on {nodes.stem}"
+        return Workload(name, node_list, synthetic_pods(pods, seed=0))
+    except TraceError as exc:
+        raise UserError(str(exc)) from None
+    except ValueError as exc:
+        raise UserError(f"synthetic workload: {exc}") from None
+
+
+@contextmanager
+def _progress(
+    enabled: bool, total_runs: int, jobs: int
+) -> Iterator[tuple[Progress | None, TaskID | None]]:
+    if not enabled:
+        yield None, None
+        return
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    with bar:
+        overall = bar.add_task(f"runs ({jobs} process{'es' if jobs > 1 else ''})", total=total_runs)
+        yield bar, overall
+
+
+@app.command()
+def simulate(
+    trace: Annotated[
+        Path | None, typer.Option(help="openb pod list CSV (default: synthetic).")
+    ] = None,
+    nodes: Annotated[
+        Path | None, typer.Option(help="openb node list CSV (default: built-in).")
+    ] = None,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", help=f"Repeatable; default: {', '.join(DEFAULT_POLICIES)}."),
+    ] = None,
+    seeds: Annotated[str, typer.Option(help="N seeds from 42, or a list: 42,43.")] = "1",
+    protocol: Annotated[
+        Protocol, typer.Option(help="fill (arrival-only) or timeline.")
+    ] = Protocol.fill,
+    load: Annotated[float, typer.Option(help="timeline: offered GPU load (0.9 = 90%).")] = 0.9,
+    duration: Annotated[float, typer.Option(help="timeline: measured hours.")] = 36.0,
+    warmup: Annotated[float, typer.Option(help="timeline: warm-up hours (not measured).")] = 12.0,
+    run_time_scale: Annotated[
+        float, typer.Option(help="timeline: multiply the median run times (2 h / 12 h multi-GPU).")
+    ] = 1.0,
+    window_every: Annotated[
+        float, typer.Option(help="timeline: defrag window period, hours.")
+    ] = 6.0,
+    defrag: Annotated[
+        bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
+    ] = False,
+    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = Output.table,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
+    jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 1,
+    pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.")] = 2000,
+    scale: Annotated[float, typer.Option(help="Synthetic cluster: × 150 nodes.")] = 1.0,
+    curves: Annotated[bool, typer.Option(help="JSON: include each run's curve / series.")] = False,
+) -> None:
+    """Replay a workload under several policies; a table, a JSON record and a PNG plot."""
+    policies = list(dict.fromkeys(policy or DEFAULT_POLICIES))
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        raise UserError(f"unknown policy {', '.join(unknown)}; known: {', '.join(POLICY_NAMES)}")
+    seed_list = parse_seeds(seeds)
+    if jobs < 1:
+        raise UserError(f"--jobs must be >= 1, got {jobs}")
+    if plot is not None and plot.suffix.lower() != ".png":
+        raise UserError(f"--plot {plot}: the file must end in .png")
+    config = None
+    if protocol is Protocol.timeline:
+        if run_time_scale <= 0:
+            raise UserError(f"--run-time-scale must be > 0, got {run_time_scale}")
+        try:
+            config = TimelineConfig(
+                load=load,
+                hours=duration,
+                warmup_hours=warmup,
+                durations=DurationModel().scaled(run_time_scale),
+                window_every_h=window_every,
+            )
+        except ValueError as exc:
+            raise UserError(f"timeline: {exc}") from None
+    workload = load_workload(trace, nodes, pods, scale)
+    tasks = [
+        Task(protocol.value, p, s, defrag=d, timeline=config)
+        for p in policies
+        for d in ((False, True) if defrag else (False,))
+        for s in seed_list
+    ]
+    show = sys.stderr.isatty()
+    with _progress(show, len(tasks), jobs) as (bar, overall):
+
+        def done(task: Task, run: Run) -> None:
+            if bar is not None and overall is not None:
+                bar.advance(overall)
+
+        def per_run(task: Task):  # type: ignore[no-untyped-def]
+            if bar is None:
+                return None
+            label = f"{task.policy}{'+defrag' if task.defrag else ''} seed {task.seed}"
+            tid = bar.add_task(label, total=None)
+
+            def update(done_n: int, total: int) -> None:
+                bar.update(tid, completed=done_n, total=total)
+                if done_n >= total:
+                    bar.remove_task(tid)
+
+            return update
+
+        try:
+            runs = run_tasks(workload, tasks, jobs=jobs, on_result=done, progress=per_run)
+        except HookUnavailable as exc:
+            raise UserError(f"--defrag: {exc}") from None
+        except ValueError as exc:
+            raise UserError(f"simulation: {exc}") from None
+    _emit(runs, protocol, workload.name, output, curves)
+    if plot is not None:
+        title = f"{workload.name}: {protocol.value}"
+        if protocol is Protocol.fill:
+            plot_fill(runs, plot, title=title)  # type: ignore[arg-type]
+        else:
+            plot_timeline(runs, plot, title=title)  # type: ignore[arg-type]
+        if output is Output.table:
+            console.print(f"plot written to {plot}")
+
+
+def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, curves: bool) -> None:
+    if protocol is Protocol.fill:
+        fills = [r for r in runs if not isinstance(r, TimelineRun)]
+        if output is Output.json:
+            print_json(fill_json(fills, workload=workload, curves=curves))
+            return
+        table = Table(title=f"{workload}: arrival-only fill, allocation at 100% arrived GPU demand")
+        for col in FILL_HEADER:
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for row in fill_rows(fills):
+            table.add_row(*row)
+        console.print(table)
+        return
+    lines = [r for r in runs if isinstance(r, TimelineRun)]
+    if output is Output.json:
+        print_json(timeline_json(lines, workload=workload, series=curves))
+        return
+    table = Table(title=f"{workload}: timeline, mean pending time per job size")
+    for col in timeline_header():
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for row in timeline_rows(lines):
+        table.add_row(*row)
+    console.print(table)

@@ -1,0 +1,113 @@
+"""Running many simulations (policies × seeds × with/without defrag), in parallel processes."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Any
+
+from defrag.model.resources import Node, Pod
+from defrag.model.workload import WorkloadMix
+from defrag.sim.fill import FILL_RATIO, FillRun, Progress, run_fill
+from defrag.sim.hooks import load_defrag_hook
+from defrag.sim.timeline import TimelineConfig, TimelineRun, run_timeline
+
+PROTOCOLS = ("fill", "timeline")
+Run = FillRun | TimelineRun
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """A cluster and the pods (fill: the trace to sample; timeline: the shape pool)."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    pods: tuple[Pod, ...]
+    mix: WorkloadMix | None = None
+    """The FGD workload mix; ``WorkloadMix.from_pods(pods)`` when None."""
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    protocol: str
+    policy: str
+    seed: int
+    defrag: bool = False
+    timeline: TimelineConfig | None = None
+    fill_ratio: float = FILL_RATIO
+    hook_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"unknown protocol {self.protocol!r}; known: {', '.join(PROTOCOLS)}")
+
+
+def run_task(workload: Workload, task: Task, progress: Progress | None = None) -> Run:
+    mix = workload.mix if workload.mix is not None else WorkloadMix.from_pods(workload.pods)
+    hook = None
+    if task.defrag:
+        hook = load_defrag_hook(task.policy, task.protocol, **dict(task.hook_options))
+    if task.protocol == "fill":
+        return run_fill(
+            workload.nodes,
+            workload.pods,
+            task.policy,
+            task.seed,
+            mix=mix,
+            hook=hook,
+            ratio=task.fill_ratio,
+            progress=progress,
+        )
+    return run_timeline(
+        workload.nodes,
+        workload.pods,
+        task.policy,
+        task.seed,
+        config=task.timeline,
+        mix=mix,
+        hook=hook,
+        progress=progress,
+    )
+
+
+_WORKLOAD: Workload | None = None
+
+
+def _init_worker(workload: Workload) -> None:
+    global _WORKLOAD
+    _WORKLOAD = workload
+
+
+def _run_in_worker(task: Task) -> Run:
+    assert _WORKLOAD is not None, "worker not initialised"
+    return run_task(_WORKLOAD, task)
+
+
+def run_tasks(
+    workload: Workload,
+    tasks: Sequence[Task],
+    *,
+    jobs: int = 1,
+    on_result: Callable[[Task, Run], None] | None = None,
+    progress: Callable[[Task], Progress] | None = None,
+) -> list[Run]:
+    """Every task's run, in task order. ``jobs`` > 1 runs tasks in that many processes
+    (``progress`` then only sees finished runs, through ``on_result``)."""
+    jobs = max(1, min(jobs, len(tasks), os.cpu_count() or 1))
+    results: dict[int, Run] = {}
+    if jobs == 1:
+        for i, task in enumerate(tasks):
+            results[i] = run_task(workload, task, progress(task) if progress else None)
+            if on_result is not None:
+                on_result(task, results[i])
+    else:
+        with ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(workload,)) as pool:
+            futures = {pool.submit(_run_in_worker, task): i for i, task in enumerate(tasks)}
+            for future in as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                if on_result is not None:
+                    on_result(tasks[i], results[i])
+    return [results[i] for i in range(len(tasks))]
