@@ -214,5 +214,5 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         "is unreachable" in result.stderr
     )
     assert "query '(DCGM_FI_DEV_FB_USED) and (deriv(" in result.stderr
-    assert "2 rule(s) failed" in result.stderr
+    assert "4 rule(s) failed" in result.stderr  # leak, idle, and the two from kube-state-metrics
     assert "Traceback" not in result.output
