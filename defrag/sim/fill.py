@@ -156,18 +156,40 @@ def run_fill(
 
     ``mix`` (the FGD workload mix) defaults to ``WorkloadMix.from_pods(trace_pods)``.
     """
-    started = time.perf_counter()
     mix = mix if mix is not None else WorkloadMix.from_pods(trace_pods)
+    capacity_gpus = sum(n.num_gpu for n in nodes)
+    if capacity_gpus == 0:
+        raise ValueError("the cluster has no GPU")
+    arrivals = sample_workload(trace_pods, capacity_gpus, seed, ratio)
     if shuffle_nodes:
         nodes = shuffled_node_order(nodes, seed)
+    return fill(
+        nodes, arrivals, policy, seed, mix=mix, hook=hook, top=round(ratio * 100), progress=progress
+    )
+
+
+def fill(
+    nodes: Sequence[Node],
+    arrivals: Sequence[Pod],
+    policy: str,
+    seed: int = 0,
+    *,
+    mix: WorkloadMix | None = None,
+    hook: DefragHook | None = None,
+    top: int = 130,
+    progress: Progress | None = None,
+) -> FillRun:
+    """Steps 3–5 of the protocol: ``arrivals`` in order (memory ignored), never leaving.
+
+    ``top`` is the last arrived-demand percentage of the curve.
+    """
+    started = time.perf_counter()
+    mix = mix if mix is not None else WorkloadMix.from_pods(arrivals)
     state = SimState.new(nodes, make_policy(policy, mix=mix, seed=seed), policy, mix)
     capacity = capacity_milli(state.arrays)
     if capacity == 0:
         raise ValueError("the cluster has no GPU")
-    arrivals = [
-        replace(p, memory_mib=0)
-        for p in sample_workload(trace_pods, capacity // GPU_MILLI, seed, ratio)
-    ]
+    arrivals = [replace(p, memory_mib=0) for p in arrivals]
     tracker = FragTracker(state.arrays, mix)
     n = len(arrivals)
     arrived = np.zeros(n)
@@ -197,7 +219,7 @@ def run_fill(
         frag[i], idle[i] = tracker.total, capacity - allocated_milli
         if progress is not None and (i % 256 == 255 or i == n - 1):
             progress(i + 1, n)
-    curve = bucket_curve(arrived, allocated, frag, idle, capacity, round(ratio * 100))
+    curve = bucket_curve(arrived, allocated, frag, idle, capacity, top)
     alloc100, frag100, ratio100 = curve.at(HEADLINE_PERCENT)
     return FillRun(
         policy=policy,

@@ -82,16 +82,9 @@ def fill_json(runs: Sequence[FillRun], *, workload: str, curves: bool = False) -
     }
 
 
-FILL_HEADER = (
-    "policy",
-    "seeds",
-    "alloc@100 median %",
-    "min–max %",
-    "frag@100 %",
-    "failed",
-    "migrations",
-    "s/run",
-)
+FILL_HEADER = ("policy", "seeds", "alloc@100 %", "range", "frag %", "failed", "moves", "s/run")
+"""Allocation and FGD fragmentation (% of all GPUs) at 100% arrived (median over seeds), the
+range over seeds, pods that fit nowhere (whole fill), migrations, seconds per run."""
 
 
 def fill_rows(runs: Sequence[FillRun]) -> list[tuple[str, ...]]:

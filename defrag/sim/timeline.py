@@ -390,15 +390,39 @@ def run_timeline(
     progress: Progress | None = None,
 ) -> TimelineRun:
     """One timeline run of ``nodes`` under ``policy`` with arrivals drawn from ``shapes``."""
-    started_at = time.perf_counter()
     config = config or TimelineConfig()
     mix = mix if mix is not None else WorkloadMix.from_pods(shapes)
+    capacity = sum(n.num_gpu for n in nodes)
+    if capacity == 0:
+        raise ValueError("the cluster has no GPU")
+    arrivals = generate_arrivals(shapes, capacity, config, seed)
+    return replay_timeline(
+        nodes, arrivals, policy, seed, config=config, mix=mix, hook=hook, progress=progress
+    )
+
+
+def replay_timeline(
+    nodes: Sequence[Node],
+    arrivals: Sequence[Arrival],
+    policy: str,
+    seed: int = 0,
+    *,
+    config: TimelineConfig | None = None,
+    mix: WorkloadMix | None = None,
+    hook: DefragHook | None = None,
+    progress: Progress | None = None,
+) -> TimelineRun:
+    """The event loop over given ``arrivals`` (sorted by time); ``config.load`` and
+    ``config.durations`` are not used here (they shaped the arrivals)."""
+    started_at = time.perf_counter()
+    config = config or TimelineConfig()
+    mix = mix if mix is not None else WorkloadMix.from_pods([a.pod for a in arrivals])
     state = SimState.new(nodes, make_policy(policy, mix=mix, seed=seed), policy, mix)
     arrays = state.arrays
     capacity = int(arrays.gpu_total.sum())
     if capacity == 0:
         raise ValueError("the cluster has no GPU")
-    arrivals = generate_arrivals(shapes, capacity, config, seed)
+    arrivals = sorted(arrivals, key=lambda a: a.time_h)
     queue = WaitQueue(arrays.models)
     record = _Recorder(config.warmup_hours)
     end = config.warmup_hours + config.hours
