@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -283,6 +284,14 @@ class _AgentHandler(BaseHTTPRequestHandler):
 
 class AgentHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up is routine (kube-scheduler timeouts); anything else is logged."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("client %s went away: %s", client_address, exc)
+        else:
+            log.exception("error serving %s", client_address)
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
         super().__init__(address, _AgentHandler)

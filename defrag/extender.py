@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -540,6 +541,14 @@ class _Handler(BaseHTTPRequestHandler):
 
 class ExtenderHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up is routine (kube-scheduler timeouts); anything else is logged."""
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ConnectionError):
+            log.debug("client %s went away: %s", client_address, exc)
+        else:
+            log.exception("error serving %s", client_address)
 
     def __init__(
         self, address: tuple[str, int], extender: Extender, metrics: ExtenderMetrics

@@ -379,3 +379,28 @@ def test_metrics_show_memory_processes_and_domains() -> None:
         if name == "defrag_gpu_nvlink_domain_info"
     }
     assert domains == {str(i): "0" if i < 4 else "1" for i in range(8)}
+
+
+def test_agent_http_serves_metrics_and_health() -> None:
+    import http.client
+    import threading
+
+    from defrag.agent import AgentHTTPServer
+
+    agent = Agent("gpu-1", NvmlInventory(FakeNvml(no_nvlink(2))), annotator=None)
+    server = AgentHTTPServer(("127.0.0.1", 0), agent.registry)
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        got = {}
+        for path in ("/healthz", "/metrics", "/nope"):
+            conn = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            got[path] = (resp.status, resp.read().decode())
+        assert got["/healthz"] == (200, "ok\n")
+        assert got["/metrics"][0] == 200
+        assert 'defrag_gpu_memory_total_bytes{gpu="1"' in got["/metrics"][1]
+        assert got["/nope"][0] == 404
+    finally:
+        server.shutdown()
+        server.server_close()
