@@ -152,6 +152,8 @@ def detect(
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
     if prometheus is None and not snapshot:
         raise UserError("nothing to detect from: give --prometheus URL and/or --snapshot FILE")
+    if at is not None and alertmanager:
+        raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
     now = parse_time(at)
     ruleset = read_rules(rules)
     sink = (
