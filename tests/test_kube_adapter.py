@@ -431,3 +431,23 @@ def test_emulator_create_conflicts_and_dry_run(api: KubeApi) -> None:
         core.create_namespaced_pod("ml", body, _preload_content=False)
     assert info.value.status == 409
     assert json.loads(info.value.body)["message"] == 'pods "new-0" already exists'
+
+
+def test_snapshot_leaves_out_pods_on_nodes_it_did_not_list(api: KubeApi) -> None:
+    # A node that joined after the node list was read: its pods appear in the pod list.
+    api.put(k.pod("late-0", "ml", 2, node_name="gpu-99"))
+    cluster = KubeClusterSource(api.client(), retry=FAST).snapshot()
+    assert "ml/late-0" not in cluster.pods
+    assert len(cluster.pods) == 37
+
+
+def test_snapshot_ignores_conflicting_gpu_index_annotations(api: KubeApi) -> None:
+    gi = {"defrag.io/gpu-indices": "0-3"}  # batch-01-0-0 holds 0-3 (assumed); say so twice
+    api.put(k.pod("batch-01-0-0", "ml", 4, node_name="gpu-01", annotations=gi))
+    api.put(
+        k.pod("stale-0", "ml", 2, node_name="gpu-01", annotations={"defrag.io/gpu-indices": "2,3"})
+    )
+    api.remove("Pod", "batch-01-1-0", "ml")  # room for stale-0's 2 GPUs
+    cluster = KubeClusterSource(api.client(), retry=FAST).snapshot()
+    assert cluster.pods["ml/stale-0"].gpu_indices != (2, 3)  # slots re-assumed, best fit
+    assert int(cluster.arrays.free_whole_count()[cluster.arrays.index["gpu-01"]]) == 2  # 8-4-2

@@ -88,3 +88,21 @@ def test_errors_name_the_file(tmp_path: Path, content: str, message: str) -> Non
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match=r"nope\.json: no such file"):
         load_snapshot(tmp_path / "nope.json")
+
+
+def test_files_are_strict_about_conflicting_gpu_indices(tmp_path: Path) -> None:
+    gi = {"defrag.io/gpu-indices": "0,1"}
+    path = tmp_path / "snap.json"
+    path.write_text(
+        json.dumps(
+            k.as_list(
+                [
+                    k.node("n1"),
+                    k.pod("a", gpus=2, node_name="n1", annotations=gi),
+                    k.pod("b", gpus=2, node_name="n1", annotations=gi),
+                ]
+            )
+        )
+    )
+    with pytest.raises(SnapshotError, match="overcommitted"):
+        load_snapshot(path)

@@ -190,9 +190,17 @@ class KubeClusterSource:
                 except ConversionError as exc:
                     raise KubeError(f"the API returned a {kind} defrag cannot read: {exc}") from exc
         try:
-            return parts.build()
+            cluster = parts.build(lenient=True)
         except ModelError as exc:
             raise KubeError(f"inconsistent cluster snapshot: {exc}") from exc
+        if parts.dropped:
+            log.warning(
+                "left out %d pod(s) bound to nodes that were not listed (the node list and the "
+                "pod list are not one atomic read): %s",
+                len(parts.dropped),
+                ", ".join(parts.dropped[:5]),
+            )
+        return cluster
 
     def _list(self, kind: str, lister: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
         """Every item, page by page; an expired continue token (410) restarts the listing."""

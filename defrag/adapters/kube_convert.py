@@ -87,6 +87,8 @@ class ClusterParts:
     """Each pod with whether ``spec.priority`` was set (else resolved from its class)."""
     pdbs: list[PodDisruptionBudget] = field(default_factory=list)
     priority_classes: list[PriorityClass] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    """Pods left out by a lenient :meth:`build` (bound to a node not in the node list)."""
 
     def add(self, obj: object, where: str, kind: str | None = None) -> None:
         """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none)."""
@@ -107,7 +109,10 @@ class ClusterParts:
             raise ConversionError(where, "kind", "missing")
         # Other kinds (Services, Events, …) in a ``kubectl get`` list are ignored.
 
-    def build(self) -> Cluster:
+    def build(self, lenient: bool = False) -> Cluster:
+        """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods
+        bound to a node the node list did not have (recorded in :attr:`dropped`), and when the
+        ``defrag.io/gpu-indices`` annotations conflict, ignores them all (slots assumed)."""
         values = {pc.name: pc.value for pc in self.priority_classes}
         default = next((pc.value for pc in self.priority_classes if pc.global_default), 0)
         pods = []
@@ -115,9 +120,20 @@ class ClusterParts:
             if not explicit:
                 value = values.get(pod.priority_class, default) if pod.priority_class else default
                 if value != pod.priority:
-                    pod = _replace_priority(pod, value)
+                    pod = replace(pod, priority=value)
             pods.append(pod)
-        return Cluster.build(self.nodes, pods, self.pdbs, values)
+        self.dropped = []
+        if lenient:
+            names = {n.name for n in self.nodes}
+            self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
+            pods = [p for p in pods if p.node is None or p.node in names]
+        try:
+            return Cluster.build(self.nodes, pods, self.pdbs, values)
+        except ModelError:
+            if not lenient or not any(p.gpu_indices for p in pods):
+                raise
+            pods = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
+            return Cluster.build(self.nodes, pods, self.pdbs, values)
 
 
 def cluster_from_items(items: Iterable[object], source: str = "items") -> Cluster:
@@ -471,10 +487,6 @@ def _tolerations(raw: object, who: str) -> tuple[Toleration, ...]:
             )
         )
     return tuple(out)
-
-
-def _replace_priority(pod: Pod, value: int) -> Pod:
-    return replace(pod, priority=value)
 
 
 def _ceil(value: Decimal) -> int:
