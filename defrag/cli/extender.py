@@ -17,9 +17,6 @@ from rich.table import Table
 from defrag.cli.app import UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 
-EXIT_NO_NVML = 3  # the same value as defrag.agent.EXIT_NO_NVML (kept import-free for --help)
-
-
 class Output(StrEnum):
     table = "table"
     json = "json"
@@ -129,7 +126,9 @@ def agent(
     interval_s: Annotated[
         float, typer.Option(help="Seconds between topology checks (published on change).")
     ] = 300.0,
-    once: Annotated[bool, typer.Option(help="Read the GPUs once, publish, print, exit.")] = False,
+    once: Annotated[
+        bool, typer.Option("--once", help="Read the GPUs once, publish, print, exit.")
+    ] = False,
     publish: Annotated[
         bool, typer.Option(help="Patch the node annotation (--no-publish: only read and print).")
     ] = True,
@@ -145,7 +144,7 @@ def agent(
     Exits 3 when NVML (the NVIDIA driver) is not available on this machine.
     """
     from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
-    from defrag.agent import Agent, AgentHTTPServer, NodeAnnotator
+    from defrag.agent import EXIT_NO_NVML, Agent, AgentHTTPServer, NodeAnnotator
 
     node_name = node or os.environ.get("NODE_NAME") or ""
     if publish and not node_name:
