@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from defrag.adapters.kube_convert import (
     ClusterParts,
@@ -434,3 +436,21 @@ def test_unknown_kinds_are_ignored_and_kindless_items_are_errors() -> None:
 def test_pod_bound_to_unknown_node_is_an_error_naming_the_source() -> None:
     with pytest.raises(ConversionError, match="unknown node 'ghost'"):
         cluster_from_items([k.pod("p", node_name="ghost")], source="api")
+
+
+@given(
+    gpus=st.integers(0, 16),
+    cpu_milli=st.integers(0, 512_000),
+    memory_mib=st.integers(0, 4 * 2**20),
+    init_gpus=st.integers(0, 16),
+)
+@settings(max_examples=60, deadline=None)
+def test_pod_shape_round_trips_through_kubernetes_json(
+    gpus: int, cpu_milli: int, memory_mib: int, init_gpus: int
+) -> None:
+    raw = k.pod("p", gpus=gpus, cpu=f"{cpu_milli}m", memory=f"{memory_mib}Mi")
+    raw["spec"]["initContainers"] = [_container("init", "1m", init_gpus)]
+    pod, _ = pod_from_json(raw)
+    assert pod.num_gpu == max(gpus, init_gpus)  # an init container runs alone, before the app
+    assert pod.cpu_milli == max(cpu_milli, 1)
+    assert pod.memory_mib == memory_mib
