@@ -12,6 +12,8 @@ from defrag.plan.constraints import Constraints, Ledger, blocked_from, check_pod
 from defrag.plan.cost import CostModel
 from tests.test_plan_support import NOW, running
 
+CHECKPOINT = "defrag.io/last-checkpoint"
+
 
 @pytest.mark.parametrize(
     "pod,constraints,expected",
@@ -64,9 +66,11 @@ def test_pdb_is_counted_down_as_the_plan_uses_it() -> None:
 @pytest.mark.parametrize(
     "constraints,evictions,expected",
     [
-        (Constraints(max_evictions=2), [("a", "n1", "x"), ("b", "n2", "x"), ("c", "n3", "x")], "budget-plan"),
+        (Constraints(max_evictions=2), [("a", "n1", "x"), ("b", "n2", "x"), ("c", "n3", "x")],
+         "budget-plan"),
         (Constraints(max_per_node=1), [("a", "n1", "x"), ("b", "n1", "x")], "budget-node"),
-        (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "x")], "budget-namespace"),
+        (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "x")],
+         "budget-namespace"),
         (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "y")], None),
     ],
 )  # fmt: skip
@@ -105,9 +109,9 @@ def test_gang_from_field_or_label() -> None:
         # (1 + 0.5 GPU × 4 h) × 1 = 3
         (running("a", "n", 1, gpu_milli=500, hours=4), 3.0),
         # checkpoint 1 h ago: (1 + 4 × 1) × 1 = 5
-        (running("a", "n", 4, hours=10, annotations={"defrag.io/last-checkpoint": "2026-11-29T11:00:00Z"}), 5.0),
+        (running("a", "n", 4, hours=10, annotations={CHECKPOINT: "2026-11-29T11:00:00Z"}), 5.0),
         # unreadable checkpoint → since start (10 h): 1 + 1 × 10 = 11
-        (running("a", "n", 1, hours=10, annotations={"defrag.io/last-checkpoint": "yesterday"}), 11.0),
+        (running("a", "n", 1, hours=10, annotations={CHECKPOINT: "yesterday"}), 11.0),
         # capped at a week: 1 + 1 × 168 = 169
         (running("a", "n", 1, hours=1000), 169.0),
         # CPU-only: just the constant

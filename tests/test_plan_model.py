@@ -10,14 +10,16 @@ import yaml
 
 from defrag.plan.model import Blocked, Plan, PlanFormatError, Step
 
+REASON = "make room for ml/job (8 GPU) on n1"
+
 
 def sample_plan() -> Plan:
     return Plan(
         goal="all",
         policy="reserve-binpack",
         steps=(
-            Step("migrate", "ml/a", "n1", "n2", "make room for ml/job (8 GPU) on n1", (0, 1), 2.0, 5.5),
-            Step("preempt", "ml/b", "n1", None, "make room for ml/job (8 GPU) on n1", (), 0.5, 3.0, "ml/g"),
+            Step("migrate", "ml/a", "n1", "n2", REASON, (0, 1), 2.0, 5.5),
+            Step("preempt", "ml/b", "n1", None, REASON, (), 0.5, 3.0, "ml/g"),
         ),
         blocked=(Blocked("serving/s", "pdb", "PodDisruptionBudget serving/s allows 0"),),
         before={"largest_placeable_job": 2, "placeable": {"8": 0}},
@@ -36,7 +38,11 @@ def test_json_keys_are_the_issue_contract() -> None:
     }  # fmt: skip
     assert data["steps"][1]["to"] is None
     assert data["blocked"] == [
-        {"pod": "serving/s", "constraint": "pdb", "detail": "PodDisruptionBudget serving/s allows 0"}
+        {
+            "pod": "serving/s",
+            "constraint": "pdb",
+            "detail": "PodDisruptionBudget serving/s allows 0",
+        }
     ]
     assert data["cost"] == 8.5  # 5.5 + 3.0
 

@@ -1,0 +1,176 @@
+"""Make-room: the seed scenario, priorities, PDBs counted down, gangs, determinism."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from defrag.adapters.snapshot import load_snapshot
+from defrag.model.cluster import Cluster, PodDisruptionBudget
+from defrag.model.resources import OwnerRef
+from defrag.plan import Constraints, PlanOptions, make_plan
+from defrag.plan.exact import exact_room
+from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
+
+SEED = Path(__file__).parent / "fixtures" / "snapshots" / "scattered_20.json"
+
+
+@pytest.fixture(scope="module")
+def seed() -> Cluster:
+    return load_snapshot(SEED)
+
+
+def test_seed_scenario_frees_a_node_for_the_8_gpu_job(seed: Cluster) -> None:
+    plan = make_plan(seed, "make-room", now=NOW)
+    assert plan.before["largest_placeable_job"] < 8
+    assert plan.after["largest_placeable_job"] >= 8
+    assert plan.after["free_gpus"] == plan.before["free_gpus"] == 20  # nothing lost, all moved
+    job = seed.pods["research/llm-train-0"]
+    for step in plan.steps:
+        pod = seed.pods[step.pod]
+        assert pod.priority < job.priority
+        assert pod.owner is not None
+        assert pod.annotations.get("defrag.io/evictable") != "false"
+        assert not any(pdb.selects(pod) and pdb.disruptions_allowed == 0 for pdb in seed.pdbs)
+
+
+@pytest.mark.parametrize("preempt", [False, True])
+def test_seed_scenario_within_1_2x_of_the_exact_optimum(seed: Cluster, preempt: bool) -> None:
+    job = seed.pods["research/llm-train-0"]
+    plan = make_plan(seed, "make-room", now=NOW, options=PlanOptions(preempt=preempt))
+    best = exact_room(
+        seed, size=8, cpu_milli=job.cpu_milli, memory_mib=job.memory_mib,
+        below_priority=job.priority, preempt=preempt, now=NOW,
+    )  # fmt: skip
+    assert best.feasible
+    assert len(plan.steps) <= 1.2 * best.evictions  # 3 ≤ 1.2 × 3: two 2-GPU pods and a 4-GPU one
+    assert plan.cost <= 1.2 * best.cost
+
+
+def test_never_evicts_equal_or_higher_priority() -> None:
+    # n1: three priority-100 pods (as high as the job); n2: five priority-50 pods.
+    # Freeing n1 would take 3 evictions, n2 takes 5: the plan must still pick n2.
+    nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
+    pods = [
+        *fill("n1", 3, priority=100),
+        *fill("n2", 5, priority=50),
+        *fill("n3", 3, priority=0),
+        pending("job", 8, priority=100),
+    ]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    assert plan.steps
+    moved = {s.pod for s in plan.steps}
+    assert all(not p.startswith("default/n1-") for p in moved)
+    assert plan.after["largest_placeable_job"] == 8
+
+
+def test_nothing_lower_means_no_plan_and_a_reason() -> None:
+    nodes = [gpu_node("n1"), gpu_node("n2")]
+    pods = [*fill("n1", 4, priority=100), *fill("n2", 4, priority=100), pending("job", 8)]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    assert plan.steps == ()
+    assert {b.constraint for b in plan.blocked} == {"priority"}
+
+
+def test_pdb_exhausted_mid_plan_blocks_later_steps() -> None:
+    # Two pending 8-GPU jobs; each node holds one pod of the same PDB (1 disruption allowed).
+    pdb = PodDisruptionBudget("default", "web", {"app": "web"}, disruptions_allowed=1)
+    nodes = [gpu_node(f"n{i}") for i in range(1, 4)]
+    pods = [
+        running("web-1", "n1", labels={"app": "web"}),
+        running("web-2", "n2", labels={"app": "web"}),
+        running("web-3", "n3", labels={"app": "web"}),
+        pending("job-a", 8),
+        pending("job-b", 8),
+    ]
+    plan = make_plan(cluster(nodes, pods, [pdb]), "make-room", now=NOW)
+    web_steps = [s for s in plan.steps if "web" in s.pod]
+    assert len(web_steps) == 1  # the PDB's single disruption, never two
+    assert any(b.constraint == "pdb" for b in plan.blocked)
+    assert len(plan.targets) == 1
+
+
+def test_gang_victims_move_whole() -> None:
+    # n1's cheapest victim is one of a 4-pod gang spread over n1..n4: all four must go.
+    nodes = [gpu_node(f"n{i}") for i in range(1, 7)]
+    gang = [running(f"g{i}", f"n{i}", 1, gang="train", hours=1) for i in range(1, 5)]
+    pods = [*gang, *fill("n1", 6, prefix="a"), *fill("n2", 6, prefix="b"),
+            *fill("n5", 7, prefix="c"), *fill("n6", 7, prefix="d"), pending("job", 8)]  # fmt: skip
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    moved = {s.pod for s in plan.steps}
+    members = {f"default/g{i}" for i in range(1, 5)}
+    # n3 and n4 hold one gang member each: freeing one costs the whole gang (4 × 2 = 8),
+    # still cheaper than moving n5's seven pods (7 × 3 = 21).
+    assert moved == members
+    for s in plan.steps:
+        if s.pod in members:
+            assert s.gang == "default/train"
+
+
+def test_gang_with_a_protected_member_does_not_move() -> None:
+    nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
+    gang = [
+        running("g1", "n1", gang="train"),
+        running("g2", "n2", gang="train", annotations={"defrag.io/evictable": "false"}),
+    ]
+    pods = [*gang, *fill("n1", 3), *fill("n2", 3), *fill("n3", 5), pending("job", 8)]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    assert "default/g1" not in {s.pod for s in plan.steps}
+
+
+def test_pending_gang_is_given_room_whole_or_not_at_all() -> None:
+    # Room for 3 of the 4 gang members exists (3 nodes can be freed); the 4th cannot fit.
+    nodes = [gpu_node(f"n{i}") for i in range(1, 4)]
+    pods = [*fill("n1", 1), *fill("n2", 1), *fill("n3", 1)]
+    pods += [pending(f"w{i}", 8, gang="big") for i in range(4)]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    assert plan.steps == ()
+    assert {b.pod for b in plan.blocked if b.constraint == "gang"} == {
+        f"default/w{i}" for i in range(4)
+    }
+
+
+def test_preempts_only_what_cannot_move() -> None:
+    # Every node is full but n1 holds a low-priority 8-GPU job: nowhere to move it.
+    nodes = [gpu_node("n1"), gpu_node("n2")]
+    pods = [running("big", "n1", 8, priority=0), *fill("n2", 8, priority=0), pending("job", 8)]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    assert [(s.kind, s.pod, s.target) for s in plan.steps] == [("preempt", "default/big", None)]
+    no_preempt = make_plan(
+        cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(preempt=False)
+    )
+    assert no_preempt.steps == ()
+
+
+def test_plan_budget_limits_evictions() -> None:
+    nodes = [gpu_node(f"n{i}") for i in range(1, 4)]
+    pods = [*fill("n1", 4), *fill("n2", 4), *fill("n3", 2), pending("job", 8)]
+    tight = make_plan(cluster(nodes, pods), "make-room", now=NOW,
+                      constraints=Constraints(max_evictions=1))  # fmt: skip
+    assert tight.steps == ()
+    assert any(b.constraint == "budget-plan" for b in tight.blocked)
+    loose = make_plan(cluster(nodes, pods), "make-room", now=NOW,
+                      constraints=Constraints(max_evictions=2))  # fmt: skip
+    assert len(loose.steps) == 2  # n3's two pods move to n1 / n2
+
+
+def test_plan_is_deterministic(seed: Cluster) -> None:
+    first = make_plan(seed, "all", now=NOW).to_dict()
+    second = make_plan(seed, "all", now=NOW).to_dict()
+    assert first == second
+
+
+def test_bare_and_daemonset_pods_stay() -> None:
+    nodes = [gpu_node("n1"), gpu_node("n2")]
+    pods = [
+        running("bare", "n1", owner=None),
+        running("ds", "n2", owner=OwnerRef("DaemonSet", "dcgm")),
+        *fill("n2", 2),
+        pending("job", 8),
+    ]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    moved = {s.pod for s in plan.steps}
+    assert "default/bare" not in moved and "default/ds" not in moved
+    assert plan.steps == ()  # each node holds a pod that may not move
+    assert {b.constraint for b in plan.blocked} >= {"bare-pod", "daemonset"}
