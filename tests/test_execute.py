@@ -41,7 +41,7 @@ def make(
     sim = SimCluster(cluster or fragmented_cluster(), clock)
     settings = ExecutorSettings(
         budgets=budgets or Budgets(50, 50, 50), batch_size=2, replacement_timeout_s=timeout_s,
-        poll_interval_s=10,
+        poll_interval_s=10, dry_run_events=True,
     )
     return sim, Executor(sim, sim, clock, settings, sleep=clock.sleep)
 
