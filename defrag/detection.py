@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
 from defrag.detect.findings import Finding
 from defrag.detect.fragmentation import detect_fragmentation
 from defrag.detect.idle import IdleStatus, assess_idle, detect_idle
@@ -213,6 +214,18 @@ def idle_status(rules: RuleSet, metrics: MetricsSource, now: datetime) -> IdleSt
         if status.since is not None:
             since = max(since, status.since) if since else status.since
     return IdleStatus(not reasons, tuple(reasons), since if not reasons else None)
+
+
+def with_dcgm_gpu_indices(
+    cluster: Cluster, rules: RuleSet, metrics: MetricsSource, at: datetime
+) -> Cluster:
+    """The cluster with the GPU indices DCGM reports for its pods (the first enabled leak
+    rule's ``queries.used`` and label names); pods DCGM disagrees with keep theirs."""
+    leak = next((r.rule for r in rules.enabled("leak")), None)
+    if not isinstance(leak, LeakRule):
+        return cluster
+    holdings = gpu_indices_by_pod(metrics, leak.queries.used, at, leak.labels.dcgm())
+    return apply_gpu_indices(cluster, holdings).cluster
 
 
 # --- a cluster from kube-state-metrics ----------------------------------------------------------

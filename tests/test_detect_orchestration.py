@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from defrag.detection import DetectionError, detect, leak_range_query, run_detection
+from defrag.detection import (
+    DetectionError,
+    detect,
+    leak_range_query,
+    run_detection,
+    with_dcgm_gpu_indices,
+)
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample
@@ -125,3 +131,36 @@ def test_leak_range_query(used: str, prefilter: bool, query: str) -> None:
         }
     )
     assert leak_range_query(rule) == query
+
+
+class DcgmMetrics(FakeMetrics):
+    """Instant answers: DCGM FB-used series, one per (node, gpu, pod)."""
+
+    def __init__(self, holdings: list[tuple[str, str, str]]) -> None:
+        super().__init__([])
+        self.holdings = holdings
+
+    def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
+        self.queries.append(query)
+        return [
+            Sample({"Hostname": node, "gpu": gpu, "namespace": "ml", "pod": pod}, ((0.0, 1.0),))
+            for node, gpu, pod in self.holdings
+        ]
+
+
+def test_dcgm_gpu_indices_are_written_into_the_cluster() -> None:
+    cluster = Cluster.build(
+        [Node("n1", 1000, 1000, num_gpu=4)],
+        [
+            Pod("two", "ml", num_gpu=2, node="n1", phase="Running"),
+            Pod("one", "ml", num_gpu=1, node="n1", phase="Running"),
+        ],
+    )
+    # without DCGM the model guesses: best fit from the lowest index
+    assert cluster.pods["ml/two"].gpu_indices == (0, 1)
+    metrics = DcgmMetrics([("n1", "2", "two"), ("n1", "3", "two"), ("n1", "0", "one")])
+    updated = with_dcgm_gpu_indices(cluster, RULES, metrics, NOW)
+    assert metrics.queries == ["DCGM_FI_DEV_FB_USED"]
+    assert updated.pods["ml/two"].gpu_indices == (2, 3)
+    assert updated.pods["ml/one"].gpu_indices == (0,)
+    assert updated.arrays.free_whole_count().tolist() == [1]  # GPU 1 left

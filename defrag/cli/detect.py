@@ -11,19 +11,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 import yaml
 from rich.table import Table
 
-from defrag.adapters.prometheus import (
-    MetricsError,
-    PrometheusSource,
-    PromQLError,
-    apply_gpu_indices,
-    gpu_indices_by_pod,
-)
+from defrag.adapters.prometheus import MetricsError, PrometheusSource, PromQLError
 from defrag.cli.alerts import (
     AlertmanagerOpt,
     BasicAuthOpt,
@@ -34,9 +28,8 @@ from defrag.cli.alerts import (
     make_sink,
 )
 from defrag.cli.app import UserError, app, console, err_console, load_cluster, print_json
-from defrag.detection import DetectionReport, run_detection
-from defrag.model.cluster import Cluster
-from defrag.rules import LeakRule, RuleIssue, RulesError, RuleSet, load_rules
+from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
+from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
@@ -113,15 +106,6 @@ def read_rules(paths: list[Path]) -> RuleSet:
         return load_rules(paths or None)
     except RulesError as exc:
         fail_with_issues(exc.issues)
-
-
-def with_dcgm_gpu_indices(cluster: Cluster, rules: RuleSet, source: Any, at: datetime) -> Cluster:
-    """The cluster with the GPU indices DCGM reports for its pods (first enabled leak rule)."""
-    leak = next((r.rule for r in rules.enabled("leak")), None)
-    if not isinstance(leak, LeakRule):
-        return cluster
-    holdings = gpu_indices_by_pod(source, leak.queries.used, at, leak.labels.dcgm())
-    return apply_gpu_indices(cluster, holdings).cluster
 
 
 @app.command()
@@ -252,10 +236,10 @@ def rules_check(
     console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}", soft_wrap=True)
 
 
-Query = tuple[Any, str, str]
+Query = tuple[LoadedRule, str, str]
 
 
-def _issue(loaded: Any, path: str, message: str) -> RuleIssue:
+def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
     field = f"rules[{loaded.index}].{path}"
     return RuleIssue(
         loaded.file, loaded.line_of(path), field, f"rule {loaded.rule.name}: {message}"
