@@ -42,8 +42,12 @@ from tests.support.prometheus import (
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-SHAPES = ["leak", "plateau", "sawtooth", "step"] + ["flat"] * 8
-FLEET = make_fleet(SHAPES, hours=12, step_s=30, shared=(11,))
+SHAPES = ["leak", "plateau", "sawtooth", "step"] + ["flat"] * 8 + ["leak"]
+# GPU 11 (node-001 GPU 3, flat) and GPU 12 (node-001 GPU 4, leaking) are each shared by two
+# pods: DCGM exports one series per pod for them.
+FLEET = make_fleet(SHAPES, hours=12, step_s=30, shared=(11, 12))
+# The single-pod leak, and the shared one reported as unattributable (subjects sort gpu < pod).
+LEAKS = ["gpu/node-001/4", "pod/ml/leak-0"]
 
 
 @pytest.fixture(scope="module", params=["pod", "exported_pod"])
@@ -68,8 +72,10 @@ def test_leak_detector_flags_exactly_the_leak(prom: str, prefilter: bool, tmp_pa
     rules = load_rules([rule_file])
     assert rules.rules[0].rule.prefilter is prefilter  # type: ignore[union-attr]
     findings = detect(rules, source(prom), None, END)
-    assert [f.subject for f in findings] == ["pod/ml/leak-0"]
-    [leak] = findings
+    assert [f.subject for f in findings] == LEAKS
+    shared, leak = findings
+    assert "unattributable" in shared.summary and "pod" not in shared.labels
+    assert shared.evidence["pods"] == ["ml/leak-12-a", "ml/leak-12-b"]
     assert leak.labels["pod"] == "leak-0" and leak.labels["namespace"] == "ml"
     assert leak.labels["node"] == "node-000" and leak.labels["gpu"] == "0"
     assert leak.evidence["query"] == "DCGM_FI_DEV_FB_USED"
@@ -110,7 +116,7 @@ def test_idle_gate_and_report_extras(prom: str) -> None:
     extras = report_extras(source(prom), rules, END)
     util = extras["utilisation"]
     assert 9.0 < util["p50"] < 11.0 and util["p50"] <= util["p90"] <= util["p99"] < 20.0
-    assert [s["subject"] for s in extras["leak_suspects"]] == ["pod/ml/leak-0"]
+    assert [s["subject"] for s in extras["leak_suspects"]] == LEAKS
 
 
 def test_bad_promql_names_the_query_and_prometheus_message(prom: str) -> None:
@@ -128,7 +134,7 @@ def test_failed_rule_is_reported_and_others_still_run(prom: str, tmp_path: Path)
     )
     rules = load_rules([tmp_path])
     report = run_detection(rules, source(prom), None, END)
-    assert [f.subject for f in report.findings] == ["pod/ml/leak-0"]
+    assert [f.subject for f in report.findings] == LEAKS
     [failure] = report.failures
     assert failure.rule == "broken" and "parse error" in failure.message
     with pytest.raises(DetectionError, match=r"rule broken \(.*r.yaml:\d+\)"):
@@ -166,10 +172,11 @@ def test_cli_detect_json_lists_the_leak(prom: str) -> None:
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert [(f["kind"], f["subject"]) for f in data["findings"]] == [
+        ("leak", "gpu/node-001/4"),
         ("leak", "pod/ml/leak-0"),
         ("idle", "cluster"),
     ]
-    leak = data["findings"][0]
+    leak = data["findings"][1]
     assert {"kind", "subject", "severity", "fingerprint", "evidence"} <= set(leak)
     assert leak["evidence"]["query"] == "DCGM_FI_DEV_FB_USED"
 
