@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from defrag.detect.leak import GpuMemorySeries, LeakParams, assess_leak, detect_leaks
 from tests.support.prometheus import (
@@ -113,3 +115,40 @@ def test_noise_free_linear_leak_gives_perfect_fit() -> None:
     assert verdict.fit is not None and verdict.fit.r2 == pytest.approx(1.0)
     # reaches 8000 at (8000-1000)/1000 = 7 h after the first point, i.e. 1 h after END
     assert verdict.evidence["hours_to_exhaust"] == pytest.approx(1.0, abs=1e-6)
+
+
+# --- properties ----------------------------------------------------------------------------------
+
+T = END.timestamp() - 6 * HOUR + np.arange(0.0, 6 * HOUR + 1, 120.0)  # 6 h at 2 min
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    start=st.floats(0, 40000),
+    drops=st.lists(st.floats(0, 2000), min_size=len(T), max_size=len(T)),
+)
+def test_never_rising_memory_is_never_a_leak(start: float, drops: list[float]) -> None:
+    used = start + 100000.0 - np.cumsum(drops) * 0.01  # non-increasing
+    verdict = assess_leak(GpuMemorySeries("n", "0", T, used, 200000.0, ("a/b",)), PARAMS, END)
+    assert not verdict.leaking
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(2 * PARAMS.min_slope_mib_per_h, 20 * PARAMS.min_slope_mib_per_h),
+    start=st.floats(0, 20000),
+    noise_fraction=st.floats(0, 0.005),
+    seed=st.integers(0, 2**16),
+)
+def test_steady_growth_is_a_leak_with_exhaustion_within_10_percent(
+    rate: float, start: float, noise_fraction: float, seed: int
+) -> None:
+    growth = rate * 6  # MiB over the 6 h window
+    total = start + growth + rate * 24  # exhausted 24 h after END (inside the 48 h horizon)
+    noise = np.random.default_rng(seed).normal(0, noise_fraction * growth, len(T))
+    used = start + rate * (T - T[0]) / HOUR + noise
+    verdict = assess_leak(GpuMemorySeries("n", "0", T, used, total, ("a/b",)), PARAMS, END)
+    assert verdict.leaking, verdict.reasons
+    assert verdict.exhaust_at is not None
+    truth = END.timestamp() + 24 * HOUR
+    assert abs(verdict.exhaust_at - truth) <= 0.10 * 24 * HOUR
