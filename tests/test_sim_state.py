@@ -1,0 +1,127 @@
+"""SimState: placements, all-or-nothing moves, the Cluster view; the synthetic workload."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from defrag.model.resources import Node, Pod
+from defrag.model.workload import WorkloadMix
+from defrag.scoring.policies import make_policy
+from defrag.sim.hooks import HookUnavailable, Move, NoDefrag, load_defrag_hook
+from defrag.sim.state import InvalidMove, SimState
+from defrag.sim.synthetic import WorkloadParams, synthetic_nodes, synthetic_pods
+
+
+def make_state() -> SimState:
+    nodes = [
+        Node("a", 16_000, 1024, num_gpu=4, gpu_model="T4"),
+        Node("b", 16_000, 1024, num_gpu=4, gpu_model="T4"),
+    ]
+    mix = WorkloadMix.default()
+    state = SimState.new(nodes, make_policy("best-fit"), "best-fit", mix)
+    state.place(Pod("p", num_gpu=2, cpu_milli=1000), 0, (0, 1))
+    state.place(Pod("q", num_gpu=1, gpu_milli=300, cpu_milli=500), 0, (2,))
+    return state
+
+
+def test_place_and_remove_keep_arrays_and_rows_consistent() -> None:
+    s = make_state()
+    assert list(s.arrays.gpu_free[0]) == [0, 0, 700, 1000]
+    assert s.arrays.cpu_free[0] == 16_000 - 1500
+    assert sorted(s.rows[0]) == ["default/p", "default/q"]
+    # 2 GPUs + 0.3 GPU allocated = 2300 milli.
+    assert s.allocated_gpu_milli() == 2300
+    s.remove("default/q")
+    assert list(s.arrays.gpu_free[0]) == [0, 0, 1000, 1000]
+    assert sorted(s.rows[0]) == ["default/p"]
+
+
+def test_moves_apply_in_order_and_count_as_migrations() -> None:
+    s = make_state()
+    applied = s.apply_moves([Move("default/p", 0, 1, (2, 3)), Move("default/q", 0, 1, (0,))])
+    assert applied == 2 and s.migrations == 2
+    assert list(s.arrays.gpu_free[0]) == [1000] * 4
+    assert list(s.arrays.gpu_free[1]) == [700, 1000, 0, 0]
+    assert s.placed["default/p"].row == 1
+
+
+@pytest.mark.parametrize(
+    ("moves", "reason"),
+    [
+        ([Move("default/nope", 0, 1, (0,))], "no such running pod"),
+        ([Move("default/p", 1, 0, (0, 1))], "runs on row 0, not 1"),
+        ([Move("default/p", 0, 0, (2, 3))], "bad target row 0"),
+        ([Move("default/p", 0, 1, (0,))], "1 GPU slot(s) given, the pod asks 2"),
+        # The first move fills b's GPUs 0 and 1; the second asks GPU 1 again for q.
+        ([Move("default/p", 0, 1, (0, 1)), Move("default/q", 0, 1, (1,))], "without enough free"),
+    ],
+)
+def test_an_invalid_move_rolls_back_the_whole_batch(moves: list[Move], reason: str) -> None:
+    s = make_state()
+    before = s.arrays.gpu_free.copy(), s.arrays.cpu_free.copy()
+    with pytest.raises(InvalidMove, match=reason.replace("(", r"\(").replace(")", r"\)")):
+        s.apply_moves(moves)
+    assert (s.arrays.gpu_free == before[0]).all() and (s.arrays.cpu_free == before[1]).all()
+    assert s.migrations == 0 and s.placed["default/p"].row == 0
+
+
+def test_to_cluster_binds_running_pods_and_keeps_pending_ones() -> None:
+    s = make_state()
+    s.pending["default/w"] = Pod("w", num_gpu=4)
+    cluster = s.to_cluster()
+    assert cluster.pods["default/p"].node == "a"
+    assert cluster.pods["default/p"].gpu_indices == (0, 1)
+    assert cluster.pods["default/w"].node is None
+    assert (cluster.arrays.gpu_free == s.arrays.gpu_free).all()
+
+
+def test_no_defrag_hook_and_planner_hook_loading() -> None:
+    s = make_state()
+    assert NoDefrag().on_window(s, 0.0) == ()
+    try:
+        hook = load_defrag_hook("best-fit", "fill")
+    except HookUnavailable:  # the planner's hook is optional for the simulator
+        return
+    assert hasattr(hook, "on_unschedulable") and hasattr(hook, "on_window")
+
+
+def test_synthetic_cluster_has_the_openb_mix() -> None:
+    nodes = synthetic_nodes()
+    gpus = Counter(n.num_gpu for n in nodes)
+    # 150 nodes, 771 GPUs at scale 1: 77 eight-GPU nodes, 64 two-GPU nodes, ….
+    assert (len(nodes), sum(n.num_gpu for n in nodes)) == (150, 771)
+    assert gpus[8] == 68 + 5 + 4 and gpus[2] == 48 + 16
+    assert len(synthetic_nodes(0.5)) < len(nodes) < len(synthetic_nodes(2.0))
+    with pytest.raises(ValueError):
+        synthetic_nodes(0)
+
+
+def test_synthetic_pods_follow_the_parameters() -> None:
+    pods = synthetic_pods(20_000, seed=3)
+    assert pods == synthetic_pods(20_000, seed=3)
+    kinds = Counter(
+        "cpu" if p.num_gpu == 0 else "share" if p.is_sharing else str(p.num_gpu) for p in pods
+    )
+    # The default kind weights (13%, 38%, 48%, …) within ±1.5 points for 20,000 draws
+    # (σ of a 40% share is √(.4 × .6 / 20000) ≈ 0.35 points).
+    weights = WorkloadParams().kinds
+    total = sum(weights.values())
+    for kind in ("cpu", "share", "1"):
+        assert abs(kinds[kind] / len(pods) - weights[kind] / total) < 0.015
+    assert all(p.gpu_milli < 1000 for p in pods if p.is_sharing)
+    assert {p.qos for p in pods} <= {"LS", "BE", "Burstable", "Guaranteed"}
+    models = [p for p in pods if p.gpu_models]
+    assert 0 < len(models) / sum(1 for p in pods if p.num_gpu) < 0.04
+    assert np.isclose(
+        sum(p.memory_mib for p in pods[:10]), sum(p.cpu_milli * 4096 // 1000 for p in pods[:10])
+    )
+
+
+def test_synthetic_parameters_are_checked() -> None:
+    with pytest.raises(ValueError, match="unknown pod kind"):
+        WorkloadParams(kinds={"huge": 1.0})
+    with pytest.raises(ValueError, match="n must be > 0"):
+        synthetic_pods(0)
