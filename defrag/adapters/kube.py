@@ -29,7 +29,6 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from tenacity import (
-    RetryError,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
@@ -132,10 +131,7 @@ class _Caller:
             retry=retry_if_exception(_transient),
             reraise=True,
         )
-        try:
-            return retrying(fn)
-        except RetryError as exc:  # pragma: no cover - reraise=True re-raises the cause
-            raise exc.last_attempt.exception() or exc from None
+        return retrying(fn)
 
     @property
     def timeout(self) -> tuple[float, float]:

@@ -297,19 +297,10 @@ class KubeApi:
         host, port = self._server.server_address[:2]
         return f"http://{host!s}:{port}"
 
-    def configuration(self) -> Any:
-        from kubernetes import client
-
-        config = client.Configuration()
-        config.host = self.url
-        config.retries = 0  # tests see every failure; the adapter retries on its own
-        return config
-
     def client(self) -> Any:
-        """A ``kubernetes.client.ApiClient`` pointed at this server."""
-        from kubernetes import client
-
-        return client.ApiClient(self.configuration())
+        """A ``kubernetes.client.ApiClient`` pointed at this server (no urllib3 retries: tests
+        see every failure; the adapter retries on its own)."""
+        return client_for(self.url)
 
     # --- state for tests ---------------------------------------------------------------------
 
