@@ -109,7 +109,7 @@ def run_detection(
                 skipped[rule.name] = "no cluster snapshot"
             elif isinstance(rule, StarvationRule | FragmentationRule):
                 findings += _cluster_rule(rule, cluster, now)
-        except Exception as exc:
+        except Exception as exc:  # one broken rule or query must not hide the other rules
             failures.append(_failure(loaded, exc))
     return DetectionReport(tuple(findings), tuple(failures), skipped)
 
