@@ -110,7 +110,7 @@ def test_agent_once_publishes_through_a_kubeconfig(
         ["agent", "--once", "--node", "node-2", "--kubeconfig", str(kubeconfig), "-o", "json"],
     )
     assert result.exit_code == 0, result.output
-    printed = json.loads(result.output)
+    printed = json.loads(result.stdout)  # stderr (logs, server noise) is not part of it
     assert printed["annotation"] == {NVLINK_DOMAINS_ANNOTATION: "0-3,4-7"}
     assert printed["driver_version"] == "550.54.15"
     assert len(printed["gpus"]) == 8

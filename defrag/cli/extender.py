@@ -17,6 +17,7 @@ from rich.table import Table
 from defrag.cli.app import UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 
+
 class Output(StrEnum):
     table = "table"
     json = "json"
