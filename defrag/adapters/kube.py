@@ -166,25 +166,24 @@ class KubeClusterSource:
         self.policy: Any = client.PolicyV1Api(api)
         self.scheduling: Any = client.SchedulingV1Api(api)
 
-    def snapshot(self) -> Cluster:
-        parts = ClusterParts()
-        pod_fields = "status.phase!=Succeeded,status.phase!=Failed"
-        listings: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+    def listings(self) -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
+        """(kind, list call, its arguments) for each kind a snapshot reads, in order."""
+        pods = (
+            {"field_selector": "status.phase!=Succeeded,status.phase!=Failed"}
+            if self.skip_finished_pods
+            else {}
+        )
+        return [
             ("PriorityClass", self.scheduling.list_priority_class, {}),
             ("Node", self.core.list_node, {}),
-            (
-                "Pod",
-                self.core.list_pod_for_all_namespaces,
-                {"field_selector": pod_fields} if self.skip_finished_pods else {},
-            ),
+            ("Pod", self.core.list_pod_for_all_namespaces, pods),
             ("PodDisruptionBudget", self.policy.list_pod_disruption_budget_for_all_namespaces, {}),
         ]
-        for kind, lister, kwargs in listings:
-            for i, item in enumerate(self._list(kind, lister, kwargs)):
-                try:
-                    parts.add(item, f"{kind} list item {i}", kind=kind)
-                except ConversionError as exc:
-                    raise KubeError(f"the API returned a {kind} defrag cannot read: {exc}") from exc
+
+    def snapshot(self) -> Cluster:
+        parts = ClusterParts()
+        for kind, lister, kwargs in self.listings():
+            parts.extend(self._collect(kind, lister, kwargs))
         try:
             cluster = parts.build(lenient=True)
         except ModelError as exc:
@@ -198,21 +197,34 @@ class KubeClusterSource:
             )
         return cluster
 
-    def _list(self, kind: str, lister: Callable[..., Any], kwargs: dict[str, Any]) -> list[Any]:
-        """Every item, page by page; an expired continue token (410) restarts the listing."""
+    def _collect(
+        self, kind: str, lister: Callable[..., Any], kwargs: dict[str, Any], convert: bool = True
+    ) -> ClusterParts:
+        """Every object of ``kind``, page by page, each page converted as it arrives (so the raw
+        JSON of one page at a time is held). An expired continue token (410) starts again."""
         for _restart in range(3):
-            items: list[Any] = []
+            parts = ClusterParts()
             token: str | None = None
+            index = 0
             try:
                 while True:
                     page = self._page(lister, kwargs, token)
-                    items.extend(page.get("items") or [])
+                    items = page.get("items") or []
+                    if convert:
+                        for item in items:
+                            try:
+                                parts.add(item, f"{kind} list item {index}", kind=kind)
+                            except ConversionError as exc:
+                                raise KubeError(
+                                    f"the API returned a {kind} defrag cannot read: {exc}"
+                                ) from exc
+                            index += 1
                     token = (page.get("metadata") or {}).get("continue") or None
                     if not token:
-                        return items
+                        return parts
             except ApiException as exc:
                 if exc.status == 410:
-                    log.info("listing %s: continue token expired, listing again", kind)
+                    log.info("listing %ss: continue token expired, listing again", kind)
                     continue
                 raise KubeError(f"cannot list {kind}s: {_describe(exc)}") from None
             except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:

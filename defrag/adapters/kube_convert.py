@@ -109,6 +109,12 @@ class ClusterParts:
             raise ConversionError(where, "kind", "missing")
         # Other kinds (Services, Events, …) in a ``kubectl get`` list are ignored.
 
+    def extend(self, other: ClusterParts) -> None:
+        self.nodes += other.nodes
+        self.pods += other.pods
+        self.pdbs += other.pdbs
+        self.priority_classes += other.priority_classes
+
     def build(self, lenient: bool = False) -> Cluster:
         """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods
         bound to a node the node list did not have (recorded in :attr:`dropped`), and when the
