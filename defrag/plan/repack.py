@@ -45,7 +45,9 @@ def repack(
     *,
     min_gain_per_cost: float = 0.25,
     max_drains: int | None = None,
+    max_tries: int = 200,
 ) -> RepackResult:
+    """Drains kept by gain per cost; ``max_tries`` bounds the drains simulated in full."""
     a = ws.arrays
     fm = FragModel.build(mix, a.models)
 
@@ -62,7 +64,8 @@ def repack(
             if not isinstance(found, Room) or not found.victims:
                 continue
             gain = _gain_if_removed(ws, frag, int(row), found)
-            if gain <= 0:
+            # Receivers may lose (or gain) a little too: keep candidates within 2× of the bar.
+            if gain <= 0 or gain / max(found.cost, 1e-9) < min_gain_per_cost / 2:
                 continue
             rooms[(int(row), k)] = found
             heapq.heappush(heap, (-gain / max(found.cost, 1e-9), int(row), k, False))
@@ -72,7 +75,8 @@ def repack(
     drained: list[str] = []
     received = np.zeros(len(a), dtype=bool)
     total_gain = 0.0
-    while heap:
+    tries = 0
+    while heap and tries < max_tries:
         if max_drains is not None and len(drained) >= max_drains:
             break
         left = ctx.ledger.remaining()
@@ -82,6 +86,7 @@ def repack(
         if ws.no_target[row] or received[row]:
             continue
         room = rooms[(row, k)]
+        tries += 1
         mark, ledger_state = ws.mark(), ctx.ledger.snapshot()
         done = relocate(
             ws,

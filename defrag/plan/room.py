@@ -123,6 +123,9 @@ def find_room(
 
 
 class _Search:
+    """One node's victim search. Per-GPU state is kept in plain lists (≤ 8 GPUs: faster
+    than numpy at this size)."""
+
     def __init__(
         self,
         ws: Workspace,
@@ -136,35 +139,35 @@ class _Search:
         self.ws, self.row, self.pod, self.allowed, self.cost = ws, row, pod, allowed, cost
         self.movable = movable
         self.total = int(a.gpu_total[row])
-        self.free = a.gpu_free[row, : self.total].copy()
-        self.domain = a.gpu_domain[row, : self.total]
-        self.sizes = a.domain_size[row]
+        self.free: list[int] = a.gpu_free[row, : self.total].tolist()
+        self.domain: list[int] = a.gpu_domain[row, : self.total].tolist()
+        self.sizes: list[int] = [int(x) for x in a.domain_size[row] if x > 0]
         self.occ: list[list[Occupant]] = [[] for _ in range(self.total)]
-        self.others: list[Occupant] = []
         for o in ws.occupants(row):
-            if o.pod.num_gpu:
-                for g in o.gpus:
-                    self.occ[g].append(o)
-            else:
-                self.others.append(o)
+            for g in o.gpus if o.pod.num_gpu else ():
+                self.occ[g].append(o)
         self.blocked: dict[str, Blocked] = {}
+        self._ok: dict[str, bool] = {}
 
     def _usable(self, occupants: Iterable[Occupant]) -> bool:
         ok = True
         for o in occupants:
-            status = self.allowed(o.pod)
-            if not status.ok:
-                self.blocked.setdefault(o.pod.key, blocked_from(o.pod.key, status))
-                ok = False
-            elif self.movable is not None and not self.movable(o.pod):
-                ok = False
+            key = o.pod.key
+            known = self._ok.get(key)
+            if known is None:
+                status = self.allowed(o.pod)
+                if not status.ok:
+                    self.blocked.setdefault(key, blocked_from(key, status))
+                known = status.ok and (self.movable is None or self.movable(o.pod))
+                self._ok[key] = known
+            ok = ok and known
         return ok
 
-    def _freed(self, victims: dict[str, Occupant]) -> np.ndarray:
-        free = self.free.copy()
+    def _freed(self, victims: dict[str, Occupant]) -> list[int]:
+        free = self.free[:]
         for o in victims.values():
-            if o.pod.num_gpu:
-                free[list(o.gpus)] += o.pod.gpu_milli
+            for g in o.gpus if o.pod.num_gpu else ():
+                free[g] += o.pod.gpu_milli
         return free
 
     # --- GPUs -----------------------------------------------------------------------------
@@ -176,15 +179,15 @@ class _Search:
         if pod.gpu_milli < GPU_MILLI:
             return self._share_victims(pod.gpu_milli)
         r = pod.num_gpu
-        max_dom = int(self.sizes.max(initial=0))
+        max_dom = max(self.sizes, default=0)
         if r > self.total:
             return None
         if r <= max_dom:
             best: tuple[float, dict[str, Occupant]] | None = None
-            for d in range(len(self.sizes)):
-                if self.sizes[d] < r:
+            for d, size in enumerate(self.sizes):
+                if size < r:
                     continue
-                gpus = np.flatnonzero(self.domain == d)
+                gpus = [g for g in range(self.total) if self.domain[g] == d]
                 found = self._clear(gpus, r)
                 if found is not None:
                     price = sum(self.cost(o.pod) for o in found.values())
@@ -193,12 +196,16 @@ class _Search:
             return None if best is None else best[1]
         return self._clear_domains(r)
 
-    def _clear(self, gpus: np.ndarray, r: int) -> dict[str, Occupant] | None:
+    def _clear(self, gpus: list[int], r: int) -> dict[str, Occupant] | None:
         """Victims that leave ``r`` entirely free GPUs among ``gpus`` (greedy, then pruned)."""
+
+        def whole(free: list[int]) -> int:
+            return sum(1 for g in gpus if free[g] >= GPU_MILLI)
+
         victims: dict[str, Occupant] = {}
-        free = self.free.copy()
-        while int((free[gpus] >= GPU_MILLI).sum()) < r:
-            have = int((free[gpus] >= GPU_MILLI).sum())
+        free = self.free[:]
+        have = whole(free)
+        while have < r:
             best: tuple[float, int, list[Occupant]] | None = None
             for g in gpus:
                 if free[g] >= GPU_MILLI:
@@ -206,31 +213,33 @@ class _Search:
                 pods = [o for o in self.occ[g] if o.pod.key not in victims]
                 if not self._usable(pods):
                     continue
-                trial = free.copy()
+                trial = free[:]
                 for o in pods:
-                    trial[list(o.gpus)] += o.pod.gpu_milli
-                gain = int((trial[gpus] >= GPU_MILLI).sum()) - have
+                    for gi in o.gpus:
+                        trial[gi] += o.pod.gpu_milli
+                gain = whole(trial) - have
                 if gain <= 0:
                     continue
                 price = sum(self.cost(o.pod) for o in pods) / gain
                 if best is None or price < best[0]:
-                    best = (price, int(g), pods)
+                    best = (price, g, pods)
             if best is None:
                 return None
             for o in best[2]:
                 victims[o.pod.key] = o
-                free[list(o.gpus)] += o.pod.gpu_milli
-        return self._prune(victims, lambda f: int((f[gpus] >= GPU_MILLI).sum()) >= r)
+                for gi in o.gpus:
+                    free[gi] += o.pod.gpu_milli
+            have = whole(free)
+        return self._prune(victims, lambda f: whole(f) >= r)
 
     def _clear_domains(self, r: int) -> dict[str, Occupant] | None:
         """Victims that leave whole NVLink domains free, holding at least ``r`` GPUs together."""
+        members = [
+            [g for g in range(self.total) if self.domain[g] == d] for d in range(len(self.sizes))
+        ]
         options: list[tuple[float, int, list[Occupant]]] = []
-        for d in range(len(self.sizes)):
-            size = int(self.sizes[d])
-            if size == 0:
-                continue
-            gpus = np.flatnonzero(self.domain == d)
-            held = {o.pod.key: o for g in gpus for o in self.occ[g]}
+        for d, size in enumerate(self.sizes):
+            held = {o.pod.key: o for g in members[d] for o in self.occ[g]}
             if not self._usable(held.values()):
                 continue
             price = sum(self.cost(o.pod) for o in held.values())
@@ -242,16 +251,15 @@ class _Search:
                 break
             for o in pods:
                 victims[o.pod.key] = o
-            gained += int(self.sizes[d])
+            gained += self.sizes[d]
         if gained < r:
             return None
 
-        def spans(free: np.ndarray) -> bool:
-            whole = free >= GPU_MILLI
+        def spans(free: list[int]) -> bool:
             full = sum(
-                int(self.sizes[d])
-                for d in range(len(self.sizes))
-                if self.sizes[d] and whole[self.domain == d].all()
+                size
+                for d, size in enumerate(self.sizes)
+                if all(free[g] >= GPU_MILLI for g in members[d])
             )
             return full >= r
 
@@ -261,7 +269,7 @@ class _Search:
         best: tuple[float, int, dict[str, Occupant]] | None = None
         for g in range(self.total):
             victims: dict[str, Occupant] = {}
-            free = int(self.free[g])
+            free = self.free[g]
             ordered = sorted(self.occ[g], key=lambda o: (self.cost(o.pod), o.pod.key))
             for o in ordered:
                 if free >= milli:
@@ -278,7 +286,7 @@ class _Search:
         return None if best is None else best[2]
 
     def _prune(
-        self, victims: dict[str, Occupant], enough: Callable[[np.ndarray], bool]
+        self, victims: dict[str, Occupant], enough: Callable[[list[int]], bool]
     ) -> dict[str, Occupant]:
         for key in sorted(victims, key=lambda k: (-self.cost(victims[k].pod), k)):
             trial = {k: o for k, o in victims.items() if k != key}
