@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's MaxExtenderPriority: extender scores are 0..10."""
 MAX_BODY_BYTES = 64 * 2**20
-R_UNKNOWN_NODE = "node unknown to defrag's cluster state (not relisted yet)"
+R_UNKNOWN_NODE = "node unknown to defrag's cluster state (not relisted yet; relisting now)"
 
 
 class BadRequest(ValueError):
@@ -162,6 +162,7 @@ class ClusterCache:
     _view: ClusterView | None = None
     _last_error: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
+    _wake: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
     def view(self) -> ClusterView | None:
@@ -204,12 +205,22 @@ class ClusterCache:
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
 
+    def nudge(self) -> None:
+        """Relist now rather than at the next interval (a request named a node we do not know:
+        it probably just joined)."""
+        self._wake.set()
+
     def _loop(self) -> None:
-        while not self._stop.wait(self.relist_interval_s):
+        while True:
+            self._wake.wait(self.relist_interval_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             self.refresh()
 
 
@@ -263,9 +274,10 @@ class Extender:
         names = args.node_names
         rows = np.fromiter(map(get, names, repeat(-1)), dtype=np.int64, count=len(names))
         known = rows >= 0
-        unknown = (
-            () if known.all() else tuple(n for n, k in zip(names, known, strict=True) if not k)
-        )
+        unknown: tuple[str, ...] = ()
+        if not known.all():
+            unknown = tuple(n for n, k in zip(names, known, strict=True) if not k)
+            self.cache.nudge()
         exclude = np.ones(len(arrays), dtype=bool)
         exclude[rows[known]] = False
         reserved_for = dict(view.reserved_for)

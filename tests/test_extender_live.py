@@ -117,3 +117,25 @@ def test_agent_once_publishes_through_a_kubeconfig(
     node = api.get("Node", "node-2")
     assert node is not None
     assert node["metadata"]["annotations"][NVLINK_DOMAINS_ANNOTATION] == "0-3,4-7"
+
+
+def test_unknown_node_triggers_a_relist_at_once(api: KubeApi) -> None:
+    source = KubeClusterSource(api.client(), retry=FAST)
+    srv = serve(source, policy="reserve-binpack", host="127.0.0.1", port=0, relist_interval_s=3600)
+    threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        api.put(k.node("node-4"))  # joins after the first relist
+        pod = k.pod("small", "default", 1, owner=None)
+        names = [*NAMES, "node-4"]
+        result = post(srv, "filter", {"pod": pod, "nodenames": names})
+        assert "node-4" in result["failedNodes"]
+
+        def known() -> bool:
+            view = srv.extender.cache.view()
+            return view is not None and "node-4" in view.cluster.arrays.index
+
+        wait_for(known, "the nudged relist")  # well before the 3600 s interval
+        assert "node-4" in post(srv, "filter", {"pod": pod, "nodenames": names})["nodenames"]
+    finally:
+        srv.shutdown()
+        stop(srv)
