@@ -9,10 +9,14 @@ import pytest
 
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
+from defrag.scoring.fragmentation import fgd_node_fragmentation
+from defrag.scoring.framework import Placement
 from defrag.scoring.policies import make_policy
+from defrag.scoring.scheduler import schedule
 from defrag.sim.hooks import HookUnavailable, Move, NoDefrag, load_defrag_hook
 from defrag.sim.state import InvalidMove, SimState
 from defrag.sim.synthetic import WorkloadParams, synthetic_nodes, synthetic_pods
+from defrag.sim.tracker import FragTracker
 
 
 def make_state() -> SimState:
@@ -125,3 +129,21 @@ def test_synthetic_parameters_are_checked() -> None:
         WorkloadParams(kinds={"huge": 1.0})
     with pytest.raises(ValueError, match="n must be > 0"):
         synthetic_pods(0)
+
+
+def test_frag_tracker_matches_a_full_recomputation() -> None:
+
+    nodes = synthetic_nodes(0.3)
+    pods = synthetic_pods(400, seed=1)
+    mix = WorkloadMix.from_pods(pods)
+    state = SimState.new(nodes, make_policy("best-fit"), "best-fit", mix)
+    tracker = FragTracker(state.arrays, mix)
+
+    for pod in pods:
+        result = schedule(pod, state.arrays, state.policy)
+        if isinstance(result, Placement):
+            state.place(pod, result.row, result.gpus)
+            tracker.update([result.row])
+    full = fgd_node_fragmentation(state.arrays, mix)
+    assert np.allclose(tracker.node_frag, full)
+    assert tracker.total == pytest.approx(float(full.sum()))
