@@ -144,7 +144,8 @@ def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
     send = not settings.dry_run or settings.dry_run_events
     actuator = KubeActuator(api, send_writes=send, event_namespace=settings.lease_namespace)
     elector: Elector = AlwaysLeader()
-    if settings.leader_election:
+    # Dry run writes nothing to the cluster, not even the Lease: every replica plans and reports.
+    if settings.leader_election and not settings.dry_run:
         elector = LeaseElector(
             api, settings.lease_namespace, settings.lease_name, settings.identity,
             int(settings.lease_duration_s),
@@ -374,10 +375,12 @@ def write_plot(results: Sequence[CycleResult], path: Path) -> None:
         for r in results
     ]
     evicted = [len(r.executed.evicted) if r.executed else 0 for r in results]
+    starving = [sum(1 for f in r.findings if f.kind == "starvation") for r in results]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     top.plot(xs, largest, marker="o", label="largest placeable job (GPUs)")
     top.plot(xs, whole, marker="s", label="whole free nodes")
     top.plot(xs, stranded, marker="^", label="GPUs stranded for 8-GPU jobs")
+    top.plot(xs, starving, marker="x", color="tab:red", label="starving jobs")
     top.plot(xs, [e if e is not None else float("nan") for e in expected], linestyle="--",
              color="tab:blue", alpha=0.6, label="largest job the plan expects")
     top.set_title("defrag demo: 12 fragmented 8-GPU nodes; the window opens at 02:00")
