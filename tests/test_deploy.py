@@ -73,6 +73,7 @@ EXPECTED = {
     ("ClusterRoleBinding", "defrag-extender"),
     ("Deployment", "defrag-extender"),
     ("Service", "defrag-extender"),
+    ("ServiceMonitor", "defrag-extender"),
     ("NetworkPolicy", "defrag-extender"),
     ("ServiceAccount", "defrag-agent"),
     ("ClusterRole", "defrag-agent"),
@@ -107,7 +108,7 @@ def test_builtin_kinds_validate_against_the_openapi_schema(
             continue
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
         checked += 1
-    assert checked == len(rendered[overlay]) - 3
+    assert checked == len(rendered[overlay]) - 4  # 2 ServiceMonitors, PodMonitor, PrometheusRule
 
 
 def test_schema_validation_would_catch_a_mistake(rendered: dict[str, list[Obj]]) -> None:
@@ -238,10 +239,12 @@ def test_services_and_monitors_reach_their_pods(rendered: dict[str, list[Obj]]) 
         ports = container_ports(pod_of(objs, svc["spec"]["selector"]))
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in ports, svc["metadata"]["name"]
-    sm = one(objs, "ServiceMonitor", "defrag")
-    svc = one(objs, "Service", "defrag")
-    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-    assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    for name in ("defrag", "defrag-extender"):
+        sm = one(objs, "ServiceMonitor", name)
+        svc = one(objs, "Service", name)
+        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+        ports = {p["name"] for p in svc["spec"]["ports"]}
+        assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
     pm = one(objs, "PodMonitor", "defrag-agent")
     agent = pod_of(objs, pm["spec"]["selector"]["matchLabels"])
     assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= set(container_ports(agent))
