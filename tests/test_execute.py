@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -257,3 +257,19 @@ def test_reconcile_with_replacements_still_pending_trips_the_breaker() -> None:
     assert outcomes[0].action == "finished" and outcomes[0].pending == ("ml/ReplicaSet/job-1",)
     assert ex.breaker.state.open
     assert sim.snapshot().node("n1").taints == ()
+
+
+def test_no_new_drain_starts_once_the_window_has_closed() -> None:
+    sim, ex = make()
+    cluster = sim.snapshot()
+    # The window ends 30 s after the start; each drain waits at least one 10 s poll and the
+    # replacements need 20 s to be scheduled: gpu-00 finishes at +20 s, gpu-01 at +40 s.
+    window = WindowStatus(True, "short", SIM_START, SIM_START + timedelta(seconds=30))
+    pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01") + movable_on(
+        cluster, "gpu-02"
+    )
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, window, dry_run=False)
+    by_node = {o.source: o.result for o in result.outcomes}
+    assert by_node == {"gpu-00": "evicted", "gpu-01": "evicted", "gpu-02": "skipped"}
+    skipped = [o for o in result.outcomes if o.result == "skipped"]
+    assert all("no new drain started" in o.reason for o in skipped)

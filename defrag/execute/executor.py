@@ -104,6 +104,10 @@ class Executor:
                 reason = f"circuit breaker open: {self.breaker.state.reason}"
                 outcomes_list += [self._skip(s, reason) for s in steps]
                 continue
+            if window.end is not None and self.clock.now() >= window.end:
+                reason = f"window closed at {window.end.isoformat()}; no new drain started"
+                outcomes_list += [self._skip(s, reason) for s in steps]
+                continue
             outcomes_list += self._drain(node, steps, run)
         findings = self._findings(plan, run, outcomes_list)
         order = {s.pod: i for i, s in enumerate(plan.steps)}
