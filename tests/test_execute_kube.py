@@ -6,7 +6,13 @@ Each test reads the server's request log: what was written, in which order, and 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -201,3 +207,64 @@ def test_only_the_lease_holder_executes() -> None:
         )
         lease = server.get("Lease", "defrag", "defrag-system")
         assert lease is not None and lease["spec"]["holderIdentity"] == "a"
+
+
+def run_defrag(settings: Path, kubeconfig_path: Path, *args: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DEFRAG_")}
+    env.update({"DEFRAG_KUBECONFIG": str(kubeconfig_path), "DEFRAG_IDENTITY": "defrag-0"})
+    return subprocess.Popen(
+        [sys.executable, "-c", "from defrag.cli import main; main()", "run", "--once",
+         "--no-dry-run", "--settings", str(settings), *args],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) -> None:
+    from tests.test_daemon_cli import kubeconfig
+
+    live = tmp_path / "live.yaml"
+    live.write_text(
+        "windows: [{cron: '* * * * *', length_s: 120}]\nmin_pod_age_s: 0\n"
+        "eviction_batch_size: 1\npoll_interval_s: 0.2\nreplacement_timeout_s: 600\n"
+    )
+    closed = tmp_path / "closed.yaml"
+    closed.write_text("windows: []\n")
+    with KubeApi(scattered_20()["items"]) as server:
+        def slow_after_first(api: KubeApi, evicted: dict[str, Any]) -> None:
+            # The next eviction hangs, then fails: the process is killed while it waits.
+            api.fail("POST", r"/eviction$", status=503, times=1000, delay_s=30)
+
+        server.on_eviction = slow_after_first
+        config = kubeconfig(tmp_path, server.url)
+        first = run_defrag(live, config)
+        try:
+            deadline = time.monotonic() + 60
+            while len(server.evicted) < 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(0.5)  # the second eviction is in flight
+            first.send_signal(signal.SIGKILL)
+            first.wait(timeout=10)
+        finally:
+            if first.poll() is None:
+                first.kill()
+        tainted = [n["metadata"]["name"] for n in server.objects("Node")
+                   if any(t["key"] == DRAIN for t in n.get("spec", {}).get("taints", []))]
+        assert len(tainted) == 1 and len(server.evicted) == 1  # the crash left its trail
+        server.on_eviction = None
+        # The restart (in this process, same identity: it holds the Lease at once).
+        from typer.testing import CliRunner
+
+        from defrag.cli import app
+
+        second = CliRunner().invoke(
+            app, ["run", "--once", "--no-dry-run", "--settings", str(closed), "-o", "json"],
+            env={"DEFRAG_KUBECONFIG": str(config), "DEFRAG_IDENTITY": "defrag-0"},
+        )
+        assert second.exit_code == 0, second.output
+        assert json.loads(second.stdout)["executed"] is None  # no window: nothing new
+        for node in server.objects("Node"):
+            assert not [t for t in node.get("spec", {}).get("taints", []) if t["key"] == DRAIN]
+            assert not set(JOURNAL_ANNOTATIONS) & set(node["metadata"].get("annotations", {}))
+        reconciled = [r.body for r in server.writes()
+                      if r.resource == "events" and r.body.get("reason") == "DefragReconciled"]
+        assert len(reconciled) == 1 and "rolled-back" in reconciled[0]["message"]
