@@ -273,3 +273,22 @@ def test_no_new_drain_starts_once_the_window_has_closed() -> None:
     assert by_node == {"gpu-00": "evicted", "gpu-01": "evicted", "gpu-02": "skipped"}
     skipped = [o for o in result.outcomes if o.result == "skipped"]
     assert all("no new drain started" in o.reason for o in skipped)
+
+
+def test_stop_during_the_wait_untaints_without_blaming_the_replacements() -> None:
+    sim, ex = make(tight_cluster(), timeout_s=600)
+    naps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        naps.append(seconds)
+        sim.clock.sleep(seconds)
+        ex.stop_requested.set()  # SIGTERM while waiting for the (stuck) replacement
+
+    ex.sleep = sleep
+    cluster = sim.snapshot()
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN,
+                        dry_run=False)
+    assert naps == [10]  # one poll, not the 600 s timeout
+    assert result.counts == {"evicted": 1} and result.stuck == ()
+    assert not ex.breaker.state.open
+    assert sim.snapshot().node("n1").taints == ()

@@ -290,7 +290,9 @@ class Executor:
             pending = pending_of(self.source.snapshot(), watched)
             if not pending:
                 return ()
-            if self.clock.now() >= deadline or self.stop_requested.is_set():
+            if self.stop_requested.is_set():
+                return ()  # shutting down: not a verdict on the replacements
+            if self.clock.now() >= deadline:
                 return pending
 
     def _untaint(self, node: str, run: _Run) -> None:
