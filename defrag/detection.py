@@ -9,9 +9,10 @@ after running them all, naming each failed rule, its query and Prometheus's mess
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -312,8 +313,10 @@ def report_extras(
 ) -> dict[str, Any]:
     """For ``defrag report --prometheus``: GPU utilisation p50/p90/p99 and the leak suspects.
 
-    Utilisation percentiles are over every per-GPU sample of the last ``window_s`` (the idle
-    rule's ``per_gpu_query``, else its ``query``), at a 5-minute step; ``at`` None means now.
+    Leak suspects are the leak rules' findings without the horizon: every GPU whose memory
+    grows steadily, however far from exhaustion. Utilisation percentiles are over every
+    per-GPU sample of the last ``window_s`` (the idle rule's ``per_gpu_query``, else its
+    ``query``), at a 5-minute step; ``at`` None means now.
     Raises the metrics source's error (e.g. ``MetricsError``) when a query fails.
     """
     at = at or datetime.now(UTC)
@@ -340,6 +343,8 @@ def report_extras(
     for loaded in rules.enabled("leak"):
         rule_ = loaded.rule
         assert isinstance(rule_, LeakRule)
-        found = detect_leaks(leak_series(rule_, metrics, at), rule_.params(), at)
+        # suspects: every steady grower, however far its exhaustion (no horizon)
+        params = replace(rule_.params(), horizon_s=math.inf)
+        found = detect_leaks(leak_series(rule_, metrics, at), params, at)
         out["leak_suspects"] += [f.to_dict() for f in found]
     return out

@@ -223,3 +223,13 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
     assert "query '(DCGM_FI_DEV_FB_USED) and (deriv(" in result.stderr
     assert "4 rule(s) failed" in result.stderr  # leak, idle, and the two from kube-state-metrics
     assert "Traceback" not in result.output
+
+
+def test_leak_suspects_ignore_the_horizon(prom: str, tmp_path: Path) -> None:
+    # exhaustion ≈ 25 h after END: beyond a 12 h horizon, so no finding — but still a suspect
+    text = (ROOT / "rules" / "leak.yaml").read_text().replace("horizon: 48h", "horizon: 12h")
+    (tmp_path / "leak.yaml").write_text(text)
+    rules = load_rules([tmp_path / "leak.yaml"])
+    assert detect(rules, source(prom), None, END) == []
+    extras = report_extras(source(prom), rules, END)
+    assert [s["subject"] for s in extras["leak_suspects"]] == LEAKS
