@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -174,3 +175,39 @@ def test_bare_and_daemonset_pods_stay() -> None:
     assert "default/bare" not in moved and "default/ds" not in moved
     assert plan.steps == ()  # each node holds a pod that may not move
     assert {b.constraint for b in plan.blocked} >= {"bare-pod", "daemonset"}
+
+
+DOMAINS = ((0, 1), (2, 3), (4, 5), (6, 7))  # four NVLink pairs
+
+
+@pytest.mark.parametrize(
+    "job,expected_moves",
+    [
+        # a 2-GPU job needs one whole pair: the pair holding one pod is freed, not the node
+        (2, 1),
+        # a 4-GPU job spans two whole pairs: two pods move
+        (4, 2),
+    ],
+)
+def test_nvlink_domains_are_freed_not_whole_nodes(job: int, expected_moves: int) -> None:
+    # n1: one 1-GPU pod in each pair (GPUs 0, 2, 4, 6): 4 GPUs free but no pair whole.
+    # n2 and n3: one GPU free each → the moved pods land there.
+    nodes = [gpu_node("n1", domains=DOMAINS), gpu_node("n2", domains=DOMAINS), gpu_node("n3")]
+    pods = [
+        *[running(f"a{g}", "n1") for g in range(4)],
+        *fill("n2", 7, prefix="b"),
+        *fill("n3", 7, prefix="c"),
+        pending("job", job),
+    ]
+    c = cluster(nodes, pods)
+    c = Cluster.build(
+        c.nodes,
+        [
+            *(replace(p, gpu_indices=(2 * int(p.name[1]),)) for p in pods if p.name[0] == "a"),
+            *(p for p in pods if p.name[0] != "a"),
+        ],
+    )
+    plan = make_plan(c, "make-room", now=NOW)
+    assert len(plan.steps) == expected_moves
+    assert {s.source for s in plan.steps} == {"n1"}
+    assert plan.after["largest_placeable_job"] >= job
