@@ -512,13 +512,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, verb: str) -> int:
         if verb not in VERBS:
-            self._read_body(limit=MAX_BODY_BYTES)  # drain, so the connection stays usable
+            if self._read_body(limit=MAX_BODY_BYTES) is None:  # drain it, or drop the connection
+                self.close_connection = True
             self._json(404, {"error": f"unknown verb {verb!r}; served: {', '.join(VERBS)}"})
             return 404
         body = self._read_body(limit=MAX_BODY_BYTES)
         if body is None:
             self.close_connection = True
-            self._json(400, {"error": "a Content-Length of at most 64 MiB is required"})
+            self._json(
+                400, {"error": "a body (Content-Length or chunked) of at most 64 MiB is required"}
+            )
             return 400
         extender = self.server.extender
         try:
@@ -541,6 +544,9 @@ class _Handler(BaseHTTPRequestHandler):
         return 200
 
     def _read_body(self, limit: int) -> bytes | None:
+        """The request body, or None when it has no usable length or exceeds ``limit``."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked(limit)
         length_text = self.headers.get("Content-Length")
         try:
             length = int(length_text) if length_text is not None else -1
@@ -549,6 +555,25 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0 or length > limit:
             return None
         return self.rfile.read(length)
+
+    def _read_chunked(self, limit: int) -> bytes | None:
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            line = self.rfile.readline(1024).split(b";", 1)[0].strip()
+            try:
+                size = int(line, 16)
+            except ValueError:
+                return None
+            if size == 0:
+                while self.rfile.readline(1024) not in (b"\r\n", b"\n", b""):
+                    pass  # trailers
+                return b"".join(parts)
+            total += size
+            if total > limit:
+                return None
+            parts.append(self.rfile.read(size))
+            self.rfile.readline(8)  # the CRLF after each chunk
 
 
 class ExtenderHTTPServer(ThreadingHTTPServer):

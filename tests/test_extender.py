@@ -446,3 +446,23 @@ def test_empty_candidate_list() -> None:
 def test_priority_encoding_is_plain_json(hosts: list[str]) -> None:
     items = [{"host": h, "score": i} for i, h in enumerate(hosts)]
     assert json.loads(encode_priorities(hosts, list(range(len(hosts))))) == items
+
+
+def test_chunked_body_and_missing_length(server: ExtenderHTTPServer) -> None:
+    body = args_body(GOOD_POD, NAMES)
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
+    conn.request(
+        "POST",
+        "/prioritize",
+        iter([body[:10], body[10:]]),
+        {"Transfer-Encoding": "chunked"},
+        encode_chunked=True,
+    )
+    resp = conn.getresponse()
+    assert resp.status == 200 and json.loads(resp.read())[0] == {"host": "node-1", "score": 10}
+    # No Content-Length and not chunked: 400, and the server closes that connection.
+    raw = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
+    raw.putrequest("POST", "/filter")
+    raw.endheaders()
+    resp = raw.getresponse()
+    assert resp.status == 400 and "Content-Length or chunked" in json.loads(resp.read())["error"]
