@@ -179,6 +179,7 @@ class Daemon:
         self._server: ThreadingHTTPServer | None = None
         self._http = (http_host, http_port)
         self.elector_interval_s = elector_interval_s
+        self._reconciled = False
         self.on_cycle: Callable[[CycleResult], None] | None = None
 
     # --- one cycle -------------------------------------------------------------------------
@@ -188,6 +189,8 @@ class Daemon:
         with self._cycle_lock:
             t0 = time.perf_counter()
             try:
+                if not self._reconciled:
+                    self.reconcile()
                 leader = self.elector.is_leader()
                 result = run_cycle(self.ports, self.config, leader=leader)
             except Exception as exc:
@@ -213,11 +216,20 @@ class Daemon:
         return result
 
     def reconcile(self) -> tuple[ReconcileOutcome, ...]:
-        """Finish or roll back what a previous run left on the nodes (leader, not dry run)."""
+        """Finish or roll back what a previous run left on the nodes (leader, not dry run).
+
+        Runs once, before the first cycle in which this replica leads: at start, or when it
+        takes over from a leader that died mid-drain. Errors propagate (the cycle fails and
+        the next one tries again).
+        """
         executor = self.ports.executor
-        if executor is None or self.config.dry_run or not self.elector.is_leader():
+        if executor is None or self.config.dry_run:
+            self._reconciled = True
+            return ()
+        if not self.elector.is_leader():
             return ()
         outcomes = executor.reconcile()
+        self._reconciled = True
         for o in outcomes:
             log.warning("reconciled node %s: plan %s %s", o.node, o.plan_id, o.action)
         return outcomes
@@ -280,7 +292,6 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
-        self.reconcile()
         self.start()
         self.stopped.wait()
 

@@ -170,3 +170,31 @@ def test_bad_wiring_settings_name_what_is_wrong(overrides: dict[str, object], me
 
     with pytest.raises(SettingsError, match=message):
         build(load_settings(None, overrides))
+
+
+class Toggle:
+    def __init__(self) -> None:
+        self.leader = False
+
+    def is_leader(self) -> bool:
+        return self.leader
+
+    def release(self) -> None:
+        return None
+
+
+def test_a_replica_reconciles_when_it_becomes_leader() -> None:
+    from defrag.execute.journal import JournalStep, new_journal
+    from defrag.model.resources import DRAIN_TAINT_KEY
+
+    sim, daemon = sim_daemon(dry_run=False, elector=Toggle())
+    # The previous leader died mid-drain on gpu-00.
+    sim.taint_node("gpu-00", DRAIN_TAINT_KEY, "plan-old", "NoSchedule")
+    sim.annotate_node("gpu-00", new_journal("gpu-00", "plan-old", sim.clock.now(),
+                                            (JournalStep("inference/chat-004"),)).annotations())
+    follower = daemon.run_once()
+    assert not follower.leader and sim.snapshot().node("gpu-00").taints != ()
+    daemon.elector.leader = True  # type: ignore[attr-defined]
+    daemon.run_once()
+    assert sim.snapshot().node("gpu-00").taints == ()
+    assert [e.reason for e in sim.events if e.kind == "Node"][0] == "DefragReconciled"

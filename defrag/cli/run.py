@@ -266,8 +266,7 @@ def run(
         daemon.serve_forever()
         return
     try:
-        daemon.reconcile()
-        result = daemon.run_once()
+        result = daemon.run_once()  # reconciles first when leading outside dry run
     except UserError:
         raise
     except Exception as exc:
