@@ -197,4 +197,4 @@ def test_a_replica_reconciles_when_it_becomes_leader() -> None:
     daemon.elector.leader = True  # type: ignore[attr-defined]
     daemon.run_once()
     assert sim.snapshot().node("gpu-00").taints == ()
-    assert [e.reason for e in sim.events if e.kind == "Node"][0] == "DefragReconciled"
+    assert next(e.reason for e in sim.events if e.kind == "Node") == "DefragReconciled"
