@@ -359,7 +359,7 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 def test_metrics_show_memory_processes_and_domains() -> None:
     gpus = two_islands()
     gpus[5].used = 30 * GIB
-    gpus[5].processes = [(4242, 20 * GIB), (4343, 10 * GIB), (4444, None)]
+    gpus[5].processes = [(4242, 20 * GIB), (4343, 10 * GIB), (4444, None), (4545, 2**64 - 1)]
     agent = Agent("gpu-1", NvmlInventory(FakeNvml(gpus)), annotator=None)
     got = samples(generate_latest(agent.registry).decode())
     gpu5 = {"node": "gpu-1", "gpu": "5", "uuid": "GPU-00000005-fake"}
@@ -371,7 +371,7 @@ def test_metrics_show_memory_processes_and_domains() -> None:
         for (name, labels), value in got.items()
         if name == "defrag_gpu_process_memory_used_bytes"
     }
-    # 4444: NVML did not say how much it holds → no sample rather than a made-up 0.
+    # 4444, 4545: NVML did not say (None, NVML_VALUE_NOT_AVAILABLE) → no sample, not a made-up 0.
     assert by_pid == {"4242": 20 * GIB, "4343": 10 * GIB}
     domains = {
         dict(labels)["gpu"]: dict(labels)["domain"]

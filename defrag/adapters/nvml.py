@@ -134,7 +134,9 @@ class NvmlInventory:
         out = []
         for p in procs:
             used = getattr(p, "usedGpuMemory", None)
-            out.append(GpuProcess(int(p.pid), int(used) // MIB if used is not None else -1))
+            # NVML_VALUE_NOT_AVAILABLE is the all-ones unsigned long long (pynvml may give None).
+            known = used is not None and 0 <= int(used) < 2**63
+            out.append(GpuProcess(int(p.pid), int(used) // MIB if known else -1))
         return tuple(out)
 
     def _links(self, handle: Any) -> tuple[NvLink, ...]:
