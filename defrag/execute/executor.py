@@ -80,7 +80,7 @@ class Executor:
     def execute(
         self, plan: Plan, cluster: Cluster, window: WindowStatus, *, dry_run: bool
     ) -> Execution:
-        """Carry ``plan`` out (``dry_run``: rehearse it, send only Events) within ``window``."""
+        """Carry ``plan`` out within ``window``; ``dry_run``: rehearse it (Events at most)."""
         started = self.clock.now()
         if dry_run:
             outcomes = self._rehearse(plan, window)
