@@ -86,11 +86,15 @@ def report(
         str | None,
         typer.Option(help="Prometheus URL: adds GPU utilisation percentiles and leak suspects."),
     ] = None,
+    at: Annotated[
+        str | None,
+        typer.Option("--at", help="With --prometheus: evaluate at this time (RFC 3339 or unix s)."),
+    ] = None,
 ) -> None:
     """The fragmentation report of a cluster snapshot."""
     cluster = load_cluster(snapshot)
     rep = fragmentation_report(cluster, workload_mix(cluster))
-    extras: dict[str, Any] = _prometheus_extras(prometheus) if prometheus else {}
+    extras: dict[str, Any] = _prometheus_extras(prometheus, at) if prometheus else {}
     if output is Output.json:
         print_json({**rep.to_dict(), **extras})
         return
@@ -100,15 +104,16 @@ def report(
         console.print(f"{key}: {value}")
 
 
-def _prometheus_extras(url: str) -> dict[str, Any]:
+def _prometheus_extras(url: str, at: str | None) -> dict[str, Any]:
     """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
     from defrag.adapters.prometheus import MetricsError, PrometheusSource
-    from defrag.cli.detect import read_rules
+    from defrag.cli.detect import parse_time, read_rules
     from defrag.detection import report_extras
 
+    when = parse_time(at)
     try:
         source = PrometheusSource(url)
-        return report_extras(source, read_rules([]), None)
+        return report_extras(source, read_rules([]), when)
     except (MetricsError, ValueError) as exc:
         raise UserError(f"--prometheus {url}: {exc}") from None
 
