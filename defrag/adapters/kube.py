@@ -35,7 +35,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from defrag.adapters.kube_convert import ClusterParts, ConversionError
+from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
 from defrag.model.cluster import Cluster, ModelError
 from defrag.ports import Clock, EvictionResult
 
@@ -182,12 +182,13 @@ class KubeClusterSource:
 
     def snapshot(self) -> Cluster:
         parts = ClusterParts()
-        for kind, lister, kwargs in self.listings():
-            parts.extend(self._collect(kind, lister, kwargs))
-        try:
-            cluster = parts.build(lenient=True)
-        except ModelError as exc:
-            raise KubeError(f"inconsistent cluster snapshot: {exc}") from exc
+        with paused_gc():
+            for kind, lister, kwargs in self.listings():
+                parts.extend(self._collect(kind, lister, kwargs))
+            try:
+                cluster = parts.build(lenient=True)
+            except ModelError as exc:
+                raise KubeError(f"inconsistent cluster snapshot: {exc}") from exc
         if parts.dropped:
             log.warning(
                 "left out %d pod(s) bound to nodes that were not listed (the node list and the "

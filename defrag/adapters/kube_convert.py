@@ -24,7 +24,9 @@ Conventions read here (documented in docs/kubernetes.md):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
@@ -552,6 +554,19 @@ def priority_class_from_json(obj: JsonObj, where: str = "priorityclass") -> Prio
     return PriorityClass(name=name, value=value, global_default=bool(obj.get("globalDefault")))
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a snapshot's hundreds of thousands of acyclic
+    objects are made; it would walk them again and again (a third of the CPU at 40,000 pods)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 # --- helpers ---------------------------------------------------------------------------------
 
 
@@ -588,7 +603,10 @@ def _str_map(obj: JsonObj, key: str, who: str, path: str | None = None) -> dict[
         return {}
     if not isinstance(value, dict):
         raise ConversionError(who, path or f"metadata.{key}", "expected an object")
-    return {str(k): str(v) for k, v in value.items()}
+    for v in value.values():
+        if type(v) is not str:
+            return {str(k): str(v) for k, v in value.items()}
+    return value  # JSON keys are strings: the parsed map is used as it is, not copied
 
 
 def _int_text(text: str, path: str, who: str) -> int:

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import yaml
 
-from defrag.adapters.kube_convert import ClusterParts, ConversionError, describe, items_of
+from defrag.adapters.kube_convert import (
+    ClusterParts,
+    ConversionError,
+    describe,
+    items_of,
+    paused_gc,
+)
 from defrag.model.cluster import Cluster, ModelError
 
 
@@ -27,6 +33,11 @@ def load_snapshot(paths: str | Path | Iterable[str | Path]) -> Cluster:
     files = [Path(p) for p in paths]
     if not files:
         raise SnapshotError("no snapshot file given")
+    with paused_gc():
+        return _load(files)
+
+
+def _load(files: list[Path]) -> Cluster:
     parts = ClusterParts()
     for path in files:
         for doc_index, document in enumerate(_documents(path)):
