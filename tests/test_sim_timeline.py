@@ -174,7 +174,7 @@ def test_arrival_rate_offers_the_requested_load() -> None:
 
 def test_generated_arrivals_are_seeded_poisson() -> None:
     shapes = [Pod("one", num_gpu=1, qos="LS"), Pod("four", num_gpu=4)]
-    config = TimelineConfig(hours=200.0, warmup_hours=0.0)
+    config = TimelineConfig(hours=200.0, warmup_hours=0.0, prefill=False)
     a = generate_arrivals(shapes, 64, config, seed=42)
     assert a == generate_arrivals(shapes, 64, config, seed=42)
     assert a != generate_arrivals(shapes, 64, config, seed=43)
@@ -207,3 +207,25 @@ def test_run_timeline_end_to_end_is_deterministic() -> None:
 def test_bad_config_is_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         TimelineConfig(**bad)
+
+
+def test_prefill_starts_in_steady_state() -> None:
+    shapes = [Pod("one", num_gpu=1), Pod("four", num_gpu=4)]
+    durations = DurationModel(
+        small_median_h=2.0, small_sigma=0.5, multi_gpu_median_h=20.0, multi_gpu_sigma=0.5
+    )
+    config = TimelineConfig(load=0.8, hours=1.0, warmup_hours=0.0, durations=durations)
+    arrivals = generate_arrivals(shapes, 1000, config, seed=1)
+    initial = [a for a in arrivals if a.time_h == 0.0]
+    rate = arrival_rate(shapes, 1000, config)
+    # Mean runs: 2·e^{.125} = 2.27 h and 22.7 h; alive pods ≈ rate × mean run over the pool,
+    # and the GPUs they hold ≈ the offered load, 0.8 × 1000 (Little's law).
+    mean_small, mean_multi = durations.mean_h(False), durations.mean_h(True)
+    expected = rate * (mean_small + mean_multi) / 2
+    assert abs(len(initial) - expected) < 4 * math.sqrt(expected)
+    held = sum(a.pod.gpu_demand_milli for a in initial) / 1000
+    assert 0.8 * 1000 * 0.9 < held < 0.8 * 1000 * 1.1
+    # Shapes are weighted by their mean run: 4-GPU pods are mean_multi / mean_small = 10× as
+    # many as 1-GPU pods among those running.
+    fours = sum(1 for a in initial if a.pod.num_gpu == 4)
+    assert 8 < fours / (len(initial) - fours) < 12

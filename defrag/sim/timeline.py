@@ -9,6 +9,9 @@ in the default trace), so only the pod *shapes* come from the trace:
   GPUs.
 * **Run times** are log-normal (heavy-tailed), see :class:`DurationModel`: hours for most pods,
   days for many multi-GPU pods.
+* **Start**: the cluster starts in steady state — at t = 0 the pods an infinite-server queue
+  would hold arrive together, with residual run times (``prefill``, see
+  :func:`generate_arrivals`); then ``warmup_hours`` pass unmeasured.
 * **Scheduling** follows kube-scheduler: a new pod is scheduled at once; a pod that fits
   nowhere waits. Whenever capacity frees (a departure, a migration), waiting pods are retried
   in priority order (QoS LS > Guaranteed > Burstable > BE, FIFO within a class) and *every*
@@ -102,6 +105,8 @@ class TimelineConfig:
     sample_every_h: float = 0.25
     window_every_h: float = 6.0
     """Idle-window period for the defragmentation hook."""
+    prefill: bool = True
+    """Start in steady state (see :func:`generate_arrivals`) instead of an empty cluster."""
 
     def __post_init__(self) -> None:
         if not 0 < self.load <= 5:
@@ -133,7 +138,13 @@ def arrival_rate(shapes: Sequence[Pod], capacity_gpus: int, config: TimelineConf
 def generate_arrivals(
     shapes: Sequence[Pod], capacity_gpus: int, config: TimelineConfig, seed: int
 ) -> list[Arrival]:
-    """The seeded Poisson arrivals over warm-up + measured period, named ``<shape>-<#>``."""
+    """The seeded arrivals over warm-up + measured period, named ``<shape>-<#>``.
+
+    With ``config.prefill`` the run starts in steady state rather than empty: at t = 0 the
+    pods an M/G/∞ system would hold arrive together — Poisson(rate × E[run time]) of them,
+    shapes weighted by their mean run time, each with the residual run time of a pod seen
+    mid-run (a size-biased log-normal, median × e^{σ²}, times a uniform fraction).
+    """
     if not shapes:
         raise ValueError("no pod shapes to draw arrivals from")
     rate = arrival_rate(shapes, capacity_gpus, config)
@@ -149,6 +160,20 @@ def generate_arrivals(
     picks = rng.integers(0, len(shapes), size=len(times))
     multi = np.array([shapes[int(i)].num_gpu > 1 for i in picks], dtype=bool)
     runs = config.durations.sample(multi, rng)
+    if config.prefill:
+        d = config.durations
+        is_multi = np.array([p.num_gpu > 1 for p in shapes], dtype=bool)
+        mean_run = np.where(is_multi, d.mean_h(True), d.mean_h(False))
+        n0 = int(rng.poisson(rate * float(mean_run.mean())))
+        first = rng.choice(len(shapes), size=n0, p=mean_run / mean_run.sum())
+        first_multi = is_multi[first]
+        sigma = np.where(first_multi, d.multi_gpu_sigma, d.small_sigma)
+        median = np.where(first_multi, d.multi_gpu_median_h, d.small_median_h)
+        biased = median * np.exp(sigma * sigma + sigma * rng.standard_normal(n0))
+        residual = np.minimum(rng.random(n0) * biased, d.max_h)
+        times = np.concatenate([np.zeros(n0), times])
+        picks = np.concatenate([first, picks])
+        runs = np.concatenate([residual, runs])
     width = len(str(len(times)))
     return [
         Arrival(
