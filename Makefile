@@ -27,9 +27,10 @@ tools:
 	fi
 
 lint: venv
-	$(BIN)/ruff check defrag tests bench
+	$(BIN)/ruff check defrag tests bench deploy
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(PY) deploy/sync.py --check
 
 test: venv tools lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
