@@ -2,8 +2,9 @@
 
 * Fill protocol: a pod that fits nowhere triggers make-room with migrations only — victims of
   any priority move to where the scheduler would put them, nothing is lost, nothing waits.
-* Timeline protocol: the same for a pod that fits nowhere on arrival; at each idle window,
-  make-room for the pods still waiting (most urgent first), then a repack within a budget.
+* Timeline protocol: the same for a multi-GPU pod that fits nowhere on arrival (the pods that
+  starve; a small pod waits for the next departure); at each idle window, make-room for the
+  pods still waiting (most urgent first: priority, then size), then a repack within a budget.
 
 Every call plans on a private :class:`~defrag.plan.workspace.Workspace` copied from the
 simulator's state and answers with :class:`~defrag.sim.hooks.Move` s in the order the plan
@@ -57,6 +58,8 @@ class PlannerHook:
         self.options = options
 
     def on_unschedulable(self, state: SimState, pod: Pod, now: float) -> Sequence[Move]:
+        if self.protocol == "timeline" and pod.num_gpu < 2:
+            return ()  # in the timeline small pods wait for departures; windows handle the rest
         if pod.gpu_demand_milli > int(state.arrays.free_share().sum()):
             return ()  # not enough free GPU in the whole cluster: no move can help
         ws, ctx = self._workspace(state, max_evictions=None)
