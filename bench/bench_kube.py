@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from defrag.adapters.kube import KubeClusterSource, RetryPolicy
+from defrag.adapters.kube_convert import paused_gc
 from defrag.model.cluster import Cluster
 from tests.support import kubeobjects as k
 from tests.support.kubeapi import client_for, serve_in_subprocess
@@ -94,8 +95,9 @@ def main() -> None:
             source = KubeClusterSource(client_for(url), page_size=page_size, retry=retry)
             source.snapshot()  # warm up: the client builds its validators on first use
             t = time.perf_counter()
-            for kind, lister, kwargs in source.listings():
-                source._collect(kind, lister, kwargs, convert=False)
+            with paused_gc():  # as snapshot() does
+                for kind, lister, kwargs in source.listings():
+                    source._collect(kind, lister, kwargs, convert=False)
             t_list = time.perf_counter() - t
             t, cpu = time.perf_counter(), time.process_time()
             cluster = source.snapshot()
