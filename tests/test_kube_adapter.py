@@ -359,6 +359,24 @@ def test_connect_with_a_kubeconfig(api: KubeApi, tmp_path: Path) -> None:
     assert len(cluster.nodes) == 14
 
 
+def test_connect_in_cluster_uses_the_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubernetes.config import incluster_config
+
+    token, ca = tmp_path / "token", tmp_path / "ca.crt"
+    token.write_text("sa-token")
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(token))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(ca))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api = connect()  # no kubeconfig, in a pod: the service account
+    assert api.configuration.host == "https://10.96.0.1:443"
+    assert api.configuration.api_key["BearerToken"] == "bearer sa-token"
+    assert api.configuration.ssl_ca_cert == str(ca)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
