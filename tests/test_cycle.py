@@ -64,9 +64,10 @@ def test_live_cycle_in_an_open_window_moves_pods_and_verifies() -> None:
     result = run_cycle(p, CycleConfig(dry_run=False, windows=ALWAYS))
     assert result.executed is not None and result.executed.evicted
     assert result.after_source == "observed"
-    assert result.after["largest_placeable_job"] == 8
+    # The starving 8-GPU job took the room the plan made: verified by the target placed, not
+    # by the figures (the job consumed the whole node the plan freed).
     assert result.verification is not None and result.verification["met"]
-    # The starving 8-GPU job took the room the plan made.
+    assert "research/train-llm-0" in result.verification["targets_placed"]
     assert sim.snapshot().pods["research/train-llm-0"].node is not None
 
 
