@@ -24,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain errors: one line on stderr, never wrapped into a box
 )
 console = Console()
 err_console = Console(stderr=True)
@@ -40,6 +41,9 @@ class UserError(_ClickException):
     def __init__(self, message: str, exit_code: int = 2) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        print(f"error: {self.format_message()}", file=file or sys.stderr)
 
 
 def print_json(data: Any, stream: IO[str] | None = None) -> None:
