@@ -211,3 +211,19 @@ def test_nvlink_domains_are_freed_not_whole_nodes(job: int, expected_moves: int)
     assert len(plan.steps) == expected_moves
     assert {s.source for s in plan.steps} == {"n1"}
     assert plan.after["largest_placeable_job"] >= job
+
+
+def test_a_pod_that_fits_keeps_its_room() -> None:
+    # n1 is empty: job "a" (higher priority) fits there and is not a target. Job "b" needs
+    # room too; n2's four pods must go to n3, never onto n1 (held for "a").
+    nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
+    pods = [
+        *fill("n2", 4),
+        *fill("n3", 4),
+        pending("a", 8, priority=200),
+        pending("b", 8, priority=100),
+    ]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    assert plan.targets == ("default/b (8 GPU)",)
+    assert {(s.source, s.target) for s in plan.steps} == {("n2", "n3")}
+    assert len(plan.steps) == 4

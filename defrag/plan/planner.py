@@ -112,7 +112,7 @@ def make_plan(
                         for p in group
                     ))  # fmt: skip
                 note(failed)
-            else:
+            elif len(steps) > n_steps:  # pods that fit already need no target of their own
                 targets.extend(f"{p.key} ({describe(p)})" for p in group)
     if goal in ("repack", "all"):
         packed = repack(
