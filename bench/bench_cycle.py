@@ -92,8 +92,10 @@ def main() -> None:
 
     t0 = time.perf_counter()
     api = RemoteApi(args.nodes, args.pods)
-    print(f"emulated cluster: {args.nodes} nodes, {args.pods} pods "
-          f"(set up in {time.perf_counter() - t0:.1f} s)\n")
+    print(
+        f"emulated cluster: {args.nodes} nodes, {args.pods} pods "
+        f"(set up in {time.perf_counter() - t0:.1f} s)\n"
+    )
     try:
         client = api.client()
         source = KubeClusterSource(client, retry=RetryPolicy(attempts=1, timeout_s=120))
@@ -121,16 +123,28 @@ def main() -> None:
             result = run_cycle(ports, CycleConfig(dry_run=True))
             total = time.perf_counter() - t
             steps = len(result.plan.steps) if result.plan else 0
-            rows.append((i + 1, snapshot.last_s, detect.last_s, plan.last_s, total,
-                         len(result.findings), steps))
+            rows.append(
+                (
+                    i + 1,
+                    snapshot.last_s,
+                    detect.last_s,
+                    plan.last_s,
+                    total,
+                    len(result.findings),
+                    steps,
+                )
+            )
         assert api.writes() == 0, "a dry-run cycle must not write"
     finally:
         api.stop()
-    print(f"{'run':>3} {'snapshot s':>10} {'detect s':>9} {'plan s':>7} {'cycle s':>8} "
-          f"{'findings':>8} {'steps':>6}")
+    print(
+        f"{'run':>3} {'snapshot s':>10} {'detect s':>9} {'plan s':>7} {'cycle s':>8} "
+        f"{'findings':>8} {'steps':>6}"
+    )
     for run, snap, det, pl, total, findings, steps in rows:
-        print(f"{run:>3} {snap:>10.2f} {det:>9.2f} {pl:>7.2f} {total:>8.2f} {findings:>8} "
-              f"{steps:>6}")
+        print(
+            f"{run:>3} {snap:>10.2f} {det:>9.2f} {pl:>7.2f} {total:>8.2f} {findings:>8} {steps:>6}"
+        )
     best = min(r[4] for r in rows)
     print(f"\nbest cycle: {best:.2f} s (target ≤ 10 s): {'PASS' if best <= 10 else 'FAIL'}")
 

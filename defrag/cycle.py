@@ -140,8 +140,10 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         elif window.open and not ports.executor.breaker.state.open:
             executed = ports.executor.execute(plan, cluster, window, dry_run=False)
             findings += executed.findings
-    if breaker is not None and breaker.state.open and not any(
-        f.kind == "circuit-open" for f in findings
+    if (
+        breaker is not None
+        and breaker.state.open
+        and not any(f.kind == "circuit-open" for f in findings)
     ):
         findings.append(breaker.state.finding())
 
@@ -198,7 +200,8 @@ def _verify(plan: Plan, achieved: Mapping[str, Any], observed: Cluster) -> dict[
         if key in expected
     }
     short = [
-        k for k, r in rows.items()
+        k
+        for k, r in rows.items()
         if isinstance(r["expected"], int | float) and (r["achieved"] or 0) < r["expected"]
     ]
     pods = [t.split(" ", 1)[0] for t in plan.targets if "/" in t.split(" ", 1)[0]]

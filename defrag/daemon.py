@@ -69,7 +69,8 @@ class DaemonMetrics:
             "defrag_largest_placeable_job_gpus", "The largest GPU job that fits now.", registry=r
         )
         self.fgd_pct = Gauge(
-            "defrag_fgd_fragmentation_pct_of_idle", "FGD fragmentation, % of idle GPUs.",
+            "defrag_fgd_fragmentation_pct_of_idle",
+            "FGD fragmentation, % of idle GPUs.",
             registry=r,
         )
         self.findings = Gauge(
@@ -83,7 +84,9 @@ class DaemonMetrics:
         )
         self.cycles = Counter("defrag_cycles", "Cycles run, by outcome.", ["outcome"], registry=r)
         self.cycle_seconds = Histogram(
-            "defrag_cycle_duration_seconds", "Wall time of one cycle.", registry=r,
+            "defrag_cycle_duration_seconds",
+            "Wall time of one cycle.",
+            registry=r,
             buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
         )
         self.last_success = Gauge(
@@ -96,8 +99,15 @@ class DaemonMetrics:
         self.window_open = Gauge(
             "defrag_window_open", "1 while an execution window is open.", registry=r
         )
-        for kind in ("fragmentation", "leak", "starvation", "idle", "plan-blocked",
-                     "execution-failed", "circuit-open"):
+        for kind in (
+            "fragmentation",
+            "leak",
+            "starvation",
+            "idle",
+            "plan-blocked",
+            "execution-failed",
+            "circuit-open",
+        ):
             self.findings.labels(kind=kind).set(0)
         for kind in ("migrate", "preempt"):
             self.plan_steps.labels(kind=kind).set(0)
@@ -196,7 +206,8 @@ class Daemon:
             except Exception as exc:
                 self.metrics.failed(time.perf_counter() - t0)
                 self.health = HealthState(
-                    self.health.last_success, f"{type(exc).__name__}: {exc}",
+                    self.health.last_success,
+                    f"{type(exc).__name__}: {exc}",
                     self.health.last_result,
                 )
                 raise
@@ -204,12 +215,15 @@ class Daemon:
             self.health = HealthState(result.finished, "", result)
         log.info(
             "cycle done",
-            extra={"fields": {
-                "leader": result.leader, "findings": len(result.findings),
-                "steps": len(result.plan.steps) if result.plan else 0,
-                "executed": result.executed.counts if result.executed else None,
-                "window": result.window.reason,
-            }},
+            extra={
+                "fields": {
+                    "leader": result.leader,
+                    "findings": len(result.findings),
+                    "steps": len(result.plan.steps) if result.plan else 0,
+                    "executed": result.executed.counts if result.executed else None,
+                    "window": result.window.reason,
+                }
+            },
         )
         if self.on_cycle is not None:
             self.on_cycle(result)
@@ -254,18 +268,28 @@ class Daemon:
         scheduler = BackgroundScheduler(timezone="UTC")
         interval = self.cycle_interval_s / self.time_scale
         scheduler.add_job(
-            self._safe_cycle, IntervalTrigger(seconds=interval), id="cycle",
-            max_instances=1, coalesce=True, next_run_time=datetime.now().astimezone(),
+            self._safe_cycle,
+            IntervalTrigger(seconds=interval),
+            id="cycle",
+            max_instances=1,
+            coalesce=True,
+            next_run_time=datetime.now().astimezone(),
         )
         scheduler.add_job(
-            self._tick_elector, IntervalTrigger(seconds=self.elector_interval_s), id="lease",
-            max_instances=1, coalesce=True,
+            self._tick_elector,
+            IntervalTrigger(seconds=self.elector_interval_s),
+            id="lease",
+            max_instances=1,
+            coalesce=True,
         )
         if self.time_scale == 1.0:
             for i, window in enumerate(self.config.windows):
                 scheduler.add_job(
-                    self._safe_cycle, window.trigger(),
-                    id=f"window-{i}", max_instances=1, coalesce=True,
+                    self._safe_cycle,
+                    window.trigger(),
+                    id=f"window-{i}",
+                    max_instances=1,
+                    coalesce=True,
                 )
         scheduler.start()
         self._scheduler = scheduler
@@ -286,6 +310,7 @@ class Daemon:
 
     def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT."""
+
         def _on_signal(signum: int, frame: FrameType | None) -> None:
             log.warning("signal %d: finishing the current step and stopping", signum)
             threading.Thread(target=self.stop, daemon=True).start()

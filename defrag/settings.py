@@ -190,9 +190,7 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     return out
 
 
-def load_settings(
-    path: Path | None = None, overrides: Mapping[str, Any] | None = None
-) -> Settings:
+def load_settings(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
     """Settings from ``path`` (optional), the ``DEFRAG_*`` environment and ``overrides``."""
     file_data = read_settings_file(path) if path is not None else {}
     init = {k: v for k, v in (overrides or {}).items() if v is not None}

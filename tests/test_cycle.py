@@ -36,7 +36,9 @@ def ports(sink: RecordingSink | None = None, **overrides: object) -> tuple[SimCl
     sim = SimCluster(fragmented_cluster(), clock)
     settings = load_settings(None, {"max_evictions_per_namespace": 20, **overrides})
     executor = Executor(
-        sim, sim, clock,
+        sim,
+        sim,
+        clock,
         ExecutorSettings(Budgets(20, 8, 20), replacement_timeout_s=300, poll_interval_s=10),
         sleep=clock.sleep,
     )
@@ -97,8 +99,9 @@ def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
     assert not result.window.open and "idle gate" in result.window.reason
     assert result.executed is None and sim.evictions == []
     idle = Finding("idle", "cluster", "info", "quiet", action="alert")
-    gated = CyclePorts(p.source, p.clock, lambda c, now: [*p.detector(c, now), idle], p.planner,
-                       p.executor, None)
+    gated = CyclePorts(
+        p.source, p.clock, lambda c, now: [*p.detector(c, now), idle], p.planner, p.executor, None
+    )
     run_cycle(gated, CycleConfig(dry_run=False, windows=ALWAYS, idle_gate=True))
     assert sim.evictions
 
@@ -123,8 +126,12 @@ def test_open_breaker_blocks_execution_and_is_reported_every_cycle() -> None:
 
 
 def test_empty_plan_with_blocked_pods_raises_a_plan_blocked_finding() -> None:
-    plan = Plan("repack", "reserve-binpack", (), (Blocked("a/b", "pdb", "0 left"),
-                                                  Blocked("a/c", "pdb", "0 left")))
+    plan = Plan(
+        "repack",
+        "reserve-binpack",
+        (),
+        (Blocked("a/b", "pdb", "0 left"), Blocked("a/c", "pdb", "0 left")),
+    )
     _, p = ports()
     blocked = CyclePorts(p.source, p.clock, p.detector, lambda c, g, now: plan, p.executor, None)
     result = run_cycle(blocked, CycleConfig())

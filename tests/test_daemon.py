@@ -32,16 +32,27 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def sim_daemon(windows: tuple[Window, ...] = (), dry_run: bool = True, clock: object = None,
-               **kw: object) -> tuple[SimCluster, Daemon]:
+def sim_daemon(
+    windows: tuple[Window, ...] = (), dry_run: bool = True, clock: object = None, **kw: object
+) -> tuple[SimCluster, Daemon]:
     sim_clock = SimClock(speedup=0)
     sim = SimCluster(fragmented_cluster(), sim_clock)
     use = clock or sim_clock
     settings = load_settings(None, {"max_evictions_per_namespace": 20})
-    ex = Executor(sim, sim, use, ExecutorSettings(Budgets(20, 8, 20), poll_interval_s=10),  # type: ignore[arg-type]
-                  sleep=sim_clock.sleep)
-    ports = CyclePorts(sim, use, _detector(load_rules([default_rules_dir()]), None),  # type: ignore[arg-type]
-                       _planner(settings), ex)
+    ex = Executor(
+        sim,
+        sim,
+        use,
+        ExecutorSettings(Budgets(20, 8, 20), poll_interval_s=10),  # type: ignore[arg-type]
+        sleep=sim_clock.sleep,
+    )
+    ports = CyclePorts(
+        sim,
+        use,
+        _detector(load_rules([default_rules_dir()]), None),  # type: ignore[arg-type]
+        _planner(settings),
+        ex,
+    )
     return sim, Daemon(ports, CycleConfig(dry_run=dry_run, windows=windows), **kw)  # type: ignore[arg-type]
 
 
@@ -131,11 +142,19 @@ def test_scheduler_runs_cycles_and_stop_releases_everything() -> None:
 
 def test_sigterm_stops_the_daemon_cleanly() -> None:
     port = free_port()
-    env = {**os.environ, "DEFRAG_HTTP_PORT": str(port), "DEFRAG_HTTP_HOST": "127.0.0.1",
-           "DEFRAG_SIM_SPEEDUP": "1", "DEFRAG_LOG_FORMAT": "json"}
+    env = {
+        **os.environ,
+        "DEFRAG_HTTP_PORT": str(port),
+        "DEFRAG_HTTP_HOST": "127.0.0.1",
+        "DEFRAG_SIM_SPEEDUP": "1",
+        "DEFRAG_LOG_FORMAT": "json",
+    }
     proc = subprocess.Popen(
         [sys.executable, "-c", "from defrag.cli import main; main()", "run", "--cluster", "sim"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 30
@@ -190,8 +209,12 @@ def test_a_replica_reconciles_when_it_becomes_leader() -> None:
     sim, daemon = sim_daemon(dry_run=False, elector=Toggle())
     # The previous leader died mid-drain on gpu-00.
     sim.taint_node("gpu-00", DRAIN_TAINT_KEY, "plan-old", "NoSchedule")
-    sim.annotate_node("gpu-00", new_journal("gpu-00", "plan-old", sim.clock.now(),
-                                            (JournalStep("inference/chat-004"),)).annotations())
+    sim.annotate_node(
+        "gpu-00",
+        new_journal(
+            "gpu-00", "plan-old", sim.clock.now(), (JournalStep("inference/chat-004"),)
+        ).annotations(),
+    )
     follower = daemon.run_once()
     assert not follower.leader and sim.snapshot().node("gpu-00").taints != ()
     daemon.elector.leader = True  # type: ignore[attr-defined]

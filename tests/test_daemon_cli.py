@@ -67,11 +67,17 @@ def test_once_against_an_api_server_in_dry_run_writes_nothing(
     ("args", "env", "message"),
     [
         (["run", "--cluster", "sim", "--once", "--rules", "/nonexistent"], {}, "/nonexistent"),
-        (["run", "--cluster", "sim", "--once"], {"DEFRAG_EVICTION_BATCH_SIZE": "0"},
-         "setting eviction_batch_size (env DEFRAG_EVICTION_BATCH_SIZE)"),
+        (
+            ["run", "--cluster", "sim", "--once"],
+            {"DEFRAG_EVICTION_BATCH_SIZE": "0"},
+            "setting eviction_batch_size (env DEFRAG_EVICTION_BATCH_SIZE)",
+        ),
         (["run", "--once", "--settings", "/nonexistent.yaml"], {}, "cannot read settings file"),
-        (["run", "--once"], {"DEFRAG_KUBECONFIG": "/nonexistent-kubeconfig"},
-         "cannot load Kubernetes credentials"),
+        (
+            ["run", "--once"],
+            {"DEFRAG_KUBECONFIG": "/nonexistent-kubeconfig"},
+            "cannot load Kubernetes credentials",
+        ),
     ],
 )
 def test_bad_input_is_one_clear_line_and_exit_2(

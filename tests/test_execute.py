@@ -20,8 +20,14 @@ OPEN = WindowStatus(True, "test window", SIM_START)
 
 def movable_on(cluster: Cluster, node: str) -> list[Pod]:
     return sorted(
-        (p for p in cluster.pods_on(node) if p.namespace == "inference" and p.owner
-         and p.owner.name != "lg" and "defrag.io/evictable" not in p.annotations),
+        (
+            p
+            for p in cluster.pods_on(node)
+            if p.namespace == "inference"
+            and p.owner
+            and p.owner.name != "lg"
+            and "defrag.io/evictable" not in p.annotations
+        ),
         key=lambda p: p.key,
     )
 
@@ -40,8 +46,11 @@ def make(
     clock = SimClock(speedup=0)  # time moves only when the executor sleeps
     sim = SimCluster(cluster or fragmented_cluster(), clock)
     settings = ExecutorSettings(
-        budgets=budgets or Budgets(50, 50, 50), batch_size=2, replacement_timeout_s=timeout_s,
-        poll_interval_s=10, dry_run_events=True,
+        budgets=budgets or Budgets(50, 50, 50),
+        batch_size=2,
+        replacement_timeout_s=timeout_s,
+        poll_interval_s=10,
+        dry_run_events=True,
     )
     return sim, Executor(sim, sim, clock, settings, sleep=clock.sleep)
 
@@ -97,8 +106,9 @@ def test_pdb_429_is_a_skip_with_its_reason_and_an_event() -> None:
     sim, ex = make()
     cluster = sim.snapshot()
     ledger_pod = cluster.pods["inference/chat-003"]  # PDB "ledger", disruptionsAllowed 0
-    result = ex.execute(plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN,
-                        dry_run=False)
+    result = ex.execute(
+        plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN, dry_run=False
+    )
     first = result.outcomes[0]
     assert (first.pod, first.result) == ("inference/chat-003", "blocked")
     assert "disruption budget" in first.reason
@@ -129,8 +139,9 @@ def test_evictions_never_exceed_the_budgets(budgets: Budgets, evicted: int, then
     assert len(skipped) == len(pods) - evicted and all("budget" in o.reason for o in skipped)
     # The same window keeps counting: a second plan gets only what is left.
     now = sim.snapshot()
-    again = ex.execute(plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN,
-                       dry_run=False)
+    again = ex.execute(
+        plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN, dry_run=False
+    )
     assert len(again.evicted) == then
     assert len([e for e in sim.evictions if e.outcome == "evicted"]) == evicted + then
 
@@ -160,8 +171,14 @@ def tight_cluster() -> Cluster:
     """Two 4-GPU nodes; a 3-GPU pod on each: an evicted pod fits only back where it was."""
     nodes = [Node(f"n{i}", 32_000, 65_536, num_gpu=4, gpu_model="L4") for i in (1, 2)]
     pods = [
-        Pod(f"job-{i}", "ml", num_gpu=3, owner=OwnerRef("ReplicaSet", f"job-{i}"),
-            phase="Running", node=f"n{i}")
+        Pod(
+            f"job-{i}",
+            "ml",
+            num_gpu=3,
+            owner=OwnerRef("ReplicaSet", f"job-{i}"),
+            phase="Running",
+            node=f"n{i}",
+        )
         for i in (1, 2)
     ]
     return Cluster.build(nodes, pods)
@@ -170,16 +187,18 @@ def tight_cluster() -> Cluster:
 def test_replacements_stuck_pending_open_the_breaker_until_they_run() -> None:
     sim, ex = make(tight_cluster(), timeout_s=60)
     cluster = sim.snapshot()
-    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN,
-                        dry_run=False)
+    result = ex.execute(
+        plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN, dry_run=False
+    )
     assert result.stuck == ("ml/ReplicaSet/job-1",)
     assert ex.breaker.state.open and "Pending longer than 60 s" in ex.breaker.state.reason
     kinds = sorted(f.kind for f in result.findings)
     assert kinds == ["circuit-open", "execution-failed"]
     assert sim.snapshot().node("n1").taints == ()  # untainted even so
     # The breaker holds later plans back...
-    blocked = ex.execute(plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN,
-                         dry_run=False)
+    blocked = ex.execute(
+        plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN, dry_run=False
+    )
     assert blocked.counts == {"skipped": 1}
     # ...until the replacement is scheduled (n1 is free again, so the scheduler places it).
     assert not ex.breaker.refresh(sim.snapshot()).open
@@ -226,9 +245,15 @@ def test_restart_after_a_crash_reconciles_and_leaves_no_node_tainted(
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00")
     # The crashed run: taint, journal, and evict the first ``evict_count`` pods, then nothing.
-    journal = new_journal("gpu-00", "plan-crashed", SIM_START,
-                          tuple(JournalStep(p.key, f"inference/ReplicaSet/{p.owner.name}")  # type: ignore[union-attr]
-                                for p in pods))
+    journal = new_journal(
+        "gpu-00",
+        "plan-crashed",
+        SIM_START,
+        tuple(
+            JournalStep(p.key, f"inference/ReplicaSet/{p.owner.name}")  # type: ignore[union-attr]
+            for p in pods
+        ),
+    )
     sim.taint_node("gpu-00", DRAIN_TAINT_KEY, "plan-crashed", "NoSchedule")
     sim.annotate_node("gpu-00", journal.annotations())
     for p in pods[:evict_count]:
@@ -248,9 +273,15 @@ def test_restart_after_a_crash_reconciles_and_leaves_no_node_tainted(
 def test_reconcile_with_replacements_still_pending_trips_the_breaker() -> None:
     sim, ex = make(tight_cluster())
     sim.taint_node("n1", DRAIN_TAINT_KEY, "plan-x", "NoSchedule")
-    sim.annotate_node("n1", new_journal("n1", "plan-x", datetime(2026, 1, 5, tzinfo=UTC),
-                                        (JournalStep("ml/job-1", "ml/ReplicaSet/job-1"),))
-                      .annotations())
+    sim.annotate_node(
+        "n1",
+        new_journal(
+            "n1",
+            "plan-x",
+            datetime(2026, 1, 5, tzinfo=UTC),
+            (JournalStep("ml/job-1", "ml/ReplicaSet/job-1"),),
+        ).annotations(),
+    )
     sim.evict("ml", "job-1")
     sim.clock.sleep(60)  # n1 tainted, n2 full: the replacement stays Pending
     outcomes = ex.reconcile()
@@ -265,8 +296,10 @@ def test_no_new_drain_starts_once_the_window_has_closed() -> None:
     # The window ends 30 s after the start; each drain waits at least one 10 s poll and the
     # replacements need 20 s to be scheduled: gpu-00 finishes at +20 s, gpu-01 at +40 s.
     window = WindowStatus(True, "short", SIM_START, SIM_START + timedelta(seconds=30))
-    pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01") + movable_on(
-        cluster, "gpu-02"
+    pods = (
+        movable_on(cluster, "gpu-00")
+        + movable_on(cluster, "gpu-01")
+        + movable_on(cluster, "gpu-02")
     )
     result = ex.execute(plan_for(pods, target="gpu-05"), cluster, window, dry_run=False)
     by_node = {o.source: o.result for o in result.outcomes}
@@ -286,8 +319,9 @@ def test_stop_during_the_wait_untaints_without_blaming_the_replacements() -> Non
 
     ex.sleep = sleep
     cluster = sim.snapshot()
-    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN,
-                        dry_run=False)
+    result = ex.execute(
+        plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN, dry_run=False
+    )
     assert naps == [10]  # one poll, not the 600 s timeout
     assert result.counts == {"evicted": 1} and result.stuck == ()
     assert not ex.breaker.state.open

@@ -43,8 +43,14 @@ def small_cluster() -> list[dict[str, Any]]:
         k.pod("web-a", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-a")),
         k.pod("web-b", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-b")),
         k.pod("web-c", "inf", 1, node_name="gpu-1", owner=("ReplicaSet", "web-c")),
-        k.pod("ledger-0", "inf", 1, node_name="gpu-1", owner=("StatefulSet", "ledger"),
-              labels={"app": "ledger"}),
+        k.pod(
+            "ledger-0",
+            "inf",
+            1,
+            node_name="gpu-1",
+            owner=("StatefulSet", "ledger"),
+            labels={"app": "ledger"},
+        ),
         k.pod("big-0", "inf", 6, node_name="gpu-2", owner=("ReplicaSet", "big")),
         k.pod("big-1", "inf", 6, node_name="gpu-3", owner=("ReplicaSet", "big")),
         k.pdb("ledger", "inf", match_labels={"app": "ledger"}, disruptions_allowed=0),
@@ -60,11 +66,18 @@ def api() -> Iterator[KubeApi]:
 def executor(api: KubeApi, budgets: Budgets | None = None, **kw: Any) -> Executor:
     client = api.client()
     settings = ExecutorSettings(
-        budgets=budgets or Budgets(20, 20, 20), batch_size=2,
-        replacement_timeout_s=kw.pop("timeout_s", 2.0), poll_interval_s=0.02, **kw,
+        budgets=budgets or Budgets(20, 20, 20),
+        batch_size=2,
+        replacement_timeout_s=kw.pop("timeout_s", 2.0),
+        poll_interval_s=0.02,
+        **kw,
     )
-    return Executor(KubeActuator(client, retry=FAST), KubeClusterSource(client, retry=FAST),
-                    SystemClock(), settings)
+    return Executor(
+        KubeActuator(client, retry=FAST),
+        KubeClusterSource(client, retry=FAST),
+        SystemClock(),
+        settings,
+    )
 
 
 def plan_of(*pods: str, source: str = "gpu-1", target: str = "gpu-2") -> Plan:
@@ -89,11 +102,17 @@ def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
     source = KubeClusterSource(client, retry=FAST)
     actuator = KubeActuator(client, retry=FAST)
     s = load_settings(None, {"min_pod_age_s": 0, **settings})
-    ex = Executor(actuator, source, SystemClock(),
-                  ExecutorSettings(dry_run_events=s.dry_run_events, poll_interval_s=0.02,
-                                   replacement_timeout_s=2.0))
-    return CyclePorts(source, SystemClock(), _detector(load_rules([default_rules_dir()]), None),
-                      _planner(s), ex)
+    ex = Executor(
+        actuator,
+        source,
+        SystemClock(),
+        ExecutorSettings(
+            dry_run_events=s.dry_run_events, poll_interval_s=0.02, replacement_timeout_s=2.0
+        ),
+    )
+    return CyclePorts(
+        source, SystemClock(), _detector(load_rules([default_rules_dir()]), None), _planner(s), ex
+    )
 
 
 @pytest.mark.parametrize("events", [False, True])
@@ -126,10 +145,12 @@ def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
 
 def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi) -> None:
     ex = executor(api)
-    result = ex.execute(plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN,
-                        dry_run=False)
+    result = ex.execute(
+        plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False
+    )
     assert [(o.pod, o.result) for o in result.outcomes] == [
-        ("inf/ledger-0", "blocked"), ("inf/web-a", "evicted"),
+        ("inf/ledger-0", "blocked"),
+        ("inf/web-a", "evicted"),
     ]
     assert "disruption budget" in result.outcomes[0].reason
     assert api.get("Pod", "ledger-0", "inf") is not None  # never deleted
@@ -144,8 +165,12 @@ def test_evictions_never_exceed_the_budgets(api: KubeApi, per_window: int, per_n
     ex = executor(api, Budgets(per_window, per_node, 20))
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
     ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
-    ex.execute(plan_of("inf/big-0", source="gpu-2", target="gpu-3"), ex.source.snapshot(), OPEN,
-               dry_run=False)
+    ex.execute(
+        plan_of("inf/big-0", source="gpu-2", target="gpu-3"),
+        ex.source.snapshot(),
+        OPEN,
+        dry_run=False,
+    )
     sent = evictions(api)
     assert len(sent) <= per_window
     assert sum(1 for p in sent if p.startswith("inf/web-")) <= per_node
@@ -157,8 +182,12 @@ def test_crash_mid_drain_then_restart_reconciles_and_untaints(api: KubeApi) -> N
     pods = ["inf/web-a", "inf/web-b", "inf/web-c"]
     # The crashed daemon got this far: taint, journal, two of three evictions. Then SIGKILL.
     actuator.taint_node("gpu-1", DRAIN, "plan-dead", "NoSchedule")
-    journal = new_journal("gpu-1", "plan-dead", SystemClock().now(),
-                          tuple(JournalStep(p, f"inf/ReplicaSet/{p[4:]}") for p in pods))
+    journal = new_journal(
+        "gpu-1",
+        "plan-dead",
+        SystemClock().now(),
+        tuple(JournalStep(p, f"inf/ReplicaSet/{p[4:]}") for p in pods),
+    )
     actuator.annotate_node("gpu-1", journal.annotations())
     for p in pods[:2]:
         actuator.evict("inf", p[4:])
@@ -194,10 +223,19 @@ def test_only_the_lease_holder_executes() -> None:
     with KubeApi(scattered_20()["items"]) as server:
         daemons = []
         for who in ("a", "b"):
-            elector = LeaseElector(server.client(), "defrag-system", "defrag", identity=who,
-                                   lease_duration_s=15, retry=FAST)
-            daemons.append(Daemon(cycle_ports(server), CycleConfig(dry_run=False, windows=ALWAYS),
-                                  elector=elector))
+            elector = LeaseElector(
+                server.client(),
+                "defrag-system",
+                "defrag",
+                identity=who,
+                lease_duration_s=15,
+                retry=FAST,
+            )
+            daemons.append(
+                Daemon(
+                    cycle_ports(server), CycleConfig(dry_run=False, windows=ALWAYS), elector=elector
+                )
+            )
         first, second = (d.run_once() for d in daemons)
         assert (first.leader, second.leader) == (True, False)
         assert first.executed is not None and first.executed.evicted
@@ -213,9 +251,21 @@ def run_defrag(settings: Path, kubeconfig_path: Path, *args: str) -> subprocess.
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFRAG_")}
     env.update({"DEFRAG_KUBECONFIG": str(kubeconfig_path), "DEFRAG_IDENTITY": "defrag-0"})
     return subprocess.Popen(
-        [sys.executable, "-c", "from defrag.cli import main; main()", "run", "--once",
-         "--no-dry-run", "--settings", str(settings), *args],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-c",
+            "from defrag.cli import main; main()",
+            "run",
+            "--once",
+            "--no-dry-run",
+            "--settings",
+            str(settings),
+            *args,
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -230,6 +280,7 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
     closed = tmp_path / "closed.yaml"
     closed.write_text("windows: []\n")
     with KubeApi(scattered_20()["items"]) as server:
+
         def slow_after_first(api: KubeApi, evicted: dict[str, Any]) -> None:
             # The next eviction hangs, then fails: the process is killed while it waits.
             api.fail("POST", r"/eviction$", status=503, times=1000, delay_s=30)
@@ -247,8 +298,11 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         finally:
             if first.poll() is None:
                 first.kill()
-        tainted = [n["metadata"]["name"] for n in server.objects("Node")
-                   if any(t["key"] == DRAIN for t in n.get("spec", {}).get("taints", []))]
+        tainted = [
+            n["metadata"]["name"]
+            for n in server.objects("Node")
+            if any(t["key"] == DRAIN for t in n.get("spec", {}).get("taints", []))
+        ]
         assert len(tainted) == 1 and len(server.evicted) == 1  # the crash left its trail
         server.on_eviction = None
         # The restart (in this process, same identity: it holds the Lease at once).
@@ -257,7 +311,8 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         from defrag.cli import app
 
         second = CliRunner().invoke(
-            app, ["run", "--once", "--no-dry-run", "--settings", str(closed), "-o", "json"],
+            app,
+            ["run", "--once", "--no-dry-run", "--settings", str(closed), "-o", "json"],
             env={"DEFRAG_KUBECONFIG": str(config), "DEFRAG_IDENTITY": "defrag-0"},
         )
         assert second.exit_code == 0, second.output
@@ -265,6 +320,9 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         for node in server.objects("Node"):
             assert not [t for t in node.get("spec", {}).get("taints", []) if t["key"] == DRAIN]
             assert not set(JOURNAL_ANNOTATIONS) & set(node["metadata"].get("annotations", {}))
-        reconciled = [r.body for r in server.writes()
-                      if r.resource == "events" and r.body.get("reason") == "DefragReconciled"]
+        reconciled = [
+            r.body
+            for r in server.writes()
+            if r.resource == "events" and r.body.get("reason") == "DefragReconciled"
+        ]
         assert len(reconciled) == 1 and "rolled-back" in reconciled[0]["message"]

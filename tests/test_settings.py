@@ -30,9 +30,7 @@ def test_defaults_are_safe() -> None:
     assert s.ready_age_limit_s == 900.0  # 3 × the 300 s cycle interval
 
 
-def test_flag_beats_environment_beats_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_flag_beats_environment_beats_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = write(tmp_path, "cycle_interval_s: 30\npolicy: fgd\nmax_evictions_per_node: 3\n")
     monkeypatch.setenv("DEFRAG_CYCLE_INTERVAL_S", "45")
     monkeypatch.setenv("DEFRAG_DRY_RUN", "false")
@@ -52,27 +50,48 @@ def test_windows_from_json_file_and_env_style_keys(tmp_path: Path) -> None:
     s = load_settings(path)
     assert s.idle_gate is True
     assert (s.windows[0].cron, s.windows[0].length_s, s.windows[0].timezone) == (
-        "0 2 * * 1-5", 3600.0, "Europe/Berlin",
+        "0 2 * * 1-5",
+        3600.0,
+        "Europe/Berlin",
     )
 
 
 @pytest.mark.parametrize(
     ("text", "env", "message"),
     [
-        ("eviction_batch_size: 0\n", {}, "setting eviction_batch_size ({file}): Input should be "
-         "greater than or equal to 1"),
-        ("", {"DEFRAG_CYCLE_INTERVAL_S": "soon"},
-         "setting cycle_interval_s (env DEFRAG_CYCLE_INTERVAL_S): Input should be a valid number"),
-        ("windows:\n  - {cron: '61 * * * *', length_s: 60}\n", {},
-         "setting windows.0.cron ({file}): not a crontab expression"),
-        ("windows:\n  - {cron: '0 2 * * *', length_s: 60, timezone: Mars/Olympus}\n", {},
-         "setting windows.0.timezone ({file}): unknown time zone 'Mars/Olympus'"),
-        ("windows:\n  - {cron: '0 2 * * *'}\n", {},
-         "setting windows.0.length_s ({file}): Field required"),
+        (
+            "eviction_batch_size: 0\n",
+            {},
+            "setting eviction_batch_size ({file}): Input should be greater than or equal to 1",
+        ),
+        (
+            "",
+            {"DEFRAG_CYCLE_INTERVAL_S": "soon"},
+            "setting cycle_interval_s (env DEFRAG_CYCLE_INTERVAL_S): Input should be a valid "
+            "number",
+        ),
+        (
+            "windows:\n  - {cron: '61 * * * *', length_s: 60}\n",
+            {},
+            "setting windows.0.cron ({file}): not a crontab expression",
+        ),
+        (
+            "windows:\n  - {cron: '0 2 * * *', length_s: 60, timezone: Mars/Olympus}\n",
+            {},
+            "setting windows.0.timezone ({file}): unknown time zone 'Mars/Olympus'",
+        ),
+        (
+            "windows:\n  - {cron: '0 2 * * *'}\n",
+            {},
+            "setting windows.0.length_s ({file}): Field required",
+        ),
         ("polcy: fgd\n", {}, "setting polcy ({file}): unknown setting"),
         ("policy: magic\n", {}, "policy 'magic' is not one of"),
-        ("alertmanager_urls: [http://am:9093]\ncycle_interval_s: 1200\n", {},
-         "alert_ttl_s (900) must exceed"),
+        (
+            "alertmanager_urls: [http://am:9093]\ncycle_interval_s: 1200\n",
+            {},
+            "alert_ttl_s (900) must exceed",
+        ),
     ],
 )
 def test_bad_settings_name_field_and_source(

@@ -50,8 +50,10 @@ def test_pdb_blocks_with_429_then_counts_down_and_comes_back() -> None:
 
     state = sim.snapshot()
     sim._state = Cluster.build(  # test set-up: allow one disruption
-        state.nodes, state.pods.values(),
-        [replace(b, disruptions_allowed=1) for b in state.pdbs], state.priority_classes,
+        state.nodes,
+        state.pods.values(),
+        [replace(b, disruptions_allowed=1) for b in state.pdbs],
+        state.priority_classes,
     )
     assert sim.evict("inference", "chat-003").outcome == "evicted"
     assert sim.snapshot().pdbs[0].disruptions_allowed == 0

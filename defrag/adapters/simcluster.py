@@ -174,8 +174,14 @@ class SimCluster:
         name = pod.name if owner.kind == "StatefulSet" else f"{owner.name}-r{self._serial:04d}"
         now = self.clock.now()
         return replace(
-            pod, name=name, node=None, gpu_indices=(), phase="Pending", created_at=now,
-            pending_since=now, uid=f"sim-{self._serial}",
+            pod,
+            name=name,
+            node=None,
+            gpu_indices=(),
+            phase="Pending",
+            created_at=now,
+            pending_since=now,
+            uid=f"sim-{self._serial}",
         )
 
     def _run_scheduler(self) -> None:
@@ -240,6 +246,7 @@ def _rebuild(
 
 # --- the built-in fragmented cluster ----------------------------------------------------------
 
+
 def fragmented_cluster(now: datetime = SIM_START) -> Cluster:
     """Twelve 8-GPU nodes with 20 GPUs free, one or two per node: no 8-GPU job fits.
 
@@ -251,16 +258,29 @@ def fragmented_cluster(now: datetime = SIM_START) -> Cluster:
     born = now - timedelta(hours=6)
     nodes = [
         Node(
-            name=f"gpu-{i:02d}", cpu_milli=96_000, memory_mib=512 * 1024, num_gpu=8,
-            gpu_model="A100-SXM4-80GB", gpu_memory_mib=81920,
+            name=f"gpu-{i:02d}",
+            cpu_milli=96_000,
+            memory_mib=512 * 1024,
+            num_gpu=8,
+            gpu_model="A100-SXM4-80GB",
+            gpu_memory_mib=81920,
         )
         for i in range(12)
     ]
     # GPUs of the pods on each node, one list per node (sum 6 = 2 free, 7 = 1 free).
     layouts = [
-        [2, 2, 1, 1], [2, 1, 1, 1, 1], [2, 2, 2, 1], [1, 1, 1, 1, 1, 1],
-        [2, 2, 1, 1], [2, 2, 2, 1], [1, 1, 2, 2], [2, 1, 1, 1, 1, 1],
-        [2, 2, 1, 1], [1, 1, 1, 1, 2], [2, 2, 2, 1], [2, 2, 1, 1],
+        [2, 2, 1, 1],
+        [2, 1, 1, 1, 1],
+        [2, 2, 2, 1],
+        [1, 1, 1, 1, 1, 1],
+        [2, 2, 1, 1],
+        [2, 2, 2, 1],
+        [1, 1, 2, 2],
+        [2, 1, 1, 1, 1, 1],
+        [2, 2, 1, 1],
+        [1, 1, 1, 1, 2],
+        [2, 2, 2, 1],
+        [2, 2, 1, 1],
     ]
     pods: list[Pod] = []
     serial = 0
@@ -268,18 +288,35 @@ def fragmented_cluster(now: datetime = SIM_START) -> Cluster:
         for gpus in sizes:
             serial += 1
             app = "chat" if gpus == 1 else "embed"
-            pods.append(Pod(
-                name=f"{app}-{serial:03d}", namespace="inference", num_gpu=gpus,
-                cpu_milli=4000 * gpus, memory_mib=16_384 * gpus, priority=100,
-                owner=OwnerRef("ReplicaSet", f"{app}-{serial % 5}"),
-                labels={"app": app}, phase="Running", node=node.name, created_at=born,
-            ))
-        pods.append(Pod(
-            name=f"dcgm-exporter-{node.name}", namespace="monitoring", cpu_milli=100,
-            memory_mib=128, owner=OwnerRef("DaemonSet", "dcgm-exporter"), phase="Running",
-            node=node.name, created_at=born, priority=2_000_001_000,
-            priority_class="system-node-critical",
-        ))
+            pods.append(
+                Pod(
+                    name=f"{app}-{serial:03d}",
+                    namespace="inference",
+                    num_gpu=gpus,
+                    cpu_milli=4000 * gpus,
+                    memory_mib=16_384 * gpus,
+                    priority=100,
+                    owner=OwnerRef("ReplicaSet", f"{app}-{serial % 5}"),
+                    labels={"app": app},
+                    phase="Running",
+                    node=node.name,
+                    created_at=born,
+                )
+            )
+        pods.append(
+            Pod(
+                name=f"dcgm-exporter-{node.name}",
+                namespace="monitoring",
+                cpu_milli=100,
+                memory_mib=128,
+                owner=OwnerRef("DaemonSet", "dcgm-exporter"),
+                phase="Running",
+                node=node.name,
+                created_at=born,
+                priority=2_000_001_000,
+                priority_class="system-node-critical",
+            )
+        )
     # What must stay where it is: swap three movable pods for protected ones.
     protected = {
         "inference/chat-003": {"labels": {"app": "ledger"}, "owner": OwnerRef("ReplicaSet", "lg")},
@@ -287,12 +324,22 @@ def fragmented_cluster(now: datetime = SIM_START) -> Cluster:
         "inference/chat-015": {"owner": None},
     }
     pods = [replace(p, **protected[p.key]) if p.key in protected else p for p in pods]  # type: ignore[arg-type]
-    pods.append(Pod(
-        name="train-llm-0", namespace="research", num_gpu=8, cpu_milli=64_000,
-        memory_mib=400_000, priority=1000, priority_class="research-high",
-        owner=OwnerRef("Job", "train-llm"), gang="train-llm", phase="Pending",
-        created_at=now - timedelta(hours=2), pending_since=now - timedelta(hours=2),
-        pending_reason="0/12 nodes are available: 12 Insufficient nvidia.com/gpu.",
-    ))
+    pods.append(
+        Pod(
+            name="train-llm-0",
+            namespace="research",
+            num_gpu=8,
+            cpu_milli=64_000,
+            memory_mib=400_000,
+            priority=1000,
+            priority_class="research-high",
+            owner=OwnerRef("Job", "train-llm"),
+            gang="train-llm",
+            phase="Pending",
+            created_at=now - timedelta(hours=2),
+            pending_since=now - timedelta(hours=2),
+            pending_reason="0/12 nodes are available: 12 Insufficient nvidia.com/gpu.",
+        )
+    )
     pdbs = [PodDisruptionBudget("inference", "ledger", {"app": "ledger"}, disruptions_allowed=0)]
     return Cluster.build(nodes, pods, pdbs, {"research-high": 1000})

@@ -83,10 +83,13 @@ def build(settings: Settings) -> Wiring:
         metrics = _prometheus(settings)
 
     executor = Executor(
-        actuator, source, clock,
+        actuator,
+        source,
+        clock,
         ExecutorSettings(
             budgets=Budgets(
-                settings.max_evictions_per_window, settings.max_evictions_per_node,
+                settings.max_evictions_per_window,
+                settings.max_evictions_per_node,
                 settings.max_evictions_per_namespace,
             ),
             batch_size=settings.eviction_batch_size,
@@ -111,7 +114,8 @@ def build(settings: Settings) -> Wiring:
         idle_gate=settings.idle_gate,
     )
     daemon = Daemon(
-        ports, config,
+        ports,
+        config,
         cycle_interval_s=settings.cycle_interval_s,
         ready_age_limit_s=settings.ready_age_limit_s,
         elector=elector,
@@ -147,7 +151,10 @@ def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
     # Dry run writes nothing to the cluster, not even the Lease: every replica plans and reports.
     if settings.leader_election and not settings.dry_run:
         elector = LeaseElector(
-            api, settings.lease_namespace, settings.lease_name, settings.identity,
+            api,
+            settings.lease_namespace,
+            settings.lease_name,
+            settings.identity,
             int(settings.lease_duration_s),
         )
     return KubeClusterSource(api), actuator, elector
@@ -160,7 +167,8 @@ def _prometheus(settings: Settings) -> MetricsSource | None:
 
     try:
         return PrometheusSource(
-            settings.prometheus_url, timeout_s=settings.prometheus_timeout_s,
+            settings.prometheus_url,
+            timeout_s=settings.prometheus_timeout_s,
             bearer_token_file=settings.prometheus_token_file,
             ca_bundle=settings.prometheus_ca_file,
         )
@@ -175,8 +183,10 @@ def _alerts(settings: Settings) -> AlertSink | None:
 
     try:
         return AlertmanagerSink(
-            settings.alertmanager_urls, cluster=settings.cluster_name,
-            resend_interval_s=settings.alert_resend_interval_s, ttl_s=settings.alert_ttl_s,
+            settings.alertmanager_urls,
+            cluster=settings.cluster_name,
+            resend_interval_s=settings.alert_resend_interval_s,
+            ttl_s=settings.alert_ttl_s,
             bearer_token_file=settings.alertmanager_token_file,
             ca_file=settings.alertmanager_ca_file,
         )
@@ -255,10 +265,14 @@ def run(
     rules: Annotated[Path | None, typer.Option("--rules", help="Detection rule directory.")] = None,
 ) -> None:
     """The daemon: observe, detect, plan and (inside windows, not in dry run) execute."""
-    settings = _settings(settings_file, {
-        "cluster": cluster.value if cluster else None, "dry_run": dry_run,
-        "rules_dir": str(rules) if rules else None,
-    })
+    settings = _settings(
+        settings_file,
+        {
+            "cluster": cluster.value if cluster else None,
+            "dry_run": dry_run,
+            "rules_dir": str(rules) if rules else None,
+        },
+    )
     configure_logging(settings.log_format, settings.log_level if not once else "WARNING")
     wiring = _build(settings)
     daemon = wiring.daemon
@@ -317,13 +331,23 @@ def demo(
     """The daemon on a simulated fragmented cluster: findings, a plan, moves in a window."""
     if cycles < 1:
         raise UserError("--cycles must be at least 1")
-    settings = _settings(None, {
-        "cluster": "sim", "dry_run": False, "cycle_interval_s": 300, "min_pod_age_s": 600,
-        "windows": [{"cron": "0 2 * * *", "length_s": 3600}],
-        "max_evictions_per_window": 12, "max_evictions_per_node": 8,
-        "max_evictions_per_namespace": 12, "replacement_timeout_s": 300, "poll_interval_s": 10,
-        "plan_goal": "auto", "sim_speedup": 1.0,
-    })
+    settings = _settings(
+        None,
+        {
+            "cluster": "sim",
+            "dry_run": False,
+            "cycle_interval_s": 300,
+            "min_pod_age_s": 600,
+            "windows": [{"cron": "0 2 * * *", "length_s": 3600}],
+            "max_evictions_per_window": 12,
+            "max_evictions_per_node": 8,
+            "max_evictions_per_namespace": 12,
+            "replacement_timeout_s": 300,
+            "poll_interval_s": 10,
+            "plan_goal": "auto",
+            "sim_speedup": 1.0,
+        },
+    )
     configure_logging("text", "WARNING")
     wiring = _build(settings)
     daemon, sim = wiring.daemon, wiring.sim
@@ -340,10 +364,13 @@ def demo(
     train = final.pods.get("research/train-llm-0")
     write_plot(results, plot)
     if output is Output.json:
-        print_json({
-            "cycles": [r.to_dict() for r in results], "plot": str(plot),
-            "train_llm_node": train.node if train else None,
-        })
+        print_json(
+            {
+                "cycles": [r.to_dict() for r in results],
+                "plot": str(plot),
+                "train_llm_node": train.node if train else None,
+            }
+        )
         return
     console.print(
         f"\nresearch/train-llm-0 (8 GPUs, pending 2 h): "
@@ -380,8 +407,14 @@ def write_plot(results: Sequence[CycleResult], path: Path) -> None:
     top.plot(xs, whole, marker="s", label="whole free nodes")
     top.plot(xs, stranded, marker="^", label="GPUs stranded for 8-GPU jobs")
     top.plot(xs, starving, marker="x", color="tab:red", label="starving jobs")
-    top.plot(xs, [e if e is not None else float("nan") for e in expected], linestyle="--",
-             color="tab:blue", alpha=0.6, label="largest job the plan expects")
+    top.plot(
+        xs,
+        [e if e is not None else float("nan") for e in expected],
+        linestyle="--",
+        color="tab:blue",
+        alpha=0.6,
+        label="largest job the plan expects",
+    )
     top.set_title("defrag demo: 12 fragmented 8-GPU nodes; the window opens at 02:00")
     top.set_ylabel("observed at cycle start")
     top.legend(loc="best")

@@ -113,8 +113,16 @@ class Executor:
         order = {s.pod: i for i, s in enumerate(plan.steps)}
         outcomes = tuple(sorted(outcomes_list, key=lambda o: order.get(o.pod, len(order))))
         return Execution(
-            plan.id, False, window.key, started, self.clock.now(), outcomes,
-            tuple(sorted(run.stuck)), run.stopped, tuple(run.problems), tuple(findings),
+            plan.id,
+            False,
+            window.key,
+            started,
+            self.clock.now(),
+            outcomes,
+            tuple(sorted(run.stuck)),
+            run.stopped,
+            tuple(run.problems),
+            tuple(findings),
         )
 
     def reconcile(self) -> tuple[ReconcileOutcome, ...]:
@@ -147,11 +155,15 @@ class Executor:
                 log.error("reconcile %s: %s", node.name, problem)
             if pending:
                 self.breaker.trip(
-                    pending, f"replacements of plan {journal.plan_id} still Pending at start",
+                    pending,
+                    f"replacements of plan {journal.plan_id} still Pending at start",
                     self.clock.now(),
                 )
             self._event(
-                EVENT_KIND_NODE, "", node.name, "DefragReconciled",
+                EVENT_KIND_NODE,
+                "",
+                node.name,
+                "DefragReconciled",
                 f"plan {journal.plan_id or '?'} {action} after a restart"
                 + (f"; not evicted: {', '.join(remaining)}" if remaining else ""),
                 warning=bool(problem),
@@ -196,7 +208,10 @@ class Executor:
         if self.settings.dry_run_events:
             for node, steps in _by_source(admitted).items():
                 self._event(
-                    EVENT_KIND_NODE, "", node, "DefragPlanned",
+                    EVENT_KIND_NODE,
+                    "",
+                    node,
+                    "DefragPlanned",
                     f"plan {plan.id} would drain {len(steps)} pod(s){DRY_RUN_MARK}",
                 )
             for s in admitted:
@@ -208,7 +223,9 @@ class Executor:
 
     def _drain(self, node: str, steps: list[Step], run: _Run) -> list[StepOutcome]:
         journal = new_journal(
-            node, run.plan_id, self.clock.now(),
+            node,
+            run.plan_id,
+            self.clock.now(),
             tuple(JournalStep(s.pod, _owner_key(run.cluster, s.pod), s.target) for s in steps),
         )
         try:
@@ -220,7 +237,10 @@ class Executor:
             self._untaint(node, run)
             return [self._skip(s, reason) for s in steps]
         self._event(
-            EVENT_KIND_NODE, "", node, "DefragDrainStarted",
+            EVENT_KIND_NODE,
+            "",
+            node,
+            "DefragDrainStarted",
             f"plan {run.plan_id}: evicting {len(steps)} pod(s)",
         )
         outcomes: list[StepOutcome] = []
@@ -231,13 +251,9 @@ class Executor:
                     run.stopped = True
                     continue
                 outcomes += self._evict_batch(batch)
-            migrated = [
-                o for o in outcomes if o.result == "evicted" and o.kind == "migrate"
-            ]
+            migrated = [o for o in outcomes if o.result == "evicted" and o.kind == "migrate"]
             if migrated and not self.stop_requested.is_set():
-                watched = tuple(
-                    sorted({_owner_key(run.cluster, o.pod) or o.pod for o in migrated})
-                )
+                watched = tuple(sorted({_owner_key(run.cluster, o.pod) or o.pod for o in migrated}))
                 stuck = self._await_replacements(watched)
                 if stuck:
                     run.stuck.update(stuck)
@@ -250,7 +266,10 @@ class Executor:
         finally:
             self._untaint(node, run)
         self._event(
-            EVENT_KIND_NODE, "", node, "DefragDrainFinished",
+            EVENT_KIND_NODE,
+            "",
+            node,
+            "DefragDrainFinished",
             f"plan {run.plan_id}: "
             + ", ".join(f"{n} {r}" for r, n in sorted(_count(outcomes).items())),
         )
@@ -351,7 +370,12 @@ class Executor:
         self._event(EVENT_KIND_POD, ns, name, reason, message, warning)
 
     def _event(
-        self, kind: str, namespace: str, name: str, reason: str, message: str,
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        reason: str,
+        message: str,
         warning: bool = False,
     ) -> None:
         try:
@@ -420,4 +444,3 @@ def _describe(step: Step, done: bool = False) -> str:
     verb = "evicted" if done else "evict"
     where = f"; expected on {step.target}" if step.target else "; it will wait (preempted)"
     return f"{verb} from {step.source}{where}: {step.reason}"
-

@@ -92,8 +92,6 @@ def _parse_steps(raw: str | None) -> tuple[tuple[JournalStep, ...], str]:
         data = json.loads(raw)
         if not isinstance(data, list):
             raise ValueError("not a list")
-        return tuple(
-            JournalStep(str(d["pod"]), d.get("owner"), d.get("target")) for d in data
-        ), ""
+        return tuple(JournalStep(str(d["pod"]), d.get("owner"), d.get("target")) for d in data), ""
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         return (), f"annotation {STEPS_ANNOTATION} unreadable ({exc})"

@@ -22,8 +22,12 @@ def crontab_trigger(expr: str, timezone: str = "UTC") -> CronTrigger:
         raise ValueError(f"expected 5 fields (minute hour day month weekday), got {len(fields)}")
     minute, hour, day, month, weekday = fields
     return CronTrigger(
-        minute=minute, hour=hour, day=day, month=month,
-        day_of_week=_weekday_names(weekday), timezone=timezone,
+        minute=minute,
+        hour=hour,
+        day=day,
+        month=month,
+        day_of_week=_weekday_names(weekday),
+        timezone=timezone,
     )
 
 
@@ -118,12 +122,15 @@ def window_status(
         end = start + timedelta(seconds=window.length_s)
         if idle is False:
             return WindowStatus(
-                False, f"window {window.cron!r} open but the cluster is not idle (idle gate)",
-                start, end,
+                False,
+                f"window {window.cron!r} open but the cluster is not idle (idle gate)",
+                start,
+                end,
             )
         gate = " and the cluster is idle" if idle else ""
-        return WindowStatus(True, f"window {window.cron!r} open until {end.isoformat()}{gate}",
-                            start, end)
+        return WindowStatus(
+            True, f"window {window.cron!r} open until {end.isoformat()}{gate}", start, end
+        )
     upcoming = [t for t in (w.next_opening(now) for w in windows) if t is not None]
     nxt = min(upcoming) if upcoming else None
     when = f"; next opens {nxt.isoformat()}" if nxt else ""
