@@ -51,6 +51,8 @@ class CyclePorts:
     executor: Executor | None = None
     """None: this daemon never acts (nothing to evict with)."""
     alerts: AlertSink | None = None
+    wall_clock: Clock = field(default_factory=SystemClock)
+    """Alerts carry real time even when ``clock`` is simulated (Alertmanager expires by it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,7 +161,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     alert_error = ""
     if ports.alerts is not None and leader:
         try:
-            ports.alerts.sync(findings, started)
+            ports.alerts.sync(findings, ports.wall_clock.now())
         except Exception as exc:  # the sink keeps what failed and retries next cycle
             alert_error = f"{type(exc).__name__}: {exc}"
             log.error("alerts not delivered: %s", alert_error)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -23,10 +23,12 @@ NIGHTLY = (Window("0 2 * * *", 3600),)  # the simulated clock starts at 01:50: c
 class RecordingSink:
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[list[str]] = []
+        self.times: list[datetime] = []
         self.fail = fail
 
     def sync(self, findings: Sequence[Finding], now: datetime) -> None:
         self.calls.append(sorted(f.kind for f in findings))
+        self.times.append(now)
         if self.fail:
             raise ConnectionError("alertmanager unreachable")
 
@@ -165,3 +167,13 @@ def test_cycle_uses_the_clock_it_is_given() -> None:
     sim.clock.sleep(timedelta(hours=1).total_seconds())
     result = run_cycle(p, CycleConfig())
     assert result.started == SIM_START + timedelta(hours=1)
+
+
+def test_alerts_carry_wall_clock_time_under_a_simulated_clock() -> None:
+    # The simulated clock starts at SIM_START (months away from now); Alertmanager expires
+    # alerts by its own clock, so the sink must be given real time.
+    sink = RecordingSink()
+    _, p = ports(sink)
+    result = run_cycle(p, CycleConfig())
+    assert result.started == SIM_START
+    assert abs((sink.times[0] - datetime.now(UTC)).total_seconds()) < 60
