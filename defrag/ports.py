@@ -66,5 +66,5 @@ class Actuator(Protocol):
 
 class AlertSink(Protocol):
     def sync(self, findings: Sequence[Finding], now: datetime) -> None:
-        """Make the active alerts equal to ``findings``: fire new ones, refresh, resolve the rest."""
+        """Make the active alerts equal to ``findings``: fire new, refresh, resolve the rest."""
         ...

@@ -133,10 +133,11 @@ class NvmlInventory:
             return ()
         out = []
         for p in procs:
-            used = getattr(p, "usedGpuMemory", None)
+            raw = getattr(p, "usedGpuMemory", None)
             # NVML_VALUE_NOT_AVAILABLE is the all-ones unsigned long long (pynvml may give None).
-            known = used is not None and 0 <= int(used) < 2**63
-            out.append(GpuProcess(int(p.pid), int(used) // MIB if known else -1))
+            used = -1 if raw is None else int(raw)
+            known = 0 <= used < 2**63
+            out.append(GpuProcess(int(p.pid), used // MIB if known else -1))
         return tuple(out)
 
     def _links(self, handle: Any) -> tuple[NvLink, ...]:
