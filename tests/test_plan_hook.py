@@ -70,3 +70,11 @@ def test_unknown_option_or_protocol_is_refused() -> None:
         make_defrag_hook("fgd", "fill", bogus=1)
     with pytest.raises(ValueError, match="unknown protocol"):
         make_defrag_hook("fgd", "replay")
+
+
+def test_timeline_leaves_small_pods_to_departures_but_helps_multi_gpu_pods() -> None:
+    state = shared_state("reserve-binpack")
+    hook = make_defrag_hook("reserve-binpack", "timeline")
+    assert hook.on_unschedulable(state, Pod("one", num_gpu=1, cpu_milli=1000), 1.0) == ()
+    moves = hook.on_unschedulable(state, Pod("pair", num_gpu=2, cpu_milli=1000), 1.0)
+    assert len(moves) == 2
