@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.adapters.nvml import GpuDevice, NvmlInventory
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION
 
@@ -261,11 +260,9 @@ class Agent:
                 return
 
 
-class _AgentHandler(BaseHTTPRequestHandler):
+class _AgentHandler(QuietHandler):
     server: AgentHTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+    logger = log
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -275,23 +272,11 @@ class _AgentHandler(BaseHTTPRequestHandler):
             body, ctype, code = b"ok\n", "text/plain", 200
         else:
             body, ctype, code = json.dumps({"error": "not found"}).encode(), "application/json", 404
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_body(code, body, ctype)
 
 
-class AgentHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up is routine (kube-scheduler timeouts); anything else is logged."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError):
-            log.debug("client %s went away: %s", client_address, exc)
-        else:
-            log.exception("error serving %s", client_address)
+class AgentHTTPServer(QuietHTTPServer):
+    logger = log
 
     def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
         super().__init__(address, _AgentHandler)

@@ -27,12 +27,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -41,6 +39,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.adapters.kube_convert import ConversionError, pod_from_json
 from defrag.adapters.snapshot import load_snapshot
 from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
@@ -470,21 +469,15 @@ def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     return json.dumps(items, separators=(",", ":")).encode()
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(QuietHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its connections
     # Headers and body are separate writes: with Nagle on, the client's delayed ACK adds ~40 ms.
     disable_nagle_algorithm = True
     server: ExtenderHTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("%s %s", self.address_string(), format % args)
+    logger = log
 
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_body(code, body, content_type)
 
     def _json(self, code: int, data: Any) -> None:
         self._send(code, json.dumps(data, separators=(",", ":")).encode())
@@ -576,16 +569,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.rfile.readline(8)  # the CRLF after each chunk
 
 
-class ExtenderHTTPServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up is routine (kube-scheduler timeouts); anything else is logged."""
-        exc = sys.exc_info()[1]
-        if isinstance(exc, ConnectionError):
-            log.debug("client %s went away: %s", client_address, exc)
-        else:
-            log.exception("error serving %s", client_address)
+class ExtenderHTTPServer(QuietHTTPServer):
+    logger = log
 
     def __init__(
         self, address: tuple[str, int], extender: Extender, metrics: ExtenderMetrics
