@@ -10,7 +10,6 @@ import contextlib
 import logging
 import time
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -18,15 +17,10 @@ import typer
 from rich.table import Table
 
 from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
-from defrag.cli.app import UserError, app, console, print_json
+from defrag.cli.app import Output, OutputOpt, UserError, app, console, print_json
 
 alerts_app = typer.Typer(help="Alerts sent to Alertmanager.", no_args_is_help=True)
 app.add_typer(alerts_app, name="alerts")
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
 
 
 AlertmanagerOpt = Annotated[
@@ -115,9 +109,7 @@ def test_alert(
     ca_file: CaFileOpt = None,
     insecure: InsecureOpt = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 5.0,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = (
-        Output.table
-    ),
+    output: OutputOpt = Output.table,
 ) -> None:
     """Send a test alert (DefragTestAlert, severity info) to every Alertmanager, hold it
     firing, then resolve it. Exits non-zero if any Alertmanager did not take it."""

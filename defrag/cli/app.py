@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
+from enum import StrEnum
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -28,6 +29,24 @@ app = typer.Typer(
 )
 console = Console()
 err_console = Console(stderr=True)
+
+
+class Output(StrEnum):
+    """``--output``: a rich table for people, or JSON for scripts."""
+
+    table = "table"
+    json = "json"
+
+
+OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
+SnapshotOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--snapshot",
+        "-s",
+        help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json` (repeatable).",
+    ),
+]
 
 
 class UserError(_ClickException):

@@ -9,7 +9,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -27,17 +26,22 @@ from defrag.cli.alerts import (
     InsecureOpt,
     make_sink,
 )
-from defrag.cli.app import UserError, app, console, err_console, load_cluster, print_json
+from defrag.cli.app import (
+    Output,
+    OutputOpt,
+    SnapshotOpt,
+    UserError,
+    app,
+    console,
+    err_console,
+    load_cluster,
+    print_json,
+)
 from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
 from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
 
 
 PrometheusOpt = Annotated[
@@ -111,17 +115,12 @@ def read_rules(paths: list[Path]) -> RuleSet:
 @app.command()
 def detect(
     prometheus: PrometheusOpt = None,
-    snapshot: Annotated[
-        list[Path],
-        typer.Option(
-            "--snapshot", "-s", help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json`."
-        ),
-    ] = [],  # noqa: B006 - typer needs a literal default
+    snapshot: SnapshotOpt = [],  # noqa: B006 - typer needs a literal default
     rules: RulesOpt = [],  # noqa: B006
     at: Annotated[
         str | None, typer.Option("--at", help="Evaluate at this time (RFC 3339 or unix seconds).")
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = Output.table,
+    output: OutputOpt = Output.table,
     prom_bearer_token_file: PromTokenOpt = None,
     prom_ca_file: PromCaOpt = None,
     prom_insecure: PromInsecureOpt = False,

@@ -6,7 +6,6 @@ import logging
 import os
 import signal
 import threading
-from enum import StrEnum
 from pathlib import Path
 from types import FrameType
 from typing import Annotated
@@ -14,13 +13,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from defrag.cli.app import UserError, app, console, err_console, print_json
+from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
 
 
 def _on_sigterm(stop: threading.Event) -> None:
@@ -136,9 +130,7 @@ def agent(
     kubeconfig: Annotated[
         Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = (
-        Output.table
-    ),
+    output: OutputOpt = Output.table,
 ) -> None:
     """The node agent: NVLink domains → node annotation; GPU memory on /metrics.
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from enum import StrEnum
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from defrag.cli.app import UserError, app, console, load_cluster, print_json
+from defrag.cli.app import (
+    Output,
+    OutputOpt,
+    SnapshotOpt,
+    UserError,
+    app,
+    console,
+    load_cluster,
+    print_json,
+)
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
@@ -18,22 +25,6 @@ from defrag.scoring.fragmentation import FragmentationReport, fragmentation_repo
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy, make_policy
 from defrag.scoring.scheduler import explain, schedule
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
-
-
-SnapshotOpt = Annotated[
-    list[Path],
-    typer.Option(
-        "--snapshot",
-        "-s",
-        help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json` (repeatable).",
-    ),
-]
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
 
 
 def workload_mix(cluster: Cluster) -> WorkloadMix:

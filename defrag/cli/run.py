@@ -44,6 +44,9 @@ class Output(StrEnum):
     json = "json"
 
 
+TextOutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text or json")]
+
+
 @dataclass(frozen=True, slots=True)
 class Wiring:
     """The daemon and the simulated cluster behind it (None on a real cluster)."""
@@ -258,7 +261,7 @@ def run(
         bool | None,
         typer.Option("--dry-run/--no-dry-run", help="Plan and report only (the default)."),
     ] = None,
-    output: Annotated[Output, typer.Option("--output", "-o", help="text or json")] = Output.text,
+    output: TextOutputOpt = Output.text,
     settings_file: Annotated[
         Path | None, typer.Option("--settings", help="YAML/JSON settings file.")
     ] = None,
@@ -326,7 +329,7 @@ def demo(
     plot: Annotated[Path, typer.Option(help="Where to write the PNG plot.")] = Path(
         "defrag-demo.png"
     ),
-    output: Annotated[Output, typer.Option("--output", "-o", help="text or json")] = Output.text,
+    output: TextOutputOpt = Output.text,
 ) -> None:
     """The daemon on a simulated fragmented cluster: findings, a plan, moves in a window."""
     if cycles < 1:
