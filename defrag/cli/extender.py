@@ -16,6 +16,11 @@ from rich.table import Table
 from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 
+HostOpt = Annotated[str, typer.Option(help="Address to bind.")]
+KubeconfigOpt = Annotated[
+    Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
+]
+
 
 def _on_sigterm(stop: threading.Event) -> None:
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -35,7 +40,7 @@ def _logging() -> None:
 @app.command()
 def extender(
     port: Annotated[int, typer.Option(help="Port to serve /filter and /prioritize on.")] = 8888,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    host: HostOpt = "0.0.0.0",
     snapshot: Annotated[
         list[Path],
         typer.Option(
@@ -53,9 +58,7 @@ def extender(
     max_staleness_s: Annotated[
         float, typer.Option(help="/readyz fails when the state is older than this.")
     ] = 120.0,
-    kubeconfig: Annotated[
-        Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
-    ] = None,
+    kubeconfig: KubeconfigOpt = None,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize) with defrag's score function."""
     from defrag.adapters.kube_convert import ConversionError
@@ -117,7 +120,7 @@ def agent(
         typer.Option(help="This node's name (default: $NODE_NAME, set by the DaemonSet)."),
     ] = None,
     port: Annotated[int, typer.Option(help="Port for /metrics and /healthz.")] = 9410,
-    host: Annotated[str, typer.Option(help="Address to bind.")] = "0.0.0.0",
+    host: HostOpt = "0.0.0.0",
     interval_s: Annotated[
         float, typer.Option(help="Seconds between topology checks (published on change).")
     ] = 300.0,
@@ -127,9 +130,7 @@ def agent(
     publish: Annotated[
         bool, typer.Option(help="Patch the node annotation (--no-publish: only read and print).")
     ] = True,
-    kubeconfig: Annotated[
-        Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
-    ] = None,
+    kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = Output.table,
 ) -> None:
     """The node agent: NVLink domains → node annotation; GPU memory on /metrics.
