@@ -544,20 +544,16 @@ class LeaseElector:
                 "metadata": {"name": self.name, "namespace": self.namespace},
                 "spec": self._spec(now, acquire=True, transitions=0),
             }
-            try:
-                self.call(
-                    lambda: self.coordination.create_namespaced_lease(
-                        self.namespace,
-                        body,
-                        _preload_content=False,
-                        _request_timeout=self.call.timeout,
-                    )
-                )
-            except ApiException as exc:
-                if exc.status == 409:
-                    return LeaderStatus(False, "", "another candidate created the Lease first")
-                raise
-            return LeaderStatus(True, self.identity, "created the Lease")
+            return self._write(
+                lambda: self.coordination.create_namespaced_lease(
+                    self.namespace,
+                    body,
+                    _preload_content=False,
+                    _request_timeout=self.call.timeout,
+                ),
+                "created the Lease",
+                LeaderStatus(False, "", "another candidate created the Lease first"),
+            )
         spec = lease.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
         transitions = int(spec.get("leaseTransitions") or 0)
@@ -576,19 +572,27 @@ class LeaseElector:
             spec_new = self._spec(now, acquire=True, transitions=transitions + 1)
             reason = f"took over the Lease from {holder}" if holder else "acquired a free Lease"
         body = {**lease, "spec": spec_new}
+        return self._write(
+            lambda: self.coordination.replace_namespaced_lease(
+                self.name,
+                self.namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self.call.timeout,
+            ),
+            reason,
+            LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)"),
+        )
+
+    def _write(
+        self, write: Callable[[], object], reason: str, on_conflict: LeaderStatus
+    ) -> LeaderStatus:
+        """Create or replace the Lease: leading on success, ``on_conflict`` on a 409."""
         try:
-            self.call(
-                lambda: self.coordination.replace_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
-                )
-            )
+            self.call(write)
         except ApiException as exc:
             if exc.status == 409:
-                return LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)")
+                return on_conflict
             raise
         return LeaderStatus(True, self.identity, reason)
 
