@@ -238,12 +238,8 @@ def _index_range(part: str, path: str, who: str) -> range:
 
 
 def _taints(raw: object, who: str) -> tuple[Taint, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConversionError(who, "spec.taints", "expected a list")
     out = []
-    for i, t in enumerate(raw):
+    for i, t in enumerate(_list(raw, who, "spec.taints")):
         path = f"spec.taints[{i}]"
         if not isinstance(t, dict) or not isinstance(t.get("key"), str):
             raise ConversionError(who, f"{path}.key", "missing")
@@ -368,9 +364,7 @@ def _pod_requests(spec: JsonObj, who: str) -> dict[str, Decimal]:
             app[res] += value
     init_peak = dict.fromkeys(_POD_RESOURCES, Decimal(0))
     sidecars = dict.fromkeys(_POD_RESOURCES, Decimal(0))
-    inits = spec.get("initContainers") or []
-    if not isinstance(inits, list):
-        raise ConversionError(who, "spec.initContainers", "expected a list")
+    inits = _list(spec.get("initContainers") or [], who, "spec.initContainers")
     for i, c in enumerate(inits):
         req = _container_requests(c, f"spec.initContainers[{i}]", who)
         sidecar = c.get("restartPolicy") == "Always"
@@ -434,9 +428,7 @@ def _gpu_models(spec: JsonObj, who: str) -> frozenset[str]:
 
 
 def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
-    refs = meta.get("ownerReferences") or []
-    if not isinstance(refs, list):
-        raise ConversionError(who, "metadata.ownerReferences", "expected a list")
+    refs = _list(meta.get("ownerReferences") or [], who, "metadata.ownerReferences")
     chosen: OwnerRef | None = None
     for i, ref in enumerate(refs):
         if not isinstance(ref, dict) or not ref.get("kind") or not ref.get("name"):
@@ -458,9 +450,7 @@ def _gang(labels: Mapping[str, str], owner: OwnerRef | None) -> str | None:
 
 
 def _pending(status: JsonObj, who: str) -> tuple[datetime | None, str]:
-    conditions = status.get("conditions") or []
-    if not isinstance(conditions, list):
-        raise ConversionError(who, "status.conditions", "expected a list")
+    conditions = _list(status.get("conditions") or [], who, "status.conditions")
     for i, cond in enumerate(conditions):
         if isinstance(cond, dict) and cond.get("type") == "PodScheduled":
             if cond.get("status") == "False":
@@ -473,12 +463,8 @@ def _pending(status: JsonObj, who: str) -> tuple[datetime | None, str]:
 
 
 def _tolerations(raw: object, who: str) -> tuple[Toleration, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        raise ConversionError(who, "spec.tolerations", "expected a list")
     out = []
-    for i, t in enumerate(raw):
+    for i, t in enumerate(_list(raw, who, "spec.tolerations")):
         if not isinstance(t, dict):
             raise ConversionError(who, f"spec.tolerations[{i}]", "expected an object")
         operator = t.get("operator") or "Equal"
@@ -525,9 +511,7 @@ def pdb_from_json(obj: JsonObj, where: str = "pdb") -> PodDisruptionBudget | Non
         op = e.get("operator")
         if op not in SELECTOR_OPERATORS:
             raise ConversionError(who, f"{path}.operator", f"unknown operator {op!r}")
-        values = e.get("values") or []
-        if not isinstance(values, list):
-            raise ConversionError(who, f"{path}.values", "expected a list")
+        values = _list(e.get("values") or [], who, f"{path}.values")
         exprs.append((e["key"], op, tuple(str(v) for v in values)))
     status = obj.get("status") or {}
     allowed = status.get("disruptionsAllowed", 0)
@@ -587,6 +571,15 @@ def _mapping(obj: JsonObj, key: str, who: str) -> JsonObj:
         return {}
     if not isinstance(value, dict):
         raise ConversionError(who, key, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: object, who: str, path: str) -> list[Any]:
+    """A JSON array field: None is empty; anything else but a list is the object's mistake."""
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ConversionError(who, path, "expected a list")
     return value
 
 
@@ -655,10 +648,5 @@ def items_of(document: object, where: str) -> Sequence[object]:
     if not isinstance(document, dict):
         raise ConversionError(where, "", "expected a Kubernetes object or List")
     if "items" in document:
-        items = document["items"]
-        if items is None:
-            return []
-        if not isinstance(items, list):
-            raise ConversionError(where, "items", "expected a list")
-        return items
+        return _list(document["items"], where, "items")
     return [document]
