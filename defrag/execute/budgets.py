@@ -48,20 +48,27 @@ class BudgetLedger:
                 f"{len(pods)} more asked"
             )
         nodes = Counter(node for _, node in pods)
-        for node, n in sorted(nodes.items()):
-            if self.by_node[node] + n > self.budgets.per_node:
-                return Status.fail(
-                    f"node budget: {self.by_node[node]} of {self.budgets.per_node} evictions "
-                    f"from {node} spent, {n} more asked"
-                )
+        refused = _over("node", "from", nodes, self.by_node, self.budgets.per_node)
+        if refused is not None:
+            return refused
         spaces = Counter(ns for ns, _ in pods)
-        for ns, n in sorted(spaces.items()):
-            if self.by_namespace[ns] + n > self.budgets.per_namespace:
-                return Status.fail(
-                    f"namespace budget: {self.by_namespace[ns]} of {self.budgets.per_namespace} "
-                    f"evictions in {ns} spent, {n} more asked"
-                )
+        refused = _over("namespace", "in", spaces, self.by_namespace, self.budgets.per_namespace)
+        if refused is not None:
+            return refused
         self.total = total
         self.by_node.update(nodes)
         self.by_namespace.update(spaces)
         return Status.success()
+
+
+def _over(
+    what: str, where: str, asked: Counter[str], spent: Counter[str], limit: int
+) -> Status | None:
+    """The refusal for the first key (in name order) that ``asked`` would take past ``limit``."""
+    for key, n in sorted(asked.items()):
+        if spent[key] + n > limit:
+            return Status.fail(
+                f"{what} budget: {spent[key]} of {limit} evictions {where} {key} spent, "
+                f"{n} more asked"
+            )
+    return None
