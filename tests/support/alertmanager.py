@@ -27,7 +27,7 @@ from typing import Any
 
 import requests
 
-from tests.support.binaries import free_port, require_binary
+from tests.support.binaries import free_port, require_binary, stop_process, wait_ready
 
 CONFIG = """\
 route:
@@ -156,28 +156,13 @@ class AlertmanagerServer:
         ]
         with self._log.open("ab") as log:
             self._proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"alertmanager exited: {self._log.read_text()[-2000:]}")
-            try:
-                if requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"alertmanager not ready in 15 s: {self._log.read_text()[-2000:]}")
+        wait_ready("alertmanager", self.url, self._proc, self._log, timeout_s=15, interval_s=0.05)
 
     def stop(self) -> None:
         """Stop gracefully (SIGTERM): the notification log is written to storage."""
         if self._proc is None:
             return
-        self._proc.terminate()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        stop_process(self._proc)
         self._proc = None
 
     def restart(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,9 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 import numpy as np
-import requests
 
-from tests.support.binaries import free_port, require_binary
+from tests.support.binaries import free_port, require_binary, stop_process, wait_ready
 
 GPU_MEMORY_MIB = 81920.0  # an 80 GiB GPU
 HOUR = 3600.0
@@ -183,40 +181,22 @@ def prometheus_server(openmetrics: Path, workdir: Path | None = None) -> Iterato
         config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        proc = subprocess.Popen(
-            [
-                prometheus,
-                f"--config.file={config}",
-                f"--storage.tsdb.path={data}",
-                "--storage.tsdb.retention.time=100y",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--log.level=warn",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
+        log = Path(tmp) / "prometheus.log"
+        with log.open("ab") as err:
+            proc = subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={data}",
+                    "--storage.tsdb.retention.time=100y",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
         try:
-            _wait_ready(url, proc)
+            wait_ready("prometheus", url, proc, log, timeout_s=30, interval_s=0.1)
             yield PrometheusServer(url, proc, data)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"prometheus exited with {proc.returncode}: {err[-2000:]}")
-        try:
-            if requests.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"prometheus at {url} not ready after {timeout_s} s")
+            stop_process(proc)
