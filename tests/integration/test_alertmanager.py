@@ -72,6 +72,15 @@ def active_names(server: AlertmanagerServer) -> set[str]:
     return {a["labels"]["alertname"] for a in server.alerts(cluster="it")}
 
 
+def fire_leak_and_node(server: AlertmanagerServer, rx: WebhookReceiver) -> AlertmanagerSink:
+    """A sink (30 s alert lifetime) that has sent LEAK and NODE, both notified as firing."""
+    sink = make_sink(server.url, ttl_s=30)
+    sink.sync([LEAK, NODE], now())
+    rx.wait_for(has("GPUNodeFragmented", "firing"))
+    rx.wait_for(has("GPUMemoryLeakSuspected", "firing"))
+    return sink
+
+
 def test_fires_once_stays_active_past_endsat_and_resolves(
     am: tuple[AlertmanagerServer, WebhookReceiver],
 ) -> None:
@@ -132,10 +141,7 @@ def test_restarted_sender_neither_refires_nor_forgets(
     am: tuple[AlertmanagerServer, WebhookReceiver],
 ) -> None:
     server, rx = am
-    before = make_sink(server.url, ttl_s=30)
-    before.sync([LEAK, NODE], now())
-    rx.wait_for(has("GPUNodeFragmented", "firing"))
-    rx.wait_for(has("GPUMemoryLeakSuspected", "firing"))
+    fire_leak_and_node(server, rx)
     (leak,) = server.alerts(alertname="GPUMemoryLeakSuspected")
 
     after = make_sink(server.url, ttl_s=30)  # a new process: empty state
@@ -170,10 +176,7 @@ def test_unreachable_alertmanager_fails_loudly_then_nothing_is_lost(
     am: tuple[AlertmanagerServer, WebhookReceiver],
 ) -> None:
     server, rx = am
-    sink = make_sink(server.url, ttl_s=30)
-    sink.sync([LEAK, NODE], now())
-    rx.wait_for(has("GPUNodeFragmented", "firing"))
-    rx.wait_for(has("GPUMemoryLeakSuspected", "firing"))
+    sink = fire_leak_and_node(server, rx)
     time.sleep(1.0)  # let Alertmanager log the notifications (see the restart test)
 
     server.stop()
