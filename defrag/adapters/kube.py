@@ -573,15 +573,19 @@ class LeaseElector:
             reason = f"took over the Lease from {holder}" if holder else "acquired a free Lease"
         body = {**lease, "spec": spec_new}
         return self._write(
-            lambda: self.coordination.replace_namespaced_lease(
-                self.name,
-                self.namespace,
-                body,
-                _preload_content=False,
-                _request_timeout=self.call.timeout,
-            ),
+            self._replace(body),
             reason,
             LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)"),
+        )
+
+    def _replace(self, body: dict[str, Any]) -> Callable[[], object]:
+        """The request that replaces the Lease with ``body`` (for ``self.call``)."""
+        return lambda: self.coordination.replace_namespaced_lease(
+            self.name,
+            self.namespace,
+            body,
+            _preload_content=False,
+            _request_timeout=self.call.timeout,
         )
 
     def _write(
@@ -636,16 +640,7 @@ class LeaseElector:
                 "leaseDurationSeconds": 1,
                 "renewTime": _micro(self._now()),
             }
-            body = {**lease, "spec": spec}
-            self.call(
-                lambda: self.coordination.replace_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
-                )
-            )
+            self.call(self._replace({**lease, "spec": spec}))
             self.last = LeaderStatus(False, "", "released the Lease")
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
             log.warning(
