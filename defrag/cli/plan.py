@@ -136,7 +136,10 @@ def _print_table(plan: Plan) -> None:
             str(i), s.kind, s.pod, s.source, s.target or "(waits)",
             f"{s.gpus_held:g}", f"{s.cost:g}", s.reason,
         )  # fmt: skip
-    console.print(steps)
+    if plan.steps:
+        console.print(steps)
+    else:
+        console.print("No steps: nothing to move within the constraints.")
     if plan.blocked:
         blocked = Table(title="Blocked", show_header=True)
         for col in ("pod", "constraint", "detail"):
