@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -22,6 +23,7 @@ from rich.table import Table
 
 from defrag.cli.app import UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+from defrag.sim.fill import FillRun
 from defrag.sim.hooks import HookUnavailable
 from defrag.sim.plot import plot_fill, plot_timeline
 from defrag.sim.report import (
@@ -216,19 +218,34 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
             print_json(fill_json(fills, workload=workload, curves=curves))
             return
         table = Table(title=f"{workload}: arrival-only fill, allocation at 100% arrived GPU demand")
-        for col in FILL_HEADER:
-            table.add_column(col, justify="left" if col == "policy" else "right")
+        _columns(table, FILL_HEADER, fills)
         for row in fill_rows(fills):
             table.add_row(*row)
-        console.print(table)
+        _print(table)
         return
     lines = [r for r in runs if isinstance(r, TimelineRun)]
     if output is Output.json:
         print_json(timeline_json(lines, workload=workload, series=curves))
         return
     table = Table(title=f"{workload}: timeline, mean pending time per job size")
-    for col in timeline_header():
-        table.add_column(col, justify="left" if col == "policy" else "right")
+    _columns(table, timeline_header(), lines)
     for row in timeline_rows(lines):
         table.add_row(*row)
-    console.print(table)
+    _print(table)
+
+
+def _columns(
+    table: Table, header: tuple[str, ...], runs: list[FillRun] | list[TimelineRun]
+) -> None:
+    """The policy column never wraps or truncates; the numbers are right-aligned."""
+    width = max((len(r.label) for r in runs), default=6)
+    for col in header:
+        if col == "policy":
+            table.add_column(col, no_wrap=True, min_width=width)
+        else:
+            table.add_column(col, justify="right")
+
+
+def _print(table: Table) -> None:
+    """On a terminal rich fits the table to its width; into a pipe or file, nothing is cut."""
+    (console if console.is_terminal else Console(width=160)).print(table)

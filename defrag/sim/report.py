@@ -174,15 +174,9 @@ TIMELINE_CLASSES = ("1", "2", "4", "8")
 
 
 def timeline_header(classes: Sequence[str] = TIMELINE_CLASSES) -> tuple[str, ...]:
-    return (
-        "policy",
-        "seeds",
-        "GPU alloc %",
-        "queue",
-        *(f"wait {c}-GPU h" for c in classes),
-        "8-GPU / 1-GPU",
-        "migrations",
-    )
+    """GPU allocation %, queue length, mean wait (h) per job size, the 8-GPU / 1-GPU wait
+    ratio, migrations."""
+    return ("policy", "seeds", "alloc %", "queue", *(f"{c}-GPU h" for c in classes), "8/1", "moves")
 
 
 def timeline_rows(
