@@ -2,7 +2,6 @@
 
     .venv/bin/python -m bench.bench_fill                      # 5 traces × 9 policies × 10 seeds
     .venv/bin/python -m bench.bench_fill --traces default --seeds 3 --jobs 2
-    .venv/bin/python -m bench.bench_fill --reference          # paper-emulating score functions
 
 Prints (and with ``--out`` writes) a markdown table per trace: our median allocation at 100%
 arrived GPU demand beside the paper's (``../shared/data/fgd/allo.csv``), the difference, and
@@ -22,7 +21,6 @@ from pathlib import Path
 
 from defrag.model.resources import Node, Pod
 from defrag.scoring.policies import POLICY_NAMES
-from defrag.sim import fill as fill_module
 from defrag.sim.fill import PAPER_SEEDS, run_fill
 from defrag.sim.report import PAPER_POLICY_NAMES, markdown_table, paper_medians
 from defrag.sim.trace import load_nodes, load_pods
@@ -40,13 +38,6 @@ def _nodes() -> tuple[Node, ...]:
 @cache
 def _pods(trace: str) -> tuple[Pod, ...]:
     return load_pods(DATA / "openb" / f"openb_pod_list_{trace}.csv").pods
-
-
-def _init(reference: bool) -> None:
-    if reference:
-        from bench.paper_reference import make_reference_policy
-
-        fill_module.make_policy = make_reference_policy
 
 
 def _one(trace: str, policy: str, seed: int) -> dict[str, float | int | str]:
@@ -71,7 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICY_NAMES))
     ap.add_argument("--seeds", type=int, default=len(PAPER_SEEDS), help="seeds from 42")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--reference", action="store_true", help="paper-emulating score functions")
     ap.add_argument("--out", type=Path, help="also write the markdown here")
     args = ap.parse_args(argv)
     traces = [t for t in args.traces.split(",") if t]
@@ -83,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs.sort(key=lambda j: (j[1] != "fgd", j))
     started = time.perf_counter()
     results: list[dict[str, float | int | str]] = []
-    with ProcessPoolExecutor(args.jobs, initializer=_init, initargs=(args.reference,)) as pool:
+    with ProcessPoolExecutor(args.jobs) as pool:
         futures = [pool.submit(_one, *j) for j in jobs]
         for done, future in enumerate(as_completed(futures), 1):
             results.append(future.result())
@@ -110,18 +100,14 @@ def render(
     args: argparse.Namespace,
     wall: float,
 ) -> str:
-    mode = (
-        "paper-emulating score functions (bench/paper_reference.py)"
-        if args.reference
-        else "defrag's policies"
-    )
+    mode = "defrag's policies"
     out = [
         "Arrival-only fill, openb GPU nodes (1,213 nodes, 6,212 GPUs), "
         f"{args.seeds} seeds from 42, {mode}. "
         "Median GPU allocation (%) at 100% arrived GPU demand.\n\n",
         f"Command: `.venv/bin/python -m bench.bench_fill --traces {','.join(traces)} "
         f"--policies {','.join(policies)} --seeds {args.seeds} --jobs {args.jobs}"
-        f"{' --reference' if args.reference else ''}`\n",
+        "`\n",
     ]
     for trace in traces:
         med = {

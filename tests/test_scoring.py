@@ -151,19 +151,24 @@ def small_cluster() -> Cluster:
         ("least-allocated", Pod("x", num_gpu=1, cpu_milli=4000), "c", (0,)),
         # most-allocated is its mirror → b (fullest).
         ("most-allocated", Pod("x", num_gpu=1, cpu_milli=4000), "b", (2,)),
-        # best-fit leftover 0.5·cpu + 0.5·gpu: a: 0.5·24/32 + 0.5·2.5/4 = 0.6875;
-        # b: 0.5·20/32 + 0.5·1/4 = 0.4375; c: 0.5·28/32 + 0.5·3/4 = 0.8125 → b.
+        # best-fit (paper: fixed specs 128 CPUs, 8 GPUs): leftover 0.5·(cpu−4)/128 + 0.5·(gpu−1)/8
+        # a: 0.5·24/128 + 0.5·2.5/8 = 0.25 → raw 75; b: 0.5·20/128 + 0.5·1/8 = 0.1406 → 85;
+        # c: 0.5·28/128 + 0.5·3/8 = 0.2969 → 70; min–max: b 100, a ⌊5·100/15⌋ = 33, c 0 → b.
         ("best-fit", Pod("x", num_gpu=1, cpu_milli=4000), "b", (2,)),
-        # dot-product (demand·free): demand (4/32, 1/4); a: 0.125·28/32 + 0.25·3.5/4 = 0.328;
-        # b: 0.125·24/32 + 0.25·2/4 = 0.219; c: 0.125·1 + 0.25·1 = 0.375 → c.
-        ("dot-product", Pod("x", num_gpu=1, cpu_milli=4000), "c", (0,)),
-        # gpu-packing: a sharing pod goes to the already-shared GPU (a, GPU 0).
+        # dot-product (paper: smallest demand·free wins, fixed specs): demand (4/128, 1/8);
+        # a: 28/128·4/128 + 3.5/8·1/8 = 0.0615 → ⌊100·(1 − 0.0308)⌋ = 96; b: 24/128·4/128 +
+        # 2/8·1/8 = 0.0371 → 98; c: 32/128·4/128 + 4/8·1/8 = 0.0703 → 96 → b.
+        ("dot-product", Pod("x", num_gpu=1, cpu_milli=4000), "b", (2,)),
+        # gpu-packing, 0.3-GPU pod: a takes its shared GPU (500 free): max(100 − ⌊50%⌋/10, 50) = 95;
+        # b takes a whole GPU: max(50 − 1, 33) = 49; c is idle: max(33 − 4, 4) = 29 → a, GPU 0.
         ("gpu-packing", Pod("x", num_gpu=1, gpu_milli=300), "a", (0,)),
-        # gpu-packing: a whole GPU goes to a node in use, the fuller one (b: 2 of 4 free).
-        ("gpu-packing", Pod("x", num_gpu=1), "b", (2,)),
-        # gpu-clustering: a 1-GPU... class "2-gpu" pod joins b, which hosts only 2-GPU pods.
+        # gpu-packing, whole GPU: a and b both take one entirely free GPU → 49; c idle → 29;
+        # the tie goes to the first name, a, whose first free whole GPU is 1.
+        ("gpu-packing", Pod("x", num_gpu=1), "a", (1,)),
+        # gpu-clustering, 2-GPU pod: b hosts only 2-GPU pods → 75 + ⌊25·(8 − 2)/8⌋ = 93;
+        # c (no GPU pod) → 25 + ⌊25·4/8⌋ = 37; a (share pods only) → 0 + ⌊25·4.5/8⌋ = 14 → b.
         ("gpu-clustering", Pod("x", num_gpu=2), "b", (2, 3)),
-        # gpu-clustering: a sharing pod joins a (only sharing pods there); best-fit GPU 0.
+        # gpu-clustering, sharing pod: a hosts only sharing pods → 75 + 14 = 89 → a, best-fit GPU 0.
         ("gpu-clustering", Pod("x", num_gpu=1, gpu_milli=300), "a", (0,)),
         # reserve-binpack: 1 GPU → b: (1 − (2−1)/4)·100 = 75 beats a: (1 − (3.5−1)/4)·100 = 37.5.
         ("reserve-binpack", Pod("x", num_gpu=1), "b", (2,)),
@@ -178,16 +183,16 @@ def test_policy_choices(policy: str, pod: Pod, node: str, gpus: tuple[int, ...])
 def test_fgd_prefers_the_gpu_that_leaves_usable_share() -> None:
     # Mix: only 0.5-GPU pods. Free shares: a [500, 1000, 1000, 1000], b [0, 0, 1000, 1000],
     # c [1000]*4; no node is fragmented now (every GPU is 0 or ≥ 500).
-    # A 0.3 pod on a's GPU 0 leaves 200 < 500 → Δfrag = +200; on any whole GPU it leaves
-    # 700 ≥ 500 → Δ = 0. So every node ties at Δ = 0 (a, b, c) and the name breaks the tie: a,
-    # on its first GPU with Δ = 0: GPU 1.
+    # A 0.3 pod on a's GPU 0 leaves 200 < 500 → Δfrag = +200, score ⌊100·sigmoid(−0.2)⌋ = 45;
+    # on any whole GPU it leaves 700 ≥ 500 → Δ = 0, score ⌊100·sigmoid(0)⌋ = 50. Every node ties
+    # at 50 (a, b, c) and the name breaks the tie: a, on its first GPU scoring 50: GPU 1.
     mix = WorkloadMix((Shape(0, 1, 500),), (1.0,))
     pol = make_policy("fgd", mix=mix)
     placement = schedule(Pod("x", num_gpu=1, gpu_milli=300), small_cluster(), pol)
     assert isinstance(placement, Placement)
     assert (placement.node, placement.gpus) == ("a", (1,))
     # A 0.5 pod on GPU 0 leaves 0 (nothing to fragment) and on a whole GPU leaves 500 (usable):
-    # Δ = 0 both ways; the tie goes to the least free share → GPU 0.
+    # Δ = 0 both ways (score 50); the tie goes to the lowest GPU index → GPU 0.
     placement = schedule(Pod("y", num_gpu=1, gpu_milli=500), small_cluster(), pol)
     assert (placement.node, placement.gpus) == ("a", (0,))  # type: ignore[union-attr]
 

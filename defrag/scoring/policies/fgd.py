@@ -1,9 +1,9 @@
 """``fgd``: fragmentation gradient descent (Weng et al., ATC'23).
 
 Each pod goes to the node (and, for a GPU-sharing pod, the GPU) where the node's
-fragmentation against the workload mix grows least (see ``defrag.scoring.fgd_model``).
-Score = 50 − Δfrag / (2 × capacity of the largest node) × 100, clipped to 0..100: a monotone
-map of −Δfrag, so the highest score is the smallest growth.
+fragmentation against the workload mix grows least (see ``defrag.scoring.fgd_model``), scored
+as the paper's simulator does: ⌊100 × sigmoid(−Δfrag / 1000)⌋ with Δ in milli-GPU, an integer,
+so near-equal growths tie and go to the first node (see :func:`fgd_score`).
 """
 
 from __future__ import annotations
@@ -100,10 +100,7 @@ class Fgd:
         return rows, slots, after - before[rows]
 
     def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        delta = self.deltas(pod, arrays)
-        scale = 2.0 * max(int(arrays.gpu_total.max(initial=1)), 1) * GPU_MILLI
-        with np.errstate(invalid="ignore"):
-            return np.clip(50.0 - delta / scale * 100.0, 0.0, 100.0)
+        return fgd_score(self.deltas(pod, arrays))
 
     def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
         if pod.num_gpu == 0:
@@ -117,7 +114,18 @@ class Fgd:
         count, small = fm.counts_and_small(sub.gpu_free)
         before = fm.combine(sub.gpu_free.sum(axis=1), sub.cpu_free, sub.model_code, count, small)
         _, slots, delta = self.sharing_candidates(pod, sub, fm, count, small, before)
-        free = arrays.gpu_free[row]
-        # Smallest growth; ties to the least free share, then the lowest index.
-        best = min(range(len(slots)), key=lambda c: (delta[c], free[slots[c]], slots[c]))
+        scores = fgd_score(delta)
+        # The highest (integer) score; ties to the lowest GPU index, as the paper's plugin does.
+        best = min(range(len(slots)), key=lambda c: (-scores[c], slots[c]))
         return (int(slots[best]),)
+
+
+def fgd_score(delta: FloatArray) -> FloatArray:
+    """⌊100 × sigmoid(−Δfrag / 1000)⌋: the paper's integer score (0 where Δ is infinite).
+
+    Growths within ~40 milli-GPU of each other tie, and ties go to the first node in order —
+    which packs; ranking by the exact Δ spreads 1-GPU pods over empty nodes instead.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = np.floor(100.0 / (1.0 + np.exp(delta / 1000.0)))
+    return np.asarray(np.where(np.isfinite(s), s, 0.0), dtype=np.float64)

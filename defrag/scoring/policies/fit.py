@@ -1,9 +1,12 @@
-"""``best-fit`` and ``dot-product``: the two resource-vector heuristics of the FGD paper.
+"""``best-fit`` and ``dot-product`` as the FGD paper's simulator scores them.
 
-best-fit: the node with the smallest weighted leftover after placement,
-0.5 × CPU left / CPU capacity + 0.5 × GPU left / GPU capacity; score = (1 − leftover) × 100.
-dot-product: the node maximising demand · free, both normalised by the node's capacity
-over (CPU, GPU); score = dot / 2 × 100 (each term is at most 1).
+Both divide by fixed maximum node specs (128 CPUs, 8 GPUs) rather than each node's capacity,
+and both produce integer kube-scheduler scores (Weng et al., ATC'23, and its public artifact).
+
+best-fit: leftover = 0.5 × (CPU free − CPU asked)/128 CPUs + 0.5 × (GPU free − GPU asked)/8 GPUs;
+raw = ⌊(1 − leftover) × 100⌋, then min–max normalised over the feasible nodes to 0..100.
+dot-product: d = (CPU free/128)(CPU asked/128) + (GPU free/8)(GPU asked/8); score =
+⌊100 × (1 − d/2)⌋ — the *smallest* dot product wins, which packs.
 """
 
 from __future__ import annotations
@@ -12,32 +15,33 @@ import numpy as np
 
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
-from defrag.scoring.policies.base import BestFitGpuChoice, safe_ratio
+from defrag.scoring.policies.base import BestFitGpuChoice
+
+MAX_CPU_MILLI = 128_000.0
+MAX_GPU_MILLI = 8_000.0
 
 
 class BestFit(BestFitGpuChoice):
     name = "best-fit"
 
     def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        cpu_left = safe_ratio(
-            (arrays.cpu_free - pod.cpu_milli).astype(float), arrays.cpu_total.astype(float)
+        left = (
+            0.5 * (arrays.cpu_free - pod.cpu_milli) / MAX_CPU_MILLI
+            + 0.5 * (arrays.free_share() - pod.gpu_demand_milli) / MAX_GPU_MILLI
         )
-        gpu_left = safe_ratio(
-            (arrays.free_share() - pod.gpu_demand_milli).astype(float),
-            (arrays.gpu_total * 1000).astype(float),
-        )
-        return np.clip((1.0 - (0.5 * cpu_left + 0.5 * gpu_left)) * 100.0, 0.0, 100.0)
+        raw = np.trunc((1.0 - left) * 100.0)
+        seen = raw[feasible]
+        if not len(seen) or seen.max() == seen.min():
+            return np.zeros(len(raw))
+        normalised = np.floor((raw - seen.min()) * 100.0 / (seen.max() - seen.min()))
+        return np.clip(normalised, 0.0, 100.0)
 
 
 class DotProduct(BestFitGpuChoice):
     name = "dot-product"
 
     def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        cpu_cap = arrays.cpu_total.astype(float)
-        gpu_cap = (arrays.gpu_total * 1000).astype(float)
-        demand_cpu = safe_ratio(np.full(len(arrays), float(pod.cpu_milli)), cpu_cap)
-        demand_gpu = safe_ratio(np.full(len(arrays), float(pod.gpu_demand_milli)), gpu_cap)
-        free_cpu = safe_ratio(arrays.cpu_free.astype(float), cpu_cap)
-        free_gpu = safe_ratio(arrays.free_share().astype(float), gpu_cap)
-        dot = demand_cpu * free_cpu + demand_gpu * free_gpu
-        return np.clip(dot / 2.0 * 100.0, 0.0, 100.0)
+        dot = (arrays.cpu_free / MAX_CPU_MILLI) * (pod.cpu_milli / MAX_CPU_MILLI) + (
+            arrays.free_share() / MAX_GPU_MILLI
+        ) * (pod.gpu_demand_milli / MAX_GPU_MILLI)
+        return np.clip(np.trunc(100.0 * (1.0 - dot / 2.0)), 0.0, 100.0)
