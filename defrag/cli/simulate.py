@@ -21,7 +21,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from defrag.cli.app import UserError, app, console, err_console, print_json
+from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 from defrag.sim.fill import FillRun
 from defrag.sim.hooks import HookUnavailable
@@ -46,11 +46,6 @@ FIRST_SEED = 42
 class Protocol(StrEnum):
     fill = "fill"
     timeline = "timeline"
-
-
-class Output(StrEnum):
-    table = "table"
-    json = "json"
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -136,7 +131,7 @@ def simulate(
     defrag: Annotated[
         bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
     ] = False,
-    output: Annotated[Output, typer.Option("--output", "-o", help="table or json")] = Output.table,
+    output: OutputOpt = Output.table,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
     jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 1,
     pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.")] = 2000,
