@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any, Protocol
 
@@ -27,6 +26,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.scoring.framework import Status
@@ -186,7 +186,7 @@ class Daemon:
         self.stopped = threading.Event()
         self._cycle_lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
-        self._server: ThreadingHTTPServer | None = None
+        self._server: QuietHTTPServer | None = None
         self._http = (http_host, http_port)
         self.elector_interval_s = elector_interval_s
         self._reconciled = False
@@ -343,32 +343,24 @@ class Daemon:
     def _serve_http(self) -> None:
         daemon = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
+            logger = log
+
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
-                    self._reply(200, b"ok\n", "text/plain")
+                    self.send_body(200, b"ok\n", "text/plain")
                 elif path == "/readyz":
                     status = daemon.ready()
                     body = (str(status) + "\n").encode()
-                    self._reply(200 if status.ok else 503, body, "text/plain")
+                    self.send_body(200 if status.ok else 503, body, "text/plain")
                 elif path == "/metrics":
-                    self._reply(200, daemon.metrics.exposition(), CONTENT_TYPE_LATEST)
+                    self.send_body(200, daemon.metrics.exposition(), CONTENT_TYPE_LATEST)
                 else:
-                    self._reply(404, b"not found\n", "text/plain")
+                    self.send_body(404, b"not found\n", "text/plain")
 
-            def _reply(self, code: int, body: bytes, ctype: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                log.debug("http %s", format % args)
-
-        server = ThreadingHTTPServer(self._http, Handler)
-        server.daemon_threads = True
+        server = QuietHTTPServer(self._http, Handler)
+        server.logger = log
         threading.Thread(target=server.serve_forever, name="defrag-http", daemon=True).start()
         self._server = server
 
