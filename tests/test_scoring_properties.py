@@ -184,3 +184,28 @@ def test_fgd_delta_matches_brute_force(cluster: Cluster, pod: Pod) -> None:
             options = [[0 if i in taken else f for i, f in enumerate(free)]]
         best = min(reference_frag(o, cpu_after, model, mix) for o in options) - before
         assert abs(delta[row] - best) < 1e-6
+
+
+def reference_gpu_packing(pod: Pod, free: list[int]) -> float:
+    """The paper's gpu-packing score for one node, written out (docs/concepts.md)."""
+    if pod.num_gpu == 0:
+        return 0.0
+    whole = sum(1 for f in free if f >= 1000)
+    if whole == len(free):
+        return float(max(33 - whole, whole))
+    taken = sorted(f for f in free if f >= pod.gpu_milli)[: pod.num_gpu]
+    full = sum(1 for f in taken if f == 1000)
+    if full:
+        return float(max(50 - full, 33))
+    return float(max(100 - sum(f * 100 // 1000 for f in taken) // 10, 50))
+
+
+@SETTINGS
+@given(clusters(), pods("new"))
+def test_gpu_packing_matches_its_definition(cluster: Cluster, pod: Pod) -> None:
+    a = cluster.arrays
+    feasible = feasible_mask(pod, a)
+    scores = make_policy("gpu-packing").score(pod, a, feasible)
+    for row in np.flatnonzero(feasible & (a.gpu_total > 0)):
+        free = [int(f) for f in a.gpu_free[row, : a.gpu_total[row]]]
+        assert scores[row] == reference_gpu_packing(pod, free)
