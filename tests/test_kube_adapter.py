@@ -469,3 +469,19 @@ def test_snapshot_ignores_conflicting_gpu_index_annotations(api: KubeApi) -> Non
     cluster = KubeClusterSource(api.client(), retry=FAST).snapshot()
     assert cluster.pods["ml/stale-0"].gpu_indices != (2, 3)  # slots re-assumed, best fit
     assert int(cluster.arrays.free_whole_count()[cluster.arrays.index["gpu-01"]]) == 2  # 8-4-2
+
+
+def test_snapshot_survives_gpus_gone_from_allocatable_under_running_pods(api: KubeApi) -> None:
+    # gpu-01 runs pods on 6 of its 8 GPUs (scattered_20: 2 free). A GPU falls off the bus and
+    # the device plugin reports 4 allocatable: the pods no longer fit. The daemon must keep
+    # observing the cluster — the pods that do not fit are left out (and logged), not fatal.
+    node = next(n for n in scattered_20()["items"] if n["metadata"]["name"] == "gpu-01")
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "4"
+    api.put(node)
+    cluster = KubeClusterSource(api.client(), retry=FAST).snapshot()
+    row = cluster.arrays.index["gpu-01"]
+    assert cluster.arrays.gpu_total[row] == 4
+    assert (cluster.arrays.gpu_free[row] >= 0).all()
+    on_node = [p for p in cluster.pods_on("gpu-01")]
+    assert sum(p.num_gpu for p in on_node) <= 4
+    assert len(cluster.pods) < 37  # some of gpu-01's pods were left out

@@ -94,3 +94,16 @@ def test_finished_pods_hold_nothing() -> None:
         [Node("a", 1000, 1000, 1, "T4")], [Pod("done", num_gpu=1, node="a", phase="Succeeded")]
     )
     assert c.arrays.gpu_free[0, 0] == 1000
+
+
+def test_on_misfit_reports_instead_of_raising() -> None:
+    seen: list[str] = []
+    cluster = Cluster.build(
+        [Node("a", 16000, 65536, 2, "T4")],
+        [Pod("big", num_gpu=4, node="a"), Pod("ok", num_gpu=1, node="a")],
+        on_misfit=lambda pod, exc: seen.append(f"{pod.key}: {exc}"),
+    )
+    assert list(cluster.pods) == ["default/ok"]
+    assert (
+        len(seen) == 1 and seen[0].startswith("default/big:") and "more than it has free" in seen[0]
+    )

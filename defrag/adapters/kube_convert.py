@@ -90,7 +90,8 @@ class ClusterParts:
     pdbs: list[PodDisruptionBudget] = field(default_factory=list)
     priority_classes: list[PriorityClass] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
-    """Pods left out by a lenient :meth:`build` (bound to a node not in the node list)."""
+    """Pods left out by a lenient :meth:`build`, with the reason (bound to a node the node list
+    did not have, or not fitting their node — e.g. GPUs gone from allocatable under them)."""
 
     def add(self, obj: object, where: str, kind: str | None = None) -> None:
         """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none)."""
@@ -135,13 +136,21 @@ class ClusterParts:
             names = {n.name for n in self.nodes}
             self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
             pods = [p for p in pods if p.node is None or p.node in names]
+        if not lenient:
+            return Cluster.build(self.nodes, pods, self.pdbs, values)
         try:
             return Cluster.build(self.nodes, pods, self.pdbs, values)
         except ModelError:
-            if not lenient or not any(p.gpu_indices for p in pods):
-                raise
+            # Conflicting ``defrag.io/gpu-indices`` annotations: ignore them all (slots assumed);
+            # a pod that still does not fit its node is left out and recorded.
             pods = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
-            return Cluster.build(self.nodes, pods, self.pdbs, values)
+            return Cluster.build(
+                self.nodes,
+                pods,
+                self.pdbs,
+                values,
+                on_misfit=lambda pod, exc: self.dropped.append(f"{pod.key}: {exc}"),
+            )
 
 
 def cluster_from_items(items: Iterable[object], source: str = "items") -> Cluster:

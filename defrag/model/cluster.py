@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -67,7 +67,14 @@ class Cluster:
         pods: Iterable[Pod] = (),
         pdbs: Iterable[PodDisruptionBudget] = (),
         priority_classes: Mapping[str, int] | None = None,
+        on_misfit: Callable[[Pod, ModelError], None] | None = None,
     ) -> Cluster:
+        """Nodes, pods and PDBs as one consistent cluster.
+
+        A bound pod that does not fit its node (unknown node, GPUs overcommitted — say a GPU
+        fell off the bus and allocatable dropped under running pods) raises ModelError, unless
+        ``on_misfit`` is given: then the pod is left out and reported to it.
+        """
         node_list = sorted(nodes, key=lambda n: n.name)
         names = [n.name for n in node_list]
         if len(set(names)) != len(names):
@@ -79,7 +86,13 @@ class Cluster:
             if pod.key in pod_map:
                 raise ModelError(f"duplicate pod {pod.key}")
             if pod.node is not None and pod.phase in ("Pending", "Running", "Unknown"):
-                pod = _assign_gpus(arrays, pod)
+                try:
+                    pod = _assign_gpus(arrays, pod)
+                except ModelError as exc:
+                    if on_misfit is None:
+                        raise
+                    on_misfit(pod, exc)
+                    continue
                 arrays.allocate(arrays.index[pod.node], pod, pod.gpu_indices)  # type: ignore[index]
             pod_map[pod.key] = pod
         return cls(
