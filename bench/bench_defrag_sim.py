@@ -11,24 +11,42 @@ Timeline protocol (pods arrive and leave; load 90%): mean pending time of multi-
 pods and the mean allocation, without and with defrag. Target: multi-GPU pending time at most
 half, 1-GPU pending time up by at most 10%, allocation not lower.
 
+Jam (why the fill target is out of reach of make-room): each no-defrag fill is probed at its
+last failure before 100% arrived demand — the allocation then, and where the free GPU share
+lies: whole free GPUs, pieces at least as large as the smallest GPU share that fails before
+100%, and smaller pieces, which no failing pod fits unless pods are re-paired across GPUs.
+"Ceiling" = allocation + whole GPUs + those pieces: what placing failing pods into the free
+space as it lies could reach, CPU ignored. Then the same fill with every pod's CPU set to 0,
+without and with defrag: what is left when CPU is no obstacle.
+
     .venv/bin/python -m bench.bench_defrag_sim fill [--seeds 10] [--policies fgd reserve-binpack]
         [--traces default ...]
     .venv/bin/python -m bench.bench_defrag_sim timeline [--seeds 3]
         [--policies reserve-binpack least-allocated]
+    .venv/bin/python -m bench.bench_defrag_sim jam [--seeds 3] [--policies fgd reserve-binpack]
 
-A fill run takes ~15 s without and ~45 s with defrag on one core (openb, 1,213 nodes).
+A fill run (openb, 1,213 nodes, one core) takes ~12 s without and ~25 s with defrag under fgd,
+~2 s and ~20 s under reserve-binpack; ``jam`` takes ~50 s per seed and policy.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
 from bench.bench_packing_limit import TRACES, trace_limits
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.sim.defrag_hook import make_defrag_hook
-from defrag.sim.fill import PAPER_SEEDS, run_fill
+from defrag.sim.fill import PAPER_SEEDS, run_fill, sample_workload
+from defrag.sim.hooks import Move
+from defrag.sim.state import SimState
 from defrag.sim.timeline import TimelineRun, run_timeline
 from defrag.sim.trace import load_nodes, load_pods
 
@@ -61,6 +79,67 @@ def fill_table(shared: Path, traces: list[str], policies: list[str], seeds: int)
             print(
                 f"| {trace} | {policy} | {len(chosen)} | {a0:.2f} | {a1:.2f} | {limit:.2f} "
                 f"| {closed:.0f}% | {moved:.2f}% | {f0:g} → {f1:g} |",
+                flush=True,
+            )
+
+
+class LastFailure:
+    """A hook that moves nothing and keeps, for the last failure up to arrival ``last`` (100%
+    demand), the allocation and free GPU share then, and the smallest GPU share that failed."""
+
+    def __init__(self, last: int) -> None:
+        self.last = last
+        self.free: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.allocated = 0
+        self.smallest_failed = GPU_MILLI
+
+    def on_unschedulable(self, state: SimState, pod: Pod, now: float) -> Sequence[Move]:
+        if now <= self.last:
+            a = state.arrays
+            self.free = a.gpu_free[a.gpu_exists].copy()
+            self.allocated = state.allocated_gpu_milli()
+            if pod.num_gpu:
+                self.smallest_failed = min(self.smallest_failed, pod.gpu_milli)
+        return ()
+
+    def on_window(self, state: SimState, now: float) -> Sequence[Move]:
+        return ()
+
+
+def jam_table(shared: Path, policies: list[str], seeds: int) -> None:
+    data = shared / "data" / "openb"
+    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
+    pods = load_pods(data / "openb_pod_list_default.csv").pods
+    no_cpu = tuple(replace(p, cpu_milli=0) for p in pods)
+    mix = WorkloadMix.from_pods(pods)
+    gpus = sum(n.num_gpu for n in nodes)
+    capacity = gpus * GPU_MILLI
+    print(
+        "| policy | seed | allocation % at the last failure ≤ 100% | whole free GPUs "
+        "| free in pieces ≥ smallest failed share (GPUs) | free in smaller pieces (GPUs) "
+        "| ceiling % | with CPU 0: no defrag → defrag % |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for policy in policies:
+        for seed in PAPER_SEEDS[:seeds]:
+            demand = np.cumsum([p.gpu_demand_milli for p in sample_workload(pods, gpus, seed)])
+            probe = LastFailure(int(np.searchsorted(demand, capacity, side="right")) - 1)
+            run_fill(nodes, pods, policy, seed, mix=mix, hook=probe)
+            free = probe.free
+            whole = free >= GPU_MILLI
+            piece = (free < GPU_MILLI) & (free >= probe.smallest_failed)
+            small = (free > 0) & (free < probe.smallest_failed)
+            usable = int(free[whole].sum() + free[piece].sum())
+            base = run_fill(nodes, no_cpu, policy, seed, mix=mix)
+            hooked = run_fill(
+                nodes, no_cpu, policy, seed, mix=mix, hook=make_defrag_hook(policy, "fill")
+            )
+            print(
+                f"| {policy} | {seed} | {100 * probe.allocated / capacity:.2f} "
+                f"| {int(whole.sum())} | {free[piece].sum() / GPU_MILLI:.1f} "
+                f"(≥ {probe.smallest_failed}) | {free[small].sum() / GPU_MILLI:.1f} "
+                f"| {100 * (probe.allocated + usable) / capacity:.2f} "
+                f"| {base.allocation_at_100:.2f} → {hooked.allocation_at_100:.2f} |",
                 flush=True,
             )
 
@@ -101,7 +180,7 @@ def timeline_table(shared: Path, policies: list[str], seeds: int) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("protocol", choices=("fill", "timeline"))
+    parser.add_argument("protocol", choices=("fill", "timeline", "jam"))
     parser.add_argument(
         "--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared"
     )
@@ -112,6 +191,8 @@ def main() -> None:
     if args.protocol == "fill":
         policies = args.policies or ["fgd", "reserve-binpack"]
         fill_table(args.shared, args.traces, policies, args.seeds or 10)
+    elif args.protocol == "jam":
+        jam_table(args.shared, args.policies or ["fgd", "reserve-binpack"], args.seeds or 3)
     else:
         policies = args.policies or ["reserve-binpack", "least-allocated"]
         timeline_table(args.shared, policies, args.seeds or 3)
