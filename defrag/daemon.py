@@ -28,6 +28,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
+from defrag.detect.findings import FINDING_KINDS
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.scoring.framework import Status
 
@@ -99,18 +100,10 @@ class DaemonMetrics:
         self.window_open = Gauge(
             "defrag_window_open", "1 while an execution window is open.", registry=r
         )
-        for kind in (
-            "fragmentation",
-            "leak",
-            "starvation",
-            "idle",
-            "plan-blocked",
-            "execution-failed",
-            "circuit-open",
-        ):
-            self.findings.labels(kind=kind).set(0)
-        for kind in ("migrate", "preempt"):
-            self.plan_steps.labels(kind=kind).set(0)
+        for finding_kind in FINDING_KINDS:
+            self.findings.labels(kind=finding_kind).set(0)
+        for step_kind in ("migrate", "preempt"):
+            self.plan_steps.labels(kind=step_kind).set(0)
 
     def record(self, result: CycleResult, wall_s: float) -> None:
         before = result.before

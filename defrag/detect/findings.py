@@ -6,7 +6,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 FindingKind = Literal[
     "fragmentation",
@@ -17,6 +17,7 @@ FindingKind = Literal[
     "execution-failed",
     "circuit-open",
 ]
+FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 Severity = Literal["info", "warning", "critical"]
 
 
