@@ -2,9 +2,12 @@
 
 Per source node: taint + journal, evictions in bounded concurrent batches through the
 Eviction API (a 429 is a skip with its reason, never a delete), wait until the replacements
-are scheduled, remove the taint and journal. Budgets are spent as steps are admitted; gangs
-are admitted whole or not at all. Replacements Pending past the timeout trip the circuit
-breaker, which stops this and later executions until they are scheduled.
+are scheduled, remove the taint and journal. A node a make-room plan frees for a pending pod
+is reserved for it (``defrag.io/reserved-for``, see :mod:`defrag.execute.reservation`) before
+its first eviction, until the pod is bound or the replacement timeout passes. Budgets are
+spent as steps are admitted; gangs are admitted whole or not at all. Replacements Pending past
+the timeout trip the circuit breaker, which stops this and later executions until they are
+scheduled.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from defrag.execute.journal import (
     read_journal,
 )
 from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome, StepResult
+from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Pod
@@ -85,6 +89,7 @@ class Executor:
         if dry_run:
             outcomes = self._rehearse(plan, window)
             return Execution(plan.id, True, window.key, started, self.clock.now(), outcomes)
+        self._release_stale(cluster)
         refusal = self._refusal(window)
         if refusal:
             outcomes = tuple(self._skip(s, refusal) for s in plan.steps)
@@ -95,20 +100,26 @@ class Executor:
         for o in outcomes_list:
             self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
         run = _Run(plan.id, cluster)
-        for node, steps in _by_source(admitted).items():
-            if self.stop_requested.is_set():
-                outcomes_list += [self._skip(s, STOPPED) for s in steps]
-                run.stopped = True
-                continue
-            if self.breaker.state.open:
-                reason = f"circuit breaker open: {self.breaker.state.reason}"
-                outcomes_list += [self._skip(s, reason) for s in steps]
-                continue
-            if window.end is not None and self.clock.now() >= window.end:
-                reason = f"window closed at {window.end.isoformat()}; no new drain started"
-                outcomes_list += [self._skip(s, reason) for s in steps]
-                continue
-            outcomes_list += self._drain(node, steps, run)
+        try:
+            for node, steps in _by_source(admitted).items():
+                if self.stop_requested.is_set():
+                    outcomes_list += [self._skip(s, STOPPED) for s in steps]
+                    run.stopped = True
+                    continue
+                if self.breaker.state.open:
+                    reason = f"circuit breaker open: {self.breaker.state.reason}"
+                    outcomes_list += [self._skip(s, reason) for s in steps]
+                    continue
+                if window.end is not None and self.clock.now() >= window.end:
+                    reason = f"window closed at {window.end.isoformat()}; no new drain started"
+                    outcomes_list += [self._skip(s, reason) for s in steps]
+                    continue
+                outcomes_list += self._drain(node, steps, run)
+            self._await_reservations(run, outcomes_list)
+        finally:  # never leave a reservation behind, whatever ended the run
+            ending = STOPPED if self.stop_requested.is_set() else "the execution ended"
+            for res in list(run.reserved.values()):
+                self._release(res, ending, run)
         findings = self._findings(plan, run, outcomes_list)
         order = {s.pod: i for i, s in enumerate(plan.steps)}
         outcomes = tuple(sorted(outcomes_list, key=lambda o: order.get(o.pod, len(order))))
@@ -131,13 +142,24 @@ class Executor:
         Journal pods no longer on the node were evicted: that drain is *finished*. Pods still
         there were never evicted: the drain is *rolled back* (the next cycle plans afresh from
         what the cluster is now). Either way the taint and journal come off; replacements still
-        Pending trip the circuit breaker.
+        Pending trip the circuit breaker. Every reservation defrag set is removed (the plan it
+        served is over; the next cycle plans afresh).
         """
         cluster = self.source.snapshot()
         results: list[ReconcileOutcome] = []
         for node in cluster.nodes:
             journal = read_journal(node)
+            reservation = read_reservation(node)
+            held = ""
+            if reservation is not None:
+                held = self._release(reservation, "reconciled after a restart", None)
             if journal is None:
+                if reservation is not None:
+                    results.append(
+                        ReconcileOutcome(
+                            node.name, "", "released", problem=held, reservation=reservation.pod
+                        )
+                    )
                 continue
             on_node = {p.key for p in cluster.pods_on(node.name)}
             remaining = tuple(s.pod for s in journal.steps if s.pod in on_node)
@@ -146,7 +168,7 @@ class Executor:
             action: Literal["finished", "rolled-back"] = (
                 "finished" if journal.steps and not remaining else "rolled-back"
             )
-            problem = journal.problem
+            problem = held or journal.problem
             try:
                 self.actuator.untaint_node(node.name, DRAIN_TAINT_KEY)
                 self.actuator.annotate_node(node.name, cleared())
@@ -169,7 +191,15 @@ class Executor:
                 warning=bool(problem),
             )
             results.append(
-                ReconcileOutcome(node.name, journal.plan_id, action, remaining, pending, problem)
+                ReconcileOutcome(
+                    node.name,
+                    journal.plan_id,
+                    action,
+                    remaining,
+                    pending,
+                    problem,
+                    reservation.pod if reservation else "",
+                )
             )
         return tuple(results)
 
@@ -228,9 +258,22 @@ class Executor:
             self.clock.now(),
             tuple(JournalStep(s.pod, _owner_key(run.cluster, s.pod), s.target) for s in steps),
         )
+        room_for = next((s.for_pod for s in steps if s.for_pod), None)
         try:
             self.actuator.taint_node(node, DRAIN_TAINT_KEY, run.plan_id, DRAIN_EFFECT)
             self.actuator.annotate_node(node, journal.annotations())
+            if room_for:
+                reservation = Reservation(node, room_for, self.clock.now())
+                self.actuator.annotate_node(node, reservation.annotations())
+                run.reserved[node] = reservation
+                run.rooms[node] = [s.pod for s in steps if s.for_pod == room_for]
+                self._event(
+                    EVENT_KIND_NODE,
+                    "",
+                    node,
+                    "DefragReserved",
+                    f"plan {run.plan_id}: room kept for {room_for} while {node} drains",
+                )
         except Exception as exc:
             reason = f"could not taint/annotate {node}: {exc}"
             run.problems.append(reason)
@@ -314,6 +357,59 @@ class Executor:
             if self.clock.now() >= deadline:
                 return pending
 
+    def _await_reservations(self, run: _Run, outcomes: Sequence[StepOutcome]) -> None:
+        """Keep each reservation until its pod is bound (or gone) or it outlives the timeout.
+
+        A room whose evictions did not all go through is released at once: the pod may not
+        fit there, and nothing else should be kept off the node for it.
+        """
+        freed = {o.pod for o in outcomes if o.result in ("evicted", "gone")}
+        for node, res in list(run.reserved.items()):
+            missed = [p for p in run.rooms.get(node, ()) if p not in freed]
+            if missed:
+                self._release(res, f"room not made, not evicted: {', '.join(missed)}", run)
+        timeout = timedelta(seconds=self.settings.replacement_timeout_s)
+        while run.reserved and not self.stop_requested.is_set():
+            self.sleep(self.settings.poll_interval_s)
+            cluster = self.source.snapshot()
+            now = self.clock.now()
+            for res in list(run.reserved.values()):
+                why = res.verdict(cluster, now, timeout)
+                if why:
+                    self._release(res, why, run)
+
+    def _release_stale(self, cluster: Cluster) -> None:
+        """Remove reservations left by an earlier run whose release failed, once they are done."""
+        timeout = timedelta(seconds=self.settings.replacement_timeout_s)
+        now = self.clock.now()
+        for node in cluster.nodes:
+            res = read_reservation(node)
+            if res is not None:
+                why = res.verdict(cluster, now, timeout)
+                if why:
+                    self._release(res, why, None)
+
+    def _release(self, res: Reservation, why: str, run: _Run | None) -> str:
+        """Remove ``res`` from its node; the problem when that failed, else ""."""
+        if run is not None:
+            run.reserved.pop(res.node, None)
+        try:
+            self.actuator.annotate_node(res.node, released())
+        except Exception as exc:
+            problem = f"could not remove the reservation of {res.node} for {res.pod}: {exc}"
+            if run is not None:
+                run.problems.append(problem)
+            log.error(problem)
+            return problem
+        self._event(
+            EVENT_KIND_NODE,
+            "",
+            res.node,
+            "DefragReservationReleased",
+            f"room no longer kept for {res.pod}: {why}",
+        )
+        return ""
+
     def _untaint(self, node: str, run: _Run) -> None:
         try:
             self.actuator.untaint_node(node, DRAIN_TAINT_KEY)
@@ -391,6 +487,10 @@ class _Run:
     stuck: set[str] = field(default_factory=set)
     stopped: bool = False
     problems: list[str] = field(default_factory=list)
+    reserved: dict[str, Reservation] = field(default_factory=dict)
+    """Node → the reservation this run set on it and has not released yet."""
+    rooms: dict[str, list[str]] = field(default_factory=dict)
+    """Node → the pods whose eviction makes the reserved room there."""
 
 
 def _skipped(step: Step, reason: str) -> StepOutcome:

@@ -75,15 +75,18 @@ class Execution:
 
 @dataclass(frozen=True, slots=True)
 class ReconcileOutcome:
-    """What start-up found on one node carrying a journal or the drain taint, and what it did."""
+    """What start-up found on one node carrying a journal, the drain taint or a reservation,
+    and what it did (``released``: the node carried only a reservation, now removed)."""
 
     node: str
     plan_id: str
-    action: Literal["finished", "rolled-back"]
+    action: Literal["finished", "rolled-back", "released"]
     remaining: tuple[str, ...] = ()
     """Journal pods still on the node (their evictions are abandoned, never resumed blindly)."""
     pending: tuple[str, ...] = ()
     problem: str = ""
+    reservation: str = ""
+    """The pod whose reservation (``defrag.io/reserved-for``) on the node was removed."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -93,4 +96,5 @@ class ReconcileOutcome:
             "remaining": list(self.remaining),
             "pending": list(self.pending),
             "problem": self.problem,
+            "reservation": self.reservation,
         }

@@ -28,7 +28,9 @@ class Step:
     ``migrate``: the scheduler is expected to put it on ``target``, GPU slots ``gpus``.
     ``preempt``: it will wait (``target`` is None). ``gpus_held`` is the GPUs it holds now
     (fractions for GPU-sharing pods); ``cost`` is its eviction cost (see :mod:`.cost`);
-    ``gang`` names the job whose pods move together with it.
+    ``gang`` names the job whose pods move together with it. ``for_pod``: on a make-room
+    step whose ``source`` is the node being freed, the pending pod the room is for (the
+    executor reserves that node for it while it drains); None on every other step.
     """
 
     kind: StepKind
@@ -40,6 +42,7 @@ class Step:
     gpus_held: float = 0.0
     cost: float = 0.0
     gang: str | None = None
+    for_pod: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,6 +55,7 @@ class Step:
             "gpus_held": self.gpus_held,
             "cost": self.cost,
             "gang": self.gang,
+            "for_pod": self.for_pod,
         }
 
     @classmethod
@@ -68,6 +72,9 @@ class Step:
         if not isinstance(gpus, list) or not all(isinstance(g, int) for g in gpus):
             raise PlanFormatError(f"{where}.gpus: expected a list of GPU indices")
         gang = data.get("gang")
+        for_pod = data.get("for_pod")
+        if for_pod is not None and not isinstance(for_pod, str):
+            raise PlanFormatError(f"{where}.for_pod: expected a pod key or null, got {for_pod!r}")
         return cls(
             kind=kind,
             pod=_field(data, "pod", str, where),
@@ -78,6 +85,7 @@ class Step:
             gpus_held=float(_number(data, "gpus_held", where, 0.0)),
             cost=float(_number(data, "cost", where, 0.0)),
             gang=gang if isinstance(gang, str) else None,
+            for_pod=for_pod,
         )
 
 

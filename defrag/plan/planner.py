@@ -8,7 +8,7 @@ to choose. The plan is deterministic for a given cluster, goal, policy, constrai
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import Cluster
@@ -97,10 +97,10 @@ def make_plan(
                     candidates=options.candidates, tries=options.tries,
                 )  # fmt: skip
                 note(result.blocked if result.ok else ())
-                if not result.ok:
+                if result.row is None:
                     failed = result.blocked
                     break
-                steps.extend(result.steps)
+                steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
             if failed:
                 ws.rollback(mark)
                 del steps[n_steps:]
@@ -132,6 +132,15 @@ def make_plan(
         after=after,
         targets=tuple(targets),
     )
+
+
+def reserving(steps: tuple[Step, ...], pod: str, node: str) -> list[Step]:
+    """The room's steps, those evicting from ``node`` marked as freeing it for ``pod``.
+
+    Only the victims on the node the room is made on carry ``for_pod``: gang members evicted
+    elsewhere and chained migrations free other nodes, for no one in particular.
+    """
+    return [replace(s, for_pod=pod) if s.source == node else s for s in steps]
 
 
 def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> list[list[Pod]]:
