@@ -290,9 +290,14 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         first = run_defrag(live, config)
         try:
             deadline = time.monotonic() + 60
-            while len(server.evicted) < 1 and time.monotonic() < deadline:
-                time.sleep(0.1)
-            time.sleep(0.5)  # the second eviction is in flight
+
+            def evictions_arrived() -> int:
+                return sum(1 for m, p in server.arrived if m == "POST" and p.endswith("/eviction"))
+
+            # Kill once the second eviction is in flight (it hangs in the fault's delay), so the
+            # node being drained is the one the crash leaves tainted.
+            while evictions_arrived() < 2 and time.monotonic() < deadline:
+                time.sleep(0.05)
             first.send_signal(signal.SIGKILL)
             first.wait(timeout=10)
         finally:

@@ -256,6 +256,8 @@ class KubeApi:
         self._log: list[Request] = []
         self._faults: list[Fault] = []
         self.evicted: list[Key] = []
+        self.arrived: list[tuple[str, str]] = []
+        """(method, path) of every request as it arrives, before faults delay it."""
         self.on_eviction: Callable[[KubeApi, Obj], None] | None = None
         """Called (outside the lock) with each evicted pod, e.g. to create its replacement."""
         self._server: ThreadingHTTPServer | None = None
@@ -414,6 +416,7 @@ class KubeApi:
         parts = urlsplit(raw_path)
         query = parse_qs(parts.query)
         path = parts.path
+        self.arrived.append((method, path))
         parsed: Any = None
         if body:
             try:
