@@ -59,9 +59,7 @@ def test_reserve_binpack_sharing_counts_share() -> None:
     assert scores == {"node-1": 93.75, "node-2": 0.0, "node-3": 56.25}
 
 
-def test_whole_node_job_on_partly_used_node_scores_20() -> None:
-    # A 2-GPU node with one GPU busy cannot take R=2 (filtered); R ≥ T on a node with F < T
-    # scores 20, seen with R = T = 1 on a 1-GPU node that is half shared.
+def test_reserve_binpack_small_and_cpu_only_pods_on_a_half_shared_gpu() -> None:
     cluster = Cluster.build(
         [Node("n", 8000, 8000, 1, "T4")], [Pod("a", num_gpu=1, gpu_milli=200, node="n")]
     )
@@ -70,6 +68,19 @@ def test_whole_node_job_on_partly_used_node_scores_20() -> None:
     assert schedule(Pod("s", num_gpu=1, gpu_milli=500), cluster, pol).score == pytest.approx(70.0)  # type: ignore[union-attr]
     # CPU-only pod on a GPU node: R = 0 < T, F = 0.8 → (1 − 0.8/1)·100 = 20
     assert schedule(Pod("c"), cluster, pol).score == pytest.approx(20.0)  # type: ignore[union-attr]
+
+
+def test_reserve_binpack_whole_node_branch() -> None:
+    # R ≥ T: F = T → 100, otherwise 20. The filters never let R whole GPUs onto a node with
+    # F < R, so the 20 is read from the score function itself (as the extender and `explain`
+    # would if a filter were relaxed): node-1 of the worked example, T = 8, F = 1, R = 8 → 20;
+    # node-2, F = T = 8 → 100.
+    cluster = worked_example()
+    scores = make_policy("reserve-binpack").score(
+        Pod("big", num_gpu=8), cluster.arrays, cluster.arrays.gpu_total > 0
+    )
+    a = cluster.arrays.index
+    assert (scores[a["node-1"]], scores[a["node-2"]]) == (20.0, 100.0)
 
 
 def nvlink_node(busy: tuple[int, ...]) -> Cluster:

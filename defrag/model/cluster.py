@@ -117,12 +117,6 @@ class Cluster:
     def pending_pods(self) -> Iterator[Pod]:
         return (p for p in self.pods.values() if p.node is None and p.phase == "Pending")
 
-    def pods_by_node(self) -> dict[str, list[Pod]]:
-        out: dict[str, list[Pod]] = {n.name: [] for n in self.nodes}
-        for pod in self.bound_pods():
-            out[pod.node].append(pod)  # type: ignore[index]
-        return out
-
     # --- changes -----------------------------------------------------------------------------
 
     def with_pod_added(self, pod: Pod) -> Cluster:
