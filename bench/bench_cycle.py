@@ -40,10 +40,10 @@ class Timed:
         self.fn = fn
         self.last_s = 0.0
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
         t = time.perf_counter()
         try:
-            return self.fn(*args)
+            return self.fn(*args, **kwargs)
         finally:
             self.last_s = time.perf_counter() - t
 
@@ -113,8 +113,10 @@ def main() -> None:
         def detector(cluster: Cluster, now: datetime) -> Sequence[Finding]:
             return detect(cluster, now)  # type: ignore[no-any-return]
 
-        def planner(cluster: Cluster, goal: str, now: datetime) -> Plan:
-            return plan(cluster, goal, now)  # type: ignore[no-any-return]
+        def planner(
+            cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+        ) -> Plan:
+            return plan(cluster, goal, now, pods=pods)  # type: ignore[no-any-return]
 
         ports = CyclePorts(Source(), SystemClock(), detector, planner, executor)
         rows = []

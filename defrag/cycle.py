@@ -5,6 +5,11 @@ clock) and returns a frozen :class:`CycleResult`. It holds no state of its own: 
 executor keeps budgets and the circuit breaker, the alert sink its active alerts. Execution
 happens only for the leader, not in dry run, inside an open window and with the breaker
 closed; in dry run the executor rehearses the plan (Events marked "(dry run)").
+
+Outside the windows, a starvation rule whose action is ``make-room-now`` still gets room made
+for the pods it found (DESIGN §5, "starvation plans may be allowed outside windows by rule"):
+the cycle plans make-room for those pods only and executes that plan, with the budgets of a
+day's out-of-window allowance (:data:`URGENT_BUDGET_KEY`).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from defrag.detect.findings import Finding
 from defrag.execute.executor import Executor
@@ -28,10 +33,22 @@ log = logging.getLogger(__name__)
 
 Detector = Callable[[Cluster, datetime], Sequence[Finding]]
 """Findings for a cluster at a moment (the daemon binds rules and metrics)."""
-Planner = Callable[[Cluster, str, datetime], Plan]
-"""A plan for a cluster, a goal (repack, make-room, all) and a moment."""
 
-GOALS_BY_ACTION = {"repack": "repack", "make-room": "make-room"}
+
+class Planner(Protocol):
+    def __call__(
+        self, cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+    ) -> Plan:
+        """A plan for a cluster, a goal (repack, make-room, all) and a moment; ``pods``: make
+        room only for these pending pods (None: every pending pod that qualifies)."""
+        ...
+
+
+URGENT = "make-room-now"
+"""The finding action that asks for room even outside the execution windows."""
+GOALS_BY_ACTION = {"repack": "repack", "make-room": "make-room", URGENT: "make-room"}
+URGENT_BUDGET_KEY = "outside-windows/{day}"
+"""Out-of-window make-room shares one set of per-window budgets per UTC day."""
 SUMMARY_KEYS = ("free_gpus", "whole_free_nodes", "largest_placeable_job")
 
 
@@ -117,6 +134,25 @@ def goal_for(findings: Sequence[Finding], configured: str) -> str | None:
     return goals.pop() if len(goals) == 1 else "all"
 
 
+def starved_pods(findings: Sequence[Finding], actions: frozenset[str]) -> frozenset[str]:
+    """``namespace/name`` of the pods that findings with one of ``actions`` are about."""
+    return frozenset(
+        f.subject.removeprefix("pod/")
+        for f in findings
+        if f.action in actions and f.subject.startswith("pod/")
+    )
+
+
+def urgent_window(closed: WindowStatus, pods: frozenset[str], now: datetime) -> WindowStatus:
+    """The window a make-room-now plan runs in while the configured windows are closed."""
+    return WindowStatus(
+        open=True,
+        reason=f"{closed.reason}; make-room-now for {len(pods)} starved pod(s)",
+        next_open=closed.next_open,
+        budget_key=URGENT_BUDGET_KEY.format(day=now.astimezone(UTC).date().isoformat()),
+    )
+
+
 def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) -> CycleResult:
     """One full cycle. Errors observing or planning propagate; alert failures are recorded."""
     started = ports.clock.now()
@@ -131,7 +167,14 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     window = window_status(config.windows, started, idle=idle)
 
     goal = goal_for(findings, config.goal)
-    plan = ports.planner(cluster, goal, started) if goal else None
+    room_for = (
+        starved_pods(findings, frozenset({"make-room", URGENT})) if config.goal == "auto" else None
+    )
+    urgent = starved_pods(findings, frozenset({URGENT}))
+    if not window.open and urgent:  # only the make-room-now pods may be helped now
+        window = urgent_window(window, urgent, started)
+        goal, room_for = "make-room", urgent
+    plan = ports.planner(cluster, goal, started, pods=room_for) if goal else None
     if plan is not None and plan.empty and plan.blocked:
         findings.append(_blocked_finding(plan, started))
 

@@ -54,6 +54,8 @@ def parse_duration(value: Any) -> float:
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 Action = Literal["alert", "repack", "make-room"]
+StarvationAction = Literal["alert", "repack", "make-room", "make-room-now"]
+"""``make-room-now``: make room for the starved pods even when no execution window is open."""
 SeverityName = Literal["info", "warning", "critical"]
 PromQL = Annotated[str, Field(min_length=1)]
 
@@ -156,6 +158,7 @@ class _ClusterRule(_Rule):
 
 class StarvationRule(_ClusterRule):
     detector: Literal["starvation"]
+    action: StarvationAction = "alert"  # type: ignore[assignment]  # widened for this detector
     for_: Annotated[Duration, Field(alias="for")] = 900.0
     min_priority: int = 1000
     priority_classes: tuple[str, ...] = ()

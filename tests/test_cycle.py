@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +13,8 @@ from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.cycle import CycleConfig, CyclePorts, goal_for, run_cycle
 from defrag.detect.findings import Finding
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window
+from defrag.model.cluster import Cluster
+from defrag.model.resources import OwnerRef, Pod
 from defrag.plan.model import Blocked, Plan
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -33,9 +36,14 @@ class RecordingSink:
             raise ConnectionError("alertmanager unreachable")
 
 
-def ports(sink: RecordingSink | None = None, **overrides: object) -> tuple[SimCluster, CyclePorts]:
+def ports(
+    sink: RecordingSink | None = None,
+    rules_dir: Path | None = None,
+    cluster: Cluster | None = None,
+    **overrides: object,
+) -> tuple[SimCluster, CyclePorts]:
     clock = SimClock(speedup=0)
-    sim = SimCluster(fragmented_cluster(), clock)
+    sim = SimCluster(cluster or fragmented_cluster(), clock)
     settings = load_settings(None, {"max_evictions_per_namespace": 20, **overrides})
     executor = Executor(
         sim,
@@ -44,7 +52,7 @@ def ports(sink: RecordingSink | None = None, **overrides: object) -> tuple[SimCl
         ExecutorSettings(Budgets(20, 8, 20), replacement_timeout_s=300, poll_interval_s=10),
         sleep=clock.sleep,
     )
-    rules = load_rules([default_rules_dir()])
+    rules = load_rules([rules_dir or default_rules_dir()])
     return sim, CyclePorts(sim, clock, _detector(rules, None), _planner(settings), executor, sink)
 
 
@@ -135,7 +143,9 @@ def test_empty_plan_with_blocked_pods_raises_a_plan_blocked_finding() -> None:
         (Blocked("a/b", "pdb", "0 left"), Blocked("a/c", "pdb", "0 left")),
     )
     _, p = ports()
-    blocked = CyclePorts(p.source, p.clock, p.detector, lambda c, g, now: plan, p.executor, None)
+    blocked = CyclePorts(
+        p.source, p.clock, p.detector, lambda c, g, now, pods=None: plan, p.executor, None
+    )
     result = run_cycle(blocked, CycleConfig())
     found = [f for f in result.findings if f.kind == "plan-blocked"]
     assert len(found) == 1 and "2 pod(s) blocked (2 by pdb)" in found[0].summary
@@ -177,3 +187,59 @@ def test_alerts_carry_wall_clock_time_under_a_simulated_clock() -> None:
     result = run_cycle(p, CycleConfig())
     assert result.started == SIM_START
     assert abs((sink.times[0] - datetime.now(UTC)).total_seconds()) < 60
+
+
+def urgent_rules(tmp_path: Path) -> Path:
+    """The shipped rules, with the starvation rule's action set to make-room-now."""
+    for source in default_rules_dir().glob("*.yaml"):
+        text = source.read_text()
+        if source.name == "starvation.yaml":
+            assert "action: make-room\n" in text
+            text = text.replace("action: make-room\n", "action: make-room-now\n")
+        (tmp_path / source.name).write_text(text)
+    return tmp_path
+
+
+def test_make_room_now_executes_outside_the_windows(tmp_path: Path) -> None:
+    sim, p = ports(rules_dir=urgent_rules(tmp_path))
+    result = run_cycle(p, CycleConfig(dry_run=False, windows=NIGHTLY))  # 01:50, window at 02:00
+    assert result.window.open
+    assert "outside every execution window" in result.window.reason
+    assert "make-room-now for 1 starved pod(s)" in result.window.reason
+    assert result.window.key == "outside-windows/2026-01-05"  # budgets counted per UTC day
+    # Only make-room, for the pod the rule found — the fragmentation rule's repack waits.
+    assert result.plan is not None and result.plan.goal == "make-room"
+    assert result.executed is not None and result.executed.evicted
+    assert sim.snapshot().pods["research/train-llm-0"].node is not None
+
+
+def test_make_room_waits_for_the_window(tmp_path: Path) -> None:
+    # The same cluster and rules but action make-room (the shipped one): nothing runs at 01:50.
+    sim, p = ports()
+    result = run_cycle(p, CycleConfig(dry_run=False, windows=NIGHTLY))
+    assert not result.window.open and result.executed is None and sim.evictions == []
+
+
+def test_room_is_made_only_for_pods_a_rule_found() -> None:
+    # A priority-500 pod pending for one minute: above the inference pods (100), so make-room
+    # could evict them for it, but below the rule's min_priority (1000) and its `for` (15m).
+    etl = Pod(
+        "etl-0",
+        namespace="batch",
+        num_gpu=4,
+        cpu_milli=1000,
+        priority=500,
+        owner=OwnerRef("Job", "etl"),
+        phase="Pending",
+        created_at=SIM_START - timedelta(minutes=1),
+        pending_since=SIM_START - timedelta(minutes=1),
+    )
+    cluster = fragmented_cluster().with_pod_added(etl)
+    _, p = ports(cluster=cluster)
+    result = run_cycle(p, CycleConfig(dry_run=True, windows=ALWAYS))
+    assert result.plan is not None
+    targets = " ".join(result.plan.targets)
+    assert "research/train-llm-0" in targets and "batch/etl-0" not in targets
+    # Asked for every pending pod, the planner would make room for it too.
+    everyone = p.planner(cluster, "make-room", SIM_START, pods=None)
+    assert "batch/etl-0" in " ".join(everyone.targets)

@@ -61,6 +61,8 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
             "rules[0].policy",
             "unknown policy 'fastest'",
         ),
+        # make-room-now (execute outside windows) is for starvation rules only
+        (GOOD_LEAK + "    action: make-room-now\n", 7, "rules[0].action", "'make-room'"),
         # YAML syntax
         ("rules:\n  - name: [x\n", 3, "", "YAML syntax"),
         # not a mapping
@@ -77,6 +79,12 @@ def test_bad_rule_file_reports_file_line_and_field(
     assert (issue.file, issue.line, issue.field) == (str(path), line, field)
     assert message in issue.message
     assert str(issue).startswith(f"{path}:{line}:")
+
+
+def test_a_starvation_rule_may_make_room_now(tmp_path: Path) -> None:
+    path = write(tmp_path, "rules:\n  - name: s\n    detector: starvation\n    action: make-room-now\n")
+    [loaded] = load_rules([path])
+    assert loaded.rule.params().action == "make-room-now"  # type: ignore[union-attr]
 
 
 def test_all_errors_of_all_files_are_reported(tmp_path: Path) -> None:

@@ -211,7 +211,7 @@ def _detector(rules: Any, metrics: MetricsSource | None) -> Any:
 
 def _planner(settings: Settings) -> Any:
     from defrag.plan.constraints import Constraints
-    from defrag.plan.planner import make_plan
+    from defrag.plan.planner import PlanOptions, make_plan
 
     constraints = Constraints(
         min_age=timedelta(seconds=settings.min_pod_age_s),
@@ -220,8 +220,13 @@ def _planner(settings: Settings) -> Any:
         max_per_namespace=settings.max_evictions_per_namespace,
     )
 
-    def plan(cluster: Cluster, goal: str, now: datetime) -> Plan:
-        return make_plan(cluster, goal, policy=settings.policy, constraints=constraints, now=now)
+    def plan(
+        cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+    ) -> Plan:
+        options = PlanOptions(only=pods)
+        return make_plan(
+            cluster, goal, policy=settings.policy, constraints=constraints, now=now, options=options
+        )
 
     return plan
 

@@ -91,10 +91,14 @@ class WindowStatus:
     start: datetime | None = None
     end: datetime | None = None
     next_open: datetime | None = None
+    budget_key: str = ""
+    """Overrides :attr:`key` (make-room-now outside the windows counts its budgets per day)."""
 
     @property
     def key(self) -> str:
         """Names this window's opening: budgets are counted per key."""
+        if self.budget_key:
+            return self.budget_key
         return self.start.isoformat() if self.start else ""
 
     def to_dict(self) -> dict[str, object]:
@@ -104,6 +108,7 @@ class WindowStatus:
             "start": self.start.isoformat() if self.start else None,
             "end": self.end.isoformat() if self.end else None,
             "next_open": self.next_open.isoformat() if self.next_open else None,
+            "budget_key": self.budget_key or None,
         }
 
 

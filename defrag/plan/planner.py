@@ -36,6 +36,9 @@ class PlanOptions:
     """Pending pods at or above this priority may get room made for them."""
     starved_after: timedelta = timedelta(0)
     """…once they have been pending this long (since ``pending_since``, else creation)."""
+    only: frozenset[str] | None = None
+    """Make room only for these pending pods (``namespace/name``; a gang when one of its pods
+    is named) — the pods a starvation rule found; None: every pending pod that qualifies."""
     preempt: bool = True
     """Make-room may preempt (evict without a new node) victims that fit nowhere."""
     candidates: int = 32
@@ -155,6 +158,9 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
         ):
             continue
         groups[gang_of(pod) or pod.key].append(pod)
+    if options.only is not None:
+        named = options.only
+        groups = {k: g for k, g in groups.items() if any(p.key in named for p in g)}
 
     def urgency(group: list[Pod]) -> tuple[int, datetime, str]:
         first = min(group, key=lambda p: p.key)
