@@ -82,7 +82,8 @@ def test_bad_rule_file_reports_file_line_and_field(
 
 
 def test_a_starvation_rule_may_make_room_now(tmp_path: Path) -> None:
-    path = write(tmp_path, "rules:\n  - name: s\n    detector: starvation\n    action: make-room-now\n")
+    text = "rules:\n  - name: s\n    detector: starvation\n    action: make-room-now\n"
+    path = write(tmp_path, text)
     [loaded] = load_rules([path])
     assert loaded.rule.params().action == "make-room-now"  # type: ignore[union-attr]
 
