@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from defrag.model.resources import Pod
 from defrag.sim.limits import ffd_pack, online_limit, pack_shares, packing_limit
@@ -111,3 +113,32 @@ def test_a_pod_past_100_percent_is_not_counted_as_failed() -> None:
 def test_online_limit_rejects_an_unknown_packing() -> None:
     with pytest.raises(ValueError, match="unknown packing 'best'"):
         online_limit([share(500)], 1, "best")  # type: ignore[arg-type]
+
+
+SIZES = (100, 230, 320, 470, 650, 810, 1000)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gpus=st.integers(1, 6),
+    picks=st.lists(st.tuples(st.sampled_from(SIZES), st.sampled_from((1, 2))), max_size=14),
+)
+def test_the_offline_limit_bounds_every_online_fill(
+    gpus: int, picks: list[tuple[int, int]]
+) -> None:
+    # Whatever set of pods an online fill ends with fits the GPUs (fractionally at least); the
+    # offline limit swaps sharing pods for whole ones, each swapped GPU holding at most 1000
+    # milli of sharing pods, so it is never lower.
+    arrivals, demand = [], 0
+    for k, (milli, n) in enumerate(picks):
+        pod = share(milli, k) if milli < 1000 else whole(n, k)
+        if demand + pod.gpu_demand_milli > gpus * 1000:
+            break
+        arrivals.append(pod)
+        demand += pod.gpu_demand_milli
+    if not arrivals:
+        return
+    offline = packing_limit(arrivals, gpus)
+    for packing in ("lp", "ffd"):
+        online = online_limit(arrivals, gpus, packing)  # type: ignore[arg-type]
+        assert online.allocation_at_100 <= offline + 1e-6
