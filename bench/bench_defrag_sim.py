@@ -2,9 +2,9 @@
 
 Fill protocol (arrival-only, the FGD paper's): for each trace and policy, the median over
 seeds of the GPU allocation at 100% arrived demand without and with ``--defrag`` (make-room
-with migrations only for each pod that fits nowhere), the packing limit of
-:mod:`bench.bench_packing_limit`, the share of the gap to the limit that defrag closes, and
-migrations as a % of arrived pods. Target: default trace, fgd and reserve-binpack, ≥ 96.5% (or
+with migrations only for each pod that fits nowhere), the offline packing limit and the online
+(LP) limit of :mod:`bench.bench_packing_limit`, the share of the gap to each that defrag
+closes, and migrations as a % of arrived pods. Runs go to ``--jobs`` processes. Target: default trace, fgd and reserve-binpack, ≥ 96.5% (or
 75% of the gap) with migrations ≤ 5%.
 
 Timeline protocol (pods arrive and leave; load 90%): mean pending time of multi-GPU and 1-GPU
@@ -32,55 +32,79 @@ A fill run (openb, 1,213 nodes, one core) takes ~12 s without and ~25 s with def
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
-from bench.bench_packing_limit import TRACES, trace_limits
-from defrag.model.resources import Pod
+from bench.bench_packing_limit import TRACES, seed_limits
+from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.sim.defrag_hook import make_defrag_hook
-from defrag.sim.fill import PAPER_SEEDS, run_fill, sample_workload
+from defrag.sim.fill import PAPER_SEEDS, FillRun, run_fill, sample_workload
 from defrag.sim.hooks import Move
 from defrag.sim.state import SimState
 from defrag.sim.timeline import TimelineRun, run_timeline
 from defrag.sim.trace import load_nodes, load_pods
 
 
-def fill_table(shared: Path, traces: list[str], policies: list[str], seeds: int) -> None:
+@functools.lru_cache(maxsize=4)
+def _trace(shared: Path, trace: str) -> tuple[tuple[Node, ...], tuple[Pod, ...], WorkloadMix]:
     data = shared / "data" / "openb"
-    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
+    nodes = tuple(load_nodes(data / "openb_node_list_gpu_node.csv"))
+    pods = load_pods(data / f"openb_pod_list_{trace}.csv").pods
+    return nodes, pods, WorkloadMix.from_pods(pods)
+
+
+def _fill(shared: Path, trace: str, policy: str, seed: int, defrag: bool) -> FillRun:
+    nodes, pods, mix = _trace(shared, trace)
+    hook = make_defrag_hook(policy, "fill") if defrag else None
+    return run_fill(nodes, pods, policy, seed, mix=mix, hook=hook)
+
+
+def fill_table(shared: Path, traces: list[str], policies: list[str], seeds: int, jobs: int) -> None:
     print(
-        "| trace | policy | seeds | no defrag % | defrag % | limit % | gap closed "
-        "| migrations (% of arrived) | failed at 100% (no defrag → defrag) |"
+        "| trace | policy | seeds | no defrag % | defrag % | offline limit % | online limit % "
+        "| gap to offline closed | gap to online closed | migrations (% of arrived) "
+        "| failed at 100% (no defrag → defrag) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for trace in traces:
-        pods = load_pods(data / f"openb_pod_list_{trace}.csv").pods
-        mix = WorkloadMix.from_pods(pods)
-        chosen = PAPER_SEEDS[:seeds]
-        limit = statistics.median(trace_limits(shared, trace, chosen))
-        for policy in policies:
-            base = [run_fill(nodes, pods, policy, s, mix=mix) for s in chosen]
-            hooked = [
-                run_fill(nodes, pods, policy, s, mix=mix, hook=make_defrag_hook(policy, "fill"))
-                for s in chosen
-            ]
-            a0 = statistics.median(r.allocation_at_100 for r in base)
-            a1 = statistics.median(r.allocation_at_100 for r in hooked)
-            closed = 100 * (a1 - a0) / (limit - a0) if limit > a0 else float("nan")
-            moved = statistics.median(100 * r.migrations / r.pods for r in hooked)
-            f0 = statistics.median(r.failed_at_100 for r in base)
-            f1 = statistics.median(r.failed_at_100 for r in hooked)
-            print(
-                f"| {trace} | {policy} | {len(chosen)} | {a0:.2f} | {a1:.2f} | {limit:.2f} "
-                f"| {closed:.0f}% | {moved:.2f}% | {f0:g} → {f1:g} |",
-                flush=True,
-            )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    chosen = PAPER_SEEDS[:seeds]
+    with ProcessPoolExecutor(jobs) as pool:
+        for trace in traces:
+            limits = [pool.submit(seed_limits, shared, trace, s) for s in chosen]
+            runs = {
+                (policy, defrag): [
+                    pool.submit(_fill, shared, trace, policy, s, defrag) for s in chosen
+                ]
+                for policy in policies
+                for defrag in (False, True)
+            }
+            offline = statistics.median(f.result()[0] for f in limits)
+            online = statistics.median(f.result()[1] for f in limits)
+            for policy in policies:
+                base = [f.result() for f in runs[policy, False]]
+                hooked = [f.result() for f in runs[policy, True]]
+                a0 = statistics.median(r.allocation_at_100 for r in base)
+                a1 = statistics.median(r.allocation_at_100 for r in hooked)
+                moved = statistics.median(100 * r.migrations / r.pods for r in hooked)
+                f0 = statistics.median(r.failed_at_100 for r in base)
+                f1 = statistics.median(r.failed_at_100 for r in hooked)
+                print(
+                    f"| {trace} | {policy} | {len(chosen)} | {a0:.2f} | {a1:.2f} | {offline:.2f} "
+                    f"| {online:.2f} | {_closed(a0, a1, offline)} | {_closed(a0, a1, online)} "
+                    f"| {moved:.2f}% | {f0:g} → {f1:g} |",
+                    flush=True,
+                )
+
+
+def _closed(before: float, after: float, limit: float) -> str:
+    return f"{100 * (after - before) / (limit - before):.0f}%" if limit > before else "—"
 
 
 class LastFailure:
@@ -187,10 +211,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--policies", nargs="*", default=None)
     parser.add_argument("--traces", nargs="*", default=["default"], choices=TRACES)
+    parser.add_argument("--jobs", type=int, default=2, help="fill: processes")
     args = parser.parse_args()
     if args.protocol == "fill":
         policies = args.policies or ["fgd", "reserve-binpack"]
-        fill_table(args.shared, args.traces, policies, args.seeds or 10)
+        fill_table(args.shared, args.traces, policies, args.seeds or 10, args.jobs)
     elif args.protocol == "jam":
         jam_table(args.shared, args.policies or ["fgd", "reserve-binpack"], args.seeds or 3)
     else:
