@@ -129,7 +129,9 @@ class DaemonMetrics:
         self.last_success.set(time.time())
         self.circuit_open.set(1 if result.circuit.get("open") else 0)
         self.leader.set(1 if result.leader else 0)
-        self.window_open.set(1 if result.window.open else 0)
+        # a configured window; make-room-now runs outside them (its budget_key says so)
+        configured = result.window.open and not result.window.budget_key
+        self.window_open.set(1 if configured else 0)
 
     def failed(self, wall_s: float) -> None:
         self.cycles.labels(outcome="failure").inc()

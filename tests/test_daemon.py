@@ -10,6 +10,7 @@ import time
 import urllib.error
 import urllib.request
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from freezegun import freeze_time
@@ -33,7 +34,11 @@ def get(url: str) -> tuple[int, str]:
 
 
 def sim_daemon(
-    windows: tuple[Window, ...] = (), dry_run: bool = True, clock: object = None, **kw: object
+    windows: tuple[Window, ...] = (),
+    dry_run: bool = True,
+    clock: object = None,
+    rules_dir: Path | None = None,
+    **kw: object,
 ) -> tuple[SimCluster, Daemon]:
     sim_clock = SimClock(speedup=0)
     sim = SimCluster(fragmented_cluster(), sim_clock)
@@ -49,7 +54,7 @@ def sim_daemon(
     ports = CyclePorts(
         sim,
         use,
-        _detector(load_rules([default_rules_dir()]), None),  # type: ignore[arg-type]
+        _detector(load_rules([rules_dir or default_rules_dir()]), None),  # type: ignore[arg-type]
         _planner(settings),
         ex,
     )
@@ -106,6 +111,17 @@ def test_a_failed_cycle_is_counted_and_readiness_says_why() -> None:
         daemon.run_once()
     assert "last error: ConnectionError: API server unreachable" in str(daemon.ready())
     assert b'defrag_cycles_total{outcome="failure"} 1.0' in daemon.metrics.exposition()
+
+
+def test_make_room_now_outside_the_window_leaves_the_window_gauge_at_0(tmp_path: Path) -> None:
+    rules = tmp_path / "starvation.yaml"
+    text = (default_rules_dir() / "starvation.yaml").read_text()
+    rules.write_text(text.replace("action: make-room\n", "action: make-room-now\n"))
+    # The simulated clock starts at 01:50; the nightly window opens at 02:00.
+    _, daemon = sim_daemon((Window("0 2 * * *", 3600),), dry_run=False, rules_dir=tmp_path)
+    result = daemon.run_once()
+    assert result.executed is not None and result.executed.evicted  # room made at once
+    assert b"defrag_window_open 0.0" in daemon.metrics.exposition()
 
 
 def test_windows_open_and_close_on_their_cron_with_the_wall_clock() -> None:
