@@ -227,3 +227,31 @@ def test_a_pod_that_fits_keeps_its_room() -> None:
     assert plan.targets == ("default/b (8 GPU)",)
     assert {(s.source, s.target) for s in plan.steps} == {("n2", "n3")}
     assert len(plan.steps) == 4
+
+
+@pytest.mark.parametrize(
+    ("only", "helped"),
+    [
+        (None, {"default/a", "default/b", "default/g-0", "default/g-1"}),  # every pending pod
+        (frozenset({"default/b"}), {"default/b"}),  # the pod a starvation rule found
+        (frozenset({"default/g-0"}), {"default/g-0", "default/g-1"}),  # a named pod's gang
+        (frozenset(), set()),
+    ],
+)
+def test_make_room_only_for_the_named_pods(only: frozenset[str] | None, helped: set[str]) -> None:
+    # Four 8-GPU nodes, each with 6 GPUs held by priority-0 pods: 2 free per node, so no
+    # 4-GPU pod fits anywhere until make-room moves pods off one node.
+    nodes = [gpu_node(f"n{i}") for i in range(4)]
+    pods = [p for i in range(4) for p in fill(f"n{i}", 6)]
+    waiting = [
+        pending("a", 4, priority=500),
+        pending("b", 4, priority=500),
+        pending("g-0", 4, priority=500, gang="g"),
+        pending("g-1", 4, priority=500, gang="g"),
+    ]
+    plan = make_plan(
+        cluster(nodes, [*pods, *waiting]), "make-room", now=NOW, options=PlanOptions(only=only)
+    )
+    targets = {t.split(" ")[0] for t in plan.targets}
+    assert targets == helped
+    assert {s.for_pod for s in plan.steps if s.for_pod} <= helped
