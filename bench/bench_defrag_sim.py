@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.bench_packing_limit import TRACES, seed_limits
-from defrag.model.resources import Node, Pod
+from bench.bench_packing_limit import TRACES, load_trace, seed_limits
+from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.sim.defrag_hook import make_defrag_hook
@@ -51,19 +51,16 @@ from defrag.sim.fill import PAPER_SEEDS, FillRun, run_fill, sample_workload
 from defrag.sim.hooks import Move
 from defrag.sim.state import SimState
 from defrag.sim.timeline import TimelineRun, run_timeline
-from defrag.sim.trace import load_nodes, load_pods
 
 
 @functools.lru_cache(maxsize=4)
-def _trace(shared: Path, trace: str) -> tuple[tuple[Node, ...], tuple[Pod, ...], WorkloadMix]:
-    data = shared / "data" / "openb"
-    nodes = tuple(load_nodes(data / "openb_node_list_gpu_node.csv"))
-    pods = load_pods(data / f"openb_pod_list_{trace}.csv").pods
-    return nodes, pods, WorkloadMix.from_pods(pods)
+def _mix(shared: Path, trace: str) -> WorkloadMix:
+    return WorkloadMix.from_pods(load_trace(shared, trace)[1])
 
 
 def _fill(shared: Path, trace: str, policy: str, seed: int, defrag: bool) -> FillRun:
-    nodes, pods, mix = _trace(shared, trace)
+    nodes, pods = load_trace(shared, trace)
+    mix = _mix(shared, trace)
     hook = make_defrag_hook(policy, "fill") if defrag else None
     return run_fill(nodes, pods, policy, seed, mix=mix, hook=hook)
 
@@ -132,11 +129,9 @@ class LastFailure:
 
 
 def jam_table(shared: Path, policies: list[str], seeds: int) -> None:
-    data = shared / "data" / "openb"
-    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
-    pods = load_pods(data / "openb_pod_list_default.csv").pods
+    nodes, pods = load_trace(shared, "default")
     no_cpu = tuple(replace(p, cpu_milli=0) for p in pods)
-    mix = WorkloadMix.from_pods(pods)
+    mix = _mix(shared, "default")
     gpus = sum(n.num_gpu for n in nodes)
     capacity = gpus * GPU_MILLI
     print(
@@ -178,10 +173,8 @@ def _wait(run: TimelineRun, classes: tuple[str, ...]) -> float:
 
 
 def timeline_table(shared: Path, policies: list[str], seeds: int) -> None:
-    data = shared / "data" / "openb"
-    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
-    pods = load_pods(data / "openb_pod_list_default.csv").pods
-    mix = WorkloadMix.from_pods(pods)
+    nodes, pods = load_trace(shared, "default")
+    mix = _mix(shared, "default")
     print(
         "| policy | seed | multi-GPU wait h (no → with) | 1-GPU wait h (no → with) "
         "| allocation % (no → with) | migrations |"

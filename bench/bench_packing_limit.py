@@ -25,12 +25,13 @@ the current packing cannot take).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from defrag.model.resources import Pod
+from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.sim.fill import PAPER_SEEDS, sample_workload
 from defrag.sim.limits import online_limit, packing_limit
@@ -39,11 +40,11 @@ from defrag.sim.trace import load_nodes, load_pods
 TRACES = ("default", "gpushare40", "multigpu20", "gpuspec10", "cpu050")
 
 
-def arrived_at_100(trace: Sequence[Pod], capacity_gpus: int, seed: int) -> list[Pod]:
+def arrived_at_100(arrivals: Sequence[Pod], capacity_gpus: int) -> list[Pod]:
     """The fill protocol's arrivals until their GPU demand reaches the cluster's GPUs."""
     arrived: list[Pod] = []
     demand = 0
-    for pod in sample_workload(trace, capacity_gpus, seed):
+    for pod in arrivals:
         if demand + pod.gpu_demand_milli > capacity_gpus * GPU_MILLI:
             break
         demand += pod.gpu_demand_milli
@@ -51,23 +52,20 @@ def arrived_at_100(trace: Sequence[Pod], capacity_gpus: int, seed: int) -> list[
     return arrived
 
 
-def _trace(shared: Path, trace: str) -> tuple[int, tuple[Pod, ...]]:
+@functools.lru_cache(maxsize=4)
+def load_trace(shared: Path, trace: str) -> tuple[tuple[Node, ...], tuple[Pod, ...]]:
+    """The openb GPU node list and the pods of ``trace`` (cached per process)."""
     data = shared / "data" / "openb"
-    capacity = sum(n.num_gpu for n in load_nodes(data / "openb_node_list_gpu_node.csv"))
-    return capacity, load_pods(data / f"openb_pod_list_{trace}.csv").pods
-
-
-def trace_limits(shared: Path, trace: str, seeds: Sequence[int] = PAPER_SEEDS) -> list[float]:
-    """The offline limit per seed."""
-    capacity, pods = _trace(shared, trace)
-    return [packing_limit(arrived_at_100(pods, capacity, seed), capacity) for seed in seeds]
+    nodes = tuple(load_nodes(data / "openb_node_list_gpu_node.csv"))
+    return nodes, load_pods(data / f"openb_pod_list_{trace}.csv").pods
 
 
 def seed_limits(shared: Path, trace: str, seed: int) -> tuple[float, float, float]:
     """(offline, online LP, online FFD) for one trace and seed."""
-    capacity, pods = _trace(shared, trace)
-    offline = packing_limit(arrived_at_100(pods, capacity, seed), capacity)
+    nodes, pods = load_trace(shared, trace)
+    capacity = sum(n.num_gpu for n in nodes)
     arrivals = sample_workload(pods, capacity, seed)
+    offline = packing_limit(arrived_at_100(arrivals, capacity), capacity)
     lp = online_limit(arrivals, capacity, "lp").allocation_at_100
     ffd = online_limit(arrivals, capacity, "ffd").allocation_at_100
     return offline, lp, ffd

@@ -39,16 +39,6 @@ Packing = Literal["lp", "ffd"]
 PACKINGS: tuple[Packing, ...] = ("lp", "ffd")
 
 
-def is_sharing(pod: Pod) -> bool:
-    """A pod that asks part of one GPU."""
-    return pod.num_gpu == 1 and pod.gpu_milli < GPU_MILLI
-
-
-def whole_gpus(pod: Pod) -> int:
-    """GPUs a whole-GPU pod takes (0 for a sharing or CPU-only pod)."""
-    return pod.num_gpu if pod.num_gpu and not is_sharing(pod) else 0
-
-
 def pack_shares(sizes: Counter[int], gpus: float, tol: float = 1e-9) -> float:
     """The most milli-GPU of sharing pods (``sizes``: milli → count) that fits ``gpus`` GPUs,
     by the configuration LP solved with column generation (HiGHS master, knapsack pricing)."""
@@ -110,8 +100,8 @@ def ffd_pack(sizes: Iterable[int], gpus: int) -> np.ndarray | None:
 
 def packing_limit(arrived: Sequence[Pod], capacity_gpus: int) -> float:
     """The offline limit as a % of the cluster's GPUs (allocated share / capacity)."""
-    whole = min(sum(whole_gpus(p) for p in arrived), capacity_gpus)
-    shares = Counter(p.gpu_milli for p in arrived if is_sharing(p))
+    whole = min(sum(p.num_gpu for p in arrived if not p.is_sharing), capacity_gpus)
+    shares = Counter(p.gpu_milli for p in arrived if p.is_sharing)
     packed = pack_shares(shares, capacity_gpus - whole)
     return 100.0 * (whole * GPU_MILLI + packed) / (capacity_gpus * GPU_MILLI)
 
@@ -140,9 +130,9 @@ class _Pool:
         self.repacks = 0
 
     def place(self, pod: Pod) -> bool:
-        if is_sharing(pod):
+        if pod.is_sharing:
             return self._place_share(pod.gpu_milli)
-        return self._place_whole(whole_gpus(pod))
+        return self._place_whole(pod.num_gpu)
 
     def _place_share(self, size: int) -> bool:
         fits = np.flatnonzero(self.free >= size)
@@ -211,9 +201,7 @@ __all__ = [
     "OnlineLimit",
     "Packing",
     "ffd_pack",
-    "is_sharing",
     "online_limit",
     "pack_shares",
     "packing_limit",
-    "whole_gpus",
 ]
