@@ -25,8 +25,9 @@ def run_json(*args: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.parametrize(
     ("gpus", "node", "scores"),
     [
-        # DESIGN §2 worked example: 1-GPU pod → node-1 (100); node-3 (1 − 3/8)·100 = 62.5; node-2 0
-        (1, "node-1", {"node-1": 100.0, "node-2": 0.0, "node-3": 62.5}),
+        # DESIGN §2 worked example: 1-GPU pod → node-1 (100);
+        # node-3 int((1 − 3/8)·100) = int(62.5) = 62; node-2 0
+        (1, "node-1", {"node-1": 100, "node-2": 0, "node-3": 62}),
         # 8-GPU pod → node-2 (100); the others are filtered
         (8, "node-2", {"node-1": None, "node-2": 100.0, "node-3": None}),
     ],
@@ -63,7 +64,7 @@ def test_table_output_mentions_the_choice() -> None:
         app, ["place", "--snapshot", str(SNAPSHOTS / "worked_example.json"), "--gpus", "1"]
     )
     assert result.exit_code == 0
-    assert "node-1" in result.stdout and "62.5" in result.stdout
+    assert "node-1" in result.stdout and "62" in result.stdout and "62.5" not in result.stdout
 
 
 @pytest.mark.parametrize(

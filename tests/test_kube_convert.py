@@ -20,6 +20,7 @@ from defrag.adapters.kube_convert import (
     priority_class_from_json,
 )
 from defrag.model import OwnerRef, Taint
+from defrag.model.selectors import Requirement
 from tests.support import kubeobjects as k
 
 # --- nodes -----------------------------------------------------------------------------------
@@ -128,9 +129,9 @@ _DELETE = object()
         ),
         (
             ("metadata", "labels", "nvidia.com/gpu.count"),
-            "4",
-            'status.allocatable["nvidia.com/gpu"]',
-            "says 4",
+            "four",
+            'metadata.labels["nvidia.com/gpu.count"]',
+            "integer",
         ),
         (
             ("spec", "taints"),
@@ -379,7 +380,7 @@ def test_pdb_selector_and_disruptions_allowed() -> None:
     pdb = pdb_from_json(raw)
     assert pdb is not None
     assert pdb.match_labels == {"app": "serve"}
-    assert pdb.match_expressions == (("tier", "In", ("gpu", "cpu")),)
+    assert pdb.match_expressions == (Requirement("tier", "In", ("gpu", "cpu")),)
     assert pdb.disruptions_allowed == 2
 
 

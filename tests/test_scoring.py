@@ -26,9 +26,9 @@ def worked_example() -> Cluster:
 @pytest.mark.parametrize(
     ("gpus", "expected_node", "expected_scores"),
     [
-        # R=1 < T=8. node-1: F=1 → (1 − (1−1)/8)·100 = 100; node-3: F=4 → (1 − 3/8)·100 = 62.5;
-        # node-2: F=T → 0.
-        (1, "node-1", {"node-1": 100.0, "node-2": 0.0, "node-3": 62.5}),
+        # R=1 < T=8. node-1: F=1 → (1 − (1−1)/8)·100 = 100;
+        # node-3: F=4 → int((1 − 3/8)·100) = int(62.5) = 62; node-2: F=T → 0.
+        (1, "node-1", {"node-1": 100, "node-2": 0, "node-3": 62}),
         # R=8 ≥ T: node-2 entirely free → 100; node-1 and node-3 are filtered (F < R).
         (8, "node-2", {"node-1": None, "node-2": 100.0, "node-3": None}),
         # R=4 < T: node-3 F=4 → (1 − 0/8)·100 = 100; node-2 F=T → 0; node-1 filtered.
@@ -51,12 +51,12 @@ def test_reserve_binpack_worked_example(
 
 
 def test_reserve_binpack_sharing_counts_share() -> None:
-    # node-1 free share 1.0 GPU, node-3 4.0. A 0.5-GPU pod: node-1 → (1 − (1 − 0.5)/8)·100 = 93.75,
-    # node-3 → (1 − (4 − 0.5)/8)·100 = 56.25, node-2 (all free) → 0.
+    # node-1 free share 1.0 GPU, node-3 4.0. A 0.5-GPU pod: node-1 → int((1 − (1 − 0.5)/8)·100)
+    # = int(93.75) = 93, node-3 → int((1 − (4 − 0.5)/8)·100) = int(56.25) = 56, node-2 (free) → 0.
     scores = {
         v.node: v.score for v in explain(Pod("s", num_gpu=1, gpu_milli=500), worked_example())
     }
-    assert scores == {"node-1": 93.75, "node-2": 0.0, "node-3": 56.25}
+    assert scores == {"node-1": 93, "node-2": 0, "node-3": 56}
 
 
 def test_reserve_binpack_small_and_cpu_only_pods_on_a_half_shared_gpu() -> None:
@@ -64,8 +64,9 @@ def test_reserve_binpack_small_and_cpu_only_pods_on_a_half_shared_gpu() -> None:
         [Node("n", 8000, 8000, 1, "T4")], [Pod("a", num_gpu=1, gpu_milli=200, node="n")]
     )
     pol = make_policy("reserve-binpack")
-    # R = 0.5 < T = 1 → small job: F = 0.8 → (1 − (0.8 − 0.5)/1)·100 = 70
-    assert schedule(Pod("s", num_gpu=1, gpu_milli=500), cluster, pol).score == pytest.approx(70.0)  # type: ignore[union-attr]
+    # R = 0.5 < T = 1 → small job: F = 0.8 → (1 − (0.8 − 0.5)/1)·100 = 70 exactly (integer
+    # arithmetic: 100·(1000 − 300) // 1000 = 70; floats would give 69.999… → 69)
+    assert schedule(Pod("s", num_gpu=1, gpu_milli=500), cluster, pol).score == 70  # type: ignore[union-attr]
     # CPU-only pod on a GPU node: R = 0 < T, F = 0.8 → (1 − 0.8/1)·100 = 20
     assert schedule(Pod("c"), cluster, pol).score == pytest.approx(20.0)  # type: ignore[union-attr]
 

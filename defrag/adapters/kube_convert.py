@@ -33,11 +33,24 @@ from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
 from typing import Any
 
+from defrag.adapters.gpu_shapes import (
+    GPU_COUNT_LABEL,
+    GPU_PRODUCT_LABEL,
+    KAI_RESERVATION_NAMESPACE,
+    ShapeWarning,
+    is_pool_resource,
+    is_unknown_accelerator,
+    node_gpus,
+    pod_gpus,
+    share_for_memory,
+)
 from defrag.model import units
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
 from defrag.model.resources import (
+    EVICTABLE_ANNOTATION,
     GANG_LABELS,
     GPU_INDICES_ANNOTATION,
+    GPU_RESOURCE,
     NVLINK_DOMAINS_ANNOTATION,
     Node,
     OwnerRef,
@@ -45,20 +58,29 @@ from defrag.model.resources import (
     Taint,
     Toleration,
 )
+from defrag.model.selectors import (
+    LABEL_SELECTOR_OPERATORS,
+    NODE_NAME_FIELD,
+    OPERATORS,
+    NodeSelector,
+    NodeSelectorTerm,
+    Requirement,
+)
 from defrag.model.units import GPU_MILLI, QuantityError
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
-GPU_COUNT_LABEL = "nvidia.com/gpu.count"
 GPU_MILLI_ANNOTATION = "defrag.io/gpu-milli"
 GPU_MEMORY_ANNOTATION = "defrag.io/gpu-memory"
-EXTRA_GANG_LABELS = ("scheduling.x-k8s.io/pod-group",)
+EXTRA_GANG_LABELS = ("scheduling.x-k8s.io/pod-group", "kueue.x-k8s.io/pod-group-name")
+GANG_ANNOTATIONS = ("scheduling.k8s.io/group-name", "pod-group-name")
+"""Volcano's PodGroup annotation; KAI-Scheduler's pod grouper annotation."""
+PRIORITY_CLASS_LABEL = "priorityClassName"
+"""KAI-Scheduler reads a workload's priority class from this label (docs/priority/)."""
 GANG_OWNER_KINDS = frozenset(
     {"Job", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob"}
 )
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
-SELECTOR_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+SELECTOR_OPERATORS = LABEL_SELECTOR_OPERATORS
 
 JsonObj = Mapping[str, Any]
 
@@ -92,6 +114,11 @@ class ClusterParts:
     dropped: list[str] = field(default_factory=list)
     """Pods left out by a lenient :meth:`build`, with the reason (bound to a node the node list
     did not have, or not fitting their node — e.g. GPUs gone from allocatable under them)."""
+    warnings: list[ShapeWarning] = field(default_factory=list)
+    """What could not be modelled (unknown accelerator keys, DRA claims, contradicting labels),
+    each naming the object and the key; pods marked ``leave_out`` are not in :attr:`pods`."""
+    share_memory: dict[str, int] = field(default_factory=dict)
+    """Pod key → GPU memory (MiB) its share is asked in; the share is sized at :meth:`build`."""
 
     def add(self, obj: object, where: str, kind: str | None = None) -> None:
         """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none)."""
@@ -99,9 +126,15 @@ class ClusterParts:
             raise ConversionError(where, "", f"expected an object, got {type(obj).__name__}")
         kind = kind or obj.get("kind")
         if kind == "Node":
-            self.nodes.append(node_from_json(obj, where))
+            self.nodes.append(node_from_json(obj, where, self.warnings))
         elif kind == "Pod":
-            self.pods.append(pod_from_json(obj, where))
+            found: list[ShapeWarning] = []
+            pod, explicit, memory = _pod(obj, where, found)
+            self.warnings += found
+            if not any(w.leave_out for w in found):
+                self.pods.append((pod, explicit))
+                if memory:
+                    self.share_memory[pod.key] = memory
         elif kind == "PodDisruptionBudget":
             pdb = pdb_from_json(obj, where)
             if pdb is not None:
@@ -117,6 +150,8 @@ class ClusterParts:
         self.pods += other.pods
         self.pdbs += other.pdbs
         self.priority_classes += other.priority_classes
+        self.warnings += other.warnings
+        self.share_memory.update(other.share_memory)
 
     def build(self, lenient: bool = False) -> Cluster:
         """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods
@@ -124,22 +159,32 @@ class ClusterParts:
         ``defrag.io/gpu-indices`` annotations conflict, ignores them all (slots assumed)."""
         values = {pc.name: pc.value for pc in self.priority_classes}
         default = next((pc.value for pc in self.priority_classes if pc.global_default), 0)
+        gpu_memory = {n.name: n.gpu_memory_mib for n in self.nodes}
+        largest = max(gpu_memory.values(), default=0)
         pods = []
         for pod, explicit in self.pods:
             if not explicit:
                 value = values.get(pod.priority_class, default) if pod.priority_class else default
                 if value != pod.priority:
                     pod = replace(pod, priority=value)
+            memory = self.share_memory.get(pod.key)
+            if memory:
+                # A share asked in GPU memory: sized against its node's GPUs, or (pending)
+                # against the largest GPUs, where it is smallest; the gpu-memory filter still
+                # demands the memory.
+                of = gpu_memory.get(pod.node, 0) if pod.node else largest
+                pod = replace(pod, gpu_milli=share_for_memory(memory, of))
             pods.append(pod)
         self.dropped = []
+        warnings = [str(w) for w in self.warnings]
         if lenient:
             names = {n.name for n in self.nodes}
             self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
             pods = [p for p in pods if p.node is None or p.node in names]
         if not lenient:
-            return Cluster.build(self.nodes, pods, self.pdbs, values)
+            return Cluster.build(self.nodes, pods, self.pdbs, values, warnings=warnings)
         try:
-            return Cluster.build(self.nodes, pods, self.pdbs, values)
+            return Cluster.build(self.nodes, pods, self.pdbs, values, warnings=warnings)
         except ModelError:
             # Conflicting ``defrag.io/gpu-indices`` annotations: ignore them all (slots assumed);
             # a pod that still does not fit its node is left out and recorded.
@@ -150,6 +195,7 @@ class ClusterParts:
                 self.pdbs,
                 values,
                 on_misfit=lambda pod, exc: self.dropped.append(f"{pod.key}: {exc}"),
+                warnings=warnings,
             )
 
 
@@ -167,7 +213,11 @@ def cluster_from_items(items: Iterable[object], source: str = "items") -> Cluste
 # --- Node ------------------------------------------------------------------------------------
 
 
-def node_from_json(obj: JsonObj, where: str = "node") -> Node:
+def node_from_json(
+    obj: JsonObj, where: str = "node", warnings: list[ShapeWarning] | None = None
+) -> Node:
+    """The Node; what cannot be modelled of its GPUs is appended to ``warnings``."""
+    warn = [] if warnings is None else warnings
     meta = _mapping(obj, "metadata", where)
     name = _name(meta, where)
     who = f"Node {name}"
@@ -183,19 +233,22 @@ def node_from_json(obj: JsonObj, where: str = "node") -> Node:
     annotations = _str_map(meta, "annotations", who)
     cpu = _quantity(alloc, "cpu", f"{alloc_path}.cpu", who, units.cpu_milli, required=True)
     mem = _quantity(alloc, "memory", f"{alloc_path}.memory", who, units.memory_mib, required=True)
-    gpus = _quantity(alloc, GPU_RESOURCE, f'{alloc_path}["{GPU_RESOURCE}"]', who, units.count)
+    counts = {
+        res: _quantity(alloc, res, f'{alloc_path}["{res}"]', who, units.count)
+        for res in alloc
+        if res == GPU_RESOURCE or is_pool_resource(res) or is_unknown_accelerator(res)
+        or res.startswith("koordinator.sh/gpu")
+    }
     label_path = "metadata.labels"
     if GPU_COUNT_LABEL in labels:
-        gfd_count = _int_text(labels[GPU_COUNT_LABEL], f'{label_path}["{GPU_COUNT_LABEL}"]', who)
-        if gpus > gfd_count:
-            raise ConversionError(
-                who,
-                f'{alloc_path}["{GPU_RESOURCE}"]',
-                f"{gpus} GPUs allocatable but label {GPU_COUNT_LABEL} says {gfd_count}",
-            )
+        _int_text(labels[GPU_COUNT_LABEL], f'{label_path}["{GPU_COUNT_LABEL}"]', who)
+    shape = node_gpus(who, alloc_path, counts, labels, annotations, warn)
+    gpus = shape.num_gpu
     gpu_mem = 0
     if GPU_MEMORY_LABEL in labels:
         gpu_mem = _int_text(labels[GPU_MEMORY_LABEL], f'{label_path}["{GPU_MEMORY_LABEL}"]', who)
+    elif shape.gpu_memory_mib:
+        gpu_mem = shape.gpu_memory_mib
     domains: tuple[tuple[int, ...], ...] = ()
     if NVLINK_DOMAINS_ANNOTATION in annotations and gpus:
         path = f'metadata.annotations["{NVLINK_DOMAINS_ANNOTATION}"]'
@@ -205,13 +258,14 @@ def node_from_json(obj: JsonObj, where: str = "node") -> Node:
         cpu_milli=cpu,
         memory_mib=mem,
         num_gpu=gpus,
-        gpu_model=labels.get(GPU_PRODUCT_LABEL, "") if gpus else "",
+        gpu_model=labels.get(GPU_PRODUCT_LABEL, "") if gpus or shape.pools else "",
         gpu_memory_mib=gpu_mem,
         nvlink_domains=domains,
         taints=_taints(spec.get("taints"), who),
         unschedulable=bool(spec.get("unschedulable", False)),
         labels=labels,
         annotations=annotations,
+        pools=shape.pools,
     )
 
 
@@ -262,8 +316,17 @@ def _taints(raw: object, who: str) -> tuple[Taint, ...]:
 # --- Pod -------------------------------------------------------------------------------------
 
 
-def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
-    """The Pod, and whether ``spec.priority`` was set (else its class decides, see ClusterParts)."""
+def pod_from_json(
+    obj: JsonObj, where: str = "pod", warnings: list[ShapeWarning] | None = None
+) -> tuple[Pod, bool]:
+    """The Pod, and whether ``spec.priority`` was set (else its class decides, see ClusterParts).
+    What cannot be modelled of its GPU request is appended to ``warnings``."""
+    pod, explicit, _ = _pod(obj, where, [] if warnings is None else warnings)
+    return pod, explicit
+
+
+def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool, int]:
+    """(pod, explicit priority, GPU memory its share is asked in — 0 when not so asked)."""
     meta = _mapping(obj, "metadata", where)
     name = _name(meta, where)
     namespace = meta.get("namespace") or "default"
@@ -276,17 +339,19 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
         raise ConversionError(who, "status", "expected an object")
     labels = _str_map(meta, "labels", who)
     annotations = _str_map(meta, "annotations", who)
+    node = spec.get("nodeName") or None
 
     requests = _pod_requests(spec, who)
-    gpu_request = requests[GPU_RESOURCE]
+    gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
     if gpu_request != gpu_request.to_integral_value():
         raise ConversionError(
             who,
             "spec.containers[*].resources",
             f"{GPU_RESOURCE} request {gpu_request} is fractional",
         )
-    num_gpu = int(gpu_request)
-    gpu_milli = GPU_MILLI
+    claims = _list(spec.get("resourceClaims"), who, "spec.resourceClaims")
+    shape = pod_gpus(who, namespace, requests, annotations, bool(claims), node is not None, warn)
+    num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
     if GPU_MILLI_ANNOTATION in annotations:
         path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
         gpu_milli = _int_text(annotations[GPU_MILLI_ANNOTATION], path, who)
@@ -298,7 +363,7 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
                     who, path, f"a GPU share needs one GPU, but the pod requests {num_gpu}"
                 )
             num_gpu = 1
-    gpu_memory = 0
+    gpu_memory = shape.gpu_memory_mib
     if GPU_MEMORY_ANNOTATION in annotations:
         path = f'metadata.annotations["{GPU_MEMORY_ANNOTATION}"]'
         gpu_memory = _convert(annotations[GPU_MEMORY_ANNOTATION], units.memory_mib, path, who)
@@ -308,7 +373,6 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
     if explicit and (not isinstance(priority, int) or isinstance(priority, bool)):
         raise ConversionError(who, "spec.priority", f"expected an integer, got {priority!r}")
 
-    node = spec.get("nodeName") or None
     gpu_indices: tuple[int, ...] = ()
     if GPU_INDICES_ANNOTATION in annotations and node is not None and num_gpu:
         path = f'metadata.annotations["{GPU_INDICES_ANNOTATION}"]'
@@ -328,6 +392,13 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
     pending_since, pending_reason = _pending(status, who)
     if pending_since is None and node is None and phase == "Pending":
         pending_since = created
+    gates = tuple(
+        str(g.get("name") or "") if isinstance(g, dict) else str(g)
+        for g in _list(spec.get("schedulingGates"), who, "spec.schedulingGates")
+    )
+    if namespace == KAI_RESERVATION_NAMESPACE and EVICTABLE_ANNOTATION not in annotations:
+        # KAI's GPU reservation pods hold GPUs for fractional pods: never defrag's to move.
+        annotations = {**annotations, EVICTABLE_ANNOTATION: "false"}
 
     pod = Pod(
         name=name,
@@ -339,10 +410,10 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
         gpu_models=_gpu_models(spec, who),
         gpu_memory_mib=gpu_memory,
         priority=priority if isinstance(priority, int) else 0,
-        priority_class=str(spec.get("priorityClassName") or ""),
+        priority_class=str(spec.get("priorityClassName") or labels.get(PRIORITY_CLASS_LABEL) or ""),
         qos=str(status.get("qosClass") or ""),
         owner=owner,
-        gang=_gang(labels, owner),
+        gang=_gang(labels, annotations, owner),
         phase=str(phase),
         node=node,
         gpu_indices=gpu_indices,
@@ -353,38 +424,47 @@ def pod_from_json(obj: JsonObj, where: str = "pod") -> tuple[Pod, bool]:
         uid=str(meta.get("uid") or ""),
         labels=labels,
         annotations=annotations,
+        node_selector=_str_map(spec, "nodeSelector", who, "spec.nodeSelector"),
+        affinity=_node_affinity(spec, who),
+        scheduling_gates=gates,
+        pool=shape.pool,
+        pool_units=shape.pool_units,
     )
-    return pod, explicit
+    return pod, explicit, shape.share_memory_mib if GPU_MILLI_ANNOTATION not in annotations else 0
 
 
-_POD_RESOURCES = ("cpu", "memory", GPU_RESOURCE)
+_POD_RESOURCES = ("cpu", "memory")
 
 
 def _pod_requests(spec: JsonObj, who: str) -> dict[str, Decimal]:
     """The pod's effective requests, as the scheduler computes them (KEP-753 sidecars included):
     max(sum of app containers + sidecars, each init container + the sidecars started before it),
-    plus ``spec.overhead``."""
+    plus ``spec.overhead``. Every resource named; ``cpu`` and ``memory`` always present."""
     containers = spec.get("containers")
     if not isinstance(containers, list) or not containers:
         raise ConversionError(who, "spec.containers", "missing or empty")
-    app = dict.fromkeys(_POD_RESOURCES, Decimal(0))
+    app: dict[str, Decimal] = dict.fromkeys(_POD_RESOURCES, Decimal(0))
     for i, c in enumerate(containers):
         for res, value in _container_requests(c, f"spec.containers[{i}]", who).items():
-            app[res] += value
-    init_peak = dict.fromkeys(_POD_RESOURCES, Decimal(0))
-    sidecars = dict.fromkeys(_POD_RESOURCES, Decimal(0))
+            app[res] = app.get(res, Decimal(0)) + value
+    init_peak: dict[str, Decimal] = {}
+    sidecars: dict[str, Decimal] = {}
     inits = _list(spec.get("initContainers") or [], who, "spec.initContainers")
     for i, c in enumerate(inits):
         req = _container_requests(c, f"spec.initContainers[{i}]", who)
         sidecar = c.get("restartPolicy") == "Always"
-        for res in _POD_RESOURCES:
-            init_peak[res] = max(init_peak[res], sidecars[res] + req.get(res, Decimal(0)))
+        for res in {*req, *sidecars}:
+            peak = sidecars.get(res, Decimal(0)) + req.get(res, Decimal(0))
+            init_peak[res] = max(init_peak.get(res, Decimal(0)), peak)
             if sidecar:
-                sidecars[res] += req.get(res, Decimal(0))
+                sidecars[res] = sidecars.get(res, Decimal(0)) + req.get(res, Decimal(0))
     overhead = spec.get("overhead") or {}
     out = {}
-    for res in _POD_RESOURCES:
-        total = max(app[res] + sidecars[res], init_peak[res])
+    for res in {*app, *sidecars, *init_peak}:
+        total = max(
+            app.get(res, Decimal(0)) + sidecars.get(res, Decimal(0)),
+            init_peak.get(res, Decimal(0)),
+        )
         if res in overhead:
             total += _quantity(overhead, res, f"spec.overhead.{res}", who, units.parse_quantity)
         out[res] = total
@@ -397,14 +477,16 @@ def _container_requests(c: object, path: str, who: str) -> dict[str, Decimal]:
     resources = c.get("resources") or {}
     requests = resources.get("requests") or {}
     limits = resources.get("limits") or {}
+    if not isinstance(requests, dict) or not isinstance(limits, dict):
+        raise ConversionError(who, f"{path}.resources", "requests and limits must be objects")
     out = {}
-    for res in _POD_RESOURCES:
+    for res in {*requests, *limits}:
         # Kubernetes defaults a missing request to the limit (always so for extended resources).
         if res in requests:
             out[res] = _quantity(
                 requests, res, f"{path}.resources.requests.{res}", who, units.parse_quantity
             )
-        elif res in limits:
+        else:
             out[res] = _quantity(
                 limits, res, f"{path}.resources.limits.{res}", who, units.parse_quantity
             )
@@ -436,6 +518,54 @@ def _gpu_models(spec: JsonObj, who: str) -> frozenset[str]:
     return frozenset(models or ())
 
 
+def _node_affinity(spec: JsonObj, who: str) -> NodeSelector | None:
+    """The required node affinity (``requiredDuringSchedulingIgnoredDuringExecution``) with every
+    operator and ``matchFields``; None when the pod has none."""
+    base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
+    required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not required:
+        return None
+    if not isinstance(required, dict):
+        raise ConversionError(who, base, "expected an object")
+    terms = []
+    raw_terms = _list(required.get("nodeSelectorTerms"), who, f"{base}.nodeSelectorTerms")
+    for t, term in enumerate(raw_terms):
+        path = f"{base}.nodeSelectorTerms[{t}]"
+        if not isinstance(term, dict):
+            raise ConversionError(who, path, "expected an object")
+        exprs = _requirements(term.get("matchExpressions"), f"{path}.matchExpressions", who)
+        fields = _requirements(term.get("matchFields"), f"{path}.matchFields", who)
+        for i, r in enumerate(fields):
+            if r.key != NODE_NAME_FIELD or r.operator not in ("In", "NotIn"):
+                raise ConversionError(
+                    who,
+                    f"{path}.matchFields[{i}]",
+                    f"only {NODE_NAME_FIELD} with In or NotIn is supported, got {r}",
+                )
+        terms.append(NodeSelectorTerm(exprs, fields))
+    return NodeSelector(tuple(terms))
+
+
+def _requirements(
+    raw: object, path: str, who: str, operators: frozenset[str] = OPERATORS
+) -> tuple[Requirement, ...]:
+    out = []
+    for i, e in enumerate(_list(raw, who, path)):
+        where = f"{path}[{i}]"
+        if not isinstance(e, dict) or not isinstance(e.get("key"), str):
+            raise ConversionError(who, f"{where}.key", "missing")
+        op = e.get("operator")
+        if op not in operators:
+            raise ConversionError(who, f"{where}.operator", f"unknown operator {op!r}")
+        values = tuple(str(v) for v in _list(e.get("values"), who, f"{where}.values"))
+        if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
+            raise ConversionError(who, f"{where}.values", f"{op} needs one integer value")
+        out.append(Requirement(e["key"], op, values))
+    return tuple(out)
+
+
 def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
     refs = _list(meta.get("ownerReferences") or [], who, "metadata.ownerReferences")
     chosen: OwnerRef | None = None
@@ -449,10 +579,15 @@ def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
     return chosen
 
 
-def _gang(labels: Mapping[str, str], owner: OwnerRef | None) -> str | None:
+def _gang(
+    labels: Mapping[str, str], annotations: Mapping[str, str], owner: OwnerRef | None
+) -> str | None:
     for label in (*GANG_LABELS, *EXTRA_GANG_LABELS):
         if labels.get(label):
             return labels[label]
+    for key in GANG_ANNOTATIONS:
+        if annotations.get(key):
+            return annotations[key]
     if owner is not None and owner.controller and owner.kind in GANG_OWNER_KINDS:
         return f"{owner.kind.lower()}/{owner.name}"
     return None
@@ -512,16 +647,12 @@ def pdb_from_json(obj: JsonObj, where: str = "pdb") -> PodDisruptionBudget | Non
     if not isinstance(selector, dict):
         raise ConversionError(who, "spec.selector", "expected an object")
     match_labels = _str_map(selector, "matchLabels", who, "spec.selector.matchLabels")
-    exprs = []
-    for i, e in enumerate(selector.get("matchExpressions") or []):
-        path = f"spec.selector.matchExpressions[{i}]"
-        if not isinstance(e, dict) or not isinstance(e.get("key"), str):
-            raise ConversionError(who, f"{path}.key", "missing")
-        op = e.get("operator")
-        if op not in SELECTOR_OPERATORS:
-            raise ConversionError(who, f"{path}.operator", f"unknown operator {op!r}")
-        values = _list(e.get("values") or [], who, f"{path}.values")
-        exprs.append((e["key"], op, tuple(str(v) for v in values)))
+    exprs = _requirements(
+        selector.get("matchExpressions"),
+        "spec.selector.matchExpressions",
+        who,
+        SELECTOR_OPERATORS,
+    )
     status = obj.get("status") or {}
     allowed = status.get("disruptionsAllowed", 0)
     if not isinstance(allowed, int) or isinstance(allowed, bool) or allowed < 0:
@@ -532,7 +663,7 @@ def pdb_from_json(obj: JsonObj, where: str = "pdb") -> PodDisruptionBudget | Non
         namespace=namespace,
         name=name,
         match_labels=match_labels,
-        match_expressions=tuple(exprs),
+        match_expressions=exprs,
         disruptions_allowed=allowed,
     )
 

@@ -149,12 +149,12 @@ def place(
         "policy": policy,
         "node": chosen.node if chosen else None,
         "gpus": list(chosen.gpus) if chosen else [],
-        "score": round(chosen.score, 3) if chosen else None,
+        "score": chosen.score if chosen else None,
         "unschedulable": None if chosen else result.summary,  # type: ignore[union-attr]
         "nodes": [
             {
                 "node": v.node,
-                "score": None if v.score is None else round(v.score, 3),
+                "score": None if v.score is None else v.score,
                 "reasons": list(v.reasons),
             }
             for v in verdicts
@@ -165,7 +165,7 @@ def place(
         return
     if chosen:
         console.print(
-            f"[bold]{chosen.node}[/] GPUs {list(chosen.gpus)} — score {chosen.score:.1f} ({policy})"
+            f"[bold]{chosen.node}[/] GPUs {list(chosen.gpus)} — score {chosen.score} ({policy})"
         )
     else:
         console.print(f"[bold red]unschedulable[/]: {data['unschedulable']}")
@@ -173,7 +173,7 @@ def place(
     table.add_column("node")
     table.add_column("score", justify="right")
     table.add_column("filtered because")
-    ranked = sorted(verdicts, key=lambda v: (v.score is None, -(v.score or 0.0), v.node))
+    ranked = sorted(verdicts, key=lambda v: (v.score is None, -(v.score or 0), v.node))
     for v in ranked:
-        table.add_row(v.node, "" if v.score is None else f"{v.score:.1f}", "; ".join(v.reasons))
+        table.add_row(v.node, "" if v.score is None else str(v.score), "; ".join(v.reasons))
     console.print(table)

@@ -8,13 +8,13 @@ place and remove pods in place (``allocate`` / ``release``) thousands of times; 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import numpy.typing as npt
 
-from defrag.model.resources import Node, Pod, Taint
+from defrag.model.resources import GPU_RESOURCE, Node, Pod, Taint
 from defrag.model.units import GPU_MILLI
 
 IntArray = npt.NDArray[np.int64]
@@ -28,7 +28,7 @@ DEMAND_CLASSES = ("cpu-only", "gpu-share", "1-gpu", "2-gpu", "4-gpu", "8+-gpu")
 def demand_class(pod: Pod) -> int:
     """Index into DEMAND_CLASSES for a pod."""
     if pod.num_gpu == 0:
-        return 0
+        return 1 if pod.pool_units else 0
     if pod.gpu_milli < GPU_MILLI:
         return 1
     return {1: 2, 2: 3, 3: 4, 4: 4}.get(pod.num_gpu, 5)
@@ -56,6 +56,14 @@ class NodeArrays:
     taints: tuple[tuple[Taint, ...], ...]  # per row
     tainted_rows: tuple[int, ...]  # rows with NoSchedule/NoExecute taints
     class_count: IntArray  # [N, len(DEMAND_CLASSES)] bound pods per demand class
+    pool_names: tuple[str, ...] = ()  # resources of the GPU pools any node has (Node.pools)
+    pool_index: dict[str, int] = field(default_factory=dict)
+    pool_total: IntArray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    pool_free: IntArray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    labels: tuple[Mapping[str, str], ...] = ()  # per row
+    selector_cache: dict[tuple[object, ...], BoolArray] = field(default_factory=dict)
+    """Per pod constraint key, the rows its nodeSelector and affinity admit (labels never change
+    in one NodeArrays, so the mask is computed once per distinct constraint)."""
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeArrays:
@@ -63,7 +71,13 @@ class NodeArrays:
         n = len(ordered)
         g = max((node.num_gpu for node in ordered), default=0) or 1
         d = max((len(node.domains) for node in ordered), default=0) or 1
-        models = tuple(sorted({node.gpu_model for node in ordered if node.num_gpu}))
+        models = tuple(sorted({node.gpu_model for node in ordered if node.num_gpu or node.pools}))
+        pool_names = tuple(sorted({res for node in ordered for res in node.pools}))
+        pool_index = {res: i for i, res in enumerate(pool_names)}
+        pool_total = np.zeros((n, len(pool_names)), dtype=np.int64)
+        for row, node in enumerate(ordered):
+            for res, units in node.pools.items():
+                pool_total[row, pool_index[res]] = units
         model_index = {m: i for i, m in enumerate(models)}
         gpu_total = np.array([node.num_gpu for node in ordered], dtype=np.int64)
         slots = np.arange(g)[None, :]
@@ -88,7 +102,10 @@ class NodeArrays:
             mem_free=np.array([node.memory_mib for node in ordered], dtype=np.int64),
             gpu_mem=np.array([node.gpu_memory_mib for node in ordered], dtype=np.int64),
             model_code=np.array(
-                [model_index[node.gpu_model] if node.num_gpu else -1 for node in ordered],
+                [
+                    model_index[node.gpu_model] if node.num_gpu or node.pools else -1
+                    for node in ordered
+                ],
                 dtype=np.int64,
             ),
             models=models,
@@ -100,6 +117,11 @@ class NodeArrays:
                 if any(t.effect != "PreferNoSchedule" for t in node.taints)
             ),
             class_count=np.zeros((n, len(DEMAND_CLASSES)), dtype=np.int64),
+            pool_names=pool_names,
+            pool_index=pool_index,
+            pool_total=pool_total,
+            pool_free=pool_total.copy(),
+            labels=tuple(node.labels for node in ordered),
         )
 
     def __len__(self) -> int:
@@ -125,6 +147,12 @@ class NodeArrays:
             taints=self.taints,
             tainted_rows=self.tainted_rows,
             class_count=self.class_count.copy(),
+            pool_names=self.pool_names,
+            pool_index=self.pool_index,
+            pool_total=self.pool_total,
+            pool_free=self.pool_free.copy(),
+            labels=self.labels,
+            selector_cache=self.selector_cache,
         )
 
     def row_view(self, row: int) -> NodeArrays:
@@ -137,9 +165,11 @@ class NodeArrays:
                 values[f.name] = {self.names[row]: 0}
             elif f.name == "tainted_rows":
                 values[f.name] = (0,) if row in value else ()
+            elif f.name == "selector_cache":
+                values[f.name] = {}
             elif isinstance(value, np.ndarray) and value.shape[:1] == (n,):
                 values[f.name] = value[row : row + 1]
-            elif isinstance(value, tuple) and f.name != "models" and len(value) == n:
+            elif f.name in _PER_ROW_TUPLES:
                 values[f.name] = (value[row],)
             else:
                 values[f.name] = value
@@ -174,6 +204,62 @@ class NodeArrays:
         spanning = (full * self.domain_size).sum(axis=1)
         return np.asarray(np.maximum(dom_free.max(axis=1, initial=0), spanning), dtype=np.int64)
 
+    def pool_column(self, pod: Pod) -> int | None:
+        """The pool column the pod may draw from: its own pool, or for a whole-GPU pod the
+        ``nvidia.com/gpu`` pool of nodes whose GPUs are time-sliced or MIG-single."""
+        if pod.pool:
+            return self.pool_index.get(pod.pool, -1)
+        if pod.num_gpu and pod.gpu_milli >= GPU_MILLI:
+            return self.pool_index.get(GPU_RESOURCE)
+        return None
+
+    def pool_rows(self, pod: Pod) -> tuple[int, BoolArray] | None:
+        """(column, rows where the pod draws from that pool) — None when it never does.
+        A pool pod draws from its pool on every row; a whole-GPU pod on rows that have an
+        ``nvidia.com/gpu`` pool (those have no exclusive GPUs)."""
+        if not self.pool_names:
+            return (-1, np.ones(len(self), dtype=bool)) if pod.pool else None
+        col = self.pool_column(pod)
+        if col is None:
+            return None
+        if pod.pool:
+            return col, np.ones(len(self), dtype=bool)
+        return col, np.asarray(self.pool_total[:, col] > 0)
+
+    def pool_use(self, pod: Pod, row: int) -> int | None:
+        """The pool column the pod holds units of on ``row``; None when it holds GPU slots."""
+        if not self.pool_names:
+            return None
+        col = self.pool_column(pod)
+        if col is None or col < 0:
+            return None
+        if pod.pool or self.pool_total[row, col] > 0:
+            return col
+        return None
+
+    def pool_free_for(self, pod: Pod) -> IntArray:
+        """[N] free units of the pod's pool (0 where there is none)."""
+        col = self.pool_column(pod)
+        if col is None or col < 0:
+            return np.zeros(len(self), dtype=np.int64)
+        return np.asarray(self.pool_free[:, col])
+
+    def selector_mask(self, pod: Pod) -> BoolArray:
+        """[N] nodes the pod's nodeSelector and required node affinity admit."""
+        if not pod.has_node_constraints:
+            return np.ones(len(self), dtype=bool)
+        key = pod.constraint_key()
+        mask = self.selector_cache.get(key)
+        if mask is None:
+            rows = zip(self.labels, self.names, strict=True)
+            mask = np.fromiter(
+                (pod.admits_node(labels, name) for labels, name in rows),
+                dtype=bool,
+                count=len(self),
+            )
+            self.selector_cache[key] = mask
+        return mask
+
     def model_allowed(self, pod: Pod) -> BoolArray:
         if not pod.gpu_models or pod.num_gpu == 0:
             return np.ones(len(self), dtype=bool)
@@ -186,12 +272,26 @@ class NodeArrays:
         self.cpu_free[row] -= pod.cpu_milli
         self.mem_free[row] -= pod.memory_mib
         self.class_count[row, demand_class(pod)] += 1
-        if pod.num_gpu:
+        col = self.pool_use(pod, row)
+        if col is not None:
+            self.pool_free[row, col] -= pool_units(pod)
+        elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] -= pod.gpu_milli
 
     def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         self.cpu_free[row] += pod.cpu_milli
         self.mem_free[row] += pod.memory_mib
         self.class_count[row, demand_class(pod)] -= 1
-        if pod.num_gpu:
+        col = self.pool_use(pod, row)
+        if col is not None:
+            self.pool_free[row, col] += pool_units(pod)
+        elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] += pod.gpu_milli
+
+
+_PER_ROW_TUPLES = frozenset({"names", "taints", "labels"})
+
+
+def pool_units(pod: Pod) -> int:
+    """Units a pod takes from a pool: its pool request, or one per GPU it asks for."""
+    return pod.pool_units if pod.pool else pod.num_gpu

@@ -6,8 +6,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from defrag.model.arrays import NodeArrays
+from defrag.model.arrays import NodeArrays, pool_units
 from defrag.model.resources import Node, Pod
+from defrag.model.selectors import Requirement, labels_match
 
 
 class ModelError(ValueError):
@@ -19,7 +20,7 @@ class PodDisruptionBudget:
     namespace: str
     name: str
     match_labels: Mapping[str, str] = field(default_factory=dict, hash=False)
-    match_expressions: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+    match_expressions: tuple[Requirement, ...] = ()
     disruptions_allowed: int = 0
 
     @property
@@ -31,20 +32,9 @@ class PodDisruptionBudget:
             return False
         if not self.match_labels and not self.match_expressions:
             return True  # an empty selector selects every pod of the namespace
-        labels = pod.labels
-        if any(labels.get(k) != v for k, v in self.match_labels.items()):
-            return False
-        for key, op, values in self.match_expressions:
-            present = key in labels
-            if op == "In" and (not present or labels[key] not in values):
-                return False
-            if op == "NotIn" and present and labels[key] in values:
-                return False
-            if op == "Exists" and not present:
-                return False
-            if op == "DoesNotExist" and present:
-                return False
-        return True
+        return labels_match(self.match_labels, pod.labels) and all(
+            r.matches(pod.labels) for r in self.match_expressions
+        )
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -59,6 +49,9 @@ class Cluster:
     pdbs: tuple[PodDisruptionBudget, ...]
     arrays: NodeArrays
     priority_classes: Mapping[str, int] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+    """Objects the source could not model fully, each naming the object and the field: left
+    out, or counted conservatively (see docs/kubernetes.md)."""
 
     @classmethod
     def build(
@@ -68,6 +61,7 @@ class Cluster:
         pdbs: Iterable[PodDisruptionBudget] = (),
         priority_classes: Mapping[str, int] | None = None,
         on_misfit: Callable[[Pod, ModelError], None] | None = None,
+        warnings: Iterable[str] = (),
     ) -> Cluster:
         """Nodes, pods and PDBs as one consistent cluster.
 
@@ -101,6 +95,7 @@ class Cluster:
             pdbs=tuple(pdbs),
             arrays=arrays,
             priority_classes=MappingProxyType(dict(priority_classes or {})),
+            warnings=tuple(warnings),
         )
 
     # --- queries ---------------------------------------------------------------------------
@@ -173,6 +168,14 @@ def _assign_gpus(arrays: NodeArrays, pod: Pod) -> Pod:
     if pod.node not in arrays.index:
         raise ModelError(f"pod {pod.key} is bound to unknown node {pod.node!r}")
     row = arrays.index[pod.node]
+    col = arrays.pool_use(pod, row)
+    if col is not None or pod.pool:
+        if col is None or col < 0 or arrays.pool_free[row, col] < pool_units(pod):
+            raise ModelError(
+                f"pod {pod.key} holds {pool_units(pod)} {pod.pool or 'GPU'} unit(s) on node "
+                f"{pod.node}, more than it has free"
+            )
+        return pod if not pod.gpu_indices else replace(pod, gpu_indices=())
     if pod.num_gpu == 0:
         return pod if not pod.gpu_indices else replace(pod, gpu_indices=())
     free = arrays.gpu_free[row]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from defrag.model.selectors import NodeSelector, labels_match
 from defrag.model.units import GPU_MILLI
 
 EVICTABLE_ANNOTATION = "defrag.io/evictable"
@@ -15,6 +16,8 @@ GPU_INDICES_ANNOTATION = "defrag.io/gpu-indices"
 NVLINK_DOMAINS_ANNOTATION = "defrag.io/nvlink-domains"
 RESERVED_FOR_ANNOTATION = "defrag.io/reserved-for"
 DRAIN_TAINT_KEY = "defrag.io/draining"
+GPU_RESOURCE = "nvidia.com/gpu"
+"""The extended resource of whole NVIDIA GPUs (NVIDIA k8s-device-plugin)."""
 
 GANG_LABELS = ("job-name", "training.kubeflow.org/job-name", "volcano.sh/job-name")
 
@@ -76,6 +79,11 @@ class Node:
     unschedulable: bool = False
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    pools: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """GPU units that are not exclusive whole GPUs, by the resource a pod asks them with: MIG
+    profiles (``nvidia.com/mig-1g.10gb``), time-sliced replicas (``nvidia.com/gpu.shared``, or
+    ``nvidia.com/gpu`` itself when the device plugin does not rename them — then ``num_gpu`` is
+    0). Pool units never count toward whole-GPU jobs."""
 
     @property
     def domains(self) -> tuple[tuple[int, ...], ...]:
@@ -128,6 +136,15 @@ class Pod:
     uid: str = ""
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     annotations: Mapping[str, str] = field(default_factory=dict, hash=False)
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """``spec.nodeSelector``: labels every candidate node must carry."""
+    affinity: NodeSelector | None = None
+    """The required node affinity (``requiredDuringSchedulingIgnoredDuringExecution``)."""
+    scheduling_gates: tuple[str, ...] = ()
+    """``spec.schedulingGates``: while any remains, the scheduler does not consider the pod."""
+    pool: str = ""
+    """A request of pool units (a MIG profile, ``nvidia.com/gpu.shared``); see ``Node.pools``."""
+    pool_units: int = 0
 
     @property
     def key(self) -> str:
@@ -140,6 +157,30 @@ class Pod:
     @property
     def is_sharing(self) -> bool:
         return self.num_gpu > 0 and self.gpu_milli < GPU_MILLI
+
+    @property
+    def is_gated(self) -> bool:
+        """Held back by scheduling gates (Kueue admission, …): not schedulable yet."""
+        return bool(self.scheduling_gates)
+
+    @property
+    def uses_gpu(self) -> bool:
+        """Asks for GPUs in any form: whole, a share, or pool units."""
+        return self.num_gpu > 0 or self.pool_units > 0
+
+    @property
+    def has_node_constraints(self) -> bool:
+        return bool(self.node_selector) or self.affinity is not None
+
+    def constraint_key(self) -> tuple[object, ...]:
+        """What decides which nodes the pod's selector and affinity admit (for caching)."""
+        return (tuple(sorted(self.node_selector.items())), self.affinity)
+
+    def admits_node(self, labels: Mapping[str, str], name: str) -> bool:
+        """Whether ``nodeSelector`` and the required node affinity admit this node."""
+        if not labels_match(self.node_selector, labels):
+            return False
+        return self.affinity is None or self.affinity.matches(labels, name)
 
     @property
     def is_bound(self) -> bool:

@@ -15,26 +15,42 @@ from defrag.model.units import GPU_MILLI
 # Reason texts, named once so callers and tests can match them.
 R_EXCLUDED = "node excluded (draining or reserved)"
 R_UNSCHEDULABLE = "node unschedulable (cordoned)"
+R_SELECTOR = "node selector or affinity does not match"
 R_TAINT = "untolerated taint"
 R_CPU = "insufficient cpu"
 R_MEMORY = "insufficient memory"
 R_MODEL = "gpu model not allowed"
 R_GPU_MEMORY = "insufficient gpu memory"
 R_GPU = "insufficient gpu"
+R_POOL = "insufficient gpu units of the requested resource (MIG profile or shared GPU)"
 R_TOPOLOGY = "nvlink topology: no set of free GPUs sharing an NVLink domain"
 
 
 def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
-    """(enough GPUs, topology satisfied) for every node; both True for CPU-only pods."""
+    """(enough GPUs, topology satisfied) for every node; both True for CPU-only pods.
+
+    Rows where the pod draws from a GPU pool (MIG profiles, time-sliced replicas) need enough
+    free units there; NVLink does not apply to them.
+    """
     n = len(arrays)
-    if pod.num_gpu == 0:
+    pooled = arrays.pool_rows(pod)
+    if pod.num_gpu == 0 and pooled is None:
         ones = np.ones(n, dtype=bool)
         return ones, ones
     if pod.gpu_milli < GPU_MILLI:
         enough = (arrays.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
         return enough, enough
+    if pod.pool:
+        enough = arrays.pool_free_for(pod) >= pod.pool_units
+        return enough, enough
     enough = arrays.free_whole_count() >= pod.num_gpu
-    return enough, enough & topology_fit(pod.num_gpu, arrays)
+    topo = enough & topology_fit(pod.num_gpu, arrays)
+    if pooled is not None:
+        _, rows = pooled
+        in_pool = arrays.pool_free_for(pod) >= pod.num_gpu
+        enough = np.where(rows, in_pool, enough)
+        topo = np.where(rows, in_pool, topo)
+    return enough, topo
 
 
 def topology_fit(r: int, arrays: NodeArrays) -> BoolArray:
@@ -57,6 +73,17 @@ def taint_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
     return ok
 
 
+def node_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
+    """Nodes the pod may ever use, whatever is free: not cordoned, taints tolerated, the
+    nodeSelector and required node affinity admitted (the planner's candidate filter)."""
+    ok = arrays.schedulable.copy()
+    if arrays.tainted_rows:
+        ok &= taint_mask(pod, arrays)
+    if pod.has_node_constraints:
+        ok &= arrays.selector_mask(pod)
+    return ok
+
+
 def filter_masks(
     pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None
 ) -> list[tuple[str, BoolArray]]:
@@ -66,11 +93,15 @@ def filter_masks(
     if exclude is not None:
         masks.append((R_EXCLUDED, ~exclude))
     masks.append((R_UNSCHEDULABLE, arrays.schedulable))
+    if pod.has_node_constraints:
+        masks.append((R_SELECTOR, arrays.selector_mask(pod)))
     if arrays.tainted_rows:
         masks.append((R_TAINT, taint_mask(pod, arrays)))
     masks.append((R_CPU, arrays.cpu_free >= pod.cpu_milli))
     masks.append((R_MEMORY, arrays.mem_free >= pod.memory_mib))
-    if pod.num_gpu:
+    if pod.pool:
+        masks.append((R_POOL, enough))
+    elif pod.num_gpu:
         if pod.gpu_models:
             masks.append((R_MODEL, arrays.model_allowed(pod)))
         if pod.gpu_memory_mib:

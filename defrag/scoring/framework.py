@@ -37,7 +37,7 @@ class Placement:
     node: str
     row: int
     gpus: tuple[int, ...]
-    score: float
+    score: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +59,7 @@ class NodeVerdict:
     """One node's answer for one pod: a score, or the reasons it was filtered out."""
 
     node: str
-    score: float | None
+    score: int | None
     reasons: tuple[str, ...] = ()
 
 

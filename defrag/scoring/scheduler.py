@@ -6,12 +6,13 @@ from collections import Counter
 
 import numpy as np
 
-from defrag.model.arrays import BoolArray, NodeArrays
+from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.scoring.filters import feasible_mask, filter_masks, filter_reasons
 from defrag.scoring.framework import NodeVerdict, Placement, Policy, Unschedulable
 from defrag.scoring.policies import DEFAULT_POLICY, make_policy
+from defrag.scoring.policies.reserve_binpack import seed_score
 
 
 def _arrays(target: Cluster | NodeArrays) -> NodeArrays:
@@ -39,13 +40,32 @@ def schedule(
     feasible = feasible_mask(pod, arrays, exclude)
     if not feasible.any():
         return unschedulable(pod, arrays, exclude)
-    scores = pol.score(pod, arrays, feasible)
+    scores = node_scores(pod, arrays, pol, feasible)
     masked = np.where(feasible & ~np.isnan(scores), scores, -np.inf)
     row = int(np.argmax(masked))  # argmax returns the first maximum: rows are sorted by name
     if masked[row] == -np.inf:
         return unschedulable(pod, arrays, exclude)
-    gpus = pol.choose_gpus(pod, arrays, row)
-    return Placement(pod.key, arrays.names[row], row, gpus, float(scores[row]))
+    gpus = () if arrays.pool_use(pod, row) is not None else pol.choose_gpus(pod, arrays, row)
+    return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
+
+
+def node_scores(pod: Pod, arrays: NodeArrays, policy: Policy, feasible: BoolArray) -> FloatArray:
+    """Every node's score for ``pod``: integers in 0..100, truncated as the seed's Go code and
+    kube-scheduler (int64 scores) compute them — ``int(62.5)`` is 62.
+
+    Rows where the pod draws from a GPU pool (a MIG profile, time-sliced replicas) are scored
+    by the seed's bin-pack rule over that pool's units under every policy: the paper's
+    policies know no pools.
+    """
+    pooled = arrays.pool_rows(pod)
+    scores = np.zeros(len(arrays)) if pod.pool else policy.score(pod, arrays, feasible)
+    if pooled is not None and pooled[0] >= 0:
+        col, rows = pooled
+        units = pod.pool_units if pod.pool else pod.num_gpu
+        total, free = arrays.pool_total[:, col], arrays.pool_free[:, col]
+        in_pool = seed_score(units, total, free, free >= total)
+        scores = np.where(rows, in_pool, scores)
+    return np.asarray(np.trunc(scores), dtype=np.float64)
 
 
 def unschedulable(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None) -> Unschedulable:
@@ -72,11 +92,11 @@ def explain(
     pol = _policy(policy)
     reasons = filter_reasons(pod, arrays, exclude)
     feasible = np.array([not r for r in reasons], dtype=bool)
-    scores = pol.score(pod, arrays, feasible) if feasible.any() else np.zeros(len(arrays))
+    scores = node_scores(pod, arrays, pol, feasible) if feasible.any() else np.zeros(len(arrays))
     return [
-        NodeVerdict(name, float(scores[row]) if feasible[row] else None, reasons[row])
+        NodeVerdict(name, int(scores[row]) if feasible[row] else None, reasons[row])
         for row, name in enumerate(arrays.names)
     ]
 
 
-__all__ = ["explain", "feasible_mask", "schedule", "unschedulable"]
+__all__ = ["explain", "feasible_mask", "node_scores", "schedule", "unschedulable"]

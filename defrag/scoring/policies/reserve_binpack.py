@@ -10,24 +10,33 @@ from __future__ import annotations
 
 import numpy as np
 
-from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
+from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
 from defrag.model.resources import Pod
-from defrag.scoring.policies.base import BestFitGpuChoice, free_gpus_for, requested_gpus
+from defrag.model.units import GPU_MILLI
+from defrag.scoring.policies.base import BestFitGpuChoice
 
 
 class ReserveBinpack(BestFitGpuChoice):
     name = "reserve-binpack"
 
     def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        r = requested_gpus(pod)
-        t = arrays.gpu_total.astype(np.float64)
-        f = free_gpus_for(pod, arrays)
-        if pod.num_gpu and pod.gpu_milli < 1000:
-            node_free = arrays.free_share() >= arrays.gpu_total * 1000
-        else:
-            node_free = f >= t
-        whole_job = r >= t
-        with np.errstate(divide="ignore", invalid="ignore"):
-            small = np.where(node_free, 0.0, (1.0 - (f - r) / np.where(t > 0, t, 1.0)) * 100.0)
-        big = np.where(node_free, 100.0, 20.0)
-        return np.clip(np.where(whole_job, big, small), 0.0, 100.0)
+        t = arrays.gpu_total * GPU_MILLI
+        if pod.num_gpu and pod.gpu_milli >= GPU_MILLI:
+            f = arrays.free_whole_count() * GPU_MILLI
+            r = pod.num_gpu * GPU_MILLI
+        else:  # a share (or a CPU-only pod, R = 0): free share summed, in milli-GPU
+            f = arrays.free_share()
+            r = pod.gpu_demand_milli
+        return seed_score(r, t, f, f >= t)
+
+
+def seed_score(r: int, t: IntArray, f: IntArray, node_free: BoolArray) -> FloatArray:
+    """The seed's rule for R units asked of nodes with T units, F free, as integers truncated
+    the way its Go code does (``int((1 - (F - R) / T) * 100)``: 62.5 → 62). Computed exactly in
+    integer arithmetic — ``100·(T − (F − R)) // T`` — so a share such as F = 0.8, R = 0.5 of one
+    GPU scores 70, not the 69 a float rounding would give."""
+    whole_job = r >= t
+    num = 100 * (t - (f - r))
+    small = np.where(node_free, 0, num // np.where(t > 0, t, 1))
+    big = np.where(node_free, 100, 20)
+    return np.clip(np.where(whole_job, big, small), 0, 100).astype(np.float64)
