@@ -53,6 +53,8 @@ KOORD_CORE = "koordinator.sh/gpu-core"
 KOORD_MEMORY_RATIO = "koordinator.sh/gpu-memory-ratio"
 KOORD_GPU = "koordinator.sh/gpu"
 KOORD_MEMORY = "koordinator.sh/gpu-memory"
+KOORD_SHARED = "koordinator.sh/gpu.shared"
+HAMI_PRIORITY = "nvidia.com/priority"
 
 KNOWN_GPU_KEYS = frozenset(
     {
@@ -65,6 +67,8 @@ KNOWN_GPU_KEYS = frozenset(
         KOORD_MEMORY_RATIO,
         KOORD_GPU,
         KOORD_MEMORY,
+        KOORD_SHARED,
+        HAMI_PRIORITY,
     }
 )
 ACCELERATOR_PREFIXES = (
@@ -231,8 +235,8 @@ class PodGpus:
     pool_units: int = 0
     gpu_memory_mib: int = 0
     share_memory_mib: int = 0
-    """A share asked as GPU memory (KAI ``gpu-memory``, HAMi ``gpumem`` alone): ``gpu_milli`` is
-    resolved against the node's GPU memory when the cluster is built."""
+    """A share asked as GPU memory (KAI ``gpu-memory``, HAMi ``gpumem``): the share is resolved
+    against the node's GPU memory when the cluster is built, ``gpu_milli`` being its floor."""
 
 
 def pod_gpus(
@@ -309,20 +313,23 @@ def _whole(value: Decimal) -> int:
 
 
 def _hami(gpus: int, hami: Mapping[str, Decimal]) -> PodGpus:
-    """HAMi: ``gpus`` vGPUs on distinct GPUs, each with a share of compute (gpucores, percent)
-    and memory (gpumem MiB or gpumem-percentage). Nothing given = the whole GPU."""
-    share = Decimal(0)
-    if HAMI_CORES in hami:
-        share = max(share, hami[HAMI_CORES] / 100)
-    if HAMI_MEMORY_PERCENT in hami:
-        share = max(share, hami[HAMI_MEMORY_PERCENT] / 100)
-    memory = _whole(hami[HAMI_MEMORY]) if HAMI_MEMORY in hami else 0
-    if share <= 0 and not memory:
-        return PodGpus(num_gpu=gpus)
-    milli = min(GPU_MILLI, max(1, math.ceil(share * GPU_MILLI)))
-    if share <= 0:
-        return PodGpus(num_gpu=gpus, gpu_milli=GPU_MILLI, share_memory_mib=memory)
-    return PodGpus(num_gpu=gpus, gpu_milli=milli, gpu_memory_mib=memory)
+    """HAMi: ``gpus`` vGPUs on distinct GPUs, each taking a share of compute
+    (``gpucores``, percent) and of memory (``gpumem`` MiB, or ``gpumem-percentage``). HAMi gives a
+    pod that names no memory the whole GPU's memory, so ``gpucores`` alone is a whole GPU."""
+    cores = hami.get(HAMI_CORES, Decimal(0)) / 100
+    if HAMI_MEMORY_PERCENT in hami and hami[HAMI_MEMORY_PERCENT] > 0:
+        share = max(cores, min(hami[HAMI_MEMORY_PERCENT], Decimal(100)) / 100)
+        return PodGpus(num_gpu=gpus, gpu_milli=_milli(share))
+    if HAMI_MEMORY in hami and hami[HAMI_MEMORY] > 0:
+        memory = _whole(hami[HAMI_MEMORY])
+        return PodGpus(
+            num_gpu=gpus, gpu_milli=_milli(cores), gpu_memory_mib=memory, share_memory_mib=memory
+        )
+    return PodGpus(num_gpu=gpus)
+
+
+def _milli(share: Decimal) -> int:
+    return min(GPU_MILLI, max(1, math.ceil(share * GPU_MILLI)))
 
 
 def _koordinator(requests: Mapping[str, Decimal]) -> PodGpus | None:
@@ -377,13 +384,15 @@ def _kai(who: str, annotations: Mapping[str, str], warn: list[ShapeWarning]) -> 
                 )
             )
             return PodGpus(num_gpu=devices)
-        return PodGpus(num_gpu=devices, share_memory_mib=memory, gpu_memory_mib=memory)
+        return PodGpus(
+            num_gpu=devices, gpu_milli=1, share_memory_mib=memory, gpu_memory_mib=memory
+        )
     return None
 
 
-def share_for_memory(memory_mib: int, gpu_memory_mib: int) -> int:
-    """The share (milli-GPU) ``memory_mib`` of a GPU with ``gpu_memory_mib`` is; a whole GPU
-    when the GPU's memory is unknown (conservative)."""
+def share_for_memory(memory_mib: int, gpu_memory_mib: int, floor: int = 1) -> int:
+    """The share (milli-GPU) ``memory_mib`` of a GPU with ``gpu_memory_mib`` is, at least
+    ``floor``; a whole GPU when the GPU's memory is unknown (conservative)."""
     if gpu_memory_mib <= 0:
         return GPU_MILLI
-    return min(GPU_MILLI, max(1, math.ceil(GPU_MILLI * memory_mib / gpu_memory_mib)))
+    return min(GPU_MILLI, max(floor, math.ceil(GPU_MILLI * memory_mib / gpu_memory_mib)))

@@ -173,7 +173,7 @@ class ClusterParts:
                 # against the largest GPUs, where it is smallest; the gpu-memory filter still
                 # demands the memory.
                 of = gpu_memory.get(pod.node, 0) if pod.node else largest
-                pod = replace(pod, gpu_milli=share_for_memory(memory, of))
+                pod = replace(pod, gpu_milli=share_for_memory(memory, of, pod.gpu_milli))
             pods.append(pod)
         self.dropped = []
         warnings = [str(w) for w in self.warnings]
@@ -321,7 +321,9 @@ def pod_from_json(
 ) -> tuple[Pod, bool]:
     """The Pod, and whether ``spec.priority`` was set (else its class decides, see ClusterParts).
     What cannot be modelled of its GPU request is appended to ``warnings``."""
-    pod, explicit, _ = _pod(obj, where, [] if warnings is None else warnings)
+    pod, explicit, memory = _pod(obj, where, [] if warnings is None else warnings)
+    if memory:  # a share asked in GPU memory, with no node to size it against: a whole GPU
+        pod = replace(pod, gpu_milli=share_for_memory(memory, 0))
     return pod, explicit
 
 
