@@ -72,7 +72,7 @@ def server() -> Iterator[ExtenderHTTPServer]:
     thread.join(timeout=5)
 
 
-def post(srv: ExtenderHTTPServer, verb: str, payload: bytes) -> tuple[int, Any]:
+def post(srv: ExtenderHTTPServer, verb: str, payload: bytes | str) -> tuple[int, Any]:
     """POST as kube-scheduler's HTTPExtender.send does: JSON body, Content-Type set."""
     conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=5)
     conn.request("POST", f"/{verb}", payload, {"Content-Type": "application/json"})
