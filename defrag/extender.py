@@ -1,16 +1,17 @@
 """The kube-scheduler extender: ``filter`` and ``prioritize`` with defrag's own score function.
 
-kube-scheduler POSTs an ``ExtenderArgs`` body — ``{"pod": <v1 Pod>, "nodes": <v1 NodeList>}``,
-or ``{"pod": …, "nodenames": [...]}`` when the extender is configured ``nodeCacheCapable`` — to
-``<urlPrefix>/filter`` and ``<urlPrefix>/prioritize``. The answers are an
-``ExtenderFilterResult`` (``nodes`` or ``nodenames``, ``failedNodes``,
-``failedAndUnresolvableNodes``, ``error``) and a ``HostPriorityList`` (``[{"host", "score"}]``,
-scores 0..10).
-
-The cluster state (which GPUs are taken) comes from a :class:`~defrag.ports.ClusterSource`,
-relisted periodically by :class:`ClusterCache`; the candidate nodes come from the request.
-Placement is the scheduler's own (:func:`defrag.scoring.scheduler.schedule`), so the node the
-extender ranks first is the node ``defrag place`` picks on the same state.
+The wire format is kube-scheduler's own (``k8s.io/kube-scheduler`` ``extender/v1/types.go``):
+those structs carry no json tags, so ``json.Marshal`` in kube-scheduler (``pkg/scheduler/
+extender.go``, ``HTTPExtender.send``) writes the Go field names. It POSTs an ``ExtenderArgs`` —
+``{"Pod": <v1 Pod>, "Nodes": null, "NodeNames": [...]}`` when the extender is configured
+``nodeCacheCapable``, else ``{"Pod": …, "Nodes": {"metadata": {}, "items": [<v1 Node>…]},
+"NodeNames": null}`` — to ``<urlPrefix>/filter`` and ``<urlPrefix>/prioritize``. Keys are read
+with ``encoding/json``'s rules (an exact match, else a case-insensitive one: :func:`go_fields`), so
+the lowercase form decodes too. The answers use the same field names: an
+``ExtenderFilterResult`` ``{"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes",
+"Error"}`` (the list in the request's mode, the other null) and a ``HostPriorityList``
+``[{"Host", "Score"}]``, scores 0..10. kube-scheduler reads no body from a non-200 answer; a
+body it could not have sent gets 400 with ``{"Error": <the field that is wrong>}``.
 
 Score mapping (0..100 → 0..10): the node :func:`schedule` picks gets 10; every other feasible
 node gets ``min(9, floor(score / 10))``; infeasible and unknown nodes get 0. Plain rounding
@@ -18,7 +19,7 @@ would tie the winner with near-winners (95 and 100 both → 10) and let kube-sch
 tie-break undo the packing; reserving 10 for the winner keeps defrag's choice on top.
 
 Reservations: a node annotated ``defrag.io/reserved-for: <namespace>/<pod>`` (set by make-room
-plans) is filtered out for every other pod, in ``failedAndUnresolvableNodes`` so kube-scheduler
+plans) is filtered out for every other pod, in ``FailedAndUnresolvableNodes`` so kube-scheduler
 does not preempt its way onto the room made for someone else.
 """
 
@@ -74,47 +75,126 @@ class ExtenderArgs:
     pod: Pod
     node_names: tuple[str, ...]
     node_objects: tuple[Mapping[str, Any], ...] | None = None
-    """The v1 Node items when the request carried ``nodes``; None in ``nodenames`` mode."""
+    """The v1 Node items when the request carried ``Nodes``; None in ``NodeNames`` mode."""
 
     @property
     def node_cache_capable(self) -> bool:
         return self.node_objects is None
 
 
+ARGS_FIELDS = ("Pod", "Nodes", "NodeNames")
+"""``extender/v1.ExtenderArgs``'s fields, in declaration order (no json tags: the keys are the Go
+field names)."""
+NODE_LIST_FIELDS = ("metadata", "items")
+"""The json tags of ``core/v1.NodeList`` that the extender reads."""
+
+# encoding/json's foldName (fold.go): ASCII letters upper-cased, any other rune replaced by the
+# smallest rune of its unicode.SimpleFold orbit. Against ASCII field names only two non-ASCII
+# runes can match, both listed in unicode's caseOrbit table: KELVIN SIGN (U+212A, orbit K k K)
+# and LATIN SMALL LETTER LONG S (U+017F, orbit S s ſ). Every other non-ASCII rune folds to a
+# non-ASCII rune and so never matches an ASCII name; it is kept as it is.
+_GO_FOLD = str.maketrans(
+    {**{chr(c): chr(c - 32) for c in range(ord("a"), ord("z") + 1)}, "\u212a": "K", "\u017f": "S"}
+)
+
+
+def go_fold(name: str) -> str:
+    """A JSON key folded as encoding/json folds it, for comparison with an ASCII field name."""
+    return name.translate(_GO_FOLD)
+
+
+class _Pairs(dict[str, Any]):
+    """A JSON object that remembers its members in document order, duplicates included."""
+
+    pairs: list[tuple[str, Any]]
+
+
+def _pairs_hook(pairs: list[tuple[str, Any]]) -> _Pairs:
+    obj = _Pairs(pairs)
+    obj.pairs = pairs
+    return obj
+
+
+def go_fields(
+    obj: Mapping[str, Any], fields: Sequence[str], pairs: Sequence[tuple[str, Any]] | None = None
+) -> dict[str, Any]:
+    """The value each field of a Go struct receives when ``encoding/json`` decodes ``obj``.
+
+    Go's rule (``decode.go``, ``object()``): for each member in document order, the field whose
+    name equals the key exactly, else the field whose folded name equals the folded key; a later
+    member for the same field replaces the earlier one; unknown keys are ignored. A field no key
+    names is absent from the result; JSON ``null`` comes back as None (a nil pointer). ``pairs``
+    are the members in document order with duplicates; without them ``obj``'s items stand in,
+    which is exact unless two keys name one field (see :func:`parse_args`).
+    """
+    exact = {f: f for f in fields}
+    folded = {go_fold(f): f for f in reversed(fields)}  # the first declared field wins a tie
+    out: dict[str, Any] = {}
+    for key, value in pairs if pairs is not None else obj.items():
+        name = exact.get(key) or folded.get(go_fold(key))
+        if name is not None:
+            out[name] = value
+    return out
+
+
+def _collides(obj: Mapping[str, Any], fields: Sequence[str]) -> bool:
+    """Whether two keys of ``obj`` name the same field (their order then matters)."""
+    wanted = {go_fold(f) for f in fields}
+    seen = [go_fold(k) for k in obj if go_fold(k) in wanted]
+    return len(seen) != len(set(seen))
+
+
 def parse_args(body: bytes | str) -> ExtenderArgs:
-    """Read an ExtenderArgs body; :class:`BadRequest` names what is wrong."""
+    """Read an ExtenderArgs body as kube-scheduler's ``encoding/json`` would; :class:`BadRequest`
+    names the field that is wrong.
+
+    kube-scheduler sends ``{"Pod": …, "Nodes": null, "NodeNames": [...]}`` (nodeCacheCapable)
+    or ``{"Pod": …, "Nodes": {"metadata": {}, "items": [...]}, "NodeNames": null}``; the keys
+    match case-insensitively (:func:`go_fields`), so ``{"pod": …, "nodenames": […]}`` is read
+    too. The Pod and the Node items are ordinary Kubernetes JSON (lowercase json tags).
+    """
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("body: expected a JSON object (ExtenderArgs)")
-    raw_pod = doc.get("pod")
+    pairs: list[tuple[str, Any]] | None = None
+    if _collides(doc, ARGS_FIELDS):  # e.g. both "Pod" and "pod": the last one wins, as in Go
+        pairs = json.loads(body, object_pairs_hook=_pairs_hook).pairs
+    args = go_fields(doc, ARGS_FIELDS, pairs)
+    raw_pod = args.get("Pod")
     if not isinstance(raw_pod, dict):
-        raise BadRequest("pod: missing or not an object")
+        what = "null" if "Pod" in args and raw_pod is None else "missing or not an object"
+        raise BadRequest(f"Pod: {what} (ExtenderArgs.Pod is the v1 Pod to place)")
     try:
-        pod, _ = pod_from_json(raw_pod, "pod")
+        pod, _ = pod_from_json(raw_pod, "Pod")
     except ConversionError as exc:
-        raise BadRequest(f"pod: {exc}") from None
-    names = doc.get("nodenames")
-    nodes = doc.get("nodes")
+        raise BadRequest(f"Pod: {exc}") from None
+    names = args.get("NodeNames")
+    nodes = args.get("Nodes")
     if names is not None:
         if not isinstance(names, list) or not set(map(type, names)) <= {str}:
-            raise BadRequest("nodenames: expected a list of node names")
+            raise BadRequest("NodeNames: expected a list of node names (strings) or null")
         return ExtenderArgs(pod, tuple(names))
     if nodes is None:
-        raise BadRequest("neither nodes nor nodenames given")
-    if not isinstance(nodes, dict) or not isinstance(nodes.get("items") or [], list):
-        raise BadRequest("nodes: expected a v1 NodeList with items")
-    items = tuple(nodes.get("items") or ())
+        raise BadRequest("Nodes and NodeNames: both null or missing; one must list the nodes")
+    if not isinstance(nodes, dict):
+        raise BadRequest("Nodes: expected a v1 NodeList object ({metadata, items}) or null")
+    node_list = go_fields(nodes, NODE_LIST_FIELDS)
+    items = node_list.get("items")
+    if items is None:  # Go marshals an empty NodeList's nil Items as null
+        items = []
+    if not isinstance(items, list):
+        raise BadRequest("Nodes.items: expected a list of v1 Node objects or null")
     node_names = []
     for i, item in enumerate(items):
         meta = item.get("metadata") if isinstance(item, dict) else None
         name = meta.get("name") if isinstance(meta, dict) else None
         if not isinstance(name, str) or not name:
-            raise BadRequest(f"nodes.items[{i}].metadata.name: missing")
+            raise BadRequest(f"Nodes.items[{i}].metadata.name: missing")
         node_names.append(name)
-    return ExtenderArgs(pod, tuple(node_names), items)
+    return ExtenderArgs(pod, tuple(node_names), tuple(items))
 
 
 # --- the cluster state -----------------------------------------------------------------------
@@ -322,28 +402,28 @@ class Extender:
             for name in infeasible:
                 reasons = verdicts[name].reasons if name in verdicts else ()
                 failed[name] = "; ".join(reasons) or "does not fit"
-        result: dict[str, Any] = {
-            "failedNodes": failed,
-            "failedAndUnresolvableNodes": unresolvable,
-            "error": "",
-        }
-        if args.node_objects is None:
-            result["nodenames"] = passed
-        else:
+        # Every field, in ExtenderFilterResult's order, as Go's json.Marshal writes it: the node
+        # list in the request's mode, the other one null (kube-scheduler reads NodeNames when
+        # nodeCacheCapable and it is non-null, else Nodes).
+        nodes: dict[str, Any] | None = None
+        names: list[str] | None = passed
+        if args.node_objects is not None:
             keep = set(passed)
-            result["nodes"] = {
-                "apiVersion": "v1",
-                "kind": "NodeList",
-                "metadata": {},
-                "items": [o for o in args.node_objects if o["metadata"]["name"] in keep],
-            }
-        return result
+            items = [o for o in args.node_objects if o["metadata"]["name"] in keep]
+            nodes, names = {"metadata": {}, "items": items}, None
+        return {
+            "Nodes": nodes,
+            "NodeNames": names,
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         """A HostPriorityList: every requested node with a 0..10 score (see the module doc)."""
         values = self.scores(args)
         return [
-            {"host": name, "score": value}
+            {"Host": name, "Score": value}
             for name, value in zip(args.node_names, values, strict=True)
         ]
 
@@ -457,15 +537,15 @@ _PLAIN_NAMES = re.compile(r"[a-z0-9.,\-]*")
 
 
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
-    """A HostPriorityList as JSON, fast: node names (RFC 1123: lower-case letters, digits, '-'
-    and '.') need no escaping, so 1,000 entries are joined directly; anything else goes through
-    ``json.dumps``."""
+    """A HostPriorityList (``[{"Host", "Score"}]``) as JSON, fast: node names (RFC 1123:
+    lower-case letters, digits, '-' and '.') need no escaping, so 1,000 entries are joined
+    directly; anything else goes through ``json.dumps``."""
     if _PLAIN_NAMES.fullmatch(",".join(hosts)):
         body = ",".join(
-            f'{{"host":"{h}","score":{int(v)}}}' for h, v in zip(hosts, scores, strict=True)
+            f'{{"Host":"{h}","Score":{int(v)}}}' for h, v in zip(hosts, scores, strict=True)
         )
         return f"[{body}]".encode()
-    items = [{"host": h, "score": int(v)} for h, v in zip(hosts, scores, strict=True)]
+    items = [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores, strict=True)]
     return json.dumps(items, separators=(",", ":")).encode()
 
 
@@ -493,7 +573,7 @@ class _Handler(QuietHandler):
         elif path == "/metrics":
             self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
         else:
-            self._json(404, {"error": f"no such path {path}"})
+            self._json(404, {"Error": f"no such path {path}"})
 
     def do_POST(self) -> None:
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
@@ -507,13 +587,13 @@ class _Handler(QuietHandler):
         if verb not in VERBS:
             if self._read_body(limit=MAX_BODY_BYTES) is None:  # drain it, or drop the connection
                 self.close_connection = True
-            self._json(404, {"error": f"unknown verb {verb!r}; served: {', '.join(VERBS)}"})
+            self._json(404, {"Error": f"unknown verb {verb!r}; served: {', '.join(VERBS)}"})
             return 404
         body = self._read_body(limit=MAX_BODY_BYTES)
         if body is None:
             self.close_connection = True
             self._json(
-                400, {"error": "a body (Content-Length or chunked) of at most 64 MiB is required"}
+                400, {"Error": "a body (Content-Length or chunked) of at most 64 MiB is required"}
             )
             return 400
         extender = self.server.extender
@@ -524,14 +604,14 @@ class _Handler(QuietHandler):
             else:
                 body_out = encode_priorities(args.node_names, extender.scores(args))
         except BadRequest as exc:
-            self._json(400, {"error": str(exc)})
+            self._json(400, {"Error": str(exc)})
             return 400
         except StateUnavailable as exc:
-            self._json(503, {"error": f"defrag extender not ready: {exc}"})
+            self._json(503, {"Error": f"defrag extender not ready: {exc}"})
             return 503
         except Exception as exc:  # never let one request take the server down
             log.exception("extender %s failed", verb)
-            self._json(500, {"error": f"internal error: {type(exc).__name__}: {exc}"})
+            self._json(500, {"Error": f"internal error: {type(exc).__name__}: {exc}"})
             return 500
         self._send(200, body_out)
         return 200

@@ -116,7 +116,7 @@ def args_body(
 ) -> bytes:
     doc: dict[str, Any] = {"pod": pod}
     if names is not None:
-        doc["nodenames"] = names
+        doc["NodeNames"] = names
     if nodes is not None:
         doc["nodes"] = {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": nodes}
     return json.dumps(doc).encode()
@@ -133,9 +133,9 @@ def test_one_gpu_pod_ranks_node1_first_as_the_scheduler_does() -> None:
     # reserve-binpack, R=1 < T=8: node-1 F=1 → (1 - 0/8)·100 = 100 → the winner → 10;
     # node-3 F=4 → (1 - 3/8)·100 = 62.5 → floor(6.25) = 6; node-2 F=T → 0 → 0.
     assert answer == [
-        {"host": "node-1", "score": 10},
-        {"host": "node-2", "score": 0},
-        {"host": "node-3", "score": 6},
+        {"Host": "node-1", "Score": 10},
+        {"Host": "node-2", "Score": 0},
+        {"Host": "node-3", "Score": 6},
     ]
     # defrag place's engine on the same snapshot picks the same node.
     cluster = cluster_from_items(items)
@@ -148,15 +148,15 @@ def test_eight_gpu_pod_filters_to_node2_with_reasons() -> None:
     ext = make_extender(worked_example())
     body = args_body(v1_pod("big", 8), NAMES)
     result = ext.filter(parse_args(body))
-    assert result["nodenames"] == ["node-2"]
-    assert set(result["failedNodes"]) == {"node-1", "node-3"}
-    assert all("insufficient gpu" in r for r in result["failedNodes"].values())
-    assert result["failedAndUnresolvableNodes"] == {} and result["error"] == ""
+    assert result["NodeNames"] == ["node-2"]
+    assert set(result["FailedNodes"]) == {"node-1", "node-3"}
+    assert all("insufficient gpu" in r for r in result["FailedNodes"].values())
+    assert result["FailedAndUnresolvableNodes"] == {} and result["Error"] == ""
     # R = T = 8: node-2 entirely free → 100 → 10; the others are filtered → 0.
     assert ext.prioritize(parse_args(body)) == [
-        {"host": "node-1", "score": 0},
-        {"host": "node-2", "score": 10},
-        {"host": "node-3", "score": 0},
+        {"Host": "node-1", "Score": 0},
+        {"Host": "node-2", "Score": 10},
+        {"Host": "node-3", "Score": 0},
     ]
 
 
@@ -166,10 +166,9 @@ def test_nodes_mode_returns_the_node_objects_untouched() -> None:
     ext = make_extender(items)
     result = ext.filter(parse_args(args_body(v1_pod("mid", 4), nodes=nodes)))
     # R=4: node-1 (1 free) fails; node-2 (8) and node-3 (4) pass, as sent.
-    assert "nodenames" not in result
-    assert result["nodes"]["kind"] == "NodeList"
-    assert result["nodes"]["items"] == [nodes[1], nodes[2]]
-    assert list(result["failedNodes"]) == ["node-1"]
+    assert result["NodeNames"] is None
+    assert result["Nodes"] == {"metadata": {}, "items": [nodes[1], nodes[2]]}
+    assert list(result["FailedNodes"]) == ["node-1"]
 
 
 def test_only_requested_nodes_compete() -> None:
@@ -177,18 +176,18 @@ def test_only_requested_nodes_compete() -> None:
     ext = make_extender(worked_example())
     answer = ext.prioritize(parse_args(args_body(v1_pod("small", 1), ["node-2", "node-3"])))
     # node-1 is not a candidate: node-3 (62.5) wins → 10; node-2 (0) → 0.
-    assert answer == [{"host": "node-2", "score": 0}, {"host": "node-3", "score": 10}]
+    assert answer == [{"Host": "node-2", "Score": 0}, {"Host": "node-3", "Score": 10}]
 
 
 def test_unknown_node_fails_with_reason_and_scores_zero() -> None:
     ext = make_extender(worked_example())
     body = args_body(v1_pod("small", 1), ["node-9", "node-3"])
     result = ext.filter(parse_args(body))
-    assert result["failedNodes"] == {"node-9": R_UNKNOWN_NODE}
-    assert result["nodenames"] == ["node-3"]
+    assert result["FailedNodes"] == {"node-9": R_UNKNOWN_NODE}
+    assert result["NodeNames"] == ["node-3"]
     assert ext.prioritize(parse_args(body)) == [
-        {"host": "node-9", "score": 0},
-        {"host": "node-3", "score": 10},
+        {"Host": "node-9", "Score": 0},
+        {"Host": "node-3", "Score": 10},
     ]
 
 
@@ -212,11 +211,11 @@ def test_reserved_node_only_admits_its_pod(
     ext = make_extender(worked_example(RESERVED))
     body = args_body(v1_pod(name, 1, namespace=namespace), NAMES)
     result = ext.filter(parse_args(body))
-    assert ("node-1" in result["nodenames"]) is passes_node1
+    assert ("node-1" in result["NodeNames"]) is passes_node1
     if not passes_node1:
-        assert "team-a/vip" in result["failedAndUnresolvableNodes"]["node-1"]
-        assert "node-1" not in result["failedNodes"]
-    scores = {h["host"]: h["score"] for h in ext.prioritize(parse_args(body))}
+        assert "team-a/vip" in result["FailedAndUnresolvableNodes"]["node-1"]
+        assert "node-1" not in result["FailedNodes"]
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(parse_args(body))}
     assert max(scores, key=lambda h: scores[h]) == winner and scores[winner] == 10
 
 
@@ -225,8 +224,8 @@ def test_reservation_in_request_node_objects_beats_the_stale_cache() -> None:
     ext = make_extender(worked_example())  # the cache knows no reservation
     nodes = [o for o in worked_example(RESERVED) if o["kind"] == "Node"]
     result = ext.filter(parse_args(args_body(v1_pod("other", 1), nodes=nodes)))
-    assert list(result["failedAndUnresolvableNodes"]) == ["node-1"]
-    assert [n["metadata"]["name"] for n in result["nodes"]["items"]] == ["node-2", "node-3"]
+    assert list(result["FailedAndUnresolvableNodes"]) == ["node-1"]
+    assert [n["metadata"]["name"] for n in result["Nodes"]["items"]] == ["node-2", "node-3"]
 
 
 # --- the score mapping -----------------------------------------------------------------------
@@ -255,7 +254,7 @@ def test_top_score_is_the_schedulers_choice_for_each_policy(policy: str) -> None
     items = worked_example()
     ext = make_extender(items, policy)
     body = args_body(v1_pod("two", 2), NAMES)
-    scores = {h["host"]: h["score"] for h in ext.prioritize(parse_args(body))}
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(parse_args(body))}
     view = ext.cache.view()
     assert view is not None
     choice = schedule(parse_args(body).pod, view.cluster, view.policy)
@@ -300,10 +299,10 @@ def test_http_filter_and_prioritize(server: ExtenderHTTPServer) -> None:
     conn = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
     body = args_body(v1_pod("small", 1), NAMES)
     code, result = post(server, "/filter", body, conn)
-    assert code == 200 and result["nodenames"] == NAMES
+    assert code == 200 and result["NodeNames"] == NAMES
     code, prio = post(server, "/prioritize", body, conn)  # same keep-alive connection
     assert code == 200
-    assert prio[0] == {"host": "node-1", "score": 10}
+    assert prio[0] == {"Host": "node-1", "Score": 10}
 
 
 GOOD_POD = v1_pod("small", 1)
@@ -315,15 +314,21 @@ GOOD_POD = v1_pod("small", 1)
         (b"not json", "not JSON"),
         (b"\xff\xfe", "not JSON"),
         (b"[]", "expected a JSON object"),
-        (b"{}", "pod: missing"),
-        (json.dumps({"pod": 1, "nodenames": []}).encode(), "pod: missing or not an object"),
-        (json.dumps({"pod": GOOD_POD}).encode(), "neither nodes nor nodenames"),
-        (json.dumps({"pod": GOOD_POD, "nodenames": "node-1"}).encode(), "nodenames"),
-        (json.dumps({"pod": GOOD_POD, "nodenames": [1, 2]}).encode(), "nodenames"),
-        (json.dumps({"pod": GOOD_POD, "nodes": []}).encode(), "nodes: expected a v1 NodeList"),
+        (b"{}", "Pod: missing"),
+        (json.dumps({"pod": 1, "nodenames": []}).encode(), "Pod: missing or not an object"),
+        (json.dumps({"Pod": None, "NodeNames": []}).encode(), "Pod: null"),
+        (json.dumps({"pod": GOOD_POD}).encode(), "Nodes and NodeNames: both null or missing"),
+        (
+            json.dumps({"Pod": GOOD_POD, "Nodes": None, "NodeNames": None}).encode(),
+            "Nodes and NodeNames: both null",
+        ),
+        (json.dumps({"pod": GOOD_POD, "nodenames": "node-1"}).encode(), "NodeNames: expected"),
+        (json.dumps({"pod": GOOD_POD, "nodenames": [1, 2]}).encode(), "NodeNames: expected"),
+        (json.dumps({"pod": GOOD_POD, "nodes": []}).encode(), "Nodes: expected a v1 NodeList"),
+        (json.dumps({"Pod": GOOD_POD, "Nodes": {"items": {}}}).encode(), "Nodes.items: expected"),
         (
             json.dumps({"pod": GOOD_POD, "nodes": {"items": [{"metadata": {}}]}}).encode(),
-            "nodes.items[0].metadata.name",
+            "Nodes.items[0].metadata.name",
         ),
         (
             json.dumps(
@@ -349,14 +354,14 @@ def test_garbage_gets_400_with_reason_and_server_lives_on(
 ) -> None:
     code, result = post(server, f"/{verb}", body)
     assert code == 400
-    assert reason in result["error"]
+    assert reason in result["Error"]
     code, _ = post(server, f"/{verb}", args_body(GOOD_POD, NAMES))
     assert code == 200
 
 
 def test_unknown_verb_is_404(server: ExtenderHTTPServer) -> None:
     code, result = post(server, "/bind", args_body(GOOD_POD, NAMES))
-    assert code == 404 and "filter, prioritize" in result["error"]
+    assert code == 404 and "filter, prioritize" in result["Error"]
 
 
 def test_health_readiness_and_metrics(server: ExtenderHTTPServer) -> None:
@@ -383,7 +388,7 @@ def test_not_ready_until_the_source_answers() -> None:
         code, text = get(srv, "/readyz")
         assert code == 503 and "API server unreachable" in text
         code, result = post(srv, "/filter", args_body(GOOD_POD, NAMES))
-        assert code == 503 and "not ready" in result["error"]
+        assert code == 503 and "not ready" in result["Error"]
         # The source recovers: the next relist makes the extender ready.
         srv.extender.cache.source = StaticSource(cluster_from_items(worked_example()))
         assert srv.extender.cache.refresh().ok
@@ -431,7 +436,7 @@ def test_snapshot_source_follows_the_file(tmp_path: Any) -> None:
 def test_empty_candidate_list() -> None:
     ext = make_extender(worked_example())
     body = args_body(v1_pod("small", 1), [])
-    assert ext.filter(parse_args(body))["nodenames"] == []
+    assert ext.filter(parse_args(body))["NodeNames"] == []
     assert ext.prioritize(parse_args(body)) == []
 
 
@@ -444,7 +449,7 @@ def test_empty_candidate_list() -> None:
     ],
 )
 def test_priority_encoding_is_plain_json(hosts: list[str]) -> None:
-    items = [{"host": h, "score": i} for i, h in enumerate(hosts)]
+    items = [{"Host": h, "Score": i} for i, h in enumerate(hosts)]
     assert json.loads(encode_priorities(hosts, list(range(len(hosts))))) == items
 
 
@@ -459,10 +464,10 @@ def test_chunked_body_and_missing_length(server: ExtenderHTTPServer) -> None:
         encode_chunked=True,
     )
     resp = conn.getresponse()
-    assert resp.status == 200 and json.loads(resp.read())[0] == {"host": "node-1", "score": 10}
+    assert resp.status == 200 and json.loads(resp.read())[0] == {"Host": "node-1", "Score": 10}
     # No Content-Length and not chunked: 400, and the server closes that connection.
     raw = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
     raw.putrequest("POST", "/filter")
     raw.endheaders()
     resp = raw.getresponse()
-    assert resp.status == 400 and "Content-Length or chunked" in json.loads(resp.read())["error"]
+    assert resp.status == 400 and "Content-Length or chunked" in json.loads(resp.read())["Error"]

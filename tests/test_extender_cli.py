@@ -91,7 +91,7 @@ def test_extender_ranks_first_what_defrag_place_chooses(extender_url: str, gpus:
     expected = json.loads(placed.output)["node"]
     names = ["node-1", "node-2", "node-3"]
     scores = prioritize(extender_url, {"pod": gpu_pod(gpus), "nodenames": names})
-    top = [h["host"] for h in scores if h["score"] == 10]
+    top = [h["Host"] for h in scores if h["Score"] == 10]
     assert top == [expected]
 
 
@@ -101,9 +101,9 @@ def test_worked_example_one_gpu_goes_to_node1(extender_url: str) -> None:
     )
     # DESIGN §2: node-1 100 (winner → 10), node-3 62.5 → 6, node-2 0 → 0.
     assert scores == [
-        {"host": "node-1", "score": 10},
-        {"host": "node-2", "score": 0},
-        {"host": "node-3", "score": 6},
+        {"Host": "node-1", "Score": 10},
+        {"Host": "node-2", "Score": 0},
+        {"Host": "node-3", "Score": 6},
     ]
 
 

@@ -66,7 +66,7 @@ def wait_for(predicate: Any, what: str) -> None:
 def test_live_relist_follows_the_api(api: KubeApi, live: ExtenderHTTPServer) -> None:
     pod = k.pod("small", "default", 1, owner=None)
     scores = post(live, "prioritize", {"pod": pod, "nodenames": NAMES})
-    assert [h["host"] for h in scores if h["score"] == 10] == ["node-1"]
+    assert [h["Host"] for h in scores if h["Score"] == 10] == ["node-1"]
 
     # make-room reserved node-1 for another pod: after the next relist, "small" is kept off.
     node = api.get("Node", "node-1")
@@ -80,10 +80,10 @@ def test_live_relist_follows_the_api(api: KubeApi, live: ExtenderHTTPServer) -> 
 
     wait_for(reserved, "the reservation to be relisted")
     result = post(live, "filter", {"pod": pod, "nodenames": NAMES})
-    assert "ml/vip" in result["failedAndUnresolvableNodes"]["node-1"]
-    assert result["nodenames"] == ["node-2", "node-3"]
+    assert "ml/vip" in result["FailedAndUnresolvableNodes"]["node-1"]
+    assert result["NodeNames"] == ["node-2", "node-3"]
     vip = k.pod("vip", "ml", 1, owner=None)
-    assert "node-1" in post(live, "filter", {"pod": vip, "nodenames": NAMES})["nodenames"]
+    assert "node-1" in post(live, "filter", {"pod": vip, "nodenames": NAMES})["NodeNames"]
     # Only reads: the extender never writes to the API.
     assert {r.verb for r in api.requests} == {"list"}
 
@@ -128,14 +128,14 @@ def test_unknown_node_triggers_a_relist_at_once(api: KubeApi) -> None:
         pod = k.pod("small", "default", 1, owner=None)
         names = [*NAMES, "node-4"]
         result = post(srv, "filter", {"pod": pod, "nodenames": names})
-        assert "node-4" in result["failedNodes"]
+        assert "node-4" in result["FailedNodes"]
 
         def known() -> bool:
             view = srv.extender.cache.view()
             return view is not None and "node-4" in view.cluster.arrays.index
 
         wait_for(known, "the nudged relist")  # well before the 3600 s interval
-        assert "node-4" in post(srv, "filter", {"pod": pod, "nodenames": names})["nodenames"]
+        assert "node-4" in post(srv, "filter", {"pod": pod, "nodenames": names})["NodeNames"]
     finally:
         srv.shutdown()
         stop(srv)
