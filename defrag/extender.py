@@ -40,6 +40,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.adapters.kube_convert import ConversionError, pod_from_json
 from defrag.adapters.snapshot import load_snapshot
@@ -50,7 +51,7 @@ from defrag.model.workload import WorkloadMix
 from defrag.ports import ClusterSource
 from defrag.scoring.framework import Placement, Policy, Status
 from defrag.scoring.policies import make_policy
-from defrag.scoring.scheduler import explain, feasible_mask, schedule
+from defrag.scoring.scheduler import explain, feasible_mask, node_scores, schedule
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,9 @@ class ExtenderArgs:
     node_names: tuple[str, ...]
     node_objects: tuple[Mapping[str, Any], ...] | None = None
     """The v1 Node items when the request carried ``Nodes``; None in ``NodeNames`` mode."""
+    unmodelled: str = ""
+    """Why defrag cannot model the pod's request (a DRA claim, an unknown accelerator); such a
+    pod is not judged: every node passes the filter and scores 0, so kube-scheduler decides."""
 
     @property
     def node_cache_capable(self) -> bool:
@@ -167,16 +171,20 @@ def parse_args(body: bytes | str) -> ExtenderArgs:
     if not isinstance(raw_pod, dict):
         what = "null" if "Pod" in args and raw_pod is None else "missing or not an object"
         raise BadRequest(f"Pod: {what} (ExtenderArgs.Pod is the v1 Pod to place)")
+    found: list[ShapeWarning] = []
     try:
-        pod, _ = pod_from_json(raw_pod, "Pod")
+        pod, _ = pod_from_json(raw_pod, "Pod", found)
     except ConversionError as exc:
         raise BadRequest(f"Pod: {exc}") from None
+    unmodelled = "; ".join(str(w) for w in found if w.leave_out)
+    if unmodelled:
+        log.warning("not judging %s: %s", pod.key, unmodelled)
     names = args.get("NodeNames")
     nodes = args.get("Nodes")
     if names is not None:
         if not isinstance(names, list) or not set(map(type, names)) <= {str}:
             raise BadRequest("NodeNames: expected a list of node names (strings) or null")
-        return ExtenderArgs(pod, tuple(names))
+        return ExtenderArgs(pod, tuple(names), None, unmodelled)
     if nodes is None:
         raise BadRequest("Nodes and NodeNames: both null or missing; one must list the nodes")
     if not isinstance(nodes, dict):
@@ -194,7 +202,7 @@ def parse_args(body: bytes | str) -> ExtenderArgs:
         if not isinstance(name, str) or not name:
             raise BadRequest(f"Nodes.items[{i}].metadata.name: missing")
         node_names.append(name)
-    return ExtenderArgs(pod, tuple(node_names), tuple(items))
+    return ExtenderArgs(pod, tuple(node_names), tuple(items), unmodelled)
 
 
 # --- the cluster state -----------------------------------------------------------------------
@@ -391,6 +399,9 @@ class Extender:
         }
         mask = feasible_mask(args.pod, view.cluster.arrays, cand.exclude)
         passes = (cand.rows >= 0) & mask[cand.rows]  # rows of -1 are masked by the first term
+        if args.unmodelled:  # not defrag's to judge: only reserved nodes are refused
+            failed = {}
+            passes = np.array([n not in unresolvable for n in args.node_names], dtype=bool)
         passed = [n for n, ok in zip(args.node_names, passes.tolist(), strict=True) if ok]
         infeasible = [
             n
@@ -430,10 +441,12 @@ class Extender:
     def scores(self, args: ExtenderArgs) -> list[int]:
         """The 0..10 score of each requested node, in request order."""
         view = self._view()
+        if args.unmodelled:
+            return [0] * len(args.node_names)
         cand = self._candidates(args, view)
         arrays = view.cluster.arrays
         feasible = feasible_mask(args.pod, arrays, cand.exclude)
-        scores = view.policy.score(args.pod, arrays, feasible)
+        scores = node_scores(args.pod, arrays, view.policy, feasible)
         # The winner by the scheduler's own selection, over the very scores returned (a
         # random policy scored twice would disagree with itself).
         choice = schedule(args.pod, arrays, _Scored(view.policy, scores), exclude=cand.exclude)
