@@ -23,7 +23,7 @@ from defrag.detect.findings import Finding, Severity
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
-from defrag.scoring.filters import R_GPU, R_TOPOLOGY
+from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
 from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
 
@@ -68,8 +68,11 @@ def pending_since(pod: Pod) -> datetime | None:
 def diagnose(pod: Pod, cluster: Cluster, policy: str) -> Diagnosis:
     """Why ``pod`` cannot be placed right now, by the scheduler's own filter."""
     arrays = cluster.arrays
-    usable = arrays.schedulable & arrays.model_allowed(pod)
-    if pod.is_sharing:
+    usable = node_mask(pod, arrays) & arrays.model_allowed(pod)  # nodes it may ever use
+    if pod.pool:
+        needed = float(pod.pool_units)
+        free = float(arrays.pool_free_for(pod)[usable].sum())
+    elif pod.is_sharing:
         needed = pod.gpu_milli / GPU_MILLI
         free = float(arrays.free_share()[usable].sum()) / GPU_MILLI
     else:
@@ -79,11 +82,11 @@ def diagnose(pod: Pod, cluster: Cluster, policy: str) -> Diagnosis:
     if isinstance(verdict, Placement):
         return Diagnosis("placeable", f"fits on {verdict.node} now", needed, free)
     summary = verdict.summary
-    gpu_bound = any(r in (R_GPU, R_TOPOLOGY) for r in verdict.reasons)
-    if pod.num_gpu and free < needed:
+    gpu_bound = any(r in (R_GPU, R_TOPOLOGY, R_POOL) for r in verdict.reasons)
+    if pod.uses_gpu and free < needed:
         detail = f"asks {needed:g} GPU(s), only {free:g} free in total ({summary})"
         return Diagnosis("insufficient-gpus", detail, needed, free)
-    if pod.num_gpu and gpu_bound:
+    if pod.uses_gpu and gpu_bound:
         detail = f"{free:g} GPU(s) free in total, but no node can place {needed:g} ({summary})"
         return Diagnosis("fragmented", detail, needed, free)
     return Diagnosis("constrained", summary, needed, free)
@@ -97,8 +100,8 @@ def detect_starvation(
     candidates = cluster.pending_pods() if pods is None else pods
     for pod in candidates:
         since = pending_since(pod)
-        if since is None or not is_high_priority(pod, cluster, params):
-            continue
+        if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
+            continue  # a gated pod waits for its gates (Kueue admission, …), not for room
         waited = (now - since).total_seconds()
         if waited < params.for_s:
             continue

@@ -33,7 +33,7 @@ from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.plan.constraints import Constraints, check_pod, gang_of
 from defrag.plan.cost import DEFAULT_COST, CostModel
-from defrag.scoring.filters import taint_mask
+from defrag.scoring.filters import node_mask
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +90,7 @@ def exact_room(
     # Variables: x[p, n] for allowed pairs, z[p] (if preempt), y[n].
     pairs: list[tuple[int, int]] = []
     for i, pod in enumerate(movable):
-        allowed = a.schedulable & (a.gpu_total >= pod.num_gpu) & a.model_allowed(pod)
-        if a.tainted_rows:
-            allowed &= taint_mask(pod, a)
+        allowed = node_mask(pod, a) & (a.gpu_total >= pod.num_gpu) & a.model_allowed(pod)
         allowed[a.index[pod.node]] = True  # type: ignore[index]
         pairs.extend((i, int(n)) for n in np.flatnonzero(allowed))
     n_x = len(pairs)

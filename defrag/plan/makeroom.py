@@ -21,7 +21,7 @@ from defrag.plan import constraints as c
 from defrag.plan.model import Blocked, Step
 from defrag.plan.room import Context, Nest, Relocation, Room, VictimFilter, find_room, relocate
 from defrag.plan.workspace import Workspace
-from defrag.scoring.filters import feasible_mask, taint_mask
+from defrag.scoring.filters import feasible_mask, node_mask
 from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
 
@@ -163,10 +163,13 @@ def placeable_elsewhere(ws: Workspace) -> Callable[[Pod], bool]:
 
 
 def static_mask(pod: Pod, a: NodeArrays) -> BoolArray:
-    """Nodes whose capacity (not their free resources) can hold the pod."""
-    ok = a.schedulable & (a.cpu_total >= pod.cpu_milli) & (a.mem_total >= pod.memory_mib)
-    if a.tainted_rows:
-        ok &= taint_mask(pod, a)
+    """Nodes whose capacity (not their free resources) can hold the pod, and that its
+    nodeSelector, node affinity, tolerations and the cordon admit. A pod asking pool units
+    (MIG profiles, time-sliced replicas) gets no room made: pools have no exclusive GPUs to
+    free (docs/planning.md)."""
+    if pod.pool:
+        return np.zeros(len(a), dtype=bool)
+    ok = node_mask(pod, a) & (a.cpu_total >= pod.cpu_milli) & (a.mem_total >= pod.memory_mib)
     if pod.num_gpu:
         ok &= (a.gpu_total >= pod.num_gpu) & a.model_allowed(pod)
         if pod.gpu_memory_mib:

@@ -150,8 +150,8 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     """Pending pods that qualify for make-room, a gang as one group, most urgent first."""
     groups: dict[str, list[Pod]] = defaultdict(list)
     for pod in cluster.pending_pods():
-        if pod.priority < options.starved_priority:
-            continue
+        if pod.priority < options.starved_priority or pod.is_gated:
+            continue  # a gated pod (Kueue admission, …) is not the scheduler's to place yet
         since = pod.pending_since or pod.created_at
         if options.starved_after > timedelta(0) and (
             since is None or _aware(now) - _aware(since) < options.starved_after
