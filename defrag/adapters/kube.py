@@ -161,6 +161,7 @@ class KubeClusterSource:
         self.page_size = page_size
         self.call = _Caller(retry or RetryPolicy())
         self.skip_finished_pods = skip_finished_pods
+        self._said: set[str] = set()
         # The client's typed models are bypassed (raw JSON both ways), hence Any.
         self.core: Any = client.CoreV1Api(api)
         self.policy: Any = client.PolicyV1Api(api)
@@ -196,6 +197,10 @@ class KubeClusterSource:
                 len(parts.dropped),
                 ", ".join(parts.dropped[:5]),
             )
+        new = [w for w in cluster.warnings if w not in self._said]
+        for warning in new:
+            log.warning("not modelled fully: %s", warning)
+        self._said = set(cluster.warnings)  # said once while it lasts, again if it comes back
         return cluster
 
     def _collect(

@@ -81,9 +81,17 @@ def load_cluster(paths: Sequence[Path]) -> Cluster:
     if not paths:
         raise UserError("no snapshot given (--snapshot FILE)")
     try:
-        return load_snapshot(list(paths))
+        cluster = load_snapshot(list(paths))
     except (SnapshotError, ConversionError, ModelError, OSError) as exc:
         raise UserError(str(exc)) from None
+    say_warnings(cluster)
+    return cluster
+
+
+def say_warnings(cluster: Cluster) -> None:
+    """One ``warning:`` line on stderr per object the source could not model fully."""
+    for warning in cluster.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
 
 
 def main() -> None:

@@ -94,7 +94,7 @@ def plan_command(
     except (UnknownPolicy, PlanError) as exc:
         raise UserError(str(exc)) from None
     if output is PlanOutput.json:
-        print_json(plan.to_dict())
+        print_json({**plan.to_dict(), "warnings": list(cluster.warnings)})
     elif output is PlanOutput.yaml:
         yaml.safe_dump(plan.to_dict(), sys.stdout, sort_keys=False, allow_unicode=True)
     else:

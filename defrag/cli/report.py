@@ -50,6 +50,11 @@ def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Tabl
         "FGD fragmented (of idle)",
         f"{rep.fgd_fragmented_gpus:.2f} GPUs ({rep.fgd_frag_pct_of_idle:.1f}%)",
     )
+    for pool in rep.pools:
+        table.add_row(
+            f"{pool.resource} units (total / free / largest request)",
+            f"{pool.total} / {pool.free} / {pool.largest_request}",
+        )
     return table
 
 
@@ -87,7 +92,7 @@ def report(
     rep = fragmentation_report(cluster, workload_mix(cluster))
     extras: dict[str, Any] = _prometheus_extras(prometheus, at) if prometheus else {}
     if output is Output.json:
-        print_json({**rep.to_dict(), **extras})
+        print_json({**rep.to_dict(), **extras, "warnings": list(cluster.warnings)})
         return
     console.print(report_table(rep))
     console.print(node_table(rep))

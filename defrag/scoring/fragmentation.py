@@ -52,6 +52,26 @@ class NodeFragmentation:
 
 
 @dataclass(frozen=True, slots=True)
+class PoolUsage:
+    """One GPU pool resource (a MIG profile, time-sliced replicas) across the cluster: its units
+    never count as whole GPUs; ``largest_request`` is the most units one pod can get now."""
+
+    resource: str
+    total: int
+    free: int
+    nodes: int
+    largest_request: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "total": self.total,
+            "free": self.free,
+            "nodes": self.nodes,
+            "largest_request": self.largest_request,
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class FragmentationReport:
     total_gpus: int
     free_gpus: int
@@ -64,6 +84,7 @@ class FragmentationReport:
     fgd_fragmented_gpus: float
     fgd_frag_pct_of_idle: float
     nodes: tuple[NodeFragmentation, ...]
+    pools: tuple[PoolUsage, ...] = ()
 
     @property
     def allocation_pct(self) -> float:
@@ -83,6 +104,7 @@ class FragmentationReport:
             "fgd_fragmented_gpus": round(self.fgd_fragmented_gpus, 3),
             "fgd_frag_pct_of_idle": round(self.fgd_frag_pct_of_idle, 3),
         }
+        out["pools"] = {p.resource: p.to_dict() for p in self.pools}
         if with_nodes:
             out["nodes"] = [n.to_dict() for n in self.nodes]
         return out
@@ -145,4 +167,24 @@ def fragmentation_report(
         fgd_fragmented_gpus=fragmented,
         fgd_frag_pct_of_idle=100.0 * fragmented / idle if idle > 0 else 0.0,
         nodes=nodes,
+        pools=pool_usage(arrays),
     )
+
+
+def pool_usage(arrays: NodeArrays) -> tuple[PoolUsage, ...]:
+    """Every GPU pool resource's units, free units and the largest request one node can take
+    (schedulable nodes only)."""
+    out = []
+    for col, res in enumerate(arrays.pool_names):
+        total = arrays.pool_total[:, col]
+        free = np.where(arrays.schedulable, arrays.pool_free[:, col], 0)
+        out.append(
+            PoolUsage(
+                resource=res,
+                total=int(total.sum()),
+                free=int(arrays.pool_free[:, col].sum()),
+                nodes=int((total > 0).sum()),
+                largest_request=int(free.max(initial=0)),
+            )
+        )
+    return tuple(out)
