@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from defrag.adapters.gpu_shapes import ksm_kind, ksm_name
 from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
 from defrag.detect.findings import Finding
 from defrag.detect.fragmentation import detect_fragmentation
@@ -240,20 +241,56 @@ def cluster_from_kube_state(
     range over ``lookback``) since when they are pending. CPU and memory are not modelled.
 
     Pods whose requests do not fit what their node has left (scrapes a moment apart) are left
-    out rather than failing the cycle.
+    out rather than failing the cycle. ``resource`` labels of MIG profiles and renamed
+    time-sliced replicas are pools, unknown accelerators warnings (``Cluster.warnings``); a
+    time-sliced ``nvidia.com/gpu`` or a HAMi split count cannot be told apart here (no labels,
+    no annotations) and reads as whole GPUs (docs/kubernetes.md).
     """
-    nodes = {}
+    warnings: list[str] = []
+    whole: dict[str, int] = {}
+    pools: dict[str, dict[str, int]] = {}
     for s in metrics.instant(queries.allocatable, now):
-        name = s.labels.get("node", "")
-        if name and s.last is not None:
-            nodes[name] = Node(name, cpu_milli=0, memory_mib=0, num_gpu=int(s.last))
+        name, res = s.labels.get("node", ""), s.labels.get("resource", _KSM_GPU)
+        if not name or s.last is None or s.last <= 0:
+            continue
+        kind = ksm_kind(res)
+        if kind == "gpu":
+            whole[name] = int(s.last)
+        elif kind == "pool":
+            pools.setdefault(name, {})[res] = int(s.last)
+        elif kind == "unknown":
+            warnings.append(
+                f"Node {name}: kube_node_status_allocatable{{resource={res!r}}}: {int(s.last)} "
+                "unit(s) of an accelerator defrag does not model; left out"
+            )
+    nodes = {
+        name: Node(name, 0, 0, num_gpu=whole.get(name, 0), pools=pools.get(name, {}))
+        for name in {*whole, *pools}
+    }
     requests: dict[str, float] = {}
+    pool_requests: dict[str, tuple[str, float]] = {}
+    unmodelled: set[str] = set()
     req_node: dict[str, str] = {}
     for s in metrics.instant(queries.gpu_requests, now):
-        key = _pod_key(s.labels)
-        if key and s.last:
+        key, res = _pod_key(s.labels), s.labels.get("resource", _KSM_GPU)
+        if not key or not s.last:
+            continue
+        kind = ksm_kind(res)
+        if kind == "gpu":
             requests[key] = requests.get(key, 0.0) + s.last
-            req_node.setdefault(key, s.labels.get("node", ""))
+        elif kind == "pool":
+            first, units = pool_requests.get(key, (res, 0.0))
+            pool_requests[key] = (first, units + s.last if first == res else units)
+        elif kind == "unknown":
+            unmodelled.add(key)
+            warnings.append(
+                f"Pod {key}: kube_pod_container_resource_requests{{resource={res!r}}}: an "
+                "accelerator defrag does not model; counted for nothing"
+            )
+            continue
+        else:
+            continue
+        req_node.setdefault(key, s.labels.get("node", ""))
     phases = {
         key: s.labels.get("phase", "")
         for s in metrics.instant(queries.phase, now)
@@ -273,9 +310,11 @@ def cluster_from_kube_state(
         if began is not None:
             since[key] = datetime.fromtimestamp(began, UTC)
     pods = []
-    for key, gpus in sorted(requests.items()):
+    for key in sorted({*requests, *pool_requests}):
+        gpus = requests.get(key, 0.0)
+        pool, units = pool_requests.get(key, ("", 0.0))
         phase = phases.get(key, "Pending" if key in since else "")
-        if phase not in ("Pending", "Running"):
+        if phase not in ("Pending", "Running") or (phase == "Pending" and key in unmodelled):
             continue
         labels = info.get(key, {})
         node = labels.get("node") or req_node.get(key) or None
@@ -285,19 +324,24 @@ def cluster_from_kube_state(
                 name,
                 namespace,
                 num_gpu=round(gpus),
+                pool=pool if units else "",
+                pool_units=round(units),
                 priority_class=labels.get("priority_class", ""),
                 phase=phase,
                 node=node if node in nodes else None,
                 pending_since=since.get(key) if phase == "Pending" else None,
             )
         )
-    cluster = Cluster.build(nodes.values())
+    cluster = Cluster.build(nodes.values(), warnings=warnings)
     for pod in pods:
         try:
             cluster = cluster.with_pod_added(pod)
         except ModelError:
             continue
     return cluster
+
+
+_KSM_GPU = ksm_name("nvidia.com/gpu")
 
 
 def _pod_key(labels: Mapping[str, str]) -> str:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
@@ -396,3 +397,31 @@ def share_for_memory(memory_mib: int, gpu_memory_mib: int, floor: int = 1) -> in
     if gpu_memory_mib <= 0:
         return GPU_MILLI
     return min(GPU_MILLI, max(floor, math.ceil(GPU_MILLI * memory_mib / gpu_memory_mib)))
+
+
+# --- kube-state-metrics ------------------------------------------------------------------------
+
+
+def ksm_name(resource: str) -> str:
+    """A resource name as kube-state-metrics writes it in its ``resource`` label
+    (``nvidia.com/mig-1g.10gb`` → ``nvidia_com_mig_1g_10gb``)."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", resource)
+
+
+_KSM_GPU = ksm_name(GPU_RESOURCE)
+_KSM_POOL_PREFIXES = (ksm_name(MIG_PREFIX), ksm_name(SHARED_RESOURCE))
+_KSM_KNOWN = frozenset(ksm_name(k) for k in KNOWN_GPU_KEYS)
+_KSM_ACCELERATORS = tuple(ksm_name(p) for p in ACCELERATOR_PREFIXES)
+
+
+def ksm_kind(label: str) -> str:
+    """What a kube-state-metrics ``resource`` label is: ``gpu`` (whole NVIDIA GPUs), ``pool``
+    (MIG profiles, renamed time-sliced replicas), ``unknown`` (an accelerator defrag does not
+    model) or ``other`` (cpu, memory, a known sharing key)."""
+    if label == _KSM_GPU:
+        return "gpu"
+    if label.startswith(_KSM_POOL_PREFIXES):
+        return "pool"
+    if label.startswith(_KSM_ACCELERATORS) and label not in _KSM_KNOWN:
+        return "unknown"
+    return "other"

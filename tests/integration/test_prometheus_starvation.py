@@ -2,7 +2,10 @@
 
 Three 8-GPU nodes with 5, 5 and 6 GPUs requested (8 free, at most 3 on a node); pending 4-GPU
 pods: ``urgent`` (high-priority, 30 min), ``batch`` (low priority, 5 h) and ``fresh``
-(high-priority, 5 min, under the rule's 15 min ``for``).
+(high-priority, 5 min, under the rule's 15 min ``for``). Beside them, shapes kube-state-metrics
+names by its sanitised ``resource`` label (kube-state-metrics docs/metrics/workload/pod-metrics.md,
+node-metrics.md): a MIG-mixed node ``n4`` (``nvidia_com_mig_1g_10gb``: 7, one slice used) and an
+AMD node ``n5`` (``amd_com_gpu``: 8) with a pending AMD pod.
 """
 
 from __future__ import annotations
@@ -40,7 +43,16 @@ def history() -> str:
         ({"node": n, "resource": "nvidia_com_gpu", "unit": "integer"}, TIMES, ones * 8)
         for n in ("n1", "n2", "n3")
     ]
+    alloc.append(({"node": "n4", "resource": "nvidia_com_mig_1g_10gb", "unit": "integer"},
+                  TIMES, ones * 7))
+    alloc.append(({"node": "n5", "resource": "amd_com_gpu", "unit": "integer"}, TIMES, ones * 8))
     requests, phase, info = [], [], []
+    for pod, node, res in (("mig", "n4", "nvidia_com_mig_1g_10gb"), ("rocm", "", "amd_com_gpu")):
+        base = {"namespace": "ml", "pod": pod}
+        labels = {**base, "container": "main", "node": node, "resource": res, "unit": "integer"}
+        requests.append((labels, TIMES, ones))
+        phase.append(({**base, "phase": "Running" if node else "Pending"}, TIMES, ones))
+        info.append(({**base, "node": node, "priority_class": "high-priority"}, TIMES, ones))
     for pod, (node, gpus) in RUNNING.items():
         base = {"namespace": "ml", "pod": pod}
         requests.append(
@@ -98,8 +110,16 @@ def test_cluster_from_kube_state_metrics(prom: str) -> None:
     assert isinstance(rule, StarvationRule) and rule.queries is not None
     source = PrometheusSource(prom, retries=0)
     cluster = cluster_from_kube_state(rule.queries, source, END)
-    assert [n.name for n in cluster.nodes] == ["n1", "n2", "n3"]
-    assert cluster.arrays.free_whole_count().tolist() == [3, 3, 2]  # 8 − 5, 8 − 5, 8 − 6
+    assert [n.name for n in cluster.nodes] == ["n1", "n2", "n3", "n4"]
+    assert cluster.arrays.free_whole_count().tolist() == [3, 3, 2, 0]  # 8 − 5, 8 − 5, 8 − 6
+    # the MIG slices are a pool of their own (6 of 7 free), never whole GPUs
+    assert dict(cluster.node("n4").pools) == {"nvidia_com_mig_1g_10gb": 7}
+    col = cluster.arrays.pool_index["nvidia_com_mig_1g_10gb"]
+    assert int(cluster.arrays.pool_free[cluster.arrays.index["n4"], col]) == 6
+    assert cluster.pods["ml/mig"].pool_units == 1 and cluster.pods["ml/mig"].num_gpu == 0
+    # the AMD node and the pending AMD pod: one warning each, the pod left out
+    assert "ml/rocm" not in cluster.pods
+    assert [w.split(":")[0] for w in cluster.warnings] == ["Node n5", "Pod ml/rocm"]
     urgent = cluster.pods["ml/urgent"]
     assert urgent.node is None and urgent.num_gpu == 4 and urgent.priority_class == "high-priority"
     assert urgent.pending_since == END - timedelta(minutes=30)
