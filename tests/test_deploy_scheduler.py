@@ -235,6 +235,16 @@ def test_extender_stanza_choices(extender_stanza: dict[str, Any]) -> None:
     for m in managed:
         assert m["name"] in KNOWN_GPU_KEYS  # a resource defrag models
         assert m["ignoredByScheduler"] is False  # kube-scheduler still checks the fit itself
+    # kube-scheduler's validateExtenders (pkg/scheduler/apis/config/validation): a positive
+    # weight with a prioritizeVerb; managed names unique, each an extended resource name (a
+    # domain-qualified name outside kubernetes.io/).
+    assert extender_stanza["weight"] > 0
+    names = [m["name"] for m in managed]
+    assert len(set(names)) == len(names)
+    for name in names:
+        domain, _, local = name.partition("/")
+        assert "." in domain and not domain.endswith("kubernetes.io"), name
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", local), name
     # One extender point (winner 10 vs ≤ 9) × weight × 10 must exceed the default score
     # plugins' combined range: weights 3+2+2+2+1+1+1 = 12, × 100 = 1,200. 1 × 200 × 10 = 2,000.
     assert 1 * extender_stanza["weight"] * (100 // MAX_EXTENDER_PRIORITY) > 1200
