@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,9 +30,12 @@ import pytest
 import yaml
 
 from defrag.adapters.gpu_shapes import KNOWN_GPU_KEYS
+from defrag.adapters.kube import LeaseElector
 from defrag.extender import MAX_EXTENDER_PRIORITY, VERBS, SnapshotFileSource, serve, stop
 from tests.support.binaries import free_port
+from tests.support.kubeapi import running
 from tests.test_deploy import DEPLOY, IMAGE, K8S_VERSION, Obj, one, render
+from tests.test_rbac import Clock
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPONENT = DEPLOY / "components" / "extender"
@@ -380,6 +384,38 @@ def test_lease_role_covers_exactly_the_configured_lease(
     lease = election["resourceName"]
     assert grants == {("create", "*"), ("get", lease), ("update", lease)}
     assert sum(len(r["resources"]) for r in role["rules"]) == len(role["rules"]) == 2
+
+
+def test_a_client_go_style_election_on_that_lease_is_allowed_by_the_role(
+    objs: list[Obj], config: dict[str, Any]
+) -> None:
+    """Two candidates create, renew and take over the configured Lease against the emulated API
+    (LeaseElector does what client-go's LeaseLock does: get, create, update); RBAC's rule
+    matching — a verb listed, and no resourceNames or the object's name among them (a create
+    has no name yet) — allows every request, and a Lease of another name is refused."""
+    election = config["leaderElection"]
+    namespace, name = election["resourceNamespace"], election["resourceName"]
+    rules = one(objs, "Role", "defrag-scheduler-leader-election")["rules"]
+
+    def allowed(verb: str, obj_name: str) -> bool:
+        return any(
+            verb in r["verbs"] and (not r.get("resourceNames") or obj_name in r["resourceNames"])
+            for r in rules
+            if r["apiGroups"] == ["coordination.k8s.io"] and r["resources"] == ["leases"]
+        )
+
+    clock = Clock()
+    for api in running():
+        a = LeaseElector(api.client(), namespace, name, identity="a", clock=clock)
+        b = LeaseElector(api.client(), namespace, name, identity="b", clock=clock)
+        assert a.is_leader() and a.is_leader()  # create, then renew
+        clock.t += timedelta(minutes=5)
+        assert b.is_leader()  # take over
+        leases = [r for r in api.requests if r.resource == "leases"]
+        assert {r.verb for r in leases} == {"get", "create", "update"}
+        assert all(r.namespace == namespace for r in leases)
+        assert [(r.verb, r.name) for r in leases if not allowed(r.verb, r.name)] == []
+    assert not allowed("update", "kube-scheduler") and not allowed("get", "defrag")
 
 
 # --- the extender answers at urlPrefix + verb ----------------------------------------------------
