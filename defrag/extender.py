@@ -662,13 +662,28 @@ class _Handler(QuietHandler):
             self.rfile.readline(8)  # the CRLF after each chunk
 
 
+class _StatusHandler(_Handler):
+    """Only ``GET /healthz``, ``/readyz`` and ``/metrics``: the address that kubelet probes and
+    Prometheus reach, while ``filter`` and ``prioritize`` stay on the loopback address that the
+    kube-scheduler beside the extender calls (deploy/components/extender)."""
+
+    def do_POST(self) -> None:
+        if self._read_body(limit=MAX_BODY_BYTES) is None:  # drain it, or drop the connection
+            self.close_connection = True
+        self._json(404, {"Error": "this address serves only GET /healthz, /readyz and /metrics"})
+
+
 class ExtenderHTTPServer(QuietHTTPServer):
     logger = log
 
     def __init__(
-        self, address: tuple[str, int], extender: Extender, metrics: ExtenderMetrics
+        self,
+        address: tuple[str, int],
+        extender: Extender,
+        metrics: ExtenderMetrics,
+        handler: type[_Handler] = _Handler,
     ) -> None:
-        super().__init__(address, _Handler)
+        super().__init__(address, handler)
         self.extender = extender
         self.metrics = metrics
 
@@ -699,6 +714,15 @@ def serve(
     server = ExtenderHTTPServer((host, port), Extender(cache), metrics)
     cache.start()
     return server
+
+
+def serve_status(server: ExtenderHTTPServer, host: str, port: int) -> ExtenderHTTPServer:
+    """A second server for ``server``'s probes and metrics only (same cache, same registry).
+
+    The caller runs its ``serve_forever()`` and, when done, ``shutdown()`` and
+    ``server_close()``; :func:`stop` on the main server stops the shared cache.
+    """
+    return ExtenderHTTPServer((host, port), server.extender, server.metrics, _StatusHandler)
 
 
 def stop(server: ExtenderHTTPServer) -> None:
