@@ -208,7 +208,7 @@ def test_snapshot_split_into_json_files_is_the_same(name: str, tmp_path: Path) -
     files = []
     for part, objs in (("nodes", nodes), ("rest", rest)):
         path = tmp_path / f"{part}.json"
-        doc = {"apiVersion": "v1", "kind": "List", "items": objs, "metadata": {"resourceVersion": ""}}
+        doc = {"apiVersion": "v1", "kind": "List", "items": objs, "metadata": {}}
         path.write_text(json.dumps(doc, indent=2), encoding="utf-8")
         files.append(path)
     split = load_snapshot(files)
