@@ -20,6 +20,7 @@ Expectation keys (all optional except ``nodes``, ``pods`` and ``warnings``):
 - ``report``: fields of ``defrag report -o json``;
 - ``placement``: pending pod → the nodes ``schedule`` may choose (``[]``: unschedulable);
 - ``excluded``: pending pod → nodes its constraints exclude (never chosen, never freed for it);
+- ``admitted``: pending pod → nodes the filter must let through (each has room for it now);
 - ``starving``: pod → starvation reason at ``AT`` (exactly these pods starve);
 - ``no_node_finding``: nodes the fragmentation detector must not flag (pool-only nodes);
 - ``gated``: pods that get no finding and no room; ``room_for``: pods make-room serves;
@@ -375,6 +376,14 @@ def test_excluded_nodes_are_filtered_with_a_reason(
     verdicts = {v.node: v for v in explain(cluster.pods[key], cluster)}
     for node in excluded:
         assert verdicts[node].score is None and verdicts[node].reasons, f"{key} on {node}"
+
+
+@pytest.mark.parametrize(("name", "key", "admitted"), cases("admitted"))
+def test_admitted_nodes_pass_the_filter(name: str, key: str, admitted: list[str]) -> None:
+    cluster = snapshot(name)
+    verdicts = {v.node: v for v in explain(cluster.pods[key], cluster)}
+    for node in admitted:
+        assert verdicts[node].score is not None, f"{key} on {node}: {verdicts[node].reasons}"
 
 
 def alone(cluster: Cluster, key: str) -> Cluster:
