@@ -227,8 +227,7 @@ def make_view(cluster: Cluster, policy_name: str, taken_at: float) -> ClusterVie
         if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
     }
     # The mix `defrag place` uses: the GPU pods the cluster holds, or the default when none.
-    gpu_pods = [p for p in cluster.pods.values() if p.num_gpu]
-    mix = WorkloadMix.from_pods(gpu_pods) if gpu_pods else WorkloadMix.default()
+    mix = WorkloadMix.observed(cluster.pods.values())
     return ClusterView(cluster, make_policy(policy_name, mix=mix), reserved, taken_at)
 
 

@@ -113,8 +113,7 @@ def _parse_now(text: str | None) -> datetime:
 
 
 def _mix(cluster: Cluster) -> WorkloadMix:
-    pods = [p for p in cluster.pods.values() if p.num_gpu]
-    return WorkloadMix.from_pods(pods) if pods else WorkloadMix.default()
+    return WorkloadMix.observed(cluster.pods.values())
 
 
 def _print_table(plan: Plan) -> None:

@@ -30,8 +30,7 @@ from defrag.scoring.scheduler import explain, schedule
 
 def workload_mix(cluster: Cluster) -> WorkloadMix:
     """The mix of the pods the cluster holds (bound and pending), or the default when empty."""
-    pods = [p for p in cluster.pods.values() if p.num_gpu]
-    return WorkloadMix.from_pods(pods) if pods else WorkloadMix.default()
+    return WorkloadMix.observed(cluster.pods.values())
 
 
 def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Table:
