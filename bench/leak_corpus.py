@@ -25,7 +25,7 @@ the history's end (inside the shipped 48 h horizon).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -225,16 +225,15 @@ def iter_corpus(
 ) -> Iterator[Case]:
     for fi, family in enumerate(families):
         for ni, noise in enumerate(noises):
-            cells: list[tuple[float | None, Callable[[np.random.Generator, str], Case]]]
-            if family in LEAK_FAMILIES:
-                cells = [(r, lambda g, n, r=r: _leak(family, r, noise, g, n)) for r in rates]
-            else:
-                cells = [(None, lambda g, n: _non_leak(family, noise, g, n))]
-            for ri, (rate, make) in enumerate(cells):
+            rate_cells: Sequence[float | None] = rates if family in LEAK_FAMILIES else (None,)
+            for ri, rate in enumerate(rate_cells):
                 for i in range(per_cell):
                     rng = np.random.default_rng([seed, fi, ni, ri, i])
                     tag = f"{family}-s{noise:g}" + (f"-r{rate:g}" if rate else "") + f"-{i}"
-                    yield make(rng, tag)
+                    if rate is None:
+                        yield _non_leak(family, noise, rng, tag)
+                    else:
+                        yield _leak(family, rate, noise, rng, tag)
 
 
 def random_mix(n: int = 1000, seed: int = 2) -> list[Case]:

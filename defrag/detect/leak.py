@@ -232,7 +232,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         "total_mib": round(series.total_mib, 1),
         "slope_mib_per_h": round(slope, 1),
         "slope_ci_mib_per_h": [round(low, 1), round(high, 1)],
-        "noise_mib": round(noise, 1),
+        "noise_mib": round(float(noise), 1),
         "judged_on": "floor" if cycles else "bins",
         "lookback_s": params.lookback_s,
         "bins": len(bins.times),
@@ -271,7 +271,10 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         params.max_drawdown_fraction * growth,
         (params.drawdown_noise if cycles else params.cycle_noise) * noise,
     )
-    evidence |= {"drawdown_mib": round(drawdown, 1), "drawdown_allowed_mib": round(allowed, 1)}
+    evidence |= {
+        "drawdown_mib": round(drawdown, 1),
+        "drawdown_allowed_mib": round(float(allowed), 1),
+    }
     if drawdown > allowed:
         reasons.append(f"falls back {drawdown:.0f} MiB (more than {allowed:.0f} allowed)")
     # the level line: the floor's slope through the bins' median level
@@ -285,8 +288,8 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         reasons.append("never reaches the GPU's memory")
     else:
         evidence["exhaust_at"] = _iso(exhaust_at)
-        evidence["hours_to_exhaust"] = round(max(exhaust_at - end, 0.0) / HOUR_S, 2)
-        evidence["level_mib"] = round(level0 + slope * now_h, 1)
+        evidence["hours_to_exhaust"] = round(float(max(exhaust_at - end, 0.0)) / HOUR_S, 2)
+        evidence["level_mib"] = round(float(level0 + slope * now_h), 1)
         if exhaust_at - end > params.horizon_s:
             reasons.append(
                 f"exhaustion in {(exhaust_at - end) / HOUR_S:.1f} h, beyond the "
@@ -349,7 +352,8 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
     if s.instance:
         labels["gpu_instance"] = s.instance
     rate = ev["slope_mib_per_h"]
-    lo, hi = ev["slope_ci_mib_per_h"]  # type: ignore[misc]
+    ci = verdict.evidence.get("slope_ci_mib_per_h", ["?", "?"])
+    lo, hi = ci if isinstance(ci, list) else ("?", "?")
     if len(s.pods) == 1:
         namespace, _, pod = s.pods[0].partition("/")
         labels |= {"namespace": namespace, "pod": pod}

@@ -141,7 +141,7 @@ def rolling_floor(binned: Binned, window: float) -> Binned:
     floor of a leak rises with it. Windows with fewer than half their bins present are dropped.
     Returns the series itself when it spans less than two windows.
     """
-    n = max(int(round(window / binned.width)), 1)
+    n = max(round(window / binned.width), 1)
     if n <= 1 or len(binned.times) == 0:
         return binned
     w = binned.width
