@@ -170,6 +170,7 @@ def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[G
     used = metrics.range(leak_range_query(rule), start, now, rule.step)
     free = metrics.instant(rule.queries.free, now)
     reserved = metrics.instant(rule.queries.reserved, now) if rule.queries.reserved else []
+    used_now = metrics.instant(rule.queries.used, now) if used else []
     names = rule.labels.dcgm()
     if not used and not free:
         raise MissingInput(
@@ -181,9 +182,10 @@ def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[G
             f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
         )
     targets = names.target_pods(s.labels for s in [*used, *free])
-    last_of: dict[str, dict[tuple[str, ...], float]] = {"free": {}, "reserved": {}}
+    # capacity = used + free (+ reserved) read at the same instant, per GPU / MIG instance
+    last_of: dict[str, dict[tuple[str, ...], float]] = {"free": {}, "reserved": {}, "used": {}}
     unkeyed = 0
-    for kind, samples in (("free", free), ("reserved", reserved)):
+    for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now)):
         for s in samples:
             key = names.key(s.labels)
             if key is not None and s.last is not None:
@@ -208,7 +210,7 @@ def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[G
         latest = max(samples, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
         pods = tuple(sorted({k for s in samples if (k := names.pod_key(s.labels, targets))}))
         named = any(s.labels.get(p) for s in samples for p in names.pod)
-        last_used = float(values[-1]) if len(values) else 0.0
+        last_used = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
         free_now = last_of["free"].get(key)
         reserved_now = last_of["reserved"].get(key, 0.0)
         total = last_used + free_now + reserved_now if free_now is not None else 0.0

@@ -253,6 +253,11 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         reasons.append(f"trend p-value {p:.2g} above {params.max_trend_p:g}")
     slices = _slice_slopes(fh, judged.values, params.segments)
     need = max(params.min_slope_mib_per_h / 2, params.min_persistence * slope)
+    if cycles:
+        # a floor rests on one trough per cache cycle: a slice's slope is the difference of two
+        # noisy troughs over its length, so it may fall short by twice that standard error
+        slice_h = (fh[-1] - fh[0]) / params.segments
+        need -= 2 * np.sqrt(2.0) * noise / slice_h
     rising = float(np.mean(slices >= need))
     evidence |= {
         "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
