@@ -53,7 +53,12 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
             "required field missing",
         ),
         # out of range
-        (GOOD_LEAK + "    max_trend_p: 1.5\n", 7, "rules[0].max_trend_p", "less than or equal to 1"),
+        (
+            GOOD_LEAK + "    max_trend_p: 1.5\n",
+            7,
+            "rules[0].max_trend_p",
+            "less than or equal to 1",
+        ),
         # unknown scheduler policy
         (
             "rules:\n  - name: s\n    detector: starvation\n    policy: fastest\n",
