@@ -282,3 +282,26 @@ def test_cli_detect_lists_skipped_rules_in_json_and_table(prom: str) -> None:
     table = runner.invoke(app, args)
     assert table.exit_code == 0
     assert "skipped rule high-priority-starved: queries.allocatable" in table.stderr
+
+
+def test_daemon_detector_sets_the_skipped_gauge_and_logs_once(
+    prom: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from defrag.cli.run import _detector
+    from defrag.daemon import DaemonMetrics
+    from defrag.model.cluster import Cluster
+
+    metrics = DaemonMetrics()
+    rules = load_rules([rule_file(tmp_path, "absent", name="leak-absent")])
+    detect = _detector(rules, source(prom), [metrics])
+    with caplog.at_level("INFO", logger="defrag.daemon"):
+        assert list(detect(Cluster.build([]), END)) == []
+        assert list(detect(Cluster.build([]), END)) == []  # still skipped: no second line
+    text = metrics.exposition().decode()
+    assert 'defrag_rule_skipped{rule="leak-absent"} 1.0' in text
+    lines = [r.getMessage() for r in caplog.records if "leak-absent" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("rule leak-absent skipped: queries.used")
+    with caplog.at_level("INFO", logger="defrag.daemon"):
+        metrics.record_skipped({})  # the inputs came back
+    assert 'defrag_rule_skipped{rule="leak-absent"} 0.0' in metrics.exposition().decode()
+    assert caplog.records[-1].getMessage() == "rule leak-absent runs again: its inputs are back"
