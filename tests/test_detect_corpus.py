@@ -97,3 +97,15 @@ def test_robust_noise_estimates_sigma_under_a_trend(sigma: float) -> None:
     x = np.arange(2000.0)
     values = 10.0 * x + rng.normal(0, sigma, len(x))  # a steep trend does not count as noise
     assert robust_noise(values) == pytest.approx(sigma, rel=0.1)
+
+
+@pytest.mark.parametrize("n", [3, 20, 61])
+def test_median_pairwise_slope_is_scipys_theil_sen_slope(n: int) -> None:
+    from scipy.stats import theilslopes
+
+    from defrag.detect.series import median_pairwise_slope
+
+    rng = np.random.default_rng(n)
+    x = np.sort(rng.uniform(0, 6, n))
+    y = 500 * x + rng.normal(0, 300, n)
+    assert median_pairwise_slope(x, y) == pytest.approx(float(theilslopes(y, x).slope))

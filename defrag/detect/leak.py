@@ -41,7 +41,14 @@ import numpy as np
 from scipy import stats
 
 from defrag.detect.findings import Finding, Severity
-from defrag.detect.series import Binned, FloatArray, bin_medians, robust_noise, rolling_floor
+from defrag.detect.series import (
+    Binned,
+    FloatArray,
+    bin_medians,
+    median_pairwise_slope,
+    robust_noise,
+    rolling_floor,
+)
 
 HOUR_S = 3600.0
 
@@ -222,7 +229,10 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     judged = floor if cycles else bins
     t0 = bins.times[0]
     fh = (judged.times - t0) / HOUR_S
-    slope, low, high = _theil_sen(fh, judged.values)
+    slope = median_pairwise_slope(fh, judged.values)
+    low = high = float("nan")
+    if slope >= params.min_slope_mib_per_h:  # only then is the interval worth scipy's time
+        slope, low, high = _theil_sen(fh, judged.values)
     evidence: dict[str, object] = {
         "query": params.query,
         "node": series.node,
@@ -231,7 +241,6 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         "used_mib": round(float(bins.values[-1]), 1),
         "total_mib": round(series.total_mib, 1),
         "slope_mib_per_h": round(slope, 1),
-        "slope_ci_mib_per_h": [round(low, 1), round(high, 1)],
         "noise_mib": round(float(noise), 1),
         "judged_on": "floor" if cycles else "bins",
         "lookback_s": params.lookback_s,
@@ -245,6 +254,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     if slope < params.min_slope_mib_per_h:
         reasons.append(f"slope {slope:.0f} MiB/h below {params.min_slope_mib_per_h:g}")
         return LeakAssessment(series, False, tuple(reasons), slope, None, evidence)
+    evidence["slope_ci_mib_per_h"] = [round(low, 1), round(high, 1)]
     if low <= 0:
         reasons.append(f"slope's 95% interval reaches {low:.0f} MiB/h (not above 0)")
     tau, p = _mann_kendall(bins)
@@ -323,7 +333,7 @@ def _slice_slopes(t_h: FloatArray, values: FloatArray, segments: int) -> FloatAr
     for i in range(segments):
         mask = which == i
         if int(mask.sum()) >= 3:
-            out[i] = _theil_sen(t_h[mask], values[mask])[0]
+            out[i] = median_pairwise_slope(t_h[mask], values[mask])
     return out
 
 

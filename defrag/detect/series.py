@@ -168,3 +168,18 @@ def robust_noise(values: FloatArray) -> float:
     d = np.diff(values)
     mad = float(np.median(np.abs(d - np.median(d))))
     return 1.4826 * mad / np.sqrt(2.0)
+
+
+def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
+    """The Theil–Sen slope: the median of the slopes between every pair of points with distinct
+    ``x`` — what ``scipy.stats.theilslopes`` returns as its slope, without its confidence
+    interval and per-call overhead (a screen for thousands of series)."""
+    n = len(x)
+    if n < 2:
+        return 0.0
+    i, j = np.triu_indices(n, 1)
+    dx = x[j] - x[i]
+    keep = dx > 0
+    if not bool(keep.any()):
+        return 0.0
+    return float(np.median((y[j] - y[i])[keep] / dx[keep]))
