@@ -92,18 +92,62 @@ def table(outcomes: list[Outcome]) -> list[str]:
     return lines
 
 
+def pivot(outcomes: list[Outcome]) -> list[str]:
+    """The same figures as two compact tables: leaks by (family, rate) × noise, each cell
+    ``recall · hours to first finding · ETA error`` (medians), and non-leaks by family × noise,
+    each cell ``false positives / histories``."""
+    cells: dict[tuple[str, float, float], list[Outcome]] = defaultdict(list)
+    for o in outcomes:
+        tr = o.case.truth
+        cells[(tr.family, tr.rate_mib_per_h, tr.noise_mib)].append(o)
+    noises = sorted({k[2] for k in cells})
+    head = " | ".join(f"σ {n:g}" for n in noises)
+    lines = [f"| leak family | MiB/h | {head} |", "|---|---|" + "---|" * len(noises)]
+    rows = sorted(
+        {(f, r) for f, r, _ in cells if r > 0}, key=lambda fr: (LEAK_FAMILIES.index(fr[0]), fr[1])
+    )
+    for family, rate in rows:
+        parts = []
+        for n in noises:
+            group = cells.get((family, rate, n), [])
+            if not group:
+                parts.append("–")
+                continue
+            recall = sum(o.flagged_at_end for o in group) / len(group)
+            firsts = [
+                (o.first_flag - o.case.truth.leak_start) / HOUR
+                for o in group
+                if o.first_flag is not None
+            ]
+            etas = [o.eta_error for o in group if o.eta_error is not None]
+            hf = f"{statistics.median(firsts):.1f} h" if firsts else "–"
+            eta = f"{100 * statistics.median(etas):.0f}%" if etas else "–"
+            parts.append(f"{recall:.2f} · {hf} · {eta}")
+        lines.append(f"| {family} | {rate:g} | " + " | ".join(parts) + " |")
+    lines += ["", f"| non-leak family | {head} |", "|---|" + "---|" * len(noises)]
+    families = sorted({f for f, r, _ in cells if r == 0})
+    for family in families:
+        parts = []
+        for n in noises:
+            group = cells.get((family, 0.0, n), [])
+            parts.append(f"{sum(o.any_flag for o in group)}/{len(group)}" if group else "–")
+        lines.append(f"| {family} | " + " | ".join(parts) + " |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--per-cell", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--mix", type=int, default=1000)
     parser.add_argument("--noises", type=float, nargs="*", default=list(NOISES))
+    parser.add_argument("--long", action="store_true", help="one row per cell")
     args = parser.parse_args()
     t0 = time.perf_counter()
     cases = corpus(seed=args.seed, per_cell=args.per_cell, noises=args.noises)
     outcomes = [evaluate(c) for c in cases]
     elapsed = time.perf_counter() - t0
-    for line in table(outcomes):
+    for line in table(outcomes) if args.long else pivot(outcomes):
         print(line)
     target = [
         o
