@@ -386,7 +386,8 @@ def report_extras(
     Leak suspects are the leak rules' findings without the horizon: every GPU whose memory
     grows steadily, however far from exhaustion. Utilisation percentiles are over every
     per-GPU sample of the last ``window_s`` (the idle rule's ``per_gpu_query``, else its
-    ``query``), at a 5-minute step; ``at`` None means now.
+    ``query``), at a 5-minute step; ``at`` None means now. A leak rule whose inputs are missing
+    is listed under ``skipped`` with the reason.
     Raises the metrics source's error (e.g. ``MetricsError``) when a query fails.
     """
     at = at or datetime.now(UTC)
@@ -415,6 +416,10 @@ def report_extras(
         assert isinstance(rule_, LeakRule)
         # suspects: every steady grower, however far its exhaustion (no horizon)
         params = replace(rule_.params(), horizon_s=math.inf)
-        found = detect_leaks(leak_series(rule_, metrics, at), params, at)
+        try:
+            found = detect_leaks(leak_series(rule_, metrics, at), params, at)
+        except MissingInput as exc:
+            out.setdefault("skipped", {})[rule_.name] = str(exc)
+            continue
         out["leak_suspects"] += [f.to_dict() for f in found]
     return out

@@ -305,3 +305,14 @@ def test_daemon_detector_sets_the_skipped_gauge_and_logs_once(
         metrics.record_skipped({})  # the inputs came back
     assert 'defrag_rule_skipped{rule="leak-absent"} 0.0' in metrics.exposition().decode()
     assert caplog.records[-1].getMessage() == "rule leak-absent runs again: its inputs are back"
+
+
+def test_report_extras_lists_a_leak_rule_without_inputs_as_skipped(
+    prom: str, tmp_path: Path
+) -> None:
+    from defrag.detection import report_extras
+
+    rules = load_rules([rule_file(tmp_path, "absent", name="leak-absent")])
+    extras = report_extras(source(prom), rules, END)
+    assert extras["leak_suspects"] == []
+    assert "return no series" in extras["skipped"]["leak-absent"]
