@@ -83,7 +83,7 @@ def run_detection(
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
-    built: dict[KubeStateQueries, Cluster] = {}
+    built: dict[KubeStateQueries, Cluster | MissingInput] = {}
     for loaded in rules.enabled():
         rule = loaded.rule
         try:
@@ -94,8 +94,14 @@ def run_detection(
                 and rule.queries is not None
             ):
                 if rule.queries not in built:
-                    built[rule.queries] = cluster_from_kube_state(rule.queries, metrics, now)
-                findings += _cluster_rule(rule, built[rule.queries], now)
+                    try:
+                        built[rule.queries] = cluster_from_kube_state(rule.queries, metrics, now)
+                    except MissingInput as exc:
+                        built[rule.queries] = exc  # said once per rule, asked once
+                got = built[rule.queries]
+                if isinstance(got, MissingInput):
+                    raise got
+                findings += _cluster_rule(rule, got, now)
                 continue
             if isinstance(rule, LeakRule | IdleRule):
                 if metrics is None:
