@@ -35,9 +35,9 @@ from defrag.detect.leak import GpuMemorySeries
 HOUR = 3600.0
 STEP_S = 30.0
 GPU_MIB = 81920.0  # an H100 80GB
-MIG_PROFILES = {"1g.10gb": 9856.0, "2g.20gb": 19968.0, "3g.40gb": 40192.0}
-# MIG instance memory of an H100 80GB (NVIDIA MIG user guide, H100 profiles table; sizes in MiB
-# are what nvidia-smi reports for each profile's framebuffer).
+MIG_PROFILES = {"1g.10gb": 9851.0, "2g.20gb": 19968.0, "3g.40gb": 40192.0}
+# MIG instance memory on an H100, from ``nvidia-smi mig -lgip`` (9.62, 19.50 and 39.25 GiB for
+# 1g.10gb, 2g.20gb and 3g.40gb), in MiB.
 END = 1772452800.0  # 2026-03-02T12:00:00Z: every history ends here
 RATES = (256.0, 512.0, 1024.0, 2048.0, 4096.0)  # MiB/h
 NOISES = (0.0, 200.0, 400.0, 600.0, 800.0)  # σ, MiB

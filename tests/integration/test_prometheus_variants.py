@@ -121,7 +121,7 @@ def rows() -> list[Row]:
         )
     )
     small = {"GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "9", "pod": "mig-flat"}
-    out.append((gpu("GPU-e2", "2") | mig | small, flat(4000), 9856.0, None))
+    out.append((gpu("GPU-e2", "2") | mig | small, flat(4000), 9851.0, None))
     # neither UUID nor a node label
     out.append(({"gpu": "0", "variant": "bare"}, leak(1000, 1024), GPU_MIB, None))
     return out
@@ -230,7 +230,7 @@ def test_mig_instances_are_separate_series_with_their_own_profile(
         "2": "3g.40gb",
         "9": "1g.10gb",
     }
-    assert series["9"].total_mib == pytest.approx(9856.0, abs=1.0)
+    assert series["9"].total_mib == pytest.approx(9851.0, abs=1.0)
     assert series["1"].pods == ("ml/mig-leak",) and series["2"].pods == ("ml/mig-busy",)
 
 
