@@ -48,6 +48,7 @@ from defrag.detect.series import (
     median_pairwise_slope,
     robust_noise,
     rolling_floor,
+    rolling_mean,
 )
 
 HOUR_S = 3600.0
@@ -219,6 +220,19 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         span_h = (t[-1] - t[0]) / HOUR_S if len(t) >= 2 else 0.0
         return LeakAssessment(series, False, (f"too little history ({span_h:.1f} h)",))
     bins = bin_medians(t, y, params.bin_s, end)
+    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise)
+    if restart is not None:
+        # memory fell to near nothing: the job restarted (or a new one began); what came before
+        # is another job's history, so only what follows is judged
+        since = bins.times[restart] + params.bin_s / 2
+        keep = t >= since
+        t, y = t[keep], y[keep]
+        if len(t) < 3 or (t[-1] - t[0]) < params.min_coverage * params.lookback_s:
+            span_h = (t[-1] - t[0]) / HOUR_S if len(t) >= 2 else 0.0
+            return LeakAssessment(
+                series, False, (f"too little history since the job restarted ({span_h:.1f} h)",)
+            )
+        bins = bin_medians(t, y, params.bin_s, end)
     floor = rolling_floor(bins, params.floor_window_s)
     if len(floor.times) < 3 * params.segments:
         return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
@@ -226,7 +240,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     # Falls beyond the noise (a cache freed, a restart) call for the floor; without them the
     # bins themselves are the least noisy series to judge.
     cycles = _drawdown(bins.values) > params.cycle_noise * noise
-    judged = floor if cycles else bins
+    judged = rolling_mean(floor, params.floor_window_s) if cycles else bins
     t0 = bins.times[0]
     fh = (judged.times - t0) / HOUR_S
     slope = median_pairwise_slope(fh, judged.values)
@@ -263,11 +277,6 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         reasons.append(f"trend p-value {p:.2g} above {params.max_trend_p:g}")
     slices = _slice_slopes(fh, judged.values, params.segments)
     need = max(params.min_slope_mib_per_h / 2, params.min_persistence * slope)
-    if cycles:
-        # a floor rests on one trough per cache cycle: a slice's slope is the difference of two
-        # noisy troughs over its length, so it may fall short by twice that standard error
-        slice_h = (fh[-1] - fh[0]) / params.segments
-        need -= 2 * np.sqrt(2.0) * noise / slice_h
     rising = float(np.mean(slices >= need))
     evidence |= {
         "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
@@ -311,6 +320,19 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
                 f"{params.horizon_s / HOUR_S:g} h horizon"
             )
     return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+def _last_restart(bins: Binned, min_fall: float) -> int | None:
+    """The bin where memory last fell to a tenth of its running peak or less, by more than
+    ``min_fall`` (a restart or a new job): the first bin of the last such low run; None when it
+    never did."""
+    v = bins.values
+    if len(v) < 2:
+        return None
+    peak = np.maximum.accumulate(v)
+    fell = (v <= 0.1 * peak) & (peak - v > max(min_fall, 0.0)) & (peak > 0)
+    starts = np.flatnonzero(fell & ~np.concatenate(([False], fell[:-1])))
+    return int(starts[-1]) if len(starts) else None
 
 
 def _drawdown(values: FloatArray) -> float:

@@ -183,3 +183,19 @@ def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
     if not bool(keep.any()):
         return 0.0
     return float(np.median((y[j] - y[i])[keep] / dx[keep]))
+
+
+def rolling_mean(binned: Binned, window: float) -> Binned:
+    """The mean of every run of ⌈window / width⌉ consecutive points, at the run's centre time.
+
+    Over a floor (a staircase: the same trough is the minimum until it leaves the window) a mean
+    over at least one cache cycle turns the stairs back into the line they follow. Returns the
+    series itself when it holds fewer than two windows.
+    """
+    n = max(round(window / binned.width), 1)
+    if n <= 1 or len(binned.values) < 2 * n:
+        return binned
+    kernel = np.full(n, 1.0 / n)
+    values = np.convolve(binned.values, kernel, mode="valid")
+    times = np.convolve(binned.times, kernel, mode="valid")
+    return Binned(times, values, binned.width)
