@@ -5,23 +5,25 @@ activations), so nothing here is judged on raw samples. The series is reduced fi
 
 1. **bins** — the median of each ``bin_s`` bin (5 min: ten 30 s scrapes); a short spike or a
    missed scrape does not move it;
-2. **floor** — the minimum of every ``floor_window_s`` run of bins (1 h), placed at the run's
-   centre: an allocator cache freed and refilled within the hour leaves the floor flat, while the
-   floor of a leak rises with the leak.
+2. **restart** — a fall to a tenth of the running peak (by more than ``cycle_noise`` × noise) is
+   a job restarting or a new one: only what follows the last such fall is judged;
+3. **floor** — when the bins fall back by more than ``cycle_noise`` × their noise (a cache freed),
+   the minimum of every ``floor_window_s`` run of bins (1 h), averaged again over that window (a
+   rolling minimum is a staircase): an allocator cache freed and refilled within the hour leaves
+   it flat, while the floor of a leak rises with the leak.
 
 A GPU (or MIG instance) is *leaking* when, over the lookback,
 
-* the floor's Theil–Sen slope is at least ``min_slope_mib_per_h`` and the lower end of its
-  confidence interval is above zero;
+* the Theil–Sen slope of the judged series (bins, or floor) is at least ``min_slope_mib_per_h``
+  and the lower end of its 95% confidence interval is above zero;
 * the bins rise by Mann–Kendall's test (Kendall's τ of value against time, one-sided) with
   p-value at most ``max_trend_p``;
-* the growth is steady: each of ``segments`` equal slices of the floor rises at least half the
-  minimum slope (``min_rising_fraction`` of them), and the last slice keeps at least
-  ``min_persistence`` of the first slice's slope — a warm-up that decelerates towards its plateau
-  fails here, as do a single step and a job restarting;
-* the floor never falls back from its running peak by more than the larger of
+* the growth is steady: ``min_rising_fraction`` of ``segments`` equal slices rise at least
+  max(half the minimum slope, ``min_persistence`` × the overall slope) — a warm-up that
+  decelerates towards its plateau fails here, as does a single step;
+* the judged series never falls back from its running peak by more than the larger of
   ``max_drawdown_fraction`` of the growth and ``drawdown_noise`` × the bins' noise (a robust
-  standard deviation from successive differences);
+  standard deviation from successive differences; ``cycle_noise`` × on the bins);
 * and the level line (the Theil–Sen slope through the bins' median) reaches the memory the
   workload can use (used + free) within ``horizon_s``.
 
