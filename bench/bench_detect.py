@@ -6,6 +6,11 @@ utilisation for the last hour), 1% of the GPUs leaking, the rest plateau / sawto
 flat, backfilled with ``promtool tsdb create-blocks-from openmetrics`` (set-up, not timed).
 
     .venv/bin/python -m bench.bench_detect [--gpus 1000] [--hours 6] [--runs 5]
+        [--corpus] [--no-prefilter]
+
+``--corpus`` draws the histories from the labelled corpus instead (bench/leak_corpus.py: 1% linear
+leaks of 512 MiB/h – 4 GiB/h, the rest a random mix of every non-leak family, sample noise σ up
+to 800 MiB, 6–8 h each); ``--no-prefilter`` fetches every GPU (the worst case).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.leak_corpus import corpus, random_mix
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detection import detect, leak_range_query
 from defrag.rules import LeakRule, load_rules
@@ -59,18 +65,59 @@ def write_history(path: Path, gpus: int, hours: float) -> tuple[int, int]:
     return gpus, samples
 
 
+def write_corpus(path: Path, gpus: int) -> tuple[int, int]:
+    """The corpus mix as OpenMetrics (FB used over the history, FB free for the last hour)."""
+    mix = random_mix(gpus, seed=5)
+    leaks = corpus(seed=5, per_cell=1, families=("linear",), noises=(0, 200, 400, 600, 800))
+    leaks = [c for c in leaks if c.truth.rate_mib_per_h >= 512]
+    cases = [leaks[i // 100 % len(leaks)] if i % 100 == 0 else mix[i] for i in range(gpus)]
+    samples = 0
+    with path.open("w") as out:
+        for metric in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE"):
+            out.write(f"# TYPE {metric} gauge\n")
+            for i, case in enumerate(cases):
+                s = case.series
+                labels = (
+                    f'gpu="{i % 8}",UUID="GPU-{i:05d}",Hostname="node-{i // 8:04d}",'
+                    f'namespace="ml",pod="{case.name}"'
+                )
+                if s.instance:
+                    labels += f',GPU_I_ID="{s.instance}",GPU_I_PROFILE="{s.profile}"'
+                times, values = s.times, s.used_mib
+                if metric == "DCGM_FI_DEV_FB_FREE":
+                    last = times >= times[-1] - 3600
+                    times, values = times[last], s.total_mib - values[last]
+                out.writelines(
+                    f"{metric}{{{labels}}} {v:.1f} {int(t)}\n"
+                    for t, v in zip(times, values, strict=True)
+                )
+                samples += len(times)
+        out.write("# EOF\n")
+    return gpus, samples
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1000)
     parser.add_argument("--hours", type=float, default=6.0)
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--corpus", action="store_true")
+    parser.add_argument("--no-prefilter", action="store_true")
     args = parser.parse_args()
 
-    rules = load_rules([ROOT / "rules" / "leak.yaml", ROOT / "rules" / "idle.yaml"])
     with tempfile.TemporaryDirectory() as tmp:
+        leak_yaml = (ROOT / "rules" / "leak.yaml").read_text()
+        if args.no_prefilter:
+            leak_yaml = leak_yaml.replace("prefilter: true", "prefilter: false")
+        (Path(tmp) / "leak.yaml").write_text(leak_yaml)
+        names = [Path(tmp) / "leak.yaml"] + ([] if args.corpus else [ROOT / "rules" / "idle.yaml"])
+        rules = load_rules(names)
         history = Path(tmp) / "history.om"
         t0 = time.perf_counter()
-        gpus, samples = write_history(history, args.gpus, args.hours)
+        if args.corpus:
+            gpus, samples = write_corpus(history, args.gpus)
+        else:
+            gpus, samples = write_history(history, args.gpus, args.hours)
         t_write = time.perf_counter() - t0
         t0 = time.perf_counter()
         with prometheus_server(history, Path(tmp)) as server:

@@ -15,7 +15,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from types import FrameType
@@ -106,6 +106,14 @@ class DaemonMetrics:
             "(unknown GPU resource shapes, unreadable objects; named in the log).",
             registry=r,
         )
+        self.rule_skipped = Gauge(
+            "defrag_rule_skipped",
+            "1 while a detection rule is skipped: its queries return no series or its labels "
+            "match nothing (the reason is logged and shown by `defrag detect`).",
+            ["rule"],
+            registry=r,
+        )
+        self._skipped: dict[str, str] = {}
         for finding_kind in FINDING_KINDS:
             self.findings.labels(kind=finding_kind).set(0)
         for step_kind in ("migrate", "preempt"):
@@ -139,6 +147,18 @@ class DaemonMetrics:
         # a configured window; make-room-now runs outside them (its budget_key says so)
         configured = result.window.open and not result.window.budget_key
         self.window_open.set(1 if configured else 0)
+
+    def record_skipped(self, skipped: Mapping[str, str]) -> None:
+        """The rules the last detection skipped, with why: the gauge for each, and a log line
+        when a rule starts being skipped (or its reason changes) and when it runs again."""
+        for rule, reason in skipped.items():
+            if self._skipped.get(rule) != reason:
+                log.warning("rule %s skipped: %s", rule, reason)
+            self.rule_skipped.labels(rule=rule).set(1)
+        for rule in set(self._skipped) - set(skipped):
+            log.info("rule %s runs again: its inputs are back", rule)
+            self.rule_skipped.labels(rule=rule).set(0)
+        self._skipped = dict(skipped)
 
     def failed(self, wall_s: float) -> None:
         self.cycles.labels(outcome="failure").inc()

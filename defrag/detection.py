@@ -23,7 +23,7 @@ from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
 from defrag.detect.findings import Finding
 from defrag.detect.fragmentation import detect_fragmentation
 from defrag.detect.idle import IdleStatus, assess_idle, detect_idle
-from defrag.detect.leak import DcgmLabels, GpuMemorySeries, detect_leaks
+from defrag.detect.leak import GpuMemorySeries, detect_leaks
 from defrag.detect.series import trailing_run_start
 from defrag.detect.starvation import detect_starvation
 from defrag.model.cluster import Cluster, ModelError
@@ -84,7 +84,7 @@ def run_detection(
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
-    built: dict[KubeStateQueries, Cluster] = {}
+    built: dict[KubeStateQueries, Cluster | MissingInput] = {}
     for loaded in rules.enabled():
         rule = loaded.rule
         try:
@@ -95,8 +95,14 @@ def run_detection(
                 and rule.queries is not None
             ):
                 if rule.queries not in built:
-                    built[rule.queries] = cluster_from_kube_state(rule.queries, metrics, now)
-                findings += _cluster_rule(rule, built[rule.queries], now)
+                    try:
+                        built[rule.queries] = cluster_from_kube_state(rule.queries, metrics, now)
+                    except MissingInput as exc:
+                        built[rule.queries] = exc  # said once per rule, asked once
+                got = built[rule.queries]
+                if isinstance(got, MissingInput):
+                    raise got
+                findings += _cluster_rule(rule, got, now)
                 continue
             if isinstance(rule, LeakRule | IdleRule):
                 if metrics is None:
@@ -106,11 +112,15 @@ def run_detection(
                     findings += detect_leaks(leak_series(rule, metrics, now), rule.params(), now)
                 else:
                     times, values = idle_curve(rule, metrics, now)
+                    if len(times) == 0:
+                        raise MissingInput(f"query ({rule.query}) returns no series")
                     findings += detect_idle(times, values, rule.params(), now)
             elif cluster is None:
                 skipped[rule.name] = "no cluster snapshot"
             elif isinstance(rule, StarvationRule | FragmentationRule):
                 findings += _cluster_rule(rule, cluster, now)
+        except MissingInput as exc:
+            skipped[rule.name] = str(exc)
         except Exception as exc:  # one broken rule or query must not hide the other rules
             failures.append(_failure(loaded, exc))
     return DetectionReport(tuple(findings), tuple(failures), skipped)
@@ -134,56 +144,111 @@ def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:
 _SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
 
 
+class MissingInput(LookupError):
+    """A rule's queries returned nothing it can use; the message says which and why."""
+
+
 def leak_range_query(rule: LeakRule) -> str:
-    """The range query for the leak rule: with ``prefilter``, only GPUs whose least-squares
-    slope over the whole lookback (``deriv(...) @ end()``, evaluated once by Prometheus) is at
-    least half the minimum — a necessary condition of the detector — come back."""
+    """The range query for the leak rule.
+
+    When ``queries.used`` is a plain selector, each point is the median of the samples of its
+    ``step`` (``quantile_over_time(0.5, used[step])``): Prometheus does the first reduction, so
+    1,000 GPUs at 30 s come back as 72 points each over 6 h. With ``prefilter``, only GPUs whose
+    least-squares slope over the whole lookback (``deriv(...) @ end()``, evaluated once) is at
+    least half the minimum come back — a necessary condition in practice (the corpus property
+    test in tests/test_detect_corpus.py checks the results do not change).
+    """
     used = rule.queries.used
-    if not rule.prefilter or not _SELECTOR.match(used):
+    if not _SELECTOR.match(used):
         return used
+    sel = used.strip()
+    query = f"quantile_over_time(0.5, {sel}[{rule.step:.0f}s])"
+    if not rule.prefilter:
+        return query
     threshold = rule.min_slope_mib_per_h / 2
-    return (
-        f"({used}) and (deriv({used.strip()}[{rule.lookback:.0f}s] @ end()) * 3600 > {threshold:g})"
-    )
+    return f"({query}) and (deriv({sel}[{rule.lookback:.0f}s] @ end()) * 3600 > {threshold:g})"
 
 
 def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[GpuMemorySeries]:
-    """One memory series per GPU over the rule's lookback, with the pods DCGM names on it."""
+    """One memory series per GPU (per MIG instance) over the rule's lookback, with the pods
+    DCGM names on it. Raises :class:`MissingInput` when DCGM's series are absent, or when no
+    series carries labels that name a GPU."""
     start = now - timedelta(seconds=rule.lookback)
     used = metrics.range(leak_range_query(rule), start, now, rule.step)
     free = metrics.instant(rule.queries.free, now)
+    reserved = metrics.instant(rule.queries.reserved, now) if rule.queries.reserved else []
+    used_now = metrics.instant(rule.queries.used, now) if used else []
     names = rule.labels.dcgm()
-    free_by_gpu: dict[tuple[str, str], float] = {}
-    for s in free:
-        if s.last is not None:
-            free_by_gpu[_gpu_key(names, s.labels)] = s.last
-    groups: dict[tuple[str, str], list[Sample]] = {}
+    if not used and not free:
+        raise MissingInput(
+            f"queries.used ({rule.queries.used}) and queries.free ({rule.queries.free}) return "
+            "no series: is the DCGM exporter scraped?"
+        )
+    if used and not free:
+        raise MissingInput(
+            f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
+        )
+    targets = names.target_pods(s.labels for s in [*used, *free])
+    # capacity = used + free (+ reserved) read at the same instant, per GPU / MIG instance
+    last_of: dict[str, dict[tuple[str, ...], float]] = {"free": {}, "reserved": {}, "used": {}}
+    unkeyed = 0
+    for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now)):
+        for s in samples:
+            key = names.key(s.labels)
+            if key is not None and s.last is not None:
+                last_of[kind][key] = s.last
+    groups: dict[tuple[str, ...], list[Sample]] = {}
     for s in used:
-        groups.setdefault(_gpu_key(names, s.labels), []).append(s)
+        key = names.key(s.labels)
+        if key is None:
+            unkeyed += 1
+            continue
+        groups.setdefault(key, []).append(s)
+    keyed_free = bool(last_of["free"])
+    if not groups and (unkeyed or (free and not keyed_free)):
+        raise MissingInput(
+            "no DCGM series carries a GPU UUID or a node and GPU label "
+            f"(labels.uuid: {', '.join(names.uuid)}; labels.node: {', '.join(names.node)}; "
+            f"labels.gpu: {names.gpu})"
+        )
     out = []
-    for (node, gpu), samples in sorted(groups.items()):
-        first = max(samples, key=lambda s: len(s.points))
-        points = np.asarray(first.points, dtype=float).reshape(-1, 2)
-        pods = tuple(sorted({k for s in samples if (k := names.pod_key(s.labels))}))
-        last_used = float(points[-1, 1]) if len(points) else 0.0
-        total = last_used + free_by_gpu[(node, gpu)] if (node, gpu) in free_by_gpu else 0.0
+    for key, samples in sorted(groups.items()):
+        times, values = _merge_points(samples)
+        latest = max(samples, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        pods = tuple(sorted({k for s in samples if (k := names.pod_key(s.labels, targets))}))
+        named = any(s.labels.get(p) for s in samples for p in names.pod)
+        last_used = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
+        free_now = last_of["free"].get(key)
+        reserved_now = last_of["reserved"].get(key, 0.0)
+        total = last_used + free_now + reserved_now if free_now is not None else 0.0
         out.append(
             GpuMemorySeries(
-                node=node,
-                gpu=gpu,
-                times=points[:, 0],
-                used_mib=points[:, 1],
+                node=names.node_of(latest),
+                gpu=latest.get(names.gpu, ""),
+                times=times,
+                used_mib=values,
                 total_mib=total,
                 pods=pods,
-                uuid=first.labels.get(names.uuid, ""),
+                uuid=names.uuid_of(latest),
+                instance=latest.get(names.gpu_instance, ""),
+                profile=latest.get(names.gpu_profile, ""),
+                reserved_mib=reserved_now,
+                exporter_only=named and not pods,
             )
         )
     return out
 
 
-def _gpu_key(names: DcgmLabels, labels: Mapping[str, str]) -> tuple[str, str]:
-    gpu = labels.get(names.gpu) or labels.get(names.uuid, "")
-    return names.first(labels, names.node), gpu
+def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """One time-ordered series from several: DCGM exports one series per pod on a shared GPU
+    (the same values), and an exporter restart behind a ServiceMonitor starts a new series (a
+    new exporter pod label). Values at the same time are averaged."""
+    points = np.concatenate([np.asarray(s.points, dtype=float).reshape(-1, 2) for s in samples])
+    if len(samples) == 1 or len(points) == 0:
+        return points[:, 0], points[:, 1]
+    times, inverse, counts = np.unique(points[:, 0], return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=points[:, 1], minlength=len(times))
+    return times, sums / counts
 
 
 def idle_curve(rule: IdleRule, metrics: MetricsSource, now: datetime) -> tuple[Any, Any]:
@@ -249,7 +314,13 @@ def cluster_from_kube_state(
     warnings: list[str] = []
     whole: dict[str, int] = {}
     pools: dict[str, dict[str, int]] = {}
-    for s in metrics.instant(queries.allocatable, now):
+    allocatable = metrics.instant(queries.allocatable, now)
+    if not allocatable:
+        raise MissingInput(
+            f"queries.allocatable ({queries.allocatable}) returns no series: is "
+            "kube-state-metrics scraped?"
+        )
+    for s in allocatable:
         name, res = s.labels.get("node", ""), s.labels.get("resource", _KSM_GPU)
         if not name or s.last is None or s.last <= 0:
             continue
@@ -267,6 +338,11 @@ def cluster_from_kube_state(
         name: Node(name, 0, 0, num_gpu=whole.get(name, 0), pools=pools.get(name, {}))
         for name in {*whole, *pools}
     }
+    if not nodes and not warnings:
+        raise MissingInput(
+            f"queries.allocatable ({queries.allocatable}) returns {len(allocatable)} series, "
+            "none with a node label and a GPU"
+        )
     requests: dict[str, float] = {}
     pool_requests: dict[str, tuple[str, float]] = {}
     unmodelled: set[str] = set()
@@ -360,7 +436,8 @@ def report_extras(
     Leak suspects are the leak rules' findings without the horizon: every GPU whose memory
     grows steadily, however far from exhaustion. Utilisation percentiles are over every
     per-GPU sample of the last ``window_s`` (the idle rule's ``per_gpu_query``, else its
-    ``query``), at a 5-minute step; ``at`` None means now.
+    ``query``), at a 5-minute step; ``at`` None means now. A leak rule whose inputs are missing
+    is listed under ``skipped`` with the reason.
     Raises the metrics source's error (e.g. ``MetricsError``) when a query fails.
     """
     at = at or datetime.now(UTC)
@@ -389,6 +466,10 @@ def report_extras(
         assert isinstance(rule_, LeakRule)
         # suspects: every steady grower, however far its exhaustion (no horizon)
         params = replace(rule_.params(), horizon_s=math.inf)
-        found = detect_leaks(leak_series(rule_, metrics, at), params, at)
+        try:
+            found = detect_leaks(leak_series(rule_, metrics, at), params, at)
+        except MissingInput as exc:
+            out.setdefault("skipped", {})[rule_.name] = str(exc)
+            continue
         out["leak_suspects"] += [f.to_dict() for f in found]
     return out

@@ -76,22 +76,54 @@ class _Rule(_Model):
         return {}
 
 
-class DcgmLabelNames(_Model):
-    """Label names of the DCGM exporter series; lists are tried in order."""
+def _names(value: Any) -> Any:
+    return (value,) if isinstance(value, str) else value
 
-    node: tuple[str, ...] = ("Hostname", "node", "kubernetes_node")
+
+Names = Annotated[tuple[str, ...], BeforeValidator(_names)]
+
+
+class DcgmLabelNames(_Model):
+    """Label names of the DCGM exporter series; lists are tried in order (a single name is a
+    list of one). Defaults cover every variant dcgm-exporter and its ServiceMonitor produce
+    (see :class:`defrag.detect.leak.DcgmLabels`)."""
+
+    node: Names = ("Hostname", "hostname", "node", "kubernetes_node", "instance")
     gpu: str = "gpu"
-    uuid: str = "UUID"
-    pod: tuple[str, ...] = ("exported_pod", "pod")
-    namespace: tuple[str, ...] = ("exported_namespace", "namespace")
+    uuid: Names = ("UUID", "uuid")
+    pod: Names = ("exported_pod", "pod_name", "pod")
+    namespace: Names = ("exported_namespace", "pod_namespace", "namespace")
+    gpu_instance: str = "GPU_I_ID"
+    gpu_profile: str = "GPU_I_PROFILE"
+    exporter_pod: str = r"^(nvidia-)?dcgm-exporter(-.*)?$"
+
+    @field_validator("exporter_pod")
+    @classmethod
+    def _regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression: {exc}") from None
+        return value
 
     def dcgm(self) -> DcgmLabels:
-        return DcgmLabels(self.node, self.gpu, self.uuid, self.pod, self.namespace)
+        return DcgmLabels(
+            node=self.node,
+            gpu=self.gpu,
+            uuid=self.uuid,
+            pod=self.pod,
+            namespace=self.namespace,
+            gpu_instance=self.gpu_instance,
+            gpu_profile=self.gpu_profile,
+            exporter_pod=self.exporter_pod,
+        )
 
 
 class LeakQueries(_Model):
     used: PromQL
     free: PromQL
+    reserved: PromQL | None = None
+    """``DCGM_FI_DEV_FB_RESERVED`` where the exporter is configured to export it."""
 
 
 class LeakRule(_Rule):
@@ -99,18 +131,25 @@ class LeakRule(_Rule):
     queries: LeakQueries
     labels: DcgmLabelNames = DcgmLabelNames()
     lookback: Duration = 6 * 3600.0
-    step: Duration = 120.0
+    step: Annotated[Duration, Field(gt=0)] = 300.0
+    floor_window: Duration = 3600.0
     prefilter: bool = True
     min_slope_mib_per_h: Annotated[float, Field(gt=0)] = 256.0
-    min_r2: Annotated[float, Field(ge=0, le=1)] = 0.9
+    max_trend_p: Annotated[float, Field(gt=0, le=1)] = 0.01
     horizon: Duration = 48 * 3600.0
     critical_within: Duration | None = None
-    segments: Annotated[int, Field(ge=2, le=48)] = 6
-    min_rising_fraction: Annotated[float, Field(ge=0, le=1)] = 0.8
+    segments: Annotated[int, Field(ge=2, le=12)] = 3
+    min_rising_fraction: Annotated[float, Field(ge=0, le=1)] = 1.0
+    min_persistence: Annotated[float, Field(ge=0, le=1)] = 0.5
     max_drawdown_fraction: Annotated[float, Field(ge=0)] = 0.1
+    drawdown_noise: Annotated[float, Field(ge=0)] = 4.0
+    cycle_noise: Annotated[float, Field(ge=0)] = 6.0
 
     def promql(self) -> dict[str, str]:
-        return {"queries.used": self.queries.used, "queries.free": self.queries.free}
+        out = {"queries.used": self.queries.used, "queries.free": self.queries.free}
+        if self.queries.reserved:
+            out["queries.reserved"] = self.queries.reserved
+        return out
 
     def params(self) -> LeakParams:
         return LeakParams(
@@ -119,13 +158,18 @@ class LeakRule(_Rule):
             action=self.action,
             query=self.queries.used,
             lookback_s=self.lookback,
+            bin_s=self.step,
+            floor_window_s=self.floor_window,
             min_slope_mib_per_h=self.min_slope_mib_per_h,
-            min_r2=self.min_r2,
+            max_trend_p=self.max_trend_p,
             horizon_s=self.horizon,
             critical_within_s=self.critical_within,
             segments=self.segments,
             min_rising_fraction=self.min_rising_fraction,
+            min_persistence=self.min_persistence,
             max_drawdown_fraction=self.max_drawdown_fraction,
+            drawdown_noise=self.drawdown_noise,
+            cycle_noise=self.cycle_noise,
         )
 
 

@@ -1,4 +1,8 @@
-"""The leak detector on histories of known shape: only the steady linear growth is a leak."""
+"""The leak detector on histories of known shape: only steady growth is a leak, noise or not.
+
+Shapes come from tests/support/prometheus.py (the fleet the integration tests backfill) and from
+the labelled corpus in bench/leak_corpus.py (every family the issue lists, with its truth).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag.detect.leak import GpuMemorySeries, LeakParams, assess_leak, detect_leaks
+from bench.leak_corpus import Case, corpus
+from defrag.detect.leak import DcgmLabels, GpuMemorySeries, LeakParams, assess_leak, detect_leaks
 from tests.support.prometheus import (
     END,
     GPU_MEMORY_MIB,
@@ -37,19 +42,73 @@ def series_of(shape: str, *, pods: int = 1, **kw: object) -> GpuMemorySeries:
     )
 
 
+def at_end(case: Case) -> datetime:
+    return datetime.fromtimestamp(float(case.series.times[-1]), UTC)
+
+
+def one(family: str, noise: float, rate: float | None = None, seed: int = 5) -> Case:
+    rates = (rate,) if rate else (512.0,)
+    return corpus(seed=seed, per_cell=1, families=(family,), noises=(noise,), rates=rates)[0]
+
+
 @pytest.mark.parametrize(
     ("shape", "reason"),
     [
         ("plateau", "slope"),  # flat after a 20-minute warm-up: no growth in the last 6 h
-        ("sawtooth", "falls back"),  # drops its 3000 MiB cache every hour
-        ("step", "rises in"),  # one jump: only one slice in six rises
+        ("sawtooth", "slope"),  # drops its 3000 MiB cache every hour: the floor is flat
+        ("step", "slope"),  # one jump a third into the window: Theil–Sen ignores it (49 MiB/h)
         ("flat", "slope"),
     ],
 )
-def test_non_leaks_are_not_flagged_and_say_why(shape: str, reason: str) -> None:
+def test_non_leaks_of_the_fleet_are_not_flagged_and_say_why(shape: str, reason: str) -> None:
     verdict = assess_leak(series_of(shape), PARAMS, END)
     assert not verdict.leaking
     assert any(reason in r for r in verdict.reasons), verdict.reasons
+
+
+@pytest.mark.parametrize(
+    ("family", "noise", "reason"),
+    [
+        ("warmup-exp", 400.0, "rises in"),  # levels off: the last slice does not keep rising
+        ("warmup-log", 600.0, "rises in"),
+        ("restart", 400.0, "rises in"),  # judged since the drop: a warm-up that levels off
+        ("step", 600.0, "slope"),
+        ("sawtooth", 600.0, "slope"),
+        ("spikes", 800.0, "slope"),
+    ],
+)
+def test_non_leak_families_are_not_flagged(family: str, noise: float, reason: str) -> None:
+    case = one(family, noise, seed=11)
+    verdict = assess_leak(case.series, PARAMS, at_end(case))
+    assert not verdict.leaking
+    assert any(reason in r for r in verdict.reasons), verdict.reasons
+
+
+def test_warmup_in_progress_is_rejected_as_levelling_off() -> None:
+    # 30 GiB approached exponentially, 95% after 2 h, judged 3.5 h after the job started: the
+    # slices rise at ~19500, 3400 and 600 MiB/h against 4400 overall; the last two are below half
+    t = END.timestamp() - 3.5 * HOUR + np.arange(30.0, 3.5 * HOUR + 1, 30.0)
+    h = (t - t[0]) / HOUR
+    used = 30000.0 * (1 - np.exp(-3 * h / 2.0))
+    verdict = assess_leak(GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",)), PARAMS, END)
+    assert not verdict.leaking
+    assert any("rises in" in r for r in verdict.reasons), verdict.reasons
+
+
+def test_a_restart_starts_the_history_again() -> None:
+    # 30000 MiB for 4 h, a drop to ~0 (the job restarts), then growth at 2000 MiB/h: before the
+    # drop is another job's history; 2 h after it there is too little to judge, 3.5 h after it
+    # the regrowth alone is judged (and, rising steadily, is a leak)
+    t = END.timestamp() - 7.5 * HOUR + np.arange(30.0, 7.5 * HOUR + 1, 30.0)
+    h = (t - t[0]) / HOUR
+    used = np.where(h < 4.0, 30000.0, 200.0 + 2000.0 * np.maximum(h - 4.0, 0.0))
+    s = GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",))
+    early = assess_leak(s, PARAMS, datetime.fromtimestamp(t[0] + 6 * HOUR, UTC))
+    # judged from the end of the 5-min bin the drop fell in: 2 h less that bin's part
+    assert early.reasons == ("too little history since the job restarted (1.9 h)",)
+    late = assess_leak(s, PARAMS, END)
+    assert late.leaking, late.reasons
+    assert late.evidence["slope_mib_per_h"] == pytest.approx(2000.0, rel=0.02)
 
 
 def test_linear_leak_is_flagged_with_exhaustion_time_near_the_truth() -> None:
@@ -61,7 +120,14 @@ def test_linear_leak_is_flagged_with_exhaustion_time_near_the_truth() -> None:
     truth = leak_exhaustion(END.timestamp() - 12 * HOUR)
     assert verdict.exhaust_at is not None
     assert abs(verdict.exhaust_at - truth) <= 0.01 * (truth - END.timestamp())
-    assert verdict.evidence["slope_mib_per_h"] == pytest.approx(LEAK_RATE_MIB_PER_H, rel=0.02)
+    ev = verdict.evidence
+    assert ev["slope_mib_per_h"] == pytest.approx(LEAK_RATE_MIB_PER_H, rel=0.02)
+    lo, hi = ev["slope_ci_mib_per_h"]  # type: ignore[misc]
+    assert lo <= LEAK_RATE_MIB_PER_H <= hi and hi - lo < 100
+    assert ev["trend_p"] < 1e-10  # type: ignore[operator]
+    # 40 MiB of sample noise; a 5-min median of 10 samples has sd ≈ 1.25 × 40 / √10 ≈ 16
+    assert 5 < ev["noise_mib"] < 30  # type: ignore[operator]
+    assert ev["judged_on"] == "bins"
 
     [finding] = detect_leaks([s], PARAMS, END)
     assert finding.kind == "leak"
@@ -76,8 +142,31 @@ def test_linear_leak_is_flagged_with_exhaustion_time_near_the_truth() -> None:
     }
     assert finding.evidence["query"] == "DCGM_FI_DEV_FB_USED"
     assert finding.evidence["hours_to_exhaust"] == pytest.approx(24.96, abs=0.3)
+    assert "95% CI" in finding.summary
     assert finding.action == "alert"
     assert finding.since == datetime.fromtimestamp(END.timestamp() - 6 * HOUR, UTC)
+
+
+def test_noisy_leak_from_the_issue_is_found() -> None:
+    # 1.5 GiB/h under 400 MiB of sample noise, 30 s for 6 h, 20 GiB at the start of 80 GiB:
+    # raw samples fall back by > 2 GiB (noise alone), the 5-min medians do not
+    rng = np.random.default_rng(3)
+    t = END.timestamp() - 6 * HOUR + np.arange(30.0, 6 * HOUR + 1, 30.0)
+    clean = 20480.0 + 1536.0 * (t - t[0]) / HOUR
+    used = clean + rng.normal(0, 400.0, len(t))
+    assert float((np.maximum.accumulate(used) - used).max()) > 2000
+    verdict = assess_leak(GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",)), PARAMS, END)
+    assert verdict.leaking, verdict.reasons
+    # truth: (81920 − 20480) / 1536 = 40 h after the first sample, i.e. 34 h after END
+    assert verdict.evidence["hours_to_exhaust"] == pytest.approx(34.0, rel=0.05)
+
+
+def test_growth_under_a_sawtooth_is_judged_on_the_floor() -> None:
+    case = one("sawtooth-leak", 400.0, rate=1024.0, seed=2)
+    verdict = assess_leak(case.series, PARAMS, at_end(case))
+    assert verdict.leaking, verdict.reasons
+    assert verdict.evidence["judged_on"] == "floor"
+    assert verdict.evidence["slope_mib_per_h"] == pytest.approx(1024.0, rel=0.15)
 
 
 def test_shared_gpu_leak_is_unattributable() -> None:
@@ -86,6 +175,43 @@ def test_shared_gpu_leak_is_unattributable() -> None:
     assert "unattributable" in finding.summary
     assert finding.evidence["pods"] == ["ml/leak-0-a", "ml/leak-0-b"]
     assert "pod" not in finding.labels
+
+
+def test_exporter_only_leak_is_unattributable_and_says_so() -> None:
+    s = replace(series_of("leak"), pods=(), exporter_only=True)
+    [finding] = detect_leaks([s], PARAMS, END)
+    assert finding.subject == "gpu/node-000/0"
+    assert "only the exporter's own pod" in finding.summary
+
+
+def test_mig_instance_has_its_own_subject_capacity_and_profile() -> None:
+    case = one("mig", 200.0, rate=1024.0, seed=4)
+    s = replace(case.series, node="node-7", gpu="2", instance="5", profile="3g.40gb")
+    s = replace(s, total_mib=40192.0)
+    verdict = assess_leak(s, PARAMS, at_end(case))
+    assert verdict.evidence["gpu_instance"] == "5"
+    assert verdict.evidence["mig_profile"] == "3g.40gb"
+    assert verdict.evidence["total_mib"] == 40192.0
+    [finding] = detect_leaks([s], PARAMS, at_end(case))
+    assert finding.subject == "pod/" + s.pods[0]
+    assert finding.evidence["gpu_subject"] == "gpu/node-7/2/mig-5"
+    assert finding.labels["gpu_instance"] == "5"
+
+
+def test_no_node_label_is_keyed_and_named_by_uuid() -> None:
+    s = replace(series_of("leak", pods=2), node="")
+    [finding] = detect_leaks([s], PARAMS, END)
+    assert finding.subject == "gpu/GPU-node-000-00"
+
+
+def test_reserved_memory_brings_exhaustion_forward() -> None:
+    # exhaustion at total − reserved: 4096 MiB less at 2000 MiB/h is 2.05 h earlier
+    s = series_of("leak")
+    plain = assess_leak(s, PARAMS, END)
+    reserved = assess_leak(replace(s, reserved_mib=4096.0), PARAMS, END)
+    assert plain.exhaust_at is not None and reserved.exhaust_at is not None
+    assert (plain.exhaust_at - reserved.exhaust_at) / HOUR == pytest.approx(4096 / 2000, rel=0.03)
+    assert reserved.evidence["reserved_mib"] == 4096.0
 
 
 def test_leak_beyond_the_horizon_is_not_flagged() -> None:
@@ -106,47 +232,117 @@ def test_too_little_history_is_not_a_leak() -> None:
     assert "too little history" in verdict.reasons[0]
 
 
-def test_noise_free_linear_leak_gives_perfect_fit() -> None:
+def test_noise_free_linear_leak_gives_exact_exhaustion() -> None:
     t = np.arange(0.0, 6 * HOUR + 1, 30.0) + END.timestamp() - 6 * HOUR
     used = 1000.0 + (t - t[0]) / HOUR * 1000.0  # 1000 MiB/h
     s = GpuMemorySeries("n", "0", t, used, 8000.0, ("a/b",))
     verdict = assess_leak(s, replace(PARAMS, min_slope_mib_per_h=500), END)
-    assert verdict.leaking
-    assert verdict.fit is not None and verdict.fit.r2 == pytest.approx(1.0)
+    assert verdict.leaking, verdict.reasons
     # reaches 8000 at (8000-1000)/1000 = 7 h after the first point, i.e. 1 h after END
-    assert verdict.evidence["hours_to_exhaust"] == pytest.approx(1.0, abs=1e-6)
+    assert verdict.evidence["hours_to_exhaust"] == pytest.approx(1.0, abs=0.02)
+
+
+# --- labels --------------------------------------------------------------------------------------
+
+L = DcgmLabels()
+
+
+@pytest.mark.parametrize(
+    ("labels", "node"),
+    [
+        ({"Hostname": "a", "hostname": "b", "instance": "c:9400"}, "a"),  # before d5e5f51
+        ({"hostname": "b", "instance": "c:9400"}, "b"),  # dcgm-exporter main
+        ({"instance": "node-3:9400"}, "node-3"),  # --no-hostname, address target: port dropped
+        ({"instance": "node-3"}, "node-3"),  # the GPU operator's relabelling of the node name
+        ({"kubernetes_node": "k"}, "k"),
+        ({}, ""),
+    ],
+)
+def test_node_label_variants(labels: dict[str, str], node: str) -> None:
+    assert L.node_of(labels) == node
+
+
+@pytest.mark.parametrize(
+    ("labels", "key"),
+    [
+        ({"UUID": "GPU-1", "gpu": "0", "Hostname": "a"}, ("uuid", "GPU-1", "")),
+        ({"uuid": "GPU-1", "gpu": "0"}, ("uuid", "GPU-1", "")),  # --use-old-namespace
+        ({"UUID": "GPU-1", "gpu": "0", "GPU_I_ID": "3"}, ("uuid", "GPU-1", "3")),  # MIG
+        ({"gpu": "0", "hostname": "a"}, ("node", "a", "0", "")),
+        ({"gpu": "0"}, None),  # neither UUID nor node: nothing names the GPU
+    ],
+)
+def test_series_key_variants(labels: dict[str, str], key: tuple[str, ...] | None) -> None:
+    assert L.key(labels) == key
+
+
+EXPORTER = {"namespace": "gpu-operator", "pod": "nvidia-dcgm-exporter-x7k2p"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "targets", "pod"),
+    [
+        ({"namespace": "ml", "pod": "train-0"}, frozenset(), "ml/train-0"),  # honorLabels: true
+        (EXPORTER | {"exported_namespace": "ml", "exported_pod": "t"}, frozenset(), "ml/t"),
+        (EXPORTER | {"pod_namespace": "ml", "pod_name": "t"}, frozenset(), "ml/t"),  # old names
+        (EXPORTER, frozenset(), None),  # pod mapping off: the exporter's own, by its name
+        (
+            {"namespace": "mon", "pod": "gpu-metrics-abc"},
+            frozenset({"mon/gpu-metrics-abc"}),
+            None,
+        ),  # renamed exporter, known as a scrape target from its other series
+        ({"namespace": "ml"}, frozenset(), None),
+    ],
+)
+def test_pod_label_variants(
+    labels: dict[str, str], targets: frozenset[str], pod: str | None
+) -> None:
+    assert L.pod_key(labels, targets) == pod
+
+
+def test_scrape_targets_are_learned_from_exported_series() -> None:
+    series = [
+        {
+            "namespace": "mon",
+            "pod": "gpu-metrics-abc",
+            "exported_pod": "t",
+            "exported_namespace": "ml",
+        },
+        {"namespace": "mon", "pod": "gpu-metrics-abc"},
+        {"namespace": "ml", "pod": "train"},
+    ]
+    assert L.target_pods(series) == frozenset({"mon/gpu-metrics-abc"})
 
 
 # --- properties ----------------------------------------------------------------------------------
 
-T = END.timestamp() - 6 * HOUR + np.arange(0.0, 6 * HOUR + 1, 120.0)  # 6 h at 2 min
+T = END.timestamp() - 6 * HOUR + np.arange(30.0, 6 * HOUR + 1, 30.0)  # 6 h at 30 s
+T2 = END.timestamp() - 6 * HOUR + np.arange(120.0, 6 * HOUR + 1, 120.0)  # 6 h at 2 min
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     start=st.floats(0, 40000),
-    drops=st.lists(st.floats(0, 2000), min_size=len(T), max_size=len(T)),
+    drops=st.lists(st.floats(0, 2000), min_size=len(T2), max_size=len(T2)),
 )
 def test_never_rising_memory_is_never_a_leak(start: float, drops: list[float]) -> None:
     used = start + 100000.0 - np.cumsum(drops) * 0.01  # non-increasing
-    verdict = assess_leak(GpuMemorySeries("n", "0", T, used, 200000.0, ("a/b",)), PARAMS, END)
+    verdict = assess_leak(GpuMemorySeries("n", "0", T2, used, 200000.0, ("a/b",)), PARAMS, END)
     assert not verdict.leaking
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(
     rate=st.floats(2 * PARAMS.min_slope_mib_per_h, 20 * PARAMS.min_slope_mib_per_h),
     start=st.floats(0, 20000),
-    noise_fraction=st.floats(0, 0.005),
+    noise=st.floats(0, 400),
     seed=st.integers(0, 2**16),
 )
 def test_steady_growth_is_a_leak_with_exhaustion_within_10_percent(
-    rate: float, start: float, noise_fraction: float, seed: int
+    rate: float, start: float, noise: float, seed: int
 ) -> None:
-    growth = rate * 6  # MiB over the 6 h window
-    total = start + growth + rate * 24  # exhausted 24 h after END (inside the 48 h horizon)
-    noise = np.random.default_rng(seed).normal(0, noise_fraction * growth, len(T))
-    used = start + rate * (T - T[0]) / HOUR + noise
+    total = start + rate * 6 + rate * 24  # exhausted 24 h after END (inside the 48 h horizon)
+    used = start + rate * (T - T[0]) / HOUR + np.random.default_rng(seed).normal(0, noise, len(T))
     verdict = assess_leak(GpuMemorySeries("n", "0", T, used, total, ("a/b",)), PARAMS, END)
     assert verdict.leaking, verdict.reasons
     assert verdict.exhaust_at is not None

@@ -70,10 +70,23 @@ def without_kube_state_queries(rules: RuleSet) -> RuleSet:
     )
 
 
+KSM_QUERY = (
+    'kube_node_status_allocatable{resource=~"nvidia_com_.+|amd_com_.+|gpu_intel_com_.+|habana_ai_.+"}'
+)
+KSM_MISSING = f"queries.allocatable ({KSM_QUERY}) returns no series: is kube-state-metrics scraped?"
+FREE_MISSING = "queries.free (DCGM_FI_DEV_FB_FREE) returns no series: no GPU's capacity is known"
+
+
 def test_cluster_rules_build_the_cluster_from_kube_state_metrics() -> None:
     metrics = FakeMetrics(quiet_curve())
     report = run_detection(RULES, metrics, None, NOW)
-    assert report.skipped == {} and report.failures == ()
+    # every instant query answers nothing: each rule that needs one says so (issue 14)
+    assert report.skipped == {
+        "gpu-fragmentation": KSM_MISSING,
+        "high-priority-starved": KSM_MISSING,
+        "gpu-memory-leak": FREE_MISSING,
+    }
+    assert report.failures == ()
     allocatable = next(
         r.rule.queries.allocatable  # type: ignore[attr-defined]
         for r in RULES
@@ -91,6 +104,7 @@ def test_without_cluster_only_metric_rules_run() -> None:
     assert report.skipped == {
         "gpu-fragmentation": "no cluster snapshot",
         "high-priority-starved": "no cluster snapshot",
+        "gpu-memory-leak": FREE_MISSING,
     }
     assert [f.kind for f in report.findings] == ["idle"]  # 3% for an hour, threshold 20%
     assert "avg(DCGM_FI_DEV_GPU_UTIL)" in metrics.queries
@@ -113,16 +127,22 @@ def test_idle_query_with_several_series_fails_that_rule_only() -> None:
         (
             "DCGM_FI_DEV_FB_USED",
             True,
-            # half of 256 MiB/h over the 6 h lookback, evaluated once at the end of the range
-            "(DCGM_FI_DEV_FB_USED) and (deriv(DCGM_FI_DEV_FB_USED[21600s] @ end()) * 3600 > 128)",
+            # 5-min medians, kept for GPUs whose slope is at least half of 256 MiB/h over the 6 h
+            # lookback (evaluated once at the end of the range)
+            "(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and "
+            "(deriv(DCGM_FI_DEV_FB_USED[21600s] @ end()) * 3600 > 128)",
         ),
         (
             'DCGM_FI_DEV_FB_USED{job="dcgm"}',
             True,
-            '(DCGM_FI_DEV_FB_USED{job="dcgm"}) and '
+            '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED{job="dcgm"}[300s])) and '
             '(deriv(DCGM_FI_DEV_FB_USED{job="dcgm"}[21600s] @ end()) * 3600 > 128)',
         ),
-        ("DCGM_FI_DEV_FB_USED", False, "DCGM_FI_DEV_FB_USED"),
+        (
+            "DCGM_FI_DEV_FB_USED",
+            False,
+            "quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])",
+        ),
         # not a plain selector: no range selector can be put on it, so no prefilter
         ("sum by (gpu) (DCGM_FI_DEV_FB_USED)", True, "sum by (gpu) (DCGM_FI_DEV_FB_USED)"),
     ],

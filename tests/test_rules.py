@@ -38,7 +38,7 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
     ("text", "line", "field", "message"),
     [
         # wrong type
-        (GOOD_LEAK + "    min_r2: lots\n", 7, "rules[0].min_r2", "valid number"),
+        (GOOD_LEAK + "    max_trend_p: lots\n", 7, "rules[0].max_trend_p", "valid number"),
         # unknown detector
         ("rules:\n  - name: x\n    detector: magic\n", 3, "rules[0].detector", "magic"),
         # bad duration
@@ -53,7 +53,12 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
             "required field missing",
         ),
         # out of range
-        (GOOD_LEAK + "    min_r2: 1.5\n", 7, "rules[0].min_r2", "less than or equal to 1"),
+        (
+            GOOD_LEAK + "    max_trend_p: 1.5\n",
+            7,
+            "rules[0].max_trend_p",
+            "less than or equal to 1",
+        ),
         # unknown scheduler policy
         (
             "rules:\n  - name: s\n    detector: starvation\n    policy: fastest\n",
@@ -89,14 +94,14 @@ def test_a_starvation_rule_may_make_room_now(tmp_path: Path) -> None:
 
 
 def test_all_errors_of_all_files_are_reported(tmp_path: Path) -> None:
-    write(tmp_path, GOOD_LEAK + "    min_r2: x\n    step: soon\n", "a.yaml")
+    write(tmp_path, GOOD_LEAK + "    max_trend_p: x\n    step: soon\n", "a.yaml")
     second = GOOD_LEAK.replace("name: leak", "name: leak2") + "    horizon: never\n"
     write(tmp_path, second, "b.yaml")
     with pytest.raises(RulesError) as caught:
         load_rules([tmp_path])
     where = sorted((Path(i.file).name, i.line, i.field) for i in caught.value.issues)
     assert where == [
-        ("a.yaml", 7, "rules[0].min_r2"),
+        ("a.yaml", 7, "rules[0].max_trend_p"),
         ("a.yaml", 8, "rules[0].step"),
         ("b.yaml", 7, "rules[0].horizon"),
     ]

@@ -6,8 +6,9 @@ on every request (projected service-account tokens rotate) and a CA bundle. Fail
 itself said.
 
 It also reads which GPU indices each pod holds from DCGM's per-GPU pod labels
-(:func:`gpu_indices_by_pod`), with the ``exported_*`` label variant a ServiceMonitor without
-``honorLabels`` produces, and applies them to a cluster's pods (:func:`apply_gpu_indices`).
+(:func:`gpu_indices_by_pod`), with every label variant dcgm-exporter and a ServiceMonitor
+without ``honorLabels`` produce (:class:`~defrag.detect.leak.DcgmLabels`), and applies them to
+a cluster's pods (:func:`apply_gpu_indices`).
 """
 
 from __future__ import annotations
@@ -212,14 +213,16 @@ def gpu_indices_by_pod(
 ) -> dict[str, PodGpus]:
     """Which GPU indices each pod holds, from a per-GPU DCGM query (e.g. FB used).
 
-    ``metrics`` is any MetricsSource. Series without a pod label (free GPUs) are skipped;
-    indices come back sorted.
+    ``metrics`` is any MetricsSource. Series without a workload pod label (free GPUs, or only
+    the exporter's own pod behind a ServiceMonitor) are skipped; indices come back sorted.
     """
     names = labels or DcgmLabels()
     seen: dict[str, tuple[str, set[int]]] = {}
-    for sample in metrics.instant(query, at):
-        key = names.pod_key(sample.labels)
-        node = names.first(sample.labels, names.node)
+    samples = metrics.instant(query, at)
+    targets = names.target_pods(s.labels for s in samples)
+    for sample in samples:
+        key = names.pod_key(sample.labels, targets)
+        node = names.node_of(sample.labels)
         gpu = sample.labels.get(names.gpu, "")
         if key is None or not node or not gpu.isdigit():
             continue

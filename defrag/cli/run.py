@@ -21,7 +21,7 @@ import typer
 
 from defrag.cli.app import UserError, app, console, print_json
 from defrag.cycle import CycleConfig, CyclePorts, CycleResult, SystemClock
-from defrag.daemon import AlwaysLeader, Daemon, Elector, configure_logging
+from defrag.daemon import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import Budgets
 from defrag.execute.executor import Executor, ExecutorSettings
@@ -102,10 +102,11 @@ def build(settings: Settings) -> Wiring:
         ),
         sleep=sleep,
     )
+    skipped_to: list[DaemonMetrics] = []  # the daemon's metrics, once it exists
     ports = CyclePorts(
         source=source,
         clock=clock,
-        detector=_detector(rules, metrics),
+        detector=_detector(rules, metrics, skipped_to),
         planner=_planner(settings),
         executor=executor,
         alerts=_alerts(settings),
@@ -127,6 +128,7 @@ def build(settings: Settings) -> Wiring:
         http_port=settings.http_port,
         elector_interval_s=settings.lease_duration_s / 3,
     )
+    skipped_to.append(daemon.metrics)
     return Wiring(daemon, sim)
 
 
@@ -197,13 +199,17 @@ def _alerts(settings: Settings) -> AlertSink | None:
         raise SettingsError(f"setting alertmanager_urls: {exc}") from None
 
 
-def _detector(rules: Any, metrics: MetricsSource | None) -> Any:
+def _detector(
+    rules: Any, metrics: MetricsSource | None, skipped_to: Sequence[DaemonMetrics] = ()
+) -> Any:
     from defrag.detection import run_detection
 
     def detect(cluster: Cluster, now: datetime) -> Sequence[Finding]:
         report = run_detection(rules, metrics, cluster, now)
         for failure in report.failures:  # one broken rule never stops the others
             log.error("rule failed: %s", failure)
+        for sink in skipped_to:  # missing inputs: a gauge and a log line
+            sink.record_skipped(report.skipped)
         return report.findings
 
     return detect

@@ -25,8 +25,9 @@ Severity = Literal["info", "warning", "critical"]
 class Finding:
     """One thing worth knowing or acting on.
 
-    ``subject`` names what it is about: ``cluster``, ``node/<name>``, ``pod/<ns>/<name>`` or
-    ``gpu/<node>/<index>``. ``labels`` carries the routing labels an alert needs (``node``,
+    ``subject`` names what it is about: ``cluster``, ``node/<name>``, ``pod/<ns>/<name>``,
+    ``gpu/<node>/<index>``, ``gpu/<node>/<index>/mig-<GPU_I_ID>`` (a MIG instance) or
+    ``gpu/<uuid>`` (no node label). ``labels`` carries the routing labels an alert needs (``node``,
     ``namespace``, ``pod``, ``detector``). The fingerprint depends on kind and subject only,
     so the same condition seen in the next cycle keeps its identity.
     """

@@ -1,28 +1,57 @@
 """GPU memory leak detection: steady growth of a GPU's used memory, heading for exhaustion.
 
-A GPU is *leaking* when, over the lookback, its used memory
+Real ``DCGM_FI_DEV_FB_USED`` jitters by hundreds of MiB between scrapes (allocator caches,
+activations), so nothing here is judged on raw samples. The series is reduced first:
 
-* grows faster than ``min_slope_mib_per_h`` on a least-squares line with ``r2 ≥ min_r2``;
-* grows in most time slices (``min_rising_fraction`` of ``segments`` slices rise at least half
-  the minimum slope) — a plateau after model loading or a single step rises in one slice only;
-* never falls back by more than ``max_drawdown_fraction`` of its fitted growth — a sawtooth
-  (allocator caches freed and refilled) falls back by its whole amplitude;
-* and the line reaches the GPU's total memory within ``horizon_s``.
+1. **bins** — the median of each ``bin_s`` bin (5 min: ten 30 s scrapes); a short spike or a
+   missed scrape does not move it;
+2. **restart** — a fall to a tenth of the running peak (by more than ``cycle_noise`` × noise) is
+   a job restarting or a new one: only what follows the last such fall is judged;
+3. **floor** — when the bins fall back by more than ``cycle_noise`` × their noise (a cache freed),
+   the minimum of every ``floor_window_s`` run of bins (1 h), averaged again over that window (a
+   rolling minimum is a staircase): an allocator cache freed and refilled within the hour leaves
+   it flat, while the floor of a leak rises with the leak.
 
-A leaking GPU held by exactly one pod is that pod's finding; a GPU shared by several pods (or
-held by none that DCGM names) is reported as unattributable rather than guessed.
+A GPU (or MIG instance) is *leaking* when, over the lookback,
+
+* the Theil–Sen slope of the judged series (bins, or floor) is at least ``min_slope_mib_per_h``
+  and the lower end of its 95% confidence interval is above zero;
+* the bins rise by Mann–Kendall's test (Kendall's τ of value against time, one-sided) with
+  p-value at most ``max_trend_p``;
+* the growth is steady: ``min_rising_fraction`` of ``segments`` equal slices rise at least
+  max(half the minimum slope, ``min_persistence`` × the overall slope) — a warm-up that
+  decelerates towards its plateau fails here, as does a single step;
+* the judged series never falls back from its running peak by more than the larger of
+  ``max_drawdown_fraction`` of the growth and ``drawdown_noise`` × the bins' noise (a robust
+  standard deviation from successive differences; ``cycle_noise`` × on the bins);
+* and the level line (the Theil–Sen slope through the bins' median) reaches the memory the
+  workload can use (used + free) within ``horizon_s``.
+
+A leaking GPU held by exactly one pod is that pod's finding; a GPU shared by several pods, held
+by none that DCGM names, or labelled only with the exporter's own pod, is reported as
+unattributable rather than guessed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
+from scipy import stats
 
 from defrag.detect.findings import Finding, Severity
-from defrag.detect.series import FloatArray, LineFit, fit_line, max_drawdown, segment_slopes
+from defrag.detect.series import (
+    Binned,
+    FloatArray,
+    bin_medians,
+    median_pairwise_slope,
+    robust_noise,
+    rolling_floor,
+    rolling_mean,
+)
 
 HOUR_S = 3600.0
 
@@ -34,45 +63,110 @@ class LeakParams:
     action: str = "alert"
     query: str = ""
     lookback_s: float = 6 * HOUR_S
+    bin_s: float = 300.0
+    floor_window_s: float = HOUR_S
     min_slope_mib_per_h: float = 256.0
-    min_r2: float = 0.9
+    max_trend_p: float = 0.01
     horizon_s: float = 48 * HOUR_S
     critical_within_s: float | None = None
-    segments: int = 6
-    min_rising_fraction: float = 0.8
+    segments: int = 3
+    min_rising_fraction: float = 1.0
+    min_persistence: float = 0.5
     max_drawdown_fraction: float = 0.1
+    drawdown_noise: float = 4.0
+    cycle_noise: float = 6.0
     min_coverage: float = 0.5
+
+
+_PORT = re.compile(r":\d+$")
 
 
 @dataclass(frozen=True, slots=True)
 class DcgmLabels:
-    """DCGM exporter label names; each pod field lists the names to try, in order."""
+    """DCGM exporter label names; each tuple lists the names to try, in order.
 
-    node: tuple[str, ...] = ("Hostname", "node", "kubernetes_node")
+    Sources (NVIDIA/dcgm-exporter): ``internal/pkg/rendermetrics/render_metrics.go`` writes
+    ``gpu``, ``UUID`` (``uuid`` with ``--use-old-namespace``), ``GPU_I_PROFILE``/``GPU_I_ID`` on
+    MIG instances and the host label — ``Hostname``, renamed ``hostname`` by commit d5e5f51
+    ("Rename Hostname label to hostname"), absent with ``--no-hostname``;
+    ``internal/pkg/transformation/const.go`` names the pod labels ``pod``/``namespace``, or
+    ``pod_name``/``pod_namespace`` with ``--use-old-namespace``. Behind the chart's ServiceMonitor
+    (``honorLabels: false``) a clashing ``pod``/``namespace`` becomes ``exported_pod``/
+    ``exported_namespace`` and the plain pair names the exporter's own pod; the GPU operator's
+    values suggest relabelling the node name into ``instance`` (otherwise ``host:port``).
+    """
+
+    node: tuple[str, ...] = ("Hostname", "hostname", "node", "kubernetes_node", "instance")
     gpu: str = "gpu"
-    uuid: str = "UUID"
-    pod: tuple[str, ...] = ("exported_pod", "pod")
-    namespace: tuple[str, ...] = ("exported_namespace", "namespace")
+    uuid: tuple[str, ...] = ("UUID", "uuid")
+    pod: tuple[str, ...] = ("exported_pod", "pod_name", "pod")
+    namespace: tuple[str, ...] = ("exported_namespace", "pod_namespace", "namespace")
+    gpu_instance: str = "GPU_I_ID"
+    gpu_profile: str = "GPU_I_PROFILE"
+    exporter_pod: str = r"^(nvidia-)?dcgm-exporter(-.*)?$"
+    """Pods whose name matches are the exporter itself (never a workload)."""
 
     def first(self, labels: Mapping[str, str], names: Sequence[str]) -> str:
         return next((labels[n] for n in names if labels.get(n)), "")
 
-    def pod_key(self, labels: Mapping[str, str]) -> str | None:
-        """``namespace/pod`` the series is about; the ``exported_*`` pair wins when present.
+    def node_of(self, labels: Mapping[str, str]) -> str:
+        for name in self.node:
+            value = labels.get(name, "")
+            if value:
+                return _PORT.sub("", value) if name == "instance" else value
+        return ""
 
-        Behind a ServiceMonitor without honorLabels, ``pod``/``namespace`` name the exporter
-        itself and ``exported_pod``/``exported_namespace`` the workload; so the namespace is
-        taken from the same family as the pod.
+    def uuid_of(self, labels: Mapping[str, str]) -> str:
+        return self.first(labels, self.uuid)
+
+    def key(self, labels: Mapping[str, str]) -> tuple[str, ...] | None:
+        """Which GPU (MIG instance) a series is about: its UUID when it has one, so GPUs of
+        different nodes never merge; else (node, gpu). None when the labels name neither."""
+        instance = labels.get(self.gpu_instance, "")
+        uuid = self.uuid_of(labels)
+        if uuid:
+            return ("uuid", uuid, instance)
+        node, gpu = self.node_of(labels), labels.get(self.gpu, "")
+        if node and gpu:
+            return ("node", node, gpu, instance)
+        return None
+
+    def target_pods(self, series_labels: Iterable[Mapping[str, str]]) -> frozenset[str]:
+        """``namespace/pod`` of the scrape targets: the plain pair on any series that also
+        carries an ``exported_`` pair (Prometheus renamed the exporter's clashing labels)."""
+        out = set()
+        for labels in series_labels:
+            if any(k.startswith("exported_") for k in labels) and labels.get("pod"):
+                out.add(f"{labels.get('namespace', '')}/{labels['pod']}")
+        return frozenset(out)
+
+    def is_exporter(self, key: str, targets: frozenset[str] = frozenset()) -> bool:
+        name = key.partition("/")[2]
+        return key in targets or bool(self.exporter_pod and re.match(self.exporter_pod, name))
+
+    def pod_key(
+        self, labels: Mapping[str, str], targets: frozenset[str] = frozenset()
+    ) -> str | None:
+        """``namespace/pod`` of the workload the series is about; never the exporter's own.
+
+        The pairs are tried in order (``exported_*``, then ``pod_name``/``pod_namespace``, then
+        ``pod``/``namespace``) and the namespace comes from the same pair as the pod.
         """
         for pod_name, ns_name in zip(self.pod, self.namespace, strict=False):
             if labels.get(pod_name):
-                return f"{labels.get(ns_name, '')}/{labels[pod_name]}"
+                key = f"{labels.get(ns_name, '')}/{labels[pod_name]}"
+                if not self.is_exporter(key, targets):
+                    return key
         return None
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class GpuMemorySeries:
-    """One GPU's used memory over time and the pods DCGM (or the cluster) says hold it."""
+    """One GPU's (or MIG instance's) used memory over time and the pods DCGM says hold it.
+
+    ``total_mib`` is its memory (used + free + reserved); ``reserved_mib`` the part no workload
+    can use, so memory runs out at ``total_mib − reserved_mib``.
+    """
 
     node: str
     gpu: str
@@ -81,10 +175,20 @@ class GpuMemorySeries:
     total_mib: float
     pods: tuple[str, ...] = ()
     uuid: str = ""
+    instance: str = ""
+    profile: str = ""
+    reserved_mib: float = 0.0
+    exporter_only: bool = False
+    """DCGM named no workload, only the exporter's own pod (pod mapping off)."""
 
     @property
     def subject(self) -> str:
-        return f"gpu/{self.node}/{self.gpu}"
+        base = f"gpu/{self.node}/{self.gpu}" if self.node and self.gpu else f"gpu/{self.uuid}"
+        return f"{base}/mig-{self.instance}" if self.instance else base
+
+    @property
+    def usable_mib(self) -> float:
+        return self.total_mib - self.reserved_mib
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,64 +198,167 @@ class LeakAssessment:
     series: GpuMemorySeries
     leaking: bool
     reasons: tuple[str, ...]
-    fit: LineFit | None = None
-    rising_fraction: float = 0.0
-    drawdown_mib: float = 0.0
+    slope_mib_per_h: float = 0.0
     exhaust_at: float | None = None
     evidence: dict[str, object] = field(default_factory=dict, hash=False)
+
+
+def _theil_sen(t_h: FloatArray, y: FloatArray) -> tuple[float, float, float]:
+    """Theil–Sen slope per hour with its 95% confidence interval (scipy)."""
+    if len(t_h) < 3:
+        return 0.0, -np.inf, np.inf
+    res = stats.theilslopes(y, t_h, alpha=0.95)
+    return float(res.slope), float(res.low_slope), float(res.high_slope)
 
 
 def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> LeakAssessment:
     """Judge one GPU's memory over ``[now − lookback, now]``."""
     end = now.timestamp()
     start = end - params.lookback_s
-    keep = (series.times >= start) & (series.times <= end) & np.isfinite(series.used_mib)
-    t, y = series.times[keep], series.used_mib[keep]
+    t, y = series.times, series.used_mib
+    keep = (t > start) & (t <= end) & np.isfinite(y)
+    t, y = t[keep], y[keep]
     if len(t) < 3 or (t[-1] - t[0]) < params.min_coverage * params.lookback_s:
         span_h = (t[-1] - t[0]) / HOUR_S if len(t) >= 2 else 0.0
         return LeakAssessment(series, False, (f"too little history ({span_h:.1f} h)",))
-    fit = fit_line(t, y)
-    slope_h = fit.slope * HOUR_S
-    slopes = segment_slopes(t, y, params.segments) * HOUR_S
-    rising = float(np.mean(slopes >= params.min_slope_mib_per_h / 2)) if len(slopes) else 0.0
-    drawdown = max_drawdown(y)
-    growth = max(fit.slope * (t[-1] - t[0]), 0.0)
-    exhaust_at = fit.reaches(series.total_mib) if series.total_mib > 0 else None
-    reasons: list[str] = []
-    if slope_h < params.min_slope_mib_per_h:
-        reasons.append(f"slope {slope_h:.0f} MiB/h below {params.min_slope_mib_per_h:g}")
-    if fit.r2 < params.min_r2:
-        reasons.append(f"linear fit r2 {fit.r2:.2f} below {params.min_r2:g}")
-    if rising < params.min_rising_fraction:
-        reasons.append(f"rises in {rising:.0%} of slices, not steadily")
-    if growth <= 0 or drawdown > params.max_drawdown_fraction * growth:
-        reasons.append(f"falls back {drawdown:.0f} MiB (not monotonic)")
-    if exhaust_at is None:
-        reasons.append("never reaches the GPU's memory")
-    elif exhaust_at - end > params.horizon_s:
-        reasons.append(
-            f"exhaustion in {(exhaust_at - end) / HOUR_S:.1f} h, beyond the "
-            f"{params.horizon_s / HOUR_S:g} h horizon"
-        )
+    bins = bin_medians(t, y, params.bin_s, end)
+    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise)
+    if restart is not None:
+        # memory fell to near nothing: the job restarted (or a new one began); what came before
+        # is another job's history, so only what follows is judged
+        since = bins.times[restart] + params.bin_s / 2
+        keep = t >= since
+        t, y = t[keep], y[keep]
+        if len(t) < 3 or (t[-1] - t[0]) < params.min_coverage * params.lookback_s:
+            span_h = (t[-1] - t[0]) / HOUR_S if len(t) >= 2 else 0.0
+            return LeakAssessment(
+                series, False, (f"too little history since the job restarted ({span_h:.1f} h)",)
+            )
+        bins = bin_medians(t, y, params.bin_s, end)
+    floor = rolling_floor(bins, params.floor_window_s)
+    if len(floor.times) < 3 * params.segments:
+        return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
+    noise = robust_noise(bins.values)
+    # Falls beyond the noise (a cache freed, a restart) call for the floor; without them the
+    # bins themselves are the least noisy series to judge.
+    cycles = _drawdown(bins.values) > params.cycle_noise * noise
+    judged = rolling_mean(floor, params.floor_window_s) if cycles else bins
+    t0 = bins.times[0]
+    fh = (judged.times - t0) / HOUR_S
+    slope = median_pairwise_slope(fh, judged.values)
+    low = high = float("nan")
+    if slope >= params.min_slope_mib_per_h:  # only then is the interval worth scipy's time
+        slope, low, high = _theil_sen(fh, judged.values)
     evidence: dict[str, object] = {
         "query": params.query,
         "node": series.node,
         "gpu": series.gpu,
         "uuid": series.uuid,
-        "used_mib": round(float(y[-1]), 1),
+        "used_mib": round(float(bins.values[-1]), 1),
         "total_mib": round(series.total_mib, 1),
-        "slope_mib_per_h": round(slope_h, 1),
-        "r2": round(fit.r2, 4),
-        "rising_fraction": round(rising, 3),
-        "drawdown_mib": round(drawdown, 1),
+        "slope_mib_per_h": round(slope, 1),
+        "noise_mib": round(float(noise), 1),
+        "judged_on": "floor" if cycles else "bins",
         "lookback_s": params.lookback_s,
+        "bins": len(bins.times),
     }
-    if exhaust_at is not None:
-        evidence["exhaust_at"] = _iso(exhaust_at)
-        evidence["hours_to_exhaust"] = round(max(exhaust_at - end, 0.0) / HOUR_S, 2)
-    return LeakAssessment(
-        series, not reasons, tuple(reasons), fit, rising, drawdown, exhaust_at, evidence
+    if series.instance:
+        evidence |= {"gpu_instance": series.instance, "mig_profile": series.profile}
+    if series.reserved_mib:
+        evidence["reserved_mib"] = round(series.reserved_mib, 1)
+    reasons: list[str] = []
+    if slope < params.min_slope_mib_per_h:
+        reasons.append(f"slope {slope:.0f} MiB/h below {params.min_slope_mib_per_h:g}")
+        return LeakAssessment(series, False, tuple(reasons), slope, None, evidence)
+    evidence["slope_ci_mib_per_h"] = [round(low, 1), round(high, 1)]
+    if low <= 0:
+        reasons.append(f"slope's 95% interval reaches {low:.0f} MiB/h (not above 0)")
+    tau, p = _mann_kendall(bins)
+    evidence |= {"trend_p": float(f"{p:.3g}"), "kendall_tau": round(tau, 3)}
+    if p > params.max_trend_p:
+        reasons.append(f"trend p-value {p:.2g} above {params.max_trend_p:g}")
+    slices = _slice_slopes(fh, judged.values, params.segments)
+    need = max(params.min_slope_mib_per_h / 2, params.min_persistence * slope)
+    rising = float(np.mean(slices >= need))
+    evidence |= {
+        "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
+        "rising_fraction": round(rising, 3),
+    }
+    if rising < params.min_rising_fraction:
+        reasons.append(
+            f"rises in {rising:.0%} of slices at {need:.0f} MiB/h or more, not steadily "
+            "(a warm-up, a step or a restart)"
+        )
+    growth = max(slope * (fh[-1] - fh[0]), 0.0)
+    # on the bins, no fall exceeds ``cycle_noise`` × noise (else the floor is judged); the
+    # floor may fall back by noise or a small share of the growth, not by a restart
+    drawdown = _drawdown(judged.values)
+    allowed = max(
+        params.max_drawdown_fraction * growth,
+        (params.drawdown_noise if cycles else params.cycle_noise) * noise,
     )
+    evidence |= {
+        "drawdown_mib": round(drawdown, 1),
+        "drawdown_allowed_mib": round(float(allowed), 1),
+    }
+    if drawdown > allowed:
+        reasons.append(f"falls back {drawdown:.0f} MiB (more than {allowed:.0f} allowed)")
+    # the level line: the floor's slope through the bins' median level
+    bh = (bins.times - t0) / HOUR_S
+    level0 = float(np.median(bins.values - slope * bh))
+    now_h = (end - t0) / HOUR_S
+    exhaust_at: float | None = None
+    if series.usable_mib > 0 and slope > 0:
+        exhaust_at = t0 + ((series.usable_mib - level0) / slope) * HOUR_S
+    if exhaust_at is None:
+        reasons.append("never reaches the GPU's memory")
+    else:
+        evidence["exhaust_at"] = _iso(exhaust_at)
+        evidence["hours_to_exhaust"] = round(float(max(exhaust_at - end, 0.0)) / HOUR_S, 2)
+        evidence["level_mib"] = round(float(level0 + slope * now_h), 1)
+        if exhaust_at - end > params.horizon_s:
+            reasons.append(
+                f"exhaustion in {(exhaust_at - end) / HOUR_S:.1f} h, beyond the "
+                f"{params.horizon_s / HOUR_S:g} h horizon"
+            )
+    return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+def _last_restart(bins: Binned, min_fall: float) -> int | None:
+    """The bin where memory last fell to a tenth of its running peak or less, by more than
+    ``min_fall`` (a restart or a new job): the first bin of the last such low run; None when it
+    never did."""
+    v = bins.values
+    if len(v) < 2:
+        return None
+    peak = np.maximum.accumulate(v)
+    fell = (v <= 0.1 * peak) & (peak - v > max(min_fall, 0.0)) & (peak > 0)
+    starts = np.flatnonzero(fell & ~np.concatenate(([False], fell[:-1])))
+    return int(starts[-1]) if len(starts) else None
+
+
+def _drawdown(values: FloatArray) -> float:
+    """The largest fall from a running peak to a later value."""
+    return float((np.maximum.accumulate(values) - values).max()) if len(values) else 0.0
+
+
+def _mann_kendall(bins: Binned) -> tuple[float, float]:
+    """Kendall's τ of the bins against time and its one-sided p-value (rising)."""
+    res = stats.kendalltau(bins.times, bins.values, alternative="greater", method="asymptotic")
+    tau, p = float(res.statistic), float(res.pvalue)
+    return (0.0, 1.0) if np.isnan(tau) else (tau, p)
+
+
+def _slice_slopes(t_h: FloatArray, values: FloatArray, segments: int) -> FloatArray:
+    """Theil–Sen slope of each of ``segments`` equal time slices (−inf where < 3 points)."""
+    edges = np.linspace(t_h[0], t_h[-1], segments + 1)
+    which = np.clip(np.searchsorted(edges, t_h, side="right") - 1, 0, segments - 1)
+    out = np.full(segments, -np.inf)
+    for i in range(segments):
+        mask = which == i
+        if int(mask.sum()) >= 3:
+            out[i] = median_pairwise_slope(t_h[mask], values[mask])
+    return out
 
 
 def detect_leaks(
@@ -181,7 +388,11 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
     since = datetime.fromtimestamp(float(s.times[0]), UTC) if len(s.times) else None
     since = max(since, datetime.fromtimestamp(end - params.lookback_s, UTC)) if since else None
     labels = {"node": s.node, "detector": "leak", "rule": params.name, "gpu": s.gpu}
+    if s.instance:
+        labels["gpu_instance"] = s.instance
     rate = ev["slope_mib_per_h"]
+    ci = verdict.evidence.get("slope_ci_mib_per_h", ["?", "?"])
+    lo, hi = ci if isinstance(ci, list) else ("?", "?")
     if len(s.pods) == 1:
         namespace, _, pod = s.pods[0].partition("/")
         labels |= {"namespace": namespace, "pod": pod}
@@ -190,22 +401,27 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
             subject=f"pod/{s.pods[0]}",
             severity=severity,
             summary=(
-                f"GPU memory of pod {s.pods[0]} on {s.subject} grows {rate} MiB/h; "
-                f"exhausted in {hours} h"
+                f"GPU memory of pod {s.pods[0]} on {s.subject} grows {rate} MiB/h "
+                f"(95% CI {lo}–{hi}); exhausted in {hours} h"
             ),
-            evidence=ev | {"pods": list(s.pods)},
+            evidence=ev | {"pods": list(s.pods), "gpu_subject": s.subject},
             since=since,
             labels=labels,
             action=params.action,
         )
-    holders = ", ".join(s.pods) if s.pods else "no pod DCGM names"
+    if s.pods:
+        holders = ", ".join(s.pods)
+    elif s.exporter_only:
+        holders = "no pod: DCGM names only the exporter's own pod (pod mapping off?)"
+    else:
+        holders = "no pod DCGM names"
     return Finding(
         kind="leak",
         subject=s.subject,
         severity=severity,
         summary=(
-            f"GPU memory on {s.subject} grows {rate} MiB/h, exhausted in {hours} h; "
-            f"unattributable: held by {holders}"
+            f"GPU memory on {s.subject} grows {rate} MiB/h (95% CI {lo}–{hi}), exhausted in "
+            f"{hours} h; unattributable: held by {holders}"
         ),
         evidence=ev | {"pods": list(s.pods), "attributable": False},
         since=since,

@@ -95,3 +95,107 @@ def largest_gap(times: FloatArray, start: float, end: float) -> float:
         return end - start
     edges = np.concatenate(([start], inside, [end]))
     return float(np.diff(edges).max())
+
+
+# --- robust statistics for noisy memory series ----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Binned:
+    """A series reduced to one robust value per fixed-width bin: the bins end at ``end``; bins
+    without a sample are dropped. ``times`` are bin centres."""
+
+    times: FloatArray
+    values: FloatArray
+    width: float
+
+
+def bin_medians(times: FloatArray, values: FloatArray, width: float, end: float) -> Binned:
+    """The median of each ``width``-second bin of ``(end − k·width, end − (k−1)·width]``.
+
+    Vectorised: the samples are laid out in a (bins × most samples in a bin) array padded with
+    NaN and reduced with ``nanmedian`` along rows, so thousands of series stay cheap.
+    """
+    if len(times) == 0:
+        return Binned(np.empty(0), np.empty(0), width)
+    k = np.floor((end - times) / width).astype(np.int64)  # 0 = the bin ending at ``end``
+    starts = np.flatnonzero(np.concatenate(([True], k[1:] != k[:-1])))  # times are sorted
+    counts = np.diff(np.append(starts, len(k)))
+    bins = k[starts]
+    if int(counts.max()) == 1:
+        medians = values.astype(float)
+    else:
+        pos = np.arange(len(values)) - np.repeat(starts, counts)
+        grid = np.full((len(bins), int(counts.max())), np.nan)
+        grid[np.repeat(np.arange(len(bins)), counts), pos] = values
+        medians = np.nanmedian(grid, axis=1)
+    centres = end - (bins.astype(float) + 0.5) * width
+    return Binned(centres, medians, width)
+
+
+def rolling_floor(binned: Binned, window: float) -> Binned:
+    """The minimum of every full ``window`` of bins (a trailing run of ⌈window / width⌉ bins on
+    the bin grid, gaps counted as missing), placed at the window's centre.
+
+    An allocator cache that is freed and refilled within ``window`` leaves the floor flat; the
+    floor of a leak rises with it. Windows with fewer than half their bins present are dropped.
+    Returns the series itself when it spans less than two windows.
+    """
+    n = max(round(window / binned.width), 1)
+    if n <= 1 or len(binned.times) == 0:
+        return binned
+    w = binned.width
+    idx = np.round((binned.times - binned.times[0]) / w).astype(np.int64)
+    size = int(idx[-1]) + 1
+    if size < 2 * n:
+        return binned
+    grid = np.full(size, np.nan)
+    grid[idx] = binned.values
+    windows = np.lib.stride_tricks.sliding_window_view(grid, n)
+    present = np.sum(~np.isnan(windows), axis=1)
+    keep = present * 2 >= n
+    filled = np.where(np.isnan(windows), np.inf, windows)
+    floor = filled.min(axis=1)
+    centres = binned.times[0] + (np.arange(len(floor)) + (n - 1) / 2) * w
+    return Binned(centres[keep], floor[keep], w)
+
+
+def robust_noise(values: FloatArray) -> float:
+    """The noise standard deviation from successive differences (MAD-based, scaled for a normal
+    distribution): a trend, a step or a rare drop barely move it."""
+    if len(values) < 3:
+        return 0.0
+    d = np.diff(values)
+    mad = float(np.median(np.abs(d - np.median(d))))
+    return 1.4826 * mad / np.sqrt(2.0)
+
+
+def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
+    """The Theil–Sen slope: the median of the slopes between every pair of points with distinct
+    ``x`` — what ``scipy.stats.theilslopes`` returns as its slope, without its confidence
+    interval and per-call overhead (a screen for thousands of series)."""
+    n = len(x)
+    if n < 2:
+        return 0.0
+    i, j = np.triu_indices(n, 1)
+    dx = x[j] - x[i]
+    keep = dx > 0
+    if not bool(keep.any()):
+        return 0.0
+    return float(np.median((y[j] - y[i])[keep] / dx[keep]))
+
+
+def rolling_mean(binned: Binned, window: float) -> Binned:
+    """The mean of every run of ⌈window / width⌉ consecutive points, at the run's centre time.
+
+    Over a floor (a staircase: the same trough is the minimum until it leaves the window) a mean
+    over at least one cache cycle turns the stairs back into the line they follow. Returns the
+    series itself when it holds fewer than two windows.
+    """
+    n = max(round(window / binned.width), 1)
+    if n <= 1 or len(binned.values) < 2 * n:
+        return binned
+    kernel = np.full(n, 1.0 / n)
+    values = np.convolve(binned.values, kernel, mode="valid")
+    times = np.convolve(binned.times, kernel, mode="valid")
+    return Binned(times, values, binned.width)

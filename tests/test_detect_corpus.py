@@ -1,0 +1,111 @@
+"""The leak detector against the labelled corpus (bench/leak_corpus.py), and the series maths.
+
+The full figures (every family × noise level, 10 per cell, the 1,000-history mix) are the bench's
+(docs/benchmarks.md); here a small seeded slice of the same corpus must meet the issue's targets,
+and the Prometheus-side prefilter must never drop a GPU the detector would flag.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import numpy as np
+import pytest
+
+from bench.bench_leak_corpus import evaluate
+from bench.leak_corpus import LEAK_FAMILIES, NON_LEAK_FAMILIES, corpus
+from defrag.detect.leak import LeakParams, assess_leak
+from defrag.detect.series import bin_medians, robust_noise, rolling_floor
+
+PARAMS = LeakParams()
+CASES = corpus(seed=9, per_cell=1, noises=(0.0, 300.0, 600.0))
+
+
+@pytest.mark.parametrize("family", NON_LEAK_FAMILIES)
+def test_no_non_leak_is_flagged_at_any_evaluation(family: str) -> None:
+    flagged = [c.name for c in CASES if c.truth.family == family and evaluate(c).any_flag]
+    assert flagged == []
+
+
+@pytest.mark.parametrize("family", LEAK_FAMILIES)
+def test_leaks_of_512_mib_per_h_and_more_are_found_with_a_close_eta(family: str) -> None:
+    cases = [c for c in CASES if c.truth.family == family and c.truth.rate_mib_per_h >= 512]
+    outcomes = [evaluate(c) for c in cases]
+    missed = [o.case.name for o in outcomes if not o.flagged_at_end]
+    assert len(missed) <= 1, missed  # 12 cases (4 rates × 3 noise levels); the bench has 0.985
+    errors = [o.eta_error for o in outcomes if o.eta_error is not None]
+    assert float(np.median(errors)) <= 0.25
+
+
+def _deriv_per_h(times: np.ndarray, values: np.ndarray) -> float:
+    """Prometheus ``deriv``: the least-squares slope of the raw samples (per second → per h)."""
+    if len(times) < 2:
+        return 0.0
+    return float(np.polyfit(times - times[0], values, 1)[0]) * 3600
+
+
+def test_the_prefilter_never_drops_a_leak() -> None:
+    # rule prefilter: deriv(used[lookback] @ end()) * 3600 > min_slope / 2; results must not
+    # depend on it, so every GPU flagged at any evaluation time must pass it at that time
+    threshold = PARAMS.min_slope_mib_per_h / 2
+    checked = 0
+    for case in corpus(seed=4, per_cell=1, noises=(0.0, 400.0, 800.0)):
+        s = case.series
+        for at in np.arange(float(s.times[-1]), float(s.times[0]) + 3 * 3600, -3600.0):
+            verdict = assess_leak(s, PARAMS, datetime.fromtimestamp(at, UTC))
+            if verdict.leaking:
+                keep = (s.times > at - PARAMS.lookback_s) & (s.times <= at)
+                assert _deriv_per_h(s.times[keep], s.used_mib[keep]) > threshold, case.name
+                checked += 1
+    assert checked > 100  # the property was exercised
+
+
+# --- series maths --------------------------------------------------------------------------------
+
+
+def test_bin_medians_end_at_the_evaluation_time() -> None:
+    # samples at 30 s over 10 min ending at t = 600: bins (0, 300] and (300, 600]
+    t = np.arange(30.0, 601.0, 30.0)
+    v = np.arange(len(t), dtype=float)  # 0..19
+    b = bin_medians(t, v, 300.0, 600.0)
+    assert list(b.times) == [150.0, 450.0]
+    assert list(b.values) == [4.5, 14.5]  # medians of 0..9 and 10..19
+
+
+def test_bin_medians_drop_empty_bins_and_ignore_a_spike() -> None:
+    t = np.array([10.0, 20.0, 30.0, 710.0, 720.0])  # nothing in (300, 600]
+    v = np.array([1.0, 1000.0, 2.0, 5.0, 5.0])
+    b = bin_medians(t, v, 300.0, 900.0)
+    assert list(b.times) == [150.0, 750.0] and list(b.values) == [2.0, 5.0]
+
+
+def test_rolling_floor_flattens_a_sawtooth_and_follows_a_leak() -> None:
+    t = np.arange(150.0, 6 * 3600.0, 300.0)  # 5-min bins over 6 h
+    saw = 1000.0 * ((t % 3600.0) / 3600.0)  # 0 → 1000 every hour
+    binned = bin_medians(t, saw, 300.0, 6 * 3600.0)
+    floor = rolling_floor(binned, 3600.0)
+    assert float(floor.values.max() - floor.values.min()) < 100  # the hour's trough: 0..83
+    leak = bin_medians(t, saw + 0.5 * t, 300.0, 6 * 3600.0)  # + 1800 MiB/h
+    f = rolling_floor(leak, 3600.0)
+    slope_h = np.polyfit(f.times, f.values, 1)[0] * 3600
+    assert slope_h == pytest.approx(1800.0, rel=0.05)
+
+
+@pytest.mark.parametrize("sigma", [50.0, 400.0])
+def test_robust_noise_estimates_sigma_under_a_trend(sigma: float) -> None:
+    rng = np.random.default_rng(1)
+    x = np.arange(2000.0)
+    values = 10.0 * x + rng.normal(0, sigma, len(x))  # a steep trend does not count as noise
+    assert robust_noise(values) == pytest.approx(sigma, rel=0.1)
+
+
+@pytest.mark.parametrize("n", [3, 20, 61])
+def test_median_pairwise_slope_is_scipys_theil_sen_slope(n: int) -> None:
+    from scipy.stats import theilslopes
+
+    from defrag.detect.series import median_pairwise_slope
+
+    rng = np.random.default_rng(n)
+    x = np.sort(rng.uniform(0, 6, n))
+    y = 500 * x + rng.normal(0, 300, n)
+    assert median_pairwise_slope(x, y) == pytest.approx(float(theilslopes(y, x).slope))
