@@ -258,7 +258,7 @@ def test_api_throttling_is_retried_and_never_reported_as_a_pdb_block(
         assert [f.kind for f in out.findings] == ["execution-failed"]
 
 
-# --- untaint ---------------------------------------------------------------------------------------
+# --- untaint ---------------------------------------------------------------------------------
 
 
 def test_a_taint_that_will_not_come_off_is_retried_and_alerted_until_it_does(
@@ -290,7 +290,7 @@ def test_a_taint_that_will_not_come_off_is_retried_and_alerted_until_it_does(
     ]
 
 
-# --- leftovers ------------------------------------------------------------------------------------
+# --- leftovers -------------------------------------------------------------------------------
 
 
 def test_dry_run_reports_a_crashed_runs_leftovers_and_writes_nothing(api: KubeApi) -> None:
