@@ -127,7 +127,11 @@ def test_a_leader_that_loses_the_lease_mid_plan_evicts_nothing_more(api: KubeApi
     a = elector(api, "replica-a")
     b = elector(api, "replica-b", Clock(offset_s=3600))  # its clock says a's hold has expired
     assert a.is_leader()
-    api.on_eviction = lambda server, pod: b.tick()  # the takeover lands during the 1st eviction
+
+    def take_over(server: KubeApi, pod: dict[str, Any]) -> None:
+        b.tick()  # the takeover lands during the first eviction
+
+    api.on_eviction = take_over
     result = executor(api, fence=a).execute(
         plan_of("inf/web-a", "inf/web-b", "inf/web-c"),
         KubeClusterSource(api.client()).snapshot(),

@@ -459,8 +459,8 @@ class KubeApi:
             if late.delay_s:
                 time.sleep(late.delay_s)
             if late.status:
-                err = ApiError(late.status, _reason(late.status), late.message)
-                status, payload = late.status, json.dumps(err.status()).encode()
+                lost = ApiError(late.status, _reason(late.status), late.message)
+                status, payload = late.status, json.dumps(lost.status()).encode()
         entry = Request(
             method,
             path,
