@@ -220,6 +220,7 @@ def parse_args(body: bytes | bytearray | str) -> ExtenderArgs:
     if not isinstance(raw_pod, dict):
         what = "null" if "Pod" in args and raw_pod is None else "missing or not an object"
         raise BadRequest(f"Pod: {what} (ExtenderArgs.Pod is the v1 Pod to place)")
+    _check_quantities(raw_pod)
     found: list[ShapeWarning] = []
     try:
         pod, _ = pod_from_json(raw_pod, "Pod", found)
@@ -261,6 +262,34 @@ def parse_args(body: bytes | bytearray | str) -> ExtenderArgs:
             raise BadRequest(f"Nodes.items[{i}].metadata.annotations: expected an object")
         node_names.append(name)
     return ExtenderArgs(pod, tuple(node_names), tuple(items), unmodelled)
+
+
+def _check_quantities(raw_pod: Mapping[str, Any]) -> None:
+    """Kubernetes validation refuses a negative quantity in any container's requests or limits
+    ("must be greater than or equal to 0"); a pod asking −1 GPU was never admitted."""
+    spec = raw_pod.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for kind in ("containers", "initContainers"):
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for i, container in enumerate(containers):
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if resources is None:
+                continue
+            if not isinstance(resources, dict):
+                raise BadRequest(f"Pod.spec.{kind}[{i}].resources: expected an object")
+            for part in ("requests", "limits"):
+                values = resources.get(part)
+                if not isinstance(values, dict):
+                    continue
+                for name, value in values.items():
+                    if str(value).strip().startswith("-"):
+                        raise BadRequest(
+                            f"Pod.spec.{kind}[{i}].resources.{part}[{name}]: negative quantity "
+                            f"{value!s} (must be greater than or equal to 0)"
+                        )
 
 
 def _check_requests(pod: Pod) -> None:
