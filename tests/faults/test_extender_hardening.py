@@ -67,7 +67,7 @@ def addr(srv: ExtenderHTTPServer) -> tuple[str, int]:
 
 
 def post(srv: ExtenderHTTPServer, verb: str, body: bytes) -> tuple[int, Any]:
-    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=BOUND_S)
+    conn = http.client.HTTPConnection(*addr(srv), timeout=BOUND_S)
     try:
         conn.request("POST", f"/{verb}", body, {"Content-Type": "application/json"})
         resp = conn.getresponse()
