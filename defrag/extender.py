@@ -750,6 +750,7 @@ class _Handler(BoundedHandler):
             return 400
         budget = self.server.body_budget
         held = self.server.max_body_bytes if chunked else (length or 0)
+        self.request_read()  # the headers are in; waiting for room is not the client's delay
         if not budget.acquire(held):
             self.request_read()
             self.close_connection = True
@@ -770,6 +771,7 @@ class _Handler(BoundedHandler):
 
     def _answer_body(self, verb: str, chunked: bool, length: int) -> int:
         limit = self.server.max_body_bytes
+        self.reading()
         body = self._read_chunked(limit) if chunked else self._read_exact(length)
         self.request_read()
         if body is None:

@@ -165,6 +165,10 @@ class BoundedHandler(QuietHandler):
         """The request is in: stop its read deadline."""
         self.server.watchdog.disarm(self.connection)
 
+    def reading(self) -> None:
+        """A new read deadline (the body, after waiting for room to hold it)."""
+        self.server.watchdog.arm(self.connection, self.server.limits.read_timeout_s)
+
 
 class BoundedHTTPServer(QuietHTTPServer):
     """A threading server with a bounded pool of connection threads and read/idle deadlines."""
