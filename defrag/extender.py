@@ -752,8 +752,12 @@ class _Handler(BoundedHandler):
         held = self.server.max_body_bytes if chunked else (length or 0)
         self.request_read()  # the headers are in; waiting for room is not the client's delay
         if not budget.acquire(held):
+            # Read the body away (a chunk at a time, under the read deadline) so the client can
+            # read the 503 instead of hitting a reset while it still sends.
+            self.reading()
+            drained = not chunked and self._discard(length or 0)
             self.request_read()
-            self.close_connection = True
+            self.close_connection = not drained
             self._json(503, {"Error": "server busy: too many large bodies in flight; retry"})
             return 503
         try:
@@ -800,6 +804,16 @@ class _Handler(BoundedHandler):
             return 500
         self._send(200, body_out)
         return 200
+
+    def _discard(self, length: int) -> bool:
+        """Read ``length`` bytes and drop them; False if the client stopped short."""
+        left = length
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                return False
+            left -= len(chunk)
+        return True
 
     def _read_exact(self, length: int) -> bytearray | None:
         """``length`` bytes into one buffer (no intermediate copies), or None if cut short."""
