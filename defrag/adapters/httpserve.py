@@ -182,6 +182,8 @@ class BoundedHTTPServer(QuietHTTPServer):
         self.limits = limits or ServerLimits()
         self._slots = threading.BoundedSemaphore(self.limits.max_connections)
         self.closed_counts: dict[str, int] = {"idle": 0, "read-timeout": 0, "busy": 0}
+        self.active_connections = 0
+        """Connections holding a thread of the pool now."""
         self._count_lock = threading.Lock()
         self.watchdog = _Watchdog(lambda: self.count_closed("read-timeout"))
         super().__init__(address, handler)
@@ -206,12 +208,16 @@ class BoundedHTTPServer(QuietHTTPServer):
                 pass
             self.shutdown_request(request)
             return
+        with self._count_lock:
+            self.active_connections += 1
         super().process_request(request, client_address)
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
+            with self._count_lock:
+                self.active_connections -= 1
             self._slots.release()
 
     def server_close(self) -> None:
