@@ -100,6 +100,8 @@ class CycleResult:
     verification: Mapping[str, Any] | None = field(default=None, hash=False)
     alert_error: str = ""
     circuit: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    warnings: tuple[str, ...] = ()
+    """Objects of the observed cluster left out or counted conservatively (Cluster.warnings)."""
 
     @property
     def duration_s(self) -> float:
@@ -121,6 +123,7 @@ class CycleResult:
             "verification": dict(self.verification) if self.verification else None,
             "alert_error": self.alert_error or None,
             "circuit": dict(self.circuit),
+            "warnings": list(self.warnings),
         }
 
 
@@ -228,6 +231,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         verification=verification,
         alert_error=alert_error,
         circuit=breaker.state.to_dict() if breaker else {},
+        warnings=cluster.warnings,
     )
 
 

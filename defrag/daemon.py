@@ -101,6 +101,12 @@ class DaemonMetrics:
         self.window_open = Gauge(
             "defrag_window_open", "1 while an execution window is open.", registry=r
         )
+        self.unmodelled = Gauge(
+            "defrag_unmodelled_objects",
+            "Objects of the last observed cluster left out or counted conservatively "
+            "(unknown GPU resource shapes, unreadable objects; named in the log).",
+            registry=r,
+        )
         for finding_kind in FINDING_KINDS:
             self.findings.labels(kind=finding_kind).set(0)
         for step_kind in ("migrate", "preempt"):
@@ -114,6 +120,7 @@ class DaemonMetrics:
         self.whole_free_nodes.set(before.get("whole_free_nodes", 0))
         self.largest_job.set(before.get("largest_placeable_job", 0))
         self.fgd_pct.set(before.get("fgd_frag_pct_of_idle", 0.0))
+        self.unmodelled.set(len(result.warnings))
         counts: dict[str, int] = {}
         for f in result.findings:
             counts[f.kind] = counts.get(f.kind, 0) + 1

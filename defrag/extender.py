@@ -324,8 +324,7 @@ def make_view(cluster: Cluster, policy_name: str, taken_at: float) -> ClusterVie
         if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
     }
     # The mix `defrag place` uses: the GPU pods the cluster holds, or the default when none.
-    gpu_pods = [p for p in cluster.pods.values() if p.num_gpu]
-    mix = WorkloadMix.from_pods(gpu_pods) if gpu_pods else WorkloadMix.default()
+    mix = WorkloadMix.observed(cluster.pods.values())
     return ClusterView(cluster, make_policy(policy_name, mix=mix), reserved, taken_at)
 
 
@@ -850,6 +849,17 @@ class _Handler(BoundedHandler):
             self.rfile.readline(8)  # the CRLF after each chunk
 
 
+class _StatusHandler(_Handler):
+    """Only ``GET /healthz``, ``/readyz`` and ``/metrics``: the address that kubelet probes and
+    Prometheus reach, while ``filter`` and ``prioritize`` stay on the loopback address that the
+    kube-scheduler beside the extender calls (deploy/components/extender)."""
+
+    def do_POST(self) -> None:
+        self.request_read()
+        self.close_connection = True  # its body is not read: the connection cannot go on
+        self._json(404, {"Error": "this address serves only GET /healthz, /readyz and /metrics"})
+
+
 class ExtenderHTTPServer(BoundedHTTPServer):
     logger = log
 
@@ -860,11 +870,12 @@ class ExtenderHTTPServer(BoundedHTTPServer):
         metrics: ExtenderMetrics,
         limits: ServerLimits | None = None,
         *,
+        handler: type[_Handler] = _Handler,
         max_body_bytes: int = MAX_BODY_BYTES,
         body_budget_bytes: int = BODY_BUDGET_BYTES,
         tls: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(address, _Handler, limits)
+        super().__init__(address, handler, limits)
         self.extender = extender
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
@@ -929,6 +940,17 @@ def serve(
     )
     cache.start()
     return server
+
+
+def serve_status(server: ExtenderHTTPServer, host: str, port: int) -> ExtenderHTTPServer:
+    """A second server for ``server``'s probes and metrics only (same cache, same registry).
+
+    The caller runs its ``serve_forever()`` and, when done, ``shutdown()`` and
+    ``server_close()``; :func:`stop` on the main server stops the shared cache.
+    """
+    return ExtenderHTTPServer(
+        (host, port), server.extender, server.metrics, server.limits, handler=_StatusHandler
+    )
 
 
 def stop(server: ExtenderHTTPServer) -> None:

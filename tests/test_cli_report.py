@@ -67,18 +67,22 @@ def test_table_output_mentions_the_choice() -> None:
     assert "node-1" in result.stdout and "62" in result.stdout and "62.5" not in result.stdout
 
 
+BAD_NODE = (
+    '{"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "a"}, '
+    '"status": {"allocatable": {"cpu": "lots"}}}]}'
+)
+
+
 @pytest.mark.parametrize(
-    ("content", "needle"),
+    ("content", "needle", "flags"),
     [
-        (
-            '{"kind": "List", "items": [{"kind": "Node", "metadata": {"name": "a"}, '
-            '"status": {"allocatable": {"cpu": "lots"}}}]}',
-            "status.allocatable.cpu",
-        ),
-        ("{not json", "invalid JSON"),
+        (BAD_NODE, "status.allocatable.cpu", ["--strict"]),
+        ("{not json", "invalid JSON", []),
     ],
 )
-def test_bad_snapshot_is_a_clear_error(tmp_path: Path, content: str, needle: str) -> None:
+def test_bad_snapshot_is_a_clear_error(
+    tmp_path: Path, content: str, needle: str, flags: list[str]
+) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text(content)
     proc = subprocess.run(
@@ -89,6 +93,7 @@ def test_bad_snapshot_is_a_clear_error(tmp_path: Path, content: str, needle: str
             "report",
             "--snapshot",
             str(bad),
+            *flags,
         ],
         capture_output=True,
         text=True,
@@ -97,6 +102,16 @@ def test_bad_snapshot_is_a_clear_error(tmp_path: Path, content: str, needle: str
     assert proc.returncode == 2
     assert needle in proc.stderr and str(bad.name) in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_an_unreadable_object_is_a_warning_not_a_failed_report(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(BAD_NODE)
+    result = runner.invoke(app, ["report", "--snapshot", str(bad), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    warning = "warning: Node a: status.allocatable.cpu: not a Kubernetes quantity: 'lots'; left out"
+    assert warning in result.stderr
+    assert json.loads(result.stdout)["warnings"][0].startswith("Node a: status.allocatable.cpu")
 
 
 def test_bad_flags_are_errors() -> None:

@@ -133,6 +133,10 @@ def test_taints_and_tolerations(
 def test_cordoned_node_is_filtered() -> None:
     verdict = {v.node: v for v in explain(_pod(), _cluster(unschedulable=True))}["h100"]
     assert verdict.reasons == (R_UNSCHEDULABLE,)
+    # kube-scheduler's NodeUnschedulable filter: tolerating the cordon's taint
+    # node.kubernetes.io/unschedulable:NoSchedule (here by Exists on every key) admits the node
+    tolerant = _pod(tolerations=(Toleration("", "Exists"),))
+    assert {v.node: v for v in explain(tolerant, _cluster(unschedulable=True))}["h100"].score == 0
 
 
 def test_make_room_never_frees_a_node_the_pod_excludes() -> None:

@@ -15,7 +15,6 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from defrag.extender import MAX_EXTENDER_PRIORITY, VERBS
 from defrag.settings import load_settings
 from tests.support.binaries import require_binary
 
@@ -68,13 +67,17 @@ EXPECTED = {
     ("PrometheusRule", "defrag"),
     ("NetworkPolicy", "defrag"),
     ("ConfigMap", "defrag-grafana-dashboard"),
-    ("ServiceAccount", "defrag-extender"),
+    ("ServiceAccount", "defrag-scheduler"),
+    ("ClusterRoleBinding", "defrag-scheduler-as-kube-scheduler"),
+    ("ClusterRoleBinding", "defrag-scheduler-as-volume-scheduler"),
+    ("RoleBinding", "defrag-scheduler-extension-apiserver-authentication-reader"),
+    ("Role", "defrag-scheduler-leader-election"),
+    ("RoleBinding", "defrag-scheduler-leader-election"),
     ("ClusterRole", "defrag-extender"),
     ("ClusterRoleBinding", "defrag-extender"),
-    ("Deployment", "defrag-extender"),
-    ("Service", "defrag-extender"),
-    ("ServiceMonitor", "defrag-extender"),
-    ("NetworkPolicy", "defrag-extender"),
+    ("Deployment", "defrag-scheduler"),
+    ("PodMonitor", "defrag-scheduler"),
+    ("NetworkPolicy", "defrag-scheduler"),
     ("ServiceAccount", "defrag-agent"),
     ("ClusterRole", "defrag-agent"),
     ("ClusterRoleBinding", "defrag-agent"),
@@ -89,13 +92,21 @@ def test_overlay_renders_every_object(rendered: dict[str, list[Obj]], overlay: s
     objs = rendered[overlay]
     kinds = {(o["kind"], o["metadata"]["name"]) for o in objs}
     assert kinds >= EXPECTED
-    # Plus the two hashed ConfigMaps (settings, rules).
+    # Plus the three hashed ConfigMaps (rules, the second scheduler's configuration, settings).
     hashed = sorted(n for k, n in kinds - EXPECTED)
-    assert [re.sub(r"-[a-z0-9]{10}$", "", n) for n in hashed] == ["defrag-rules", "defrag-settings"]
+    assert [re.sub(r"-[a-z0-9]{10}$", "", n) for n in hashed] == [
+        "defrag-rules",
+        "defrag-scheduler-config",
+        "defrag-settings",
+    ]
     for o in objs:
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "defrag", o["kind"]
         if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
-            assert o["metadata"]["namespace"] == "defrag-system", o["kind"]
+            # The one exception: kube-scheduler's delegated authentication reads a ConfigMap
+            # of kube-system, so its reader RoleBinding lives there.
+            reader = o["metadata"]["name"].endswith("-extension-apiserver-authentication-reader")
+            want = "kube-system" if o["kind"] == "RoleBinding" and reader else "defrag-system"
+            assert o["metadata"]["namespace"] == want, o["kind"]
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -108,7 +119,7 @@ def test_builtin_kinds_validate_against_the_openapi_schema(
             continue
         kubernetes_validate.validate(o, K8S_VERSION, strict=True)
         checked += 1
-    assert checked == len(rendered[overlay]) - 4  # 2 ServiceMonitors, PodMonitor, PrometheusRule
+    assert checked == len(rendered[overlay]) - 4  # ServiceMonitor, 2 PodMonitors, PrometheusRule
 
 
 def test_schema_validation_would_catch_a_mistake(rendered: dict[str, list[Obj]]) -> None:
@@ -160,7 +171,10 @@ def test_workloads_are_locked_down(rendered: dict[str, list[Obj]]) -> None:
             assert sc["readOnlyRootFilesystem"] is True, who
             assert sc["allowPrivilegeEscalation"] is False, who
             assert sc["capabilities"]["drop"] == ["ALL"], who
-            assert c["image"] == IMAGE
+            if c["name"] == "kube-scheduler":  # the upstream image, pinned
+                assert re.fullmatch(r"registry\.k8s\.io/kube-scheduler:v\d+\.\d+\.\d+", c["image"])
+            else:
+                assert c["image"] == IMAGE
             assert {"cpu", "memory"} <= set(c["resources"]["requests"]), who
             assert "memory" in c["resources"]["limits"], who
             ports = {p["name"] for p in c["ports"]}
@@ -169,16 +183,19 @@ def test_workloads_are_locked_down(rendered: dict[str, list[Obj]]) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "replicas", "ready"),
+    ("name", "replicas", "container", "ready"),
     [
-        ("defrag", 2, "/readyz"),
-        ("defrag-extender", 2, "/readyz"),
+        ("defrag", 2, "defrag", "/readyz"),
+        ("defrag-scheduler", 2, "extender", "/readyz"),
+        ("defrag-scheduler", 2, "kube-scheduler", "/healthz"),
     ],
 )
-def test_deployments(rendered: dict[str, list[Obj]], name: str, replicas: int, ready: str) -> None:
+def test_deployments(
+    rendered: dict[str, list[Obj]], name: str, replicas: int, container: str, ready: str
+) -> None:
     d = one(rendered["dry-run"], "Deployment", name)
     assert d["spec"]["replicas"] == replicas
-    c = d["spec"]["template"]["spec"]["containers"][0]
+    (c,) = [c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == container]
     assert c["readinessProbe"]["httpGet"]["path"] == ready
     assert c["livenessProbe"]["httpGet"]["path"] == "/healthz"
 
@@ -239,16 +256,16 @@ def test_services_and_monitors_reach_their_pods(rendered: dict[str, list[Obj]]) 
         ports = container_ports(pod_of(objs, svc["spec"]["selector"]))
         for p in svc["spec"]["ports"]:
             assert p["targetPort"] in ports, svc["metadata"]["name"]
-    for name in ("defrag", "defrag-extender"):
-        sm = one(objs, "ServiceMonitor", name)
-        svc = one(objs, "Service", name)
-        assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
-        ports = {p["name"] for p in svc["spec"]["ports"]}
-        assert {e["port"] for e in sm["spec"]["endpoints"]} <= ports
-    pm = one(objs, "PodMonitor", "defrag-agent")
-    agent = pod_of(objs, pm["spec"]["selector"]["matchLabels"])
-    assert {e["port"] for e in pm["spec"]["podMetricsEndpoints"]} <= set(container_ports(agent))
-    for monitor in (sm, pm):
+    sm = one(objs, "ServiceMonitor", "defrag")
+    svc = one(objs, "Service", "defrag")
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert {e["port"] for e in sm["spec"]["endpoints"]} <= {p["name"] for p in svc["spec"]["ports"]}
+    pms = [one(objs, "PodMonitor", name) for name in ("defrag-agent", "defrag-scheduler")]
+    for pm in pms:
+        template = pod_of(objs, pm["spec"]["selector"]["matchLabels"])
+        endpoints = {e["port"] for e in pm["spec"]["podMetricsEndpoints"]}
+        assert endpoints <= set(container_ports(template))
+    for monitor in (sm, *pms):
         assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
         assert monitor["spec"]["namespaceSelector"]["matchNames"] == ["defrag-system"]
 
@@ -265,7 +282,7 @@ def test_network_policies_open_only_the_served_ports(rendered: dict[str, list[Ob
         assert np_["spec"]["policyTypes"] == ["Ingress"]
 
 
-# --- rules, dashboard, scheduler configuration ----------------------------------------------
+# --- rules, dashboard ----------------------------------------------------------------
 
 
 def test_rule_copies_are_in_step_with_rules_dir() -> None:
@@ -310,22 +327,3 @@ def test_grafana_dashboard_uses_only_metrics_the_code_exports(
         assert topic in titles
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
-
-
-def test_kube_scheduler_configuration_points_at_the_extender(
-    rendered: dict[str, list[Obj]],
-) -> None:
-    config = yaml.safe_load((DEPLOY / "scheduler" / "kube-scheduler-config.yaml").read_text())
-    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
-    assert config["kind"] == "KubeSchedulerConfiguration"
-    (ext,) = config["extenders"]
-    svc = one(rendered["dry-run"], "Service", "defrag-extender")
-    (port,) = svc["spec"]["ports"]
-    host = f"{svc['metadata']['name']}.{svc['metadata']['namespace']}.svc.cluster.local"
-    assert ext["urlPrefix"] == f"http://{host}:{port['port']}"
-    assert (ext["filterVerb"], ext["prioritizeVerb"]) == VERBS
-    assert ext["nodeCacheCapable"] is True and ext["ignorable"] is True
-    assert ext["managedResources"] == [{"name": "nvidia.com/gpu", "ignoredByScheduler": False}]
-    # One extender point (winner 10 vs ≤ 9) × weight × 10 must exceed the default score
-    # plugins' combined range: weights 3+2+2+2+1+1+1 = 12, × 100 = 1,200.
-    assert 1 * ext["weight"] * (100 // MAX_EXTENDER_PRIORITY) > 1200

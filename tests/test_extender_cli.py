@@ -131,3 +131,24 @@ def test_agent_without_nvml_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(app, ["agent", "--no-publish", "--once"])
     assert result.exit_code == 3
     assert "NVIDIA driver" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--metrics-port", "0"], "Invalid value for '--metrics-port'"),
+        (
+            ["--metrics-host", "127.0.0.1", "--metrics-port", "{port}"],
+            "cannot listen on 127.0.0.1:",
+        ),
+    ],
+)
+def test_metrics_port_errors_are_one_line(extra: list[str], message: str) -> None:
+    """A bad --metrics-port, or one already taken (here: the extender's own --port), is a usage
+    error naming the address, and the extender it had started is stopped again."""
+    port = free_port()
+    args = ["extender", "--snapshot", str(WORKED), "--host", "127.0.0.1", "--port", str(port)]
+    result = CliRunner().invoke(app, [*args, *(a.format(port=port) for a in extra)])
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert "Traceback" not in result.output

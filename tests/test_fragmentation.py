@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from defrag.model import Cluster, Node, Pod
+from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import fragmentation_report, placeable_per_node
 
 
@@ -64,6 +65,6 @@ def test_placeable_respects_nvlink(busy: tuple[int, ...], k: int, jobs: int) -> 
 def test_fgd_measure_of_idle() -> None:
     # Default mix (whole 1/2/4/8-GPU jobs, 1/4 each). Node with 1 free GPU: 1-GPU jobs fit,
     # 2/4/8 do not → frag = 0.75 × 1 GPU. Free share 1 → 75% of idle.
-    rep = fragmentation_report(scattered([1]))
+    rep = fragmentation_report(scattered([1]), WorkloadMix.default())
     assert rep.fgd_fragmented_gpus == pytest.approx(0.75)
     assert rep.fgd_frag_pct_of_idle == pytest.approx(75.0)

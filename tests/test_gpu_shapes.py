@@ -314,3 +314,46 @@ def test_bound_kai_fraction_is_held_by_its_reservation_pod() -> None:
     held = cluster.pods["kai-resource-reservation/gpu-reservation-n1-x7k2p"]
     assert held.num_gpu == 1 and held.annotations["defrag.io/evictable"] == "false"
     assert int(cluster.arrays.free_whole_count()[0]) == 0
+
+
+@pytest.mark.parametrize(
+    ("labels", "annotations", "gang"),
+    [
+        # Volcano vcjob pods: label volcano.sh/job-name and the PodGroup annotation
+        # (volcano pkg/controllers/job/job_controller_util.go createJobPod)
+        ({}, {"scheduling.k8s.io/group-name": "mnist-2f1b"}, "mnist-2f1b"),
+        # Kueue plain-pod groups (kueue site/static/examples/pods-kueue/kueue-pod-group.yaml)
+        ({"kueue.x-k8s.io/pod-group-name": "sample-group"},
+         {"kueue.x-k8s.io/pod-group-total-count": "2"}, "sample-group"),
+        # KAI-Scheduler's pod grouper (pkg/podgrouper/pod_controller.go)
+        ({}, {"pod-group-name": "pg-trainer-7c1e"}, "pg-trainer-7c1e"),
+        ({"volcano.sh/job-name": "mnist"}, {"scheduling.k8s.io/group-name": "mnist-2f1b"},
+         "mnist"),
+    ],
+)  # fmt: skip
+def test_gangs_of_batch_schedulers(
+    labels: dict[str, str], annotations: dict[str, str], gang: str
+) -> None:
+    obj = k.pod("w-0", "ml", 1, labels=labels, annotations=annotations, owner=None)
+    pod, _ = pod_from_json(obj)
+    assert pod.gang == gang and pod.gang_key == f"ml/{gang}"
+
+
+def test_priority_from_kai_label_through_priority_classes() -> None:
+    # KAI-Scheduler docs/priority/: label priorityClassName: train (PriorityClass value 50)
+    parts = ClusterParts()
+    parts.add(k.priority_class("train", 50), "pc")
+    obj = k.pod("w", "ml", 1, labels={"priorityClassName": "train"}, priority=None)
+    parts.add(obj, "w")
+    pod = parts.build().pods["ml/w"]
+    assert (pod.priority_class, pod.priority) == ("train", 50)
+
+
+def test_gated_pod_reads_its_gates() -> None:
+    # Kueue's webhook adds the gate (pkg/controller/jobs/pod/constants); the API server sets
+    # PodScheduled=False reason SchedulingGated (k8s pkg/registry/core/pod/strategy.go).
+    obj = k.pod("w", "ml", 1, pending_reason="SchedulingGated")
+    obj["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+    pod, _ = pod_from_json(obj)
+    assert pod.scheduling_gates == ("kueue.x-k8s.io/admission",) and pod.is_gated
+    assert pod.pending_reason == "SchedulingGated"

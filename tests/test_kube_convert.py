@@ -363,7 +363,8 @@ def test_object_without_a_name_is_named_by_list_index() -> None:
     bad = k.node("x")
     del bad["metadata"]["name"]
     with pytest.raises(ConversionError, match=r"^items\[1\]: metadata.name: missing"):
-        cluster_from_items([k.node("ok"), bad])
+        cluster_from_items([k.node("ok"), bad], strict=True)
+    assert cluster_from_items([k.node("ok"), bad]).warnings[0].startswith("items[1]: metadata.name")
 
 
 # --- PDBs and priority classes ---------------------------------------------------------------

@@ -31,8 +31,9 @@ def test_repack_frees_whole_nodes_without_losing_pods() -> None:
 def test_repack_respects_the_plan_budget() -> None:
     nodes, pods = spread()
     plan = make_plan(
-        cluster(nodes, pods), "repack", now=NOW, constraints=Constraints(max_evictions=2)
-    )
+        cluster(nodes, pods), "repack", now=NOW, constraints=Constraints(max_evictions=2),
+        mix=WorkloadMix.default(),
+    )  # fmt: skip
     assert 0 < len(plan.steps) <= 2
 
 

@@ -19,6 +19,7 @@ from defrag.adapters.kube import KubeActuator
 from defrag.cycle import SystemClock
 from defrag.execute.reservation import RESERVED_AT_ANNOTATION, Reservation
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
+from defrag.model.workload import WorkloadMix
 from defrag.plan import make_plan
 from defrag.plan.model import Plan, PlanFormatError, Step
 from tests.support import kubeobjects as k
@@ -110,9 +111,11 @@ def test_only_the_room_nodes_victims_carry_for_pod() -> None:
 
 
 def test_repack_steps_reserve_nothing() -> None:
-    # n1 and n2 hold 2 GPUs each: repack drains one into the other, for no pod in particular.
+    # n1 and n2 hold 2 GPUs each: against 1/2/4/8-GPU jobs, repack drains one into the other,
+    # for no pod in particular. (The cluster's own mix, 1-GPU pods only, sees no fragmentation.)
     nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
-    plan = make_plan(cluster(nodes, [*fill("n1", 2), *fill("n2", 2, prefix="b")]), now=NOW)
+    pods = [*fill("n1", 2), *fill("n2", 2, prefix="b")]
+    plan = make_plan(cluster(nodes, pods), now=NOW, mix=WorkloadMix.default())
     assert plan.steps and all(s.for_pod is None for s in plan.steps)
 
 

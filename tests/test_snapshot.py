@@ -10,6 +10,9 @@ import pytest
 import yaml
 
 from defrag.adapters.snapshot import SnapshotError, load_snapshot
+from defrag.model.resources import Pod
+from defrag.scoring.framework import Placement
+from defrag.scoring.scheduler import schedule
 from tests.support import kubeobjects as k
 from tests.support.snapshots import ALL, FIXTURES, render
 
@@ -68,14 +71,6 @@ def test_several_files_and_yaml_make_one_cluster(tmp_path: Path) -> None:
         ("", r"empty file"),
         ('{"items": {}}', r"items: expected a list"),
         ('"just a string"', r"expected a Kubernetes object or List"),
-        (
-            json.dumps(k.as_list([k.node("n1"), {"kind": "Node", "metadata": {"name": "bad"}}])),
-            r"Node bad: status.allocatable: missing",
-        ),
-        (
-            json.dumps(k.as_list([k.pod("p", node_name="ghost")])),
-            r"pod default/p is bound to unknown node 'ghost'",
-        ),
     ],
 )
 def test_errors_name_the_file(tmp_path: Path, content: str, message: str) -> None:
@@ -83,6 +78,68 @@ def test_errors_name_the_file(tmp_path: Path, content: str, message: str) -> Non
     path.write_text(content)
     with pytest.raises(SnapshotError, match=re.escape(f"{path}: ") + message):
         load_snapshot(path)
+
+
+BAD_NODE = {"kind": "Node", "metadata": {"name": "bad"}}
+ONE_BAD_OBJECT = [
+    # (objects, the warning naming object and field, what is left in the cluster)
+    (
+        [k.node("n1"), BAD_NODE, k.pod("on-bad", node_name="bad"), k.pod("ok", node_name="n1")],
+        "Node bad: status.allocatable: missing (and no status.capacity); left out, with the pods",
+        {"default/ok"},
+    ),
+    (
+        [k.node("n1"), k.pod("p", node_name="ghost")],
+        "Pod default/p: spec.nodeName: no such node; left out",
+        set(),
+    ),
+    (
+        [k.node("n1"), k.pod("p", annotations={"defrag.io/gpu-milli": "half"}, node_name="n1")],
+        'Pod default/p: metadata.annotations["defrag.io/gpu-milli"]: \'half\' is not an integer',
+        set(),
+    ),
+    (
+        [k.node("n1"), k.pod("p", "default", 1, annotations={"defrag.io/gpu-indices": "0-20000000"},
+                             node_name="n1")],
+        "GPU indices stop at 1023",
+        set(),
+    ),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("objects", "warning", "pods"), ONE_BAD_OBJECT)
+def test_one_bad_object_is_left_out_with_a_warning(
+    tmp_path: Path, objects: list[dict[str, object]], warning: str, pods: set[str]
+) -> None:
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(k.as_list(objects)))
+    cluster = load_snapshot(path)
+    assert [n.name for n in cluster.nodes] == ["n1"]
+    assert set(cluster.pods) == pods
+    assert any(warning in w for w in cluster.warnings), cluster.warnings
+    with pytest.raises(SnapshotError, match=re.escape(f"{path}: ")):
+        load_snapshot(path, strict=True)
+
+
+def test_a_node_holding_an_unreadable_pod_takes_nothing_new(tmp_path: Path) -> None:
+    # What the unreadable pod holds is unknown: the node must not look free to the planner.
+    bad = k.pod("p", "default", 1, node_name="n1", annotations={"defrag.io/gpu-milli": "half"})
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(k.as_list([k.node("n1"), k.node("n2"), bad])))
+    cluster = load_snapshot(path)
+    placed = schedule(Pod("new", num_gpu=1), cluster)
+    assert isinstance(placed, Placement) and placed.node == "n2"
+    assert "node n1 takes no new pods" in cluster.warnings[0]
+
+
+def test_an_unreadable_pdb_protects_its_whole_namespace(tmp_path: Path) -> None:
+    pdb = k.pdb("serve", "serving", match_labels={"app": "serve"})
+    pdb["status"]["disruptionsAllowed"] = -3
+    path = tmp_path / "snap.json"
+    path.write_text(json.dumps(k.as_list([k.node("n1"), pdb])))
+    (kept,) = load_snapshot(path).pdbs
+    assert kept.namespace == "serving" and kept.disruptions_allowed == 0
+    assert kept.selects(Pod("any", namespace="serving", labels={"app": "other"}))
 
 
 def test_missing_file(tmp_path: Path) -> None:
@@ -105,4 +162,6 @@ def test_files_are_strict_about_conflicting_gpu_indices(tmp_path: Path) -> None:
         )
     )
     with pytest.raises(SnapshotError, match="overcommitted"):
-        load_snapshot(path)
+        load_snapshot(path, strict=True)
+    # lenient (the default): the conflicting slot annotations are ignored, both pods kept
+    assert set(load_snapshot(path).pods) == {"default/a", "default/b"}

@@ -25,6 +25,7 @@ Conventions read here (documented in docs/kubernetes.md):
 from __future__ import annotations
 
 import gc
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -81,6 +82,12 @@ GANG_OWNER_KINDS = frozenset(
 )
 TAINT_EFFECTS = frozenset({"NoSchedule", "PreferNoSchedule", "NoExecute"})
 SELECTOR_OPERATORS = LABEL_SELECTOR_OPERATORS
+UNREADABLE_TAINT = Taint("defrag.io/unreadable-pod", "NoSchedule")
+"""Put (in the model only) on a node holding a pod defrag could not read."""
+MAX_GPU_INDEX = 1023
+"""GPU indices in annotations above this are refused (a hostile range must not cost memory)."""
+MAX_QUANTITY = 2**53
+"""Model quantities (milli-CPU, MiB, counts) are capped here: fits numpy's int64 sums."""
 
 JsonObj = Mapping[str, Any]
 
@@ -119,12 +126,54 @@ class ClusterParts:
     each naming the object and the key; pods marked ``leave_out`` are not in :attr:`pods`."""
     share_memory: dict[str, int] = field(default_factory=dict)
     """Pod key → GPU memory (MiB) its share is asked in; the share is sized at :meth:`build`."""
+    strict: bool = False
+    """Raise on an object that cannot be read, instead of leaving it out with a warning."""
+    skipped_nodes: set[str] = field(default_factory=set)
+    """Nodes left out as unreadable: pods bound to them are left out too."""
+    hidden_usage: set[str] = field(default_factory=set)
+    """Nodes holding a pod that could not be read: what it uses is unknown, so nothing is placed
+    there and nothing is planned onto them (taint :data:`UNREADABLE_TAINT` in the model)."""
 
     def add(self, obj: object, where: str, kind: str | None = None) -> None:
-        """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none)."""
+        """Convert one object; ``kind`` overrides ``obj["kind"]`` (API list items carry none).
+
+        An object that cannot be read raises :class:`ConversionError` when :attr:`strict`;
+        otherwise it is left out with a warning naming it and the field — one object never
+        fails the whole cluster. An unreadable PDB is replaced by one that protects every pod
+        of its namespace (nothing there is planned for eviction).
+        """
         if not isinstance(obj, dict):
             raise ConversionError(where, "", f"expected an object, got {type(obj).__name__}")
         kind = kind or obj.get("kind")
+        if kind is None:
+            raise ConversionError(where, "kind", "missing")
+        try:
+            self._add(obj, where, kind)
+        except ConversionError as exc:
+            if self.strict:
+                raise
+            self._left_out(obj, kind, exc)
+
+    def _left_out(self, obj: JsonObj, kind: str, exc: ConversionError) -> None:
+        meta, spec = obj.get("metadata"), obj.get("spec")
+        meta = meta if isinstance(meta, dict) else {}
+        name = meta.get("name") if isinstance(meta.get("name"), str) else ""
+        namespace = meta.get("namespace") if isinstance(meta.get("namespace"), str) else ""
+        what = "left out"
+        if kind == "Node" and name:
+            self.skipped_nodes.add(name)
+            what = "left out, with the pods bound to it"
+        elif kind == "Pod":
+            node = spec.get("nodeName") if isinstance(spec, dict) else None
+            if isinstance(node, str) and node:
+                self.hidden_usage.add(node)
+                what = f"left out; node {node} takes no new pods in defrag's plans"
+        elif kind == "PodDisruptionBudget":
+            self.pdbs.append(PodDisruptionBudget(namespace or "default", name or "?"))
+            what = f"replaced by a budget that protects every pod of namespace {namespace!r}"
+        self.warnings.append(ShapeWarning(exc.obj, exc.path, f"{exc.message}; {what}", True))
+
+    def _add(self, obj: JsonObj, where: str, kind: str) -> None:
         if kind == "Node":
             self.nodes.append(node_from_json(obj, where, self.warnings))
         elif kind == "Pod":
@@ -141,8 +190,6 @@ class ClusterParts:
                 self.pdbs.append(pdb)
         elif kind == "PriorityClass":
             self.priority_classes.append(priority_class_from_json(obj, where))
-        elif kind is None:
-            raise ConversionError(where, "kind", "missing")
         # Other kinds (Services, Events, …) in a ``kubectl get`` list are ignored.
 
     def extend(self, other: ClusterParts) -> None:
@@ -152,6 +199,8 @@ class ClusterParts:
         self.priority_classes += other.priority_classes
         self.warnings += other.warnings
         self.share_memory.update(other.share_memory)
+        self.skipped_nodes |= other.skipped_nodes
+        self.hidden_usage |= other.hidden_usage
 
     def build(self, lenient: bool = False) -> Cluster:
         """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods
@@ -177,31 +226,41 @@ class ClusterParts:
             pods.append(pod)
         self.dropped = []
         warnings = [str(w) for w in self.warnings]
+        for pod in [p for p in pods if p.node in self.skipped_nodes]:
+            warnings.append(f"Pod {pod.key}: spec.nodeName: node {pod.node} was left out; so is it")
+        pods = [p for p in pods if p.node not in self.skipped_nodes]
+        nodes = [
+            replace(n, taints=(*n.taints, UNREADABLE_TAINT)) if n.name in self.hidden_usage else n
+            for n in self.nodes
+        ]
         if lenient:
             names = {n.name for n in self.nodes}
             self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
             pods = [p for p in pods if p.node is None or p.node in names]
+            warnings += [f"Pod {k}: spec.nodeName: no such node; left out" for k in self.dropped]
         if not lenient:
-            return Cluster.build(self.nodes, pods, self.pdbs, values, warnings=warnings)
+            return Cluster.build(nodes, pods, self.pdbs, values, warnings=warnings)
         try:
-            return Cluster.build(self.nodes, pods, self.pdbs, values, warnings=warnings)
+            return Cluster.build(nodes, pods, self.pdbs, values, warnings=warnings)
         except ModelError:
             # Conflicting ``defrag.io/gpu-indices`` annotations: ignore them all (slots assumed);
             # a pod that still does not fit its node is left out and recorded.
             pods = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
+
+            def misfit(pod: Pod, exc: ModelError) -> None:
+                self.dropped.append(f"{pod.key}: {exc}")
+                warnings.append(f"Pod {pod.key}: spec.nodeName: {exc}; left out")
+
             return Cluster.build(
-                self.nodes,
-                pods,
-                self.pdbs,
-                values,
-                on_misfit=lambda pod, exc: self.dropped.append(f"{pod.key}: {exc}"),
-                warnings=warnings,
+                nodes, pods, self.pdbs, values, on_misfit=misfit, warnings=warnings
             )
 
 
-def cluster_from_items(items: Iterable[object], source: str = "items") -> Cluster:
+def cluster_from_items(
+    items: Iterable[object], source: str = "items", strict: bool = False
+) -> Cluster:
     """A Cluster from the items of a v1 List (each with its ``kind``)."""
-    parts = ClusterParts()
+    parts = ClusterParts(strict=strict)
     for i, obj in enumerate(items):
         parts.add(obj, describe(obj, f"{source}[{i}]"))
     try:
@@ -297,6 +356,8 @@ def _index_range(part: str, path: str, who: str) -> range:
         raise ConversionError(who, path, f"{text!r} is not a GPU index or range a-b") from None
     if start < 0 or stop < start:
         raise ConversionError(who, path, f"{text!r} is not a GPU index or range a-b")
+    if stop > MAX_GPU_INDEX:
+        raise ConversionError(who, path, f"{text!r}: GPU indices stop at {MAX_GPU_INDEX}")
     return range(start, stop + 1)
 
 
@@ -630,7 +691,7 @@ def _tolerations(raw: object, who: str) -> tuple[Toleration, ...]:
 
 
 def _ceil(value: Decimal) -> int:
-    return int(value.to_integral_value(rounding=ROUND_CEILING))
+    return min(int(value.to_integral_value(rounding=ROUND_CEILING)), MAX_QUANTITY)
 
 
 # --- PodDisruptionBudget, PriorityClass ------------------------------------------------------
@@ -759,10 +820,16 @@ def _cached(fn: Any, value: str | int | float) -> Any:
 def _convert(value: object, fn: Any, path: str, who: str) -> Any:
     if not isinstance(value, str | int | float) or isinstance(value, bool):
         raise ConversionError(who, path, f"not a quantity: {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConversionError(who, path, f"not a finite quantity: {value!r}")
     try:
-        return _cached(fn, value)
+        result = _cached(fn, value)
     except QuantityError as exc:
         raise ConversionError(who, path, str(exc)) from None
+    if result < 0:
+        raise ConversionError(who, path, f"negative quantity {value!r}")
+    # A quantity Kubernetes accepts (``1E`` CPUs) may exceed what an int64 sum holds: capped.
+    return min(result, MAX_QUANTITY) if isinstance(result, int) else result
 
 
 def _quantity(obj: JsonObj, key: str, path: str, who: str, fn: Any, required: bool = False) -> Any:

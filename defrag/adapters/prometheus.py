@@ -261,7 +261,9 @@ def apply_gpu_indices(cluster: Cluster, holdings: Mapping[str, PodGpus]) -> Inde
         if p.key not in known
     ]
     try:
-        updated = Cluster.build(cluster.nodes, pods, cluster.pdbs, cluster.priority_classes)
+        updated = Cluster.build(
+            cluster.nodes, pods, cluster.pdbs, cluster.priority_classes, warnings=cluster.warnings
+        )
     except ModelError as exc:
         return IndexUpdate(cluster, (), {k: f"not applied: {exc}" for k in known} | skipped)
     return IndexUpdate(updated, tuple(sorted(known)), skipped)

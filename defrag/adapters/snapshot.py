@@ -26,19 +26,23 @@ class SnapshotError(ValueError):
     """A snapshot file that cannot be read or converted; the message names the file."""
 
 
-def load_snapshot(paths: str | Path | Iterable[str | Path]) -> Cluster:
-    """One Cluster from one or more files, each a v1 ``List`` or a single object, JSON or YAML."""
+def load_snapshot(paths: str | Path | Iterable[str | Path], strict: bool = False) -> Cluster:
+    """One Cluster from one or more files, each a v1 ``List`` or a single object, JSON or YAML.
+
+    A snapshot is a dump of a live cluster, read as leniently: an object that cannot be read, or
+    a pod bound to a node the files lack or that does not fit its node, is left out with a
+    warning (``Cluster.warnings``) naming it and the field. ``strict`` makes those errors."""
     if isinstance(paths, str | Path):
         paths = [paths]
     files = [Path(p) for p in paths]
     if not files:
         raise SnapshotError("no snapshot file given")
     with paused_gc():
-        return _load(files)
+        return _load(files, strict)
 
 
-def _load(files: list[Path]) -> Cluster:
-    parts = ClusterParts()
+def _load(files: list[Path], strict: bool) -> Cluster:
+    parts = ClusterParts(strict=strict)
     for path in files:
         for doc_index, document in enumerate(_documents(path)):
             where = str(path) if doc_index == 0 else f"{path} (document {doc_index + 1})"
@@ -48,7 +52,7 @@ def _load(files: list[Path]) -> Cluster:
             except ConversionError as exc:
                 raise SnapshotError(f"{where}: {exc}") from exc
     try:
-        return parts.build()
+        return parts.build(lenient=not strict)
     except ModelError as exc:
         names = ", ".join(str(p) for p in files)
         raise SnapshotError(f"{names}: {exc}") from exc

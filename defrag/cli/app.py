@@ -47,6 +47,13 @@ SnapshotOpt = Annotated[
         help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json` (repeatable).",
     ),
 ]
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict",
+        help="An object defrag cannot read is an error (exit 2), not a warning and left out.",
+    ),
+]
 
 
 class UserError(_ClickException):
@@ -72,8 +79,9 @@ def print_json(data: Any, stream: IO[str] | None = None) -> None:
     out.write("\n")
 
 
-def load_cluster(paths: Sequence[Path]) -> Cluster:
-    """Read snapshot files; any mistake in them becomes a UserError naming file and field."""
+def load_cluster(paths: Sequence[Path], strict: bool = False) -> Cluster:
+    """Read snapshot files; a file that cannot be read (or, ``strict``, any object that cannot)
+    becomes a UserError naming file and field; objects left out are said on stderr."""
     from defrag.adapters.kube_convert import ConversionError
     from defrag.adapters.snapshot import SnapshotError, load_snapshot
     from defrag.model.cluster import ModelError
@@ -81,7 +89,7 @@ def load_cluster(paths: Sequence[Path]) -> Cluster:
     if not paths:
         raise UserError("no snapshot given (--snapshot FILE)")
     try:
-        cluster = load_snapshot(list(paths))
+        cluster = load_snapshot(list(paths), strict=strict)
     except (SnapshotError, ConversionError, ModelError, OSError) as exc:
         raise UserError(str(exc)) from None
     say_warnings(cluster)

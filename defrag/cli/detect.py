@@ -170,6 +170,7 @@ def detect(
                 "findings": [f.to_dict() for f in report.findings],
                 "skipped": dict(report.skipped),
                 "failures": [str(f) for f in report.failures],
+                "warnings": list(cluster.warnings) if cluster is not None else [],
             }
         )
     else:

@@ -8,13 +8,16 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+
+if TYPE_CHECKING:
+    from defrag.extender import ExtenderHTTPServer
 
 HostOpt = Annotated[str, typer.Option(help="Address to bind.")]
 KubeconfigOpt = Annotated[
@@ -58,6 +61,18 @@ def extender(
     max_staleness_s: Annotated[
         float, typer.Option(help="/readyz fails when the state is older than this.")
     ] = 120.0,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Also serve GET /metrics, /healthz and /readyz (nothing else) on this port, for "
+            "probes and Prometheus when --host is a loopback address.",
+            min=1,
+            max=65535,
+        ),
+    ] = None,
+    metrics_host: Annotated[str, typer.Option(help="Address to bind --metrics-port.")] = (
+        "0.0.0.0"
+    ),
     kubeconfig: KubeconfigOpt = None,
     tls_cert: Annotated[
         Path | None,
@@ -80,7 +95,7 @@ def extender(
     from defrag.adapters.httpserve import ServerLimits
     from defrag.adapters.kube_convert import ConversionError
     from defrag.adapters.snapshot import SnapshotError
-    from defrag.extender import SnapshotFileSource, serve, stop, tls_context
+    from defrag.extender import SnapshotFileSource, serve, serve_status, stop, tls_context
     from defrag.model.cluster import ModelError
     from defrag.ports import ClusterSource
 
@@ -131,19 +146,38 @@ def extender(
         )
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
+    servers = [server]
+    if metrics_port is not None:
+        try:
+            servers.append(serve_status(server, metrics_host, metrics_port))
+        except OSError as exc:
+            stop(server)
+            raise UserError(f"cannot listen on {metrics_host}:{metrics_port}: {exc}") from None
     stopping = threading.Event()
     _on_sigterm(stopping)
-    thread = threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True)
-    thread.start()
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, args=(0.2,), daemon=True).start()
     err_console.print(f"defrag extender: policy {policy}, serving on {server.url}")
+    if len(servers) > 1:
+        err_console.print(f"defrag extender: /metrics, /healthz, /readyz on {servers[1].url}")
     try:
         while not stopping.wait(0.5):
             pass
     except KeyboardInterrupt:
         pass
     finally:
-        server.shutdown()
-        stop(server)
+        _shutdown(servers)
+
+
+def _shutdown(servers: list[ExtenderHTTPServer]) -> None:
+    """Stop serving (status server first), close the sockets, stop relisting."""
+    from defrag.extender import stop
+
+    for srv in reversed(servers):
+        srv.shutdown()
+    for srv in servers[1:]:
+        srv.server_close()
+    stop(servers[0])
 
 
 @app.command()

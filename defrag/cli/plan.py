@@ -12,7 +12,7 @@ import typer
 import yaml
 from rich.table import Table
 
-from defrag.cli.app import UserError, app, console, load_cluster, print_json
+from defrag.cli.app import StrictOpt, UserError, app, console, load_cluster, print_json
 from defrag.model.cluster import Cluster
 from defrag.model.workload import WorkloadMix
 from defrag.plan import Constraints, Plan, PlanError, PlanOptions, make_plan
@@ -43,6 +43,7 @@ def plan_command(
             "--snapshot", "-s", help="JSON/YAML of `kubectl get nodes,pods,pdb -A -o json`."
         ),
     ] = [],  # noqa: B006 - typer needs a literal default
+    strict: StrictOpt = False,
     goal: Annotated[GoalChoice, typer.Option(help="repack, make-room or all.")] = GoalChoice.all,
     max_evictions: Annotated[
         int, typer.Option(min=0, help="Evictions the plan may use (its budget).")
@@ -72,7 +73,7 @@ def plan_command(
     output: Annotated[PlanOutput, typer.Option("--output", "-o")] = PlanOutput.table,
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
-    cluster = load_cluster(snapshot)
+    cluster = load_cluster(snapshot, strict)
     when = _parse_now(now)
     constraints = Constraints(
         min_age=timedelta(minutes=min_age),
@@ -112,8 +113,7 @@ def _parse_now(text: str | None) -> datetime:
 
 
 def _mix(cluster: Cluster) -> WorkloadMix:
-    pods = [p for p in cluster.pods.values() if p.num_gpu]
-    return WorkloadMix.from_pods(pods) if pods else WorkloadMix.default()
+    return WorkloadMix.observed(cluster.pods.values())
 
 
 def _print_table(plan: Plan) -> None:

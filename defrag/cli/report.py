@@ -11,6 +11,7 @@ from defrag.cli.app import (
     Output,
     OutputOpt,
     SnapshotOpt,
+    StrictOpt,
     UserError,
     app,
     console,
@@ -29,8 +30,7 @@ from defrag.scoring.scheduler import explain, schedule
 
 def workload_mix(cluster: Cluster) -> WorkloadMix:
     """The mix of the pods the cluster holds (bound and pending), or the default when empty."""
-    pods = [p for p in cluster.pods.values() if p.num_gpu]
-    return WorkloadMix.from_pods(pods) if pods else WorkloadMix.default()
+    return WorkloadMix.observed(cluster.pods.values())
 
 
 def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Table:
@@ -77,6 +77,7 @@ def node_table(rep: FragmentationReport) -> Table:
 @app.command()
 def report(
     snapshot: SnapshotOpt = [],  # noqa: B006 - typer needs a literal default
+    strict: StrictOpt = False,
     output: OutputOpt = Output.table,
     prometheus: Annotated[
         str | None,
@@ -88,7 +89,7 @@ def report(
     ] = None,
 ) -> None:
     """The fragmentation report of a cluster snapshot."""
-    cluster = load_cluster(snapshot)
+    cluster = load_cluster(snapshot, strict)
     rep = fragmentation_report(cluster, workload_mix(cluster))
     extras: dict[str, Any] = _prometheus_extras(prometheus, at) if prometheus else {}
     if output is Output.json:
@@ -131,6 +132,7 @@ def pod_shape(gpus: int, gpu_milli: int, cpu_milli: int, models: list[str]) -> P
 @app.command()
 def place(
     snapshot: SnapshotOpt = [],  # noqa: B006
+    strict: StrictOpt = False,
     gpus: Annotated[int, typer.Option(help="GPUs the pod asks (R).")] = 1,
     gpu_milli: Annotated[int, typer.Option(help="Share of each GPU, 1000 = whole.")] = GPU_MILLI,
     cpu_milli: Annotated[int, typer.Option(help="CPU request in milli-CPU.")] = 0,
@@ -141,7 +143,7 @@ def place(
     output: OutputOpt = Output.table,
 ) -> None:
     """Where a new pod of this shape would go, and why every other node scores less or fails."""
-    cluster = load_cluster(snapshot)
+    cluster = load_cluster(snapshot, strict)
     pod = pod_shape(gpus, gpu_milli, cpu_milli, gpu_model)
     try:
         pol = make_policy(policy, mix=workload_mix(cluster))

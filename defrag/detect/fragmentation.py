@@ -46,8 +46,7 @@ def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[in
 
 def workload_mix(cluster: Cluster) -> WorkloadMix:
     """The mix of GPU pods in the cluster (the default mix when it has none)."""
-    gpu_pods = [p for p in cluster.pods.values() if p.num_gpu]
-    return WorkloadMix.from_pods(gpu_pods) if gpu_pods else WorkloadMix.default()
+    return WorkloadMix.observed(cluster.pods.values())
 
 
 def detect_fragmentation(

@@ -65,6 +65,14 @@ class WorkloadMix:
         return cls(tuple(s for s, _ in chosen), tuple(n / norm for _, n in chosen))
 
     @classmethod
+    def observed(cls, pods: Iterable[Pod]) -> WorkloadMix:
+        """The mix of the GPU pods a cluster holds (bound and pending), or :meth:`default` when
+        it holds none — the one mix every part of defrag scores a cluster against, so that
+        ``report``, ``/metrics``, alerts, the planner and the extender give one FGD figure."""
+        gpu_pods = [p for p in pods if p.num_gpu]
+        return cls.from_pods(gpu_pods) if gpu_pods else cls.default()
+
+    @classmethod
     def default(cls) -> WorkloadMix:
         """Whole-GPU jobs of 1, 2, 4 and 8 GPUs, equally likely (when nothing is known)."""
         shapes = tuple(Shape(0, k, GPU_MILLI) for k in (1, 2, 4, 8))

@@ -73,6 +73,7 @@ def make_plan(
 ) -> Plan:
     if goal not in GOALS:
         raise PlanError(f"unknown goal {goal!r}; known: {', '.join(GOALS)}")
+    mix = mix if mix is not None else WorkloadMix.observed(cluster.pods.values())
     if isinstance(policy, str):
         policy_name, pol = policy, make_policy(policy, mix=mix)
     else:
@@ -119,7 +120,7 @@ def make_plan(
                 targets.extend(f"{p.key} ({describe(p)})" for p in group)
     if goal in ("repack", "all"):
         packed = repack(
-            ws, ctx, mix or WorkloadMix.default(), min_gain_per_cost=options.min_gain_per_cost
+            ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost
         )
         steps.extend(packed.steps)
         note(packed.blocked)

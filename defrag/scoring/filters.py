@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from defrag.model.arrays import BoolArray, IntArray, NodeArrays
-from defrag.model.resources import Pod
+from defrag.model.resources import Pod, Taint
 from defrag.model.units import GPU_MILLI
 
 # Reason texts, named once so callers and tests can match them.
@@ -73,10 +73,22 @@ def taint_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
     return ok
 
 
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "NoSchedule")
+"""A cordon, as the scheduler's NodeUnschedulable filter reads it: a pod tolerating this taint
+may still use the node (kube-scheduler pkg/scheduler/framework/plugins/nodeunschedulable)."""
+
+
+def schedulable_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
+    """[N] nodes not cordoned, or cordoned but the pod tolerates the cordon."""
+    if pod.tolerations and any(t.tolerates(UNSCHEDULABLE_TAINT) for t in pod.tolerations):
+        return np.ones(len(arrays), dtype=bool)
+    return arrays.schedulable
+
+
 def node_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
     """Nodes the pod may ever use, whatever is free: not cordoned, taints tolerated, the
     nodeSelector and required node affinity admitted (the planner's candidate filter)."""
-    ok = arrays.schedulable.copy()
+    ok = schedulable_mask(pod, arrays).copy()
     if arrays.tainted_rows:
         ok &= taint_mask(pod, arrays)
     if pod.has_node_constraints:
@@ -92,7 +104,7 @@ def filter_masks(
     masks: list[tuple[str, BoolArray]] = []
     if exclude is not None:
         masks.append((R_EXCLUDED, ~exclude))
-    masks.append((R_UNSCHEDULABLE, arrays.schedulable))
+    masks.append((R_UNSCHEDULABLE, schedulable_mask(pod, arrays)))
     if pod.has_node_constraints:
         masks.append((R_SELECTOR, arrays.selector_mask(pod)))
     if arrays.tainted_rows:

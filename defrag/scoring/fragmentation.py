@@ -134,6 +134,8 @@ def fragmentation_report(
     sizes: Sequence[int] = DEFAULT_SIZES,
 ) -> FragmentationReport:
     arrays = target.arrays if isinstance(target, Cluster) else target
+    if mix is None:
+        mix = WorkloadMix.observed(target.pods.values()) if isinstance(target, Cluster) else None
     gpu_rows = arrays.gpu_total > 0
     free_whole = arrays.free_whole_count()
     share = arrays.free_share() / GPU_MILLI

@@ -9,6 +9,7 @@ import numpy as np
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
+from defrag.model.workload import WorkloadMix
 from defrag.scoring.filters import feasible_mask, filter_masks, filter_reasons
 from defrag.scoring.framework import NodeVerdict, Placement, Policy, Unschedulable
 from defrag.scoring.policies import DEFAULT_POLICY, make_policy
@@ -19,8 +20,14 @@ def _arrays(target: Cluster | NodeArrays) -> NodeArrays:
     return target.arrays if isinstance(target, Cluster) else target
 
 
-def _policy(policy: Policy | str) -> Policy:
-    return make_policy(policy) if isinstance(policy, str) else policy
+def _policy(policy: Policy | str, target: Cluster | NodeArrays) -> Policy:
+    """A policy by name is built against the cluster's own workload mix (``fgd`` scores with
+    it), as the extender, the planner and ``report`` build theirs."""
+    if not isinstance(policy, str):
+        return policy
+    if isinstance(target, Cluster):
+        return make_policy(policy, mix=WorkloadMix.observed(target.pods.values()))
+    return make_policy(policy)
 
 
 def schedule(
@@ -36,7 +43,7 @@ def schedule(
     ``Cluster.with_pod_bound``.
     """
     arrays = _arrays(target)
-    pol = _policy(policy)
+    pol = _policy(policy, target)
     feasible = feasible_mask(pod, arrays, exclude)
     if not feasible.any():
         return unschedulable(pod, arrays, exclude)
@@ -89,7 +96,7 @@ def explain(
 ) -> list[NodeVerdict]:
     """Every node's verdict for ``pod``: its score, or why it was filtered out."""
     arrays = _arrays(target)
-    pol = _policy(policy)
+    pol = _policy(policy, target)
     reasons = filter_reasons(pod, arrays, exclude)
     feasible = np.array([not r for r in reasons], dtype=bool)
     scores = node_scores(pod, arrays, pol, feasible) if feasible.any() else np.zeros(len(arrays))
