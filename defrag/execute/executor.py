@@ -398,6 +398,11 @@ class Executor:
         outcomes = []
         for step, result in zip(batch, results, strict=True):
             if result.outcome == "not-leader":
+                if not run.lost:
+                    run.problems.append(
+                        f"lost the Lease while draining {step.source}; the rest of plan "
+                        f"{run.plan_id} and the node are left to the new leader"
+                    )
                 run.lost = True
                 outcomes.append(self._skip(step, NOT_LEADER))
                 continue

@@ -145,6 +145,7 @@ def test_a_leader_that_loses_the_lease_mid_plan_evicts_nothing_more(api: KubeApi
         ("inf/web-c", "skipped"),
     ]
     assert result.outcomes[1].reason == NOT_LEADER
+    assert any("lost the Lease while draining gpu-1" in p for p in result.problems)
     assert taints(api, "gpu-1") == [DRAIN]  # not a write the old leader may make any more
     assert notes(api, "gpu-1")[OWNER_ANNOTATION] == "replica-a@0"
     # The new leader's reconcile rolls the drain back: its owner's generation is over.
