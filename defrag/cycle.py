@@ -166,6 +166,10 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     breaker = ports.executor.breaker if ports.executor else None
     if breaker is not None:
         breaker.refresh(cluster)
+    if ports.executor is not None and (leader or config.dry_run):
+        # What earlier runs left (a crashed drain, a taint that would not come off, a stale
+        # reservation): reconciled by the leader, reported in dry run.
+        findings += ports.executor.maintain(cluster, dry_run=config.dry_run)
     idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
     window = window_status(config.windows, started, idle=idle)
 

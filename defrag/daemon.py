@@ -29,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detect.findings import FINDING_KINDS
+from defrag.execute.fence import Fence
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.scoring.framework import Status
 
@@ -212,6 +213,9 @@ class Daemon:
         self._http = (http_host, http_port)
         self.elector_interval_s = elector_interval_s
         self._reconciled = False
+        if ports.executor is not None and isinstance(self.elector, Fence):
+            # Leadership is re-checked before every write, not only once per cycle.
+            ports.executor.fence = self.elector
         self.on_cycle: Callable[[CycleResult], None] | None = None
 
     # --- one cycle -------------------------------------------------------------------------

@@ -21,6 +21,14 @@ tie-break undo the packing; reserving 10 for the winner keeps defrag's choice on
 Reservations: a node annotated ``defrag.io/reserved-for: <namespace>/<pod>`` (set by make-room
 plans) is filtered out for every other pod, in ``FailedAndUnresolvableNodes`` so kube-scheduler
 does not preempt its way onto the room made for someone else.
+
+Hardening (any client that reaches the port is served by the same process as kube-scheduler):
+a body is at most :data:`MAX_BODY_BYTES` (sized from a 5,000-node ``Nodes``-mode request, see
+docs/operations.md) and waits for room in a budget of body bytes held at once
+(:class:`BodyBudget`) before it is read, so concurrent huge bodies queue instead of multiplying
+memory; connections are a bounded pool with idle and read deadlines
+(:class:`~defrag.adapters.httpserve.BoundedHTTPServer`); every body kube-scheduler could not
+have sent gets 400 naming the field, never 500; TLS is an option (``enableHTTPS``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from defrag.adapters.gpu_shapes import ShapeWarning
-from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
+from defrag.adapters.httpserve import BoundedHandler, BoundedHTTPServer, ServerLimits
 from defrag.adapters.kube_convert import ConversionError, pod_from_json
 from defrag.adapters.snapshot import load_snapshot
 from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
@@ -57,7 +66,13 @@ log = logging.getLogger(__name__)
 
 MAX_EXTENDER_PRIORITY = 10
 """kube-scheduler's MaxExtenderPriority: extender scores are 0..10."""
-MAX_BODY_BYTES = 64 * 2**20
+MAX_BODY_BYTES = 80 * 2**20
+"""The largest body read: 1.5 × a 5,000-node ``Nodes``-mode request with 50 images per node
+(55.2 MB, ``bench/extender_bodies.py``); a ``NodeNames`` request for 5,000 nodes is 61 kB."""
+BODY_BUDGET_BYTES = MAX_BODY_BYTES
+"""Body bytes read and parsed at once, all requests together (one maximal body at a time)."""
+MAX_NESTING = 64
+"""JSON nesting deeper than a v1 Pod or Node ever is (a deeper body is refused, not recursed)."""
 R_UNKNOWN_NODE = "node unknown to defrag's cluster state (not relisted yet; relisting now)"
 
 
@@ -148,7 +163,39 @@ def _collides(obj: Mapping[str, Any], fields: Sequence[str]) -> bool:
     return len(seen) != len(set(seen))
 
 
-def parse_args(body: bytes | str) -> ExtenderArgs:
+def _no_constant(name: str) -> Any:
+    raise BadRequest(f"body: {name} is not JSON (Go's encoding/json refuses it)")
+
+
+def _nesting(body: bytes | bytearray | str) -> int:
+    """The deepest ``[``/``{`` nesting outside strings, cheaply (a bound before json.loads)."""
+    text = body.decode(errors="replace") if isinstance(body, bytes | bytearray) else body
+    if text.count("[") + text.count("{") < MAX_NESTING:
+        return 0
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_NESTING:
+                    return deepest
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def parse_args(body: bytes | bytearray | str) -> ExtenderArgs:
     """Read an ExtenderArgs body as kube-scheduler's ``encoding/json`` would; :class:`BadRequest`
     names the field that is wrong.
 
@@ -157,25 +204,34 @@ def parse_args(body: bytes | str) -> ExtenderArgs:
     match case-insensitively (:func:`go_fields`), so ``{"pod": …, "nodenames": […]}`` is read
     too. The Pod and the Node items are ordinary Kubernetes JSON (lowercase json tags).
     """
+    if _nesting(body) > MAX_NESTING:
+        raise BadRequest(f"body: JSON nested deeper than {MAX_NESTING} levels")
     try:
-        doc = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        doc = json.loads(body, parse_constant=_no_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise BadRequest("body: expected a JSON object (ExtenderArgs)")
     pairs: list[tuple[str, Any]] | None = None
     if _collides(doc, ARGS_FIELDS):  # e.g. both "Pod" and "pod": the last one wins, as in Go
-        pairs = json.loads(body, object_pairs_hook=_pairs_hook).pairs
+        pairs = json.loads(body, object_pairs_hook=_pairs_hook, parse_constant=_no_constant).pairs
     args = go_fields(doc, ARGS_FIELDS, pairs)
     raw_pod = args.get("Pod")
     if not isinstance(raw_pod, dict):
         what = "null" if "Pod" in args and raw_pod is None else "missing or not an object"
         raise BadRequest(f"Pod: {what} (ExtenderArgs.Pod is the v1 Pod to place)")
+    _check_quantities(raw_pod)
     found: list[ShapeWarning] = []
     try:
         pod, _ = pod_from_json(raw_pod, "Pod", found)
     except ConversionError as exc:
         raise BadRequest(f"Pod: {exc}") from None
+    except (TypeError, ValueError, AttributeError, KeyError, IndexError, OverflowError) as exc:
+        # a field of the wrong JSON type that the converter did not name
+        raise BadRequest(
+            f"Pod: not a v1 Pod defrag can read ({type(exc).__name__}: {exc})"
+        ) from None
+    _check_requests(pod)
     unmodelled = "; ".join(str(w) for w in found if w.leave_out)
     if unmodelled:
         log.warning("not judging %s: %s", pod.key, unmodelled)
@@ -201,8 +257,49 @@ def parse_args(body: bytes | str) -> ExtenderArgs:
         name = meta.get("name") if isinstance(meta, dict) else None
         if not isinstance(name, str) or not name:
             raise BadRequest(f"Nodes.items[{i}].metadata.name: missing")
+        annotations = meta.get("annotations") if isinstance(meta, dict) else None
+        if annotations is not None and not isinstance(annotations, dict):
+            raise BadRequest(f"Nodes.items[{i}].metadata.annotations: expected an object")
         node_names.append(name)
     return ExtenderArgs(pod, tuple(node_names), tuple(items), unmodelled)
+
+
+def _check_quantities(raw_pod: Mapping[str, Any]) -> None:
+    """Kubernetes validation refuses a negative quantity in any container's requests or limits
+    ("must be greater than or equal to 0"); a pod asking −1 GPU was never admitted."""
+    spec = raw_pod.get("spec")
+    if not isinstance(spec, dict):
+        return
+    for kind in ("containers", "initContainers"):
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for i, container in enumerate(containers):
+            resources = container.get("resources") if isinstance(container, dict) else None
+            if resources is None:
+                continue
+            if not isinstance(resources, dict):
+                raise BadRequest(f"Pod.spec.{kind}[{i}].resources: expected an object")
+            for part in ("requests", "limits"):
+                values = resources.get(part)
+                if not isinstance(values, dict):
+                    continue
+                for name, value in values.items():
+                    if str(value).strip().startswith("-"):
+                        raise BadRequest(
+                            f"Pod.spec.{kind}[{i}].resources.{part}[{name}]: negative quantity "
+                            f"{value!s} (must be greater than or equal to 0)"
+                        )
+
+
+def _check_requests(pod: Pod) -> None:
+    """A request Kubernetes would refuse (negative GPUs or shares) is a body it never sent."""
+    if pod.num_gpu < 0:
+        raise BadRequest(f"Pod: spec.containers[].resources: negative GPU request ({pod.num_gpu})")
+    for name in ("gpu_milli", "cpu_milli", "memory_mib"):
+        value = getattr(pod, name, 0)
+        if isinstance(value, int | float) and (value < 0 or value != value):
+            raise BadRequest(f"Pod: spec.containers[].resources: {name} {value} is not a quantity")
 
 
 # --- the cluster state -----------------------------------------------------------------------
@@ -492,6 +589,7 @@ class ExtenderMetrics:
     relists: Counter
     relist_seconds: Gauge
     state_age: Gauge
+    closed: Counter
 
     @classmethod
     def create(cls, cache: ClusterCache | None = None) -> ExtenderMetrics:
@@ -525,6 +623,13 @@ class ExtenderMetrics:
             state_age=Gauge(
                 "defrag_extender_state_age_seconds",
                 "Age of the cluster state the extender answers from.",
+                registry=registry,
+            ),
+            closed=Counter(
+                "defrag_extender_connections_closed",
+                "Connections closed by the server: idle (keep-alive idle timeout), read-timeout "
+                "(a request not in within the read deadline), busy (connection pool full).",
+                ["reason"],
                 registry=registry,
             ),
         )
@@ -561,7 +666,36 @@ def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     return json.dumps(items, separators=(",", ":")).encode()
 
 
-class _Handler(QuietHandler):
+class BodyBudget:
+    """Body bytes held at once, all requests together: a request waits (at most ``wait_s``)
+    until its body fits before reading it, so N concurrent huge bodies queue, not pile up."""
+
+    def __init__(self, capacity: int, wait_s: float) -> None:
+        self.capacity = capacity
+        self.wait_s = wait_s
+        self.used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int) -> bool:
+        """Take ``n`` bytes (a body alone may always take up to the whole capacity)."""
+        n = min(n, self.capacity)
+        deadline = time.monotonic() + self.wait_s
+        with self._cond:
+            while self.used and self.used + n > self.capacity:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
+            self.used += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self.used -= min(n, self.capacity)
+            self._cond.notify_all()
+
+
+class _Handler(BoundedHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: kube-scheduler reuses its connections
     # Headers and body are separate writes: with Nagle on, the client's delayed ACK adds ~40 ms.
     disable_nagle_algorithm = True
@@ -575,6 +709,7 @@ class _Handler(QuietHandler):
         self._send(code, json.dumps(data, separators=(",", ":")).encode())
 
     def do_GET(self) -> None:
+        self.request_read()
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
             self._send(200, b"ok\n", "text/plain")
@@ -597,15 +732,56 @@ class _Handler(QuietHandler):
 
     def _answer(self, verb: str) -> int:
         if verb not in VERBS:
-            if self._read_body(limit=MAX_BODY_BYTES) is None:  # drain it, or drop the connection
-                self.close_connection = True
+            self.request_read()
+            self.close_connection = True  # its body is not read: the connection cannot go on
             self._json(404, {"Error": f"unknown verb {verb!r}; served: {', '.join(VERBS)}"})
             return 404
-        body = self._read_body(limit=MAX_BODY_BYTES)
+        chunked = "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+        length = self._content_length()
+        if not chunked and (length is None or length > self.server.max_body_bytes):
+            self.request_read()
+            self.close_connection = True
+            limit = self.server.max_body_bytes // 2**20
+            self._json(
+                400,
+                {"Error": f"a body (Content-Length or chunked) of at most {limit} MiB is required"},
+            )
+            return 400
+        budget = self.server.body_budget
+        held = self.server.max_body_bytes if chunked else (length or 0)
+        self.request_read()  # the headers are in; waiting for room is not the client's delay
+        if not budget.acquire(held):
+            # Read the body away (a chunk at a time, under the read deadline) so the client can
+            # read the 503 instead of hitting a reset while it still sends.
+            self.reading()
+            drained = not chunked and self._discard(length or 0)
+            self.request_read()
+            self.close_connection = not drained
+            self._json(503, {"Error": "server busy: too many large bodies in flight; retry"})
+            return 503
+        try:
+            return self._answer_body(verb, chunked, length or 0)
+        finally:
+            budget.release(held)
+
+    def _content_length(self) -> int | None:
+        text = self.headers.get("Content-Length")
+        try:
+            length = int(text) if text is not None else -1
+        except ValueError:
+            return None
+        return length if length >= 0 else None
+
+    def _answer_body(self, verb: str, chunked: bool, length: int) -> int:
+        limit = self.server.max_body_bytes
+        self.reading()
+        body = self._read_chunked(limit) if chunked else self._read_exact(length)
+        self.request_read()
         if body is None:
             self.close_connection = True
             self._json(
-                400, {"Error": "a body (Content-Length or chunked) of at most 64 MiB is required"}
+                400,
+                {"Error": f"body: incomplete, or larger than {limit // 2**20} MiB (chunked)"},
             )
             return 400
         extender = self.server.extender
@@ -628,18 +804,27 @@ class _Handler(QuietHandler):
         self._send(200, body_out)
         return 200
 
-    def _read_body(self, limit: int) -> bytes | None:
-        """The request body, or None when it has no usable length or exceeds ``limit``."""
-        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
-            return self._read_chunked(limit)
-        length_text = self.headers.get("Content-Length")
-        try:
-            length = int(length_text) if length_text is not None else -1
-        except ValueError:
-            length = -1
-        if length < 0 or length > limit:
-            return None
-        return self.rfile.read(length)
+    def _discard(self, length: int) -> bool:
+        """Read ``length`` bytes and drop them; False if the client stopped short."""
+        left = length
+        while left > 0:
+            chunk = self.rfile.read(min(left, 1 << 16))
+            if not chunk:
+                return False
+            left -= len(chunk)
+        return True
+
+    def _read_exact(self, length: int) -> bytearray | None:
+        """``length`` bytes into one buffer (no intermediate copies), or None if cut short."""
+        buf = bytearray(length)
+        view = memoryview(buf)
+        got = 0
+        while got < length:
+            n = self.rfile.readinto(view[got:])
+            if not n:
+                return None
+            got += n
+        return buf
 
     def _read_chunked(self, limit: int) -> bytes | None:
         parts: list[bytes] = []
@@ -655,9 +840,12 @@ class _Handler(QuietHandler):
                     pass  # trailers
                 return b"".join(parts)
             total += size
-            if total > limit:
+            if size < 0 or total > limit:
                 return None
-            parts.append(self.rfile.read(size))
+            chunk = self.rfile.read(size)
+            if len(chunk) != size:
+                return None
+            parts.append(chunk)
             self.rfile.readline(8)  # the CRLF after each chunk
 
 
@@ -667,12 +855,12 @@ class _StatusHandler(_Handler):
     kube-scheduler beside the extender calls (deploy/components/extender)."""
 
     def do_POST(self) -> None:
-        if self._read_body(limit=MAX_BODY_BYTES) is None:  # drain it, or drop the connection
-            self.close_connection = True
+        self.request_read()
+        self.close_connection = True  # its body is not read: the connection cannot go on
         self._json(404, {"Error": "this address serves only GET /healthz, /readyz and /metrics"})
 
 
-class ExtenderHTTPServer(QuietHTTPServer):
+class ExtenderHTTPServer(BoundedHTTPServer):
     logger = log
 
     def __init__(
@@ -680,16 +868,44 @@ class ExtenderHTTPServer(QuietHTTPServer):
         address: tuple[str, int],
         extender: Extender,
         metrics: ExtenderMetrics,
+        limits: ServerLimits | None = None,
+        *,
         handler: type[_Handler] = _Handler,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        body_budget_bytes: int = BODY_BUDGET_BYTES,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        super().__init__(address, handler)
+        super().__init__(address, handler, limits)
         self.extender = extender
         self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.body_budget = BodyBudget(max(body_budget_bytes, 1), wait_s=self.limits.read_timeout_s)
+        self.scheme = "http"
+        if tls is not None:
+            # The handshake runs in the connection's thread (BoundedHandler.setup), under the
+            # read deadline, never in the accept loop.
+            self.socket = tls.wrap_socket(
+                self.socket, server_side=True, do_handshake_on_connect=False
+            )
+            self.scheme = "https"
+
+    def count_closed(self, reason: str) -> None:
+        super().count_closed(reason)
+        self.metrics.closed.labels(reason=reason).inc()
 
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{self.scheme}://{host!s}:{port}"
+
+
+def tls_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """A server-side TLS context (TLS 1.2+) from PEM files, as kube-scheduler's ``enableHTTPS``
+    extender config expects; :class:`ssl.SSLError`/:class:`OSError` name a bad file."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert_file), str(key_file))
+    return context
 
 
 def serve(
@@ -700,6 +916,9 @@ def serve(
     port: int = 8888,
     relist_interval_s: float = 10.0,
     max_staleness_s: float = 120.0,
+    limits: ServerLimits | None = None,
+    tls: ssl.SSLContext | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> ExtenderHTTPServer:
     """Build the cache, the extender and the server, relist once and start relisting.
 
@@ -710,7 +929,15 @@ def serve(
     )
     metrics = ExtenderMetrics.create(cache)
     cache.on_relist = metrics.observe_relist
-    server = ExtenderHTTPServer((host, port), Extender(cache), metrics)
+    server = ExtenderHTTPServer(
+        (host, port),
+        Extender(cache),
+        metrics,
+        limits,
+        max_body_bytes=max_body_bytes,
+        body_budget_bytes=max(max_body_bytes, BODY_BUDGET_BYTES),
+        tls=tls,
+    )
     cache.start()
     return server
 
@@ -721,7 +948,9 @@ def serve_status(server: ExtenderHTTPServer, host: str, port: int) -> ExtenderHT
     The caller runs its ``serve_forever()`` and, when done, ``shutdown()`` and
     ``server_close()``; :func:`stop` on the main server stops the shared cache.
     """
-    return ExtenderHTTPServer((host, port), server.extender, server.metrics, _StatusHandler)
+    return ExtenderHTTPServer(
+        (host, port), server.extender, server.metrics, server.limits, handler=_StatusHandler
+    )
 
 
 def stop(server: ExtenderHTTPServer) -> None:

@@ -51,7 +51,11 @@ class MetricsSource(Protocol):
 
 
 class Actuator(Protocol):
-    def evict(self, namespace: str, name: str, dry_run: bool = False) -> EvictionResult: ...
+    def evict(
+        self, namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
+    ) -> EvictionResult:
+        """Evict one pod; ``uid``: only the pod with this UID (never a same-named replacement)."""
+        ...
 
     def taint_node(self, node: str, key: str, value: str, effect: str) -> None: ...
 

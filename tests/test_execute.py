@@ -89,10 +89,10 @@ def test_journal_is_on_the_node_before_the_first_eviction() -> None:
     seen: list[Mapping[str, str]] = []
     evict = sim.evict
 
-    def spy(namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+    def spy(namespace: str, name: str, dry_run: bool = False, *, uid: str = "") -> EvictionResult:
         node = sim.snapshot().node("gpu-00")
         seen.append({**node.annotations, "taint": ",".join(t.value for t in node.taints)})
-        return evict(namespace, name, dry_run)
+        return evict(namespace, name, dry_run, uid=uid)
 
     sim.evict = spy  # type: ignore[method-assign]
     cluster = sim.snapshot()
@@ -208,9 +208,11 @@ def test_stop_request_finishes_the_batch_untaints_and_sends_no_more() -> None:
     sim, ex = make()
     evict = sim.evict
 
-    def stop_after_first(namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+    def stop_after_first(
+        namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
+    ) -> EvictionResult:
         ex.stop_requested.set()  # SIGTERM arrives while the first batch is out
-        return evict(namespace, name, dry_run)
+        return evict(namespace, name, dry_run, uid=uid)
 
     sim.evict = stop_after_first  # type: ignore[method-assign]
     cluster = sim.snapshot()

@@ -36,6 +36,7 @@ from tenacity import (
 )
 
 from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
+from defrag.execute.fence import Tenure
 from defrag.model.cluster import Cluster, ModelError
 from defrag.ports import Clock, EvictionResult
 
@@ -303,16 +304,29 @@ class KubeActuator:
 
     # --- evictions ---------------------------------------------------------------------------
 
-    def evict(self, namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+    def evict(
+        self, namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
+    ) -> EvictionResult:
+        """A policy/v1 Eviction of ``namespace/name``.
+
+        ``uid``: the pod's UID when it was planned, sent as ``deleteOptions.preconditions.uid``
+        (policy/v1 ``Eviction.DeleteOptions``, meta/v1 ``Preconditions.UID``): if the name now
+        belongs to a replacement (a StatefulSet recreates the same name), the API server answers
+        409 Conflict instead of evicting it — also when a retry follows a lost response.
+        A 429 with a ``DisruptionBudget`` cause is a PDB refusal (blocked); any other 429 is
+        API throttling (priority and fairness), retried with backoff, then failed.
+        """
         key = f"{namespace}/{name}"
         if not self.send_writes:
             self._intend("evict", key)
             return EvictionResult(key, "evicted", "dry run: not sent")
-        body = {
+        body: dict[str, Any] = {
             "apiVersion": "policy/v1",
             "kind": "Eviction",
             "metadata": {"name": name, "namespace": namespace},
         }
+        if uid:
+            body["deleteOptions"] = {"preconditions": {"uid": uid}}
         extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
         try:
             self.call(
@@ -326,10 +340,24 @@ class KubeActuator:
                 )
             )
         except ApiException as exc:
-            if exc.status == 429:
+            if exc.status == 429 and _is_pdb_refusal(exc):
                 return EvictionResult(key, "blocked", api_message(exc))
+            if exc.status == 429:
+                return EvictionResult(
+                    key,
+                    "failed",
+                    f"API server throttling (429 without a DisruptionBudget cause) after "
+                    f"{self.call.policy.attempts} tries with backoff: {api_message(exc)}",
+                )
             if exc.status == 404:
                 return EvictionResult(key, "gone", "the pod no longer exists")
+            if exc.status == 409 and uid:
+                return EvictionResult(
+                    key,
+                    "gone",
+                    f"the pod with UID {uid} no longer exists; {key} is a replacement, not "
+                    f"evicted ({api_message(exc)})",
+                )
             return EvictionResult(key, "failed", _describe(exc))
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
             return EvictionResult(key, "failed", _describe(exc))
@@ -521,6 +549,10 @@ class LeaseElector:
         self.call = _Caller(retry or RetryPolicy(attempts=2, backoff_s=0.2))
         self.coordination: Any = client.CoordinationV1Api(api)  # raw JSON both ways
         self.last = LeaderStatus(False, "", "not tried yet")
+        self._generation = -1
+        """``leaseTransitions`` of our current holding; -1 while we hold none."""
+        self._renewed_at: float | None = None
+        """``time.monotonic()`` of our last successful create/renew/takeover."""
 
     def _now(self) -> datetime:
         return self.clock.now() if self.clock is not None else datetime.now(UTC)
@@ -532,6 +564,8 @@ class LeaseElector:
         """Acquire, renew or observe the Lease. API failures make us a follower (never raise)."""
         try:
             self.last = self._tick()
+            if not self.last.leader:
+                self._renewed_at, self._generation = None, -1
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
             self.last = LeaderStatus(False, self.last.holder, f"lease: {_describe(exc)}")
             log.warning(
@@ -558,10 +592,12 @@ class LeaseElector:
                 ),
                 "created the Lease",
                 LeaderStatus(False, "", "another candidate created the Lease first"),
+                0,
             )
         spec = lease.get("spec") or {}
         holder = str(spec.get("holderIdentity") or "")
         transitions = int(spec.get("leaseTransitions") or 0)
+        generation = transitions
         if holder == self.identity:
             spec_new = {
                 **spec,
@@ -575,12 +611,14 @@ class LeaseElector:
             if holder and renewed is not None and now < renewed + timedelta(seconds=duration):
                 return LeaderStatus(False, holder, f"held by {holder}")
             spec_new = self._spec(now, acquire=True, transitions=transitions + 1)
+            generation = transitions + 1
             reason = f"took over the Lease from {holder}" if holder else "acquired a free Lease"
         body = {**lease, "spec": spec_new}
         return self._write(
             self._replace(body),
             reason,
             LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)"),
+            generation,
         )
 
     def _replace(self, body: dict[str, Any]) -> Callable[[], object]:
@@ -594,16 +632,64 @@ class LeaseElector:
         )
 
     def _write(
-        self, write: Callable[[], object], reason: str, on_conflict: LeaderStatus
+        self,
+        write: Callable[[], object],
+        reason: str,
+        on_conflict: LeaderStatus,
+        generation: int,
     ) -> LeaderStatus:
         """Create or replace the Lease: leading on success, ``on_conflict`` on a 409."""
+        started = time.monotonic()
         try:
             self.call(write)
         except ApiException as exc:
             if exc.status == 409:
+                self._renewed_at, self._generation = None, -1
                 return on_conflict
             raise
+        # The hold counts from before the request went out (the server's renewTime is ours).
+        self._renewed_at, self._generation = started, generation
         return LeaderStatus(True, self.identity, reason)
+
+    # --- fencing (defrag.execute.fence.Fence) ----------------------------------------------
+
+    def tenure(self) -> Tenure:
+        return Tenure(self.identity, max(self._generation, 0))
+
+    def still_leader(self) -> bool:
+        """Whether we hold the Lease now: our last renewal is younger than the lease duration
+        (by this process's monotonic clock; another candidate takes over only after it has
+        expired) and the Lease, read now, still names us with our generation. Any doubt (a
+        failed read) is a no: the executor stops rather than write without the Lease."""
+        renewed = self._renewed_at
+        if renewed is None or time.monotonic() - renewed >= self.lease_duration_s:
+            return False
+        try:
+            lease = self._read()
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            log.warning("cannot confirm the Lease before a write: %s", _describe(exc))
+            return False
+        spec = (lease or {}).get("spec") or {}
+        return (
+            str(spec.get("holderIdentity") or "") == self.identity
+            and int(spec.get("leaseTransitions") or 0) == self._generation
+        )
+
+    def holds(self, tenure: Tenure) -> bool:
+        """Whether ``tenure`` still holds the Lease unexpired (a reconcile leaves its drains
+        alone); True when the Lease cannot be read."""
+        try:
+            lease = self._read()
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError):
+            return True
+        spec = (lease or {}).get("spec") or {}
+        if str(spec.get("holderIdentity") or "") != tenure.identity:
+            return False
+        if int(spec.get("leaseTransitions") or 0) != tenure.generation:
+            return False
+        renewed = _parse_time(spec.get("renewTime")) or _parse_time(spec.get("acquireTime"))
+        duration = int(spec.get("leaseDurationSeconds") or self.lease_duration_s)
+        return renewed is not None and self._now() < renewed + timedelta(seconds=duration)
 
     def _spec(self, now: datetime, acquire: bool, transitions: int) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -645,6 +731,7 @@ class LeaseElector:
                 "leaseDurationSeconds": 1,
                 "renewTime": _micro(self._now()),
             }
+            self._renewed_at, self._generation = None, -1
             self.call(self._replace({**lease, "spec": spec}))
             self.last = LeaderStatus(False, "", "released the Lease")
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:

@@ -105,12 +105,16 @@ class SimCluster:
 
     # --- Actuator ------------------------------------------------------------------------
 
-    def evict(self, namespace: str, name: str, dry_run: bool = False) -> EvictionResult:
+    def evict(
+        self, namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
+    ) -> EvictionResult:
         key = f"{namespace}/{name}"
         with self._lock:
             pod = self._state.pods.get(key)
             if pod is None or pod.node is None:
                 result = EvictionResult(key, "gone", "pod not found")
+            elif uid and pod.uid and pod.uid != uid:
+                result = EvictionResult(key, "gone", f"replaced (UID {pod.uid}, not {uid})")
             else:
                 result = self._evict(pod, dry_run)
             self.evictions.append(result)

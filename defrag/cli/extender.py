@@ -74,11 +74,28 @@ def extender(
         "0.0.0.0"
     ),
     kubeconfig: KubeconfigOpt = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(help="PEM certificate: serve HTTPS (kube-scheduler's enableHTTPS)."),
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
+    max_connections: Annotated[
+        int, typer.Option(help="Connections served at once; more get 503 and are closed.")
+    ] = 64,
+    idle_timeout_s: Annotated[
+        float, typer.Option(help="Close a keep-alive connection idle this long.")
+    ] = 30.0,
+    read_timeout_s: Annotated[
+        float, typer.Option(help="A request's headers and body must arrive within this.")
+    ] = 10.0,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize) with defrag's score function."""
+    import ssl
+
+    from defrag.adapters.httpserve import ServerLimits
     from defrag.adapters.kube_convert import ConversionError
     from defrag.adapters.snapshot import SnapshotError
-    from defrag.extender import SnapshotFileSource, serve, serve_status, stop
+    from defrag.extender import SnapshotFileSource, serve, serve_status, stop, tls_context
     from defrag.model.cluster import ModelError
     from defrag.ports import ClusterSource
 
@@ -86,6 +103,20 @@ def extender(
         raise UserError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
     if relist_interval_s <= 0 or max_staleness_s <= 0:
         raise UserError("--relist-interval-s and --max-staleness-s must be positive")
+    if max_connections < 1 or not 0 < idle_timeout_s < 1e6 or not 0 < read_timeout_s < 1e6:
+        raise UserError(
+            "--max-connections, --idle-timeout-s and --read-timeout-s must be positive and finite"
+        )
+    if (tls_cert is None) != (tls_key is None):
+        raise UserError("--tls-cert and --tls-key go together: give both, or neither")
+    tls = None
+    if tls_cert is not None and tls_key is not None:
+        try:
+            tls = tls_context(tls_cert, tls_key)
+        except (ssl.SSLError, OSError) as exc:
+            raise UserError(
+                f"cannot load --tls-cert {tls_cert} / --tls-key {tls_key}: {exc}"
+            ) from None
     _logging()
     source: ClusterSource
     if snapshot:
@@ -110,6 +141,8 @@ def extender(
             port=port,
             relist_interval_s=relist_interval_s,
             max_staleness_s=max_staleness_s,
+            limits=ServerLimits(max_connections, idle_timeout_s, read_timeout_s),
+            tls=tls,
         )
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc}") from None

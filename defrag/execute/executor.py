@@ -2,12 +2,20 @@
 
 Per source node: taint + journal, evictions in bounded concurrent batches through the
 Eviction API (a 429 is a skip with its reason, never a delete), wait until the replacements
-are scheduled, remove the taint and journal. A node a make-room plan frees for a pending pod
+are scheduled, remove the taint and journal (retried with backoff; a taint that will not come off is
+retried every cycle and reported until it does). A node a make-room plan frees for a pending pod
 is reserved for it (``defrag.io/reserved-for``, see :mod:`defrag.execute.reservation`) before
 its first eviction, until the pod is bound or the replacement timeout passes. Budgets are
 spent as steps are admitted; gangs are admitted whole or not at all. Replacements Pending past
 the timeout trip the circuit breaker, which stops this and later executions until they are
 scheduled.
+
+Fencing (:mod:`defrag.execute.fence`): before every write — taint, journal, reservation, each
+eviction, untaint — the executor asks its fence whether this replica still leads; a plan it no
+longer owns stops there, and what it left on the node is the new leader's to reconcile. The
+journal names the owner and its Lease generation, so a reconcile never undoes the drain of an
+owner that still holds the Lease. Every cycle the leader reconciles what earlier runs left
+(:meth:`Executor.maintain`); in dry run those leftovers are only reported.
 """
 
 from __future__ import annotations
@@ -18,14 +26,16 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Literal
 
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import BudgetLedger, Budgets
 from defrag.execute.circuit import CircuitBreaker, controller_key, pending_of
+from defrag.execute.fence import Fence, LostLeadership, NoFence
 from defrag.execute.journal import (
     DRAIN_EFFECT,
+    Journal,
     JournalStep,
     cleared,
     new_journal,
@@ -35,7 +45,7 @@ from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome, Ste
 from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
-from defrag.model.resources import DRAIN_TAINT_KEY, Pod
+from defrag.model.resources import DRAIN_TAINT_KEY, Node, Pod
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
 
@@ -45,6 +55,7 @@ EVENT_KIND_POD = "Pod"
 EVENT_KIND_NODE = "Node"
 DRY_RUN_MARK = " (dry run)"
 STOPPED = "stopped: the daemon is shutting down"
+NOT_LEADER = "not the leader any more: the Lease was lost, the rest of the plan is not ours"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +65,10 @@ class ExecutorSettings:
     replacement_timeout_s: float = 600.0
     poll_interval_s: float = 5.0
     dry_run_events: bool = False
+    untaint_attempts: int = 4
+    """Tries to remove a drain taint within one drain (backoff doubling from ``untaint_backoff_s``);
+    a taint still on after them is retried every cycle (:meth:`Executor.maintain`)."""
+    untaint_backoff_s: float = 0.5
 
 
 class Executor:
@@ -68,8 +83,11 @@ class Executor:
         *,
         sleep: Callable[[float], None] = time.sleep,
         breaker: CircuitBreaker | None = None,
+        fence: Fence | None = None,
     ) -> None:
         self.actuator = actuator
+        self.fence: Fence = fence or NoFence()
+        """Asked before every write; the daemon sets its LeaseElector here."""
         self.source = source
         self.clock = clock
         self.settings = settings or ExecutorSettings()
@@ -106,6 +124,9 @@ class Executor:
                     outcomes_list += [self._skip(s, STOPPED) for s in steps]
                     run.stopped = True
                     continue
+                if run.lost:
+                    outcomes_list += [self._skip(s, NOT_LEADER) for s in steps]
+                    continue
                 if self.breaker.state.open:
                     reason = f"circuit breaker open: {self.breaker.state.reason}"
                     outcomes_list += [self._skip(s, reason) for s in steps]
@@ -119,6 +140,9 @@ class Executor:
         finally:  # never leave a reservation behind, whatever ended the run
             ending = STOPPED if self.stop_requested.is_set() else "the execution ended"
             for res in list(run.reserved.values()):
+                if run.lost:  # not ours to write any more: the new leader's reconcile releases it
+                    run.reserved.pop(res.node, None)
+                    continue
                 self._release(res, ending, run)
         findings = self._findings(plan, run, outcomes_list)
         order = {s.pod: i for i, s in enumerate(plan.steps)}
@@ -136,20 +160,59 @@ class Executor:
             tuple(findings),
         )
 
-    def reconcile(self) -> tuple[ReconcileOutcome, ...]:
+    def maintain(self, cluster: Cluster, *, dry_run: bool) -> list[Finding]:
+        """Once a cycle, before planning: what earlier runs left on the nodes.
+
+        Enforce mode (the leader): every leftover drain taint, journal or reservation is
+        reconciled (:meth:`reconcile`) — a taint whose removal failed is retried here every
+        cycle, and reported by a node finding (``DefragExecutionFailed``) for as long as it stays.
+        Dry run writes nothing: each leftover is reported (a warning finding per node).
+        """
+        leftovers = [n for n in cluster.nodes if read_journal(n) or read_reservation(n)]
+        if not leftovers:
+            return []
+        if dry_run:
+            return [
+                _leftover_finding(n.name, _leftover_parts(n), self.clock.now()) for n in leftovers
+            ]
+        findings = []
+        for outcome in self.reconcile(cluster):
+            if outcome.problem:
+                findings.append(_node_finding(outcome.node, outcome.problem, self.clock.now()))
+        return findings
+
+    def reconcile(self, cluster: Cluster | None = None) -> tuple[ReconcileOutcome, ...]:
         """On start: every node with a drain taint or journal is finished or rolled back.
 
         Journal pods no longer on the node were evicted: that drain is *finished*. Pods still
         there were never evicted: the drain is *rolled back* (the next cycle plans afresh from
         what the cluster is now). Either way the taint and journal come off; replacements still
         Pending trip the circuit breaker. Every reservation defrag set is removed (the plan it
-        served is over; the next cycle plans afresh).
+        served is over; the next cycle plans afresh). A drain whose journal names another owner
+        that still holds the Lease is *deferred*: left alone, its owner is still at work.
         """
-        cluster = self.source.snapshot()
+        if cluster is None:
+            cluster = self.source.snapshot()
         results: list[ReconcileOutcome] = []
         for node in cluster.nodes:
             journal = read_journal(node)
             reservation = read_reservation(node)
+            if journal is not None and self._owned_elsewhere(journal):
+                log.info(
+                    "reconcile %s: drain owned by %s, still held; left alone",
+                    node.name,
+                    journal.owner,
+                )
+                results.append(
+                    ReconcileOutcome(
+                        node.name,
+                        journal.plan_id,
+                        "deferred",
+                        problem="",
+                        owner=str(journal.owner),
+                    )
+                )
+                continue
             held = ""
             if reservation is not None:
                 held = self._release(reservation, "reconciled after a restart", None)
@@ -169,11 +232,9 @@ class Executor:
                 "finished" if journal.steps and not remaining else "rolled-back"
             )
             problem = held or journal.problem
-            try:
-                self.actuator.untaint_node(node.name, DRAIN_TAINT_KEY)
-                self.actuator.annotate_node(node.name, cleared())
-            except Exception as exc:
-                problem = f"could not clear the drain taint/journal: {exc}"
+            failure = self._clear_drain(node.name, attempts=1)
+            if failure:
+                problem = failure
                 log.error("reconcile %s: %s", node.name, problem)
             if pending:
                 self.breaker.trip(
@@ -212,6 +273,8 @@ class Executor:
             return f"window closed: {window.reason}"
         if self.stop_requested.is_set():
             return STOPPED
+        if not self.fence.still_leader():
+            return NOT_LEADER
         return ""
 
     def _admit(
@@ -257,13 +320,17 @@ class Executor:
             run.plan_id,
             self.clock.now(),
             tuple(JournalStep(s.pod, _owner_key(run.cluster, s.pod), s.target) for s in steps),
+            owner=self.fence.tenure(),
         )
         room_for = next((s.for_pod for s in steps if s.for_pod), None)
         try:
+            self._guard(f"tainting {node}")
             self.actuator.taint_node(node, DRAIN_TAINT_KEY, run.plan_id, DRAIN_EFFECT)
+            self._guard(f"writing the journal on {node}")
             self.actuator.annotate_node(node, journal.annotations())
             if room_for:
                 reservation = Reservation(node, room_for, self.clock.now())
+                self._guard(f"reserving {node}")
                 self.actuator.annotate_node(node, reservation.annotations())
                 run.reserved[node] = reservation
                 run.rooms[node] = [s.pod for s in steps if s.for_pod == room_for]
@@ -274,6 +341,10 @@ class Executor:
                     "DefragReserved",
                     f"plan {run.plan_id}: room kept for {room_for} while {node} drains",
                 )
+        except LostLeadership as exc:
+            run.lost = True
+            run.problems.append(f"{exc}; the drain of {node} is left to the new leader")
+            return [self._skip(s, NOT_LEADER) for s in steps]
         except Exception as exc:
             reason = f"could not taint/annotate {node}: {exc}"
             run.problems.append(reason)
@@ -293,9 +364,12 @@ class Executor:
                     outcomes += [self._skip(s, STOPPED) for s in batch]
                     run.stopped = True
                     continue
-                outcomes += self._evict_batch(batch)
+                if run.lost:
+                    outcomes += [self._skip(s, NOT_LEADER) for s in batch]
+                    continue
+                outcomes += self._evict_batch(batch, run)
             migrated = [o for o in outcomes if o.result == "evicted" and o.kind == "migrate"]
-            if migrated and not self.stop_requested.is_set():
+            if migrated and not self.stop_requested.is_set() and not run.lost:
                 watched = tuple(sorted({_owner_key(run.cluster, o.pod) or o.pod for o in migrated}))
                 stuck = self._await_replacements(watched)
                 if stuck:
@@ -318,11 +392,20 @@ class Executor:
         )
         return outcomes
 
-    def _evict_batch(self, batch: list[Step]) -> list[StepOutcome]:
+    def _evict_batch(self, batch: list[Step], run: _Run) -> list[StepOutcome]:
         with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            results = list(pool.map(self._evict_one, batch))
+            results = list(pool.map(lambda s: self._evict_one(s, run), batch))
         outcomes = []
         for step, result in zip(batch, results, strict=True):
+            if result.outcome == "not-leader":
+                if not run.lost:
+                    run.problems.append(
+                        f"lost the Lease while draining {step.source}; the rest of plan "
+                        f"{run.plan_id} and the node are left to the new leader"
+                    )
+                run.lost = True
+                outcomes.append(self._skip(step, NOT_LEADER))
+                continue
             outcome: StepResult = (
                 result.outcome if result.outcome in ("evicted", "blocked", "gone") else "failed"  # type: ignore[assignment]
             )
@@ -337,10 +420,15 @@ class Executor:
                 )
         return outcomes
 
-    def _evict_one(self, step: Step) -> EvictionResult:
+    def _evict_one(self, step: Step, run: _Run) -> EvictionResult:
         ns, name = _split(step.pod)
+        if run.lost or not self.fence.still_leader():
+            return EvictionResult(step.pod, "not-leader", NOT_LEADER)
+        pod = run.cluster.pods.get(step.pod)
         try:
-            return self.actuator.evict(ns, name)
+            # The UID seen when planning: a retry, or a late eviction, never hits a same-named
+            # replacement (a StatefulSet's next pod): the API server answers 409 instead.
+            return self.actuator.evict(ns, name, uid=pod.uid if pod is not None else "")
         except Exception as exc:
             return EvictionResult(step.pod, "failed", str(exc) or type(exc).__name__)
 
@@ -394,6 +482,7 @@ class Executor:
         if run is not None:
             run.reserved.pop(res.node, None)
         try:
+            self._guard(f"releasing the reservation of {res.node}")
             self.actuator.annotate_node(res.node, released())
         except Exception as exc:
             problem = f"could not remove the reservation of {res.node} for {res.pod}: {exc}"
@@ -411,13 +500,48 @@ class Executor:
         return ""
 
     def _untaint(self, node: str, run: _Run) -> None:
-        try:
-            self.actuator.untaint_node(node, DRAIN_TAINT_KEY)
-            self.actuator.annotate_node(node, cleared())
-        except Exception as exc:
-            problem = f"could not remove the drain taint from {node}: {exc}"
+        if run.lost:
+            return  # not ours any more: the new leader reconciles the node
+        problem = self._clear_drain(node, self.settings.untaint_attempts)
+        if problem:
             run.problems.append(problem)
+            run.untaint_failed[node] = problem
             log.error(problem)
+
+    def _clear_drain(self, node: str, attempts: int) -> str:
+        """Remove the drain taint and the journal, ``attempts`` tries with doubling backoff;
+        the problem when the taint is still on (or the journal could not be cleared), else ""."""
+        delay = self.settings.untaint_backoff_s
+        problem = ""
+        for attempt in range(max(1, attempts)):
+            if attempt:
+                self.sleep(delay)
+                delay *= 2
+            try:
+                self._guard(f"untainting {node}")
+                self.actuator.untaint_node(node, DRAIN_TAINT_KEY)
+                self.actuator.annotate_node(node, cleared())
+                return ""
+            except LostLeadership as exc:
+                return f"{exc}; the drain taint stays on {node} for the new leader"
+            except Exception as exc:
+                problem = (
+                    f"could not remove the drain taint {DRAIN_TAINT_KEY} from {node} "
+                    f"({attempt + 1} tries; retried every cycle): {exc}"
+                )
+        return problem
+
+    def _guard(self, what: str) -> None:
+        """Raise :class:`LostLeadership` unless this replica still leads (before a write)."""
+        if not self.fence.still_leader():
+            raise LostLeadership(f"not the leader any more before {what}")
+
+    def _owned_elsewhere(self, journal: Journal) -> bool:
+        """Whether the journal's drain belongs to another replica that still holds the Lease."""
+        owner = journal.owner
+        if owner is None or owner == self.fence.tenure():
+            return False
+        return self.fence.holds(owner)
 
     # --- reporting -------------------------------------------------------------------------
 
@@ -433,6 +557,10 @@ class Executor:
             parts.append(f"{len(failed)} eviction(s) failed")
         parts += run.problems
         findings = [
+            _node_finding(node, problem, now)
+            for node, problem in sorted(run.untaint_failed.items())
+        ]
+        findings += [
             Finding(
                 kind="execution-failed",
                 subject="cluster",
@@ -491,6 +619,52 @@ class _Run:
     """Node → the reservation this run set on it and has not released yet."""
     rooms: dict[str, list[str]] = field(default_factory=dict)
     """Node → the pods whose eviction makes the reserved room there."""
+    lost: bool = False
+    """The fence said this replica no longer leads: nothing more is written."""
+    untaint_failed: dict[str, str] = field(default_factory=dict)
+    """Node → why its drain taint could not be removed."""
+
+
+def _node_finding(node: str, problem: str, now: datetime) -> Finding:
+    """A node whose drain taint (or journal) would not come off: reported every cycle until it
+    does, under one fingerprint, so its alert does not resolve while the node stays tainted."""
+    return Finding(
+        kind="execution-failed",
+        subject=f"node/{node}",
+        severity="critical",
+        summary=f"{node}: {problem}",
+        evidence={"node": node, "problem": problem},
+        since=now,
+        labels={"detector": "executor", "node": node},
+    )
+
+
+def _leftover_parts(node: Node) -> list[str]:
+    parts = []
+    journal = read_journal(node)
+    if journal is not None:
+        what = f"taint {DRAIN_TAINT_KEY}" if journal.tainted else "drain journal"
+        owner = f", started by {journal.owner}" if journal.owner else ""
+        parts.append(f"{what} of plan {journal.plan_id or '?'}{owner}")
+    reservation = read_reservation(node)
+    if reservation is not None:
+        parts.append(f"reservation defrag.io/reserved-for={reservation.pod}")
+    return parts
+
+
+def _leftover_finding(node: str, parts: list[str], now: datetime) -> Finding:
+    return Finding(
+        kind="execution-failed",
+        subject=f"node/{node}",
+        severity="warning",
+        summary=(
+            f"{node} carries what an earlier defrag run left: {'; '.join(parts)}. Dry run does "
+            "not remove it: run in enforce mode (the leader reconciles it) or remove it by hand"
+        ),
+        evidence={"node": node, "leftovers": parts},
+        since=now,
+        labels={"detector": "executor", "node": node},
+    )
 
 
 def _skipped(step: Step, reason: str) -> StepOutcome:

@@ -15,12 +15,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from defrag.execute.fence import Tenure
 from defrag.model.resources import DRAIN_TAINT_KEY, Node
 
 PLAN_ANNOTATION = "defrag.io/plan-id"
 STARTED_ANNOTATION = "defrag.io/drain-started"
 STEPS_ANNOTATION = "defrag.io/drain-steps"
-JOURNAL_ANNOTATIONS = (PLAN_ANNOTATION, STARTED_ANNOTATION, STEPS_ANNOTATION)
+OWNER_ANNOTATION = "defrag.io/drain-owner"
+"""The replica that started the drain and its Lease generation: ``<identity>@<generation>``."""
+JOURNAL_ANNOTATIONS = (PLAN_ANNOTATION, STARTED_ANNOTATION, STEPS_ANNOTATION, OWNER_ANNOTATION)
 DRAIN_EFFECT = "NoSchedule"
 
 
@@ -47,19 +50,41 @@ class Journal:
     tainted: bool
     problem: str = ""
     """Non-empty when the annotations could not be read (the node is still rolled back)."""
+    owner: Tenure | None = None
+    """Who started the drain (None: a journal from before owners were recorded, or unreadable)."""
 
     def annotations(self) -> dict[str, str | None]:
         return {
             PLAN_ANNOTATION: self.plan_id,
             STARTED_ANNOTATION: self.started,
             STEPS_ANNOTATION: json.dumps([s.to_dict() for s in self.steps], sort_keys=True),
+            OWNER_ANNOTATION: format_owner(self.owner) if self.owner else None,
         }
 
 
 def new_journal(
-    node: str, plan_id: str, started: datetime, steps: tuple[JournalStep, ...]
+    node: str,
+    plan_id: str,
+    started: datetime,
+    steps: tuple[JournalStep, ...],
+    owner: Tenure | None = None,
 ) -> Journal:
-    return Journal(node, plan_id, started.isoformat(), steps, tainted=True)
+    return Journal(node, plan_id, started.isoformat(), steps, tainted=True, owner=owner)
+
+
+def format_owner(owner: Tenure) -> str:
+    return f"{owner.identity}@{owner.generation}"
+
+
+def parse_owner(raw: str | None) -> Tenure | None:
+    """``<identity>@<generation>`` → a Tenure; None when absent or unreadable."""
+    if not raw or "@" not in raw:
+        return None
+    identity, _, generation = raw.rpartition("@")
+    try:
+        return Tenure(identity, int(generation))
+    except ValueError:
+        return None
 
 
 def cleared() -> dict[str, str | None]:
@@ -82,6 +107,7 @@ def read_journal(node: Node) -> Journal | None:
         steps=steps,
         tainted=taint is not None,
         problem=problem,
+        owner=parse_owner(notes.get(OWNER_ANNOTATION)),
     )
 
 

@@ -76,17 +76,20 @@ class Execution:
 @dataclass(frozen=True, slots=True)
 class ReconcileOutcome:
     """What start-up found on one node carrying a journal, the drain taint or a reservation,
-    and what it did (``released``: the node carried only a reservation, now removed)."""
+    and what it did (``released``: the node carried only a reservation, now removed;
+    ``deferred``: another replica that still holds the Lease owns the drain, left alone)."""
 
     node: str
     plan_id: str
-    action: Literal["finished", "rolled-back", "released"]
+    action: Literal["finished", "rolled-back", "released", "deferred"]
     remaining: tuple[str, ...] = ()
     """Journal pods still on the node (their evictions are abandoned, never resumed blindly)."""
     pending: tuple[str, ...] = ()
     problem: str = ""
     reservation: str = ""
     """The pod whose reservation (``defrag.io/reserved-for``) on the node was removed."""
+    owner: str = ""
+    """``deferred``: the replica (and Lease generation) still holding the drain."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -97,4 +100,5 @@ class ReconcileOutcome:
             "pending": list(self.pending),
             "problem": self.problem,
             "reservation": self.reservation,
+            "owner": self.owner,
         }

@@ -12,9 +12,13 @@ It serves the real JSON of the endpoints defrag uses:
   delete; ``dryRun=All`` validates and stores nothing;
 - ``POST …/pods/{name}/eviction`` (policy/v1): 429 with the API server's Status body while a PDB
   selecting the pod has ``disruptionsAllowed`` 0, else the budget is decremented and the pod
-  deleted (``on_eviction`` may then create a replacement, as a controller would);
+  deleted (``on_eviction`` may then create a replacement, as a controller would). An Eviction's
+  ``deleteOptions.preconditions.uid`` (meta/v1 ``Preconditions``) that is not the pod's UID is
+  refused with 409 Conflict, the message as the storage layer writes it ("Precondition failed:
+  UID in precondition: …, UID in object meta: …", apiserver ``checkPreconditions``);
 - a request log (method, path, query, body; verb/group/resource for RBAC checks) and injected
-  faults (a status code and/or a delay for the next N matching requests).
+  faults (a status code and/or a delay for the next N matching requests; ``after=True``: the
+  request is carried out first and its answer lost, as when a response times out).
 
 Use ``with KubeApi() as api:`` (or the ``kube_api`` fixture pattern) and ``api.client()`` for a
 configured ``kubernetes.client.ApiClient``.
@@ -109,6 +113,7 @@ class Fault:
     times: int
     delay_s: float
     message: str
+    after: bool = False
 
 
 @dataclass(slots=True)
@@ -354,11 +359,15 @@ class KubeApi:
         times: int = 1,
         delay_s: float = 0.0,
         message: str = "injected fault",
+        after: bool = False,
     ) -> None:
         """The next ``times`` requests matching ``method`` and the ``path`` regex (searched) wait
-        ``delay_s`` and then fail with ``status`` (0 = answer normally after the delay)."""
+        ``delay_s`` and then fail with ``status`` (0 = answer normally after the delay);
+        ``after``: the request is carried out, then its answer replaced by the failure."""
         with self._lock:
-            self._faults.append(Fault(method, re.compile(path), status, times, delay_s, message))
+            self._faults.append(
+                Fault(method, re.compile(path), status, times, delay_s, message, after)
+            )
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -427,6 +436,7 @@ class KubeApi:
         verb, group, resource, namespace, name = _rbac(method, route, query)
         fault = self._take_fault(method, path)
         status, payload = 0, b""
+        late, fault = (fault, None) if fault is not None and fault.after else (None, fault)
         if fault is not None:
             if fault.delay_s:
                 time.sleep(fault.delay_s)
@@ -445,6 +455,12 @@ class KubeApi:
                 status, payload = err.code, json.dumps(err.status()).encode()
             if evicted is not None and self.on_eviction is not None:
                 self.on_eviction(self, evicted)
+        if late is not None:  # done, but the client never hears it
+            if late.delay_s:
+                time.sleep(late.delay_s)
+            if late.status:
+                lost = ApiError(late.status, _reason(late.status), late.message)
+                status, payload = late.status, json.dumps(lost.status()).encode()
         entry = Request(
             method,
             path,
@@ -635,6 +651,18 @@ class KubeApi:
         pod = self._store["pods"].get(key)
         if pod is None:
             raise _not_found(rt, key[1])
+        wanted = ((body.get("deleteOptions") or {}).get("preconditions") or {}).get("uid")
+        actual = (pod.get("metadata") or {}).get("uid")
+        if wanted and wanted != actual:
+            raise ApiError(
+                409,
+                "Conflict",
+                f'Operation cannot be fulfilled on pods "{key[1]}": StorageError: invalid object, '
+                f"Code: 4, Key: /registry/pods/{key[0]}/{key[1]}, ResourceVersion: 0, "
+                f"AdditionalErrorMsg: Precondition failed: UID in precondition: {wanted}, "
+                f"UID in object meta: {actual}",
+                {"name": key[1], "kind": "pods"},
+            )
         phase = (pod.get("status") or {}).get("phase")
         if phase == "Running":
             pdbs = [p for p in self._store["poddisruptionbudgets"].values() if _pdb_selects(p, pod)]
