@@ -209,7 +209,8 @@ class Daemon:
             self.metrics.record(result, time.perf_counter() - t0)
             self.health = HealthState(result.finished, "", result)
         log.info(
-            "cycle done",
+            "%s",
+            cycle_summary(result),
             extra={
                 "fields": {
                     "leader": result.leader,
@@ -382,7 +383,37 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+def cycle_summary(result: CycleResult) -> str:
+    """One log line that says what a cycle did: findings, plan, execution, window."""
+    kinds: dict[str, int] = {}
+    for f in result.findings:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    findings = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+    if result.plan is None:
+        plan = "no plan"
+    else:
+        plan = f"plan {len(result.plan.steps)} step(s), {len(result.plan.blocked)} blocked"
+    if result.executed is None:
+        executed = "executed nothing"
+    else:
+        counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
+        executed = f"executed: {counts or 'nothing'}"
+    role = "leader" if result.leader else "follower"
+    mode = "dry run" if result.dry_run else "live"
+    return (
+        f"cycle ({role}, {mode}): findings {findings}; {plan}; {executed}; "
+        f"window: {result.window.reason}"
+    )
+
+
+# Client libraries whose INFO lines say nothing an operator needs (job added, request sent).
+_CHATTY = ("apscheduler", "kubernetes", "urllib3", "matplotlib", "requests")
+
+
 def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
+    """defrag's own lines at ``level``; the libraries' at WARNING unless ``level`` is DEBUG."""
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
     handler = logging.StreamHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
