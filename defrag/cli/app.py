@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -155,26 +154,23 @@ def parse_time(text: str | None, flag: str = "--at") -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-
-
 def parse_duration(text: str, flag: str, bare_unit: str = "s") -> float:
     """Seconds in a duration written as Prometheus does (``90s``, ``15m``, ``2h``, ``1h30m``).
-    A bare number keeps the option's old unit (``bare_unit``)."""
-    value = text.strip()
+    A bare number keeps the option's old unit (``bare_unit``: ``s``, ``m`` or ``h``)."""
+    from defrag.settings import duration_seconds
+
     try:
-        number = float(value)
+        number = float(text)
     except ValueError:
         pass
     else:
         if number < 0:
             raise UserError(f"{flag}: must not be negative, got {text!r}")
-        return number * _UNITS[bare_unit]
-    parts = _DURATION.findall(value)
-    if not value or "".join(n + u for n, u in parts) != value:
-        raise UserError(f"{flag}: cannot read {text!r}; use a duration such as 90s, 15m or 2h")
-    return sum(float(n) * _UNITS[u] for n, u in parts)
+        return number * {"s": 1.0, "m": 60.0, "h": 3600.0}[bare_unit]
+    try:
+        return duration_seconds(text)
+    except ValueError as exc:
+        raise UserError(f"{flag}: {exc}") from None
 
 
 def load_cluster(
