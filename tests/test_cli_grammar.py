@@ -148,3 +148,20 @@ def test_a_bad_output_path_fails_before_the_work(tmp_path: Path) -> None:
 def test_version() -> None:
     result = runner.invoke(app, ["--version"])
     assert result.exit_code == 0 and result.stdout.strip() == f"defrag {__version__}"
+
+
+def test_the_daemon_logs_what_each_cycle_did(caplog: pytest.LogCaptureFixture) -> None:
+    from defrag.cli.run import build
+    from defrag.settings import load_settings
+
+    settings = load_settings(
+        None, {"cluster": "sim", "windows": [{"cron": "* * * * *", "length_s": 3600}]}
+    )
+    daemon = build(settings).daemon
+    with caplog.at_level("INFO", logger="defrag.daemon"):
+        daemon.run_once()
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("cycle")]
+    # The simulated cluster is fragmented with a starving job; dry run (the default) plans only.
+    assert "findings" in line and "starvation" in line and "fragmentation" in line
+    assert "plan 4 step(s), 3 blocked" in line and "executed: 4 planned" in line
+    assert "window:" in line and "(leader, dry run)" in line
