@@ -13,6 +13,7 @@ COPY defrag ./defrag
 RUN python -m venv /opt/defrag \
     && /opt/defrag/bin/pip wheel --no-deps --wheel-dir /tmp/dist . \
     && /opt/defrag/bin/pip install /tmp/dist/defrag-*.whl \
+    && /opt/defrag/bin/python -m pip uninstall --yes --quiet pip \
     && /opt/defrag/bin/defrag --version
 
 FROM ${PYTHON_IMAGE}
