@@ -56,7 +56,12 @@ PrometheusOpt = Annotated[
 ]
 RulesOpt = Annotated[
     list[Path],
-    typer.Option("--rules", "-r", help="Rule file or directory (repeatable; default rules/)."),
+    typer.Option(
+        "--rules",
+        "-r",
+        help="Rule file or directory (repeatable; default: $DEFRAG_RULES_DIR, else the "
+        "shipped rules).",
+    ),
 ]
 PromTokenOpt = Annotated[
     Path | None,
@@ -213,7 +218,10 @@ def _print_table(report: DetectionReport, now: datetime) -> None:
 @rules_app.command("check")
 def rules_check(
     paths: Annotated[
-        list[Path] | None, typer.Argument(help="Rule files or directories (default rules/).")
+        list[Path] | None,
+        typer.Argument(
+            help="Rule files or directories (default: $DEFRAG_RULES_DIR, else the shipped rules)."
+        ),
     ] = None,
     prometheus: Annotated[
         str | None,
