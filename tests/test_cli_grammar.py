@@ -27,8 +27,8 @@ COMMANDS = {
     "plan": ["plan", "-s", SCATTERED, "--at", AT],
     "detect": ["detect", "-s", SCATTERED, "--at", AT],
     "rules check": ["rules", "check"],
-    "simulate": ["simulate", "--pods", "200", "--scale", "0.1", "-p", "best-fit"],
 }
+SIMULATE = ["simulate", "--pods", "200", "--scale", "0.1", "-p", "best-fit"]
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -41,9 +41,10 @@ def test_every_command_prints_the_same_document_as_json_and_yaml(name: str) -> N
     assert doc and yaml.safe_load(as_yaml.stdout) == doc
 
 
-def test_run_and_demo_speak_json_and_yaml_too(tmp_path: Path) -> None:
+def test_run_demo_and_simulate_speak_json_and_yaml_too(tmp_path: Path) -> None:
     # Their documents hold wall-clock times, so compare the shape, not every value.
     for args in (
+        SIMULATE,
         ["run", "--cluster", "sim", "--once"],
         ["demo", "--cycles", "3", "--plot", str(tmp_path / "d.png")],
     ):
@@ -55,7 +56,8 @@ def test_run_and_demo_speak_json_and_yaml_too(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["report", "plan", "place", "simulate"])
 def test_tables_into_a_pipe_are_tab_separated_lines(name: str) -> None:
-    result = runner.invoke(app, COMMANDS[name])  # CliRunner's stdout is no terminal
+    args = SIMULATE if name == "simulate" else COMMANDS[name]
+    result = runner.invoke(app, args)  # CliRunner's stdout is no terminal
     assert result.exit_code == 0, result.output
     rows = [line for line in result.stdout.splitlines() if "\t" in line]
     assert rows, result.stdout
@@ -165,3 +167,35 @@ def test_the_daemon_logs_what_each_cycle_did(caplog: pytest.LogCaptureFixture) -
     assert "findings" in line and "starvation" in line and "fragmentation" in line
     assert "plan 4 step(s), 3 blocked" in line and "executed: 4 planned" in line
     assert "window:" in line and "(leader, dry run)" in line
+
+
+def test_one_rules_lookup_given_then_setting_then_packaged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from defrag.rules import default_rules_dir, rules_paths
+
+    monkeypatch.delenv("DEFRAG_RULES_DIR", raising=False)
+    packaged = default_rules_dir()
+    assert packaged.parts[-3:] == ("defrag", "data", "rules")
+    assert (packaged / "starvation.yaml").is_file()
+    assert rules_paths() == [packaged]
+    monkeypatch.setenv("DEFRAG_RULES_DIR", str(tmp_path / "env"))
+    assert rules_paths() == [tmp_path / "env"]
+    assert rules_paths((), str(tmp_path / "setting")) == [tmp_path / "setting"]
+    assert rules_paths([tmp_path / "flag"], str(tmp_path / "setting")) == [tmp_path / "flag"]
+
+
+def test_the_demo_tells_before_plan_cycles_after(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["demo", "--plot", str(tmp_path / "demo.png")])
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    # The order of the story, and what each part must say.
+    marks = ["Before (01:50)", "# Steps", "# Not moved", "\nCycles\n", "After (02:15)", "# What"]
+    assert [out.index(m) for m in marks] == sorted(out.index(m) for m in marks)
+    assert "research/train-llm-0: running on gpu-" in out
+    assert "its PodDisruptionBudget allows no disruption now" in out
+    assert "02:00  window open: 4 evicted; research/train-llm-0 scheduled" in out
+    # The figures that moved: 96 GPUs, 20 free → 12 free once the 8-GPU job runs;
+    # allocation (96 - 20) / 96 = 79.2 % → (96 - 12) / 96 = 87.5 %.
+    assert "starving jobs\t1\t0" in out and "GPU allocation %\t79.2\t87.5" in out
+    assert "free GPUs stranded for 8-GPU jobs\t20\t12" in out
