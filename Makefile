@@ -9,7 +9,8 @@ SHARED ?= ../shared
 # them too); override with `make image IMAGE=registry.example/defrag:dev`.
 IMAGE_COMPONENT := deploy/components/image/kustomization.yaml
 IMAGE ?= $(shell sed -n 's/^ *newName: *//p' $(IMAGE_COMPONENT)):$(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' $(IMAGE_COMPONENT))
-CONTAINER ?= $(shell command -v docker || command -v podman || command -v buildah)
+# docker only where its daemon answers; else podman, else buildah.
+CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v podman || command -v buildah)
 
 .PHONY: venv tools lint test test-fast demo bench image image-name clean
 
