@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -410,11 +411,27 @@ def cycle_summary(result: CycleResult) -> str:
 _CHATTY = ("apscheduler", "kubernetes", "urllib3", "matplotlib", "requests")
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not the stream of the
+    moment it was made (so a replaced and closed stderr never swallows a line)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
     """defrag's own lines at ``level``; the libraries' at WARNING unless ``level`` is DEBUG."""
     for name in _CHATTY:
         logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
-    handler = logging.StreamHandler()
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

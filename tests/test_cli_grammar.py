@@ -199,3 +199,33 @@ def test_the_demo_tells_before_plan_cycles_after(tmp_path: Path) -> None:
     # allocation (96 - 20) / 96 = 79.2 % → (96 - 12) / 96 = 87.5 %.
     assert "starving jobs\t1\t0" in out and "GPU allocation %\t79.2\t87.5" in out
     assert "free GPUs stranded for 8-GPU jobs\t20\t12" in out
+
+
+def test_the_log_handler_follows_stderr_after_it_was_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # `run` configures logging while CliRunner has swapped stderr; a later record must go to the
+    # stderr of its own moment, not to that closed stream ("--- Logging error ---").
+    import io
+    import logging
+
+    from defrag.daemon import configure_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level, logging.getLogger("urllib3").level)
+    try:
+        first = io.StringIO()
+        monkeypatch.setattr("sys.stderr", first)
+        configure_logging("text", "INFO")
+        first.close()
+        later = io.StringIO()
+        monkeypatch.setattr("sys.stderr", later)
+        logging.getLogger("defrag.test").info("after the swap")
+        logging.getLogger("urllib3.connectionpool").info("library chatter")  # below WARNING
+        assert "INFO defrag.test: after the swap" in later.getvalue()
+        assert "Logging error" not in later.getvalue()
+        assert "library chatter" not in later.getvalue()
+    finally:
+        root.handlers[:], level, urllib3_level = saved
+        root.setLevel(level)
+        logging.getLogger("urllib3").setLevel(urllib3_level)
