@@ -229,3 +229,23 @@ def test_the_log_handler_follows_stderr_after_it_was_replaced(
         root.handlers[:], level, urllib3_level = saved
         root.setLevel(level)
         logging.getLogger("urllib3").setLevel(urllib3_level)
+
+
+@pytest.mark.parametrize("command", [["report"], ["plan", "--at", AT], ["place", "--gpus", "2"]])
+def test_kubeconfig_reads_the_live_cluster_like_its_snapshot(
+    tmp_path: Path, command: list[str]
+) -> None:
+    from tests.support.kubeapi import KubeApi
+    from tests.support.snapshots import scattered_20
+    from tests.test_daemon_cli import kubeconfig
+
+    items = scattered_20()
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(json.dumps(items))
+    with KubeApi(items["items"]) as api:
+        config = kubeconfig(tmp_path, api.url)
+        live = runner.invoke(app, [*command, "--kubeconfig", str(config), "-o", "json"])
+        assert {r.method for r in api.requests} == {"GET"}  # read-only
+    saved = runner.invoke(app, [*command, "-s", str(snapshot), "-o", "json"])
+    assert live.exit_code == 0, live.output
+    assert json.loads(live.stdout) == json.loads(saved.stdout)
