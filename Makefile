@@ -5,7 +5,14 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 SHARED ?= ../shared
 
-.PHONY: venv tools lint test test-fast demo bench clean
+# The image name and tag live in deploy/components/image/kustomization.yaml (the manifests use
+# them too); override with `make image IMAGE=registry.example/defrag:dev`.
+IMAGE_COMPONENT := deploy/components/image/kustomization.yaml
+IMAGE ?= $(shell sed -n 's/^ *newName: *//p' $(IMAGE_COMPONENT)):$(shell sed -n 's/^ *newTag: *"\{0,1\}\([^"]*\)"\{0,1\}/\1/p' $(IMAGE_COMPONENT))
+# docker only where its daemon answers; else podman, else buildah.
+CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v podman || command -v buildah)
+
+.PHONY: venv tools lint test test-fast demo bench image image-name clean
 
 venv: $(VENV)/.installed
 
@@ -31,6 +38,7 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(PY) deploy/sync.py --check
+	$(BIN)/hadolint Dockerfile
 
 test: venv tools lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
@@ -40,6 +48,14 @@ test-fast: venv
 
 demo: venv
 	$(BIN)/defrag demo
+
+# docker/podman build, or buildah bud; see docs/operations.md for building without a daemon.
+image:
+	@test -n "$(CONTAINER)" || { echo "no docker, podman or buildah on PATH"; exit 1; }
+	$(if $(findstring buildah,$(CONTAINER)),$(CONTAINER) bud,$(CONTAINER) build) -t $(IMAGE) .
+
+image-name:
+	@echo $(IMAGE)
 
 bench: venv
 	$(PY) -m bench.run_all

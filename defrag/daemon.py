@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -240,7 +241,8 @@ class Daemon:
             self.metrics.record(result, time.perf_counter() - t0)
             self.health = HealthState(result.finished, "", result)
         log.info(
-            "cycle done",
+            "%s",
+            cycle_summary(result),
             extra={
                 "fields": {
                     "leader": result.leader,
@@ -413,8 +415,54 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+def cycle_summary(result: CycleResult) -> str:
+    """One log line that says what a cycle did: findings, plan, execution, window."""
+    kinds: dict[str, int] = {}
+    for f in result.findings:
+        kinds[f.kind] = kinds.get(f.kind, 0) + 1
+    findings = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none"
+    if result.plan is None:
+        plan = "no plan"
+    else:
+        plan = f"plan {len(result.plan.steps)} step(s), {len(result.plan.blocked)} blocked"
+    if result.executed is None:
+        executed = "executed nothing"
+    else:
+        counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
+        executed = f"executed: {counts or 'nothing'}"
+    role = "leader" if result.leader else "follower"
+    mode = "dry run" if result.dry_run else "live"
+    return (
+        f"cycle ({role}, {mode}): findings {findings}; {plan}; {executed}; "
+        f"window: {result.window.reason}"
+    )
+
+
+# Client libraries whose INFO lines say nothing an operator needs (job added, request sent).
+_CHATTY = ("apscheduler", "kubernetes", "urllib3", "matplotlib", "requests")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a record is emitted, not the stream of the
+    moment it was made (so a replaced and closed stderr never swallows a line)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
 def configure_logging(fmt: str = "text", level: str = "INFO") -> None:
-    handler = logging.StreamHandler()
+    """defrag's own lines at ``level``; the libraries' at WARNING unless ``level`` is DEBUG."""
+    for name in _CHATTY:
+        logging.getLogger(name).setLevel(logging.DEBUG if level == "DEBUG" else logging.WARNING)
+    handler = _StderrHandler()
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
     else:

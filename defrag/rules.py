@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -360,21 +361,29 @@ def rule_files(paths: Iterable[str | Path]) -> list[Path]:
 
 
 def default_rules_dir() -> Path:
-    """``$DEFRAG_RULES_DIR``, else the ``rules/`` directory of a source checkout, else
-    ``/etc/defrag/rules`` (where the deployment mounts its ConfigMap)."""
-    env = os.environ.get("DEFRAG_RULES_DIR")
-    if env:
-        return Path(env)
-    checkout = Path(__file__).resolve().parents[1] / "rules"
-    return checkout if checkout.is_dir() else Path("/etc/defrag/rules")
+    """The rules shipped inside the package (``defrag/data/rules``; in a source checkout a link
+    to the top-level ``rules/``)."""
+    return Path(str(resources.files("defrag") / "data" / "rules"))
+
+
+def rules_paths(
+    explicit: Iterable[str | Path] = (), setting: str | Path | None = None
+) -> list[Path]:
+    """The one rules lookup: the paths given (``--rules``), else the setting (``rules_dir``,
+    i.e. ``$DEFRAG_RULES_DIR``), else the packaged defaults."""
+    given = [Path(p) for p in explicit]
+    if given:
+        return given
+    chosen = setting or os.environ.get("DEFRAG_RULES_DIR")
+    return [Path(chosen)] if chosen else [default_rules_dir()]
 
 
 def load_rules(paths: Iterable[str | Path] | None = None) -> RuleSet:
-    """Load every rule file (default: :func:`default_rules_dir`); raise :class:`RulesError`
+    """Load every rule file (default: :func:`rules_paths`); raise :class:`RulesError`
     listing all problems of all files."""
     issues: list[RuleIssue] = []
     loaded: list[LoadedRule] = []
-    paths = [default_rules_dir()] if paths is None else list(paths)
+    paths = rules_paths(paths or ())
     files = rule_files(paths)
     if not files:
         raise RulesError([RuleIssue(", ".join(map(str, paths)), 0, "", "no rule files found")])

@@ -10,16 +10,22 @@ from __future__ import annotations
 import contextvars
 import json
 import os
+import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 ENV_PREFIX = "DEFRAG_"
 
@@ -32,6 +38,70 @@ class SettingsError(ValueError):
     """A setting that cannot be used; the message names the field and its source."""
 
 
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+DURATION_FORM = "a duration such as 90s, 15m, 2h or 1h30m"
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a duration written as Prometheus writes them (``90s``, ``15m``, ``1h30m``);
+    ValueError naming the expected form otherwise. Bare numbers are the caller's business."""
+    value = text.strip()
+    parts = _DURATION.findall(value)
+    if not value or "".join(n + u for n, u in parts) != value:
+        raise ValueError(f"cannot read {text!r}: expected {DURATION_FORM}")
+    return sum(float(n) * _UNITS[u] for n, u in parts)
+
+
+def _seconds(value: Any) -> Any:
+    """A ``*_s`` setting: a number of seconds, or a duration string (``15m``)."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return duration_seconds(value)
+    return value
+
+
+def _string_list(value: Any) -> Any:
+    """A list setting from the environment: JSON (``["a", "b"]``) or comma-separated."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(
+                f"not a JSON list ({exc.msg}); or give a comma-separated list"
+            ) from None
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _window_list(value: Any) -> Any:
+    """``windows`` from the environment: JSON, or ``CRON DURATION`` entries separated by ``;``
+    (``0 2 * * * 1h; 0 14 * * 6 2h``)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not a JSON list ({exc.msg})") from None
+    windows = []
+    for entry in filter(None, (e.strip() for e in text.split(";"))):
+        *cron, length = entry.split()
+        if len(cron) != 5:
+            raise ValueError(
+                f"cannot read {entry!r}: expected five cron fields and a length, e.g. "
+                "'0 2 * * * 1h' (entries separated by ';'), or a JSON list of "
+                '{"cron": ..., "length_s": ...}'
+            )
+        windows.append({"cron": " ".join(cron), "length_s": _seconds(length)})
+    return windows
+
+
 class WindowSetting(BaseModel):
     """An execution window: opens at each ``cron`` fire time and stays open ``length_s``."""
 
@@ -40,6 +110,11 @@ class WindowSetting(BaseModel):
     cron: str = Field(description="five-field crontab expression, e.g. '0 2 * * *'")
     length_s: float = Field(gt=0, description="how long the window stays open, seconds")
     timezone: str = "UTC"
+
+    @field_validator("length_s", mode="before")
+    @classmethod
+    def _length(cls, value: Any) -> Any:
+        return _seconds(value)
 
     @field_validator("cron")
     @classmethod
@@ -91,7 +166,7 @@ class Settings(BaseSettings):
     prometheus_token_file: str | None = None
     prometheus_ca_file: str | None = None
     prometheus_timeout_s: float = Field(10.0, gt=0)
-    alertmanager_urls: list[str] = Field(default_factory=list)
+    alertmanager_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     alertmanager_token_file: str | None = None
     alertmanager_ca_file: str | None = None
     alert_resend_interval_s: float = Field(60.0, ge=0)
@@ -107,7 +182,7 @@ class Settings(BaseSettings):
     min_pod_age_s: float = Field(0.0, ge=0)
 
     # --- execution: windows, budgets, safety --------------------------------------------
-    windows: list[WindowSetting] = Field(default_factory=list)
+    windows: Annotated[list[WindowSetting], NoDecode] = Field(default_factory=list)
     idle_gate: bool = False
     max_evictions_per_window: int = Field(10, ge=0)
     max_evictions_per_node: int = Field(8, ge=0)
@@ -133,6 +208,21 @@ class Settings(BaseSettings):
 
     # --- the simulated cluster ------------------------------------------------------------
     sim_speedup: float = Field(60.0, gt=0)
+
+    @field_validator("alertmanager_urls", mode="before")
+    @classmethod
+    def _urls(cls, value: Any) -> Any:
+        return _string_list(value)
+
+    @field_validator("windows", mode="before")
+    @classmethod
+    def _windows(cls, value: Any) -> Any:
+        return _window_list(value)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _durations(cls, value: Any, info: Any) -> Any:
+        return _seconds(value) if str(info.field_name).endswith("_s") else value
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
@@ -221,6 +311,8 @@ def _describe(
         message = str(err["msg"]).removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             message = "unknown setting"
+        elif err["type"] == "bool_parsing":
+            message = f"cannot read {err.get('input')!r}: expected true or false"
         lines.append(f"setting {loc} ({where}): {message}" if top else f"settings: {message}")
     return "; ".join(lines)
 

@@ -10,7 +10,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -280,36 +280,49 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
     closed = tmp_path / "closed.yaml"
     closed.write_text("windows: []\n")
     with KubeApi(scattered_20()["items"]) as server:
+        # The second eviction request hangs until the test has killed the process, then fails:
+        # the kill always lands while the node is tainted and one pod is gone. The test waits on
+        # that request's arrival (an Event), not on the clock; the timeout is only a safety net.
+        second_arrived, release = threading.Event(), threading.Event()
+        handle = server.handle
+        seen = {"evictions": 0}
 
-        def slow_after_first(api: KubeApi, evicted: dict[str, Any]) -> None:
-            # The next eviction hangs, then fails: the process is killed while it waits.
-            api.fail("POST", r"/eviction$", status=503, times=1000, delay_s=30)
+        def hold_second_eviction(
+            method: str, raw_path: str, body: bytes, content_type: str
+        ) -> tuple[int, bytes]:
+            if method == "POST" and raw_path.split("?")[0].endswith("/eviction"):
+                seen["evictions"] += 1
+                if seen["evictions"] >= 2:
+                    second_arrived.set()
+                    release.wait(timeout=600)
+                    return 503, b'{"kind": "Status", "code": 503}'
+            return handle(method, raw_path, body, content_type)
 
-        server.on_eviction = slow_after_first
+        server.handle = hold_second_eviction  # type: ignore[method-assign]
         config = kubeconfig(tmp_path, server.url)
         first = run_defrag(live, config)
         try:
-            deadline = time.monotonic() + 60
-
-            def evictions_arrived() -> int:
-                return sum(1 for m, p in server.arrived if m == "POST" and p.endswith("/eviction"))
-
-            # Kill once the second eviction is in flight (it hangs in the fault's delay), so the
-            # node being drained is the one the crash leaves tainted.
-            while evictions_arrived() < 2 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            first.send_signal(signal.SIGKILL)
-            first.wait(timeout=10)
+            waited = 0.0
+            while not second_arrived.wait(timeout=0.5) and first.poll() is None and waited < 600:
+                waited += 0.5
+            if second_arrived.is_set():
+                first.send_signal(signal.SIGKILL)
         finally:
+            release.set()
             if first.poll() is None:
                 first.kill()
+            _, first_err = first.communicate()
+        server.handle = handle  # type: ignore[method-assign]
+        assert second_arrived.is_set(), (
+            f"defrag exited {first.returncode} before its second eviction; stderr:\n{first_err}"
+        )
         tainted = [
             n["metadata"]["name"]
             for n in server.objects("Node")
             if any(t["key"] == DRAIN for t in n.get("spec", {}).get("taints", []))
         ]
-        assert len(tainted) == 1 and len(server.evicted) == 1  # the crash left its trail
-        server.on_eviction = None
+        # The crash left its trail.
+        assert len(tainted) == 1 and len(server.evicted) == 1, first_err
         # The restart (in this process, same identity: it holds the Lease at once).
         from typer.testing import CliRunner
 

@@ -62,5 +62,5 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert code == 2 and "missing.json" in out and "Traceback" not in out
     code, out = run("-s", str(SEED), "--policy", "nope")
     assert code == 2 and "unknown policy 'nope'" in out
-    code, out = run("-s", str(SEED), "--now", "tuesday")
-    assert code == 2 and "--now" in out
+    code, out = run("-s", str(SEED), "--at", "tuesday")
+    assert code == 2 and "--at" in out

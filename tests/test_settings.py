@@ -67,8 +67,8 @@ def test_windows_from_json_file_and_env_style_keys(tmp_path: Path) -> None:
         (
             "",
             {"DEFRAG_CYCLE_INTERVAL_S": "soon"},
-            "setting cycle_interval_s (env DEFRAG_CYCLE_INTERVAL_S): Input should be a valid "
-            "number",
+            "setting cycle_interval_s (env DEFRAG_CYCLE_INTERVAL_S): cannot read 'soon': "
+            "expected a duration such as 90s",
         ),
         (
             "windows:\n  - {cron: '61 * * * *', length_s: 60}\n",
@@ -119,3 +119,62 @@ def test_malformed_files_name_the_file(tmp_path: Path, text: str, message: str) 
 def test_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(SettingsError, match="cannot read settings file"):
         load_settings(tmp_path / "absent.yaml")
+
+
+def test_environment_lists_and_durations_in_their_short_forms(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hint the demo prints (a bare URL) and a comma-separated pair both work, as does JSON.
+    monkeypatch.setenv("DEFRAG_ALERTMANAGER_URLS", "http://am-0:9093, http://am-1:9093")
+    monkeypatch.setenv("DEFRAG_WINDOWS", "0 2 * * * 1h; 0 14 * * 6 90m")
+    monkeypatch.setenv("DEFRAG_CYCLE_INTERVAL_S", "5m")
+    monkeypatch.setenv("DEFRAG_ALERT_TTL_S", "1h30m")
+    s = load_settings()
+    assert s.alertmanager_urls == ["http://am-0:9093", "http://am-1:9093"]
+    assert [(w.cron, w.length_s) for w in s.windows] == [
+        ("0 2 * * *", 3600.0),
+        ("0 14 * * 6", 5400.0),
+    ]
+    assert (s.cycle_interval_s, s.alert_ttl_s) == (300.0, 5400.0)  # 5×60; 3600 + 30×60
+    monkeypatch.setenv("DEFRAG_ALERTMANAGER_URLS", '["http://am:9093"]')
+    monkeypatch.setenv("DEFRAG_WINDOWS", '[{"cron": "0 3 * * *", "length_s": "2h"}]')
+    s = load_settings()
+    assert s.alertmanager_urls == ["http://am:9093"]
+    assert [(w.cron, w.length_s) for w in s.windows] == [("0 3 * * *", 7200.0)]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"DEFRAG_ALERTMANAGER_URLS": '["http://am:9093"'},
+            "setting alertmanager_urls (env DEFRAG_ALERTMANAGER_URLS): not a JSON list",
+        ),
+        (
+            {"DEFRAG_WINDOWS": "0 2 * * *"},
+            "setting windows (env DEFRAG_WINDOWS): cannot read '0 2 * * *': expected five cron "
+            "fields and a length",
+        ),
+        (
+            {"DEFRAG_WINDOWS": "0 2 * * * soon"},
+            "setting windows (env DEFRAG_WINDOWS): cannot read 'soon': expected a duration",
+        ),
+        (
+            {"DEFRAG_DRY_RUN": "maybe"},
+            "setting dry_run (env DEFRAG_DRY_RUN): cannot read 'maybe': expected true or false",
+        ),
+        (
+            {"DEFRAG_POLL_INTERVAL_S": "-5s"},
+            "setting poll_interval_s (env DEFRAG_POLL_INTERVAL_S): cannot read '-5s'",
+        ),
+    ],
+)
+def test_bad_environment_settings_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], message: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)

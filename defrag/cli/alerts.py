@@ -17,7 +17,16 @@ import typer
 from rich.table import Table
 
 from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
-from defrag.cli.app import Output, OutputOpt, UserError, app, console, print_json
+from defrag.cli.app import (
+    Output,
+    OutputOpt,
+    UserError,
+    app,
+    console,
+    parse_duration,
+    print_data,
+    print_table,
+)
 
 alerts_app = typer.Typer(help="Alerts sent to Alertmanager.", no_args_is_help=True)
 app.add_typer(alerts_app, name="alerts")
@@ -95,26 +104,30 @@ def test_alert(
     alertmanager: AlertmanagerOpt,
     cluster: ClusterOpt = "default",
     hold: Annotated[
-        float,
+        str,
         typer.Option(
             "--hold",
-            min=0,
-            help="Seconds the test alert stays firing before it is resolved. Alertmanager "
-            "notifies only after the route's group_wait (30 s by default), so hold longer "
-            "than that to see the notification; 0 checks only that the alert is accepted.",
+            help="How long the test alert stays firing before it is resolved (90s, 2m; bare: "
+            "seconds). Alertmanager notifies only after the route's group_wait (30s by "
+            "default), so hold longer than that to see the notification; 0 checks only that "
+            "the alert is accepted.",
         ),
-    ] = 60.0,
+    ] = "60s",
     bearer_token_file: BearerTokenFileOpt = None,
     basic_auth: BasicAuthOpt = None,
     ca_file: CaFileOpt = None,
     insecure: InsecureOpt = False,
-    timeout: Annotated[float, typer.Option("--timeout", help="Seconds per request.")] = 5.0,
+    timeout: Annotated[
+        str, typer.Option("--timeout", help="Per request (5s; bare: seconds).")
+    ] = "5s",
     output: OutputOpt = Output.table,
 ) -> None:
     """Send a test alert (DefragTestAlert, severity info) to every Alertmanager, hold it
     firing, then resolve it. Exits non-zero if any Alertmanager did not take it."""
     if not alertmanager:
         raise UserError("--alertmanager: give at least one URL")
+    hold_s = parse_duration(hold, "--hold")
+    timeout_s = parse_duration(timeout, "--timeout")
     # The table below reports each failure; the sink's own error log would only repeat it.
     logging.getLogger("defrag.adapters.alertmanager").setLevel(logging.CRITICAL)
     sink = make_sink(
@@ -124,19 +137,19 @@ def test_alert(
         basic_auth=basic_auth,
         ca_file=ca_file,
         insecure=insecure,
-        timeout_s=timeout,
+        timeout_s=timeout_s,
         retry_attempts=2,
         retry_wait_s=0.5,
     )
     start = datetime.now(UTC)
     alert = sink.template.test_alert(start)
     # If this process dies while holding, the alert lapses by itself a minute later.
-    fired = sink.send([(alert, start + timedelta(seconds=hold + 60))], start)
-    if any(r.outcome == "ok" for r in fired) and hold > 0:
+    fired = sink.send([(alert, start + timedelta(seconds=hold_s + 60))], start)
+    if any(r.outcome == "ok" for r in fired) and hold_s > 0:
         if output is Output.table:
-            console.print(f"test alert firing; resolving it in {hold:g} s (Ctrl-C: now)")
+            console.print(f"test alert firing; resolving it in {hold_s:g} s (Ctrl-C: now)")
         with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C resolves at once
-            time.sleep(hold)
+            time.sleep(hold_s)
     end = datetime.now(UTC)
     resolved = sink.send([(alert, end)], end)
     rows = [
@@ -144,8 +157,8 @@ def test_alert(
         for f, r in zip(fired, resolved, strict=True)
         for why in [_reason(f, r)]
     ]
-    if output is Output.json:
-        print_json({"alert": dict(alert.labels), "results": rows})
+    if output is not Output.table:
+        print_data({"alert": dict(alert.labels), "results": rows}, output)
     else:
         table = Table(title=f"{alert.name} (cluster {cluster})")
         for column in ("alertmanager", "fired", "resolved", "reason"):
@@ -154,7 +167,7 @@ def test_alert(
             table.add_row(
                 str(row["url"]), _mark(row["fired"]), _mark(row["resolved"]), str(row["reason"])
             )
-        console.print(table)
+        print_table(table)
     failed = [row for row in rows if row["reason"]]
     if failed:
         detail = "; ".join(f"{row['url']}: {row['reason']}" for row in failed)

@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import IO, Annotated, Any
 
 import typer
+import yaml
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
+from defrag import __version__
 from defrag.model.cluster import Cluster
 
 try:  # typer ≥ 0.20 carries its own copy of click and only catches that copy's exceptions
@@ -32,13 +38,31 @@ err_console = Console(stderr=True)
 
 
 class Output(StrEnum):
-    """``--output``: a rich table for people, or JSON for scripts."""
+    """``--output``: a table for people (rich on a terminal, tab-separated into a pipe), or
+    JSON / YAML for scripts. Every command that prints results takes it."""
 
     table = "table"
     json = "json"
+    yaml = "yaml"
 
 
-OutputOpt = Annotated[Output, typer.Option("--output", "-o", help="table or json")]
+OutputOpt = Annotated[
+    Output, typer.Option("--output", "-o", help="table (TSV when piped), json or yaml.")
+]
+AtOpt = Annotated[
+    str | None,
+    typer.Option("--at", help="Evaluate at this time: RFC 3339 or unix seconds (default now)."),
+]
+KubeconfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--kubeconfig",
+        help="Read the cluster live from this kubeconfig's API server instead of --snapshot.",
+    ),
+]
+ContextOpt = Annotated[
+    str | None, typer.Option("--context", help="kubeconfig context (default: current).")
+]
 SnapshotOpt = Annotated[
     list[Path],
     typer.Option(
@@ -79,15 +103,104 @@ def print_json(data: Any, stream: IO[str] | None = None) -> None:
     out.write("\n")
 
 
-def load_cluster(paths: Sequence[Path], strict: bool = False) -> Cluster:
-    """Read snapshot files; a file that cannot be read (or, ``strict``, any object that cannot)
-    becomes a UserError naming file and field; objects left out are said on stderr."""
+def print_data(data: Any, output: Output) -> None:
+    """``-o json`` or ``-o yaml``: the same document either way."""
+    if output is Output.yaml:
+        # Through JSON first so that every value is a plain type (datetimes as strings).
+        plain = json.loads(json.dumps(data, default=str))
+        yaml.safe_dump(plain, sys.stdout, sort_keys=False, allow_unicode=True)
+    else:
+        print_json(data)
+
+
+def print_table(table: Table) -> None:
+    """On a terminal rich fits the table to its width; into a pipe or a file each row is one
+    line of tab-separated cells (title as a ``#`` line), never wrapped or cut."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    out = sys.stdout
+    if table.title:
+        out.write(f"# {_plain(table.title)}\n")
+    if table.show_header:
+        out.write("\t".join(_plain(c.header) for c in table.columns) + "\n")
+    columns = [[_plain(cell) for cell in c.cells] for c in table.columns]
+    for row in zip(*columns, strict=True):
+        out.write("\t".join(row) + "\n")
+
+
+def print_line(text: str) -> None:
+    """A line for people: rich markup on a terminal, plain text never wrapped into a pipe."""
+    if console.is_terminal:
+        console.print(text)
+    else:
+        sys.stdout.write(_plain(text) + "\n")
+
+
+def _plain(value: object) -> str:
+    if isinstance(value, Text):
+        return value.plain
+    text = Text.from_markup(value) if isinstance(value, str) else Text(str(value))
+    return text.plain.replace("\t", " ").replace("\n", " ")
+
+
+def parse_time(text: str | None, flag: str = "--at") -> datetime:
+    """The one time flag: RFC 3339 (``2026-03-02T12:00:00Z``) or unix seconds; default now."""
+    if text is None:
+        return datetime.now(UTC)
+    try:
+        return datetime.fromtimestamp(float(text), UTC)
+    except ValueError:
+        pass
+    try:
+        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise UserError(
+            f"{flag}: cannot read {text!r}; use RFC 3339 (2026-03-02T12:00:00Z) or unix seconds"
+        ) from None
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def parse_duration(text: str, flag: str, bare_unit: str = "s") -> float:
+    """Seconds in a duration written as Prometheus does (``90s``, ``15m``, ``2h``, ``1h30m``).
+    A bare number keeps the option's old unit (``bare_unit``: ``s``, ``m`` or ``h``)."""
+    from defrag.settings import duration_seconds
+
+    try:
+        number = float(text)
+    except ValueError:
+        pass
+    else:
+        if number < 0:
+            raise UserError(f"{flag}: must not be negative, got {text!r}")
+        return number * {"s": 1.0, "m": 60.0, "h": 3600.0}[bare_unit]
+    try:
+        return duration_seconds(text)
+    except ValueError as exc:
+        raise UserError(f"{flag}: {exc}") from None
+
+
+def load_cluster(
+    paths: Sequence[Path],
+    kubeconfig: Path | None = None,
+    context: str | None = None,
+    strict: bool = False,
+) -> Cluster:
+    """Read snapshot files, or the live cluster with ``--kubeconfig``; a file that cannot be
+    read (or, ``strict``, any object that cannot) becomes a UserError naming file and field;
+    objects left out or counted conservatively are said on stderr."""
     from defrag.adapters.kube_convert import ConversionError
     from defrag.adapters.snapshot import SnapshotError, load_snapshot
     from defrag.model.cluster import ModelError
 
+    if kubeconfig is not None or context is not None:
+        if paths:
+            raise UserError("give --snapshot or --kubeconfig, not both")
+        cluster = live_cluster(kubeconfig, context)
+        say_warnings(cluster)
+        return cluster
     if not paths:
-        raise UserError("no snapshot given (--snapshot FILE)")
+        raise UserError("no cluster given (--snapshot FILE or --kubeconfig FILE)")
     try:
         cluster = load_snapshot(list(paths), strict=strict)
     except (SnapshotError, ConversionError, ModelError, OSError) as exc:
@@ -100,6 +213,53 @@ def say_warnings(cluster: Cluster) -> None:
     """One ``warning:`` line on stderr per object the source could not model fully."""
     for warning in cluster.warnings:
         print(f"warning: {warning}", file=sys.stderr)
+
+
+def live_cluster(kubeconfig: Path | None, context: str | None) -> Cluster:
+    """One snapshot of a live cluster through its API server."""
+    from defrag.adapters.kube import KubeClusterSource, KubeError, connect
+
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise UserError(f"--kubeconfig: no such file: {kubeconfig}")
+    try:
+        api = connect(str(kubeconfig) if kubeconfig else None, context)
+        return KubeClusterSource(api).snapshot()
+    except KubeError as exc:
+        raise UserError(str(exc)) from None
+    except Exception as exc:  # the client's own errors: unreachable server, refused, …
+        raise UserError(f"cluster from {kubeconfig or 'kubeconfig'}: {exc}") from None
+
+
+def writable_path(path: Path, flag: str, suffix: str | None = None) -> Path:
+    """Check an output path before the work starts: its folder exists and can be written."""
+    if suffix is not None and path.suffix.lower() != suffix:
+        raise UserError(f"{flag} {path}: the file must end in {suffix}")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise UserError(f"{flag} {path}: no such folder {folder}")
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"{flag} {path}: not writable")
+    return path
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"defrag {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Keeps GPU Kubernetes clusters unfragmented."""
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -27,6 +27,9 @@ from defrag.cli.alerts import (
     make_sink,
 )
 from defrag.cli.app import (
+    AtOpt,
+    ContextOpt,
+    KubeconfigOpt,
     Output,
     OutputOpt,
     SnapshotOpt,
@@ -35,7 +38,11 @@ from defrag.cli.app import (
     console,
     err_console,
     load_cluster,
-    print_json,
+    parse_duration,
+    parse_time,
+    print_data,
+    print_line,
+    print_table,
 )
 from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
 from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
@@ -49,7 +56,12 @@ PrometheusOpt = Annotated[
 ]
 RulesOpt = Annotated[
     list[Path],
-    typer.Option("--rules", "-r", help="Rule file or directory (repeatable; default rules/)."),
+    typer.Option(
+        "--rules",
+        "-r",
+        help="Rule file or directory (repeatable; default: $DEFRAG_RULES_DIR, else the "
+        "shipped rules).",
+    ),
 ]
 PromTokenOpt = Annotated[
     Path | None,
@@ -62,25 +74,8 @@ PromInsecureOpt = Annotated[
     bool, typer.Option("--prom-insecure", help="Do not verify Prometheus's TLS certificate.")
 ]
 PromTimeoutOpt = Annotated[
-    float, typer.Option("--prom-timeout", help="Seconds per Prometheus request.")
+    str, typer.Option("--prom-timeout", help="Per Prometheus request (10s; bare: seconds).")
 ]
-
-
-def parse_time(text: str | None) -> datetime:
-    """``--at``: RFC 3339 (``2026-03-02T12:00:00Z``) or unix seconds; default now."""
-    if text is None:
-        return datetime.now(UTC)
-    try:
-        return datetime.fromtimestamp(float(text), UTC)
-    except ValueError:
-        pass
-    try:
-        value = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UserError(
-            f"--at: cannot read {text!r}; use RFC 3339 (2026-03-02T12:00:00Z) or unix seconds"
-        ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def make_source(
@@ -117,14 +112,17 @@ def detect(
     prometheus: PrometheusOpt = None,
     snapshot: SnapshotOpt = [],  # noqa: B006 - typer needs a literal default
     rules: RulesOpt = [],  # noqa: B006
-    at: Annotated[
-        str | None, typer.Option("--at", help="Evaluate at this time (RFC 3339 or unix seconds).")
-    ] = None,
+    at: AtOpt = None,
     output: OutputOpt = Output.table,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
+    fail_on_findings: Annotated[
+        bool, typer.Option("--fail-on-findings", help="Exit 1 when there is any finding.")
+    ] = False,
     prom_bearer_token_file: PromTokenOpt = None,
     prom_ca_file: PromCaOpt = None,
     prom_insecure: PromInsecureOpt = False,
-    prom_timeout: PromTimeoutOpt = 10.0,
+    prom_timeout: PromTimeoutOpt = "10s",
     alertmanager: AlertmanagerOpt = [],  # noqa: B006
     cluster_label: ClusterOpt = "default",
     am_bearer_token_file: BearerTokenFileOpt = None,
@@ -133,8 +131,11 @@ def detect(
     am_insecure: InsecureOpt = False,
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
-    if prometheus is None and not snapshot:
-        raise UserError("nothing to detect from: give --prometheus URL and/or --snapshot FILE")
+    if prometheus is None and not snapshot and kubeconfig is None and context is None:
+        raise UserError(
+            "nothing to detect from: give --prometheus URL and/or --snapshot FILE "
+            "(or --kubeconfig FILE)"
+        )
     if at is not None and alertmanager:
         raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
     now = parse_time(at)
@@ -152,26 +153,34 @@ def detect(
         else None
     )
     source = (
-        make_source(prometheus, prom_bearer_token_file, prom_ca_file, prom_insecure, prom_timeout)
+        make_source(
+            prometheus,
+            prom_bearer_token_file,
+            prom_ca_file,
+            prom_insecure,
+            parse_duration(prom_timeout, "--prom-timeout"),
+        )
         if prometheus
         else None
     )
-    cluster = load_cluster(snapshot) if snapshot else None
+    live = kubeconfig is not None or context is not None
+    cluster = load_cluster(snapshot, kubeconfig, context) if snapshot or live else None
     if cluster is not None and source is not None:
         try:
             cluster = with_dcgm_gpu_indices(cluster, ruleset, source, now)
         except MetricsError as exc:
             raise UserError(str(exc)) from None
     report = run_detection(ruleset, source, cluster, now)
-    if output is Output.json:
-        print_json(
+    if output is not Output.table:
+        print_data(
             {
                 "at": now.isoformat(),
                 "findings": [f.to_dict() for f in report.findings],
                 "skipped": dict(report.skipped),
                 "failures": [str(f) for f in report.failures],
                 "warnings": list(cluster.warnings) if cluster is not None else [],
-            }
+            },
+            output,
         )
     else:
         _print_table(report, now)
@@ -186,6 +195,8 @@ def detect(
         for failure in report.failures:
             sys.stderr.write(f"{failure}\n")
         raise UserError(f"{len(report.failures)} rule(s) failed", exit_code=1)
+    if fail_on_findings and report.findings:
+        raise typer.Exit(1)
 
 
 def _print_table(report: DetectionReport, now: datetime) -> None:
@@ -194,7 +205,10 @@ def _print_table(report: DetectionReport, now: datetime) -> None:
         table.add_column(col, overflow="fold")
     for f in report.findings:
         table.add_row(f.kind, f.severity, f.subject, f.action, f.summary)
-    console.print(table if report.findings else "no findings")
+    if report.findings:
+        print_table(table)
+    else:
+        print_line("no findings")
     for name, why in report.skipped.items():
         err_console.print(f"skipped rule {name}: {why}")
 
@@ -205,12 +219,16 @@ def _print_table(report: DetectionReport, now: datetime) -> None:
 @rules_app.command("check")
 def rules_check(
     paths: Annotated[
-        list[Path] | None, typer.Argument(help="Rule files or directories (default rules/).")
+        list[Path] | None,
+        typer.Argument(
+            help="Rule files or directories (default: $DEFRAG_RULES_DIR, else the shipped rules)."
+        ),
     ] = None,
     prometheus: Annotated[
         str | None,
         typer.Option("--prometheus", help="Also ask this Prometheus to parse every query."),
     ] = None,
+    output: OutputOpt = Output.table,
 ) -> None:
     """Validate rule files: types, durations, detectors, and every query's PromQL.
 
@@ -233,6 +251,10 @@ def rules_check(
         fail_with_issues(issues)
     files = sorted({r.file for r in ruleset})
     note = f"PromQL checked by {checker}" if checker else "PromQL not checked (no promtool)"
+    if output is not Output.table:
+        data = {"rules": [r.rule.name for r in ruleset], "files": files, "promql": checker or None}
+        print_data(data, output)
+        return
     console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}", soft_wrap=True)
 
 

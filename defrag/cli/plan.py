@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
-import sys
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
-import yaml
 from rich.table import Table
 
-from defrag.cli.app import StrictOpt, UserError, app, console, load_cluster, print_json
+from defrag.cli.app import (
+    ContextOpt,
+    KubeconfigOpt,
+    Output,
+    OutputOpt,
+    StrictOpt,
+    UserError,
+    app,
+    load_cluster,
+    parse_duration,
+    parse_time,
+    print_data,
+    print_line,
+    print_table,
+)
 from defrag.model.cluster import Cluster
 from defrag.model.workload import WorkloadMix
 from defrag.plan import Constraints, Plan, PlanError, PlanOptions, make_plan
 from defrag.plan.model import GOALS
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy
-
-
-class PlanOutput(StrEnum):
-    table = "table"
-    json = "json"
-    yaml = "yaml"
 
 
 class GoalChoice(StrEnum):
@@ -55,8 +61,9 @@ def plan_command(
         int | None, typer.Option(min=0, help="Evictions per namespace (default: no limit).")
     ] = None,
     min_age: Annotated[
-        float, typer.Option(min=0, help="Minutes a pod must have run before it may move.")
-    ] = 10.0,
+        str,
+        typer.Option(help="How long a pod must have run before it may move (15m, 2h; bare: min)."),
+    ] = "10m",
     protect_priority: Annotated[
         int | None, typer.Option(help="Pods at or above this priority never move.")
     ] = None,
@@ -66,17 +73,25 @@ def plan_command(
     policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
         DEFAULT_POLICY
     ),
-    now: Annotated[
+    at: Annotated[
         str | None,
-        typer.Option(help="The planning time, RFC 3339 (default: now); ages and costs use it."),
+        typer.Option(
+            "--at",
+            "--now",
+            help="The planning time, RFC 3339 or unix seconds (default: now); ages and costs "
+            "use it. --now is the old name.",
+        ),
     ] = None,
-    output: Annotated[PlanOutput, typer.Option("--output", "-o")] = PlanOutput.table,
+    output: OutputOpt = Output.table,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
-    cluster = load_cluster(snapshot, strict)
-    when = _parse_now(now)
+    when = parse_time(at)
+    min_age_s = parse_duration(min_age, "--min-age", bare_unit="m")
+    cluster = load_cluster(snapshot, kubeconfig, context, strict)
     constraints = Constraints(
-        min_age=timedelta(minutes=min_age),
+        min_age=timedelta(seconds=min_age_s),
         protect_priority=protect_priority,
         max_evictions=max_evictions,
         max_per_node=max_per_node,
@@ -94,22 +109,10 @@ def plan_command(
         )
     except (UnknownPolicy, PlanError) as exc:
         raise UserError(str(exc)) from None
-    if output is PlanOutput.json:
-        print_json({**plan.to_dict(), "warnings": list(cluster.warnings)})
-    elif output is PlanOutput.yaml:
-        yaml.safe_dump(plan.to_dict(), sys.stdout, sort_keys=False, allow_unicode=True)
+    if output is not Output.table:
+        print_data({**plan.to_dict(), "warnings": list(cluster.warnings)}, output)
     else:
         _print_table(plan)
-
-
-def _parse_now(text: str | None) -> datetime:
-    if text is None:
-        return datetime.now(UTC)
-    try:
-        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise UserError(f"--now: not an RFC 3339 time: {text!r}") from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _mix(cluster: Cluster) -> WorkloadMix:
@@ -118,12 +121,13 @@ def _mix(cluster: Cluster) -> WorkloadMix:
 
 def _print_table(plan: Plan) -> None:
     before, after = plan.before, plan.after
-    console.print(
+    print_line(
         f"[bold]{plan.id}[/] goal {plan.goal}, policy {plan.policy}: "
-        f"{plan.migrations} migration(s), {plan.preemptions} preemption(s), cost {plan.cost:g}"
+        f"{plan.migrations} migration(s), {plan.preemptions} preemption(s), "
+        f"cost {plan.cost:.1f}"
     )
     for target in plan.targets:
-        console.print(f"  for {target}")
+        print_line(f"  for {target}")
     steps = Table(title="Steps", show_header=True)
     for col in ("#", "kind", "pod", "from", "to", "GPUs", "cost", "reason"):
         steps.add_column(
@@ -134,19 +138,19 @@ def _print_table(plan: Plan) -> None:
     for i, s in enumerate(plan.steps, start=1):
         steps.add_row(
             str(i), s.kind, s.pod, s.source, s.target or "(waits)",
-            f"{s.gpus_held:g}", f"{s.cost:g}", s.reason,
+            f"{s.gpus_held:g}", f"{s.cost:.1f}", s.reason,
         )  # fmt: skip
     if plan.steps:
-        console.print(steps)
+        print_table(steps)
     else:
-        console.print("No steps: nothing to move within the constraints.")
+        print_line("No steps: nothing to move within the constraints.")
     if plan.blocked:
         blocked = Table(title="Blocked", show_header=True)
         for col in ("pod", "constraint", "detail"):
             blocked.add_column(col)
         for b in plan.blocked:
             blocked.add_row(b.pod, b.constraint, b.detail)
-        console.print(blocked)
+        print_table(blocked)
     gain = Table(title="Expected gain", show_header=True)
     for col in ("metric", "before", "after"):
         gain.add_column(col, justify="left" if col == "metric" else "right")
@@ -156,4 +160,4 @@ def _print_table(plan: Plan) -> None:
         gain.add_row(
             f"{k}-GPU jobs placeable", str(v), str(dict(after.get("placeable", {})).get(k))
         )
-    console.print(gain)
+    print_table(gain)

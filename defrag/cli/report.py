@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
 from defrag.cli.app import (
+    AtOpt,
+    ContextOpt,
+    KubeconfigOpt,
     Output,
     OutputOpt,
     SnapshotOpt,
     StrictOpt,
     UserError,
     app,
-    console,
     load_cluster,
-    print_json,
+    parse_time,
+    print_data,
+    print_line,
+    print_table,
 )
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
@@ -83,31 +89,30 @@ def report(
         str | None,
         typer.Option(help="Prometheus URL: adds GPU utilisation percentiles and leak suspects."),
     ] = None,
-    at: Annotated[
-        str | None,
-        typer.Option("--at", help="With --prometheus: evaluate at this time (RFC 3339 or unix s)."),
-    ] = None,
+    at: AtOpt = None,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
 ) -> None:
-    """The fragmentation report of a cluster snapshot."""
-    cluster = load_cluster(snapshot, strict)
+    """The fragmentation report of a cluster snapshot (or the live cluster)."""
+    when = parse_time(at)
+    cluster = load_cluster(snapshot, kubeconfig, context, strict)
     rep = fragmentation_report(cluster, workload_mix(cluster))
-    extras: dict[str, Any] = _prometheus_extras(prometheus, at) if prometheus else {}
-    if output is Output.json:
-        print_json({**rep.to_dict(), **extras, "warnings": list(cluster.warnings)})
+    extras: dict[str, Any] = _prometheus_extras(prometheus, when) if prometheus else {}
+    if output is not Output.table:
+        print_data({**rep.to_dict(), **extras, "warnings": list(cluster.warnings)}, output)
         return
-    console.print(report_table(rep))
-    console.print(node_table(rep))
+    print_table(report_table(rep))
+    print_table(node_table(rep))
     for key, value in extras.items():
-        console.print(f"{key}: {value}")
+        print_line(f"{key}: {value}")
 
 
-def _prometheus_extras(url: str, at: str | None) -> dict[str, Any]:
+def _prometheus_extras(url: str, when: datetime) -> dict[str, Any]:
     """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
     from defrag.adapters.prometheus import MetricsError, PrometheusSource
-    from defrag.cli.detect import parse_time, read_rules
+    from defrag.cli.detect import read_rules
     from defrag.detection import report_extras
 
-    when = parse_time(at)
     try:
         source = PrometheusSource(url)
         return report_extras(source, read_rules([]), when)
@@ -141,9 +146,12 @@ def place(
         DEFAULT_POLICY
     ),
     output: OutputOpt = Output.table,
+    kubeconfig: KubeconfigOpt = None,
+    context: ContextOpt = None,
 ) -> None:
-    """Where a new pod of this shape would go, and why every other node scores less or fails."""
-    cluster = load_cluster(snapshot, strict)
+    """Where a new pod of this shape would go, and why every other node scores less or fails.
+    Exits 1 when it fits nowhere."""
+    cluster = load_cluster(snapshot, kubeconfig, context, strict)
     pod = pod_shape(gpus, gpu_milli, cpu_milli, gpu_model)
     try:
         pol = make_policy(policy, mix=workload_mix(cluster))
@@ -167,15 +175,23 @@ def place(
             for v in verdicts
         ],
     }
-    if output is Output.json:
-        print_json(data)
-        return
+    if output is not Output.table:
+        print_data(data, output)
+    else:
+        _print_place(chosen, verdicts, policy, str(data["unschedulable"]))
+    if chosen is None:
+        raise typer.Exit(1)
+
+
+def _print_place(
+    chosen: Placement | None, verdicts: list[Any], policy: str, unschedulable: str
+) -> None:
     if chosen:
-        console.print(
+        print_line(
             f"[bold]{chosen.node}[/] GPUs {list(chosen.gpus)} — score {chosen.score} ({policy})"
         )
     else:
-        console.print(f"[bold red]unschedulable[/]: {data['unschedulable']}")
+        print_line(f"[bold red]unschedulable[/]: {unschedulable}")
     table = Table(show_header=True)
     table.add_column("node")
     table.add_column("score", justify="right")
@@ -183,4 +199,4 @@ def place(
     ranked = sorted(verdicts, key=lambda v: (v.score is None, -(v.score or 0), v.node))
     for v in ranked:
         table.add_row(v.node, "" if v.score is None else str(v.score), "; ".join(v.reasons))
-    console.print(table)
+    print_table(table)

@@ -1,5 +1,4 @@
-"""``defrag run`` (the daemon, or one cycle) and ``defrag demo`` (the daemon on a simulated
-cluster).
+"""``defrag run``: the daemon, or one cycle (``defrag demo`` is in :mod:`defrag.cli.demo`).
 
 This module is the composition root: it turns :class:`~defrag.settings.Settings` into the
 ports (Kubernetes or the simulated cluster, Prometheus, Alertmanager, the Lease), the detector,
@@ -19,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from defrag.cli.app import UserError, app, console, print_json
+from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
 from defrag.cycle import CycleConfig, CyclePorts, CycleResult, SystemClock
 from defrag.daemon import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
 from defrag.detect.findings import Finding
@@ -29,6 +28,8 @@ from defrag.execute.windows import Window
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
 from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
+from defrag.rules import default_rules_dir as default_rules_dir  # re-exported (tests, bench)
+from defrag.rules import rules_paths
 from defrag.settings import Settings, SettingsError, WindowSetting, load_settings
 
 log = logging.getLogger(__name__)
@@ -37,14 +38,6 @@ log = logging.getLogger(__name__)
 class ClusterKind(StrEnum):
     kube = "kube"
     sim = "sim"
-
-
-class Output(StrEnum):
-    text = "text"
-    json = "json"
-
-
-TextOutputOpt = Annotated[Output, typer.Option("--output", "-o", help="text or json")]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +52,13 @@ def build(settings: Settings) -> Wiring:
     """Every port the settings ask for, wired into a daemon. Bad settings → SettingsError."""
     from defrag.rules import RulesError, load_rules
 
-    rules_dir = Path(settings.rules_dir) if settings.rules_dir else default_rules_dir()
+    rules_dirs = rules_paths((), settings.rules_dir)
     try:
-        rules = load_rules([rules_dir])
+        rules = load_rules(rules_dirs)
     except RulesError as exc:
-        raise SettingsError(f"rules in {rules_dir}:\n{exc}") from None
+        raise SettingsError(f"rules in {', '.join(map(str, rules_dirs))}:\n{exc}") from None
     except OSError as exc:
-        raise SettingsError(f"setting rules_dir {rules_dir}: {exc}") from None
+        raise SettingsError(f"setting rules_dir {settings.rules_dir}: {exc}") from None
 
     sim = None
     metrics: MetricsSource | None = None
@@ -237,14 +230,6 @@ def _planner(settings: Settings) -> Any:
     return plan
 
 
-def default_rules_dir() -> Path:
-    """``rules`` here, else the rules shipped beside the package (a source checkout)."""
-    here = Path("rules")
-    if here.is_dir():
-        return here
-    return Path(__file__).resolve().parents[2] / "rules"
-
-
 # --- the commands --------------------------------------------------------------------------
 
 
@@ -272,19 +257,34 @@ def run(
         bool | None,
         typer.Option("--dry-run/--no-dry-run", help="Plan and report only (the default)."),
     ] = None,
-    output: TextOutputOpt = Output.text,
+    output: OutputOpt = Output.table,
     settings_file: Annotated[
         Path | None, typer.Option("--settings", help="YAML/JSON settings file.")
     ] = None,
     rules: Annotated[Path | None, typer.Option("--rules", help="Detection rule directory.")] = None,
+    prometheus: Annotated[
+        str | None,
+        typer.Option("--prometheus", help="Prometheus base URL (setting prometheus_url)."),
+    ] = None,
+    kubeconfig: Annotated[
+        Path | None, typer.Option("--kubeconfig", help="kubeconfig file (setting kubeconfig).")
+    ] = None,
+    context: Annotated[
+        str | None, typer.Option("--context", help="kubeconfig context (setting kube_context).")
+    ] = None,
 ) -> None:
     """The daemon: observe, detect, plan and (inside windows, not in dry run) execute."""
+    if kubeconfig is not None and not kubeconfig.is_file():
+        raise UserError(f"--kubeconfig: no such file: {kubeconfig}")
     settings = _settings(
         settings_file,
         {
             "cluster": cluster.value if cluster else None,
             "dry_run": dry_run,
             "rules_dir": str(rules) if rules else None,
+            "prometheus_url": prometheus,
+            "kubeconfig": str(kubeconfig) if kubeconfig else None,
+            "kube_context": context,
         },
     )
     configure_logging(settings.log_format, settings.log_level if not once else "WARNING")
@@ -299,144 +299,37 @@ def run(
         raise
     except Exception as exc:
         raise UserError(f"cycle failed: {type(exc).__name__}: {exc}", exit_code=1) from None
-    if output is Output.json:
-        print_json(result.to_dict())
+    if output is not Output.table:
+        print_data(result.to_dict(), output)
     else:
-        _print_cycle(result)
+        print_cycle(result)
     if result.alert_error:
         raise UserError(f"alerts not delivered: {result.alert_error}", exit_code=1)
 
 
-def _print_cycle(result: CycleResult, title: str = "cycle") -> None:
+def print_cycle(result: CycleResult, title: str = "cycle") -> None:
+    """A cycle for people: window, findings, plan, execution, the figures before and after."""
     b, a = result.before, result.after
     mode = "dry run" if result.dry_run else "live"
-    console.print(
+    print_line(
         f"[bold]{title}[/bold] {result.started:%Y-%m-%d %H:%M} ({mode}, "
         f"{'leader' if result.leader else 'follower'}): {result.window.reason}"
     )
     kinds: dict[str, int] = {}
     for f in result.findings:
         kinds[f.kind] = kinds.get(f.kind, 0) + 1
-    console.print(f"  findings: {', '.join(f'{n} {k}' for k, n in kinds.items()) or 'none'}")
+    print_line(f"  findings: {', '.join(f'{n} {k}' for k, n in kinds.items()) or 'none'}")
     if result.plan is not None:
         p = result.plan
-        console.print(
+        print_line(
             f"  plan {p.id}: {len(p.steps)} step(s) ({p.migrations} migrate, "
-            f"{p.preemptions} preempt), {len(p.blocked)} blocked, cost {p.cost:g}"
+            f"{p.preemptions} preempt), {len(p.blocked)} blocked, cost {p.cost:.1f}"
         )
     if result.executed is not None:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
-        console.print(f"  executed: {counts or 'nothing'}")
-    console.print(
+        print_line(f"  executed: {counts or 'nothing'}")
+    print_line(
         f"  largest placeable job {b.get('largest_placeable_job')} → "
         f"{a.get('largest_placeable_job')} GPUs ({result.after_source}); whole free nodes "
         f"{b.get('whole_free_nodes')} → {a.get('whole_free_nodes')}"
     )
-
-
-@app.command()
-def demo(
-    cycles: Annotated[int, typer.Option(help="Cycles to run (5 simulated minutes apart).")] = 6,
-    plot: Annotated[Path, typer.Option(help="Where to write the PNG plot.")] = Path(
-        "defrag-demo.png"
-    ),
-    output: TextOutputOpt = Output.text,
-) -> None:
-    """The daemon on a simulated fragmented cluster: findings, a plan, moves in a window."""
-    if cycles < 1:
-        raise UserError("--cycles must be at least 1")
-    settings = _settings(
-        None,
-        {
-            "cluster": "sim",
-            "dry_run": False,
-            "cycle_interval_s": 300,
-            "min_pod_age_s": 600,
-            "windows": [{"cron": "0 2 * * *", "length_s": 3600}],
-            "max_evictions_per_window": 12,
-            "max_evictions_per_node": 8,
-            "max_evictions_per_namespace": 12,
-            "replacement_timeout_s": 300,
-            "poll_interval_s": 10,
-            "plan_goal": "auto",
-            "sim_speedup": 1.0,
-        },
-    )
-    configure_logging("text", "WARNING")
-    wiring = _build(settings)
-    daemon, sim = wiring.daemon, wiring.sim
-    sim.clock.speedup = 0.0  # the demo moves simulated time itself, cycle by cycle
-    results = []
-    start = sim.clock.now()
-    for i in range(cycles):
-        sim.clock.advance_to(start + timedelta(seconds=i * settings.cycle_interval_s))
-        result = daemon.run_once()
-        results.append(result)
-        if output is Output.text:
-            _print_cycle(result, f"cycle {i + 1}")
-    final = sim.snapshot()
-    train = final.pods.get("research/train-llm-0")
-    write_plot(results, plot)
-    if output is Output.json:
-        print_json(
-            {
-                "cycles": [r.to_dict() for r in results],
-                "plot": str(plot),
-                "train_llm_node": train.node if train else None,
-            }
-        )
-        return
-    console.print(
-        f"\nresearch/train-llm-0 (8 GPUs, pending 2 h): "
-        f"{'running on ' + train.node if train and train.node else 'still pending'}"
-    )
-    console.print(f"plot: {plot}")
-    console.print(
-        "\nOn a real cluster: `defrag run --once` (dry run: plan and report only) with your "
-        "kubeconfig, add DEFRAG_PROMETHEUS_URL and DEFRAG_ALERTMANAGER_URLS, set windows in a "
-        "settings file, then `--no-dry-run` — see docs/daemon.md and deploy/."
-    )
-
-
-def write_plot(results: Sequence[CycleResult], path: Path) -> None:
-    """What each cycle observed at its start (solid), what its plan expected (dashed), and the
-    evictions it made."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    xs = [r.started.strftime("%H:%M") for r in results]
-    largest = [r.before.get("largest_placeable_job", 0) for r in results]
-    whole = [r.before.get("whole_free_nodes", 0) for r in results]
-    stranded = [dict(r.before.get("stranded", {})).get("8", 0) for r in results]
-    expected = [
-        r.plan.after.get("largest_placeable_job", 0) if r.plan and r.plan.steps else None
-        for r in results
-    ]
-    evicted = [len(r.executed.evicted) if r.executed else 0 for r in results]
-    starving = [sum(1 for f in r.findings if f.kind == "starvation") for r in results]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    top.plot(xs, largest, marker="o", label="largest placeable job (GPUs)")
-    top.plot(xs, whole, marker="s", label="whole free nodes")
-    top.plot(xs, stranded, marker="^", label="GPUs stranded for 8-GPU jobs")
-    top.plot(xs, starving, marker="x", color="tab:red", label="starving jobs")
-    top.plot(
-        xs,
-        [e if e is not None else float("nan") for e in expected],
-        linestyle="--",
-        color="tab:blue",
-        alpha=0.6,
-        label="largest job the plan expects",
-    )
-    top.set_title("defrag demo: 12 fragmented 8-GPU nodes; the window opens at 02:00")
-    top.set_ylabel("observed at cycle start")
-    top.legend(loc="best")
-    top.grid(alpha=0.3)
-    bottom.bar(xs, evicted, color="tab:orange", label="evictions")
-    bottom.set_ylabel("evictions")
-    bottom.set_xlabel("simulated time (UTC)")
-    bottom.legend(loc="best")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -21,7 +20,18 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
+from defrag.cli.app import (
+    Output,
+    OutputOpt,
+    UserError,
+    app,
+    err_console,
+    parse_duration,
+    print_data,
+    print_line,
+    print_table,
+    writable_path,
+)
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 from defrag.sim.fill import FillRun
 from defrag.sim.hooks import HookUnavailable
@@ -120,14 +130,18 @@ def simulate(
         Protocol, typer.Option(help="fill (arrival-only) or timeline.")
     ] = Protocol.fill,
     load: Annotated[float, typer.Option(help="timeline: offered GPU load (0.9 = 90%).")] = 0.9,
-    duration: Annotated[float, typer.Option(help="timeline: measured hours.")] = 36.0,
-    warmup: Annotated[float, typer.Option(help="timeline: warm-up hours (not measured).")] = 12.0,
+    duration: Annotated[
+        str, typer.Option(help="timeline: measured time (36h; bare: hours).")
+    ] = "36h",
+    warmup: Annotated[
+        str, typer.Option(help="timeline: warm-up time, not measured (12h; bare: hours).")
+    ] = "12h",
     run_time_scale: Annotated[
         float, typer.Option(help="timeline: multiply the median run times (2 h / 12 h multi-GPU).")
     ] = 1.0,
     window_every: Annotated[
-        float, typer.Option(help="timeline: defrag window period, hours.")
-    ] = 6.0,
+        str, typer.Option(help="timeline: defrag window period (6h; bare: hours).")
+    ] = "6h",
     defrag: Annotated[
         bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
     ] = False,
@@ -146,8 +160,10 @@ def simulate(
     seed_list = parse_seeds(seeds)
     if jobs < 1:
         raise UserError(f"--jobs must be >= 1, got {jobs}")
-    if plot is not None and plot.suffix.lower() != ".png":
-        raise UserError(f"--plot {plot}: the file must end in .png")
+    if plot is not None:
+        writable_path(plot, "--plot", ".png")
+    spans = {"duration": duration, "warmup": warmup, "window-every": window_every}
+    hours = {k: parse_duration(v, f"--{k}", bare_unit="h") / 3600 for k, v in spans.items()}
     config = None
     if protocol is Protocol.timeline:
         if run_time_scale <= 0:
@@ -155,10 +171,10 @@ def simulate(
         try:
             config = TimelineConfig(
                 load=load,
-                hours=duration,
-                warmup_hours=warmup,
+                hours=hours["duration"],
+                warmup_hours=hours["warmup"],
                 durations=DurationModel().scaled(run_time_scale),
-                window_every_h=window_every,
+                window_every_h=hours["window-every"],
             )
         except ValueError as exc:
             raise UserError(f"timeline: {exc}") from None
@@ -203,14 +219,14 @@ def simulate(
         else:
             plot_timeline(runs, plot, title=title)  # type: ignore[arg-type]
         if output is Output.table:
-            console.print(f"plot written to {plot}")
+            print_line(f"plot written to {plot}")
 
 
 def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, curves: bool) -> None:
     if protocol is Protocol.fill:
         fills = [r for r in runs if not isinstance(r, TimelineRun)]
-        if output is Output.json:
-            print_json(fill_json(fills, workload=workload, curves=curves))
+        if output is not Output.table:
+            print_data(fill_json(fills, workload=workload, curves=curves), output)
             return
         table = Table(title=f"{workload}: arrival-only fill, allocation at 100% arrived GPU demand")
         _columns(table, FILL_HEADER, fills)
@@ -219,8 +235,8 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
         _print(table)
         return
     lines = [r for r in runs if isinstance(r, TimelineRun)]
-    if output is Output.json:
-        print_json(timeline_json(lines, workload=workload, series=curves))
+    if output is not Output.table:
+        print_data(timeline_json(lines, workload=workload, series=curves), output)
         return
     table = Table(title=f"{workload}: timeline, mean pending time per job size")
     _columns(table, timeline_header(), lines)
@@ -242,5 +258,5 @@ def _columns(
 
 
 def _print(table: Table) -> None:
-    """On a terminal rich fits the table to its width; into a pipe or file, nothing is cut."""
-    (console if console.is_terminal else Console(width=160)).print(table)
+    """On a terminal rich fits the table to its width; into a pipe or file, TSV lines."""
+    print_table(table)

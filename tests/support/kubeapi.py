@@ -32,6 +32,7 @@ import copy
 import json
 import multiprocessing
 import re
+import sys
 import threading
 import time
 import uuid
@@ -249,6 +250,16 @@ def _pdb_selects(pdb: Obj, pod: Obj) -> bool:
     return True
 
 
+class _Server(ThreadingHTTPServer):
+    """A client that goes away mid-request (a killed process) is no error of the server's:
+    no traceback on stderr for it; anything else is printed as usual."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 class KubeApi:
     """The emulated API server. Thread-safe; start/stop it or use it as a context manager."""
 
@@ -265,7 +276,7 @@ class KubeApi:
         """(method, path) of every request as it arrives, before faults delay it."""
         self.on_eviction: Callable[[KubeApi, Obj], None] | None = None
         """Called (outside the lock) with each evicted pod, e.g. to create its replacement."""
-        self._server: ThreadingHTTPServer | None = None
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self.load(objects)
 
@@ -277,7 +288,7 @@ class KubeApi:
         class Handler(_Handler):
             emulator = api
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _Server(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
