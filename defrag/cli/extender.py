@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
-from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
+from defrag.cli.app import (
+    Output,
+    OutputOpt,
+    UserError,
+    app,
+    console,
+    err_console,
+    print_data,
+)
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 
 if TYPE_CHECKING:
@@ -256,8 +264,8 @@ def agent(
 
 def _print_topology(data: dict[str, object], output: Output, driver: str) -> None:
     data = {"driver_version": driver, **data}
-    if output is Output.json:
-        print_json(data)
+    if output is not Output.table:
+        print_data(data, output)
         return
     table = Table(title=f"GPUs (driver {driver})")
     for col in ("gpu", "name", "memory used / total MiB", "NVLinks", "processes"):
