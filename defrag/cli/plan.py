@@ -110,7 +110,10 @@ def plan_command(
     except (UnknownPolicy, PlanError) as exc:
         raise UserError(str(exc)) from None
     if output is not Output.table:
-        print_data({**plan.to_dict(), "warnings": list(cluster.warnings)}, output)
+        # The plan document round-trips (Plan.from_dict); what the snapshot could not model
+        # rides beside it, only when there is something to say.
+        extra = {"warnings": list(cluster.warnings)} if cluster.warnings else {}
+        print_data({**plan.to_dict(), **extra}, output)
     else:
         _print_table(plan)
 
