@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import statistics
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -60,12 +61,17 @@ def load_trace(shared: Path, trace: str) -> tuple[tuple[Node, ...], tuple[Pod, .
     return nodes, load_pods(data / f"openb_pod_list_{trace}.csv").pods
 
 
-def seed_limits(shared: Path, trace: str, seed: int) -> tuple[float, float, float]:
-    """(offline, online LP, online FFD) for one trace and seed."""
+def seed_limits(
+    shared: Path, trace: str, seed: int, online: bool = True
+) -> tuple[float, float, float]:
+    """(offline, online LP, online FFD) for one trace and seed; ``online=False`` skips the two
+    online limits (NaN), the slow part — ``--no-online``, for a quick run."""
     nodes, pods = load_trace(shared, trace)
     capacity = sum(n.num_gpu for n in nodes)
     arrivals = sample_workload(pods, capacity, seed)
     offline = packing_limit(arrived_at_100(arrivals, capacity), capacity)
+    if not online:
+        return offline, math.nan, math.nan
     lp = online_limit(arrivals, capacity, "lp").allocation_at_100
     ffd = online_limit(arrivals, capacity, "ffd").allocation_at_100
     return offline, lp, ffd
@@ -79,6 +85,9 @@ def main() -> None:
     parser.add_argument("--traces", nargs="*", default=list(TRACES))
     parser.add_argument("--seeds", type=int, default=len(PAPER_SEEDS))
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument(
+        "--no-online", dest="online", action="store_false", help="the offline limit only"
+    )
     args = parser.parse_args()
     seeds = PAPER_SEEDS[: args.seeds]
     print(
@@ -89,7 +98,13 @@ def main() -> None:
     with ProcessPoolExecutor(args.jobs) as pool:
         for trace in args.traces:
             rows = list(
-                pool.map(seed_limits, [args.shared] * len(seeds), [trace] * len(seeds), seeds)
+                pool.map(
+                    seed_limits,
+                    [args.shared] * len(seeds),
+                    [trace] * len(seeds),
+                    seeds,
+                    [args.online] * len(seeds),
+                )
             )
             cells = []
             for k in range(3):
