@@ -30,6 +30,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detect.findings import FINDING_KINDS
+from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.scoring.framework import Status
@@ -155,7 +156,10 @@ class DaemonMetrics:
         when a rule starts being skipped (or its reason changes) and when it runs again."""
         for rule, reason in skipped.items():
             if self._skipped.get(rule) != reason:
-                log.warning("rule %s skipped: %s", rule, reason)
+                # No Prometheus configured is a choice, said once at INFO; a configured source
+                # that returns nothing is a missing input, said at WARNING.
+                level = logging.INFO if reason == NO_METRICS_SOURCE else logging.WARNING
+                log.log(level, "rule %s skipped: %s", rule, reason)
             self.rule_skipped.labels(rule=rule).set(1)
         for rule in set(self._skipped) - set(skipped):
             log.info("rule %s runs again: its inputs are back", rule)

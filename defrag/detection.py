@@ -39,6 +39,9 @@ from defrag.rules import (
     StarvationRule,
 )
 
+NO_METRICS_SOURCE = "no metrics source"
+"""Why a metric rule is skipped when no Prometheus is configured (a choice, not a fault)."""
+
 
 class DetectionError(RuntimeError):
     """One or more rules could not be evaluated; the message has one line per rule."""
@@ -106,7 +109,7 @@ def run_detection(
                 continue
             if isinstance(rule, LeakRule | IdleRule):
                 if metrics is None:
-                    skipped[rule.name] = "no metrics source"
+                    skipped[rule.name] = NO_METRICS_SOURCE
                     continue
                 if isinstance(rule, LeakRule):
                     findings += detect_leaks(leak_series(rule, metrics, now), rule.params(), now)
