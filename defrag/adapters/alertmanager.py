@@ -22,18 +22,19 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 from prometheus_client import Counter, Gauge
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from defrag.alerting import (
+    RULE_ANNOTATION,
     ActiveAlerts,
     Alert,
     AlertKey,
@@ -44,6 +45,7 @@ from defrag.alerting import (
     utc,
 )
 from defrag.detect.findings import Finding
+from defrag.redact import redact_text, redact_url
 
 __all__ = [
     "AlertSendError",
@@ -120,13 +122,9 @@ class _Target:
 
 
 def redact(url: str) -> str:
-    """``url`` without user:password, for logs and metric labels."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """``url`` without user:password or credential query values, for logs and metric labels
+    (the project's one helper, :func:`defrag.redact.redact_url`)."""
+    return redact_url(url)
 
 
 def check_url(url: str) -> str:
@@ -198,21 +196,26 @@ class AlertmanagerSink:
 
     # -- the AlertSink port -------------------------------------------------------------
 
-    def sync(self, findings: Sequence[Finding], now: datetime) -> None:
+    def sync(
+        self, findings: Sequence[Finding], now: datetime, held_rules: Collection[str] = ()
+    ) -> None:
         """Make the active alerts equal to ``findings``; raise AlertSendError if every URL
-        failed (nothing is dropped: the next call sends what was missed)."""
-        report = self.sync_report(findings, now)
+        failed (nothing is dropped: the next call sends what was missed). Alerts of the rules
+        in ``held_rules`` (not evaluated this cycle) stay as they were."""
+        report = self.sync_report(findings, now, held_rules)
         if report.all_failed:
             raise AlertSendError(report.failures)
 
-    def sync_report(self, findings: Sequence[Finding], now: datetime) -> SyncReport:
+    def sync_report(
+        self, findings: Sequence[Finding], now: datetime, held_rules: Collection[str] = ()
+    ) -> SyncReport:
         """:meth:`sync` without raising: what changed and what each URL did."""
         now = utc(now)
         self._check_clock(now)
         outcomes: dict[str, SendResult] = {}
         if not self._rebuilt:
             outcomes = self._rebuild()
-        transition = self.state.update(self.template.alerts(findings), now)
+        transition = self.state.update(self.template.alerts(findings), now, held_rules)
         results = []
         for target in self._targets:
             result = self._push(target, transition, now)
@@ -353,11 +356,13 @@ class AlertmanagerSink:
         if not self.template.owns(labels, generator):
             return None
         starts = item.get("startsAt")
+        annotations = {str(k): str(v) for k, v in (item.get("annotations") or {}).items()}
         return Alert(
             labels=labels,
-            annotations={str(k): str(v) for k, v in (item.get("annotations") or {}).items()},
+            annotations=annotations,
             starts_at=parse_rfc3339(starts) if starts else None,
             generator_url=generator,
+            rule=annotations.get(RULE_ANNOTATION, ""),
         )
 
     def _with_retries(self, call: Callable[[], _T]) -> _T:
@@ -406,5 +411,5 @@ def _connect_reason(exc: BaseException) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    text = redact_text(str(exc)).strip().splitlines()
     return text[0][:200] if text else exc.__class__.__name__
