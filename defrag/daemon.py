@@ -235,7 +235,7 @@ class Daemon:
         http_port: int = 0,
         elector_interval_s: float = 5.0,
         cycle_deadline_s: float | None = None,
-        stop_grace_s: float = 20.0,
+        stop_grace_s: float = 10.0,
     ) -> None:
         self.ports = ports
         self.config = config

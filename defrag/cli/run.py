@@ -242,14 +242,14 @@ def _settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     try:
         return load_settings(path, overrides)
     except SettingsError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(redact_text(str(exc))) from None
 
 
 def _build(settings: Settings) -> Wiring:
     try:
         return build(settings)
     except SettingsError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(redact_text(str(exc))) from None
 
 
 @app.command()
