@@ -64,6 +64,7 @@ class BrokenPrometheus:
         self._closing = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._active = 0
+        self._connections: set[socket.socket] = set()
         self._idle = threading.Condition()
 
     def wait_idle(self, timeout_s: float) -> bool:
@@ -81,6 +82,17 @@ class BrokenPrometheus:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+
+            def setup(self) -> None:
+                super().setup()
+                with owner._idle:
+                    owner._connections.add(self.connection)
+
+            def finish(self) -> None:
+                with owner._idle:
+                    owner._connections.discard(self.connection)
+                with suppress(OSError):
+                    super().finish()
 
             def do_GET(self) -> None:
                 with owner._idle:
@@ -105,14 +117,18 @@ class BrokenPrometheus:
         self._server = server
 
     def stop(self) -> None:
-        """Close the listening socket and end every answer in progress (connections refused
-        from now on)."""
+        """Close the listening socket and every open connection, ending the answers in
+        progress (connections refused from now on)."""
         if self._server is None:
             return
         self._closing.set()
         self._server.shutdown()
         self._server.server_close()
         self._server = None
+        with self._idle:  # a stopped Prometheus closes its kept-alive connections too
+            for conn in self._connections:
+                with suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
 
     # --- answering ---------------------------------------------------------------------
 
