@@ -224,7 +224,10 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         result.stderr
     )
     # leak, idle, and the two from kube-state-metrics, named
-    assert "4 rule(s) could not be evaluated: gpu-memory-leak" in result.stderr
+    assert (
+        "4 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "
+        "high-priority-starved" in result.stderr
+    )
     assert "Traceback" not in result.output
 
 
