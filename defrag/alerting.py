@@ -115,9 +115,7 @@ class Alert:
         return body
 
     def with_start(self, starts_at: datetime) -> Alert:
-        return Alert(
-            self.labels, self.annotations, utc(starts_at), self.generator_url, self.rule
-        )
+        return Alert(self.labels, self.annotations, utc(starts_at), self.generator_url, self.rule)
 
 
 def alert_name(finding: Finding) -> str | None:

@@ -31,6 +31,7 @@ from defrag.scoring.fragmentation import fragmentation_report
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True, slots=True)
 class Detected:
     """What a detector found, and the rules it could not evaluate (rule → why)."""

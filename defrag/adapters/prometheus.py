@@ -191,8 +191,7 @@ class PrometheusSource:
             if deadline.expired or isinstance(exc, requests.exceptions.Timeout):
                 raise PrometheusUnreachable(late, query) from None
             raise _RetryableError(
-                f"Prometheus at {self.shown} is unreachable ({_root_cause(exc)}); "
-                f"query {query!r}"
+                f"Prometheus at {self.shown} is unreachable ({_root_cause(exc)}); query {query!r}"
             ) from None
         except (KeyError, TypeError, AttributeError, IndexError) as exc:
             raise PrometheusBadAnswer(

@@ -204,4 +204,3 @@ def test_credentials_in_the_prometheus_url_are_never_printed() -> None:
 def test_a_bad_answer_is_a_metrics_error() -> None:
     """Callers that catch MetricsError (report, rules check) catch wrong answers too."""
     assert issubclass(PrometheusBadAnswer, MetricsError)
-

@@ -38,9 +38,7 @@ import requests
 from tests.support.binaries import free_port
 
 EMPTY_VECTOR = json.dumps({"status": "success", "data": {"resultType": "vector", "result": []}})
-ERROR_500 = json.dumps(
-    {"status": "error", "errorType": "internal", "error": "storage is on fire"}
-)
+ERROR_500 = json.dumps({"status": "error", "errorType": "internal", "error": "storage is on fire"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +151,9 @@ class BrokenPrometheus:
         elif fault.kind == "trickle-headers":
             head = (
                 "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                + "X-Slow: " + "x" * fault.trickle_bytes + "\r\n\r\n"
+                + "X-Slow: "
+                + "x" * fault.trickle_bytes
+                + "\r\n\r\n"
             )
             self._trickle(h, head.encode(), fault.interval_s)
         else:
