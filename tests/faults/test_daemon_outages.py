@@ -18,7 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -78,7 +78,7 @@ def count(rx: WebhookReceiver, name: str, status: str) -> int:
     return len(rx.matching(name, status))
 
 
-def has(name: str, status: str) -> object:
+def has(name: str, status: str) -> Callable[[list[Notification]], bool]:
     def check(ns: list[Notification]) -> bool:
         return any(n.name == name and n.status == status for n in ns)
 
