@@ -33,6 +33,7 @@ import requests
 from prometheus_client import Counter, Gauge
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from defrag.adapters.deadline import DeadlineAdapter, request_deadline
 from defrag.alerting import (
     RULE_ANNOTATION,
     ActiveAlerts,
@@ -185,7 +186,11 @@ class AlertmanagerSink:
         self._clock_warned = False
         self._bearer_token = bearer_token
         self._bearer_token_file = Path(bearer_token_file) if bearer_token_file else None
-        self._session = session or requests.Session()
+        if session is None:
+            session = requests.Session()
+            for prefix in ("http://", "https://"):  # each request under one wall-clock deadline
+                session.mount(prefix, DeadlineAdapter(max_retries=0))
+        self._session = session
         if basic_auth is not None:
             self._session.auth = basic_auth
         self._session.verify = str(ca_file) if ca_file is not None else verify_tls
@@ -379,16 +384,19 @@ class AlertmanagerSink:
         token = self._token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        try:
-            response = self._session.request(
-                method, url, headers=headers, timeout=self.timeout_s, **kwargs
-            )
-        except requests.ConnectionError as exc:
-            raise _Retryable(f"cannot connect: {_connect_reason(exc)}") from exc
-        except requests.Timeout as exc:
-            raise _Retryable(f"timed out after {self.timeout_s:g}s") from exc
-        except requests.RequestException as exc:
-            raise _Rejected(_first_line(exc)) from exc
+        with request_deadline(self.timeout_s) as deadline:
+            try:
+                response = self._session.request(
+                    method, url, headers=headers, timeout=self.timeout_s, **kwargs
+                )
+            except requests.RequestException as exc:
+                if deadline.expired or isinstance(exc, requests.Timeout):
+                    raise _Retryable(
+                        f"timed out after {self.timeout_s:g}s (the whole request)"
+                    ) from exc
+                if isinstance(exc, requests.ConnectionError):
+                    raise _Retryable(f"cannot connect: {_connect_reason(exc)}") from exc
+                raise _Rejected(_first_line(exc)) from exc
         if response.status_code == 429 or response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code}: {response.text.strip()[:200]}")
         if response.status_code >= 400:

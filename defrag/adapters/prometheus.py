@@ -14,12 +14,9 @@ a cluster's pods (:func:`apply_gpu_indices`).
 from __future__ import annotations
 
 import ast
-import contextlib
 import json
 import math
 import re
-import socket
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -29,11 +26,9 @@ from typing import Any
 
 import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
-from requests.adapters import HTTPAdapter
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.util.retry import Retry
 
+from defrag.adapters.deadline import Deadline, DeadlineAdapter, request_deadline
 from defrag.detect.leak import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import GPU_INDICES_ANNOTATION
@@ -114,7 +109,7 @@ class PrometheusSource:
         )
         # Our adapter replaces the client's for this URL: retries happen in _call, under the
         # deadline, and every connection it opens is watched.
-        session.mount(self.url, _DeadlineAdapter(max_retries=0))
+        session.mount(self.url, DeadlineAdapter(max_retries=0))
 
     def close(self) -> None:
         self._client.close()
@@ -143,9 +138,7 @@ class PrometheusSource:
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""
         self._client.headers = self._auth_headers()
-        deadline = _Deadline(self.timeout_s)
-        _current.deadline = deadline
-        try:
+        with request_deadline(self.timeout_s) as deadline:
             attempt = 0
             while True:
                 try:
@@ -156,11 +149,8 @@ class PrometheusSource:
                     if attempt > self.retries or deadline.remaining() <= wait:
                         raise PrometheusUnreachable(str(exc), query) from None
                     time.sleep(wait)
-        finally:
-            _current.deadline = None
-            deadline.close()
 
-    def _attempt(self, query: str, send: Callable[[Any], Any], deadline: _Deadline) -> Any:
+    def _attempt(self, query: str, send: Callable[[Any], Any], deadline: Deadline) -> Any:
         late = (
             f"Prometheus at {self.shown} did not answer query {query!r} within "
             f"{self.timeout_s:g} s (the whole request)"
@@ -224,105 +214,6 @@ class PrometheusSource:
 
 class _RetryableError(Exception):
     """One attempt failed in a way another attempt may not (no connection, 429, 5xx)."""
-
-
-# --- the deadline -------------------------------------------------------------------------------
-
-
-class _Deadline:
-    """One query's wall-clock limit. A timer fires at the end and shuts down the socket of
-    every connection the query used (a blocked read then returns at once); a connection
-    watched after the end is shut at once."""
-
-    def __init__(self, seconds: float) -> None:
-        self.end = time.monotonic() + seconds
-        self.expired = False
-        self._lock = threading.Lock()
-        self._conns: list[Any] = []
-        self._timer = threading.Timer(seconds, self.expire)
-        self._timer.daemon = True
-        self._timer.name = "prometheus-deadline"
-        self._timer.start()
-
-    def remaining(self) -> float:
-        return self.end - time.monotonic()
-
-    def watch(self, conn: Any) -> None:
-        with self._lock:
-            if not any(c is conn for c in self._conns):
-                self._conns.append(conn)
-            if self.expired:
-                _shut(conn)
-
-    def expire(self) -> None:
-        with self._lock:
-            self.expired = True
-            for conn in self._conns:
-                _shut(conn)
-
-    def close(self) -> None:
-        self._timer.cancel()
-        self._timer.join()
-        with self._lock:
-            self._conns.clear()
-
-
-def _shut(conn: Any) -> None:
-    sock = getattr(conn, "sock", None)
-    if sock is None:
-        return
-    with contextlib.suppress(OSError):  # already closed
-        sock.shutdown(socket.SHUT_RDWR)
-
-
-_current = threading.local()
-
-
-def _watch(conn: Any) -> None:
-    deadline: _Deadline | None = getattr(_current, "deadline", None)
-    if deadline is not None:
-        deadline.watch(conn)
-
-
-class _WatchedHTTPConnection(HTTPConnection):
-    def connect(self) -> None:
-        _watch(self)
-        super().connect()
-        _watch(self)  # the socket exists now: a deadline that passed meanwhile shuts it
-
-    def request(self, *args: Any, **kwargs: Any) -> None:  # a pooled connection, reused
-        _watch(self)
-        super().request(*args, **kwargs)
-
-
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def connect(self) -> None:
-        _watch(self)
-        super().connect()
-        _watch(self)
-
-    def request(self, *args: Any, **kwargs: Any) -> None:
-        _watch(self)
-        super().request(*args, **kwargs)
-
-
-class _WatchedHTTPPool(HTTPConnectionPool):
-    ConnectionCls = _WatchedHTTPConnection
-
-
-class _WatchedHTTPSPool(HTTPSConnectionPool):
-    ConnectionCls = _WatchedHTTPSConnection
-
-
-class _DeadlineAdapter(HTTPAdapter):
-    """requests' adapter with connection pools whose connections the deadline can shut."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {
-            "http": _WatchedHTTPPool,
-            "https": _WatchedHTTPSPool,
-        }
 
 
 def _to_samples(data: Any) -> list[Sample]:

@@ -68,7 +68,7 @@ def test_the_deadline_leaves_no_thread_and_no_connection_behind(kind: str) -> No
         source = PrometheusSource(prom.url, timeout_s=1, retries=0)
         with pytest.raises(PrometheusUnreachable, match="within 1 s"):
             source.instant("up")
-        assert not [t for t in threading.enumerate() if t.name == "prometheus-deadline"]
+        assert not [t for t in threading.enumerate() if t.name == "request-deadline"]
         if kind != "hang":  # a trickle notices the closed connection at its next write
             assert prom.wait_idle(timeout_s=30), "the server still writes to the connection"
         source.close()
