@@ -299,3 +299,27 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
     assert "signal 15: finishing the current step and stopping" in err
     assert "a cycle is still running" in err
     assert "Traceback" not in err
+
+
+def test_run_once_with_prometheus_down_reports_the_rules_and_exits_1(tmp_path: Path) -> None:
+    """Before: ``run --once`` logged "rule failed" and exited 0, and its output and log
+    carried the Prometheus password. Now the cycle's other work is printed, the rules that
+    could not be evaluated are named, the exit status is 1, and the password appears nowhere."""
+    from typer.testing import CliRunner
+
+    from defrag.cli import app
+    from tests.support.broken_prometheus import refused_url
+
+    url = refused_url().replace("http://", "http://alice:s3cret@")
+    with KubeApi(scattered_20()["items"]) as api:
+        env = {
+            "DEFRAG_KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
+            "DEFRAG_PROMETHEUS_URL": url,
+            "DEFRAG_RULES_DIR": str(ROOT / "rules"),
+        }
+        clean = {k: None for k in os.environ if k.startswith("DEFRAG_")}
+        result = CliRunner().invoke(app, ["run", "--once"], env={**clean, **env})
+    assert result.exit_code == 1, result.output
+    assert "rule gpu-memory-leak not evaluated (its alerts held)" in result.stdout
+    assert "2 rule(s) could not be evaluated: cluster-idle, gpu-memory-leak" in result.stderr
+    assert "s3cret" not in result.output and "alice" not in result.output
