@@ -190,9 +190,12 @@ def detect(
         _print_table(report, now)
     if sink is not None:
         from defrag.alerting import AlertSendError
+        from defrag.cycle import rule_failed_finding
 
-        try:
-            sink.sync(list(report.findings), now)
+        failed = {f.rule: redact_text(f.message) for f in report.failures}
+        reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]
+        try:  # the alerts of a rule that could not be evaluated stay as they were
+            sink.sync(reported, now, held_rules=tuple(failed))
         except AlertSendError as exc:
             raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
     if report.failures:

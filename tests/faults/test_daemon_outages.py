@@ -19,7 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -323,3 +323,39 @@ def test_run_once_with_prometheus_down_reports_the_rules_and_exits_1(tmp_path: P
     assert "rule gpu-memory-leak not evaluated (its alerts held)" in result.stdout
     assert "2 rule(s) could not be evaluated: cluster-idle, gpu-memory-leak" in result.stderr
     assert "s3cret" not in result.output and "alice" not in result.output
+
+
+def test_detect_from_cron_keeps_the_alerts_of_a_rule_it_could_not_evaluate() -> None:
+    """Before: ``detect --alertmanager`` adopted the leak alert an earlier run had sent, found
+    no leak (Prometheus was down) and resolved it. Now the alert stays active and
+    DefragRuleEvaluationFailed names the rule."""
+    from typer.testing import CliRunner
+
+    from defrag.cli import app
+    from defrag.detect.findings import Finding
+    from tests.support.broken_prometheus import refused_url
+
+    earlier = Finding(  # what an earlier `detect` run sent for the leak rule
+        "leak",
+        "pod/ml/leak-0",
+        "warning",
+        "GPU memory of ml/leak-0 grows",
+        labels={"rule": "gpu-memory-leak", "detector": "leak", "node": "node-000"},
+    )
+    with alertmanager_with_receiver() as (am, rx):
+        AlertmanagerSink([am.url], cluster="it").sync([earlier], datetime.now(UTC))
+        rx.wait_for(has(LEAK, "firing"))
+        result = CliRunner().invoke(
+            app,
+            [
+                *("detect", "--prometheus", refused_url(), "-r", str(ROOT / "rules" / "leak.yaml")),
+                *("--alertmanager", am.url, "--cluster", "it"),
+            ],
+        )
+        assert result.exit_code == 1, result.output
+        rx.wait_for(has(FAILED, "firing"))  # the barrier: the same POST as a resolve would be
+        assert count(rx, LEAK, "resolved") == 0
+        (leak,) = am.alerts(alertname=LEAK)
+        assert leak["status"]["state"] == "active"
+        (failed,) = am.alerts(alertname=FAILED)
+        assert failed["labels"]["rule"] == "gpu-memory-leak"
