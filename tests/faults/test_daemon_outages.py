@@ -359,3 +359,51 @@ def test_detect_from_cron_keeps_the_alerts_of_a_rule_it_could_not_evaluate() -> 
         assert leak["status"]["state"] == "active"
         (failed,) = am.alerts(alertname=FAILED)
         assert failed["labels"]["rule"] == "gpu-memory-leak"
+
+
+def test_another_replica_takes_the_lease_from_a_wedged_leader() -> None:
+    """Before: the wedged leader's elector job renewed the Lease every tick while its cycle
+    hung, so the other replica could never take over. Now renewals stop past the cycle
+    deadline; the Lease (2 s) expires and the other replica's LeaseElector takes it."""
+    from defrag.adapters.kube import LeaseElector
+
+    release = threading.Event()
+    entered = threading.Event()
+
+    def stuck(cluster: Cluster, now: datetime) -> list[object]:
+        entered.set()
+        release.wait(60)
+        return []
+
+    with KubeApi(scattered_20()["items"]) as api:
+
+        def elector(who: str) -> LeaseElector:
+            return LeaseElector(api.client(), "defrag-system", "defrag", who, lease_duration_s=2)
+
+        wedged = Daemon(
+            CyclePorts(
+                source=StaticSource(load_cluster([SCATTERED])),
+                clock=FixedClock(),
+                detector=stuck,  # type: ignore[arg-type]
+                planner=_planner(load_settings(None, {"cluster": "sim"})),
+            ),
+            CycleConfig(),
+            cycle_deadline_s=0.5,
+            elector=elector("a"),
+            elector_interval_s=0.2,
+            stop_grace_s=5,
+        )
+        other = elector("b")
+        wedged.start()
+        try:
+            assert entered.wait(30)
+            lease = api.get("Lease", "defrag", "defrag-system")
+            assert lease is not None and lease["spec"]["holderIdentity"] == "a"
+            deadline = time.monotonic() + 30
+            while not other.is_leader() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            lease = api.get("Lease", "defrag", "defrag-system")
+            assert lease is not None and lease["spec"]["holderIdentity"] == "b"
+        finally:
+            release.set()
+            wedged.stop()
