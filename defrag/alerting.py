@@ -12,7 +12,7 @@ yields a new alert and the old one is resolved.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from types import MappingProxyType
@@ -29,6 +29,7 @@ ALERT_NAMES: Mapping[str, str] = MappingProxyType(
         "plan-blocked": "DefragPlanBlocked",
         "execution-failed": "DefragExecutionFailed",
         "circuit-open": "DefragCircuitOpen",
+        "rule-failed": "DefragRuleEvaluationFailed",
     }
 )
 """Alert name per finding kind; ``fragmentation`` depends on the subject (see :func:`alert_name`)
@@ -45,6 +46,11 @@ OWN_ALERT_NAMES: frozenset[str] = frozenset(
 
 ROUTING_LABELS = ("node", "namespace", "pod", "gpu", "detector")
 """Finding labels copied onto the alert (besides alertname, severity and cluster)."""
+KIND_LABELS: Mapping[str, tuple[str, ...]] = MappingProxyType({"rule-failed": ("rule",)})
+"""Further finding labels copied onto the alerts of one kind (``rule`` names the failing rule
+of ``DefragRuleEvaluationFailed``; other alerts keep their identity without it)."""
+RULE_ANNOTATION = "rule"
+"""The annotation naming the rule whose finding an alert is (read back after a restart)."""
 
 AlertKey = tuple[tuple[str, str], ...]
 """An alert's identity: its labels, sorted."""
@@ -84,6 +90,9 @@ class Alert:
     annotations: Mapping[str, str] = field(default_factory=dict)
     starts_at: datetime | None = None
     generator_url: str = ""
+    rule: str = ""
+    """The detection rule whose finding this is ('' for findings of no rule): while that rule
+    cannot be evaluated the alert is held as it was (:meth:`ActiveAlerts.update`)."""
 
     @property
     def key(self) -> AlertKey:
@@ -106,7 +115,7 @@ class Alert:
         return body
 
     def with_start(self, starts_at: datetime) -> Alert:
-        return Alert(self.labels, self.annotations, utc(starts_at), self.generator_url)
+        return Alert(self.labels, self.annotations, utc(starts_at), self.generator_url, self.rule)
 
 
 def alert_name(finding: Finding) -> str | None:
@@ -178,17 +187,24 @@ class AlertTemplate:
             value = finding.labels.get(label) or implied.get(label)
             if value:
                 labels[label] = str(value)
+        for label in KIND_LABELS.get(finding.kind, ()):
+            if finding.labels.get(label):
+                labels[label] = str(finding.labels[label])
         labels.setdefault("detector", finding.kind)
         annotations = {
             "summary": finding.summary,
             "description": describe(finding),
             "runbook_url": f"{self.runbook_url}#{name.lower()}",
         }
+        rule = "" if finding.kind == "rule-failed" else str(finding.labels.get("rule", ""))
+        if rule:
+            annotations[RULE_ANNOTATION] = rule
         return Alert(
             labels=labels,
             annotations=annotations,
             starts_at=utc(finding.since) if finding.since else None,
             generator_url=f"{self.generator_url}/{finding.fingerprint}",
+            rule=rule,
         )
 
     def test_alert(self, now: datetime) -> Alert:
@@ -270,10 +286,26 @@ class ActiveAlerts:
                 self._active[alert.key] = known.with_start(alert.starts_at)
         return count
 
-    def update(self, desired: Mapping[AlertKey, Alert], now: datetime) -> Transition:
-        """Make the active set equal to ``desired``; returns what fired, stayed and resolved."""
+    def update(
+        self,
+        desired: Mapping[AlertKey, Alert],
+        now: datetime,
+        held_rules: Collection[str] = (),
+    ) -> Transition:
+        """Make the active set equal to ``desired``; returns what fired, stayed and resolved.
+
+        An active alert of a rule in ``held_rules`` (rules that could not be evaluated this
+        cycle) stays as it was: missing data resolves nothing, as in Prometheus's own rule
+        evaluation, and the alert is not sent again as new when the rule runs again.
+        """
         fired: list[Alert] = []
         kept: list[Alert] = []
+        held = frozenset(held_rules)
+        if held:
+            desired = dict(desired)
+            for key, alert in self._active.items():
+                if key not in desired and alert.rule and alert.rule in held:
+                    desired[key] = alert
         for key, alert in desired.items():
             known = self._active.get(key)
             if known is None:

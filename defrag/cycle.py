@@ -15,7 +15,7 @@ day's out-of-window allowance (:data:`URGENT_BUDGET_KEY`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -31,8 +31,21 @@ from defrag.scoring.fragmentation import fragmentation_report
 
 log = logging.getLogger(__name__)
 
-Detector = Callable[[Cluster, datetime], Sequence[Finding]]
-"""Findings for a cluster at a moment (the daemon binds rules and metrics)."""
+
+@dataclass(frozen=True, slots=True)
+class Detected:
+    """What a detector found, and the rules it could not evaluate (rule → why)."""
+
+    findings: tuple[Finding, ...]
+    failed: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __iter__(self) -> Iterator[Finding]:
+        return iter(self.findings)
+
+
+Detector = Callable[[Cluster, datetime], "Sequence[Finding] | Detected"]
+"""Findings for a cluster at a moment (the daemon binds rules and metrics); a detector that
+can tell which rules it could not evaluate returns :class:`Detected`."""
 
 
 class Planner(Protocol):
@@ -102,6 +115,14 @@ class CycleResult:
     circuit: Mapping[str, Any] = field(default_factory=dict, hash=False)
     warnings: tuple[str, ...] = ()
     """Objects of the observed cluster left out or counted conservatively (Cluster.warnings)."""
+    rule_failures: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Rules that could not be evaluated (Prometheus down, too slow, a wrong answer) → why.
+    Their alerts were held as they were; each has a ``rule-failed`` finding."""
+
+    @property
+    def degraded(self) -> bool:
+        """Some rule could not be evaluated: the cycle ran, but saw less than it should."""
+        return bool(self.rule_failures)
 
     @property
     def duration_s(self) -> float:
@@ -124,6 +145,7 @@ class CycleResult:
             "alert_error": self.alert_error or None,
             "circuit": dict(self.circuit),
             "warnings": list(self.warnings),
+            "rule_failures": dict(self.rule_failures),
         }
 
 
@@ -161,7 +183,14 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     started = ports.clock.now()
     cluster = ports.source.snapshot()
     before = _summary(fragmentation_report(cluster).to_dict(with_nodes=False))
-    findings = list(ports.detector(cluster, started))
+    detected = ports.detector(cluster, started)
+    failed: dict[str, str] = {}
+    if isinstance(detected, Detected):
+        failed = dict(detected.failed)
+        findings = list(detected.findings)
+    else:
+        findings = list(detected)
+    findings += [rule_failed_finding(rule, why) for rule, why in sorted(failed.items())]
 
     breaker = ports.executor.breaker if ports.executor else None
     if breaker is not None:
@@ -211,7 +240,8 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     alert_error = ""
     if ports.alerts is not None and leader:
         try:
-            ports.alerts.sync(findings, ports.wall_clock.now())
+            # a rule that could not be evaluated keeps its alerts as they were
+            ports.alerts.sync(findings, ports.wall_clock.now(), held_rules=tuple(failed))
         except Exception as exc:  # the sink keeps what failed and retries next cycle
             alert_error = f"{type(exc).__name__}: {exc}"
             log.error("alerts not delivered: %s", alert_error)
@@ -232,6 +262,19 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         alert_error=alert_error,
         circuit=breaker.state.to_dict() if breaker else {},
         warnings=cluster.warnings,
+        rule_failures=failed,
+    )
+
+
+def rule_failed_finding(rule: str, reason: str) -> Finding:
+    """A rule that could not be evaluated this cycle (``DefragRuleEvaluationFailed``)."""
+    return Finding(
+        kind="rule-failed",
+        subject=f"rule/{rule}",
+        severity="warning",
+        summary=f"rule {rule} could not be evaluated; its alerts are held as they were",
+        evidence={"reason": reason},
+        labels={"rule": rule, "detector": "defrag"},
     )
 
 

@@ -2,10 +2,12 @@
 
 :class:`Daemon` runs :func:`~defrag.cycle.run_cycle` from an APScheduler job every
 ``cycle_interval_s`` and once more at every window opening (so execution starts when the
-window does, not up to one interval later). It serves ``/healthz`` (the process answers),
-``/readyz`` (the last cycle succeeded within ``ready_age_limit_s``) and ``/metrics``.
-SIGTERM sets the executor's stop flag (the current step finishes, its taint comes off),
-stops the scheduler, gives up the Lease and closes the server.
+window does, not up to one interval later). It serves ``/healthz`` (the process answers
+and no cycle has run past its deadline), ``/readyz`` (the last cycle succeeded within
+``ready_age_limit_s`` and every rule could be evaluated) and ``/metrics``. A cycle past its
+deadline also stops the Lease renewals, so another replica takes over. SIGTERM sets the
+executor's stop flag (the current step finishes, its taint comes off), stops the scheduler,
+gives up the Lease and closes the server, waiting at most ``stop_grace_s`` for a running cycle.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from defrag.detect.findings import FINDING_KINDS
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
 from defrag.execute.outcome import ReconcileOutcome
+from defrag.redact import redact_text
 from defrag.scoring.framework import Status
 
 log = logging.getLogger(__name__)
@@ -116,7 +119,26 @@ class DaemonMetrics:
             ["rule"],
             registry=r,
         )
+        self.rule_failures = Counter(
+            "defrag_rule_evaluation_failures",
+            "Cycles in which a detection rule could not be evaluated (Prometheus unreachable, "
+            "past its deadline, or a wrong answer); its alerts were held as they were.",
+            ["rule"],
+            registry=r,
+        )
+        self.rule_failing = Gauge(
+            "defrag_rule_evaluation_failing",
+            "1 while a detection rule cannot be evaluated (the reason is logged and in /readyz).",
+            ["rule"],
+            registry=r,
+        )
+        self.cycle_overdue = Gauge(
+            "defrag_cycle_overdue",
+            "1 while a cycle runs past its deadline (/healthz fails, the Lease is not renewed).",
+            registry=r,
+        )
         self._skipped: dict[str, str] = {}
+        self._failing: dict[str, str] = {}
         for finding_kind in FINDING_KINDS:
             self.findings.labels(kind=finding_kind).set(0)
         for step_kind in ("migrate", "preempt"):
@@ -142,9 +164,11 @@ class DaemonMetrics:
         if result.executed is not None:
             for outcome in result.executed.outcomes:
                 self.evictions.labels(result=outcome.result).inc()
-        self.cycles.labels(outcome="success").inc()
+        self.record_rule_failures(result.rule_failures)
+        self.cycles.labels(outcome="degraded" if result.degraded else "success").inc()
         self.cycle_seconds.observe(wall_s)
-        self.last_success.set(time.time())
+        if not result.degraded:
+            self.last_success.set(time.time())
         self.circuit_open.set(1 if result.circuit.get("open") else 0)
         self.leader.set(1 if result.leader else 0)
         # a configured window; make-room-now runs outside them (its budget_key says so)
@@ -165,6 +189,19 @@ class DaemonMetrics:
             log.info("rule %s runs again: its inputs are back", rule)
             self.rule_skipped.labels(rule=rule).set(0)
         self._skipped = dict(skipped)
+
+    def record_rule_failures(self, failures: Mapping[str, str]) -> None:
+        """The rules the last cycle could not evaluate: counted, flagged, logged when a rule
+        starts failing (or its reason changes) and when it is evaluated again."""
+        for rule, reason in failures.items():
+            if self._failing.get(rule) != reason:
+                log.error("rule %s could not be evaluated (alerts held): %s", rule, reason)
+            self.rule_failures.labels(rule=rule).inc()
+            self.rule_failing.labels(rule=rule).set(1)
+        for rule in set(self._failing) - set(failures):
+            log.warning("rule %s is evaluated again", rule)
+            self.rule_failing.labels(rule=rule).set(0)
+        self._failing = dict(failures)
 
     def failed(self, wall_s: float) -> None:
         self.cycles.labels(outcome="failure").inc()
@@ -201,6 +238,8 @@ class Daemon:
         http_host: str = "127.0.0.1",
         http_port: int = 0,
         elector_interval_s: float = 5.0,
+        cycle_deadline_s: float | None = None,
+        stop_grace_s: float = 10.0,
     ) -> None:
         self.ports = ports
         self.config = config
@@ -217,6 +256,13 @@ class Daemon:
         self._server: QuietHTTPServer | None = None
         self._http = (http_host, http_port)
         self.elector_interval_s = elector_interval_s
+        self.cycle_deadline_s = (
+            cycle_deadline_s if cycle_deadline_s is not None else ready_age_limit_s
+        )
+        """Clock seconds one cycle may take; past it /healthz fails and the Lease lapses."""
+        self.stop_grace_s = stop_grace_s
+        """Real seconds SIGTERM waits for a running cycle before the process goes anyway."""
+        self._cycle_started: float | None = None  # time.monotonic() of the running cycle
         self._reconciled = False
         if ports.executor is not None and isinstance(self.elector, Fence):
             # Leadership is re-checked before every write, not only once per cycle.
@@ -229,6 +275,7 @@ class Daemon:
         """One cycle, recorded in metrics and health. Errors are recorded, then re-raised."""
         with self._cycle_lock:
             t0 = time.perf_counter()
+            self._cycle_started = time.monotonic()
             try:
                 if not self._reconciled:
                     self.reconcile()
@@ -238,10 +285,13 @@ class Daemon:
                 self.metrics.failed(time.perf_counter() - t0)
                 self.health = HealthState(
                     self.health.last_success,
-                    f"{type(exc).__name__}: {exc}",
+                    redact_text(f"{type(exc).__name__}: {exc}"),
                     self.health.last_result,
                 )
                 raise
+            finally:
+                self._cycle_started = None
+                self.metrics.cycle_overdue.set(0)
             self.metrics.record(result, time.perf_counter() - t0)
             self.health = HealthState(result.finished, "", result)
         log.info(
@@ -280,7 +330,32 @@ class Daemon:
             log.warning("reconciled node %s: plan %s %s", o.node, o.plan_id, o.action)
         return outcomes
 
+    @property
+    def cycle_running(self) -> bool:
+        return self._cycle_started is not None
+
+    def live(self) -> Status:
+        """Liveness: failed while a cycle runs past its deadline (a wedged daemon)."""
+        started = self._cycle_started
+        if started is None:
+            return Status.success()
+        elapsed = time.monotonic() - started
+        limit = self.cycle_deadline_s / self.time_scale
+        if elapsed <= limit:
+            return Status.success()
+        self.metrics.cycle_overdue.set(1)
+        return Status.fail(
+            f"a cycle has been running for {elapsed:.0f} s, past its deadline of {limit:.0f} s"
+        )
+
     def ready(self) -> Status:
+        """Readiness: a recent good cycle, and every rule evaluated in the last one."""
+        last_result = self.health.last_result
+        failing = dict(last_result.rule_failures) if last_result is not None else {}
+        if failing and not self.health.last_error:
+            return Status.fail(
+                *(f"rule {rule} could not be evaluated: {why}" for rule, why in failing.items())
+            )
         last = self.health.last_success
         if last is None:
             return Status.fail("no cycle has succeeded yet" + _suffix(self.health.last_error))
@@ -327,13 +402,28 @@ class Daemon:
         self._scheduler = scheduler
 
     def stop(self) -> None:
-        """Finish the current step, take taints off, stop scheduling, release the Lease."""
+        """Finish the current step, take taints off, stop scheduling, release the Lease.
+
+        Waits at most ``stop_grace_s`` for a running cycle (one stuck on a dead dependency
+        must not hold the process past its termination grace period); ``cycle_running`` then
+        says whether it was left behind.
+        """
         if self.ports.executor is not None:
             self.ports.executor.stop_requested.set()
         if self._scheduler is not None:
-            self._scheduler.shutdown(wait=True)
+            self._scheduler.shutdown(wait=False)
             self._scheduler = None
-        self.elector.release()
+        if self._cycle_lock.acquire(timeout=self.stop_grace_s):
+            self._cycle_lock.release()
+        else:
+            log.error(
+                "a cycle is still running %.0f s after the stop request; stopping without it",
+                self.stop_grace_s,
+            )
+        try:
+            self.elector.release()
+        except Exception:  # the API server may be the reason we are stuck
+            log.exception("could not release the Lease; it lapses by itself")
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -360,7 +450,16 @@ class Daemon:
         return str(host), int(port)
 
     def _tick_elector(self) -> None:
-        """Renew (or try to take) the Lease between cycles, so it never lapses while we lead."""
+        """Renew (or try to take) the Lease between cycles, so it never lapses while we lead.
+
+        Not while a cycle runs past its deadline: a wedged leader lets its Lease lapse so
+        another replica takes over (its own writes are fenced by the same Lease).
+        """
+        liveness = self.live()
+        if not liveness.ok:
+            log.error("not renewing the Lease: %s", liveness)
+            self.metrics.leader.set(0)
+            return
         try:
             self.metrics.leader.set(1 if self.elector.is_leader() else 0)
         except Exception:
@@ -381,7 +480,9 @@ class Daemon:
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 if path == "/healthz":
-                    self.send_body(200, b"ok\n", "text/plain")
+                    live = daemon.live()
+                    body = (str(live) + "\n").encode()
+                    self.send_body(200 if live.ok else 503, body, "text/plain")
                 elif path == "/readyz":
                     status = daemon.ready()
                     body = (str(status) + "\n").encode()
@@ -460,6 +561,11 @@ class _StderrHandler(logging.StreamHandler):
     @stream.setter
     def stream(self, value: Any) -> None:
         pass
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The line with every URL's credentials masked (a library's message names the URL
+        it failed on, query string included)."""
+        return redact_text(super().format(record))
 
 
 def configure_logging(fmt: str = "text", level: str = "INFO") -> None:

@@ -6,7 +6,7 @@ put an emulated API, a simulated cluster or a snapshot file behind the same call
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
@@ -69,6 +69,9 @@ class Actuator(Protocol):
 
 
 class AlertSink(Protocol):
-    def sync(self, findings: Sequence[Finding], now: datetime) -> None:
-        """Make the active alerts equal to ``findings``: fire new, refresh, resolve the rest."""
+    def sync(
+        self, findings: Sequence[Finding], now: datetime, held_rules: Collection[str] = ()
+    ) -> None:
+        """Make the active alerts equal to ``findings``: fire new, refresh, resolve the rest —
+        except the alerts of ``held_rules`` (rules not evaluated this cycle): those stay."""
         ...

@@ -200,3 +200,78 @@ def test_send_error_names_every_url() -> None:
     assert str(error) == (
         "no Alertmanager took the alerts (http://a:9093: cannot connect; http://b:9093: HTTP 500)"
     )
+
+
+def test_a_failing_rule_is_its_own_alert_named_by_a_rule_label() -> None:
+    f = finding(
+        "rule-failed",
+        "rule/gpu-memory-leak",
+        labels={"rule": "gpu-memory-leak", "detector": "defrag"},
+        evidence={"reason": "Prometheus at http://prom:9090 is unreachable"},
+    )
+    alert = TEMPLATE.alert(f)
+    assert alert is not None and alert.rule == ""  # never held itself
+    assert dict(alert.labels) == {
+        "alertname": "DefragRuleEvaluationFailed",
+        "severity": "warning",
+        "cluster": "prod-a",
+        "detector": "defrag",
+        "rule": "gpu-memory-leak",
+    }
+    assert alert.annotations["runbook_url"] == "docs/alerts.md#defragruleevaluationfailed"
+    assert "DefragRuleEvaluationFailed" in OWN_ALERT_NAMES
+
+
+LEAK_A = finding("leak", "pod/ml/a", labels={"rule": "leak-rule"})
+LEAK_B = finding("leak", "pod/ml/b", labels={"rule": "leak-rule"})
+FRAG = finding("fragmentation", "node/gpu-1", labels={"rule": "frag-rule"})
+BLOCKED = finding("plan-blocked", "cluster")
+
+
+@pytest.mark.parametrize(
+    ("now_found", "held", "kept", "resolved"),
+    [
+        # the leak rule could not be evaluated: its alerts stay, the others follow findings
+        ((FRAG,), ("leak-rule",), {"pod/ml/a", "pod/ml/b", "node/gpu-1"}, {"cluster"}),
+        ((), ("leak-rule", "frag-rule"), {"pod/ml/a", "pod/ml/b", "node/gpu-1"}, {"cluster"}),
+        # evaluated again: what it no longer finds resolves
+        ((LEAK_A,), (), {"pod/ml/a"}, {"pod/ml/b", "node/gpu-1", "cluster"}),
+        # a held rule that still finds something: kept as usual, never fired again
+        ((LEAK_A,), ("leak-rule",), {"pod/ml/a", "pod/ml/b"}, {"node/gpu-1", "cluster"}),
+    ],
+)
+def test_alerts_of_a_rule_not_evaluated_are_held_as_they_were(
+    now_found: tuple[Finding, ...], held: tuple[str, ...], kept: set[str], resolved: set[str]
+) -> None:
+    """Before: ActiveAlerts knew nothing of rules; a cycle whose leak rule failed resolved every
+    leak alert (and the next good cycle fired them again)."""
+
+    def subject(a: Alert) -> str:
+        return a.annotations["description"].split(" on ", 1)[1].split(",")[0]
+
+    state = ActiveAlerts()
+    state.update(keyed(LEAK_A, LEAK_B, FRAG, BLOCKED), T0)
+    step = state.update(keyed(*now_found), T0 + timedelta(minutes=5), held_rules=held)
+    assert step.fired == ()
+    assert {subject(a) for a in step.kept} == kept
+    assert {subject(a) for a in step.resolved} == resolved
+    assert all(a.starts_at == T0 for a in step.kept)  # same alert, same start
+
+
+def test_the_rule_of_an_adopted_alert_survives_a_restart() -> None:
+    """An alert read back from Alertmanager after a restart names its rule (annotation), so a
+    rule failing in the first cycle after the restart still holds it."""
+    from defrag.adapters.alertmanager import AlertmanagerSink
+
+    sent = TEMPLATE.alert(LEAK_A)
+    assert sent is not None and sent.annotations["rule"] == "leak-rule"
+    sink = AlertmanagerSink(
+        ["http://am:9093"], cluster="prod-a", generator_url="http://defrag.example/f"
+    )
+    item = sent.to_api(T0 + timedelta(minutes=15))  # Alertmanager's gettableAlert has these
+    adopted = sink._parse(item)
+    assert adopted is not None and adopted.rule == "leak-rule"
+    state = ActiveAlerts()
+    state.adopt([adopted])
+    step = state.update({}, T0, held_rules=("leak-rule",))
+    assert step.resolved == () and len(step.kept) == 1

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -29,7 +29,10 @@ class RecordingSink:
         self.times: list[datetime] = []
         self.fail = fail
 
-    def sync(self, findings: Sequence[Finding], now: datetime) -> None:
+    def sync(
+        self, findings: Sequence[Finding], now: datetime, held_rules: Collection[str] = ()
+    ) -> None:
+        self.held = tuple(held_rules)
         self.calls.append(sorted(f.kind for f in findings))
         self.times.append(now)
         if self.fail:

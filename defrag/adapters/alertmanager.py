@@ -22,18 +22,20 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import requests
 from prometheus_client import Counter, Gauge
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from defrag.adapters.deadline import DeadlineAdapter, request_deadline
 from defrag.alerting import (
+    RULE_ANNOTATION,
     ActiveAlerts,
     Alert,
     AlertKey,
@@ -44,6 +46,7 @@ from defrag.alerting import (
     utc,
 )
 from defrag.detect.findings import Finding
+from defrag.redact import redact_text, redact_url
 
 __all__ = [
     "AlertSendError",
@@ -120,13 +123,9 @@ class _Target:
 
 
 def redact(url: str) -> str:
-    """``url`` without user:password, for logs and metric labels."""
-    parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
-        return url
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    """``url`` without user:password or credential query values, for logs and metric labels
+    (the project's one helper, :func:`defrag.redact.redact_url`)."""
+    return redact_url(url)
 
 
 def check_url(url: str) -> str:
@@ -187,7 +186,11 @@ class AlertmanagerSink:
         self._clock_warned = False
         self._bearer_token = bearer_token
         self._bearer_token_file = Path(bearer_token_file) if bearer_token_file else None
-        self._session = session or requests.Session()
+        if session is None:
+            session = requests.Session()
+            for prefix in ("http://", "https://"):  # each request under one wall-clock deadline
+                session.mount(prefix, DeadlineAdapter(max_retries=0))
+        self._session = session
         if basic_auth is not None:
             self._session.auth = basic_auth
         self._session.verify = str(ca_file) if ca_file is not None else verify_tls
@@ -198,21 +201,26 @@ class AlertmanagerSink:
 
     # -- the AlertSink port -------------------------------------------------------------
 
-    def sync(self, findings: Sequence[Finding], now: datetime) -> None:
+    def sync(
+        self, findings: Sequence[Finding], now: datetime, held_rules: Collection[str] = ()
+    ) -> None:
         """Make the active alerts equal to ``findings``; raise AlertSendError if every URL
-        failed (nothing is dropped: the next call sends what was missed)."""
-        report = self.sync_report(findings, now)
+        failed (nothing is dropped: the next call sends what was missed). Alerts of the rules
+        in ``held_rules`` (not evaluated this cycle) stay as they were."""
+        report = self.sync_report(findings, now, held_rules)
         if report.all_failed:
             raise AlertSendError(report.failures)
 
-    def sync_report(self, findings: Sequence[Finding], now: datetime) -> SyncReport:
+    def sync_report(
+        self, findings: Sequence[Finding], now: datetime, held_rules: Collection[str] = ()
+    ) -> SyncReport:
         """:meth:`sync` without raising: what changed and what each URL did."""
         now = utc(now)
         self._check_clock(now)
         outcomes: dict[str, SendResult] = {}
         if not self._rebuilt:
             outcomes = self._rebuild()
-        transition = self.state.update(self.template.alerts(findings), now)
+        transition = self.state.update(self.template.alerts(findings), now, held_rules)
         results = []
         for target in self._targets:
             result = self._push(target, transition, now)
@@ -353,11 +361,13 @@ class AlertmanagerSink:
         if not self.template.owns(labels, generator):
             return None
         starts = item.get("startsAt")
+        annotations = {str(k): str(v) for k, v in (item.get("annotations") or {}).items()}
         return Alert(
             labels=labels,
-            annotations={str(k): str(v) for k, v in (item.get("annotations") or {}).items()},
+            annotations=annotations,
             starts_at=parse_rfc3339(starts) if starts else None,
             generator_url=generator,
+            rule=annotations.get(RULE_ANNOTATION, ""),
         )
 
     def _with_retries(self, call: Callable[[], _T]) -> _T:
@@ -374,16 +384,19 @@ class AlertmanagerSink:
         token = self._token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        try:
-            response = self._session.request(
-                method, url, headers=headers, timeout=self.timeout_s, **kwargs
-            )
-        except requests.ConnectionError as exc:
-            raise _Retryable(f"cannot connect: {_connect_reason(exc)}") from exc
-        except requests.Timeout as exc:
-            raise _Retryable(f"timed out after {self.timeout_s:g}s") from exc
-        except requests.RequestException as exc:
-            raise _Rejected(_first_line(exc)) from exc
+        with request_deadline(self.timeout_s) as deadline:
+            try:
+                response = self._session.request(
+                    method, url, headers=headers, timeout=self.timeout_s, **kwargs
+                )
+            except requests.RequestException as exc:
+                if deadline.expired or isinstance(exc, requests.Timeout):
+                    raise _Retryable(
+                        f"timed out after {self.timeout_s:g}s (the whole request)"
+                    ) from exc
+                if isinstance(exc, requests.ConnectionError):
+                    raise _Retryable(f"cannot connect: {_connect_reason(exc)}") from exc
+                raise _Rejected(_first_line(exc)) from exc
         if response.status_code == 429 or response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code}: {response.text.strip()[:200]}")
         if response.status_code >= 400:
@@ -406,5 +419,5 @@ def _connect_reason(exc: BaseException) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
+    text = redact_text(str(exc)).strip().splitlines()
     return text[0][:200] if text else exc.__class__.__name__

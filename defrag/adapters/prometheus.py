@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -26,10 +28,12 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from defrag.adapters.deadline import Deadline, DeadlineAdapter, request_deadline
 from defrag.detect.leak import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import GPU_INDICES_ANNOTATION
 from defrag.ports import Sample
+from defrag.redact import redact_text, redact_url
 
 
 class MetricsError(RuntimeError):
@@ -41,7 +45,11 @@ class MetricsError(RuntimeError):
 
 
 class PrometheusUnreachable(MetricsError):
-    """No connection, a timeout, or server errors past the retries."""
+    """No connection, past the deadline, or server errors past the retries."""
+
+
+class PrometheusBadAnswer(MetricsError):
+    """Prometheus (or whatever answers at its URL) sent something that is not an API answer."""
 
 
 class PromQLError(MetricsError):
@@ -52,8 +60,17 @@ class PromQLError(MetricsError):
         self.prometheus_message = prometheus_message
 
 
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+
 class PrometheusSource:
-    """Queries one Prometheus server. Plain constructor arguments; settings live elsewhere."""
+    """Queries one Prometheus server. Plain constructor arguments; settings live elsewhere.
+
+    ``timeout_s`` is a wall-clock deadline on the whole query — connecting, every read of a
+    slow or trickling answer, and the retries (``retries`` more attempts after connection
+    errors and 429/502/503/504, with doubling ``backoff_s``, while time is left). A watchdog
+    shuts the query's socket down at the deadline, so no read outlives it.
+    """
 
     def __init__(
         self,
@@ -68,30 +85,31 @@ class PrometheusSource:
         headers: Mapping[str, str] | None = None,
     ) -> None:
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"Prometheus URL must start with http:// or https://, got {url!r}")
+            raise ValueError(
+                f"Prometheus URL must start with http:// or https://, got {redact_url(url)!r}"
+            )
+        if not (timeout_s > 0 and math.isfinite(timeout_s)):
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s!r}")
         self.url = url.rstrip("/")
+        self.shown = redact_url(self.url)
+        """The URL as logs and messages show it (no credentials)."""
         self.timeout_s = timeout_s
+        self.retries = retries
+        self.backoff_s = backoff_s
         self._token_file = Path(bearer_token_file) if bearer_token_file else None
         self._headers = dict(headers or {})
         session = requests.Session()
         session.verify = str(ca_bundle) if ca_bundle else verify_tls
-        retry = Retry(
-            total=retries,
-            connect=retries,
-            read=retries,
-            status=retries,
-            backoff_factor=backoff_s,
-            status_forcelist=(429, 502, 503, 504),
-            allowed_methods=frozenset({"GET", "POST"}),
-            raise_on_status=False,
-        )
         self._client = PrometheusConnect(
             url=self.url,
             headers=self._headers,
-            retry=retry,
+            retry=Retry(0, read=False),
             session=session,
             timeout=timeout_s,  # type: ignore[arg-type,unused-ignore]  # requests takes float
         )
+        # Our adapter replaces the client's for this URL: retries happen in _call, under the
+        # deadline, and every connection it opens is watched.
+        session.mount(self.url, DeadlineAdapter(max_retries=0))
 
     def close(self) -> None:
         self._client.close()
@@ -100,41 +118,84 @@ class PrometheusSource:
 
     def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
         params = {"time": f"{at.timestamp():.3f}"} if at is not None else None
-        data = self._call(query, lambda: self._client.custom_query(query, params=params))
-        return _to_samples(data)
+        return self._call(
+            query, lambda t: self._client.custom_query(query, params=params, timeout=t)
+        )
 
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
         if end < start:
             raise ValueError(f"range end {end} before start {start}")
         # The client rounds start/end to whole seconds itself; step in seconds as a float.
-        data = self._call(
+        return self._call(
             query,
-            lambda: self._client.custom_query_range(query, start, end, step=f"{step_s:g}"),
+            lambda t: self._client.custom_query_range(
+                query, start, end, step=f"{step_s:g}", timeout=t
+            ),
         )
-        return _to_samples(data)
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _call(self, query: str, send: Any) -> Any:
+    def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
+        """``send`` under one deadline for the whole query, retries included."""
         self._client.headers = self._auth_headers()
+        with request_deadline(self.timeout_s) as deadline:
+            attempt = 0
+            while True:
+                try:
+                    return self._attempt(query, send, deadline)
+                except _RetryableError as exc:
+                    wait = self.backoff_s * 2**attempt
+                    attempt += 1
+                    if attempt > self.retries or deadline.remaining() <= wait:
+                        raise PrometheusUnreachable(str(exc), query) from None
+                    time.sleep(wait)
+
+    def _attempt(self, query: str, send: Callable[[Any], Any], deadline: Deadline) -> Any:
+        late = (
+            f"Prometheus at {self.shown} did not answer query {query!r} within "
+            f"{self.timeout_s:g} s (the whole request)"
+        )
+        remaining = deadline.remaining()
+        if remaining <= 0:
+            raise PrometheusUnreachable(late, query)
         try:
-            return send()
+            data = send(remaining)
         except PrometheusApiClientException as exc:
             status, message = _prometheus_error(str(exc))
+            message = redact_text(message)
             if status is not None and 400 <= status < 500 and status not in (401, 403, 429):
                 raise PromQLError(query, message) from None
-            raise PrometheusUnreachable(
-                f"Prometheus at {self.url} failed query {query!r}: {message}", query
-            ) from None
-        except requests.exceptions.Timeout:
-            raise PrometheusUnreachable(
-                f"Prometheus at {self.url} did not answer query {query!r} within "
-                f"{self.timeout_s:g} s",
+            text = f"Prometheus at {self.shown} failed query {query!r}: {message}"
+            if status in RETRY_STATUSES:
+                raise _RetryableError(text) from None
+            raise PrometheusUnreachable(text, query) from None
+        except requests.exceptions.JSONDecodeError as exc:
+            if deadline.expired:
+                raise PrometheusUnreachable(late, query) from None
+            raise PrometheusBadAnswer(
+                f"Prometheus at {self.shown} answered query {query!r} with something that is "
+                f"not JSON ({exc.msg} at character {exc.pos})",
                 query,
             ) from None
         except requests.exceptions.RequestException as exc:
-            raise PrometheusUnreachable(
-                f"Prometheus at {self.url} is unreachable ({_root_cause(exc)}); query {query!r}",
+            if deadline.expired or isinstance(exc, requests.exceptions.Timeout):
+                raise PrometheusUnreachable(late, query) from None
+            raise _RetryableError(
+                f"Prometheus at {self.shown} is unreachable ({_root_cause(exc)}); query {query!r}"
+            ) from None
+        except (KeyError, TypeError, AttributeError, IndexError) as exc:
+            raise PrometheusBadAnswer(
+                f"Prometheus at {self.shown} answered query {query!r} with JSON that is not a "
+                f"Prometheus API answer (no data.result: {type(exc).__name__} {exc})",
+                query,
+            ) from None
+        try:
+            return _to_samples(data)
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+            raise PrometheusBadAnswer(
+                f"Prometheus at {self.shown} answered query {query!r} with a result of the wrong "
+                f"shape ({type(exc).__name__}: {str(exc)[:200]}); want a vector, matrix or "
+                "scalar",
                 query,
             ) from None
 
@@ -151,13 +212,24 @@ class PrometheusSource:
         return headers
 
 
+class _RetryableError(Exception):
+    """One attempt failed in a way another attempt may not (no connection, 429, 5xx)."""
+
+
 def _to_samples(data: Any) -> list[Sample]:
     """Prometheus result JSON (vector, matrix or scalar) as :class:`Sample` objects."""
     if isinstance(data, list) and len(data) == 2 and not isinstance(data[0], dict):
         return [Sample({}, ((float(data[0]), float(data[1])),))]  # a scalar result
+    if not isinstance(data, list):
+        raise TypeError(f"result is a JSON {type(data).__name__}, not a list")
     out = []
-    for item in data or []:
-        labels = {str(k): str(v) for k, v in item.get("metric", {}).items()}
+    for item in data:
+        if not isinstance(item, dict):
+            raise TypeError(f"a result item is a JSON {type(item).__name__}, not an object")
+        metric = item.get("metric", {})
+        if not isinstance(metric, dict):
+            raise TypeError("a result item's metric is not an object")
+        labels = {str(k): str(v) for k, v in metric.items()}
         if "values" in item:
             points = tuple((float(t), float(v)) for t, v in item["values"])
         else:
@@ -196,7 +268,8 @@ def _root_cause(exc: BaseException) -> str:
     while inner.__context__ is not None and inner.__context__ is not inner:
         inner = inner.__context__
     text = str(inner) or type(inner).__name__
-    return text.split(": ", 1)[-1] if "Errno" in text or "Max retries" in text else text
+    text = text.split(": ", 1)[-1] if "Errno" in text or "Max retries" in text else text
+    return redact_text(text)
 
 
 # --- GPU indices from DCGM labels --------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Annotated, NoReturn
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from defrag.adapters.prometheus import MetricsError, PrometheusSource, PromQLError
@@ -45,6 +46,7 @@ from defrag.cli.app import (
     print_table,
 )
 from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
+from defrag.redact import redact_text, redact_url
 from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
@@ -90,7 +92,7 @@ def make_source(
             url, timeout_s=timeout_s, bearer_token_file=token, ca_bundle=ca, verify_tls=not insecure
         )
     except ValueError as exc:
-        raise UserError(f"--prometheus: {exc}") from None
+        raise UserError(f"--prometheus: {redact_text(str(exc))}") from None
 
 
 def fail_with_issues(issues: Sequence[object], exit_code: int = 2) -> NoReturn:
@@ -168,8 +170,10 @@ def detect(
     if cluster is not None and source is not None:
         try:
             cluster = with_dcgm_gpu_indices(cluster, ruleset, source, now)
-        except MetricsError as exc:
-            raise UserError(str(exc)) from None
+        except MetricsError as exc:  # the snapshot's own GPU indices stand; rules still run
+            err_console.print(
+                f"warning: GPU indices from DCGM not applied: {escape(str(exc))}", soft_wrap=True
+            )
     report = run_detection(ruleset, source, cluster, now)
     if output is not Output.table:
         print_data(
@@ -177,7 +181,7 @@ def detect(
                 "at": now.isoformat(),
                 "findings": [f.to_dict() for f in report.findings],
                 "skipped": dict(report.skipped),
-                "failures": [str(f) for f in report.failures],
+                "failures": [redact_text(str(f)) for f in report.failures],
                 "warnings": list(cluster.warnings) if cluster is not None else [],
             },
             output,
@@ -186,15 +190,21 @@ def detect(
         _print_table(report, now)
     if sink is not None:
         from defrag.alerting import AlertSendError
+        from defrag.cycle import rule_failed_finding
 
-        try:
-            sink.sync(list(report.findings), now)
+        failed = {f.rule: redact_text(f.message) for f in report.failures}
+        reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]
+        try:  # the alerts of a rule that could not be evaluated stay as they were
+            sink.sync(reported, now, held_rules=tuple(failed))
         except AlertSendError as exc:
             raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
     if report.failures:
         for failure in report.failures:
-            sys.stderr.write(f"{failure}\n")
-        raise UserError(f"{len(report.failures)} rule(s) failed", exit_code=1)
+            sys.stderr.write(f"{redact_text(str(failure))}\n")
+        names = ", ".join(f.rule for f in report.failures)
+        raise UserError(
+            f"{len(report.failures)} rule(s) could not be evaluated: {names}", exit_code=1
+        )
     if fail_on_findings and report.findings:
         raise typer.Exit(1)
 
@@ -241,7 +251,7 @@ def rules_check(
     ]
     if prometheus:
         issues = _check_with_server(queries, make_source(prometheus, None, None, False, 10.0))
-        checker = f"Prometheus at {prometheus}"
+        checker = f"Prometheus at {redact_url(prometheus)}"
     elif shutil.which("promtool"):
         issues = _check_with_promtool(queries)
         checker = "promtool"

@@ -112,12 +112,13 @@ def _prometheus_extras(url: str, when: datetime) -> dict[str, Any]:
     from defrag.adapters.prometheus import MetricsError, PrometheusSource
     from defrag.cli.detect import read_rules
     from defrag.detection import report_extras
+    from defrag.redact import redact_text, redact_url
 
     try:
         source = PrometheusSource(url)
         return report_extras(source, read_rules([]), when)
     except (MetricsError, ValueError) as exc:
-        raise UserError(f"--prometheus {url}: {exc}") from None
+        raise UserError(f"--prometheus {redact_url(url)}: {redact_text(str(exc))}") from None
 
 
 def pod_shape(gpus: int, gpu_milli: int, cpu_milli: int, models: list[str]) -> Pod:

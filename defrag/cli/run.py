@@ -8,6 +8,7 @@ the planner and the executor, and hands them to :class:`~defrag.daemon.Daemon`.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -17,17 +18,18 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
-from defrag.cycle import CycleConfig, CyclePorts, CycleResult, SystemClock
+from defrag.cycle import CycleConfig, CyclePorts, CycleResult, Detected, SystemClock
 from defrag.daemon import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
-from defrag.detect.findings import Finding
 from defrag.execute.budgets import Budgets
 from defrag.execute.executor import Executor, ExecutorSettings
 from defrag.execute.windows import Window
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
 from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
+from defrag.redact import redact_text
 from defrag.rules import default_rules_dir as default_rules_dir  # re-exported (tests, bench)
 from defrag.rules import rules_paths
 from defrag.settings import Settings, SettingsError, WindowSetting, load_settings
@@ -120,6 +122,8 @@ def build(settings: Settings) -> Wiring:
         http_host=settings.http_host,
         http_port=settings.http_port,
         elector_interval_s=settings.lease_duration_s / 3,
+        # a cycle still running when a good one should have been seen is wedged
+        cycle_deadline_s=settings.ready_age_limit_s,
     )
     skipped_to.append(daemon.metrics)
     return Wiring(daemon, sim)
@@ -171,7 +175,7 @@ def _prometheus(settings: Settings) -> MetricsSource | None:
             ca_bundle=settings.prometheus_ca_file,
         )
     except ValueError as exc:
-        raise SettingsError(f"setting prometheus_url: {exc}") from None
+        raise SettingsError(f"setting prometheus_url: {redact_text(str(exc))}") from None
 
 
 def _alerts(settings: Settings) -> AlertSink | None:
@@ -197,13 +201,14 @@ def _detector(
 ) -> Any:
     from defrag.detection import run_detection
 
-    def detect(cluster: Cluster, now: datetime) -> Sequence[Finding]:
+    def detect(cluster: Cluster, now: datetime) -> Detected:
         report = run_detection(rules, metrics, cluster, now)
-        for failure in report.failures:  # one broken rule never stops the others
-            log.error("rule failed: %s", failure)
+        # One broken rule never stops the others; the daemon logs, counts and alerts on the
+        # failed ones, and holds their alerts as they were.
+        failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}
         for sink in skipped_to:  # missing inputs: a gauge and a log line
             sink.record_skipped(report.skipped)
-        return report.findings
+        return Detected(report.findings, failed)
 
     return detect
 
@@ -237,14 +242,14 @@ def _settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
     try:
         return load_settings(path, overrides)
     except SettingsError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(redact_text(str(exc))) from None
 
 
 def _build(settings: Settings) -> Wiring:
     try:
         return build(settings)
     except SettingsError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(redact_text(str(exc))) from None
 
 
 @app.command()
@@ -292,6 +297,9 @@ def run(
     daemon = wiring.daemon
     if not once:
         daemon.serve_forever()
+        if daemon.cycle_running:  # stuck past the grace period: its thread cannot be joined
+            logging.shutdown()
+            os._exit(0)
         return
     try:
         result = daemon.run_once()  # reconciles first when leading outside dry run
@@ -305,6 +313,12 @@ def run(
         print_cycle(result)
     if result.alert_error:
         raise UserError(f"alerts not delivered: {result.alert_error}", exit_code=1)
+    if result.rule_failures:
+        raise UserError(
+            f"{len(result.rule_failures)} rule(s) could not be evaluated: "
+            + ", ".join(sorted(result.rule_failures)),
+            exit_code=1,
+        )
 
 
 def print_cycle(result: CycleResult, title: str = "cycle") -> None:
@@ -319,6 +333,8 @@ def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     for f in result.findings:
         kinds[f.kind] = kinds.get(f.kind, 0) + 1
     print_line(f"  findings: {', '.join(f'{n} {k}' for k, n in kinds.items()) or 'none'}")
+    for rule, why in sorted(result.rule_failures.items()):
+        print_line(f"  rule {rule} not evaluated (its alerts held): {escape(why)}")
     if result.plan is not None:
         p = result.plan
         print_line(

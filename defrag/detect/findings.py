@@ -16,6 +16,7 @@ FindingKind = Literal[
     "plan-blocked",
     "execution-failed",
     "circuit-open",
+    "rule-failed",
 ]
 FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
 Severity = Literal["info", "warning", "critical"]

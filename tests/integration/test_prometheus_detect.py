@@ -223,7 +223,11 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
     assert "query '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and (deriv(" in (
         result.stderr
     )
-    assert "4 rule(s) failed" in result.stderr  # leak, idle, and the two from kube-state-metrics
+    # leak, idle, and the two from kube-state-metrics, named
+    assert (
+        "4 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "
+        "high-priority-starved" in result.stderr
+    )
     assert "Traceback" not in result.output
 
 
