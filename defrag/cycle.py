@@ -7,7 +7,7 @@ happens only for the leader, not in dry run, inside an open window and with the 
 closed; in dry run the executor rehearses the plan (Events marked "(dry run)").
 
 Outside the windows, a starvation rule whose action is ``make-room-now`` still gets room made
-for the pods it found (DESIGN §5, "starvation plans may be allowed outside windows by rule"):
+for the pods it found (docs/daemon.md, "Windows": starvation plans may run outside windows by rule):
 the cycle plans make-room for those pods only and executes that plan, with the budgets of a
 day's out-of-window allowance (:data:`URGENT_BUDGET_KEY`).
 """

@@ -1,4 +1,4 @@
-"""The ports between the pure core and the outside world (DESIGN §7).
+"""The ports between the pure core and the outside world (docs/architecture.md).
 
 Adapters implement these; ``cycle.py`` and ``execute.py`` depend only on them, so tests can
 put an emulated API, a simulated cluster or a snapshot file behind the same calls.

@@ -25,7 +25,7 @@ def run_json(*args: str) -> dict:  # type: ignore[type-arg]
 @pytest.mark.parametrize(
     ("gpus", "node", "scores"),
     [
-        # DESIGN §2 worked example: 1-GPU pod → node-1 (100);
+        # worked example of docs/concepts.md: 1-GPU pod → node-1 (100);
         # node-3 int((1 − 3/8)·100) = int(62.5) = 62; node-2 0
         (1, "node-1", {"node-1": 100, "node-2": 0, "node-3": 62}),
         # 8-GPU pod → node-2 (100); the others are filtered

@@ -1,5 +1,5 @@
-"""The scheduler extender: real-shaped ExtenderArgs over HTTP, the DESIGN §2 worked example,
-reservations, and garbage in."""
+"""The scheduler extender: real-shaped ExtenderArgs over HTTP, the worked example of
+docs/concepts.md, reservations, and garbage in."""
 
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def v1_pod(
 
 
 def worked_example(annotations: dict[str, dict[str, str]] | None = None) -> list[dict[str, Any]]:
-    """DESIGN §2: node-1 has 1 of 8 GPUs free, node-2 8 of 8, node-3 4 of 8."""
+    """docs/concepts.md's worked example: node-1 has 1 of 8 GPUs free, node-2 8, node-3 4."""
     ann = annotations or {}
     return [
         v1_node("node-1", annotations=ann.get("node-1")),

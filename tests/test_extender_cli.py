@@ -99,7 +99,7 @@ def test_worked_example_one_gpu_goes_to_node1(extender_url: str) -> None:
     scores = prioritize(
         extender_url, {"pod": gpu_pod(1), "nodenames": ["node-1", "node-2", "node-3"]}
     )
-    # DESIGN §2: node-1 100 (winner → 10), node-3 62.5 → 6, node-2 0 → 0.
+    # The worked example (docs/concepts.md): node-1 100 (winner → 10), node-3 62 → 6, node-2 0 → 0.
     assert scores == [
         {"Host": "node-1", "Score": 10},
         {"Host": "node-2", "Score": 0},

@@ -1,4 +1,4 @@
-"""Fragmentation metrics (DESIGN §3) on hand-built clusters."""
+"""Fragmentation metrics (docs/concepts.md) on hand-built clusters."""
 
 from __future__ import annotations
 

@@ -165,7 +165,7 @@ def test_leases_are_granted_only_in_the_daemons_namespace(manifests: list[dict[s
 
 
 def test_no_delete_of_pods_is_granted(manifests: list[dict[str, Any]]) -> None:
-    # DESIGN §5: evictions only via the Eviction API.
+    # docs/daemon.md (safety): evictions only via the Eviction API.
     granted = set().union(*(_grants(m) for m in manifests if m["kind"].endswith("Role")))
     assert ("", "pods", "delete") not in granted
     assert ("", "pods/eviction", "create") in granted

@@ -14,7 +14,7 @@ from defrag.scoring.scheduler import explain, schedule
 
 
 def worked_example() -> Cluster:
-    """DESIGN §2: node-1 has 1 of 8 GPUs free, node-2 8 of 8, node-3 4 of 8."""
+    """docs/concepts.md's worked example: node-1 has 1 of 8 GPUs free, node-2 8, node-3 4."""
     nodes = [Node(f"node-{i}", 64000, 512000, 8, "A100") for i in (1, 2, 3)]
     pods = [
         Pod("seven", num_gpu=7, node="node-1", phase="Running"),

@@ -1,4 +1,4 @@
-"""Fragmentation findings (DESIGN §3): fragmented nodes, and a fragmented cluster.
+"""Fragmentation findings (docs/concepts.md): fragmented nodes, and a fragmented cluster.
 
 A node is fragmented when it is partly used and at least ``node_stranded_min_gpus`` of its free
 GPUs are stranded for a job size that matters (no job of that size can use them). Sizes that

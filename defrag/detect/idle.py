@@ -1,6 +1,6 @@
 """Idle detection: cluster GPU utilisation below a threshold for a duration.
 
-This is the gate execution windows may require (DESIGN §5): repacking only disturbs a cluster
+This is the gate execution windows may require (docs/daemon.md): repacking only disturbs a cluster
 that is not busy. The series is one utilisation curve in percent (by default the mean DCGM
 ``DCGM_FI_DEV_GPU_UTIL`` across GPUs); it is idle when every sample of the last ``for_s`` seconds
 is below ``threshold_pct`` and no gap in the samples is longer than ``max_gap_s`` (missing data is

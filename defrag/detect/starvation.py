@@ -1,6 +1,6 @@
 """Starvation: high-priority pods pending longer than the rule allows, and why they wait.
 
-The reason is told with the scheduler's own filter (DESIGN §2), never guessed:
+The reason is told with the scheduler's own filter (docs/concepts.md), never guessed:
 
 * ``fragmented`` — enough free GPUs in total on the nodes it may use, yet no node can place it;
   repacking (or make-room) helps;

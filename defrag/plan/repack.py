@@ -1,6 +1,6 @@
 """Repack: drain partly used nodes (or NVLink domains) so that job sizes of the mix fit.
 
-The gain of a drain is the drop in FGD fragmentation against the workload mix (DESIGN §3):
+The gain of a drain is the drop in FGD fragmentation against the workload mix (docs/concepts.md):
 the free GPU capacity that a pod drawn from the mix could not use, summed over the drained
 node and every node that receives its pods. Candidates are (node, k): free k whole GPUs on a
 partly used node (k = its size frees the whole node), priced by the victim search of

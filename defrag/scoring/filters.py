@@ -1,4 +1,4 @@
-"""Filters: which nodes can take a pod, and why the others cannot (DESIGN §2).
+"""Filters: which nodes can take a pod, and why the others cannot (docs/concepts.md).
 
 ``feasible_mask`` answers for every node at once; ``filter_reasons`` gives the per-node reasons
 (used to explain a placement and to count why a pod is unschedulable).

@@ -1,4 +1,5 @@
-"""Fragmentation, measured (DESIGN §3): per node and per cluster, for the job sizes that matter.
+"""Fragmentation, measured (docs/concepts.md): per node and per cluster, for the job sizes
+that matter.
 
 - free GPUs (entirely free) and free share (partial GPUs included), whole free nodes;
 - the largest placeable job (NVLink rules included);

@@ -33,7 +33,7 @@ def best_fit_gpus(pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
 
 
 def whole_gpus(k: int, arrays: NodeArrays, row: int) -> tuple[int, ...]:
-    """k entirely free GPUs on ``row``, respecting NVLink domains (DESIGN §2)."""
+    """k entirely free GPUs on ``row``, respecting NVLink domains (docs/concepts.md)."""
     total = int(arrays.gpu_total[row])
     whole = arrays.gpu_free[row, :total] >= GPU_MILLI
     domain = arrays.gpu_domain[row, :total]

@@ -3,8 +3,8 @@
 ``make_fleet`` draws GPU memory histories of known shapes (linear leak, plateau after warm-up,
 sawtooth, single step, flat); ``write_openmetrics`` writes them as OpenMetrics text;
 ``PrometheusServer`` backfills a fresh data dir with ``promtool tsdb create-blocks-from
-openmetrics`` and serves it on 127.0.0.1 (DESIGN §6). Queries must name an explicit time: the
-history ends in the past.
+openmetrics`` and serves it on 127.0.0.1 (docs/architecture.md). Queries must name an explicit
+time: the history ends in the past.
 """
 
 from __future__ import annotations

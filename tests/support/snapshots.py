@@ -16,7 +16,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "snapshots"
 
 
 def worked_example() -> dict[str, Any]:
-    """DESIGN §2: node-1 has 1 of 8 GPUs free, node-2 8 of 8, node-3 4 of 8."""
+    """docs/concepts.md's worked example: node-1 has 1 of 8 GPUs free, node-2 8, node-3 4."""
     return k.as_list(
         [
             k.node("node-1"),

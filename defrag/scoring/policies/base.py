@@ -10,7 +10,7 @@ from defrag.scoring.gpu_choice import best_fit_gpus
 
 
 class BestFitGpuChoice:
-    """Mixin: in-node GPU choice by best fit (DESIGN §2)."""
+    """Mixin: in-node GPU choice by best fit (docs/concepts.md)."""
 
     def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
         return best_fit_gpus(pod, arrays, row)

@@ -1,4 +1,4 @@
-"""``reserve-binpack``: the seed score function of DESIGN §2, exactly.
+"""``reserve-binpack``: the seed score function (docs/concepts.md), exactly.
 
 A pod asks R GPUs; a node has T GPUs, F free.
 - R ≥ T (whole-node job): F = T → 100, otherwise 20.
