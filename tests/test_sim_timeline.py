@@ -115,7 +115,7 @@ def test_warmup_pods_are_not_measured() -> None:
         "best-fit",
         config=config,
     )
-    assert [c.name for c in run.by_gpus] == ["2"]
+    assert [c.name for c in run.by_gpus] == ["2", "multi"]
     assert run.series.time_h[0] == pytest.approx(2.0)
 
 
