@@ -561,6 +561,7 @@ def replay_timeline(
         for before, after in state.apply_moves_detailed(moves):
             job = jobs[before.pod.key]
             lost = job.evict(now)
+            job.seq = 0  # its completion event is void
             evictions += 1
             if warm <= now < end:
                 lost_work += job.gpus * lost
