@@ -129,6 +129,7 @@ def test_shipped_rule_makes_room_only_inside_windows_and_holds_the_node() -> Non
     state = daemon_state()
     big = wait(state, "big", 4, "LS", NOW - 0.5)
     hook = make_defrag_hook("reserve-binpack", "timeline")
+    assert isinstance(hook, PlannerHook)
     assert hook.on_tick(state, NOW) == ()  # action make-room: no window open, nothing done
     moves = hook.on_window(state, NOW)  # a window opens: make-room for the starved pod
     assert len(moves) == 1
@@ -141,9 +142,9 @@ def test_shipped_rule_makes_room_only_inside_windows_and_holds_the_node() -> Non
 
 
 def daemon_hook_moves(hook: DefragHook) -> Sequence[Move]:
+    assert isinstance(hook, PlannerHook)
     state = daemon_state()
     wait(state, "big", 4, "LS", NOW - 0.5)
-    assert isinstance(hook, PlannerHook)
     return hook.on_tick(state, NOW)
 
 

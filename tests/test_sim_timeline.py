@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -202,9 +203,15 @@ def test_run_timeline_end_to_end_is_deterministic() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"load": 0.0}, {"hours": 0.0}, {"warmup_hours": -1.0}, {"window_every_h": 0.0}],
+    [
+        {"load": 0.0},
+        {"hours": 0.0},
+        {"warmup_hours": -1.0},
+        {"window_every_h": 0.0},
+        {"tick_every_h": 0.0},
+    ],
 )
-def test_bad_config_is_refused(bad: dict[str, float]) -> None:
+def test_bad_config_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         TimelineConfig(**bad)
 
@@ -236,7 +243,7 @@ class EvictFor:
     one, when ``hold`` is False)."""
 
     def __init__(self, hold: bool) -> None:
-        self.hold = hold
+        self.hold, self.done = hold, False
 
     def on_unschedulable(self, state: SimState, p: Pod, now: float) -> Sequence[Move]:
         return ()
@@ -246,8 +253,9 @@ class EvictFor:
 
     def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
         placed = state.placed.get("default/blocker")
-        if placed is None or now < 1.0 - 1e-9:
+        if placed is None or now < 1.0 - 1e-9 or self.done:
             return ()
+        self.done = True
         return [Move(placed.pod.key, placed.row, REQUEUE, (), "default/big" if self.hold else None)]
 
 
