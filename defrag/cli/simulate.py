@@ -23,8 +23,10 @@ from rich.table import Table
 
 from defrag.cli.app import Output, OutputOpt, UserError, app, console, err_console, print_json
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+from defrag.sim.defragmenters import DEFRAGMENTERS
 from defrag.sim.fill import FillRun
 from defrag.sim.hooks import HookUnavailable
+from defrag.sim.migration import MigrationCost
 from defrag.sim.plot import plot_fill, plot_timeline
 from defrag.sim.report import (
     FILL_HEADER,
@@ -131,6 +133,22 @@ def simulate(
     defrag: Annotated[
         bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
     ] = False,
+    defragmenter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--defragmenter",
+            help=f"Timeline, repeatable: {', '.join(DEFRAGMENTERS)} (default: none).",
+        ),
+    ] = None,
+    checkpoint_scale: Annotated[
+        float, typer.Option(help="timeline: multiply every checkpoint interval.")
+    ] = 1.0,
+    overhead_scale: Annotated[
+        float, typer.Option(help="timeline: multiply every restart overhead.")
+    ] = 1.0,
+    free_migrations: Annotated[
+        bool, typer.Option("--free-migrations", help="timeline: evictions lose nothing.")
+    ] = False,
     output: OutputOpt = Output.table,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
     jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 1,
@@ -148,10 +166,22 @@ def simulate(
         raise UserError(f"--jobs must be >= 1, got {jobs}")
     if plot is not None and plot.suffix.lower() != ".png":
         raise UserError(f"--plot {plot}: the file must end in .png")
+    names = list(dict.fromkeys(defragmenter or ["none"]))
+    if defrag:
+        names = list(dict.fromkeys(["none", *names, "defrag"]))
+    bad = [d for d in names if d not in DEFRAGMENTERS]
+    if bad:
+        raise UserError(
+            f"--defragmenter: unknown {', '.join(bad)}; known: {', '.join(DEFRAGMENTERS)}"
+        )
     config = None
     if protocol is Protocol.timeline:
         if run_time_scale <= 0:
             raise UserError(f"--run-time-scale must be > 0, got {run_time_scale}")
+        try:
+            cost = MigrationCost(free=free_migrations).scaled(checkpoint_scale, overhead_scale)
+        except ValueError as exc:
+            raise UserError(f"--checkpoint-scale/--overhead-scale: {exc}") from None
         try:
             config = TimelineConfig(
                 load=load,
@@ -159,14 +189,17 @@ def simulate(
                 warmup_hours=warmup,
                 durations=DurationModel().scaled(run_time_scale),
                 window_every_h=window_every,
+                cost=cost,
             )
         except ValueError as exc:
             raise UserError(f"timeline: {exc}") from None
+    elif [d for d in names if d not in ("none", "defrag")]:
+        raise UserError("--defragmenter: only none and defrag run in the fill protocol")
     workload = load_workload(trace, nodes, pods, scale)
     tasks = [
-        Task(protocol.value, p, s, defrag=d, timeline=config)
+        Task(protocol.value, p, s, timeline=config, defragmenter=d)
         for p in policies
-        for d in ((False, True) if defrag else (False,))
+        for d in names
         for s in seed_list
     ]
     show = sys.stderr.isatty()
@@ -179,7 +212,7 @@ def simulate(
         def per_run(task: Task):  # type: ignore[no-untyped-def]
             if bar is None:
                 return None
-            label = f"{task.policy}{'+defrag' if task.defrag else ''} seed {task.seed}"
+            label = f"{task.label} seed {task.seed}"
             tid = bar.add_task(label, total=None)
 
             def update(done_n: int, total: int) -> None:

@@ -468,6 +468,8 @@ def run_timeline(
     mix: WorkloadMix | None = None,
     hook: DefragHook | None = None,
     progress: Progress | None = None,
+    defragmenter: str | None = None,
+    scheduler: Policy | str | None = None,
 ) -> TimelineRun:
     """One timeline run of ``nodes`` under ``policy`` with arrivals drawn from ``shapes``."""
     config = config or TimelineConfig()
@@ -477,8 +479,9 @@ def run_timeline(
         raise ValueError("the cluster has no GPU")
     arrivals = generate_arrivals(shapes, capacity, config, seed)
     return replay_timeline(
-        nodes, arrivals, policy, seed, config=config, mix=mix, hook=hook, progress=progress
-    )
+        nodes, arrivals, policy, seed, config=config, mix=mix, hook=hook, progress=progress,
+        defragmenter=defragmenter, scheduler=scheduler,
+    )  # fmt: skip
 
 
 def replay_timeline(
