@@ -192,7 +192,7 @@ def test_every_defragmenter_has_its_scheduler() -> None:
     expect = {
         "none": "least-allocated",
         "defrag": "least-allocated",
-        "defrag-blind": "least-allocated",
+        "defrag-blind": "reserve-binpack",
         "defrag-extender": "reserve-binpack",
         "descheduler-hnu": "most-allocated",
         "descheduler-lnu": "least-allocated",

@@ -8,7 +8,7 @@ name                   hook                                            scheduler
 ``defrag``             the daemon (:mod:`defrag.sim.defrag_hook`)      the run's policy
 ``defrag-extender``    the daemon                                      ``reserve-binpack``
                                                                        (the extender's score)
-``defrag-blind``       the daemon, checkpoint-blind cost               the run's policy
+``defrag-blind``       the daemon, checkpoint-blind cost               ``reserve-binpack``
 ``descheduler-hnu``    :class:`~defrag.sim.peers.HighNodeUtilization`  ``most-allocated``
 ``descheduler-lnu``    :class:`~defrag.sim.peers.LowNodeUtilization`   the run's policy
 ``kai-consolidation``  :class:`~defrag.sim.peers.KaiConsolidation`     KAI binpack
@@ -52,9 +52,9 @@ def make_defragmenter(
         return load_defrag_hook(policy, protocol, **opts), policy
     if name == "defrag-extender":
         return load_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
-    if name == "defrag-blind":
+    if name == "defrag-blind":  # compared with defrag-extender: same scheduler, blind cost
         opts["checkpoint_aware"] = False
-        return load_defrag_hook(policy, protocol, **opts), policy
+        return load_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
     if name == "descheduler-hnu":
         return HighNodeUtilization(), "most-allocated"
     if name == "descheduler-lnu":
