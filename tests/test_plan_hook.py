@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 
@@ -165,3 +166,25 @@ def test_checkpoint_aware_planning_evicts_the_pod_that_loses_least(
     )
     moves = daemon_hook_moves(hook)
     assert [m.pod_id for m in moves] == [f"default/{victim}"]
+
+
+def test_migrations_of_any_priority_make_room_where_the_daemon_cannot() -> None:
+    # daemon_state with both 1-GPU pods made LS (priority 3); a Burstable (priority 1) 4-GPU
+    # pod waits. The daemon's make-room takes victims strictly below 1: none, nothing moves.
+    # The experiment first tries migrations of any priority: one LS pod moves to c.
+    state = daemon_state()
+    for key in ("default/stale", "default/fresh"):
+        placed = state.placed[key]
+        state.remove(key)
+        ls = Pod(placed.pod.name, num_gpu=1, cpu_milli=1000, qos="LS", priority=3)
+        state.place(ls, placed.row, placed.gpus, placed.since)
+        state.jobs[key] = replace(state.jobs[key], pod=ls)
+    wait(state, "big", 4, "Burstable", NOW - 0.5)
+    daemon = make_defrag_hook("reserve-binpack", "timeline", make_room_now=True)
+    assert isinstance(daemon, PlannerHook) and daemon.on_tick(state, NOW) == ()
+    any_priority = make_defrag_hook(
+        "reserve-binpack", "timeline", make_room_now=True, migrate_any_priority=True
+    )
+    assert isinstance(any_priority, PlannerHook)
+    moves = any_priority.on_tick(state, NOW)
+    assert len(moves) == 1 and moves[0].target_row == state.arrays.index["c"]

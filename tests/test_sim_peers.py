@@ -194,6 +194,7 @@ def test_every_defragmenter_has_its_scheduler() -> None:
         "defrag": "least-allocated",
         "defrag-blind": "reserve-binpack",
         "defrag-extender": "reserve-binpack",
+        "defrag-proposed": "least-allocated",
         "descheduler-hnu": "most-allocated",
         "descheduler-lnu": "least-allocated",
         "kai-consolidation": "kai-binpack",

@@ -82,6 +82,9 @@ class HookOptions:
     """Timeline: make room outside windows too (None: as the rule's ``action`` says)."""
     window_length_h: float = 1.0
     """Timeline: how long each execution window stays open."""
+    migrate_any_priority: bool = False
+    """Timeline, an experiment (not what the daemon's planner does): first try to make room
+    by migrations alone with victims of any priority, then as the daemon does."""
 
 
 def load_rule(path: str | None) -> StarvationParams:
@@ -175,10 +178,19 @@ class PlannerHook:
         opts, steps = self.options, []
         for pod in starved[: opts.window_pending]:
             mark = ws.mark()
-            result = make_room(
-                ws, ctx, pod, preempt=True, depth=opts.depth,
-                candidates=opts.candidates, tries=opts.tries,
-            )  # fmt: skip
+            result = None
+            if opts.migrate_any_priority:
+                result = make_room(
+                    ws, ctx, pod, preempt=False, any_priority=True, depth=opts.depth,
+                    candidates=opts.candidates, tries=opts.tries,
+                )  # fmt: skip
+                if not result.ok:
+                    ws.rollback(mark)
+            if result is None or not result.ok:
+                result = make_room(
+                    ws, ctx, pod, preempt=True, depth=opts.depth,
+                    candidates=opts.candidates, tries=opts.tries,
+                )  # fmt: skip
             if result.ok and result.row is not None:
                 steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
             else:

@@ -9,6 +9,9 @@ name                   hook                                            scheduler
 ``defrag-extender``    the daemon                                      ``reserve-binpack``
                                                                        (the extender's score)
 ``defrag-blind``       the daemon, checkpoint-blind cost               ``reserve-binpack``
+``defrag-proposed``    the daemon with make-room-now and migrations    the run's policy
+                       of victims of any priority (an experiment:
+                       what the planner lacks, docs/simulator.md)
 ``descheduler-hnu``    :class:`~defrag.sim.peers.HighNodeUtilization`  ``most-allocated``
 ``descheduler-lnu``    :class:`~defrag.sim.peers.LowNodeUtilization`   the run's policy
 ``kai-consolidation``  :class:`~defrag.sim.peers.KaiConsolidation`     KAI binpack
@@ -29,6 +32,7 @@ DEFRAGMENTERS = (
     "defrag",
     "defrag-extender",
     "defrag-blind",
+    "defrag-proposed",
     "descheduler-hnu",
     "descheduler-lnu",
     "kai-consolidation",
@@ -55,6 +59,10 @@ def make_defragmenter(
     if name == "defrag-blind":  # compared with defrag-extender: same scheduler, blind cost
         opts["checkpoint_aware"] = False
         return load_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
+    if name == "defrag-proposed":
+        opts.setdefault("make_room_now", True)
+        opts.setdefault("migrate_any_priority", True)
+        return load_defrag_hook(policy, protocol, **opts), policy
     if name == "descheduler-hnu":
         return HighNodeUtilization(), "most-allocated"
     if name == "descheduler-lnu":
