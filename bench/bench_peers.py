@@ -42,9 +42,13 @@ ROWS = (
     "kai-consolidation",
     "descheduler-lnu",
     "defrag",
+    "defrag-proposed",
     "defrag-blind",
     "defrag-extender",
 )
+FIXED_SCHEDULER = ("descheduler-hnu", "kai-consolidation", "defrag-blind", "defrag-extender")
+"""Defragmenters that install their own scheduler score: the run does not depend on the
+policy the cluster had, so it is made once and shown under each policy."""
 
 
 def scaled_nodes(nodes: tuple[Node, ...], factor: int) -> tuple[Node, ...]:
@@ -82,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [d for d in args.defragmenters.split(",") if d]
     tasks = [
         Task("timeline", p, s, timeline=config, defragmenter=d)
-        for p in policies
+        for i, p in enumerate(policies)
         for d in names
         if not (p == EXTENDER_POLICY and d == "defrag-extender")  # the same run as "defrag"
+        if not (i > 0 and d in FIXED_SCHEDULER)  # the same runs as under the first policy
         for s in range(42, 42 + args.seeds)
     ]
     started = time.perf_counter()
@@ -103,13 +108,21 @@ def main(argv: list[str] | None = None) -> int:
         for r in run_tasks(workload, tasks, jobs=args.jobs, on_result=done)
         if isinstance(r, TimelineRun)
     ]
+    args.run_seconds = [r.seconds for r in runs]  # the runs made, not their copies
+    runs += [
+        replace(r, policy=p)
+        for p in policies[1:]
+        for r in list(runs)
+        if r.policy == policies[0] and r.defragmenter in FIXED_SCHEDULER
+    ]
     wall = time.perf_counter() - started
     text = render(runs, args, wall, len(nodes))
     print(text)
     if args.out:
         args.out.write_text(text, encoding="utf-8")
     if args.json:
-        args.json.write_text(json.dumps([r.to_dict() for r in runs], indent=1), encoding="utf-8")
+        rows = [{**r.to_dict(), "multi_waits": [round(w, 4) for w in r.multi_waits]} for r in runs]
+        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     if args.plot:
         plot_cdfs(runs, args.plot, policies, names)
     return 0
@@ -166,7 +179,7 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         "max/pod",
     )
     loads = sorted({(r.seed, round(r.offered_load_pct, 1)) for r in runs})
-    secs = [r.seconds for r in runs]
+    secs = list(getattr(args, "run_seconds", [r.seconds for r in runs]))
     sim_h = args.hours + args.warmup
     rss = max(
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
