@@ -223,9 +223,12 @@ def plot_cdfs(runs: list[TimelineRun], path: Path, policies: list[str], names: l
             if len(waits) == 0:
                 continue
             y = np.arange(1, len(waits) + 1) / len(waits)
-            ax.step(np.maximum(waits, 1e-3), y, where="post", label=name)
-        ax.set_xscale("log")
-        ax.set_xlabel("pending time of multi-GPU pods, h (log)")
+            ax.step(np.concatenate([[0.0], waits]), np.concatenate([[0.0], y]), where="post",
+                    label=name)  # fmt: skip
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(left=0)
+        ax.set_ylim(0, 1.01)
+        ax.set_xlabel("pending time of multi-GPU pods, h (linear below 0.1 h, log above)")
         ax.set_ylabel("fraction of pods")
         ax.set_title(f"cluster scheduler: {policy}")
         ax.grid(alpha=0.3)
