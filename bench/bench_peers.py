@@ -76,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot-from", type=Path, help="redraw --plot from a --json file; no runs")
     args = ap.parse_args(argv)
+    if args.plot_from:
+        if not args.plot:
+            ap.error("--plot-from needs --plot")
+        replot(args.plot_from, args.plot)
+        return 0
     nodes, shapes = load_trace(args.shared, args.trace)
     nodes = scaled_nodes(nodes, args.scale)
     workload = Workload(args.trace, nodes, shapes)
@@ -201,32 +207,44 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
     )
 
 
+def replot(source: Path, path: Path) -> None:
+    """The CDF figure from the JSON rows of an earlier run."""
+    rows = json.loads(source.read_text(encoding="utf-8"))
+    waits: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        waits.setdefault((row["policy"], row["defragmenter"]), []).extend(row["multi_waits"])
+    policies = list(dict.fromkeys(p for p, _ in waits))
+    names = list(dict.fromkeys(d for _, d in waits))
+    _draw(waits, path, policies, names)
+
+
 def plot_cdfs(runs: list[TimelineRun], path: Path, policies: list[str], names: list[str]) -> None:
+    waits: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        waits.setdefault((r.policy, r.defragmenter), []).extend(r.multi_waits)
+    _draw(waits, path, policies, names)
+
+
+def _draw(
+    pooled: dict[tuple[str, str], list[float]], path: Path, policies: list[str], names: list[str]
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    top = max([max(w) for w in pooled.values() if w] + [1.0]) * 1.3
     fig, axes = plt.subplots(1, len(policies), figsize=(6.5 * len(policies), 4.5), squeeze=False)
     for ax, policy in zip(axes[0], policies, strict=True):
         for name in names:
-            waits = np.sort(
-                np.concatenate(
-                    [
-                        np.asarray(r.multi_waits)
-                        for r in runs
-                        if r.policy == policy and r.defragmenter == name
-                    ]
-                    or [np.zeros(0)]
-                )
-            )
+            waits = np.sort(np.asarray(pooled.get((policy, name), []), dtype=float))
             if len(waits) == 0:
                 continue
             y = np.arange(1, len(waits) + 1) / len(waits)
             ax.step(np.concatenate([[0.0], waits]), np.concatenate([[0.0], y]), where="post",
                     label=name)  # fmt: skip
         ax.set_xscale("symlog", linthresh=0.1)
-        ax.set_xlim(left=0)
+        ax.set_xlim(-0.01, top)  # a pod that never waited shows as the line at 0
         ax.set_ylim(0, 1.01)
         ax.set_xlabel("pending time of multi-GPU pods, h (linear below 0.1 h, log above)")
         ax.set_ylabel("fraction of pods")
