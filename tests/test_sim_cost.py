@@ -29,9 +29,9 @@ def pod(name: str, gpus: int, qos: str = "Burstable", milli: int = 1000) -> Pod:
 
 
 class EvictAt:
-    """Evicts ``victim`` back to the queue at the tick nearest ``at`` hours."""
+    """Evicts ``victim`` back to the queue at the ticks at ``at`` hours."""
 
-    def __init__(self, victim: str, at: float) -> None:
+    def __init__(self, victim: str, *at: float) -> None:
         self.victim, self.at = victim, at
 
     def on_unschedulable(self, state: SimState, p: Pod, now: float) -> Sequence[Move]:
@@ -42,12 +42,12 @@ class EvictAt:
 
     def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
         placed = state.placed.get(f"default/{self.victim}")
-        if abs(now - self.at) > 1e-6 or placed is None:
+        if all(abs(now - t) > 1e-6 for t in self.at) or placed is None:
             return ()
         return [Move(placed.pod.key, placed.row, REQUEUE, ())]
 
 
-def run(cost: MigrationCost, hook: EvictAt | None) -> dict[str, float]:
+def run(cost: MigrationCost, hook: EvictAt | None, tick: float = 1 / 6) -> dict[str, float]:
     # t=0 "train" (2 GPUs, 3 h of work, checkpoints at 1 h and 2 h of progress) starts.
     # t=1.5 "probe" (8 GPUs) arrives and waits for the node to empty: its wait tells when
     # "train" finished. The hook evicts "train" at t = 1 h 20 min, 20 min after its 1-h
@@ -55,7 +55,7 @@ def run(cost: MigrationCost, hook: EvictAt | None) -> dict[str, float]:
     # 10 min of overhead + 2 h of work: it ends at 1:20 + 0:10 + 2:00 = 3:30, i.e. 30 min =
     # 20 min lost + 10 min overhead later than the 3:00 it would have ended.
     config = TimelineConfig(
-        hours=10.0, warmup_hours=0.0, tick_every_h=1 / 6, sample_every_h=0.5, cost=cost
+        hours=10.0, warmup_hours=0.0, tick_every_h=tick, sample_every_h=0.5, cost=cost
     )
     result = replay_timeline(
         NODE,
@@ -86,6 +86,18 @@ def test_a_pod_evicted_20_min_after_its_checkpoint_finishes_20_min_plus_overhead
     assert (moved["evictions"], moved["max"]) == (1, 1)
     # goodput = allocation − 100 × 1 GPU·h / (8 GPUs × 10 h) = allocation − 1.25 points
     assert moved["goodput_gap"] == pytest.approx(1.25)
+
+
+def test_an_eviction_during_the_restart_overhead_charges_only_what_was_spent() -> None:
+    # Evicted at 1:20 (20 min lost, as above), restarted at once, evicted again at 1:25 — 5
+    # min into its 10-min overhead: no work lost, 5 min of overhead spent. Restarted at 1:25,
+    # it spends 10 min more and runs its 2 h: it ends at 3:35, the probe waits 3:35 − 1:30.
+    # Overhead: 2 GPUs × (5 + 10) min = 0.5 GPU·h.
+    twice = run(HOURLY, EvictAt("train", 16 / 12, 17 / 12), tick=1 / 12)
+    assert twice["probe_wait"] == pytest.approx(3 + 35 / 60 - 1.5)
+    assert twice["lost_work"] == pytest.approx(2 * 20 / 60)
+    assert twice["overhead"] == pytest.approx(2 * 15 / 60)
+    assert (twice["evictions"], twice["max"]) == (2, 2)
 
 
 def test_free_migrations_lose_nothing() -> None:

@@ -526,12 +526,21 @@ def replay_timeline(
     evictions = 0
     on_tick = getattr(hook, "on_tick", None)
 
+    def spent(job: Job, until: float) -> None:
+        """Charge the restart overhead the running segment spent by ``until``, inside the
+        measured period (a pod evicted during its overhead spent only part of it)."""
+        nonlocal overhead_spent
+        if job.started is None or not job.segment_overhead_h:
+            return
+        lo = max(job.started, warm)
+        hi = min(job.started + job.segment_overhead_h, until, end)
+        if hi > lo:
+            overhead_spent += job.gpus * (hi - lo)
+
     def start(job: Job, row: int, gpus: tuple[int, ...], now: float) -> None:
-        nonlocal seq, overhead_spent
+        nonlocal seq
         state.place(job.pod, row, gpus, now)
         done_at = job.start(now, overhead=job.evictions > 0)
-        if warm <= now < end and job.segment_overhead_h:
-            overhead_spent += job.gpus * min(job.segment_overhead_h, end - now)
         seq += 1
         job.seq = seq
         heapq.heappush(departures, (done_at, seq, job.pod.key))
@@ -563,6 +572,7 @@ def replay_timeline(
         freed: set[int] = set()
         for before, after in state.apply_moves_detailed(moves):
             job = jobs[before.pod.key]
+            spent(job, now)
             lost = job.evict(now)
             job.seq = 0  # its completion event is void
             evictions += 1
@@ -603,6 +613,7 @@ def replay_timeline(
             while departures and departures[0][0] == t_next:
                 _, s_, pod_id = heapq.heappop(departures)
                 if jobs[pod_id].seq == s_:
+                    spent(jobs[pod_id], t_next)
                     jobs[pod_id].started = None
                     freed.add(state.remove(pod_id).row)
             retry(freed, t_next)
@@ -639,6 +650,8 @@ def replay_timeline(
             samples_alloc.append(100.0 * (cap_milli - int(arrays.free_share().sum())) / cap_milli)
             samples_queue.append(queue.count)
             next_sample += config.sample_every_h
+    for job in jobs.values():
+        spent(job, end)  # still running: the overhead spent so far
     record = _Recorder(warm)
     for job in jobs.values():
         if job.arrived >= warm:
