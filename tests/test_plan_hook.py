@@ -188,3 +188,14 @@ def test_migrations_of_any_priority_make_room_where_the_daemon_cannot() -> None:
     assert isinstance(any_priority, PlannerHook)
     moves = any_priority.on_tick(state, NOW)
     assert len(moves) == 1 and moves[0].target_row == state.arrays.index["c"]
+
+
+def test_eviction_budgets_per_window_opening_and_per_day_outside_windows() -> None:
+    hook = make_defrag_hook("reserve-binpack", "timeline", window_evictions=2)
+    assert isinstance(hook, PlannerHook)
+    assert hook._budget(1.0, False) == 2
+    hook.spent[hook.budget_key] = 2  # day 0 spent outside windows
+    hook.open_until = 7.0
+    assert hook._budget(6.5, True) == 2  # a window opening has its own budget
+    assert hook._budget(8.0, False) == 0  # back outside it: day 0 stays spent
+    assert hook._budget(25.0, False) == 2  # a new day

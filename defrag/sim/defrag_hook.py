@@ -113,8 +113,9 @@ class PlannerHook:
         now = options.make_room_now
         self.make_room_now = self.rule.action == "make-room-now" if now is None else now
         self.open_until = -math.inf
+        self.spent: dict[tuple[str, int], int] = {}
+        """Evictions per budget key: a window opening, or a day outside windows."""
         self.budget_key: tuple[str, int] = ("", 0)
-        self.spent = 0
 
     # --- fill --------------------------------------------------------------------------------
 
@@ -199,13 +200,12 @@ class PlannerHook:
 
     def _budget(self, now: float, in_window: bool) -> int:
         key = ("window", int(self.open_until * 1e6)) if in_window else ("day", int(now // 24))
-        if key != self.budget_key:
-            self.budget_key, self.spent = key, 0
-        return self.options.window_evictions - self.spent
+        self.budget_key = key
+        return self.options.window_evictions - self.spent.get(key, 0)
 
     def _spend(self, ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
         moves = _moves(ws, steps)
-        self.spent += len(moves)
+        self.spent[self.budget_key] = self.spent.get(self.budget_key, 0) + len(moves)
         return moves
 
     def _workspace(
