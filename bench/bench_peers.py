@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hours", type=float, default=36.0)
     ap.add_argument("--warmup", type=float, default=12.0)
     ap.add_argument("--checkpoint-scale", type=float, default=1.0)
+    ap.add_argument("--window-every", type=float, default=6.0, help="hours between windows")
     ap.add_argument("--scale", type=int, default=1, help="cluster copies (10: ~12,000 nodes)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path)
@@ -87,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     nodes = scaled_nodes(nodes, args.scale)
     workload = Workload(args.trace, nodes, shapes)
     cost = MigrationCost().scaled(args.checkpoint_scale)
-    config = TimelineConfig(load=args.load, hours=args.hours, warmup_hours=args.warmup, cost=cost)
+    config = TimelineConfig(
+        load=args.load, hours=args.hours, warmup_hours=args.warmup, cost=cost,
+        window_every_h=args.window_every,
+    )  # fmt: skip
     policies = [p for p in args.policies.split(",") if p]
     names = [d for d in args.defragmenters.split(",") if d]
     tasks = [
@@ -197,7 +201,8 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         f"offered load {args.load:.0%} (realised per seed: "
         + ", ".join(f"{s}: {x}%" for s, x in loads)
         + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds 42–"
-        f"{41 + args.seeds}, checkpoint intervals ×{args.checkpoint_scale:g}; means over seeds "
+        f"{41 + args.seeds}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
+        f"{args.window_every:g} h; means over seeds "
         "(p95: mean of the per-seed p95).\n\n"
         f"Command: `.venv/bin/python -m bench.bench_peers {cmd}`\n\n"
         + markdown_table(header, rows)
