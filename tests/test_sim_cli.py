@@ -70,6 +70,7 @@ def test_timeline_table_and_plot(tmp_path: Path) -> None:
     code, out = invoke(*SMALL, *args, "--plot", str(png))
     assert code == 0, out
     assert "mean pending time" in out and "least-allocated" in out and "8-GPU h" in out
+    assert "training: checkpoint every 30–60 min, restart 10 min" in out
     assert png.exists()
     code, out = invoke(*SMALL, *args, "-o", "json")
     data = json.loads(out)

@@ -260,6 +260,26 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
     for row in timeline_rows(lines):
         table.add_row(*row)
     _print(table)
+    if lines:
+        (console if console.is_terminal else Console(width=160)).print(
+            f"eviction costs: {cost_caption(lines[0].cost)}"
+        )
+
+
+def cost_caption(cost: dict[str, object]) -> str:
+    """The eviction costs a run used, on one line."""
+    if cost.get("free"):
+        return "free (no work lost, no restart overhead)"
+    parts = []
+    for kind, c in cost.items():
+        assert isinstance(c, dict)
+        lo, hi = c["checkpoint_every_h"]
+        never = float(c["never_checkpoint"])
+        every = "no state" if hi == 0 else f"checkpoint every {lo * 60:g}–{hi * 60:g} min"
+        if never:
+            every += f" ({never:.0%} never)"
+        parts.append(f"{kind}: {every}, restart {float(c['restart_overhead_h']) * 60:.0f} min")
+    return "; ".join(parts)
 
 
 def _columns(
