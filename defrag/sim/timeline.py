@@ -20,12 +20,16 @@ in the default trace), so only the pod *shapes* come from the trace:
   from node r checks the waiting pods against node r (vectorised), then runs the full
   scheduler for the ones that may fit.
 * **Defragmentation** (a :class:`~defrag.sim.hooks.DefragHook`): ``on_unschedulable`` when a
-  pod fits nowhere on arrival, ``on_window`` every ``window_every_h`` hours; after moves the
-  waiting pods are retried on the rows the moves freed.
+  pod fits nowhere on arrival, ``on_tick`` every ``tick_every_h`` (when the hook has it),
+  ``on_window`` every ``window_every_h`` hours; after moves the waiting pods are retried on
+  the rows the moves freed. A move with ``for_pod`` holds its source row for that pod.
+* **Evictions are priced** (:mod:`defrag.sim.migration`): an evicted pod loses the work since
+  its last checkpoint, re-queues (or binds to its planned node), and restarts with an overhead.
 * **Metrics** cover the measured period after ``warmup_hours``: GPU allocation and queue length
-  sampled every ``sample_every_h``, and the pending time (start − arrival) of each pod that
-  arrived in the period, by GPU count and by priority class. Pods still waiting at the end
-  count with their wait so far (and are reported as ``still_pending``).
+  sampled every ``sample_every_h``, goodput and GPU-hours lost to evictions, and the pending
+  time (every wait, first and after evictions) of each pod that arrived in the period, by GPU
+  count (and ``multi``) and by priority class. Pods still waiting at the end count with their
+  wait so far (and are reported as ``still_pending``).
 """
 
 from __future__ import annotations
