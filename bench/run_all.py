@@ -30,6 +30,14 @@ class Bench:
     quick: tuple[str, ...]
     needs_prometheus: bool = False
 
+    @property
+    def simulator(self) -> bool:
+        """Replays the openb trace (the heavier half of the smoke run)."""
+        return self.name in SIMULATOR_BENCHES
+
+
+SIMULATOR_BENCHES = frozenset({"fill", "timeline", "defrag-sim", "peers", "packing-limit"})
+
 
 BENCHES: tuple[Bench, ...] = (
     Bench("scoring", "bench_scoring", (), ("--pods", "20")),
@@ -40,6 +48,10 @@ BENCHES: tuple[Bench, ...] = (
            "--jobs", "1")),
     Bench("defrag-sim", "bench_defrag_sim", ("fill", "--seeds", "10"),
           ("timeline", "--seeds", "1", "--policies", "reserve-binpack", "--jobs", "1")),
+    Bench("peers", "bench_peers", ("--seeds", "3", "--jobs", "2"),
+          ("--policies", "least-allocated",
+           "--defragmenters", "none,defrag-extender,kai-consolidation",
+           "--seeds", "1", "--hours", "2", "--warmup", "1", "--jobs", "1")),
     Bench("packing-limit", "bench_packing_limit", (),
           ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online")),
     Bench("plan", "bench_plan", (), ("--only", "synthetic", "--nodes", "200")),

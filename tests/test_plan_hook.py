@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import pytest
 
 from defrag.model.resources import Node, Pod
@@ -9,8 +12,11 @@ from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import make_policy
 from defrag.scoring.scheduler import schedule
-from defrag.sim.defrag_hook import make_defrag_hook
+from defrag.sim.defrag_hook import PlannerHook, load_rule, make_defrag_hook
+from defrag.sim.hooks import DefragHook, Move
+from defrag.sim.migration import Job
 from defrag.sim.state import SimState
+from defrag.sim.trace import QOS_PRIORITY
 
 
 def shared_state(policy: str, milli: int = 300) -> SimState:
@@ -55,16 +61,6 @@ def test_fill_hook_gives_up_when_the_cluster_is_too_full() -> None:
     assert moves == ()
 
 
-def test_timeline_window_makes_room_for_a_waiting_pod() -> None:
-    state = shared_state("reserve-binpack")
-    waiting = Pod("whole", num_gpu=1, cpu_milli=1000)
-    state.pending[waiting.key] = waiting
-    moves = make_defrag_hook("reserve-binpack", "timeline").on_window(state, 0.0)
-    assert moves
-    state.apply_moves(moves)
-    assert isinstance(schedule(waiting, state.arrays, state.policy), Placement)
-
-
 def test_unknown_option_or_protocol_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown defrag hook option"):
         make_defrag_hook("fgd", "fill", bogus=1)
@@ -72,9 +68,134 @@ def test_unknown_option_or_protocol_is_refused() -> None:
         make_defrag_hook("fgd", "replay")
 
 
-def test_timeline_leaves_small_pods_to_departures_but_helps_multi_gpu_pods() -> None:
+def test_timeline_never_acts_on_arrival_the_daemon_waits_for_its_rule() -> None:
     state = shared_state("reserve-binpack")
     hook = make_defrag_hook("reserve-binpack", "timeline")
-    assert hook.on_unschedulable(state, Pod("one", num_gpu=1, cpu_milli=1000), 1.0) == ()
-    moves = hook.on_unschedulable(state, Pod("pair", num_gpu=2, cpu_milli=1000), 1.0)
-    assert len(moves) == 2
+    assert hook.on_unschedulable(state, Pod("pair", num_gpu=2, cpu_milli=1000), 1.0) == ()
+
+
+# --- the daemon in the timeline: rule, windows, holds, checkpoint-aware cost --------------------
+
+NOW = 11 / 6  # 1 h 50 min
+
+
+def daemon_state() -> SimState:
+    """Three 4-GPU nodes. a and b each run one 1-GPU BE pod; c runs a 3-GPU LS pod (1 free).
+
+    ``stale`` on a checkpointed 50 min ago (started at 0, checkpoints every hour of work);
+    ``fresh`` on b checkpointed 1 min ago (started at 49 min: 61 min of work at NOW). A 4-GPU
+    LS pod waits since 1 h 20 min: either BE pod can move to c's free GPU to empty a node.
+    """
+    nodes = [Node(n, cpu_milli=32_000, memory_mib=0, num_gpu=4, gpu_model="G2") for n in "abc"]
+    mix = WorkloadMix.default()
+    state = SimState.new(nodes, make_policy("reserve-binpack", mix=mix), "reserve-binpack", mix)
+
+    def run(name: str, gpus: int, qos: str, row: int, started: float) -> None:
+        pod = Pod(name, num_gpu=gpus, cpu_milli=1000, qos=qos, priority=QOS_PRIORITY[qos])
+        state.place(pod, row, tuple(range(gpus)), started)
+        job = Job(pod, started, work_h=50.0, interval_h=1.0, overhead_h=0.1)
+        job.start(started, overhead=False)
+        state.jobs[pod.key] = job
+
+    run("stale", 1, "BE", 0, 0.0)
+    run("fresh", 1, "BE", 1, 49 / 60)
+    run("fill", 3, "LS", 2, 0.0)
+    return state
+
+
+def wait(state: SimState, name: str, gpus: int, qos: str, since: float) -> Pod:
+    pod = Pod(name, num_gpu=gpus, cpu_milli=1000, qos=qos, priority=QOS_PRIORITY[qos])
+    job = Job(pod, since, work_h=5.0, interval_h=1.0, overhead_h=0.1)
+    job.queued_at = since
+    state.jobs[pod.key] = job
+    state.pending[pod.key] = pod
+    return pod
+
+
+def test_the_shipped_rule_finds_high_priority_pods_pending_past_its_for() -> None:
+    rule = load_rule(None)
+    assert (rule.for_s, rule.min_priority, rule.action) == (900.0, 1000, "make-room")
+    state = daemon_state()
+    wait(state, "ls-20min", 4, "LS", NOW - 20 / 60)
+    wait(state, "ls-10min", 4, "LS", NOW - 10 / 60)  # under the 15 min of `for:`
+    wait(state, "be-1h", 4, "BE", NOW - 1.0)  # best effort: priority 0 < 1000
+    wait(state, "burstable-1h", 2, "Burstable", NOW - 1.0)  # 1000: at the threshold
+    hook = make_defrag_hook("reserve-binpack", "timeline")
+    assert isinstance(hook, PlannerHook)
+    found = [p.name for p in hook.starved(state, NOW)]
+    assert found == ["ls-20min", "burstable-1h"]  # priority first, then pending since
+
+
+def test_shipped_rule_makes_room_only_inside_windows_and_holds_the_node() -> None:
+    state = daemon_state()
+    big = wait(state, "big", 4, "LS", NOW - 0.5)
+    hook = make_defrag_hook("reserve-binpack", "timeline")
+    assert isinstance(hook, PlannerHook)
+    assert hook.on_tick(state, NOW) == ()  # action make-room: no window open, nothing done
+    moves = hook.on_window(state, NOW)  # a window opens: make-room for the starved pod
+    assert len(moves) == 1
+    assert moves[0].for_pod == big.key  # the node it frees is held for the pod
+    assert moves[0].target_row == state.arrays.index["c"]
+    state.apply_moves(moves)
+    assert isinstance(schedule(big, state.arrays, state.policy), Placement)
+    now_hook = make_defrag_hook("reserve-binpack", "timeline", make_room_now=True)
+    assert len(daemon_hook_moves(now_hook)) == 1  # make-room-now: at any cycle
+
+
+def daemon_hook_moves(hook: DefragHook) -> Sequence[Move]:
+    assert isinstance(hook, PlannerHook)
+    state = daemon_state()
+    wait(state, "big", 4, "LS", NOW - 0.5)
+    return hook.on_tick(state, NOW)
+
+
+@pytest.mark.parametrize(
+    ("aware", "victim"),
+    [
+        # aware: stale would lose 50 min (cost 1 + 1 GPU × 0.833 h), fresh 1 min (1 + 0.017):
+        # fresh moves. Blind: both cost 1 (the per-eviction constant): the first row, a.
+        (True, "fresh"),
+        (False, "stale"),
+    ],
+)
+def test_checkpoint_aware_planning_evicts_the_pod_that_loses_least(
+    aware: bool, victim: str
+) -> None:
+    hook = make_defrag_hook(
+        "reserve-binpack", "timeline", make_room_now=True, checkpoint_aware=aware
+    )
+    moves = daemon_hook_moves(hook)
+    assert [m.pod_id for m in moves] == [f"default/{victim}"]
+
+
+def test_migrations_of_any_priority_make_room_where_the_daemon_cannot() -> None:
+    # daemon_state with both 1-GPU pods made LS (priority 3); a Burstable (priority 1) 4-GPU
+    # pod waits. The daemon's make-room takes victims strictly below 1: none, nothing moves.
+    # The experiment first tries migrations of any priority: one LS pod moves to c.
+    state = daemon_state()
+    for key in ("default/stale", "default/fresh"):
+        placed = state.placed[key]
+        state.remove(key)
+        ls = Pod(placed.pod.name, num_gpu=1, cpu_milli=1000, qos="LS", priority=3)
+        state.place(ls, placed.row, placed.gpus, placed.since)
+        state.jobs[key] = replace(state.jobs[key], pod=ls)
+    wait(state, "big", 4, "Burstable", NOW - 0.5)
+    daemon = make_defrag_hook("reserve-binpack", "timeline", make_room_now=True)
+    assert isinstance(daemon, PlannerHook) and daemon.on_tick(state, NOW) == ()
+    any_priority = make_defrag_hook(
+        "reserve-binpack", "timeline", make_room_now=True, migrate_any_priority=True
+    )
+    assert isinstance(any_priority, PlannerHook)
+    moves = any_priority.on_tick(state, NOW)
+    assert len(moves) == 1 and moves[0].target_row == state.arrays.index["c"]
+
+
+def test_eviction_budgets_per_window_opening_and_per_day_outside_windows() -> None:
+    hook = make_defrag_hook("reserve-binpack", "timeline", window_evictions=2)
+    assert isinstance(hook, PlannerHook)
+    assert hook._budget(1.0, False) == 2
+    hook.spent[hook.budget_key] = 2  # day 0 spent outside windows
+    hook.open_until = 7.0
+    assert hook._budget(6.5, True) == 2  # a window opening has its own budget
+    assert hook._budget(8.0, False) == 0  # back outside it: day 0 stays spent
+    assert hook._budget(25.0, False) == 2  # a new day

@@ -70,6 +70,7 @@ def test_timeline_table_and_plot(tmp_path: Path) -> None:
     code, out = invoke(*SMALL, *args, "--plot", str(png))
     assert code == 0, out
     assert "mean pending time" in out and "least-allocated" in out and "8-GPU h" in out
+    assert "training: checkpoint every 30–60 min, restart 10 min" in out
     assert png.exists()
     code, out = invoke(*SMALL, *args, "-o", "json")
     data = json.loads(out)
@@ -79,6 +80,28 @@ def test_timeline_table_and_plot(tmp_path: Path) -> None:
         "1" in run["pending_by_gpus"]
         and "mean_wait_h_by_gpus" in data["summary"]["least-allocated"]
     )
+
+
+def test_timeline_defragmenters_side_by_side_json() -> None:
+    args = ("--protocol", "timeline", "--duration", "3", "--warmup", "1", "-p", "least-allocated")
+    names = ("none", "descheduler-hnu", "kai-consolidation")
+    code, out = invoke(
+        *SMALL, *args, *(x for n in names for x in ("--defragmenter", n)), "-o", "json"
+    )
+    assert code == 0, out
+    runs = {r["defragmenter"]: r for r in json.loads(out)["runs"]}
+    assert set(runs) == set(names)
+    assert runs["descheduler-hnu"]["scheduler"] == "most-allocated"
+    assert runs["kai-consolidation"]["scheduler"] == "kai-binpack"
+    for run in runs.values():
+        assert {"goodput_pct", "lost_gpu_hours", "migrations", "evictions", "cost"} <= set(run)
+        for stats in run["pending_by_gpus"].values():
+            assert {"mean_wait_h", "p95_wait_h"} <= set(stats)
+    assert runs["none"]["evictions"] == 0 and runs["none"]["lost_gpu_hours"] == 0
+    assert runs["none"]["cost"]["training"]["restart_overhead_h"] == pytest.approx(10 / 60, 1e-3)
+    # --defrag stays a shorthand: with and without the planner
+    code, out = invoke(*SMALL, *args, "--defrag", "-o", "json")
+    assert [r["defragmenter"] for r in json.loads(out)["runs"]] == ["none", "defrag"]
 
 
 def test_trace_and_nodes_files(tmp_path: Path) -> None:
@@ -104,6 +127,9 @@ def test_trace_and_nodes_files(tmp_path: Path) -> None:
         (["--protocol", "timeline", "--load", "0"], "load must be in (0, 5]"),
         (["--protocol", "timeline", "--run-time-scale", "0"], "--run-time-scale must be > 0"),
         (["--jobs", "0"], "--jobs must be >= 1"),
+        (["--protocol", "timeline", "--defragmenter", "tetris"], "--defragmenter: unknown tetris"),
+        (["--defragmenter", "descheduler-hnu"], "only none and defrag run in the fill protocol"),
+        (["--protocol", "timeline", "--checkpoint-scale", "0"], "checkpoint scale must be > 0"),
     ],
 )
 def test_user_mistakes_are_one_line_errors(args: list[str], message: str) -> None:

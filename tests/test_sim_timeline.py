@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
 
 from defrag.model.resources import Node, Pod
-from defrag.sim.hooks import Move
+from defrag.sim.hooks import REQUEUE, Move
 from defrag.sim.state import SimState
 from defrag.sim.timeline import (
     Arrival,
@@ -115,7 +116,7 @@ def test_warmup_pods_are_not_measured() -> None:
         "best-fit",
         config=config,
     )
-    assert [c.name for c in run.by_gpus] == ["2"]
+    assert [c.name for c in run.by_gpus] == ["2", "multi"]
     assert run.series.time_h[0] == pytest.approx(2.0)
 
 
@@ -202,9 +203,15 @@ def test_run_timeline_end_to_end_is_deterministic() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [{"load": 0.0}, {"hours": 0.0}, {"warmup_hours": -1.0}, {"window_every_h": 0.0}],
+    [
+        {"load": 0.0},
+        {"hours": 0.0},
+        {"warmup_hours": -1.0},
+        {"window_every_h": 0.0},
+        {"tick_every_h": 0.0},
+    ],
 )
-def test_bad_config_is_refused(bad: dict[str, float]) -> None:
+def test_bad_config_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         TimelineConfig(**bad)
 
@@ -229,3 +236,56 @@ def test_prefill_starts_in_steady_state() -> None:
     # many as 1-GPU pods among those running.
     fours = sum(1 for a in initial if a.pod.num_gpu == 4)
     assert 8 < fours / (len(initial) - fours) < 12
+
+
+class EvictFor:
+    """At t=1 evicts ``blocker`` back to the queue, freeing its node for ``big`` (or for no
+    one, when ``hold`` is False)."""
+
+    def __init__(self, hold: bool) -> None:
+        self.hold, self.done = hold, False
+
+    def on_unschedulable(self, state: SimState, p: Pod, now: float) -> Sequence[Move]:
+        return ()
+
+    def on_window(self, state: SimState, now: float) -> Sequence[Move]:
+        return ()
+
+    def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
+        placed = state.placed.get("default/blocker")
+        if placed is None or now < 1.0 - 1e-9 or self.done:
+            return ()
+        self.done = True
+        return [Move(placed.pod.key, placed.row, REQUEUE, (), "default/big" if self.hold else None)]
+
+
+@pytest.mark.parametrize(
+    ("hold", "big_wait", "thief_wait"), [(True, 0.8, 50.9), (False, 50.8, 0.9)]
+)
+def test_room_made_for_a_pod_is_held_for_it(hold: bool, big_wait: float, thief_wait: float) -> None:
+    # a: "blocker" (2 GPUs, 100 h) leaves 2 free; b: "other" (3 GPUs, 100 h) leaves 1.
+    # "thief" (3 GPUs, t=0.1) and "big" (4 GPUs, t=0.2), both LS, wait; thief is first in
+    # the queue. At t=1 the hook evicts blocker: a is empty. Held for big, big starts at 1
+    # (wait 0.8) and thief waits for it to end at 1 + 50 (wait 50.9). Not held, thief takes
+    # a at 1 (wait 0.9) and big waits for thief to end at 51 (wait 50.8).
+    nodes = (
+        Node("a", 64_000, 65_536, num_gpu=4, gpu_model="G2"),
+        Node("b", 64_000, 65_536, num_gpu=4, gpu_model="G2"),
+    )
+    config = TimelineConfig(hours=100.0, warmup_hours=0.0, tick_every_h=0.5, hold_h=600 / 3600)
+    run = replay_timeline(
+        nodes,
+        [
+            Arrival(0.0, pod("blocker", 2, "BE"), 100.0),
+            Arrival(0.0, pod("other", 3, "Guaranteed"), 100.0),
+            Arrival(0.1, pod("thief", 3, "LS"), 50.0),
+            Arrival(0.2, pod("big", 4, "LS"), 50.0),
+        ],
+        "least-allocated",
+        config=config,
+        hook=EvictFor(hold),
+    )
+    waits = {c.name: c.mean_wait_h for c in run.by_gpus}
+    # class "3" also holds "other", which never waited: the mean is thief's wait / 2
+    assert (waits["4"], waits["3"]) == pytest.approx((big_wait, thief_wait / 2))
+    assert run.evictions == 1 and run.migrations == 0  # a re-queue is no migration

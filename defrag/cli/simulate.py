@@ -33,8 +33,10 @@ from defrag.cli.app import (
     writable_path,
 )
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+from defrag.sim.defragmenters import DEFRAGMENTERS
 from defrag.sim.fill import FillRun
 from defrag.sim.hooks import HookUnavailable
+from defrag.sim.migration import MigrationCost
 from defrag.sim.plot import plot_fill, plot_timeline
 from defrag.sim.report import (
     FILL_HEADER,
@@ -145,6 +147,22 @@ def simulate(
     defrag: Annotated[
         bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
     ] = False,
+    defragmenter: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--defragmenter",
+            help=f"Timeline, repeatable: {', '.join(DEFRAGMENTERS)} (default: none).",
+        ),
+    ] = None,
+    checkpoint_scale: Annotated[
+        float, typer.Option(help="timeline: multiply every checkpoint interval.")
+    ] = 1.0,
+    overhead_scale: Annotated[
+        float, typer.Option(help="timeline: multiply every restart overhead.")
+    ] = 1.0,
+    free_migrations: Annotated[
+        bool, typer.Option("--free-migrations", help="timeline: evictions lose nothing.")
+    ] = False,
     output: OutputOpt = Output.table,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
     jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 1,
@@ -164,10 +182,22 @@ def simulate(
         writable_path(plot, "--plot", ".png")
     spans = {"duration": duration, "warmup": warmup, "window-every": window_every}
     hours = {k: parse_duration(v, f"--{k}", bare_unit="h") / 3600 for k, v in spans.items()}
+    names = list(dict.fromkeys(defragmenter or ["none"]))
+    if defrag:
+        names = list(dict.fromkeys(["none", *names, "defrag"]))
+    bad = [d for d in names if d not in DEFRAGMENTERS]
+    if bad:
+        raise UserError(
+            f"--defragmenter: unknown {', '.join(bad)}; known: {', '.join(DEFRAGMENTERS)}"
+        )
     config = None
     if protocol is Protocol.timeline:
         if run_time_scale <= 0:
             raise UserError(f"--run-time-scale must be > 0, got {run_time_scale}")
+        try:
+            cost = MigrationCost(free=free_migrations).scaled(checkpoint_scale, overhead_scale)
+        except ValueError as exc:
+            raise UserError(f"--checkpoint-scale/--overhead-scale: {exc}") from None
         try:
             config = TimelineConfig(
                 load=load,
@@ -175,14 +205,17 @@ def simulate(
                 warmup_hours=hours["warmup"],
                 durations=DurationModel().scaled(run_time_scale),
                 window_every_h=hours["window-every"],
+                cost=cost,
             )
         except ValueError as exc:
             raise UserError(f"timeline: {exc}") from None
+    elif [d for d in names if d not in ("none", "defrag")]:
+        raise UserError("--defragmenter: only none and defrag run in the fill protocol")
     workload = load_workload(trace, nodes, pods, scale)
     tasks = [
-        Task(protocol.value, p, s, defrag=d, timeline=config)
+        Task(protocol.value, p, s, timeline=config, defragmenter=d)
         for p in policies
-        for d in ((False, True) if defrag else (False,))
+        for d in names
         for s in seed_list
     ]
     show = sys.stderr.isatty()
@@ -195,7 +228,7 @@ def simulate(
         def per_run(task: Task):  # type: ignore[no-untyped-def]
             if bar is None:
                 return None
-            label = f"{task.policy}{'+defrag' if task.defrag else ''} seed {task.seed}"
+            label = f"{task.label} seed {task.seed}"
             tid = bar.add_task(label, total=None)
 
             def update(done_n: int, total: int) -> None:
@@ -243,6 +276,24 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
     for row in timeline_rows(lines):
         table.add_row(*row)
     _print(table)
+    if lines:
+        print_line(f"eviction costs: {cost_caption(lines[0].cost)}")
+
+
+def cost_caption(cost: dict[str, object]) -> str:
+    """The eviction costs a run used, on one line."""
+    if cost.get("free"):
+        return "free (no work lost, no restart overhead)"
+    parts = []
+    for kind, c in cost.items():
+        assert isinstance(c, dict)
+        lo, hi = c["checkpoint_every_h"]
+        never = float(c["never_checkpoint"])
+        every = "no state" if hi == 0 else f"checkpoint every {lo * 60:g}–{hi * 60:g} min"
+        if never:
+            every += f" ({never:.0%} never)"
+        parts.append(f"{kind}: {every}, restart {float(c['restart_overhead_h']) * 60:.0f} min")
+    return "; ".join(parts)
 
 
 def _columns(

@@ -2,9 +2,23 @@
 
 * Fill protocol: a pod that fits nowhere triggers make-room with migrations only — victims of
   any priority move to where the scheduler would put them, nothing is lost, nothing waits.
-* Timeline protocol: the same for a multi-GPU pod that fits nowhere on arrival (the pods that
-  starve; a small pod waits for the next departure); at each idle window, make-room for the
-  pods still waiting (most urgent first: priority, then size), then a repack within a budget.
+* Timeline protocol: **the daemon's semantics** (docs/daemon.md, docs/simulator.md):
+
+  - every ``on_tick`` is a daemon cycle (300 s). The shipped starvation rule
+    (``rules/starvation.yaml``) finds the pending pods of high priority (``min_priority``,
+    ``priority_classes``) pending at least its ``for:``; the trace's QoS classes read as
+    priority values :data:`RULE_PRIORITY`. Room is made for those pods only — by the
+    planner's make-room (victims strictly lower in priority, preemption allowed), inside an
+    execution window, or at any cycle when the rule's action is ``make-room-now``;
+  - the node a room frees is held for its pod (``Move.for_pod``: the timeline keeps other
+    pods off it until the pod starts or the executor's replacement timeout passes), as the
+    executor does with ``defrag.io/reserved-for``;
+  - a window opens every ``window_every_h`` for ``window_length_h``: make-room for what the
+    rule finds, then a repack; evictions per window opening are capped (``window_evictions``);
+  - the planner sees each running pod's last checkpoint as ``defrag.io/last-checkpoint`` and
+    its (re)start as its creation time, with the cycle's time as ``now``, so its cost prices
+    the work an eviction would lose (``checkpoint_aware=False``: the planner is told no time,
+    and every eviction costs the same).
 
 Every call plans on a private :class:`~defrag.plan.workspace.Workspace` copied from the
 simulator's state and answers with :class:`~defrag.sim.hooks.Move` s in the order the plan
@@ -13,20 +27,32 @@ made them, so the simulator can apply them one by one.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
-from defrag.model.resources import Pod
+from defrag.detect.starvation import StarvationParams
+from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.plan.constraints import Constraints, Ledger
 from defrag.plan.cost import CostModel
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
+from defrag.plan.planner import reserving
 from defrag.plan.repack import repack
 from defrag.plan.room import Context
 from defrag.plan.workspace import Workspace
-from defrag.sim.hooks import DefragHook, Move
-from defrag.sim.state import SimState
+from defrag.sim.hooks import REQUEUE, DefragHook, Move
+from defrag.sim.state import Placed, SimState
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+"""Simulated hour 0 as a wall-clock time (for the annotations and the rule's ``for:``)."""
+
+RULE_PRIORITY = {"LS": 2000, "Guaranteed": 1500, "Burstable": 1000, "BE": 0}
+"""How the rule reads the trace's QoS classes as PriorityClass values: every class above
+best effort at or above the shipped rule's ``min_priority: 1000``, best effort below it."""
 
 PROTOCOLS = ("fill", "timeline")
 
@@ -38,14 +64,41 @@ class HookOptions:
     tries: int = 8
     """Victim sets tried per unschedulable pod, cheapest first."""
     window_evictions: int = 64
-    """Migrations per idle window (timeline)."""
+    """Evictions per window opening (timeline; the daemon's ``max_evictions_per_window``,
+    sized for a cluster of ~1,000 nodes; make-room-now plans outside windows share one such
+    budget per simulated day)."""
     window_pending: int = 32
-    """Waiting pods given room per idle window (timeline), most urgent first."""
+    """Starved pods given room per cycle (timeline), most urgent first."""
     min_gain_per_cost: float = 0.5
-    """Repack keeps a drain only if it frees this many fragmented GPUs per migration."""
+    """Repack keeps a drain only if it frees this many fragmented GPUs per unit of cost."""
     repack: bool = True
     depth: int = 0
     """Chains of migrations for victims that fit nowhere (1: ~5x the time, +0.01 pt on openb)."""
+    checkpoint_aware: bool = True
+    """Timeline: the planner prices lost work from ``defrag.io/last-checkpoint``."""
+    rule: str | None = None
+    """Timeline: the starvation rule file (default: the shipped ``rules/starvation.yaml``)."""
+    make_room_now: bool | None = None
+    """Timeline: make room outside windows too (None: as the rule's ``action`` says)."""
+    window_length_h: float = 1.0
+    """Timeline: how long each execution window stays open."""
+    migrate_any_priority: bool = False
+    """Timeline, an experiment (not what the daemon's planner does): first try to make room
+    by migrations alone with victims of any priority, then as the daemon does."""
+
+
+def load_rule(path: str | None) -> StarvationParams:
+    """The starvation rule of ``path`` (default: the shipped ``starvation.yaml``)."""
+    from defrag.rules import default_rules_dir, load_rules
+
+    file = Path(path) if path else default_rules_dir() / "starvation.yaml"
+    found = load_rules([file]).enabled("starvation")
+    if not found:
+        raise ValueError(f"{file}: no enabled starvation rule")
+    rule = found[0].rule
+    params = rule.params()
+    assert isinstance(params, StarvationParams)
+    return params
 
 
 class PlannerHook:
@@ -56,52 +109,138 @@ class PlannerHook:
             raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
         self.protocol = protocol
         self.options = options
+        self.rule = load_rule(options.rule) if protocol == "timeline" else StarvationParams()
+        now = options.make_room_now
+        self.make_room_now = self.rule.action == "make-room-now" if now is None else now
+        self.open_until = -math.inf
+        self.spent: dict[tuple[str, int], int] = {}
+        """Evictions per budget key: a window opening, or a day outside windows."""
+        self.budget_key: tuple[str, int] = ("", 0)
+
+    # --- fill --------------------------------------------------------------------------------
 
     def on_unschedulable(self, state: SimState, pod: Pod, now: float) -> Sequence[Move]:
-        if self.protocol == "timeline" and pod.num_gpu < 2:
-            return ()  # in the timeline small pods wait for departures; windows handle the rest
+        if self.protocol == "timeline":
+            return ()  # the daemon acts on the rule's findings, at its cycles (on_tick)
         if pod.gpu_demand_milli > int(state.arrays.free_share().sum()):
             return ()  # not enough free GPU in the whole cluster: no move can help
-        ws, ctx = self._workspace(state, max_evictions=None)
+        ws, ctx = self._workspace(state, max_evictions=None, now=None)
         result = make_room(
             ws, ctx, pod, preempt=False, any_priority=True, depth=self.options.depth,
             candidates=self.options.candidates, tries=self.options.tries,
         )  # fmt: skip
         return _moves(ws, result.steps) if result.ok else ()
 
+    # --- timeline: the daemon -------------------------------------------------------------
+
+    def starved(self, state: SimState, now: float) -> list[Pod]:
+        """The pending pods the starvation rule finds at ``now``, most urgent first."""
+        rule, found = self.rule, []
+        for pod in state.pending.values():
+            job = state.jobs.get(pod.key)
+            since = job.queued_at if job is not None else None
+            if since is None or (now - since) * 3600.0 < rule.for_s - 1e-6:
+                continue
+            if (
+                RULE_PRIORITY.get(pod.qos, pod.priority) >= rule.min_priority
+                or pod.priority_class in rule.priority_classes
+            ):
+                found.append((-pod.priority, since, pod.key, pod))
+        return [p for *_, p in sorted(found, key=lambda t: t[:3])]
+
+    def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
+        if self.protocol != "timeline" or not state.pending:
+            return ()
+        in_window = now < self.open_until - 1e-9
+        if not in_window and not self.make_room_now:
+            return ()
+        starved = self.starved(state, now)
+        if not starved:
+            return ()
+        budget = self._budget(now, in_window)
+        if budget <= 0:
+            return ()
+        ws, ctx = self._workspace(state, max_evictions=budget, now=now)
+        return self._spend(ws, self._make_room(ws, ctx, starved))
+
     def on_window(self, state: SimState, now: float) -> Sequence[Move]:
         if self.protocol != "timeline":
             return ()
-        opts = self.options
-        ws, ctx = self._workspace(state, max_evictions=opts.window_evictions)
-        steps: list[Step] = []
-        waiting = sorted(state.pending.values(), key=lambda p: (-p.priority, -p.gpu_demand_milli))[
-            : opts.window_pending
-        ]
-        for pod in waiting:
+        self.open_until = now + self.options.window_length_h
+        budget = self._budget(now, True)
+        ws, ctx = self._workspace(state, max_evictions=budget, now=now)
+        steps = self._make_room(ws, ctx, self.starved(state, now))
+        if self.options.repack:
+            packed = repack(ws, ctx, state.mix, min_gain_per_cost=self.options.min_gain_per_cost)
+            steps.extend(packed.steps)
+        return self._spend(ws, steps)
+
+    def _make_room(self, ws: Workspace, ctx: Context, starved: Sequence[Pod]) -> list[Step]:
+        opts, steps = self.options, []
+        for pod in starved[: opts.window_pending]:
             mark = ws.mark()
-            result = make_room(
-                ws, ctx, pod, preempt=False, any_priority=True, depth=opts.depth,
-                candidates=opts.candidates, tries=opts.tries,
-            )  # fmt: skip
-            if result.ok:
-                steps.extend(result.steps)
+            result = None
+            if opts.migrate_any_priority:
+                result = make_room(
+                    ws, ctx, pod, preempt=False, any_priority=True, depth=opts.depth,
+                    candidates=opts.candidates, tries=opts.tries,
+                )  # fmt: skip
+                if not result.ok:
+                    ws.rollback(mark)
+            if result is None or not result.ok:
+                result = make_room(
+                    ws, ctx, pod, preempt=True, depth=opts.depth,
+                    candidates=opts.candidates, tries=opts.tries,
+                )  # fmt: skip
+            if result.ok and result.row is not None:
+                steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
             else:
                 ws.rollback(mark)
-        if opts.repack:
-            packed = repack(ws, ctx, state.mix, min_gain_per_cost=opts.min_gain_per_cost)
-            steps.extend(packed.steps)
-        return _moves(ws, steps)
+        return steps
+
+    def _budget(self, now: float, in_window: bool) -> int:
+        key = ("window", int(self.open_until * 1e6)) if in_window else ("day", int(now // 24))
+        self.budget_key = key
+        return self.options.window_evictions - self.spent.get(key, 0)
+
+    def _spend(self, ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
+        moves = _moves(ws, steps)
+        self.spent[self.budget_key] = self.spent.get(self.budget_key, 0) + len(moves)
+        return moves
 
     def _workspace(
-        self, state: SimState, *, max_evictions: int | None
+        self, state: SimState, *, max_evictions: int | None, now: float | None
     ) -> tuple[Workspace, Context]:
-        ws = Workspace(state.arrays.copy(), state.rows, where=state.placed)
+        aware = now is not None and self.options.checkpoint_aware
+        if aware and state.jobs:
+            assert now is not None
+            where = {k: _annotated(pl, state, now) for k, pl in state.placed.items()}
+            rows = [{k: where[k] for k in r} for r in state.rows]
+            ws = Workspace(state.arrays.copy(), rows, where=where)
+        else:
+            ws = Workspace(state.arrays.copy(), state.rows, where=state.placed)
         constraints = Constraints(max_evictions=max_evictions)
+        moment = EPOCH + timedelta(hours=now) if aware and now is not None else None
         ctx = Context(
-            state.policy, Ledger((), constraints), constraints, CostModel(), None, enforce=False
+            state.policy, Ledger((), constraints), constraints, CostModel(), moment, enforce=False
         )
         return ws, ctx
+
+
+def _annotated(placed: Placed, state: SimState, now: float) -> Placed:
+    """The running pod as the cluster shows it: created at its (re)start, annotated with
+    ``defrag.io/last-checkpoint`` when it has one."""
+    job = state.jobs.get(placed.pod.key)
+    if job is None or job.started is None:
+        return placed
+    last = job.last_checkpoint(now)
+    notes = dict(placed.pod.annotations)
+    if last is not None and job.interval_h is not None and last > job.started:
+        notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=last)).isoformat()
+    elif job.interval_h == 0:
+        notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=now)).isoformat()
+    pod = replace(placed.pod, created_at=EPOCH + timedelta(hours=job.started), annotations=notes)
+    return replace(placed, pod=pod)
 
 
 def make_defrag_hook(policy: str, protocol: str, **opts: Any) -> DefragHook:
@@ -116,12 +255,19 @@ def make_defrag_hook(policy: str, protocol: str, **opts: Any) -> DefragHook:
 
 
 def _moves(ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
+    """The plan's evictions as moves: a migration to its target, a preemption to the queue."""
     index = ws.arrays.index
     return tuple(
-        Move(s.pod, index[s.source], index[s.target], s.gpus)
+        Move(
+            s.pod,
+            index[s.source],
+            index[s.target] if s.kind == "migrate" and s.target is not None else REQUEUE,
+            s.gpus if s.kind == "migrate" else (),
+            s.for_pod,
+        )
         for s in steps
-        if s.kind == "migrate" and s.target is not None
+        if s.kind in ("migrate", "preempt")
     )
 
 
-__all__ = ["HookOptions", "PlannerHook", "make_defrag_hook"]
+__all__ = ["EPOCH", "RULE_PRIORITY", "HookOptions", "PlannerHook", "load_rule", "make_defrag_hook"]

@@ -26,12 +26,23 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Move:
     """A migration decided by a hook: pod ``pod_id`` leaves ``source_row`` for ``gpus`` of
-    ``target_row`` (``gpus`` is empty for a pod that asks no GPU)."""
+    ``target_row`` (``gpus`` is empty for a pod that asks no GPU).
+
+    ``target_row`` = :data:`REQUEUE` evicts the pod without a new node: it goes back to the
+    waiting queue (a preemption, or a descheduler eviction the scheduler places later).
+    ``for_pod`` names the pending pod the eviction frees ``source_row`` for: the timeline
+    holds that node for it (``defrag.io/reserved-for``) until it starts or the hold times out.
+    """
 
     pod_id: str
     source_row: int
     target_row: int
     gpus: tuple[int, ...]
+    for_pod: str | None = None
+
+
+REQUEUE = -1
+"""``Move.target_row`` of an eviction without a new node."""
 
 
 class DefragHook(Protocol):
@@ -42,6 +53,13 @@ class DefragHook(Protocol):
     def on_window(self, state: SimState, now: float) -> Sequence[Move]:
         """An idle window opened (timeline protocol); the repacking moves to make."""
         ...
+
+
+class TickHook(Protocol):
+    """A hook that also runs on a period (timeline protocol): a daemon cycle, a scheduling
+    session, a descheduler interval. Optional: the timeline calls it when a hook has it."""
+
+    def on_tick(self, state: SimState, now: float) -> Sequence[Move]: ...
 
 
 class NoDefrag:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from defrag.sim.fill import FillRun
@@ -116,15 +116,34 @@ class TimelineSummary:
     """Mean pending time (h) per GPU class, averaged over seeds."""
     wait_by_priority: dict[str, float]
     migrations: float
+    p95_by_gpus: dict[str, float] = field(default_factory=dict)
+    """95th percentile pending time (h) per GPU class, mean over seeds."""
+    goodput: float = 0.0
+    lost_gpu_hours: float = 0.0
+    evictions: float = 0.0
+    max_evictions: int = 0
+    gpu_wait_hours: float = 0.0
+    offered_load: tuple[float, ...] = ()
+    scheduler: str = ""
+    defragmenter: str = "none"
 
     def to_dict(self) -> dict[str, object]:
         return {
             "seeds": self.seeds,
+            "defragmenter": self.defragmenter,
+            "scheduler": self.scheduler,
+            "offered_load_pct": [round(x, 2) for x in self.offered_load],
             "mean_allocation": round(self.mean_allocation, 3),
+            "goodput_pct": round(self.goodput, 3),
+            "lost_gpu_hours": round(self.lost_gpu_hours, 2),
             "mean_queue": round(self.mean_queue, 2),
+            "gpu_wait_hours": round(self.gpu_wait_hours, 1),
             "mean_wait_h_by_gpus": {k: round(v, 4) for k, v in self.wait_by_gpus.items()},
+            "p95_wait_h_by_gpus": {k: round(v, 4) for k, v in self.p95_by_gpus.items()},
             "mean_wait_h_by_priority": {k: round(v, 4) for k, v in self.wait_by_priority.items()},
             "migrations_mean": self.migrations,
+            "evictions_mean": self.evictions,
+            "max_evictions_per_pod": self.max_evictions,
         }
 
 
@@ -143,9 +162,23 @@ def summarize_timeline(runs: Sequence[TimelineRun]) -> list[TimelineSummary]:
                 wait_by_gpus={g: _mean_wait(mine, g, "gpus") for g in gpus},
                 wait_by_priority={p: _mean_wait(mine, p, "priority") for p in prios},
                 migrations=statistics.fmean(r.migrations for r in mine),
+                p95_by_gpus={g: _mean_p95(mine, g) for g in gpus},
+                goodput=statistics.fmean(r.goodput_pct for r in mine),
+                lost_gpu_hours=statistics.fmean(r.lost_gpu_hours for r in mine),
+                evictions=statistics.fmean(r.evictions for r in mine),
+                max_evictions=max(r.max_evictions for r in mine),
+                gpu_wait_hours=statistics.fmean(r.gpu_wait_hours for r in mine),
+                offered_load=tuple(r.offered_load_pct for r in mine),
+                scheduler=mine[0].scheduler or mine[0].policy,
+                defragmenter=mine[0].defragmenter,
             )
         )
     return out
+
+
+def _mean_p95(runs: Sequence[TimelineRun], name: str) -> float:
+    vals = [c.p95_wait_h for r in runs for c in r.by_gpus if c.name == name]
+    return statistics.fmean(vals) if vals else 0.0
 
 
 def _mean_wait(runs: Sequence[TimelineRun], name: str, kind: str) -> float:
@@ -174,9 +207,13 @@ TIMELINE_CLASSES = ("1", "2", "4", "8")
 
 
 def timeline_header(classes: Sequence[str] = TIMELINE_CLASSES) -> tuple[str, ...]:
-    """GPU allocation %, queue length, mean wait (h) per job size, the 8-GPU / 1-GPU wait
-    ratio, migrations."""
-    return ("policy", "seeds", "alloc %", "queue", *(f"{c}-GPU h" for c in classes), "8/1", "moves")
+    """Scheduler, GPU allocation and goodput %, GPU-hours lost to evictions, queue length,
+    mean wait (h) per job size, multi-GPU mean and p95 wait, the 8-GPU / 1-GPU wait ratio,
+    migrations and evictions."""
+    return (
+        "policy", "scheduler", "seeds", "alloc %", "goodput %", "lost GPU·h", "queue",
+        *(f"{c}-GPU h" for c in classes), "multi h", "multi p95 h", "8/1", "moves", "evictions",
+    )  # fmt: skip
 
 
 def timeline_rows(
@@ -197,14 +234,23 @@ def starvation_ratio(s: TimelineSummary) -> str:
 
 
 def _row(s: TimelineSummary, classes: Sequence[str]) -> tuple[str, ...]:
+    def h(d: dict[str, float], c: str) -> str:
+        return f"{d[c]:.2f}" if c in d else "–"
+
     return (
         s.policy,
+        s.scheduler,
         str(s.seeds),
         f"{s.mean_allocation:.1f}",
+        f"{s.goodput:.1f}",
+        f"{s.lost_gpu_hours:.0f}",
         f"{s.mean_queue:.0f}",
-        *(f"{s.wait_by_gpus[c]:.2f}" if c in s.wait_by_gpus else "–" for c in classes),
+        *(h(s.wait_by_gpus, c) for c in classes),
+        h(s.wait_by_gpus, "multi"),
+        h(s.p95_by_gpus, "multi"),
         starvation_ratio(s),
         f"{s.migrations:g}",
+        f"{s.evictions:g}",
     )
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
+from defrag.sim.defragmenters import make_defragmenter
 from defrag.sim.fill import FILL_RATIO, FillRun, Progress, run_fill
-from defrag.sim.hooks import load_defrag_hook
 from defrag.sim.timeline import TimelineConfig, TimelineRun, run_timeline
 
 PROTOCOLS = ("fill", "timeline")
@@ -38,17 +38,26 @@ class Task:
     timeline: TimelineConfig | None = None
     fill_ratio: float = FILL_RATIO
     hook_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    defragmenter: str = "none"
+    """Timeline: the defragmenter in the loop (:data:`~defrag.sim.defragmenters.DEFRAGMENTERS`);
+    ``defrag=True`` is shorthand for ``defrag``."""
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {self.protocol!r}; known: {', '.join(PROTOCOLS)}")
+        if self.defrag and self.defragmenter == "none":
+            object.__setattr__(self, "defragmenter", "defrag")
+
+    @property
+    def label(self) -> str:
+        return self.policy if self.defragmenter == "none" else f"{self.policy}+{self.defragmenter}"
 
 
 def run_task(workload: Workload, task: Task, progress: Progress | None = None) -> Run:
     mix = workload.mix if workload.mix is not None else WorkloadMix.from_pods(workload.pods)
-    hook = None
-    if task.defrag:
-        hook = load_defrag_hook(task.policy, task.protocol, **dict(task.hook_options))
+    hook, scheduler = make_defragmenter(
+        task.defragmenter, task.policy, task.protocol, task.hook_options
+    )
     if task.protocol == "fill":
         return run_fill(
             workload.nodes,
@@ -69,6 +78,8 @@ def run_task(workload: Workload, task: Task, progress: Progress | None = None) -
         mix=mix,
         hook=hook,
         progress=progress,
+        defragmenter=task.defragmenter,
+        scheduler=scheduler,
     )
 
 

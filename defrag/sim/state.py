@@ -12,14 +12,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
-from defrag.sim.hooks import Move
+from defrag.sim.hooks import REQUEUE, Move
 
 if TYPE_CHECKING:
     from defrag.scoring.framework import Policy
+    from defrag.sim.migration import Job
 
 
 class InvalidMove(ValueError):
@@ -50,6 +53,11 @@ class SimState:
     pending: dict[str, Pod] = field(default_factory=dict)
     """Pods waiting for room (timeline protocol), by pod id, in arrival order."""
     migrations: int = 0
+    jobs: dict[str, Job] = field(default_factory=dict)
+    """Timeline protocol: every pod's job (progress, checkpoints, waits), by pod id."""
+    reserved: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """Timeline protocol: rows held for a pending pod (``defrag.io/reserved-for``): row →
+    (pod id, simulated hour the hold expires)."""
 
     @classmethod
     def new(
@@ -79,17 +87,52 @@ class SimState:
 
     def apply_moves(self, moves: Sequence[Move]) -> int:
         """Apply ``moves`` in order; all or nothing. Returns the number applied."""
-        done: list[tuple[Placed, Placed]] = []
+        return len(self.apply_moves_detailed(moves))
+
+    def apply_moves_detailed(self, moves: Sequence[Move]) -> list[tuple[Placed, Placed | None]]:
+        """Apply ``moves`` in order, all or nothing: (before, after) per move, ``after`` None
+        for an eviction to the queue (:data:`~defrag.sim.hooks.REQUEUE`; the caller queues
+        the pod). Only moves with a new node count as migrations."""
+        done: list[tuple[Placed, Placed | None]] = []
         try:
             for move in moves:
-                done.append((self._check(move), self._move(move)))
+                before = self._check(move)
+                if move.target_row == REQUEUE:
+                    done.append((self.remove(move.pod_id), None))
+                else:
+                    done.append((before, self._move(move)))
         except InvalidMove:
             for before, after in reversed(done):
-                self.remove(after.pod.key)
+                if after is not None:
+                    self.remove(after.pod.key)
                 self.place(before.pod, before.row, before.gpus, before.since)
             raise
-        self.migrations += len(done)
-        return len(done)
+        self.migrations += sum(after is not None for _, after in done)
+        return done
+
+    def release_expired(self, now: float) -> set[int]:
+        """Drop the holds that timed out by ``now``; the rows they held."""
+        gone = {row for row, (_, until) in self.reserved.items() if until <= now}
+        for row in gone:
+            del self.reserved[row]
+        return gone
+
+    def release_for(self, pod_id: str) -> set[int]:
+        """Drop the holds kept for ``pod_id`` (it started, somewhere)."""
+        gone = {row for row, (pid, _) in self.reserved.items() if pid == pod_id}
+        for row in gone:
+            del self.reserved[row]
+        return gone
+
+    def excluded_for(self, pod_id: str) -> np.ndarray | None:
+        """Rows a pod may not use: those held for another pod (None: no hold anywhere)."""
+        if not self.reserved:
+            return None
+        mask = np.zeros(len(self.nodes), dtype=bool)
+        for row, (pid, _) in self.reserved.items():
+            if pid != pod_id:
+                mask[row] = True
+        return mask
 
     def _check(self, move: Move) -> Placed:
         placed = self.placed.get(move.pod_id)
@@ -99,6 +142,8 @@ class SimState:
             raise InvalidMove(
                 f"move of {move.pod_id}: it runs on row {placed.row}, not {move.source_row}"
             )
+        if move.target_row == REQUEUE:
+            return placed
         if not 0 <= move.target_row < len(self.nodes) or move.target_row == move.source_row:
             raise InvalidMove(f"move of {move.pod_id}: bad target row {move.target_row}")
         return placed

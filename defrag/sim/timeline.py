@@ -20,12 +20,16 @@ in the default trace), so only the pod *shapes* come from the trace:
   from node r checks the waiting pods against node r (vectorised), then runs the full
   scheduler for the ones that may fit.
 * **Defragmentation** (a :class:`~defrag.sim.hooks.DefragHook`): ``on_unschedulable`` when a
-  pod fits nowhere on arrival, ``on_window`` every ``window_every_h`` hours; after moves the
-  waiting pods are retried on the rows the moves freed.
+  pod fits nowhere on arrival, ``on_tick`` every ``tick_every_h`` (when the hook has it),
+  ``on_window`` every ``window_every_h`` hours; after moves the waiting pods are retried on
+  the rows the moves freed. A move with ``for_pod`` holds its source row for that pod.
+* **Evictions are priced** (:mod:`defrag.sim.migration`): an evicted pod loses the work since
+  its last checkpoint, re-queues (or binds to its planned node), and restarts with an overhead.
 * **Metrics** cover the measured period after ``warmup_hours``: GPU allocation and queue length
-  sampled every ``sample_every_h``, and the pending time (start − arrival) of each pod that
-  arrived in the period, by GPU count and by priority class. Pods still waiting at the end
-  count with their wait so far (and are reported as ``still_pending``).
+  sampled every ``sample_every_h``, goodput and GPU-hours lost to evictions, and the pending
+  time (every wait, first and after evictions) of each pod that arrived in the period, by GPU
+  count (and ``multi``) and by priority class. Pods still waiting at the end count with their
+  wait so far (and are reported as ``still_pending``).
 """
 
 from __future__ import annotations
@@ -42,10 +46,11 @@ from defrag.model.arrays import NodeArrays
 from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
-from defrag.scoring.framework import Placement
+from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.policies import make_policy
 from defrag.scoring.scheduler import schedule
 from defrag.sim.hooks import DefragHook, Move
+from defrag.sim.migration import Job, MigrationCost
 from defrag.sim.state import SimState
 from defrag.sim.trace import QOS_PRIORITY
 
@@ -107,14 +112,20 @@ class TimelineConfig:
     """Idle-window period for the defragmentation hook."""
     prefill: bool = True
     """Start in steady state (see :func:`generate_arrivals`) instead of an empty cluster."""
+    cost: MigrationCost = field(default_factory=MigrationCost)
+    """What an eviction costs: checkpoints and restart overhead per pod kind."""
+    tick_every_h: float = 300.0 / 3600.0
+    """Period of a hook's ``on_tick`` (the daemon's cycle interval, 300 s by default)."""
+    hold_h: float = 600.0 / 3600.0
+    """How long room made for a pod is held for it (the executor's replacement timeout)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.load <= 5:
             raise ValueError(f"load must be in (0, 5], got {self.load}")
         if self.hours <= 0 or self.warmup_hours < 0:
             raise ValueError("hours must be > 0 and warmup_hours >= 0")
-        if self.sample_every_h <= 0 or self.window_every_h <= 0:
-            raise ValueError("sample_every_h and window_every_h must be > 0")
+        if self.sample_every_h <= 0 or self.window_every_h <= 0 or self.tick_every_h <= 0:
+            raise ValueError("sample_every_h, window_every_h and tick_every_h must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,10 +239,37 @@ class TimelineRun:
     series: TimelineSeries
     seconds: float
     defrag: bool = False
+    defragmenter: str = "none"
+    """The defragmenter that ran (``none``, ``defrag``, ``descheduler-hnu``…)."""
+    scheduler: str = ""
+    """The score the scheduler ran with (the policy, or the one the defragmenter installs)."""
+    evictions: int = 0
+    """Every pod stopped by the defragmenter: migrations (with a new node) + re-queued."""
+    max_evictions: int = 0
+    """The most times one pod was evicted."""
+    lost_work_gpu_hours: float = 0.0
+    overhead_gpu_hours: float = 0.0
+    goodput_pct: float = 0.0
+    """Useful GPU-hours per capacity-hour, %: allocation less the GPU-hours lost to
+    evictions (work since the last checkpoint + restart overhead) in the measured period."""
+    gpu_wait_hours: float = 0.0
+    """Σ pending time × GPUs asked, over the measured pods (GPU·h)."""
+    offered_load_pct: float = 0.0
+    """The realised offered load: GPU-hours of work alive in the measured period (as if
+    nothing waited) per capacity-hour, %."""
+    multi_waits: tuple[float, ...] = ()
+    """Pending time of every measured pod asking ≥ 2 whole GPUs (for CDFs)."""
+    cost: dict[str, object] = field(default_factory=dict, hash=False)
+
+    @property
+    def lost_gpu_hours(self) -> float:
+        return self.lost_work_gpu_hours + self.overhead_gpu_hours
 
     @property
     def label(self) -> str:
-        return f"{self.policy}+defrag" if self.defrag else self.policy
+        if self.defragmenter == "none":
+            return f"{self.policy}+defrag" if self.defrag else self.policy
+        return f"{self.policy}+{self.defragmenter}"
 
     def wait(self, cls: str) -> ClassStats | None:
         return next((c for c in (*self.by_gpus, *self.by_priority) if c.name == cls), None)
@@ -239,15 +277,26 @@ class TimelineRun:
     def to_dict(self, *, series: bool = False) -> dict[str, object]:
         out: dict[str, object] = {
             "policy": self.policy,
+            "defragmenter": self.defragmenter,
+            "scheduler": self.scheduler or self.policy,
             "defrag": self.defrag,
             "seed": self.seed,
             "load": self.load,
+            "offered_load_pct": round(self.offered_load_pct, 2),
             "arrivals": self.arrivals,
             "mean_allocation": round(self.mean_allocation, 3),
+            "goodput_pct": round(self.goodput_pct, 3),
+            "lost_gpu_hours": round(self.lost_gpu_hours, 2),
+            "lost_work_gpu_hours": round(self.lost_work_gpu_hours, 2),
+            "overhead_gpu_hours": round(self.overhead_gpu_hours, 2),
             "mean_queue": round(self.mean_queue, 2),
+            "gpu_wait_hours": round(self.gpu_wait_hours, 1),
             "pending_by_gpus": {c.name: c.to_dict() for c in self.by_gpus},
             "pending_by_priority": {c.name: c.to_dict() for c in self.by_priority},
             "migrations": self.migrations,
+            "evictions": self.evictions,
+            "max_evictions_per_pod": self.max_evictions,
+            "cost": self.cost,
             "seconds": round(self.seconds, 2),
         }
         if series:
@@ -270,6 +319,11 @@ def gpu_class(pod: Pod) -> str:
 
 def priority_class(pod: Pod) -> str:
     return pod.qos or str(pod.priority)
+
+
+def is_multi(pod: Pod) -> bool:
+    """Asks two or more whole GPUs (the ``multi`` class)."""
+    return pod.num_gpu >= 2 and pod.gpu_milli >= GPU_MILLI
 
 
 # --- the waiting queue -------------------------------------------------------------------------
@@ -371,17 +425,22 @@ class _Recorder:
     prio_waits: dict[str, list[float]] = field(default_factory=dict)
     unfinished: dict[str, int] = field(default_factory=dict)
     prio_unfinished: dict[str, int] = field(default_factory=dict)
+    gpu_wait: float = 0.0
+    multi: list[float] = field(default_factory=list)
 
-    def started(self, pod: Pod, arrived: float, now: float) -> None:
-        if arrived >= self.warmup:
-            self.waits.setdefault(gpu_class(pod), []).append(now - arrived)
-            self.prio_waits.setdefault(priority_class(pod), []).append(now - arrived)
-
-    def still_waiting(self, pod: Pod, arrived: float, end: float) -> None:
-        if arrived >= self.warmup:
-            self.started(pod, arrived, end)
-            g, p = gpu_class(pod), priority_class(pod)
-            self.unfinished[g] = self.unfinished.get(g, 0) + 1
+    def record(self, pod: Pod, wait: float, pending: bool) -> None:
+        """One measured pod's total pending time (first wait + every re-queue)."""
+        classes = [gpu_class(pod)] + (["multi"] if is_multi(pod) else [])
+        p = priority_class(pod)
+        for g in classes:
+            self.waits.setdefault(g, []).append(wait)
+        self.prio_waits.setdefault(p, []).append(wait)
+        self.gpu_wait += wait * pod.gpu_demand_milli / GPU_MILLI
+        if is_multi(pod):
+            self.multi.append(wait)
+        if pending:
+            for g in classes:
+                self.unfinished[g] = self.unfinished.get(g, 0) + 1
             self.prio_unfinished[p] = self.prio_unfinished.get(p, 0) + 1
 
 
@@ -413,6 +472,8 @@ def run_timeline(
     mix: WorkloadMix | None = None,
     hook: DefragHook | None = None,
     progress: Progress | None = None,
+    defragmenter: str | None = None,
+    scheduler: Policy | str | None = None,
 ) -> TimelineRun:
     """One timeline run of ``nodes`` under ``policy`` with arrivals drawn from ``shapes``."""
     config = config or TimelineConfig()
@@ -422,8 +483,9 @@ def run_timeline(
         raise ValueError("the cluster has no GPU")
     arrivals = generate_arrivals(shapes, capacity, config, seed)
     return replay_timeline(
-        nodes, arrivals, policy, seed, config=config, mix=mix, hook=hook, progress=progress
-    )
+        nodes, arrivals, policy, seed, config=config, mix=mix, hook=hook, progress=progress,
+        defragmenter=defragmenter, scheduler=scheduler,
+    )  # fmt: skip
 
 
 def replay_timeline(
@@ -436,32 +498,63 @@ def replay_timeline(
     mix: WorkloadMix | None = None,
     hook: DefragHook | None = None,
     progress: Progress | None = None,
+    defragmenter: str | None = None,
+    scheduler: Policy | str | None = None,
 ) -> TimelineRun:
     """The event loop over given ``arrivals`` (sorted by time); ``config.load`` and
-    ``config.durations`` are not used here (they shaped the arrivals)."""
+    ``config.durations`` are not used here (they shaped the arrivals).
+
+    ``scheduler`` is the score the scheduler runs with (default: ``policy``'s), for a
+    defragmenter that installs its own (descheduler HighNodeUtilization: most-allocated).
+    """
     started_at = time.perf_counter()
     config = config or TimelineConfig()
     mix = mix if mix is not None else WorkloadMix.from_pods([a.pod for a in arrivals])
-    state = SimState.new(nodes, make_policy(policy, mix=mix, seed=seed), policy, mix)
+    if scheduler is None:
+        scheduler = policy
+    sched = make_policy(scheduler, mix=mix, seed=seed) if isinstance(scheduler, str) else scheduler
+    state = SimState.new(nodes, sched, policy, mix)
     arrays = state.arrays
     capacity = int(arrays.gpu_total.sum())
     if capacity == 0:
         raise ValueError("the cluster has no GPU")
     arrivals = sorted(arrivals, key=lambda a: a.time_h)
     queue = WaitQueue(arrays.models)
-    record = _Recorder(config.warmup_hours)
     end = config.warmup_hours + config.hours
-    departures: list[tuple[float, int, str, float]] = []  # (time, seq, pod id, duration)
+    warm = config.warmup_hours
+    departures: list[tuple[float, int, str]] = []  # (time, seq, pod id); stale when seq moved on
+    jobs = state.jobs
+    cost_rng = np.random.default_rng([seed, 17])
     seq = 0
+    lost_work = overhead_spent = 0.0
+    evictions = 0
+    on_tick = getattr(hook, "on_tick", None)
 
-    def start(
-        pod: Pod, row: int, gpus: tuple[int, ...], arrived: float, run_h: float, now: float
-    ) -> None:
+    def spent(job: Job, until: float) -> None:
+        """Charge the restart overhead the running segment spent by ``until``, inside the
+        measured period (a pod evicted during its overhead spent only part of it)."""
+        nonlocal overhead_spent
+        if job.started is None or not job.segment_overhead_h:
+            return
+        lo = max(job.started, warm)
+        hi = min(job.started + job.segment_overhead_h, until, end)
+        if hi > lo:
+            overhead_spent += job.gpus * (hi - lo)
+
+    def start(job: Job, row: int, gpus: tuple[int, ...], now: float) -> None:
         nonlocal seq
-        state.place(pod, row, gpus, now)
-        record.started(pod, arrived, now)
+        state.place(job.pod, row, gpus, now)
+        done_at = job.start(now, overhead=job.evictions > 0)
         seq += 1
-        heapq.heappush(departures, (now + run_h, seq, pod.key, run_h))
+        job.seq = seq
+        heapq.heappush(departures, (done_at, seq, job.pod.key))
+        if state.reserved:
+            state.release_for(job.pod.key)
+
+    def enqueue(job: Job, now: float) -> None:
+        job.queued_at = now
+        queue.push(job.pod, job.arrived, job.work_h)
+        state.pending[job.pod.key] = job.pod
 
     def retry(rows: set[int], now: float) -> None:
         """Waiting pods that may now fit on ``rows``, in queue order; place every one that fits."""
@@ -470,55 +563,90 @@ def replay_timeline(
         )
         for i in candidates:
             pod = queue.pods[i]
-            result = schedule(pod, arrays, state.policy)
+            result = schedule(pod, arrays, state.policy, exclude=state.excluded_for(pod.key))
             if isinstance(result, Placement):
                 queue.remove(i)
                 state.pending.pop(pod.key, None)
-                start(pod, result.row, result.gpus, queue.arrived[i], queue.durations[i], now)
+                start(jobs[pod.key], result.row, result.gpus, now)
 
     def apply(moves: Sequence[Move], now: float) -> None:
-        if moves:
-            state.apply_moves(moves)
-            retry({m.source_row for m in moves}, now)
+        nonlocal lost_work, evictions
+        if not moves:
+            return
+        freed: set[int] = set()
+        for before, after in state.apply_moves_detailed(moves):
+            job = jobs[before.pod.key]
+            spent(job, now)
+            lost = job.evict(now)
+            job.seq = 0  # its completion event is void
+            evictions += 1
+            if warm <= now < end:
+                lost_work += job.gpus * lost
+            freed.add(before.row)
+            if after is None:
+                enqueue(job, now)
+            else:  # a migration: the replacement is bound to its planned node at once
+                state.remove(job.pod.key)
+                start(job, after.row, after.gpus, now)
+        for m in moves:
+            if m.for_pod is not None and m.for_pod in state.pending:
+                state.reserved[m.source_row] = (m.for_pod, now + config.hold_h)
+        retry(freed, now)
 
     samples_t: list[float] = []
     samples_alloc: list[float] = []
     samples_queue: list[int] = []
-    next_sample = config.warmup_hours
+    next_sample = warm
     next_window = config.window_every_h
+    next_tick = config.tick_every_h
     a = 0
     n = len(arrivals)
     cap_milli = capacity * GPU_MILLI
     while True:
         t_arr = arrivals[a].time_h if a < n else math.inf
+        while departures and jobs[departures[0][2]].seq != departures[0][1]:
+            heapq.heappop(departures)  # a pod evicted since: its old completion is void
         t_dep = departures[0][0] if departures else math.inf
         t_win = next_window if hook is not None else math.inf
-        t_next = min(t_arr, t_dep, t_win, next_sample)
+        t_tick = next_tick if on_tick is not None else math.inf
+        t_next = min(t_arr, t_dep, t_win, t_tick, next_sample)
         if t_next > end:
             break
         if t_dep == t_next:
             freed: set[int] = set()
             while departures and departures[0][0] == t_next:
-                _, _, pod_id, _ = heapq.heappop(departures)
-                freed.add(state.remove(pod_id).row)
+                _, s_, pod_id = heapq.heappop(departures)
+                if jobs[pod_id].seq == s_:
+                    spent(jobs[pod_id], t_next)
+                    jobs[pod_id].started = None
+                    freed.add(state.remove(pod_id).row)
             retry(freed, t_next)
         elif t_win == t_next:
             assert hook is not None
             apply(hook.on_window(state, t_next), t_next)
             next_window += config.window_every_h
+        elif t_tick == t_next:
+            assert on_tick is not None
+            expired = state.release_expired(t_next)
+            if expired:
+                retry(expired, t_next)
+            apply(on_tick(state, t_next), t_next)
+            next_tick += config.tick_every_h
         elif t_arr == t_next:
             arrival = arrivals[a]
             a += 1
             pod = arrival.pod
-            result = schedule(pod, arrays, state.policy)
+            interval, overhead = config.cost.draw(pod, cost_rng)
+            job = Job(pod, t_next, arrival.duration_h, interval, overhead)
+            jobs[pod.key] = job
+            result = schedule(pod, arrays, state.policy, exclude=state.excluded_for(pod.key))
             if not isinstance(result, Placement) and hook is not None:
                 apply(hook.on_unschedulable(state, pod, t_next), t_next)
-                result = schedule(pod, arrays, state.policy)
+                result = schedule(pod, arrays, state.policy, exclude=state.excluded_for(pod.key))
             if isinstance(result, Placement):
-                start(pod, result.row, result.gpus, t_next, arrival.duration_h, t_next)
+                start(job, result.row, result.gpus, t_next)
             else:
-                queue.push(pod, t_next, arrival.duration_h)
-                state.pending[pod.key] = pod
+                enqueue(job, t_next)
             if progress is not None and (a % 1024 == 0 or a == n):
                 progress(a, n)
         else:
@@ -526,21 +654,52 @@ def replay_timeline(
             samples_alloc.append(100.0 * (cap_milli - int(arrays.free_share().sum())) / cap_milli)
             samples_queue.append(queue.count)
             next_sample += config.sample_every_h
-    for i in queue.waiting():
-        record.still_waiting(queue.pods[i], queue.arrived[i], end)
-    gpu_order = ["cpu", "share", "1", "2", "4", "8"]
+    for job in jobs.values():
+        spent(job, end)  # still running: the overhead spent so far
+    record = _Recorder(warm)
+    for job in jobs.values():
+        if job.arrived >= warm:
+            pending = job.queued_at is not None
+            wait = job.waited_h + (end - job.queued_at if job.queued_at is not None else 0.0)
+            record.record(job.pod, wait, pending)
+    gpu_order = ["cpu", "share", "1", "2", "4", "8", "multi"]
     prio_order = sorted(QOS_PRIORITY, key=lambda q: -QOS_PRIORITY[q])
+    mean_alloc = float(np.mean(samples_alloc)) if samples_alloc else 0.0
+    cap_hours = capacity * config.hours
+    name = defragmenter if defragmenter is not None else ("defrag" if hook is not None else "none")
     return TimelineRun(
         policy=policy,
         seed=seed,
         load=config.load,
         arrivals=n,
         migrations=state.migrations,
-        mean_allocation=float(np.mean(samples_alloc)) if samples_alloc else 0.0,
+        mean_allocation=mean_alloc,
         mean_queue=float(np.mean(samples_queue)) if samples_queue else 0.0,
         by_gpus=_stats(record.waits, record.unfinished, gpu_order),
         by_priority=_stats(record.prio_waits, record.prio_unfinished, prio_order),
         series=TimelineSeries(tuple(samples_t), tuple(samples_alloc), tuple(samples_queue)),
         seconds=time.perf_counter() - started_at,
-        defrag=hook is not None,
+        defrag=hook is not None and name == "defrag",
+        defragmenter=name,
+        scheduler=state.policy.name,
+        evictions=evictions,
+        max_evictions=max((j.evictions for j in jobs.values()), default=0),
+        lost_work_gpu_hours=lost_work,
+        overhead_gpu_hours=overhead_spent,
+        goodput_pct=mean_alloc - 100.0 * (lost_work + overhead_spent) / cap_hours,
+        gpu_wait_hours=record.gpu_wait,
+        offered_load_pct=offered_load(arrivals, warm, end, capacity),
+        multi_waits=tuple(sorted(record.multi)),
+        cost=config.cost.describe(),
     )
+
+
+def offered_load(arrivals: Sequence[Arrival], start: float, end: float, capacity: int) -> float:
+    """GPU-hours of the arrivals' work inside [start, end), as if none waited, per
+    capacity-hour of that period, %."""
+    total = 0.0
+    for arr in arrivals:
+        lo, hi = max(arr.time_h, start), min(arr.time_h + arr.duration_h, end)
+        if hi > lo:
+            total += arr.pod.gpu_demand_milli / GPU_MILLI * (hi - lo)
+    return 100.0 * total / (capacity * (end - start)) if end > start else 0.0

@@ -1,0 +1,265 @@
+"""Defragmenters side by side in the timeline protocol, with every eviction priced (issue 17).
+
+Same arrivals, seeds and eviction costs for every row: no defragmenter, defrag (the daemon,
+scheduler unchanged), defrag with its extender's score installed, defrag with a
+checkpoint-blind cost, descheduler HighNodeUtilization (scheduler switched to MostAllocated),
+descheduler LowNodeUtilization (the control), KAI consolidation (KAI binpack).
+
+    .venv/bin/python -m bench.bench_peers                       # 90% load, 3 seeds, 2 policies
+    .venv/bin/python -m bench.bench_peers --checkpoint-scale 2  # sensitivity
+    .venv/bin/python -m bench.bench_peers --scale 10 --hours 2 --warmup 1 \\
+        --policies least-allocated --defragmenters defrag --seeds 1      # the 10x cluster
+
+Prints (``--out``: writes) a markdown table; ``--plot`` writes the multi-GPU pending-time
+CDFs (one panel per policy, one line per defragmenter, seeds pooled); ``--json`` every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from bench.bench_packing_limit import load_trace
+from defrag.model.resources import Node
+from defrag.sim.defragmenters import EXTENDER_POLICY
+from defrag.sim.migration import MigrationCost
+from defrag.sim.report import markdown_table
+from defrag.sim.runner import Task, Workload, run_tasks
+from defrag.sim.timeline import TimelineConfig, TimelineRun
+
+POLICIES = ("least-allocated", "reserve-binpack")
+ROWS = (
+    "none",
+    "descheduler-hnu",
+    "kai-consolidation",
+    "descheduler-lnu",
+    "defrag",
+    "defrag-proposed",
+    "defrag-blind",
+    "defrag-extender",
+)
+FIXED_SCHEDULER = ("descheduler-hnu", "kai-consolidation", "defrag-blind", "defrag-extender")
+"""Defragmenters that install their own scheduler score: the run does not depend on the
+policy the cluster had, so it is made once and shown under each policy."""
+
+
+def scaled_nodes(nodes: tuple[Node, ...], factor: int) -> tuple[Node, ...]:
+    """``factor`` copies of every node (names suffixed ``-k``): the 10x cluster."""
+    if factor == 1:
+        return nodes
+    return tuple(replace(n, name=f"{n.name}-{k}") for k in range(factor) for n in nodes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    ap.add_argument("--trace", default="default")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--defragmenters", default=",".join(ROWS))
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--load", type=float, default=0.9)
+    ap.add_argument("--hours", type=float, default=36.0)
+    ap.add_argument("--warmup", type=float, default=12.0)
+    ap.add_argument("--checkpoint-scale", type=float, default=1.0)
+    ap.add_argument("--window-every", type=float, default=6.0, help="hours between windows")
+    ap.add_argument("--scale", type=int, default=1, help="cluster copies (10: ~12,000 nodes)")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--plot", type=Path)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--plot-from", type=Path, help="redraw --plot from a --json file; no runs")
+    args = ap.parse_args(argv)
+    if args.plot_from:
+        if not args.plot:
+            ap.error("--plot-from needs --plot")
+        replot(args.plot_from, args.plot)
+        return 0
+    nodes, shapes = load_trace(args.shared, args.trace)
+    nodes = scaled_nodes(nodes, args.scale)
+    workload = Workload(args.trace, nodes, shapes)
+    cost = MigrationCost().scaled(args.checkpoint_scale)
+    config = TimelineConfig(
+        load=args.load, hours=args.hours, warmup_hours=args.warmup, cost=cost,
+        window_every_h=args.window_every,
+    )  # fmt: skip
+    policies = [p for p in args.policies.split(",") if p]
+    names = [d for d in args.defragmenters.split(",") if d]
+    tasks = [
+        Task("timeline", p, s, timeline=config, defragmenter=d)
+        for i, p in enumerate(policies)
+        for d in names
+        if not (p == EXTENDER_POLICY and d == "defrag-extender")  # the same run as "defrag"
+        if not (i > 0 and d in FIXED_SCHEDULER)  # the same runs as under the first policy
+        for s in range(42, 42 + args.seeds)
+    ]
+    started = time.perf_counter()
+
+    def done(task: Task, run: object) -> None:
+        assert isinstance(run, TimelineRun)
+        print(
+            f"{run.label} seed {run.seed}: alloc {run.mean_allocation:.1f}%, "
+            f"goodput {run.goodput_pct:.1f}%, {run.evictions} evictions, {run.seconds:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    runs = [
+        r
+        for r in run_tasks(workload, tasks, jobs=args.jobs, on_result=done)
+        if isinstance(r, TimelineRun)
+    ]
+    args.run_seconds = [r.seconds for r in runs]  # the runs made, not their copies
+    runs += [
+        replace(r, policy=p)
+        for p in policies[1:]
+        for r in list(runs)
+        if r.policy == policies[0] and r.defragmenter in FIXED_SCHEDULER
+    ]
+    wall = time.perf_counter() - started
+    text = render(runs, args, wall, len(nodes))
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    if args.json:
+        rows = [{**r.to_dict(), "multi_waits": [round(w, 4) for w in r.multi_waits]} for r in runs]
+        args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    if args.plot:
+        plot_cdfs(runs, args.plot, policies, names)
+    return 0
+
+
+def _mean(xs: list[float]) -> float:
+    return statistics.fmean(xs) if xs else 0.0
+
+
+def _cls(run: TimelineRun, name: str, field: str) -> float:
+    c = run.wait(name)
+    return float(getattr(c, field)) if c is not None else 0.0
+
+
+def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nodes: int) -> str:
+    rows = []
+    for policy in dict.fromkeys(r.policy for r in runs):
+        for name in dict.fromkeys(r.defragmenter for r in runs):
+            mine = [r for r in runs if r.policy == policy and r.defragmenter == name]
+            if not mine:
+                continue
+            rows.append(
+                (
+                    policy,
+                    name,
+                    mine[0].scheduler,
+                    f"{_mean([_cls(r, 'multi', 'mean_wait_h') for r in mine]):.2f}",
+                    f"{_mean([_cls(r, 'multi', 'p95_wait_h') for r in mine]):.2f}",
+                    f"{_mean([_cls(r, '1', 'mean_wait_h') for r in mine]):.2f}",
+                    f"{_mean([_cls(r, 'BE', 'mean_wait_h') for r in mine]):.2f}",
+                    f"{_mean([r.gpu_wait_hours for r in mine]):,.0f}",
+                    f"{_mean([r.mean_allocation for r in mine]):.1f}",
+                    f"{_mean([r.goodput_pct for r in mine]):.1f}",
+                    f"{_mean([r.lost_gpu_hours for r in mine]):.0f}",
+                    f"{_mean([float(r.migrations) for r in mine]):.0f}",
+                    f"{_mean([float(r.evictions) for r in mine]):.0f}",
+                    str(max(r.max_evictions for r in mine)),
+                )
+            )
+    header = (
+        "policy",
+        "defragmenter",
+        "scheduler",
+        "multi-GPU wait h",
+        "multi p95 h",
+        "1-GPU wait h",
+        "BE wait h",
+        "GPU-weighted wait GPU·h",
+        "alloc %",
+        "goodput %",
+        "lost GPU·h",
+        "migrations",
+        "evictions",
+        "max/pod",
+    )
+    loads = sorted({(r.seed, round(r.offered_load_pct, 1)) for r in runs})
+    secs = list(getattr(args, "run_seconds", [r.seconds for r in runs]))
+    sim_h = args.hours + args.warmup
+    rss = max(
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    )
+    cmd = " ".join(sys.argv[1:]) if sys.argv[0].endswith("bench_peers.py") else ""
+    return (
+        f"Timeline, openb GPU nodes ×{args.scale} ({n_nodes:,} nodes), `{args.trace}` pod shapes, "
+        f"offered load {args.load:.0%} (realised per seed: "
+        + ", ".join(f"{s}: {x}%" for s, x in loads)
+        + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds 42–"
+        f"{41 + args.seeds}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
+        f"{args.window_every:g} h; means over seeds "
+        "(p95: mean of the per-seed p95).\n\n"
+        f"Command: `.venv/bin/python -m bench.bench_peers {cmd}`\n\n"
+        + markdown_table(header, rows)
+        + f"\n{_mean(secs):.0f} s per run on average (max {max(secs, default=0):.0f} s; "
+        f"{_mean(secs) / sim_h:.2f} s per simulated hour); wall {wall / 60:.1f} min with "
+        f"{args.jobs} processes; peak process memory {rss / 1024:.0f} MiB.\n"
+    )
+
+
+def replot(source: Path, path: Path) -> None:
+    """The CDF figure from the JSON rows of an earlier run."""
+    rows = json.loads(source.read_text(encoding="utf-8"))
+    waits: dict[tuple[str, str], list[float]] = {}
+    for row in rows:
+        waits.setdefault((row["policy"], row["defragmenter"]), []).extend(row["multi_waits"])
+    policies = list(dict.fromkeys(p for p, _ in waits))
+    names = list(dict.fromkeys(d for _, d in waits))
+    _draw(waits, path, policies, names)
+
+
+def plot_cdfs(runs: list[TimelineRun], path: Path, policies: list[str], names: list[str]) -> None:
+    waits: dict[tuple[str, str], list[float]] = {}
+    for r in runs:
+        waits.setdefault((r.policy, r.defragmenter), []).extend(r.multi_waits)
+    _draw(waits, path, policies, names)
+
+
+def _draw(
+    pooled: dict[tuple[str, str], list[float]], path: Path, policies: list[str], names: list[str]
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    top = max([max(w) for w in pooled.values() if w] + [1.0]) * 1.3
+    fig, axes = plt.subplots(1, len(policies), figsize=(6.5 * len(policies), 4.5), squeeze=False)
+    for ax, policy in zip(axes[0], policies, strict=True):
+        for name in names:
+            waits = np.sort(np.asarray(pooled.get((policy, name), []), dtype=float))
+            if len(waits) == 0:
+                continue
+            y = np.arange(1, len(waits) + 1) / len(waits)
+            ax.step(np.concatenate([[0.0], waits]), np.concatenate([[0.0], y]), where="post",
+                    label=name)  # fmt: skip
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(-0.01, top)  # a pod that never waited shows as the line at 0
+        ax.set_ylim(0, 1.01)
+        ax.set_xlabel("pending time of multi-GPU pods, h (linear below 0.1 h, log above)")
+        ax.set_ylabel("fraction of pods")
+        ax.set_title(f"cluster scheduler: {policy}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

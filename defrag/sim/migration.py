@@ -1,0 +1,205 @@
+"""What an eviction costs in the timeline protocol: checkpoints, lost work, restart overhead.
+
+Every pod has a *kind* (:func:`kind_of`) and each kind a :class:`KindCost`:
+
+* a **checkpoint interval** — the pod saves its progress every ``interval`` hours of useful
+  work (drawn uniformly in ``[interval_lo_h, interval_hi_h]`` per pod); a share
+  ``never_fraction`` of the pods of the kind never checkpoint (an eviction loses all their
+  progress); an interval of 0 means the pod keeps no state worth losing (a serving replica);
+* a **restart overhead** — hours the pod holds its resources after a (re)start without making
+  progress: the scheduler, the image pull, loading the model and the checkpoint.
+
+An evicted pod loses the work done since its last checkpoint, re-queues like any pending pod
+(or, for a migration, starts on its planned node at once), and then runs its overhead and its
+remaining work: its completion moves out by (work lost + overhead + time spent waiting).
+
+Defaults and why (``MigrationCost()``):
+
+* ``training`` — pods asking two or more whole GPUs: distributed training checkpoints every
+  30–60 min (a common compromise between checkpoint stall and work at risk); restarting takes
+  ~10 min (a large image, the NCCL rendezvous, loading the checkpoint of a large model).
+* ``serving`` — the trace's latency-sensitive (``LS``) pods with at most one GPU: replicas of
+  a service, no state to lose; restart ~3 min (image pull cached on most nodes, model load).
+* ``batch`` — other pods with at most one GPU (notebooks, small jobs): half never checkpoint
+  (lose everything), the others every 30–120 min; restart ~5 min.
+* ``cpu`` — pods without GPU: stateless helpers, restart ~1 min (no GPU time is lost).
+
+The first start of a pod also pays no overhead: the overhead is the *extra* time an eviction
+costs, so a run without evictions is the baseline every defragmenter is compared with.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
+
+KINDS = ("training", "serving", "batch", "cpu")
+
+
+@dataclass(frozen=True, slots=True)
+class KindCost:
+    interval_lo_h: float
+    interval_hi_h: float
+    never_fraction: float
+    overhead_h: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.interval_lo_h <= self.interval_hi_h:
+            raise ValueError("checkpoint interval: need 0 <= low <= high")
+        if not 0 <= self.never_fraction <= 1:
+            raise ValueError("never_fraction must be in [0, 1]")
+        if self.overhead_h < 0:
+            raise ValueError("restart overhead must be >= 0")
+
+
+def _defaults() -> dict[str, KindCost]:
+    return {
+        "training": KindCost(0.5, 1.0, 0.0, 10 / 60),
+        "serving": KindCost(0.0, 0.0, 0.0, 3 / 60),
+        "batch": KindCost(0.5, 2.0, 0.5, 5 / 60),
+        "cpu": KindCost(0.0, 0.0, 0.0, 1 / 60),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class MigrationCost:
+    kinds: dict[str, KindCost] = field(default_factory=_defaults, hash=False)
+    free: bool = False
+    """Migrations cost nothing (the simulator before issue 17): no work lost, no overhead."""
+
+    def draw(self, pod: Pod, rng: np.random.Generator) -> tuple[float | None, float]:
+        """(checkpoint interval in hours — None: never, 0: nothing to lose —, overhead h)."""
+        if self.free:
+            return 0.0, 0.0
+        k = self.kinds[kind_of(pod)]
+        if k.never_fraction and rng.random() < k.never_fraction:
+            return None, k.overhead_h
+        if k.interval_hi_h == 0:
+            return 0.0, k.overhead_h
+        return float(rng.uniform(k.interval_lo_h, k.interval_hi_h)), k.overhead_h
+
+    def scaled(self, interval: float = 1.0, overhead: float = 1.0) -> MigrationCost:
+        """Every checkpoint interval × ``interval``, every overhead × ``overhead``."""
+        if interval <= 0 or overhead < 0:
+            raise ValueError("checkpoint scale must be > 0 and overhead scale >= 0")
+        return replace(
+            self,
+            kinds={
+                name: KindCost(
+                    k.interval_lo_h * interval,
+                    k.interval_hi_h * interval,
+                    k.never_fraction,
+                    k.overhead_h * overhead,
+                )
+                for name, k in self.kinds.items()
+            },
+        )
+
+    def describe(self) -> dict[str, object]:
+        if self.free:
+            return {"free": True}
+        return {
+            name: {
+                "checkpoint_every_h": [round(k.interval_lo_h, 3), round(k.interval_hi_h, 3)],
+                "never_checkpoint": k.never_fraction,
+                "restart_overhead_h": round(k.overhead_h, 4),
+            }
+            for name, k in self.kinds.items()
+        }
+
+
+def kind_of(pod: Pod) -> str:
+    if pod.num_gpu == 0:
+        return "cpu"
+    if pod.num_gpu >= 2 and pod.gpu_milli >= GPU_MILLI:
+        return "training"
+    return "serving" if pod.qos == "LS" else "batch"
+
+
+@dataclass(slots=True)
+class Job:
+    """One pod's life in the timeline: its work, its progress, its waits and evictions.
+
+    Progress is useful work in hours. While running, the segment that began at ``started``
+    makes progress from ``started + overhead`` on; checkpoints fall every ``interval`` hours
+    of progress counted from the segment's start of work.
+    """
+
+    pod: Pod
+    arrived: float
+    work_h: float
+    interval_h: float | None
+    overhead_h: float
+    saved_h: float = 0.0
+    """Progress kept (at the last checkpoint of an earlier segment, or 0)."""
+    started: float | None = None
+    """Start of the current running segment; None while pending."""
+    segment_overhead_h: float = 0.0
+    queued_at: float | None = None
+    waited_h: float = 0.0
+    first_start: float | None = None
+    evictions: int = 0
+    seq: int = 0
+    """The departure event that is current for this job (older ones are stale)."""
+
+    @property
+    def gpus(self) -> float:
+        return self.pod.gpu_demand_milli / GPU_MILLI
+
+    def remaining_h(self) -> float:
+        return max(self.work_h - self.saved_h, 0.0)
+
+    def progress_h(self, now: float) -> float:
+        """Useful work done in the current segment by ``now``."""
+        if self.started is None:
+            return 0.0
+        return min(max(now - self.started - self.segment_overhead_h, 0.0), self.remaining_h())
+
+    def checkpointed_h(self, now: float) -> float:
+        """Progress of the current segment that a checkpoint has saved by ``now``."""
+        done = self.progress_h(now)
+        if self.interval_h is None:
+            return 0.0
+        if self.interval_h == 0:
+            return done
+        return math.floor(done / self.interval_h + 1e-9) * self.interval_h
+
+    def last_checkpoint(self, now: float) -> float | None:
+        """Simulated time of the last checkpoint in this segment (its start when none yet,
+        ``now`` for a pod with nothing to lose, None while pending)."""
+        if self.started is None:
+            return None
+        if self.interval_h == 0:
+            return now
+        base = self.started + self.segment_overhead_h
+        return base + self.checkpointed_h(now) if now >= base else self.started
+
+    def evict(self, now: float) -> float:
+        """Stop the running segment; returns the work lost (hours of progress since the
+        last checkpoint, all of it for a pod that never checkpoints). Saved progress stays."""
+        assert self.started is not None
+        done = self.progress_h(now)
+        kept = self.checkpointed_h(now)
+        self.saved_h += kept
+        self.started = None
+        self.evictions += 1
+        return done - kept
+
+    def start(self, now: float, *, overhead: bool) -> float:
+        """Begin a running segment at ``now``; returns its end (overhead + remaining work)."""
+        if self.queued_at is not None:
+            self.waited_h += now - self.queued_at
+            self.queued_at = None
+        if self.first_start is None:
+            self.first_start = now
+        self.started = now
+        self.segment_overhead_h = self.overhead_h if overhead else 0.0
+        return now + self.segment_overhead_h + self.remaining_h()
+
+
+__all__ = ["KINDS", "Job", "KindCost", "MigrationCost", "kind_of"]
