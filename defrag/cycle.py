@@ -199,6 +199,8 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         # What earlier runs left (a crashed drain, a taint that would not come off, a stale
         # reservation): reconciled by the leader, reported in dry run.
         findings += ports.executor.maintain(cluster, dry_run=config.dry_run)
+        if leader:
+            ports.executor.flag_unmodelled(cluster.warnings, dry_run=config.dry_run)
     idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
     window = window_status(config.windows, started, idle=idle)
 

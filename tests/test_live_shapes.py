@@ -102,3 +102,26 @@ def _clock() -> Any:
     from defrag.adapters.simcluster import SimClock
 
     return SimClock(speedup=0)
+
+
+def test_the_leader_puts_one_warning_event_on_each_object_it_cannot_model(api: KubeApi) -> None:
+    from tests.test_execute_kube import executor
+
+    ex = executor(api)
+    rules = load_rules([default_rules_dir()])
+    ports = CyclePorts(
+        ex.source, _clock(), _detector(rules, None), _planner(load_settings(None, {})), ex, None
+    )
+    run_cycle(ports, CycleConfig(dry_run=True))  # dry run: no Event (nothing written)
+    assert api.writes() == []
+    run_cycle(ports, CycleConfig(dry_run=False))  # no window open: only the Events are written
+    events = [o for o in api.objects("Event") if o["reason"] == "DefragNotModelled"]
+    on = sorted(
+        f"{e['involvedObject']['kind']} {e['involvedObject'].get('namespace', '')}/"
+        f"{e['involvedObject']['name']}"
+        for e in events
+    )
+    assert on == ["Node /amd-1", "Pod ml/bad", "Pod ml/dra"]
+    assert all(e["type"] == "Warning" for e in events)
+    run_cycle(ports, CycleConfig(dry_run=False))  # said once while it lasts
+    assert len([o for o in api.objects("Event") if o["reason"] == "DefragNotModelled"]) == 3

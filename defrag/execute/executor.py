@@ -96,6 +96,7 @@ class Executor:
         self.ledger = BudgetLedger(self.settings.budgets)
         self.stop_requested = threading.Event()
         """Set on SIGTERM: the current node's batch finishes, its taint comes off, nothing more."""
+        self._flagged: set[str] = set()
 
     # --- public ----------------------------------------------------------------------------
 
@@ -159,6 +160,26 @@ class Executor:
             tuple(run.problems),
             tuple(findings),
         )
+
+    def flag_unmodelled(self, warnings: Sequence[str], *, dry_run: bool) -> int:
+        """A Warning Event ``DefragNotModelled`` on each object the snapshot could not model
+        (``Cluster.warnings``: ``Pod ns/name: field: …`` or ``Node name: field: …``), once while
+        it lasts, so its owner sees why defrag leaves it out. In dry run only with
+        ``dry_run_events``. Returns the Events sent."""
+        current = set(warnings)
+        self._flagged &= current  # said again if it comes back after being fixed
+        if dry_run and not self.settings.dry_run_events:
+            return 0
+        sent = 0
+        for warning in sorted(current - self._flagged):
+            target = _warning_target(warning)
+            if target is None or not self.fence.still_leader():
+                continue
+            kind, namespace, name = target
+            self._event(kind, namespace, name, "DefragNotModelled", warning, warning=True)
+            self._flagged.add(warning)
+            sent += 1
+        return sent
 
     def maintain(self, cluster: Cluster, *, dry_run: bool) -> list[Finding]:
         """Once a cycle, before planning: what earlier runs left on the nodes.
@@ -606,6 +627,18 @@ class Executor:
             self.actuator.event(kind, namespace, name, reason, message, warning)
         except Exception as exc:
             log.warning("event %s on %s %s/%s not sent: %s", reason, kind, namespace, name, exc)
+
+
+def _warning_target(warning: str) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of the object a conversion warning names, if it names one."""
+    head = warning.split(":", 1)[0]
+    kind, _, ident = head.partition(" ")
+    if kind == EVENT_KIND_POD and "/" in ident:
+        namespace, _, name = ident.partition("/")
+        return kind, namespace, name
+    if kind == "Node" and ident and "/" not in ident:
+        return kind, "", ident
+    return None
 
 
 @dataclass(slots=True)
