@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeGuard
 
 from defrag.adapters.gpu_shapes import (
     GPU_COUNT_LABEL,
@@ -790,7 +790,7 @@ def _mapping(obj: JsonObj, key: str, who: str) -> JsonObj:
     return value
 
 
-def _int32(value: object) -> bool:
+def _int32(value: object) -> TypeGuard[int]:
     """An int32, as Pod ``spec.priority`` and PriorityClass ``value`` are in the API."""
     return isinstance(value, int) and not isinstance(value, bool) and -(2**31) <= value < 2**31
 

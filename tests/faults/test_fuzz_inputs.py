@@ -59,7 +59,7 @@ def _base_snapshot() -> dict[str, Any]:
             "preemptionPolicy": "PreemptLowerPriority",
         }
     )
-    return snap  # type: ignore[no-any-return]
+    return snap
 
 
 def _base_rules() -> list[dict[str, Any]]:
