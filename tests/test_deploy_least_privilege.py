@@ -107,9 +107,11 @@ OLD: Obj = {
 }
 
 
-def _request(user: str = AGENT, node: str | None = "gpu-1") -> Obj:
-    extra = {NODE_NAME_KEY: [node]} if node is not None else {}
-    return {"userInfo": {"username": user, "extra": extra}}
+def _request(user: str = AGENT, node: str | None = "gpu-1", extra: bool = True) -> Obj:
+    info: Obj = {"username": user}
+    if extra:
+        info["extra"] = {NODE_NAME_KEY: [node]} if node is not None else {}
+    return {"userInfo": info}
 
 
 def _changed(path: list[str], value: Any) -> Obj:
@@ -161,6 +163,13 @@ CASES = [
     (
         "a token without the node claim",
         _request(node=None),
+        _changed(["metadata", "annotations", NVLINK], "0-7"),
+        OLD,
+        OWN,
+    ),
+    (
+        "a token without any extra",
+        _request(extra=False),
         _changed(["metadata", "annotations", NVLINK], "0-7"),
         OLD,
         OWN,

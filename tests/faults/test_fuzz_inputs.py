@@ -6,10 +6,11 @@ strings that are almost quantities, nested lists and maps). The assertion is the
 bad-input contract: the loader returns or raises its own error (``SnapshotError``,
 ``RulesError``) as lines naming the file; the CLI exits 0 or 2 and prints no traceback.
 
-In the suite each test runs ``DEFRAG_FUZZ_EXAMPLES`` examples (default 200); the
+In the suite each test runs ``DEFRAG_FUZZ_EXAMPLES`` examples (default 100); the
 10,000-input run per entry point is manual::
 
-    DEFRAG_FUZZ_EXAMPLES=10000 .venv/bin/pytest -q -p no:randomly tests/faults/test_fuzz_inputs.py
+    DEFRAG_FUZZ_EXAMPLES=10000 .venv/bin/pytest -q --hypothesis-seed=1 \\
+        --hypothesis-show-statistics tests/faults/test_fuzz_inputs.py -k <test>
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from defrag.cli import app
 from defrag.rules import RulesError, load_rules
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = int(os.environ.get("DEFRAG_FUZZ_EXAMPLES", "200"))
+EXAMPLES = int(os.environ.get("DEFRAG_FUZZ_EXAMPLES", "100"))
 FUZZ = settings(
     max_examples=EXAMPLES,
     deadline=None,
