@@ -8,6 +8,7 @@ problem in every file is collected and reported as ``file:line: field: message``
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from pydantic import (
     field_validator,
 )
 
+from defrag import safe_yaml
 from defrag.detect.fragmentation import FragmentationParams
 from defrag.detect.idle import IdleParams
 from defrag.detect.leak import DcgmLabels, LeakParams
@@ -44,13 +46,25 @@ def parse_duration(value: Any) -> float:
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError(f"duration must not be negative, got {value}")
-        return float(value)
+        return _bounded(float(value), value)
     if isinstance(value, str):
         text = value.strip()
         parts = _DURATION.findall(text)
         if text and "".join(n + u for n, u in parts) == text:
-            return sum(float(n) * _UNIT_S[u] for n, u in parts)
+            return _bounded(sum(float(n) * _UNIT_S[u] for n, u in parts), value)
     raise ValueError(f"bad duration {value!r}: use a number of seconds or a form like 30s, 15m, 6h")
+
+
+MAX_DURATION_S = 10 * 31536000.0
+"""Ten years: no lookback, step or hold time is longer; beyond it a number is a typo (or inf)."""
+
+
+def _bounded(seconds: float, given: Any) -> float:
+    if not math.isfinite(seconds):
+        raise ValueError(f"not a finite duration: {given!r}")
+    if seconds > MAX_DURATION_S:
+        raise ValueError(f"duration {given!r} is longer than ten years")
+    return seconds
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -62,7 +76,7 @@ PromQL = Annotated[str, Field(min_length=1)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class _Rule(_Model):
@@ -208,7 +222,9 @@ class StarvationRule(_ClusterRule):
     min_priority: int = 1000
     priority_classes: tuple[str, ...] = ()
     policy: str = "reserve-binpack"
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     @field_validator("policy")
     @classmethod
@@ -260,7 +276,9 @@ class IdleRule(_Rule):
     for_: Annotated[Duration, Field(alias="for")] = 1800.0
     step: Duration = 60.0
     max_gap: Duration = 300.0
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, populate_by_name=True, allow_inf_nan=False
+    )
 
     def promql(self) -> dict[str, str]:
         out = {"query": self.query}
@@ -412,17 +430,27 @@ def load_rules(paths: Iterable[str | Path] | None = None) -> RuleSet:
 def _load_file(path: Path) -> tuple[list[LoadedRule], list[RuleIssue]]:
     name = str(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         return [], [RuleIssue(name, 0, "", f"cannot read: {exc.strerror}")]
+    except UnicodeDecodeError as exc:
+        return [], [
+            RuleIssue(
+                name,
+                0,
+                "",
+                f"not UTF-8 text (byte {exc.object[exc.start]:#04x} "
+                f"at offset {exc.start}; a binary file?)",
+            )
+        ]
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        root = safe_yaml.compose(text)
+        data = safe_yaml.load(text)
     except yaml.MarkedYAMLError as exc:
-        line = exc.problem_mark.line + 1 if exc.problem_mark else 0
-        return [], [RuleIssue(name, line, "", f"YAML syntax: {exc.problem}")]
+        line = safe_yaml.mark_line(exc)
+        return [], [RuleIssue(name, line, "", f"YAML syntax: {exc.problem or exc.context}")]
     except yaml.YAMLError as exc:
-        return [], [RuleIssue(name, 0, "", f"YAML: {exc}")]
+        return [], [RuleIssue(name, 0, "", safe_yaml.one_line(exc, "YAML: "))]
     if not isinstance(data, dict):
         return [], [RuleIssue(name, 1, "", "a rule file is a mapping with a 'rules:' list")]
     try:

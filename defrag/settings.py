@@ -8,7 +8,9 @@ whose message names the field and where the value came from.
 from __future__ import annotations
 
 import contextvars
+import difflib
 import json
+import math
 import os
 import re
 import socket
@@ -27,7 +29,15 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from defrag import safe_yaml
+
 ENV_PREFIX = "DEFRAG_"
+OTHER_ENV = frozenset({"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES"})
+"""``DEFRAG_*`` variables that are not settings: the alerts CLI's credentials, the fuzz tests'
+example count. Any other ``DEFRAG_*`` name that is not a setting is refused as a typo."""
+
+MAX_SECONDS = 10 * 365 * 86400.0
+"""Ten years: the longest any ``*_s`` setting may be (longer is a typo, and overflows sleeps)."""
 
 _FILE_DATA: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
     "defrag_settings_file", default=MappingProxyType({})
@@ -54,12 +64,18 @@ def duration_seconds(text: str) -> float:
 
 
 def _seconds(value: Any) -> Any:
-    """A ``*_s`` setting: a number of seconds, or a duration string (``15m``)."""
+    """A ``*_s`` setting: a number of seconds, or a duration string (``15m``); finite and at
+    most :data:`MAX_SECONDS`."""
     if isinstance(value, str):
         try:
-            return float(value)
+            value = float(value)
         except ValueError:
-            return duration_seconds(value)
+            value = duration_seconds(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise ValueError(f"not a finite number of seconds: {value!r}")
+        if abs(value) > MAX_SECONDS:
+            raise ValueError(f"{value:g} seconds is more than ten years")
     return value
 
 
@@ -105,7 +121,7 @@ def _window_list(value: Any) -> Any:
 class WindowSetting(BaseModel):
     """An execution window: opens at each ``cron`` fire time and stays open ``length_s``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     cron: str = Field(description="five-field crontab expression, e.g. '0 2 * * *'")
     length_s: float = Field(gt=0, description="how long the window stays open, seconds")
@@ -154,7 +170,11 @@ class Settings(BaseSettings):
     """Everything the daemon can be told. See docs/daemon.md for the reference."""
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, extra="forbid", frozen=True, validate_default=True
+        env_prefix=ENV_PREFIX,
+        extra="forbid",
+        frozen=True,
+        validate_default=True,
+        allow_inf_nan=False,
     )
 
     # --- where the cluster and its metrics are ------------------------------------------
@@ -184,9 +204,9 @@ class Settings(BaseSettings):
     # --- execution: windows, budgets, safety --------------------------------------------
     windows: Annotated[list[WindowSetting], NoDecode] = Field(default_factory=list)
     idle_gate: bool = False
-    max_evictions_per_window: int = Field(10, ge=0)
-    max_evictions_per_node: int = Field(8, ge=0)
-    max_evictions_per_namespace: int = Field(5, ge=0)
+    max_evictions_per_window: int = Field(10, ge=0, le=1_000_000)
+    max_evictions_per_node: int = Field(8, ge=0, le=1_000_000)
+    max_evictions_per_namespace: int = Field(5, ge=0, le=1_000_000)
     eviction_batch_size: int = Field(4, ge=1, le=64)
     replacement_timeout_s: float = Field(600.0, gt=0)
     poll_interval_s: float = Field(5.0, gt=0)
@@ -262,10 +282,20 @@ def read_settings_file(path: Path) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read settings file ({exc.strerror})") from None
+    except UnicodeDecodeError as exc:
+        raise SettingsError(
+            f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+        ) from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise SettingsError(f"{path}: not valid {_kind(path)}: {exc}") from None
+        data = json.loads(text) if path.suffix == ".json" else safe_yaml.load(text)
+    except json.JSONDecodeError as exc:
+        raise SettingsError(
+            f"{path}: line {exc.lineno} column {exc.colno}: not valid JSON: {exc.msg}"
+        ) from None
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"{path}: {safe_yaml.one_line(exc, 'not valid YAML: ')}") from None
+    except RecursionError:
+        raise SettingsError(f"{path}: not valid {_kind(path)}: nested too deeply") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -283,6 +313,7 @@ def read_settings_file(path: Path) -> dict[str, Any]:
 def load_settings(path: Path | None = None, overrides: Mapping[str, Any] | None = None) -> Settings:
     """Settings from ``path`` (optional), the ``DEFRAG_*`` environment and ``overrides``."""
     file_data = read_settings_file(path) if path is not None else {}
+    check_environment(os.environ)
     init = {k: v for k, v in (overrides or {}).items() if v is not None}
     token = _FILE_DATA.set(file_data)
     try:
@@ -291,6 +322,19 @@ def load_settings(path: Path | None = None, overrides: Mapping[str, Any] | None 
         raise SettingsError(_describe(exc, path, file_data, init)) from None
     finally:
         _FILE_DATA.reset(token)
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+    """Refuse a ``DEFRAG_*`` variable that names no setting, naming the closest one (a misspelt
+    ``DEFRAG_DRYRUN`` would otherwise be ignored and the daemon run with the default)."""
+    known = {f"{ENV_PREFIX}{name.upper()}" for name in Settings.model_fields}
+    for key in sorted(environ):
+        upper = key.upper()
+        if not upper.startswith(ENV_PREFIX) or upper in known or upper in OTHER_ENV:
+            continue
+        close = difflib.get_close_matches(upper, sorted(known | OTHER_ENV), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise SettingsError(f"env {key}: unknown setting{hint}")
 
 
 def _describe(

@@ -26,6 +26,13 @@ CRD_KINDS = {"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 IMAGE = "ghcr.io/defrag-io/defrag:0.1.0"
 
 Obj = dict[str, Any]
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+}
 
 
 def render(path: Path) -> list[Obj]:
@@ -84,6 +91,11 @@ EXPECTED = {
     ("DaemonSet", "defrag-agent"),
     ("PodMonitor", "defrag-agent"),
     ("NetworkPolicy", "defrag-agent"),
+    ("NetworkPolicy", "defrag-egress"),
+    ("NetworkPolicy", "defrag-scheduler-egress"),
+    ("NetworkPolicy", "defrag-agent-egress"),
+    ("ValidatingAdmissionPolicy", "defrag-agent-own-node"),
+    ("ValidatingAdmissionPolicyBinding", "defrag-agent-own-node"),
 }
 
 
@@ -101,7 +113,7 @@ def test_overlay_renders_every_object(rendered: dict[str, list[Obj]], overlay: s
     ]
     for o in objs:
         assert o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "defrag", o["kind"]
-        if o["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding"):
+        if o["kind"] not in CLUSTER_SCOPED:
             # The one exception: kube-scheduler's delegated authentication reads a ConfigMap
             # of kube-system, so its reader RoleBinding lives there.
             reader = o["metadata"]["name"].endswith("-extension-apiserver-authentication-reader")
@@ -272,8 +284,10 @@ def test_services_and_monitors_reach_their_pods(rendered: dict[str, list[Obj]]) 
 
 def test_network_policies_open_only_the_served_ports(rendered: dict[str, list[Obj]]) -> None:
     objs = rendered["dry-run"]
-    policies = [o for o in objs if o["kind"] == "NetworkPolicy"]
-    assert len(policies) == 3
+    policies = [
+        o for o in objs if o["kind"] == "NetworkPolicy" and "Ingress" in o["spec"]["policyTypes"]
+    ]
+    assert len(policies) == 3  # egress: tests/test_deploy_least_privilege.py
     for np_ in policies:
         template = pod_of(objs, np_["spec"]["podSelector"]["matchLabels"])
         served = set(container_ports(template).values())

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeGuard
 
 from defrag.adapters.gpu_shapes import (
     GPU_COUNT_LABEL,
@@ -295,7 +295,9 @@ def node_from_json(
     counts = {
         res: _quantity(alloc, res, f'{alloc_path}["{res}"]', who, units.count)
         for res in alloc
-        if res == GPU_RESOURCE or is_pool_resource(res) or is_unknown_accelerator(res)
+        if res == GPU_RESOURCE
+        or is_pool_resource(res)
+        or is_unknown_accelerator(res)
         or res.startswith("koordinator.sh/gpu")
     }
     label_path = "metadata.labels"
@@ -397,12 +399,12 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         raise ConversionError(f"Pod {name}", "metadata.namespace", "expected a string")
     who = f"Pod {namespace}/{name}"
     spec = _mapping(obj, "spec", who)
-    status = obj.get("status") or {}
-    if not isinstance(status, dict):
-        raise ConversionError(who, "status", "expected an object")
+    status = _obj(obj.get("status"), who, "status")
     labels = _str_map(meta, "labels", who)
     annotations = _str_map(meta, "annotations", who)
     node = spec.get("nodeName") or None
+    if node is not None and not isinstance(node, str):
+        raise ConversionError(who, "spec.nodeName", f"expected a string, got {node!r}")
 
     requests = _pod_requests(spec, who)
     gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
@@ -433,8 +435,8 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
 
     priority = spec.get("priority")
     explicit = priority is not None
-    if explicit and (not isinstance(priority, int) or isinstance(priority, bool)):
-        raise ConversionError(who, "spec.priority", f"expected an integer, got {priority!r}")
+    if explicit and not _int32(priority):
+        raise ConversionError(who, "spec.priority", f"expected a 32-bit integer, got {priority!r}")
 
     gpu_indices: tuple[int, ...] = ()
     if GPU_INDICES_ANNOTATION in annotations and node is not None and num_gpu:
@@ -515,13 +517,13 @@ def _pod_requests(spec: JsonObj, who: str) -> dict[str, Decimal]:
     inits = _list(spec.get("initContainers") or [], who, "spec.initContainers")
     for i, c in enumerate(inits):
         req = _container_requests(c, f"spec.initContainers[{i}]", who)
-        sidecar = c.get("restartPolicy") == "Always"
+        sidecar = c.get("restartPolicy") == "Always"  # c is an object: checked above
         for res in {*req, *sidecars}:
             peak = sidecars.get(res, Decimal(0)) + req.get(res, Decimal(0))
             init_peak[res] = max(init_peak.get(res, Decimal(0)), peak)
             if sidecar:
                 sidecars[res] = sidecars.get(res, Decimal(0)) + req.get(res, Decimal(0))
-    overhead = spec.get("overhead") or {}
+    overhead = _obj(spec.get("overhead"), who, "spec.overhead")
     out = {}
     for res in {*app, *sidecars, *init_peak}:
         total = max(
@@ -537,11 +539,9 @@ def _pod_requests(spec: JsonObj, who: str) -> dict[str, Decimal]:
 def _container_requests(c: object, path: str, who: str) -> dict[str, Decimal]:
     if not isinstance(c, dict):
         raise ConversionError(who, path, "expected an object")
-    resources = c.get("resources") or {}
-    requests = resources.get("requests") or {}
-    limits = resources.get("limits") or {}
-    if not isinstance(requests, dict) or not isinstance(limits, dict):
-        raise ConversionError(who, f"{path}.resources", "requests and limits must be objects")
+    resources = _obj(c.get("resources"), who, f"{path}.resources")
+    requests = _obj(resources.get("requests"), who, f"{path}.resources.requests")
+    limits = _obj(resources.get("limits"), who, f"{path}.resources.limits")
     out = {}
     for res in {*requests, *limits}:
         # Kubernetes defaults a missing request to the limit (always so for extended resources).
@@ -558,24 +558,32 @@ def _container_requests(c: object, path: str, who: str) -> dict[str, Decimal]:
 
 def _gpu_models(spec: JsonObj, who: str) -> frozenset[str]:
     """Allowed GPU models from ``nodeSelector`` and the required node affinity; empty = any."""
-    selector = spec.get("nodeSelector") or {}
+    selector = _obj(spec.get("nodeSelector"), who, "spec.nodeSelector")
     models: set[str] | None = None
     if GPU_PRODUCT_LABEL in selector:
         models = {str(selector[GPU_PRODUCT_LABEL])}
-    affinity = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
-        "requiredDuringSchedulingIgnoredDuringExecution"
-    ) or {}
-    terms = affinity.get("nodeSelectorTerms") or []
+    base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    affinity = _obj(spec.get("affinity"), who, "spec.affinity")
+    node_affinity = _obj(affinity.get("nodeAffinity"), who, "spec.affinity.nodeAffinity")
+    required = _obj(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"), who, base)
+    terms = _list(required.get("nodeSelectorTerms"), who, f"{base}.nodeSelectorTerms")
     term_models: set[str] = set()
-    for term in terms:
+    for t, term in enumerate(terms):
+        path = f"{base}.nodeSelectorTerms[{t}]"
+        exprs = _list(
+            _obj(term, who, path).get("matchExpressions"), who, f"{path}.matchExpressions"
+        )
         found = [
             e
-            for e in (term.get("matchExpressions") or [])
-            if e.get("key") == GPU_PRODUCT_LABEL and e.get("operator") == "In"
+            for e in exprs
+            if isinstance(e, dict)
+            and e.get("key") == GPU_PRODUCT_LABEL
+            and e.get("operator") == "In"
         ]
         if not found:
             return frozenset(models or ())  # a term without a model constraint admits any model
-        term_models.update(str(v) for e in found for v in (e.get("values") or []))
+        for e in found:
+            term_models.update(str(v) for v in _list(e.get("values"), who, f"{path}.values"))
     if terms:
         models = term_models if models is None else models & term_models
     return frozenset(models or ())
@@ -585,9 +593,9 @@ def _node_affinity(spec: JsonObj, who: str) -> NodeSelector | None:
     """The required node affinity (``requiredDuringSchedulingIgnoredDuringExecution``) with every
     operator and ``matchFields``; None when the pod has none."""
     base = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    affinity = spec.get("affinity") or {}
-    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, dict) else None
-    required = (node_affinity or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
+    affinity = _obj(spec.get("affinity"), who, "spec.affinity")
+    node_affinity = _obj(affinity.get("nodeAffinity"), who, "spec.affinity.nodeAffinity")
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
     if not required:
         return None
     if not isinstance(required, dict):
@@ -620,7 +628,7 @@ def _requirements(
         if not isinstance(e, dict) or not isinstance(e.get("key"), str):
             raise ConversionError(who, f"{where}.key", "missing")
         op = e.get("operator")
-        if op not in operators:
+        if not isinstance(op, str) or op not in operators:
             raise ConversionError(who, f"{where}.operator", f"unknown operator {op!r}")
         values = tuple(str(v) for v in _list(e.get("values"), who, f"{where}.values"))
         if op in ("Gt", "Lt") and (len(values) != 1 or not values[0].lstrip("-").isdigit()):
@@ -635,6 +643,11 @@ def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
     for i, ref in enumerate(refs):
         if not isinstance(ref, dict) or not ref.get("kind") or not ref.get("name"):
             raise ConversionError(who, f"metadata.ownerReferences[{i}]", "needs kind and name")
+        for key in ("kind", "name"):
+            if not isinstance(ref[key], str):
+                raise ConversionError(
+                    who, f"metadata.ownerReferences[{i}].{key}", "expected a string"
+                )
         owner = OwnerRef(kind=ref["kind"], name=ref["name"], controller=bool(ref.get("controller")))
         if owner.controller:
             return owner
@@ -716,7 +729,7 @@ def pdb_from_json(obj: JsonObj, where: str = "pdb") -> PodDisruptionBudget | Non
         who,
         SELECTOR_OPERATORS,
     )
-    status = obj.get("status") or {}
+    status = _obj(obj.get("status"), who, "status")
     allowed = status.get("disruptionsAllowed", 0)
     if not isinstance(allowed, int) or isinstance(allowed, bool) or allowed < 0:
         raise ConversionError(
@@ -736,8 +749,8 @@ def priority_class_from_json(obj: JsonObj, where: str = "priorityclass") -> Prio
     name = _name(meta, where)
     who = f"PriorityClass {name}"
     value = obj.get("value")
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ConversionError(who, "value", f"expected an integer, got {value!r}")
+    if not _int32(value):
+        raise ConversionError(who, "value", f"expected a 32-bit integer, got {value!r}")
     return PriorityClass(name=name, value=value, global_default=bool(obj.get("globalDefault")))
 
 
@@ -774,6 +787,21 @@ def _mapping(obj: JsonObj, key: str, who: str) -> JsonObj:
         return {}
     if not isinstance(value, dict):
         raise ConversionError(who, key, f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _int32(value: object) -> TypeGuard[int]:
+    """An int32, as Pod ``spec.priority`` and PriorityClass ``value`` are in the API."""
+    return isinstance(value, int) and not isinstance(value, bool) and -(2**31) <= value < 2**31
+
+
+def _obj(value: object, who: str, path: str) -> JsonObj:
+    """A JSON object field: None (or empty) is ``{}``; anything else but an object is the
+    object's mistake."""
+    if value is None or value == "" or value == [] or value is False:
+        return {}
+    if not isinstance(value, dict):
+        raise ConversionError(who, path, f"expected an object, got {type(value).__name__}")
     return value
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from defrag import safe_yaml
 from defrag.adapters.kube_convert import (
     ClusterParts,
     ConversionError,
@@ -72,12 +73,12 @@ def _documents(path: Path) -> Sequence[object]:
             raise SnapshotError(
                 f"{path}: line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}"
             ) from None
+        except RecursionError:
+            raise SnapshotError(f"{path}: invalid JSON: nested too deeply") from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in safe_yaml.load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f"line {mark.line + 1} column {mark.column + 1}: " if mark is not None else ""
-        raise SnapshotError(f"{path}: {at}invalid YAML: {exc}") from None
+        raise SnapshotError(f"{path}: {safe_yaml.one_line(exc, 'invalid YAML: ')}") from None
     if not docs:
         raise SnapshotError(f"{path}: empty file")
     return docs

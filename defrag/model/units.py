@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 
 GPU_MILLI = 1000
 """One whole GPU, in milli-GPU (the unit of GPU share)."""
@@ -22,8 +23,18 @@ _DECIMAL = {
     "E": Decimal("1e18"),
 }
 _QUANTITY = re.compile(
-    r"^(?P<num>[+-]?(?:\d+\.?\d*|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
+    r"(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?"
 )
+"""The grammar k8s.io/apimachinery's ``parseQuantityString`` and ``suffixer.interpret`` accept
+(pkg/api/resource/quantity.go, suffix.go): an optional sign, digits with an optional ``.`` and
+fraction (``1.``, ``.5``), then a binary suffix, a decimal suffix or an exponent (``e3``,
+``E-3``, ``E+6``; ``E`` alone is exa). No whitespace. The digits may be absent, as the Go parser
+allows: ``+``, ``.``, ``Ki`` and ``e3`` all read as zero there and here."""
+
+MAX_EXPONENT = 30
+"""A quantity above 10^30 (or an exponent beyond ±2^63, which Go's ``strconv.ParseInt`` refuses)
+is read as 10^30: no resource comes near it, and the model caps its sums far below."""
 
 
 class QuantityError(ValueError):
@@ -31,25 +42,38 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(value: str | int | float) -> Decimal:
-    """Parse a Kubernetes quantity (``500m``, ``64Gi``, ``1e3``) to a Decimal in base units."""
+    """Parse a Kubernetes quantity (``500m``, ``64Gi``, ``1e3``) to a Decimal in base units.
+
+    Accepts exactly what ``resource.ParseQuantity`` accepts; magnitudes are capped at
+    10^:data:`MAX_EXPONENT`. Numbers (from YAML/JSON) must be finite."""
     if isinstance(value, bool):
         raise QuantityError(f"not a quantity: {value!r}")
     if isinstance(value, int | float):
-        return Decimal(str(value))
-    text = str(value).strip()
-    match = _QUANTITY.match(text)
-    if match is None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise QuantityError(f"not a finite quantity: {value!r}")
+        return _capped(Decimal(str(value)))
+    if not isinstance(value, str):
+        raise QuantityError(f"not a quantity: {value!r}")
+    match = _QUANTITY.fullmatch(value)
+    if not value or match is None:
         raise QuantityError(f"not a Kubernetes quantity: {value!r}")
-    try:
-        number = Decimal(match["num"])
-    except InvalidOperation as exc:  # pragma: no cover - the regex admits only numbers
-        raise QuantityError(f"not a Kubernetes quantity: {value!r}") from exc
+    digits = (match["int"] or "0") + "." + (match["frac"] or "0")
     suffix = match["suffix"] or ""
     if suffix in _BINARY:
-        return number * _BINARY[suffix]
-    if suffix in _DECIMAL:
-        return number * _DECIMAL[suffix]
-    return number * (Decimal(10) ** int(suffix[1:]))
+        number = Decimal(digits) * _BINARY[suffix]
+    elif suffix not in _DECIMAL:  # an exponent: e3, E-3, E+6
+        exponent = int(suffix[1:]) if len(suffix) < 24 else 2**64
+        if abs(exponent) >= 2**63:
+            raise QuantityError(f"not a Kubernetes quantity (exponent out of range): {value!r}")
+        number = Decimal(f"{digits}E{max(min(exponent, 10 * MAX_EXPONENT), -10 * MAX_EXPONENT)}")
+    else:
+        number = Decimal(digits) * _DECIMAL[suffix]
+    return _capped(-number if match["sign"] == "-" else number)
+
+
+def _capped(number: Decimal) -> Decimal:
+    limit = Decimal(10) ** MAX_EXPONENT
+    return max(min(number, limit), -limit)
 
 
 def cpu_milli(value: str | int | float) -> int:
