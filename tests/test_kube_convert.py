@@ -432,7 +432,10 @@ def test_unknown_kinds_are_ignored_and_kindless_items_are_errors() -> None:
     svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
     assert len(cluster_from_items([k.node("n"), svc]).nodes) == 1
     with pytest.raises(ConversionError, match="kind: missing"):
-        cluster_from_items([{"metadata": {"name": "x"}}])
+        cluster_from_items([{"metadata": {"name": "x"}}], strict=True)
+    # lenient (a snapshot is a dump of a live cluster): left out, said
+    (warning,) = cluster_from_items([{"metadata": {"name": "x"}}, "?"], strict=False).warnings[:1]
+    assert "kind: missing; left out" in warning
 
 
 def test_pod_bound_to_unknown_node_is_an_error_naming_the_source() -> None:

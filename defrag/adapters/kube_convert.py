@@ -142,11 +142,17 @@ class ClusterParts:
         fails the whole cluster. An unreadable PDB is replaced by one that protects every pod
         of its namespace (nothing there is planned for eviction).
         """
-        if not isinstance(obj, dict):
-            raise ConversionError(where, "", f"expected an object, got {type(obj).__name__}")
-        kind = kind or obj.get("kind")
-        if kind is None:
-            raise ConversionError(where, "kind", "missing")
+        try:
+            if not isinstance(obj, dict):
+                raise ConversionError(where, "", f"expected an object, got {type(obj).__name__}")
+            kind = kind or obj.get("kind")
+            if not isinstance(kind, str) or not kind:
+                raise ConversionError(where, "kind", "missing")
+        except ConversionError as exc:
+            if self.strict:
+                raise
+            self.warnings.append(ShapeWarning(exc.obj, exc.path, f"{exc.message}; left out", True))
+            return
         try:
             self._add(obj, where, kind)
         except ConversionError as exc:
