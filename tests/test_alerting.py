@@ -275,3 +275,20 @@ def test_the_rule_of_an_adopted_alert_survives_a_restart() -> None:
     state.adopt([adopted])
     step = state.update({}, T0, held_rules=("leak-rule",))
     assert step.resolved == () and len(step.kept) == 1
+
+
+NOT_ALERTED = {"idle"}  # the gate for execution windows, not a problem (alerting.ALERT_NAMES)
+
+
+def test_every_finding_kind_has_an_alert_with_a_runbook() -> None:
+    """A new finding kind without an alert would be detected and never reach anyone."""
+    from pathlib import Path
+
+    from defrag.alerting import ALERT_NAMES, CLUSTER_FRAGMENTED, NODE_FRAGMENTED
+    from defrag.detect.findings import FINDING_KINDS
+
+    alerted = {*ALERT_NAMES, "fragmentation"}  # fragmentation: cluster or node by subject
+    assert set(FINDING_KINDS) - NOT_ALERTED == alerted
+    runbooks = (Path(__file__).resolve().parents[1] / "docs" / "alerts.md").read_text()
+    for name in (*ALERT_NAMES.values(), CLUSTER_FRAGMENTED, NODE_FRAGMENTED):
+        assert f"## {name}" in runbooks or f"### {name}" in runbooks, name
