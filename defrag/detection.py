@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from defrag.adapters.gpu_shapes import ksm_kind, ksm_name
+from defrag.adapters.gpu_shapes import KSM_GPU, ksm_kind
 from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
 from defrag.detect.findings import Finding
 from defrag.detect.fragmentation import detect_fragmentation
@@ -324,7 +324,7 @@ def cluster_from_kube_state(
             "kube-state-metrics scraped?"
         )
     for s in allocatable:
-        name, res = s.labels.get("node", ""), s.labels.get("resource", _KSM_GPU)
+        name, res = s.labels.get("node", ""), s.labels.get("resource", KSM_GPU)
         if not name or s.last is None or s.last <= 0:
             continue
         kind = ksm_kind(res)
@@ -351,7 +351,7 @@ def cluster_from_kube_state(
     unmodelled: set[str] = set()
     req_node: dict[str, str] = {}
     for s in metrics.instant(queries.gpu_requests, now):
-        key, res = _pod_key(s.labels), s.labels.get("resource", _KSM_GPU)
+        key, res = _pod_key(s.labels), s.labels.get("resource", KSM_GPU)
         if not key or not s.last:
             continue
         kind = ksm_kind(res)
@@ -418,9 +418,6 @@ def cluster_from_kube_state(
         except ModelError:
             continue
     return cluster
-
-
-_KSM_GPU = ksm_name("nvidia.com/gpu")
 
 
 def _pod_key(labels: Mapping[str, str]) -> str:

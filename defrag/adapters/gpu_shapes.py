@@ -408,7 +408,8 @@ def ksm_name(resource: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", resource)
 
 
-_KSM_GPU = ksm_name(GPU_RESOURCE)
+KSM_GPU = ksm_name(GPU_RESOURCE)
+"""``nvidia.com/gpu`` as kube-state-metrics labels it."""
 _KSM_POOL_PREFIXES = (ksm_name(MIG_PREFIX), ksm_name(SHARED_RESOURCE))
 _KSM_KNOWN = frozenset(ksm_name(k) for k in KNOWN_GPU_KEYS)
 _KSM_ACCELERATORS = tuple(ksm_name(p) for p in ACCELERATOR_PREFIXES)
@@ -418,7 +419,7 @@ def ksm_kind(label: str) -> str:
     """What a kube-state-metrics ``resource`` label is: ``gpu`` (whole NVIDIA GPUs), ``pool``
     (MIG profiles, renamed time-sliced replicas), ``unknown`` (an accelerator defrag does not
     model) or ``other`` (cpu, memory, a known sharing key)."""
-    if label == _KSM_GPU:
+    if label == KSM_GPU:
         return "gpu"
     if label.startswith(_KSM_POOL_PREFIXES):
         return "pool"

@@ -151,7 +151,7 @@ class ClusterParts:
         except ConversionError as exc:
             if self.strict:
                 raise
-            self.warnings.append(ShapeWarning(exc.obj, exc.path, f"{exc.message}; left out", True))
+            self._left_out(obj if isinstance(obj, dict) else {}, "", exc)
             return
         try:
             self._add(obj, where, kind)

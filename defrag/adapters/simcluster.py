@@ -19,9 +19,10 @@ from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import Cluster, PodDisruptionBudget
 from defrag.model.resources import EVICTABLE_ANNOTATION, Node, OwnerRef, Pod, Taint
+from defrag.model.workload import WorkloadMix
 from defrag.ports import EvictionResult
 from defrag.scoring.framework import Placement
-from defrag.scoring.policies import DEFAULT_POLICY
+from defrag.scoring.policies import DEFAULT_POLICY, make_policy
 from defrag.scoring.scheduler import schedule
 
 PDB_MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."
@@ -199,8 +200,11 @@ class SimCluster:
             key=lambda p: (-p.priority, p.key),
         )
         restore: dict[str, int] = {}
+        # One policy per pass, against the mix of the pods the cluster holds (as the extender
+        # builds one per relist), not rebuilt for every pending pod.
+        policy = make_policy(self.policy, mix=WorkloadMix.observed(self._state.pods.values()))
         for pod in queue:
-            placed = schedule(pod, self._state, self.policy)
+            placed = schedule(pod, self._state, policy)
             if isinstance(placed, Placement):
                 self._state = self._state.with_pod_bound(pod.key, placed.node, placed.gpus)
                 for key in due.pop(pod.key).pdbs if pod.key in due else ():

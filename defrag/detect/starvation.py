@@ -23,8 +23,10 @@ from defrag.detect.findings import Finding, Severity
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
+from defrag.model.workload import WorkloadMix
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
-from defrag.scoring.framework import Placement
+from defrag.scoring.framework import Placement, Policy
+from defrag.scoring.policies import make_policy
 from defrag.scoring.scheduler import schedule
 
 Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable"]
@@ -65,8 +67,9 @@ def pending_since(pod: Pod) -> datetime | None:
     return pod.pending_since or pod.created_at
 
 
-def diagnose(pod: Pod, cluster: Cluster, policy: str) -> Diagnosis:
-    """Why ``pod`` cannot be placed right now, by the scheduler's own filter."""
+def diagnose(pod: Pod, cluster: Cluster, policy: str | Policy) -> Diagnosis:
+    """Why ``pod`` cannot be placed right now, by the scheduler's own filter (``policy`` by name
+    is built against the cluster's own mix; pass a built one when diagnosing many pods)."""
     arrays = cluster.arrays
     usable = node_mask(pod, arrays) & arrays.model_allowed(pod)  # nodes it may ever use
     if pod.pool:
@@ -98,6 +101,8 @@ def detect_starvation(
     """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all)."""
     findings = []
     candidates = cluster.pending_pods() if pods is None else pods
+    # Built once for every pod diagnosed: the mix is the cluster's, the same for all of them.
+    policy = make_policy(params.policy, mix=WorkloadMix.observed(cluster.pods.values()))
     for pod in candidates:
         since = pending_since(pod)
         if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
@@ -105,7 +110,7 @@ def detect_starvation(
         waited = (now - since).total_seconds()
         if waited < params.for_s:
             continue
-        why = diagnose(pod, cluster, params.policy)
+        why = diagnose(pod, cluster, policy)
         prio = priority_of(pod, cluster)
         findings.append(
             Finding(

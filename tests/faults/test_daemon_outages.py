@@ -39,6 +39,7 @@ from tests.support.broken_prometheus import Fault, broken_prometheus
 from tests.support.kubeapi import KubeApi
 from tests.support.prometheus import END, make_fleet, prometheus_server, write_openmetrics
 from tests.support.snapshots import scattered_20
+from tests.test_daemon_cli import kubeconfig
 
 pytestmark = pytest.mark.integration
 
@@ -230,17 +231,6 @@ def test_a_wedged_cycle_fails_liveness_and_lets_the_lease_lapse() -> None:
     finally:
         release.set()
         daemon.stop()
-
-
-def kubeconfig(tmp_path: Path, url: str) -> Path:
-    path = tmp_path / "kubeconfig"
-    path.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: emu\n"
-        f"clusters:\n- name: emu\n  cluster:\n    server: {url}\n"
-        "users:\n- name: me\n  user: {}\n"
-        "contexts:\n- name: emu\n  context:\n    cluster: emu\n    user: me\n"
-    )
-    return path
 
 
 GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
