@@ -702,13 +702,25 @@ class _Handler(BoundedHandler):
     server: ExtenderHTTPServer
     logger = log
 
+    _metered: str | None = None
+    """The verb of the POST being answered: counted just before its answer is written, so a
+    client that reads the answer and then asks /metrics always sees it counted."""
+    _started: float = 0.0
+
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
+        verb, self._metered = self._metered, None
+        if verb is not None:
+            self.server.metrics.requests.labels(verb=verb, code=str(code)).inc()
+            self.server.metrics.seconds.labels(verb=verb).observe(
+                time.perf_counter() - self._started
+            )
         self.send_body(code, body, content_type)
 
     def _json(self, code: int, data: Any) -> None:
         self._send(code, json.dumps(data, separators=(",", ":")).encode())
 
     def do_GET(self) -> None:
+        self._metered = None
         self.request_read()
         path = self.path.split("?", 1)[0]
         if path == "/healthz":
@@ -724,11 +736,9 @@ class _Handler(BoundedHandler):
 
     def do_POST(self) -> None:
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-        started = time.perf_counter()
-        code = self._answer(verb)
-        if verb in VERBS:
-            self.server.metrics.requests.labels(verb=verb, code=str(code)).inc()
-            self.server.metrics.seconds.labels(verb=verb).observe(time.perf_counter() - started)
+        self._started = time.perf_counter()
+        self._metered = verb if verb in VERBS else None
+        self._answer(verb)
 
     def _answer(self, verb: str) -> int:
         if verb not in VERBS:
