@@ -23,7 +23,7 @@ from typing import Any
 from bench.bench_kube import cluster_objects
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
 from defrag.detect.findings import Finding
 from defrag.execute import Executor
 from defrag.model.cluster import Cluster

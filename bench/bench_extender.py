@@ -20,7 +20,10 @@ import time
 
 import numpy as np
 
-from defrag.extender import ClusterCache, Extender, encode_priorities, parse_args, serve, stop
+from defrag.extender.server import serve, stop
+from defrag.extender.state import ClusterCache
+from defrag.extender.verbs import Extender
+from defrag.extender.wire import encode_priorities, parse_args
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 

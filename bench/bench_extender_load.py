@@ -28,7 +28,7 @@ import numpy as np
 from bench.bench_extender import _Static, make_cluster, request_body
 from bench.extender_bodies import nodes_body
 from defrag.adapters.httpserve import ServerLimits
-from defrag.extender import serve, stop
+from defrag.extender.server import serve, stop
 
 
 def _serve(n_nodes: int, ready: multiprocessing.queues.Queue[int]) -> None:

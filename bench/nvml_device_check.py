@@ -24,7 +24,8 @@ from typing import Any
 from prometheus_client import generate_latest
 
 from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
-from defrag.agent import Agent, read_topology
+from defrag.agent.service import Agent
+from defrag.agent.topology import read_topology
 
 
 def _hold(gib: float) -> Any:
@@ -76,9 +77,10 @@ def main() -> int:
         synced = agent.sync_once()
         metrics = generate_latest(agent.registry).decode()
         result["metrics_lines"] = [ln for ln in metrics.splitlines() if ln.startswith("defrag_")]
-        checks["metrics_per_gpu"] = all(
-            f'uuid="{d.uuid}"' in metrics for d in before
-        ) and "defrag_gpu_memory_total_bytes" in metrics
+        checks["metrics_per_gpu"] = (
+            all(f'uuid="{d.uuid}"' in metrics for d in before)
+            and "defrag_gpu_memory_total_bytes" in metrics
+        )
         checks["agent_topology_matches"] = synced.annotation == topology.annotation
 
         held = _hold(args.hold_gib)

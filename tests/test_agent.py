@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from defrag.adapters.kube import KubeActuator, RetryPolicy
 from defrag.adapters.kube_convert import node_from_json
 from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable, normalise_bus_id
-from defrag.agent import Agent, format_domains, nvlink_domains, read_topology
+from defrag.agent.service import Agent
+from defrag.agent.topology import format_domains, nvlink_domains, read_topology
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION
 from tests.support import kubeobjects
 from tests.support.kubeapi import KubeApi, running
@@ -385,7 +386,7 @@ def test_agent_http_serves_metrics_and_health() -> None:
     import http.client
     import threading
 
-    from defrag.agent import AgentHTTPServer
+    from defrag.agent.service import AgentHTTPServer
 
     agent = Agent("gpu-1", NvmlInventory(FakeNvml(no_nvlink(2))), annotator=None)
     server = AgentHTTPServer(("127.0.0.1", 0), agent.registry)

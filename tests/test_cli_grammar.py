@@ -209,7 +209,7 @@ def test_the_log_handler_follows_stderr_after_it_was_replaced(
     import io
     import logging
 
-    from defrag.daemon import configure_logging
+    from defrag.daemon.service import configure_logging
 
     root = logging.getLogger()
     saved = (root.handlers[:], root.level, logging.getLogger("urllib3").level)

@@ -10,7 +10,7 @@ import pytest
 
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.cycle import CycleConfig, CyclePorts, goal_for, run_cycle
+from defrag.daemon.cycle import CycleConfig, CyclePorts, goal_for, run_cycle
 from defrag.detect.findings import Finding
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window
 from defrag.model.cluster import Cluster

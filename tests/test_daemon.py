@@ -17,8 +17,8 @@ from freezegun import freeze_time
 
 from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, build, default_rules_dir
-from defrag.cycle import CycleConfig, CyclePorts, SystemClock
-from defrag.daemon import Daemon
+from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
+from defrag.daemon.service import Daemon
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window
 from defrag.rules import load_rules
 from defrag.settings import load_settings

@@ -14,7 +14,7 @@ import yaml
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, RetryPolicy
 from defrag.adapters.nvml import NvmlInventory
-from defrag.agent import Agent
+from defrag.agent.service import Agent
 from tests.support.binaries import require_binary
 from tests.support.kubeapi import KubeApi, running
 from tests.support.snapshots import scattered_20

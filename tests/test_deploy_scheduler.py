@@ -31,7 +31,9 @@ import yaml
 
 from defrag.adapters.gpu_shapes import KNOWN_GPU_KEYS
 from defrag.adapters.kube import LeaseElector
-from defrag.extender import MAX_EXTENDER_PRIORITY, VERBS, SnapshotFileSource, serve, stop
+from defrag.adapters.snapshot import SnapshotFileSource
+from defrag.extender.server import serve, stop
+from defrag.extender.wire import MAX_EXTENDER_PRIORITY, VERBS
 from tests.support.binaries import free_port
 from tests.support.kubeapi import running
 from tests.test_deploy import DEPLOY, IMAGE, K8S_VERSION, Obj, one, render

@@ -19,8 +19,8 @@ import pytest
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
-from defrag.daemon import Daemon
+from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.daemon.service import Daemon
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
 from defrag.plan.model import Plan, Step

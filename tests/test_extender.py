@@ -14,18 +14,11 @@ import numpy as np
 import pytest
 
 from defrag.adapters.kube_convert import cluster_from_items
-from defrag.extender import (
-    R_UNKNOWN_NODE,
-    ClusterCache,
-    Extender,
-    ExtenderHTTPServer,
-    SnapshotFileSource,
-    encode_priorities,
-    extender_score,
-    parse_args,
-    serve,
-    stop,
-)
+from defrag.adapters.snapshot import SnapshotFileSource
+from defrag.extender.server import ExtenderHTTPServer, serve, stop
+from defrag.extender.state import ClusterCache
+from defrag.extender.verbs import R_UNKNOWN_NODE, Extender
+from defrag.extender.wire import encode_priorities, extender_score, parse_args
 from defrag.model.cluster import Cluster
 from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule

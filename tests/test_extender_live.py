@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.cli import app
-from defrag.extender import ExtenderHTTPServer, serve, stop
+from defrag.extender.server import ExtenderHTTPServer, serve, stop
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION, RESERVED_FOR_ANNOTATION
 from tests.support import kubeobjects as k
 from tests.support.kubeapi import KubeApi, running

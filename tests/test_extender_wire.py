@@ -15,18 +15,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from defrag.adapters.snapshot import load_snapshot
+from defrag.adapters.snapshot import SnapshotFileSource, load_snapshot
 from defrag.cli import app
-from defrag.extender import (
-    ARGS_FIELDS,
-    ExtenderHTTPServer,
-    SnapshotFileSource,
-    go_fields,
-    go_fold,
-    parse_args,
-    serve,
-    stop,
-)
+from defrag.extender.server import ExtenderHTTPServer, serve, stop
+from defrag.extender.wire import ARGS_FIELDS, go_fields, go_fold, parse_args
 from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
 

@@ -16,9 +16,9 @@ import pytest
 
 from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.cycle import CycleConfig, CyclePorts, run_cycle
-from defrag.daemon import DaemonMetrics
-from defrag.extender import ClusterCache
+from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
+from defrag.daemon.service import DaemonMetrics
+from defrag.extender.state import ClusterCache
 from defrag.rules import load_rules
 from defrag.settings import load_settings
 from tests.support import kubeobjects as k

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from defrag.adapters.kube import KubeActuator
-from defrag.cycle import SystemClock
+from defrag.daemon.cycle import SystemClock
 from defrag.execute.reservation import RESERVED_AT_ANNOTATION, Reservation
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.model.workload import WorkloadMix

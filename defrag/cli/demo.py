@@ -26,8 +26,8 @@ from defrag.cli.app import (
     writable_path,
 )
 from defrag.cli.run import _build, _settings
-from defrag.cycle import CycleResult
-from defrag.daemon import configure_logging
+from defrag.daemon.cycle import CycleResult
+from defrag.daemon.service import configure_logging
 from defrag.detect.findings import Finding
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
@@ -210,9 +210,7 @@ def _cycle_line(r: CycleResult) -> str:
     return "nothing to do" if not steps else f"{steps} step(s) planned, not executed"
 
 
-def figures(
-    results: Sequence[CycleResult], first: Cluster, final: Cluster
-) -> list[dict[str, Any]]:
+def figures(results: Sequence[CycleResult], first: Cluster, final: Cluster) -> list[dict[str, Any]]:
     """The figures of the first cycle's start and of the end, as observed."""
     from defrag.cli.report import workload_mix
     from defrag.scoring.fragmentation import fragmentation_report

@@ -190,7 +190,7 @@ def detect(
         _print_table(report, now)
     if sink is not None:
         from defrag.alerting import AlertSendError
-        from defrag.cycle import rule_failed_finding
+        from defrag.daemon.cycle import rule_failed_finding
 
         failed = {f.rule: redact_text(f.message) for f in report.failures}
         reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]

@@ -25,7 +25,7 @@ from defrag.cli.app import (
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 
 if TYPE_CHECKING:
-    from defrag.extender import ExtenderHTTPServer
+    from defrag.extender.server import ExtenderHTTPServer
 
 HostOpt = Annotated[str, typer.Option(help="Address to bind.")]
 KubeconfigOpt = Annotated[
@@ -102,8 +102,8 @@ def extender(
 
     from defrag.adapters.httpserve import ServerLimits
     from defrag.adapters.kube_convert import ConversionError
-    from defrag.adapters.snapshot import SnapshotError
-    from defrag.extender import SnapshotFileSource, serve, serve_status, stop, tls_context
+    from defrag.adapters.snapshot import SnapshotError, SnapshotFileSource
+    from defrag.extender.server import serve, serve_status, stop, tls_context
     from defrag.model.cluster import ModelError
     from defrag.ports import ClusterSource
 
@@ -179,7 +179,7 @@ def extender(
 
 def _shutdown(servers: list[ExtenderHTTPServer]) -> None:
     """Stop serving (status server first), close the sockets, stop relisting."""
-    from defrag.extender import stop
+    from defrag.extender.server import stop
 
     for srv in reversed(servers):
         srv.shutdown()
@@ -213,7 +213,7 @@ def agent(
     Exits 3 when NVML (the NVIDIA driver) is not available on this machine.
     """
     from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
-    from defrag.agent import EXIT_NO_NVML, Agent, AgentHTTPServer, NodeAnnotator
+    from defrag.agent.service import EXIT_NO_NVML, Agent, AgentHTTPServer, NodeAnnotator
 
     node_name = node or os.environ.get("NODE_NAME") or ""
     if publish and not node_name:

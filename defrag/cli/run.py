@@ -2,7 +2,7 @@
 
 This module is the composition root: it turns :class:`~defrag.settings.Settings` into the
 ports (Kubernetes or the simulated cluster, Prometheus, Alertmanager, the Lease), the detector,
-the planner and the executor, and hands them to :class:`~defrag.daemon.Daemon`.
+the planner and the executor, and hands them to :class:`~defrag.daemon.service.Daemon`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import typer
 from rich.markup import escape
 
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
-from defrag.cycle import CycleConfig, CyclePorts, CycleResult, Detected, SystemClock
-from defrag.daemon import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
+from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, Detected, SystemClock
+from defrag.daemon.service import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
 from defrag.execute.budgets import Budgets
 from defrag.execute.executor import Executor, ExecutorSettings
 from defrag.execute.windows import Window

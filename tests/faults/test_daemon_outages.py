@@ -28,8 +28,8 @@ from defrag.adapters.alertmanager import AlertmanagerSink
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.cli.app import load_cluster
 from defrag.cli.run import _detector, _planner
-from defrag.cycle import CycleConfig, CyclePorts
-from defrag.daemon import Daemon, configure_logging
+from defrag.daemon.cycle import CycleConfig, CyclePorts
+from defrag.daemon.service import Daemon, configure_logging
 from defrag.model.cluster import Cluster
 from defrag.rules import load_rules
 from defrag.settings import load_settings

@@ -27,7 +27,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from defrag.adapters.httpserve import ServerLimits
-from defrag.extender import ExtenderHTTPServer, SnapshotFileSource, serve, stop
+from defrag.adapters.snapshot import SnapshotFileSource
+from defrag.extender.server import ExtenderHTTPServer, serve, stop
 from tests.faults.extender_bodies import MALFORMED, VALID, good_body
 from tests.support.binaries import free_port
 from tests.test_extender import worked_example

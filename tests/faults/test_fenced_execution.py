@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
-from defrag.cycle import CycleConfig, SystemClock, run_cycle
-from defrag.daemon import Daemon
+from defrag.daemon.cycle import CycleConfig, SystemClock, run_cycle
+from defrag.daemon.service import Daemon
 from defrag.execute import Budgets, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.executor import NOT_LEADER
 from defrag.execute.fence import Fence, NoFence, Tenure
@@ -193,7 +193,7 @@ def test_reconcile_leaves_alone_a_drain_whose_owner_still_holds_the_lease(api: K
 def test_the_daemon_fences_its_executor_with_its_elector(api: KubeApi) -> None:
     """Before: the daemon handed its elector to nobody but itself. After: the executor's fence is
     the daemon's LeaseElector (and a daemon without election keeps the no-op fence)."""
-    from defrag.cycle import CyclePorts
+    from defrag.daemon.cycle import CyclePorts
 
     a = elector(api, "replica-a")
     ex = executor(api)
@@ -328,6 +328,6 @@ def test_the_leader_cleans_a_crashed_runs_leftovers_every_cycle(api: KubeApi) ->
 
 
 def _ports(api: KubeApi, ex: Executor) -> Any:
-    from defrag.cycle import CyclePorts
+    from defrag.daemon.cycle import CyclePorts
 
     return CyclePorts(ex.source, SystemClock(), lambda c, t: [], _no_plan, ex)

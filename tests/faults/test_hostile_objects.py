@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from defrag.adapters.kube import KubeClusterSource, RetryPolicy
-from defrag.extender import ClusterCache
+from defrag.extender.state import ClusterCache
 from tests.support import kubeobjects as k
 from tests.support.kubeapi import KubeApi, running
 

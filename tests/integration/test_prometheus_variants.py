@@ -290,7 +290,7 @@ def test_daemon_detector_sets_the_skipped_gauge_and_logs_once(
     prom: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from defrag.cli.run import _detector
-    from defrag.daemon import DaemonMetrics
+    from defrag.daemon.service import DaemonMetrics
     from defrag.model.cluster import Cluster
 
     metrics = DaemonMetrics()

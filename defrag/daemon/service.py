@@ -1,6 +1,6 @@
 """The daemon: cycles on a schedule, windows on their cron, leader election, health and metrics.
 
-:class:`Daemon` runs :func:`~defrag.cycle.run_cycle` from an APScheduler job every
+:class:`Daemon` runs :func:`~defrag.daemon.cycle.run_cycle` from an APScheduler job every
 ``cycle_interval_s`` and once more at every window opening (so execution starts when the
 window does, not up to one interval later). It serves ``/healthz`` (the process answers
 and no cycle has run past its deadline), ``/readyz`` (the last cycle succeeded within
@@ -30,7 +30,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
-from defrag.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
+from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detect.findings import FINDING_KINDS
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence

@@ -1,0 +1,1 @@
+"""The node agent process (``defrag agent``): NVML in, a node annotation and /metrics out."""

@@ -1,0 +1,169 @@
+"""``filter`` and ``prioritize`` over the current cluster view, pure of HTTP."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+
+from defrag.extender.state import ClusterCache, ClusterView, StateUnavailable
+from defrag.extender.wire import ExtenderArgs, extender_scores
+from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
+from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod
+from defrag.scoring.framework import Placement, Policy
+from defrag.scoring.scheduler import explain, feasible_mask, node_scores, schedule
+
+log = logging.getLogger(__name__)
+
+R_UNKNOWN_NODE = "node unknown to defrag's cluster state (not relisted yet; relisting now)"
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The request's nodes resolved against the view."""
+
+    rows: IntArray
+    """Row of each requested node, in request order; -1 for a node the view does not know."""
+    unknown: tuple[str, ...]
+    reserved: dict[str, str]
+    """Node name → pod key, for requested nodes reserved for another pod."""
+    exclude: BoolArray
+    """[N] rows that are not candidates, or are reserved for another pod."""
+
+
+class Extender:
+    """The two verbs over the current cluster view; pure of HTTP (the server wraps it)."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def _view(self) -> ClusterView:
+        view = self.cache.view()
+        if view is None:
+            raise StateUnavailable(str(self.cache.readiness()))
+        return view
+
+    def _candidates(self, args: ExtenderArgs, view: ClusterView) -> Candidates:
+        arrays = view.cluster.arrays
+        get = arrays.index.get
+        names = args.node_names
+        rows = np.fromiter(map(get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        known = rows >= 0
+        unknown: tuple[str, ...] = ()
+        if not known.all():
+            unknown = tuple(n for n, k in zip(names, known, strict=True) if not k)
+            self.cache.nudge()
+        exclude = np.ones(len(arrays), dtype=bool)
+        exclude[rows[known]] = False
+        reserved_for = dict(view.reserved_for)
+        if args.node_objects is not None:
+            # The request's node objects are fresher than the last relist.
+            for obj in args.node_objects:
+                meta = obj.get("metadata") or {}
+                annotations = meta.get("annotations") or {}
+                value = annotations.get(RESERVED_FOR_ANNOTATION, "")
+                if isinstance(value, str) and value.strip():
+                    reserved_for[meta["name"]] = value.strip()
+                else:
+                    reserved_for.pop(meta["name"], None)
+        pod_key = args.pod.key
+        reserved: dict[str, str] = {}
+        for name, key in reserved_for.items():
+            row = get(name)
+            if key != pod_key and row is not None and not exclude[row]:
+                reserved[name] = key
+        for name in reserved:
+            exclude[arrays.index[name]] = True
+        return Candidates(rows, unknown, reserved, exclude)
+
+    def filter(self, args: ExtenderArgs) -> dict[str, Any]:
+        """An ExtenderFilterResult: the nodes that fit, and a reason for each that does not."""
+        view = self._view()
+        cand = self._candidates(args, view)
+        failed: dict[str, str] = dict.fromkeys(cand.unknown, R_UNKNOWN_NODE)
+        unresolvable = {
+            name: f"node reserved for {key} ({RESERVED_FOR_ANNOTATION})"
+            for name, key in cand.reserved.items()
+        }
+        mask = feasible_mask(args.pod, view.cluster.arrays, cand.exclude)
+        passes = (cand.rows >= 0) & mask[cand.rows]  # rows of -1 are masked by the first term
+        if args.unmodelled:  # not defrag's to judge: only reserved nodes are refused
+            failed = {}
+            passes = np.array([n not in unresolvable for n in args.node_names], dtype=bool)
+        passed = [n for n, ok in zip(args.node_names, passes.tolist(), strict=True) if ok]
+        infeasible = [
+            n
+            for n, ok, row in zip(args.node_names, passes.tolist(), cand.rows.tolist(), strict=True)
+            if not ok and row >= 0 and n not in unresolvable
+        ]
+        if infeasible:
+            verdicts = {v.node: v for v in explain(args.pod, view.cluster, view.policy)}
+            for name in infeasible:
+                reasons = verdicts[name].reasons if name in verdicts else ()
+                failed[name] = "; ".join(reasons) or "does not fit"
+        # Every field, in ExtenderFilterResult's order, as Go's json.Marshal writes it: the node
+        # list in the request's mode, the other one null (kube-scheduler reads NodeNames when
+        # nodeCacheCapable and it is non-null, else Nodes).
+        nodes: dict[str, Any] | None = None
+        names: list[str] | None = passed
+        if args.node_objects is not None:
+            keep = set(passed)
+            items = [o for o in args.node_objects if o["metadata"]["name"] in keep]
+            nodes, names = {"metadata": {}, "items": items}, None
+        return {
+            "Nodes": nodes,
+            "NodeNames": names,
+            "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": unresolvable,
+            "Error": "",
+        }
+
+    def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
+        """A HostPriorityList: every requested node with a 0..10 score (see the module doc)."""
+        values = self.scores(args)
+        return [
+            {"Host": name, "Score": value}
+            for name, value in zip(args.node_names, values, strict=True)
+        ]
+
+    def scores(self, args: ExtenderArgs) -> list[int]:
+        """The 0..10 score of each requested node, in request order."""
+        view = self._view()
+        if args.unmodelled:
+            return [0] * len(args.node_names)
+        cand = self._candidates(args, view)
+        arrays = view.cluster.arrays
+        feasible = feasible_mask(args.pod, arrays, cand.exclude)
+        scores = node_scores(args.pod, arrays, view.policy, feasible)
+        # The winner by the scheduler's own selection, over the very scores returned (a
+        # random policy scored twice would disagree with itself).
+        choice = schedule(args.pod, arrays, _Scored(view.policy, scores), exclude=cand.exclude)
+        known = cand.rows >= 0
+        rows = np.where(known, cand.rows, 0)
+        ok = known & feasible[rows]
+        per_node = np.where(ok, scores[rows], np.nan)
+        winner = np.zeros(len(rows), dtype=bool)
+        if isinstance(choice, Placement):
+            winner = ok & (rows == choice.row)
+        values: list[int] = extender_scores(per_node, winner).tolist()
+        return values
+
+
+class _Scored:
+    """A policy whose scores for this one pod are already computed."""
+
+    __slots__ = ("name", "policy", "scores")
+
+    def __init__(self, policy: Policy, scores: FloatArray) -> None:
+        self.name = policy.name
+        self.policy = policy
+        self.scores = scores
+
+    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
+        return self.scores
+
+    def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
+        return self.policy.choose_gpus(pod, arrays, row)
