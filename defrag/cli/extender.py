@@ -212,8 +212,9 @@ def agent(
 
     Exits 3 when NVML (the NVIDIA driver) is not available on this machine.
     """
+    from defrag.adapters.health import HealthServer
     from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
-    from defrag.agent.service import EXIT_NO_NVML, Agent, AgentHTTPServer, NodeAnnotator
+    from defrag.agent.service import EXIT_NO_NVML, Agent, NodeAnnotator
 
     node_name = node or os.environ.get("NODE_NAME") or ""
     if publish and not node_name:
@@ -244,10 +245,9 @@ def agent(
             _print_topology(topology.to_dict(), output, inventory.driver_version())
             return
         try:
-            server = AgentHTTPServer((host, port), worker.registry)
+            server = HealthServer((host, port), worker.probes()).start("defrag-agent-http")
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
-        threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
         stopping = threading.Event()
         _on_sigterm(stopping)
         err_console.print(f"defrag agent on {node_name}: /metrics on {host}:{port}")
@@ -256,8 +256,7 @@ def agent(
         except KeyboardInterrupt:
             pass
         finally:
-            server.shutdown()
-            server.server_close()
+            server.stop()
     finally:
         inventory.close()
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from defrag.adapters.health import Probes, probe_answer
 from defrag.adapters.httpserve import BoundedHandler, BoundedHTTPServer, ServerLimits
 from defrag.extender.state import ClusterCache, StateUnavailable
 from defrag.extender.verbs import Extender
@@ -167,17 +167,11 @@ class _Handler(BoundedHandler):
     def do_GET(self) -> None:
         self._metered = None
         self.request_read()
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            self._send(200, b"ok\n", "text/plain")
-        elif path == "/readyz":
-            status = self.server.extender.cache.readiness()
-            code = 200 if status.ok else 503
-            self._send(code, (str(status) + "\n").encode(), "text/plain")
-        elif path == "/metrics":
-            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        answer = probe_answer(self.path, self.server.probes)
+        if answer is None:
+            self._json(404, {"Error": f"no such path {self.path.split('?', 1)[0]}"})
         else:
-            self._json(404, {"Error": f"no such path {path}"})
+            self._send(answer.code, answer.body, answer.content_type)
 
     def do_POST(self) -> None:
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
@@ -333,6 +327,7 @@ class ExtenderHTTPServer(BoundedHTTPServer):
         super().__init__(address, handler, limits)
         self.extender = extender
         self.metrics = metrics
+        self.probes = Probes.of_registry(metrics.registry, ready=extender.cache.readiness)
         self.max_body_bytes = max_body_bytes
         self.body_budget = BodyBudget(max(body_budget_bytes, 1), wait_s=self.limits.read_timeout_s)
         self.scheme = "http"
