@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from defrag import safe_yaml
+from defrag.execute.mode import RunMode
 
 ENV_PREFIX = "DEFRAG_"
 OTHER_ENV = frozenset({"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES"})
@@ -258,6 +259,11 @@ class Settings(BaseSettings):
         if self.policy not in POLICY_NAMES:
             raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
         return self
+
+    @property
+    def run_mode(self) -> RunMode:
+        """Dry run or live and what follows (defrag/execute/mode.py): the one decision."""
+        return RunMode(self.dry_run, self.dry_run_events, self.leader_election)
 
     @property
     def ready_age_limit_s(self) -> float:

@@ -25,6 +25,7 @@ from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, Detected, 
 from defrag.daemon.service import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
 from defrag.execute.budgets import Budgets
 from defrag.execute.executor import Executor, ExecutorSettings
+from defrag.execute.mode import mode_name
 from defrag.execute.windows import Window
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
@@ -93,7 +94,7 @@ def build(settings: Settings) -> Wiring:
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,
-            dry_run_events=settings.dry_run_events,
+            dry_run_events=settings.run_mode.events,
         ),
         sleep=sleep,
     )
@@ -107,7 +108,7 @@ def build(settings: Settings) -> Wiring:
         alerts=_alerts(settings),
     )
     config = CycleConfig(
-        dry_run=settings.dry_run,
+        mode=settings.run_mode,
         goal=settings.plan_goal,
         windows=tuple(_window(w) for w in settings.windows),
         idle_gate=settings.idle_gate,
@@ -147,11 +148,13 @@ def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
     except KubeError as exc:
         raise SettingsError(str(exc)) from None
     # In dry run without Events nothing may be written: the actuator only logs intents.
-    send = not settings.dry_run or settings.dry_run_events
-    actuator = KubeActuator(api, send_writes=send, event_namespace=settings.lease_namespace)
+    mode = settings.run_mode
+    actuator = KubeActuator(
+        api, send_writes=mode.writes_events, event_namespace=settings.lease_namespace
+    )
     elector: Elector = AlwaysLeader()
     # Dry run writes nothing to the cluster, not even the Lease: every replica plans and reports.
-    if settings.leader_election and not settings.dry_run:
+    if mode.takes_lease:
         elector = LeaseElector(
             api,
             settings.lease_namespace,
@@ -324,7 +327,7 @@ def run(
 def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     """A cycle for people: window, findings, plan, execution, the figures before and after."""
     b, a = result.before, result.after
-    mode = "dry run" if result.dry_run else "live"
+    mode = mode_name(result.dry_run)
     print_line(
         f"[bold]{title}[/bold] {result.started:%Y-%m-%d %H:%M} ({mode}, "
         f"{'leader' if result.leader else 'follower'}): {result.window.reason}"

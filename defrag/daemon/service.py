@@ -34,6 +34,7 @@ from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detect.findings import FINDING_KINDS
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
+from defrag.execute.mode import mode_name
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.redact import redact_text
 from defrag.scoring.framework import Status
@@ -319,7 +320,7 @@ class Daemon:
         the next one tries again).
         """
         executor = self.ports.executor
-        if executor is None or self.config.dry_run:
+        if executor is None or not self.config.mode.reconciles:
             self._reconciled = True
             return ()
         if not self.elector.is_leader():
@@ -513,7 +514,7 @@ def cycle_summary(result: CycleResult) -> str:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
         executed = f"executed: {counts or 'nothing'}"
     role = "leader" if result.leader else "follower"
-    mode = "dry run" if result.dry_run else "live"
+    mode = mode_name(result.dry_run)
     return (
         f"cycle ({role}, {mode}): findings {findings}; {plan}; {executed}; "
         f"window: {result.window.reason}"
