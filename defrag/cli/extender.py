@@ -101,11 +101,8 @@ def extender(
     import ssl
 
     from defrag.adapters.httpserve import ServerLimits
-    from defrag.adapters.kube_convert import ConversionError
-    from defrag.adapters.snapshot import SnapshotError, SnapshotFileSource
+    from defrag.adapters.sources import SourceError, SourceSpec, open_source
     from defrag.extender.server import serve, serve_status, stop, tls_context
-    from defrag.model.cluster import ModelError
-    from defrag.ports import ClusterSource
 
     if policy not in POLICY_NAMES:
         raise UserError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
@@ -126,21 +123,12 @@ def extender(
                 f"cannot load --tls-cert {tls_cert} / --tls-key {tls_key}: {exc}"
             ) from None
     _logging()
-    source: ClusterSource
-    if snapshot:
-        file_source = SnapshotFileSource(snapshot)
-        try:
-            file_source.snapshot()  # a bad file is the user's mistake: say so now, not at /readyz
-        except (SnapshotError, ConversionError, ModelError, OSError) as exc:
-            raise UserError(str(exc)) from None
-        source = file_source
-    else:
-        from defrag.adapters.kube import KubeClusterSource, KubeError, connect
-
-        try:
-            source = KubeClusterSource(connect(str(kubeconfig) if kubeconfig else None))
-        except KubeError as exc:
-            raise UserError(str(exc)) from None
+    # A bad snapshot file is the user's mistake: said now (the factory reads it), not at /readyz.
+    spec = SourceSpec(tuple(snapshot)) if snapshot else SourceSpec(live=True, kubeconfig=kubeconfig)
+    try:
+        source = open_source(spec).source
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
     try:
         server = serve(
             source,

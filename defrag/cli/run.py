@@ -20,6 +20,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from defrag.adapters.sources import Backend, SourceError, SourceSpec, open_source
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, Detected, SystemClock
 from defrag.daemon.service import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
@@ -69,16 +70,14 @@ def build(settings: Settings) -> Wiring:
     clock: Clock = SystemClock()
     time_scale = 1.0
     sleep: Callable[[float], None] = time.sleep
-    if settings.cluster == "sim":
-        from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
-
-        sim_clock = SimClock(speedup=settings.sim_speedup)
-        sim = SimCluster(fragmented_cluster(), sim_clock, policy=settings.policy)
-        source: ClusterSource = sim
+    backend = _backend(settings)
+    source: ClusterSource = backend.source
+    if backend.sim is not None:
+        sim = backend.sim
         actuator: Actuator = sim
-        clock, time_scale, sleep = sim_clock, settings.sim_speedup, sim_clock.sleep
+        clock, time_scale, sleep = sim.clock, settings.sim_speedup, sim.clock.sleep
     else:
-        source, actuator, elector = _kube(settings)
+        actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
 
     executor = Executor(
@@ -134,19 +133,21 @@ def _window(w: WindowSetting) -> Window:
     return Window(w.cron, w.length_s, w.timezone)
 
 
-def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
-    from defrag.adapters.kube import (
-        KubeActuator,
-        KubeClusterSource,
-        KubeError,
-        LeaseElector,
-        connect,
-    )
-
+def _backend(settings: Settings) -> Backend:
+    """The cluster the settings name, through the one factory every command uses."""
+    if settings.cluster == "sim":
+        spec = SourceSpec(sim=True, sim_speedup=settings.sim_speedup, policy=settings.policy)
+    else:
+        kubeconfig = Path(settings.kubeconfig) if settings.kubeconfig else None
+        spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=settings.kube_context)
     try:
-        api = connect(settings.kubeconfig, settings.kube_context)
-    except KubeError as exc:
+        return open_source(spec)
+    except SourceError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
+    from defrag.adapters.kube import KubeActuator, LeaseElector
     # In dry run without Events nothing may be written: the actuator only logs intents.
     mode = settings.run_mode
     actuator = KubeActuator(
@@ -162,7 +163,7 @@ def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
             settings.identity,
             int(settings.lease_duration_s),
         )
-    return KubeClusterSource(api), actuator, elector
+    return actuator, elector
 
 
 def _prometheus(settings: Settings) -> MetricsSource | None:
