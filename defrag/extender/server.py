@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import ssl
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +17,14 @@ from defrag.adapters.health import Probes, probe_answer
 from defrag.adapters.httpserve import BoundedHandler, BoundedHTTPServer, ServerLimits
 from defrag.extender.state import ClusterCache, StateUnavailable
 from defrag.extender.verbs import Extender
-from defrag.extender.wire import BODY_BUDGET_BYTES, MAX_BODY_BYTES, BadRequest, parse_args
+from defrag.extender.wire import (
+    BODY_BUDGET_BYTES,
+    MAX_BODY_BYTES,
+    VERBS,
+    BadRequest,
+    encode_priorities,
+    parse_args,
+)
 from defrag.ports import ClusterSource
 from defrag.scoring.framework import Status
 
@@ -90,25 +95,6 @@ class ExtenderMetrics:
     def observe_relist(self, status: Status, seconds: float) -> None:
         self.relists.labels(result="ok" if status.ok else "failed").inc()
         self.relist_seconds.set(seconds)
-
-
-VERBS = ("filter", "prioritize")
-
-
-_PLAIN_NAMES = re.compile(r"[a-z0-9.,\-]*")
-
-
-def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
-    """A HostPriorityList (``[{"Host", "Score"}]``) as JSON, fast: node names (RFC 1123:
-    lower-case letters, digits, '-' and '.') need no escaping, so 1,000 entries are joined
-    directly; anything else goes through ``json.dumps``."""
-    if _PLAIN_NAMES.fullmatch(",".join(hosts)):
-        body = ",".join(
-            f'{{"Host":"{h}","Score":{int(v)}}}' for h, v in zip(hosts, scores, strict=True)
-        )
-        return f"[{body}]".encode()
-    items = [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores, strict=True)]
-    return json.dumps(items, separators=(",", ":")).encode()
 
 
 class BodyBudget:
