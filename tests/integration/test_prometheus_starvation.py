@@ -19,8 +19,13 @@ import pytest
 
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detection import cluster_from_kube_state, detect
-from defrag.rules import StarvationRule, load_rules
+from defrag.detectors.starvation import StarvationRule
+from defrag.rules import load_rules
+from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import END, gauge_family, prometheus_server
+
+PROFILE = ScoringProfile.default()
+"""The default scoring profile (no cluster snapshot: rules build theirs from kube-state)."""
 
 pytestmark = pytest.mark.integration
 
@@ -43,8 +48,9 @@ def history() -> str:
         ({"node": n, "resource": "nvidia_com_gpu", "unit": "integer"}, TIMES, ones * 8)
         for n in ("n1", "n2", "n3")
     ]
-    alloc.append(({"node": "n4", "resource": "nvidia_com_mig_1g_10gb", "unit": "integer"},
-                  TIMES, ones * 7))
+    alloc.append(
+        ({"node": "n4", "resource": "nvidia_com_mig_1g_10gb", "unit": "integer"}, TIMES, ones * 7)
+    )
     alloc.append(({"node": "n5", "resource": "amd_com_gpu", "unit": "integer"}, TIMES, ones * 8))
     requests, phase, info = [], [], []
     for pod, node, res in (("mig", "n4", "nvidia_com_mig_1g_10gb"), ("rocm", "", "amd_com_gpu")):
@@ -127,7 +133,7 @@ def test_cluster_from_kube_state_metrics(prom: str) -> None:
 
 def test_starvation_from_prometheus_alone_says_fragmented(prom: str) -> None:
     rules = load_rules([ROOT / "rules" / "starvation.yaml", ROOT / "rules" / "fragmentation.yaml"])
-    findings = detect(rules, PrometheusSource(prom, retries=0), None, END)
+    findings = detect(rules, PrometheusSource(prom, retries=0), None, END, profile=PROFILE)
     starving = [f for f in findings if f.kind == "starvation"]
     # urgent: high-priority past 15 min; batch is low priority; fresh waits only 5 min
     assert [f.subject for f in starving] == ["pod/ml/urgent"]
