@@ -19,7 +19,8 @@ Adding a detector is one module with one registration (docs/architecture.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Generic, Literal, TypeVar
@@ -155,6 +156,17 @@ def unregister(name: str) -> None:
     _version[0] += 1
 
 
+@contextmanager
+def registered(detector: Detector[R, P]) -> Iterator[Detector[R, P]]:
+    """``detector`` registered inside the block, removed after it (a plugin tried out, a toy
+    detector in a test: other code never sees it)."""
+    register(detector)
+    try:
+        yield detector
+    finally:
+        unregister(detector.name)
+
+
 def get(name: str) -> Detector[Any, Any]:
     """The registration of ``name``; KeyError when there is none."""
     return _DETECTORS[name]
@@ -183,6 +195,7 @@ __all__ = [
     "get",
     "names",
     "register",
+    "registered",
     "unregister",
     "version",
 ]

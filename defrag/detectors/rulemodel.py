@@ -86,11 +86,10 @@ PromQL = Annotated[str, Field(min_length=1)]
 
 
 class Model(BaseModel):
-    """Every rule-file model: unknown fields are errors, values are frozen and finite."""
+    """Every rule-file model: unknown fields are errors, values are frozen and finite, and a
+    setting is read only by its rule-file name (``for``, never ``for_s``)."""
 
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, allow_inf_nan=False, populate_by_name=True
-    )
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class RuleModel(Model):
