@@ -19,6 +19,7 @@ from typing import (
     Annotated,
     Any,
     ClassVar,
+    Literal,
     TypeVar,
     Union,
     get_args,
@@ -258,8 +259,6 @@ def _meta(tp: Any) -> tuple[Any, ...]:
 
 
 def _literal(value: str) -> Any:
-    from typing import Literal
-
     return Literal[value]
 
 
