@@ -26,8 +26,10 @@ import numpy as np
 
 from bench.leak_corpus import corpus, random_mix
 from defrag.adapters.prometheus import PrometheusSource
-from defrag.detection import detect, leak_range_query
-from defrag.rules import LeakRule, load_rules
+from defrag.detection import detect
+from defrag.detectors.leak import LEAK, LeakRuleFields, leak_range_query
+from defrag.rules import load_rules
+from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import END, make_fleet, prometheus_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -123,17 +125,19 @@ def main() -> None:
         with prometheus_server(history, Path(tmp)) as server:
             t_start = time.perf_counter() - t0
             source = PrometheusSource(server.url, retries=0, timeout_s=60)
-            detect(rules, source, None, END)  # warm the server's caches once
+            profile = ScoringProfile.default()
+            detect(rules, source, None, END, profile=profile)  # warm the server's caches once
             leak_rule = rules.enabled("leak")[0].rule
-            assert isinstance(leak_rule, LeakRule)
-            lookback = timedelta(seconds=leak_rule.lookback)
+            assert isinstance(leak_rule, LeakRuleFields)
+            leak = LEAK.settings_of(leak_rule)
+            lookback = timedelta(seconds=leak.lookback_s)
             fetched = len(
-                source.range(leak_range_query(leak_rule), END - lookback, END, leak_rule.step)
+                source.range(leak_range_query(leak_rule), END - lookback, END, leak.bin_s)
             )
             times, findings = [], []
             for _ in range(args.runs):
                 t0 = time.perf_counter()
-                findings = detect(rules, source, None, END)
+                findings = detect(rules, source, None, END, profile=profile)
                 times.append(time.perf_counter() - t0)
     leaks = sum(f.kind == "leak" for f in findings)
     rows = [

@@ -12,45 +12,175 @@ yields a new alert and the old one is resolved.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from types import MappingProxyType
 from typing import Any
 
 from defrag.detect.findings import Finding
 
 log = logging.getLogger(__name__)
 
-ALERT_NAMES: Mapping[str, str] = MappingProxyType(
-    {
-        "leak": "GPUMemoryLeakSuspected",
-        "starvation": "GPUJobStarved",
-        "plan-blocked": "DefragPlanBlocked",
-        "execution-failed": "DefragExecutionFailed",
-        "circuit-open": "DefragCircuitOpen",
-        "rule-failed": "DefragRuleEvaluationFailed",
-    }
-)
-"""Alert name per finding kind; ``fragmentation`` depends on the subject (see :func:`alert_name`)
-and ``idle`` is never alerted (it is the gate for windows, not a problem)."""
-
-CLUSTER_FRAGMENTED = "GPUClusterFragmented"
-NODE_FRAGMENTED = "GPUNodeFragmented"
 TEST_ALERT = "DefragTestAlert"
 
-OWN_ALERT_NAMES: frozenset[str] = frozenset(
-    {*ALERT_NAMES.values(), CLUSTER_FRAGMENTED, NODE_FRAGMENTED, TEST_ALERT}
-)
-"""Every alert name this project sends; alerts with other names are never touched."""
-
 ROUTING_LABELS = ("node", "namespace", "pod", "gpu", "detector")
-"""Finding labels copied onto the alert (besides alertname, severity and cluster)."""
-KIND_LABELS: Mapping[str, tuple[str, ...]] = MappingProxyType({"rule-failed": ("rule",)})
-"""Further finding labels copied onto the alerts of one kind (``rule`` names the failing rule
-of ``DefragRuleEvaluationFailed``; other alerts keep their identity without it)."""
+"""Finding labels copied onto every alert (besides alertname, severity and cluster)."""
 RULE_ANNOTATION = "rule"
 """The annotation naming the rule whose finding an alert is (read back after a restart)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlertSpec:
+    """How the findings of one kind become an alert: its name, its annotations' template and
+    its runbook section. A kind with several alerts lists them in order; the first whose
+    ``when`` holds is sent, and the last has no ``when`` (every finding gets an alert)."""
+
+    name: str
+    when: Callable[[Finding], bool] | None = None
+    labels: tuple[str, ...] = ()
+    """Finding labels copied onto this alert besides :data:`ROUTING_LABELS` (part of its
+    identity: ``rule`` on ``DefragRuleEvaluationFailed``)."""
+    summary: str = "{summary}"
+    """The ``summary`` annotation: ``str.format`` over the finding's fields (``summary``,
+    ``subject``, ``kind``, ``severity``, ``action``), its labels and its evidence."""
+    runbook: str = ""
+    """The section of the runbook (docs/alerts.md) this alert links to; default the name in
+    lower case (the anchor of its ``## Name`` heading)."""
+
+    @property
+    def anchor(self) -> str:
+        return self.runbook or self.name.lower()
+
+    def render_summary(self, finding: Finding) -> str:
+        fields = _Fields(
+            {
+                **{str(k): v for k, v in finding.evidence.items()},
+                **finding.labels,
+                "summary": finding.summary,
+                "subject": finding.subject,
+                "kind": finding.kind,
+                "severity": finding.severity,
+                "action": finding.action,
+            }
+        )
+        try:
+            return self.summary.format_map(fields)
+        except (ValueError, AttributeError, IndexError, TypeError):
+            return finding.summary
+
+
+class _Fields(dict[str, Any]):
+    def __missing__(self, key: str) -> str:
+        return "{" + key + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class NotAlerted:
+    """A finding kind that is deliberately never alerted, and why (``idle``: the gate for
+    execution windows, not a problem)."""
+
+    reason: str
+
+
+class AlertCatalogError(ValueError):
+    """A finding kind registered without an alert, twice, or with an alert name in use."""
+
+
+class AlertCatalog:
+    """Which alert each finding kind becomes. The daemon's own kinds are registered here; each
+    detector's kinds are registered with the detector (:mod:`defrag.detectors.registry`), so a
+    detector whose finding kind has no alert cannot be registered at all."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, tuple[tuple[AlertSpec, ...] | NotAlerted, str]] = {}
+
+    def add(self, kind: str, alerts: Sequence[AlertSpec] | NotAlerted, owner: str) -> None:
+        """Register ``kind``'s alerts for ``owner`` (a detector's name, or ``defrag``)."""
+        if not kind:
+            raise AlertCatalogError(f"{owner}: a finding kind needs a name")
+        if kind in self._kinds:
+            raise AlertCatalogError(
+                f"{owner}: finding kind {kind!r} is already registered by {self._kinds[kind][1]}"
+            )
+        if not isinstance(alerts, NotAlerted):
+            alerts = tuple(alerts)
+            if not alerts:
+                raise AlertCatalogError(
+                    f"{owner}: finding kind {kind!r} has no alert: give it an AlertSpec, or "
+                    "NotAlerted(reason) when its findings are never alerted"
+                )
+            if alerts[-1].when is not None:
+                raise AlertCatalogError(
+                    f"{owner}: finding kind {kind!r}: the last alert must have no 'when' (some "
+                    "findings would get no alert)"
+                )
+            if any(a.when is None for a in alerts[:-1]):
+                raise AlertCatalogError(
+                    f"{owner}: finding kind {kind!r}: only the last alert may omit 'when'"
+                )
+            taken = self.names()
+            for alert in alerts:
+                if not alert.name:
+                    raise AlertCatalogError(
+                        f"{owner}: finding kind {kind!r}: an alert needs a name"
+                    )
+                if alert.name in taken or alert.name == TEST_ALERT:
+                    raise AlertCatalogError(
+                        f"{owner}: finding kind {kind!r}: alert name {alert.name!r} is already "
+                        "in use"
+                    )
+        self._kinds[kind] = (alerts, owner)
+
+    def remove(self, owner: str) -> None:
+        """Forget every kind ``owner`` registered."""
+        self._kinds = {k: v for k, v in self._kinds.items() if v[1] != owner}
+
+    def kinds(self) -> tuple[str, ...]:
+        return tuple(self._kinds)
+
+    def alerted(self, kind: str) -> tuple[AlertSpec, ...]:
+        """The alerts of ``kind`` (empty for a kind never alerted); KeyError for an unknown one."""
+        alerts, _ = self._kinds[kind]
+        return () if isinstance(alerts, NotAlerted) else alerts
+
+    def spec(self, finding: Finding) -> AlertSpec | None:
+        """The alert ``finding`` becomes; None for a kind never alerted. A kind nobody
+        registered is a programming error (:class:`AlertCatalogError`), never silence."""
+        if finding.kind not in self._kinds:
+            raise AlertCatalogError(
+                f"finding kind {finding.kind!r} has no alert registered (known: "
+                f"{', '.join(sorted(self._kinds))})"
+            )
+        for alert in self.alerted(finding.kind):
+            if alert.when is None or alert.when(finding):
+                return alert
+        return None
+
+    def names(self) -> frozenset[str]:
+        """Every alert name registered (without the test alert)."""
+        return frozenset(
+            a.name
+            for alerts, _ in self._kinds.values()
+            if not isinstance(alerts, NotAlerted)
+            for a in alerts
+        )
+
+
+ALERTS = AlertCatalog()
+"""The alert of every finding kind: the daemon's own below, each detector's at registration."""
+for _kind, _name, _labels in (
+    ("plan-blocked", "DefragPlanBlocked", ()),
+    ("execution-failed", "DefragExecutionFailed", ()),
+    ("circuit-open", "DefragCircuitOpen", ()),
+    ("rule-failed", "DefragRuleEvaluationFailed", ("rule",)),
+):
+    ALERTS.add(_kind, [AlertSpec(_name, labels=_labels)], "defrag")
+
+
+def own_alert_names() -> frozenset[str]:
+    """Every alert name this project sends; alerts with other names are never touched."""
+    return ALERTS.names() | {TEST_ALERT}
+
 
 AlertKey = tuple[tuple[str, str], ...]
 """An alert's identity: its labels, sorted."""
@@ -120,13 +250,8 @@ class Alert:
 
 def alert_name(finding: Finding) -> str | None:
     """The alert name of a finding, or None for kinds that are never alerted (``idle``)."""
-    if finding.kind == "fragmentation":
-        if finding.subject == "cluster":
-            return CLUSTER_FRAGMENTED
-        if finding.subject.startswith("node/") or finding.labels.get("node"):
-            return NODE_FRAGMENTED
-        return CLUSTER_FRAGMENTED
-    return ALERT_NAMES.get(finding.kind)
+    spec = ALERTS.spec(finding)
+    return spec.name if spec is not None else None
 
 
 def subject_labels(subject: str) -> dict[str, str]:
@@ -171,30 +296,31 @@ class AlertTemplate:
         """Whether an alert seen in Alertmanager was sent by this sender (same cluster, names
         and generator): only those are adopted and resolved after a restart."""
         return (
-            labels.get("alertname") in OWN_ALERT_NAMES
+            labels.get("alertname") in own_alert_names()
             and labels.get("cluster") == self.cluster
             and generator_url.startswith(self.generator_url)
         )
 
     def alert(self, finding: Finding) -> Alert | None:
         """The alert for ``finding``; None for a kind that is never alerted."""
-        name = alert_name(finding)
-        if name is None:
+        spec = ALERTS.spec(finding)
+        if spec is None:
             return None
+        name = spec.name
         labels = {"alertname": name, "severity": finding.severity, "cluster": self.cluster}
         implied = subject_labels(finding.subject)
         for label in ROUTING_LABELS:
             value = finding.labels.get(label) or implied.get(label)
             if value:
                 labels[label] = str(value)
-        for label in KIND_LABELS.get(finding.kind, ()):
+        for label in spec.labels:
             if finding.labels.get(label):
                 labels[label] = str(finding.labels[label])
         labels.setdefault("detector", finding.kind)
         annotations = {
-            "summary": finding.summary,
+            "summary": spec.render_summary(finding),
             "description": describe(finding),
-            "runbook_url": f"{self.runbook_url}#{name.lower()}",
+            "runbook_url": f"{self.runbook_url}#{spec.anchor}",
         }
         rule = "" if finding.kind == "rule-failed" else str(finding.labels.get("rule", ""))
         if rule:

@@ -1,16 +1,17 @@
-"""Detection at the edge: fetch what each rule needs, run the pure detectors, collect findings.
+"""Detection at the edge: each rule through its detector's registration, findings collected.
 
-``detect(rules, metrics, cluster, now)`` is what the daemon's cycle calls once per cycle and what
-``defrag detect`` prints. Rules that need metrics are skipped when there is no metrics source,
-rules that need the cluster when there is no cluster; a rule whose query fails does not stop the
-others (:func:`run_detection` returns both), but :func:`detect` raises :class:`DetectionError`
-after running them all, naming each failed rule, its query and Prometheus's message.
+``run_detection(rules, metrics, cluster, now, profile=...)`` is what the daemon's cycle calls
+once per cycle and what ``defrag detect`` prints. It dispatches through the detector registry
+(:mod:`defrag.detectors.registry`): a rule whose detector needs metrics is skipped when there is
+no metrics source, one that needs the cluster when there is no cluster (unless its
+kube-state-metrics ``queries`` build one). A rule whose query fails does not stop the others
+(:func:`run_detection` returns both), but :func:`detect` raises :class:`DetectionError` after
+running them all, naming each failed rule, its query and Prometheus's message.
 """
 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -21,23 +22,19 @@ import numpy as np
 from defrag.adapters.gpu_shapes import KSM_GPU, ksm_kind
 from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
 from defrag.detect.findings import Finding
-from defrag.detect.fragmentation import detect_fragmentation
-from defrag.detect.idle import IdleStatus, assess_idle, detect_idle
-from defrag.detect.leak import GpuMemorySeries, detect_leaks
+from defrag.detect.idle import IdleParams, IdleStatus, assess_idle
+from defrag.detect.leak import DcgmLabels, LeakParams, detect_leaks
 from defrag.detect.series import trailing_run_start
-from defrag.detect.starvation import detect_starvation
+from defrag.detectors import registry
+from defrag.detectors.idle import IDLE, IdleRuleFields, idle_curve
+from defrag.detectors.leak import LEAK, LeakRuleFields, leak_series
+from defrag.detectors.registry import Inputs, MissingInput
+from defrag.detectors.rulemodel import ClusterRuleModel, KubeStateQueries, settings_of
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import Node, Pod
-from defrag.ports import MetricsSource, Sample
-from defrag.rules import (
-    FragmentationRule,
-    IdleRule,
-    KubeStateQueries,
-    LeakRule,
-    LoadedRule,
-    RuleSet,
-    StarvationRule,
-)
+from defrag.ports import MetricsSource
+from defrag.rules import LoadedRule, RuleSet
+from defrag.scoring.profile import ScoringProfile
 
 NO_METRICS_SOURCE = "no metrics source"
 """Why a metric rule is skipped when no Prometheus is configured (a choice, not a fault)."""
@@ -70,58 +67,69 @@ class DetectionReport:
 
 
 def detect(
-    rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
+    rules: RuleSet,
+    metrics: MetricsSource | None,
+    cluster: Cluster | None,
+    now: datetime,
+    *,
+    profile: ScoringProfile,
 ) -> list[Finding]:
     """Findings of every enabled rule; :class:`DetectionError` if any rule failed."""
-    report = run_detection(rules, metrics, cluster, now)
+    report = run_detection(rules, metrics, cluster, now, profile=profile)
     if report.failures:
         raise DetectionError(report.failures)
     return list(report.findings)
 
 
 def run_detection(
-    rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
+    rules: RuleSet,
+    metrics: MetricsSource | None,
+    cluster: Cluster | None,
+    now: datetime,
+    *,
+    profile: ScoringProfile,
 ) -> DetectionReport:
-    """Every enabled rule. Without ``cluster``, cluster rules that carry kube-state-metrics
-    ``queries`` build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`)."""
+    """Every enabled rule, each through its detector's registration.
+
+    ``profile`` is the scoring profile of ``cluster`` (the configured policy bound to its
+    workload mix); the detectors that score (starvation, fragmentation) use it. Without
+    ``cluster``, rules of detectors that need one and carry kube-state-metrics ``queries``
+    build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`, once per set of
+    queries), scored with the same configuration bound to that cluster's mix.
+    """
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
-    built: dict[KubeStateQueries, Cluster | MissingInput] = {}
+    built: dict[KubeStateQueries, tuple[Cluster, ScoringProfile] | MissingInput] = {}
     for loaded in rules.enabled():
         rule = loaded.rule
+        detector = registry.get(rule.detector)
         try:
-            if (
-                cluster is None
-                and metrics is not None
-                and isinstance(rule, StarvationRule | FragmentationRule)
-                and rule.queries is not None
-            ):
-                if rule.queries not in built:
-                    try:
-                        built[rule.queries] = cluster_from_kube_state(rule.queries, metrics, now)
-                    except MissingInput as exc:
-                        built[rule.queries] = exc  # said once per rule, asked once
-                got = built[rule.queries]
-                if isinstance(got, MissingInput):
-                    raise got
-                findings += _cluster_rule(rule, got, now)
-                continue
-            if isinstance(rule, LeakRule | IdleRule):
+            inputs = Inputs(now, profile)
+            if "metrics" in detector.needs:
                 if metrics is None:
                     skipped[rule.name] = NO_METRICS_SOURCE
                     continue
-                if isinstance(rule, LeakRule):
-                    findings += detect_leaks(leak_series(rule, metrics, now), rule.params(), now)
+                inputs = replace(inputs, metrics=metrics)
+            if "cluster" in detector.needs:
+                queries = rule.queries if isinstance(rule, ClusterRuleModel) else None
+                if cluster is not None:
+                    inputs = replace(inputs, cluster=cluster)
+                elif metrics is not None and queries is not None:
+                    if queries not in built:
+                        try:
+                            ksm = cluster_from_kube_state(queries, metrics, now)
+                            built[queries] = (ksm, profile.config.for_cluster(ksm))
+                        except MissingInput as exc:
+                            built[queries] = exc  # said once per rule, asked once
+                    got = built[queries]
+                    if isinstance(got, MissingInput):
+                        raise got
+                    inputs = replace(inputs, cluster=got[0], profile=got[1])
                 else:
-                    times, values = idle_curve(rule, metrics, now)
-                    if len(times) == 0:
-                        raise MissingInput(f"query ({rule.query}) returns no series")
-                    findings += detect_idle(times, values, rule.params(), now)
-            elif cluster is None:
-                skipped[rule.name] = "no cluster snapshot"
-            elif isinstance(rule, StarvationRule | FragmentationRule):
-                findings += _cluster_rule(rule, cluster, now)
+                    skipped[rule.name] = "no cluster snapshot"
+                    continue
+            findings += detector.evaluate(rule, inputs)
         except MissingInput as exc:
             skipped[rule.name] = str(exc)
         except Exception as exc:  # one broken rule or query must not hide the other rules
@@ -129,144 +137,11 @@ def run_detection(
     return DetectionReport(tuple(findings), tuple(failures), skipped)
 
 
-def _cluster_rule(
-    rule: StarvationRule | FragmentationRule, cluster: Cluster, now: datetime
-) -> list[Finding]:
-    if isinstance(rule, StarvationRule):
-        return detect_starvation(cluster, rule.params(), now)
-    return detect_fragmentation(cluster, rule.params(), now)
-
-
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:
     return RuleFailure(loaded.rule.name, loaded.file, loaded.line, str(exc) or type(exc).__name__)
 
 
-# --- fetching ------------------------------------------------------------------------------------
-
-
-_SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
-
-
-class MissingInput(LookupError):
-    """A rule's queries returned nothing it can use; the message says which and why."""
-
-
-def leak_range_query(rule: LeakRule) -> str:
-    """The range query for the leak rule.
-
-    When ``queries.used`` is a plain selector, each point is the median of the samples of its
-    ``step`` (``quantile_over_time(0.5, used[step])``): Prometheus does the first reduction, so
-    1,000 GPUs at 30 s come back as 72 points each over 6 h. With ``prefilter``, only GPUs whose
-    least-squares slope over the whole lookback (``deriv(...) @ end()``, evaluated once) is at
-    least half the minimum come back — a necessary condition in practice (the corpus property
-    test in tests/test_detect_corpus.py checks the results do not change).
-    """
-    used = rule.queries.used
-    if not _SELECTOR.match(used):
-        return used
-    sel = used.strip()
-    query = f"quantile_over_time(0.5, {sel}[{rule.step:.0f}s])"
-    if not rule.prefilter:
-        return query
-    threshold = rule.min_slope_mib_per_h / 2
-    return f"({query}) and (deriv({sel}[{rule.lookback:.0f}s] @ end()) * 3600 > {threshold:g})"
-
-
-def leak_series(rule: LeakRule, metrics: MetricsSource, now: datetime) -> list[GpuMemorySeries]:
-    """One memory series per GPU (per MIG instance) over the rule's lookback, with the pods
-    DCGM names on it. Raises :class:`MissingInput` when DCGM's series are absent, or when no
-    series carries labels that name a GPU."""
-    start = now - timedelta(seconds=rule.lookback)
-    used = metrics.range(leak_range_query(rule), start, now, rule.step)
-    free = metrics.instant(rule.queries.free, now)
-    reserved = metrics.instant(rule.queries.reserved, now) if rule.queries.reserved else []
-    used_now = metrics.instant(rule.queries.used, now) if used else []
-    names = rule.labels.dcgm()
-    if not used and not free:
-        raise MissingInput(
-            f"queries.used ({rule.queries.used}) and queries.free ({rule.queries.free}) return "
-            "no series: is the DCGM exporter scraped?"
-        )
-    if used and not free:
-        raise MissingInput(
-            f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
-        )
-    targets = names.target_pods(s.labels for s in [*used, *free])
-    # capacity = used + free (+ reserved) read at the same instant, per GPU / MIG instance
-    last_of: dict[str, dict[tuple[str, ...], float]] = {"free": {}, "reserved": {}, "used": {}}
-    unkeyed = 0
-    for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now)):
-        for s in samples:
-            key = names.key(s.labels)
-            if key is not None and s.last is not None:
-                last_of[kind][key] = s.last
-    groups: dict[tuple[str, ...], list[Sample]] = {}
-    for s in used:
-        key = names.key(s.labels)
-        if key is None:
-            unkeyed += 1
-            continue
-        groups.setdefault(key, []).append(s)
-    keyed_free = bool(last_of["free"])
-    if not groups and (unkeyed or (free and not keyed_free)):
-        raise MissingInput(
-            "no DCGM series carries a GPU UUID or a node and GPU label "
-            f"(labels.uuid: {', '.join(names.uuid)}; labels.node: {', '.join(names.node)}; "
-            f"labels.gpu: {names.gpu})"
-        )
-    out = []
-    for key, samples in sorted(groups.items()):
-        times, values = _merge_points(samples)
-        latest = max(samples, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
-        pods = tuple(sorted({k for s in samples if (k := names.pod_key(s.labels, targets))}))
-        named = any(s.labels.get(p) for s in samples for p in names.pod)
-        last_used = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
-        free_now = last_of["free"].get(key)
-        reserved_now = last_of["reserved"].get(key, 0.0)
-        total = last_used + free_now + reserved_now if free_now is not None else 0.0
-        out.append(
-            GpuMemorySeries(
-                node=names.node_of(latest),
-                gpu=latest.get(names.gpu, ""),
-                times=times,
-                used_mib=values,
-                total_mib=total,
-                pods=pods,
-                uuid=names.uuid_of(latest),
-                instance=latest.get(names.gpu_instance, ""),
-                profile=latest.get(names.gpu_profile, ""),
-                reserved_mib=reserved_now,
-                exporter_only=named and not pods,
-            )
-        )
-    return out
-
-
-def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
-    """One time-ordered series from several: DCGM exports one series per pod on a shared GPU
-    (the same values), and an exporter restart behind a ServiceMonitor starts a new series (a
-    new exporter pod label). Values at the same time are averaged."""
-    points = np.concatenate([np.asarray(s.points, dtype=float).reshape(-1, 2) for s in samples])
-    if len(samples) == 1 or len(points) == 0:
-        return points[:, 0], points[:, 1]
-    times, inverse, counts = np.unique(points[:, 0], return_inverse=True, return_counts=True)
-    sums = np.bincount(inverse, weights=points[:, 1], minlength=len(times))
-    return times, sums / counts
-
-
-def idle_curve(rule: IdleRule, metrics: MetricsSource, now: datetime) -> tuple[Any, Any]:
-    """The utilisation curve over twice the rule's ``for`` (to tell since when it is quiet)."""
-    start = now - timedelta(seconds=2 * rule.for_)
-    series = metrics.range(rule.query, start, now, rule.step)
-    if len(series) > 1:
-        raise ValueError(
-            f"idle query {rule.query!r} returned {len(series)} series; it must return one "
-            "(aggregate it, e.g. avg(...))"
-        )
-    if not series:
-        return np.empty(0), np.empty(0)
-    points = np.asarray(series[0].points, dtype=float).reshape(-1, 2)
-    return points[:, 0], points[:, 1]
+# --- the window gate ------------------------------------------------------------------------
 
 
 def idle_status(rules: RuleSet, metrics: MetricsSource, now: datetime) -> IdleStatus:
@@ -277,9 +152,10 @@ def idle_status(rules: RuleSet, metrics: MetricsSource, now: datetime) -> IdleSt
     reasons: list[str] = []
     since: datetime | None = None
     for rule in idle_rules:
-        assert isinstance(rule, IdleRule)
+        assert isinstance(rule, IdleRuleFields)
+        params: IdleParams = IDLE.settings_of(rule)
         times, values = idle_curve(rule, metrics, now)
-        status = assess_idle(times, values, rule.params(), now)
+        status = assess_idle(times, values, params, now)
         reasons += [f"{rule.name}: {r}" for r in status.reasons]
         if status.since is not None:
             since = max(since, status.since) if since else status.since
@@ -292,9 +168,10 @@ def with_dcgm_gpu_indices(
     """The cluster with the GPU indices DCGM reports for its pods (the first enabled leak
     rule's ``queries.used`` and label names); pods DCGM disagrees with keep theirs."""
     leak = next((r.rule for r in rules.enabled("leak")), None)
-    if not isinstance(leak, LeakRule):
+    if not isinstance(leak, LeakRuleFields):
         return cluster
-    holdings = gpu_indices_by_pod(metrics, leak.queries.used, at, leak.labels.dcgm())
+    names: DcgmLabels = settings_of(leak.labels)
+    holdings = gpu_indices_by_pod(metrics, leak.queries.used, at, names)
     return apply_gpu_indices(cluster, holdings).cluster
 
 
@@ -445,7 +322,7 @@ def report_extras(
     idle_rules = [r.rule for r in rules.enabled("idle")]
     if idle_rules:
         rule = idle_rules[0]
-        assert isinstance(rule, IdleRule)
+        assert isinstance(rule, IdleRuleFields)
         query = rule.per_gpu_query or rule.query
         series = metrics.range(query, at - timedelta(seconds=window_s), at, 300.0)
         values = np.array([v for s in series for _, v in s.points], dtype=float)
@@ -463,9 +340,9 @@ def report_extras(
             }
     for loaded in rules.enabled("leak"):
         rule_ = loaded.rule
-        assert isinstance(rule_, LeakRule)
+        assert isinstance(rule_, LeakRuleFields)
         # suspects: every steady grower, however far its exhaustion (no horizon)
-        params = replace(rule_.params(), horizon_s=math.inf)
+        params: LeakParams = replace(LEAK.settings_of(rule_), horizon_s=math.inf)
         try:
             found = detect_leaks(leak_series(rule_, metrics, at), params, at)
         except MissingInput as exc:

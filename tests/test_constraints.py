@@ -21,8 +21,15 @@ from defrag.plan import make_plan
 from defrag.scoring.filters import R_SELECTOR, R_TAINT, R_UNSCHEDULABLE
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.framework import Placement, Unschedulable
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 from defrag.scoring.scheduler import explain, schedule
 from tests.test_plan_support import NOW, fill, pending
+
+
+def profile(cluster: Cluster) -> ScoringProfile:
+    """The default scoring profile for this snapshot (its own workload mix)."""
+    return ProfileConfig().for_cluster(cluster)
+
 
 LABELS = {
     "a100": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
@@ -171,11 +178,16 @@ def test_gated_pod_is_not_starving_and_gets_no_room() -> None:
     job = replace(pending("job", 8, priority=1000), scheduling_gates=("kueue.x-k8s.io/admission",))
     cluster = Cluster.build(nodes, [*fill("n0", 2), *fill("n1", 2), job])
     params = StarvationParams(for_s=60, min_priority=1000)
-    assert detect_starvation(cluster, params, NOW + timedelta(hours=5)) == []
+    assert (
+        detect_starvation(cluster, params, NOW + timedelta(hours=5), profile=profile(cluster)) == []
+    )
     assert make_plan(cluster, "make-room", now=NOW).steps == ()
     free_job = replace(job, scheduling_gates=())
     ungated = Cluster.build(nodes, [*fill("n0", 2), *fill("n1", 2), free_job])
-    assert len(detect_starvation(ungated, params, NOW + timedelta(hours=5))) == 1
+    assert (
+        len(detect_starvation(ungated, params, NOW + timedelta(hours=5), profile=profile(ungated)))
+        == 1
+    )
     assert make_plan(ungated, "make-room", now=NOW).steps
 
 
@@ -191,7 +203,9 @@ def test_starvation_counts_free_gpus_only_where_the_pod_may_run() -> None:
         affinity=_affinity(_term(R(PRODUCT, "NotIn", ("Tesla-T4",)))),
     )
     cluster = Cluster.build(nodes, [*fill("t4", 2), *fill("a100", 6), job])
-    (finding,) = detect_starvation(cluster, StarvationParams(for_s=60, min_priority=1000), NOW)
+    (finding,) = detect_starvation(
+        cluster, StarvationParams(for_s=60, min_priority=1000), NOW, profile=profile(cluster)
+    )
     assert finding.evidence["reason"] == "insufficient-gpus"
     assert finding.evidence["free_gpus"] == 2
 

@@ -8,21 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from defrag.detection import (
-    DetectionError,
-    detect,
-    leak_range_query,
-    run_detection,
-    with_dcgm_gpu_indices,
-)
+from defrag.detection import DetectionError, detect, run_detection, with_dcgm_gpu_indices
+from defrag.detectors.leak import LeakRule, leak_range_query
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample
-from defrag.rules import LeakRule, RuleSet, load_rules
+from defrag.rules import RuleSet, load_rules
+from defrag.scoring.profile import ScoringProfile
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 RULES = load_rules([ROOT / "rules"])
+PROFILE = ScoringProfile.default()
 
 
 class FakeMetrics:
@@ -51,7 +48,7 @@ def test_without_metrics_only_cluster_rules_run() -> None:
         [Node("n1", 1000, 1000, num_gpu=8), Node("n2", 1000, 1000, num_gpu=8)],
         [Pod("a", num_gpu=5, node="n1", phase="Running")],
     )
-    report = run_detection(RULES, None, cluster, NOW)
+    report = run_detection(RULES, None, cluster, NOW, profile=PROFILE)
     assert report.skipped == {
         "gpu-memory-leak": "no metrics source",
         "cluster-idle": "no metrics source",
@@ -79,7 +76,7 @@ FREE_MISSING = "queries.free (DCGM_FI_DEV_FB_FREE) returns no series: no GPU's c
 
 def test_cluster_rules_build_the_cluster_from_kube_state_metrics() -> None:
     metrics = FakeMetrics(quiet_curve())
-    report = run_detection(RULES, metrics, None, NOW)
+    report = run_detection(RULES, metrics, None, NOW, profile=PROFILE)
     # every instant query answers nothing: each rule that needs one says so (issue 14)
     assert report.skipped == {
         "gpu-fragmentation": KSM_MISSING,
@@ -100,7 +97,7 @@ def test_cluster_rules_build_the_cluster_from_kube_state_metrics() -> None:
 
 def test_without_cluster_only_metric_rules_run() -> None:
     metrics = FakeMetrics(quiet_curve())
-    report = run_detection(without_kube_state_queries(RULES), metrics, None, NOW)
+    report = run_detection(without_kube_state_queries(RULES), metrics, None, NOW, profile=PROFILE)
     assert report.skipped == {
         "gpu-fragmentation": "no cluster snapshot",
         "high-priority-starved": "no cluster snapshot",
@@ -113,12 +110,12 @@ def test_without_cluster_only_metric_rules_run() -> None:
 
 def test_idle_query_with_several_series_fails_that_rule_only() -> None:
     metrics = FakeMetrics(quiet_curve() * 2)
-    report = run_detection(RULES, metrics, None, NOW)
+    report = run_detection(RULES, metrics, None, NOW, profile=PROFILE)
     assert [f.rule for f in report.failures] == ["cluster-idle"]
     with pytest.raises(
         DetectionError, match=r"rule cluster-idle \(.*rules/idle.yaml:4\): .*returned 2"
     ):
-        detect(RULES, metrics, None, NOW)
+        detect(RULES, metrics, None, NOW, profile=PROFILE)
 
 
 @pytest.mark.parametrize(

@@ -59,12 +59,19 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
             "rules[0].max_trend_p",
             "less than or equal to 1",
         ),
-        # unknown scheduler policy
+        # the policy moved to the settings: the error says where (issue 13)
         (
-            "rules:\n  - name: s\n    detector: starvation\n    policy: fastest\n",
+            "rules:\n  - name: s\n    detector: starvation\n    policy: fgd\n",
             4,
             "rules[0].policy",
-            "unknown policy 'fastest'",
+            "configured once, in the settings",
+        ),
+        # a field no detector has is still just unknown
+        (
+            "rules:\n  - name: s\n    detector: starvation\n    polcy: fgd\n",
+            4,
+            "rules[0].polcy",
+            "unknown field",
         ),
         # make-room-now (execute outside windows) is for starvation rules only
         (GOOD_LEAK + "    action: make-room-now\n", 7, "rules[0].action", "'make-room'"),

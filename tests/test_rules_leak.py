@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from defrag.rules import LeakRule, RulesError, load_rules
+from defrag.detectors.leak import LeakRuleFields
+from defrag.detectors.rulemodel import settings_of
+from defrag.rules import RulesError, load_rules
 
 HEAD = (
     "rules:\n  - name: l\n    detector: leak\n    queries:\n"
@@ -14,15 +16,15 @@ HEAD = (
 )
 
 
-def load(tmp_path: Path, extra: str = "") -> LeakRule:
+def load(tmp_path: Path, extra: str = "") -> LeakRuleFields:
     (tmp_path / "r.yaml").write_text(HEAD + extra)
     rule = load_rules([tmp_path / "r.yaml"]).rules[0].rule
-    assert isinstance(rule, LeakRule)
+    assert isinstance(rule, LeakRuleFields)
     return rule
 
 
 def test_defaults_cover_every_dcgm_variant(tmp_path: Path) -> None:
-    labels = load(tmp_path).labels.dcgm()
+    labels = settings_of(load(tmp_path).labels)
     assert labels.node == ("Hostname", "hostname", "node", "kubernetes_node", "instance")
     assert labels.uuid == ("UUID", "uuid")
     assert labels.pod == ("exported_pod", "pod_name", "pod")

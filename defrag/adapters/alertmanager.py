@@ -33,6 +33,7 @@ import requests
 from prometheus_client import Counter, Gauge
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+import defrag.detectors  # noqa: F401  (the built-in detectors' alerts are this sender's too)
 from defrag.adapters.deadline import DeadlineAdapter, request_deadline
 from defrag.alerting import (
     RULE_ANNOTATION,

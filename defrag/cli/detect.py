@@ -48,6 +48,7 @@ from defrag.cli.app import (
 from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
 from defrag.redact import redact_text, redact_url
 from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
@@ -174,7 +175,11 @@ def detect(
             err_console.print(
                 f"warning: GPU indices from DCGM not applied: {escape(str(exc))}", soft_wrap=True
             )
-    report = run_detection(ruleset, source, cluster, now)
+    # the default profile until the settings file reaches the CLI (issue 13, the profile part)
+    profile = (
+        ProfileConfig().for_cluster(cluster) if cluster is not None else ScoringProfile.default()
+    )
+    report = run_detection(ruleset, source, cluster, now, profile=profile)
     if output is not Output.table:
         print_data(
             {

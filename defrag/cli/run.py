@@ -34,6 +34,7 @@ from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSourc
 from defrag.redact import redact_text
 from defrag.rules import default_rules_dir as default_rules_dir  # re-exported (tests, bench)
 from defrag.rules import rules_paths
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 from defrag.settings import Settings, SettingsError, WindowSetting, load_settings
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ def build(settings: Settings) -> Wiring:
     ports = CyclePorts(
         source=source,
         clock=clock,
-        detector=_detector(rules, metrics, skipped_to),
+        detector=_detector(rules, metrics, skipped_to, ProfileConfig(policy=settings.policy)),
         planner=_planner(settings),
         executor=executor,
         alerts=_alerts(settings),
@@ -201,12 +202,20 @@ def _alerts(settings: Settings) -> AlertSink | None:
 
 
 def _detector(
-    rules: Any, metrics: MetricsSource | None, skipped_to: Sequence[DaemonMetrics] = ()
+    rules: Any,
+    metrics: MetricsSource | None,
+    skipped_to: Sequence[DaemonMetrics] = (),
+    config: ProfileConfig | None = None,
 ) -> Any:
     from defrag.detection import run_detection
 
-    def detect(cluster: Cluster, now: datetime) -> Detected:
-        report = run_detection(rules, metrics, cluster, now)
+    configured = config or ProfileConfig()
+
+    def detect(cluster: Cluster, now: datetime, profile: ScoringProfile | None = None) -> Detected:
+        # ``profile``: the cycle's profile of this snapshot; until the cycle passes one, the
+        # configured policy bound to this snapshot's mix
+        profile = profile or configured.for_cluster(cluster)
+        report = run_detection(rules, metrics, cluster, now, profile=profile)
         # One broken rule never stops the others; the daemon logs, counts and alerts on the
         # failed ones, and holds their alerts as they were.
         failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}

@@ -6,19 +6,27 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
-FindingKind = Literal[
-    "fragmentation",
-    "leak",
-    "starvation",
-    "idle",
+FindingKind = str
+"""A finding kind: a detector's (declared with its registration, ``defrag/detectors``) or one
+of the daemon's own (:data:`DAEMON_KINDS`). Each has an alert (or is declared never alerted)
+in :data:`defrag.alerting.ALERTS`."""
+DAEMON_KINDS: tuple[FindingKind, ...] = (
     "plan-blocked",
     "execution-failed",
     "circuit-open",
     "rule-failed",
-]
-FINDING_KINDS: tuple[FindingKind, ...] = get_args(FindingKind)
+)
+FINDING_KINDS: tuple[FindingKind, ...] = (
+    "fragmentation",
+    "leak",
+    "starvation",
+    "idle",
+    *DAEMON_KINDS,
+)
+"""The kinds of the built-in detectors and the daemon (for ``defrag_findings{kind}``'s zeros at
+start); the full list, toy detectors included, is ``defrag.alerting.ALERTS.kinds()``."""
 Severity = Literal["info", "warning", "critical"]
 
 

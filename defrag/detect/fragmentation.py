@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Annotated
+
+from annotated_types import Ge, Gt
 
 from defrag.detect.findings import Finding, Severity
+from defrag.detect.settings import INTERNAL, Action
 from defrag.model.cluster import Cluster
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import (
@@ -23,18 +27,21 @@ from defrag.scoring.fragmentation import (
     NodeFragmentation,
     fragmentation_report,
 )
+from defrag.scoring.profile import ScoringProfile
 
 
 @dataclass(frozen=True, slots=True)
 class FragmentationParams:
-    name: str = "gpu-fragmentation"
+    """The fragmentation detector's settings (rule-file names and meaning: docs/rules.md)."""
+
+    name: Annotated[str, INTERNAL] = "gpu-fragmentation"
     severity: Severity = "warning"
-    action: str = "repack"
-    sizes: tuple[int, ...] = (8,)
+    action: Action = "alert"
+    sizes: tuple[Annotated[int, Ge(1)], ...] = (8,)
     include_waiting: bool = True
-    node_stranded_min_gpus: float = 2.0
-    cluster_stranded_min_gpus: float = 8.0
-    min_whole_free_nodes: int = 1
+    node_stranded_min_gpus: Annotated[float, Gt(0)] = 2.0
+    cluster_stranded_min_gpus: Annotated[float, Gt(0)] = 8.0
+    min_whole_free_nodes: Annotated[int, Ge(0)] = 1
 
 
 def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[int, ...]:
@@ -54,12 +61,15 @@ def detect_fragmentation(
     params: FragmentationParams,
     now: datetime,
     report: FragmentationReport | None = None,
+    *,
+    profile: ScoringProfile,
 ) -> list[Finding]:
+    """Fragmented nodes and cluster, measured against ``profile``'s workload mix."""
     sizes = sizes_that_matter(cluster, params)
-    rep = report or fragmentation_report(cluster, workload_mix(cluster), sizes)
+    rep = report or fragmentation_report(cluster, profile.mix, sizes)
     missing = [k for k in sizes if k not in rep.stranded]
     if missing:
-        rep = fragmentation_report(cluster, workload_mix(cluster), sizes)
+        rep = fragmentation_report(cluster, profile.mix, sizes)
     findings = [f for n in rep.nodes if (f := _node_finding(n, sizes, params, now)) is not None]
     cluster_finding = _cluster_finding(rep, sizes, params, now)
     if cluster_finding is not None:

@@ -11,23 +11,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Annotated
 
 import numpy as np
+from annotated_types import Gt, Le
 
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.series import FloatArray, largest_gap, trailing_run_start
+from defrag.detect.settings import INTERNAL, Action, RuleName, Seconds
 
 
 @dataclass(frozen=True, slots=True)
 class IdleParams:
-    name: str = "cluster-idle"
+    """The idle detector's settings (rule-file names and meaning: docs/rules.md)."""
+
+    name: Annotated[str, INTERNAL] = "cluster-idle"
     severity: Severity = "info"
-    action: str = "repack"
-    query: str = ""
-    threshold_pct: float = 20.0
-    for_s: float = 1800.0
-    step_s: float = 60.0
-    max_gap_s: float = 300.0
+    action: Action = "repack"
+    query: Annotated[str, INTERNAL] = ""
+    """The rule's ``query`` (for the evidence)."""
+    threshold_pct: Annotated[float, Gt(0), Le(100)] = 20.0
+    for_s: Annotated[Seconds, RuleName("for")] = 1800.0
+    step_s: Annotated[Seconds, RuleName("step")] = 60.0
+    max_gap_s: Annotated[Seconds, RuleName("max_gap")] = 300.0
 
 
 @dataclass(frozen=True, slots=True)

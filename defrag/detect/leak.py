@@ -38,8 +38,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Annotated
 
 import numpy as np
+from annotated_types import Ge, Gt, Le
 from scipy import stats
 
 from defrag.detect.findings import Finding, Severity
@@ -52,30 +54,34 @@ from defrag.detect.series import (
     rolling_floor,
     rolling_mean,
 )
+from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
 
 HOUR_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
 class LeakParams:
-    name: str = "gpu-memory-leak"
+    """The leak detector's settings (rule-file names and meaning: docs/rules.md)."""
+
+    name: Annotated[str, INTERNAL] = "gpu-memory-leak"
     severity: Severity = "warning"
-    action: str = "alert"
-    query: str = ""
-    lookback_s: float = 6 * HOUR_S
-    bin_s: float = 300.0
-    floor_window_s: float = HOUR_S
-    min_slope_mib_per_h: float = 256.0
-    max_trend_p: float = 0.01
-    horizon_s: float = 48 * HOUR_S
-    critical_within_s: float | None = None
-    segments: int = 3
-    min_rising_fraction: float = 1.0
-    min_persistence: float = 0.5
-    max_drawdown_fraction: float = 0.1
-    drawdown_noise: float = 4.0
-    cycle_noise: float = 6.0
-    min_coverage: float = 0.5
+    action: Action = "alert"
+    query: Annotated[str, INTERNAL] = ""
+    """``queries.used`` of the rule (for the evidence)."""
+    lookback_s: Annotated[Seconds, RuleName("lookback")] = 6 * HOUR_S
+    bin_s: Annotated[Seconds, Gt(0), RuleName("step")] = 300.0
+    floor_window_s: Annotated[Seconds, RuleName("floor_window")] = HOUR_S
+    min_slope_mib_per_h: Annotated[float, Gt(0)] = 256.0
+    max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.01
+    horizon_s: Annotated[Seconds, RuleName("horizon")] = 48 * HOUR_S
+    critical_within_s: Annotated[Seconds | None, RuleName("critical_within")] = None
+    segments: Annotated[int, Ge(2), Le(12)] = 3
+    min_rising_fraction: Annotated[float, Ge(0), Le(1)] = 1.0
+    min_persistence: Annotated[float, Ge(0), Le(1)] = 0.5
+    max_drawdown_fraction: Annotated[float, Ge(0)] = 0.1
+    drawdown_noise: Annotated[float, Ge(0)] = 4.0
+    cycle_noise: Annotated[float, Ge(0)] = 6.0
+    min_coverage: Annotated[float, INTERNAL] = 0.5
 
 
 _PORT = re.compile(r":\d+$")
@@ -103,7 +109,7 @@ class DcgmLabels:
     namespace: tuple[str, ...] = ("exported_namespace", "pod_namespace", "namespace")
     gpu_instance: str = "GPU_I_ID"
     gpu_profile: str = "GPU_I_PROFILE"
-    exporter_pod: str = r"^(nvidia-)?dcgm-exporter(-.*)?$"
+    exporter_pod: Regex = r"^(nvidia-)?dcgm-exporter(-.*)?$"
     """Pods whose name matches are the exporter itself (never a workload)."""
 
     def first(self, labels: Mapping[str, str], names: Sequence[str]) -> str:

@@ -15,18 +15,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 
 from defrag.detect.findings import Finding, Severity
+from defrag.detect.settings import INTERNAL, RuleName, Seconds, StarvationAction
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
-from defrag.model.workload import WorkloadMix
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
 from defrag.scoring.framework import Placement, Policy
-from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import schedule
 
 Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable"]
@@ -34,13 +34,15 @@ Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable"]
 
 @dataclass(frozen=True, slots=True)
 class StarvationParams:
-    name: str = "high-priority-starved"
-    severity: Severity = "critical"
-    action: str = "make-room"
-    for_s: float = 900.0
+    """The starvation detector's settings (rule-file names and meaning: docs/rules.md). The
+    scheduler policy is not one of them: it is the scoring profile's (settings ``policy``)."""
+
+    name: Annotated[str, INTERNAL] = "high-priority-starved"
+    severity: Severity = "warning"
+    action: StarvationAction = "alert"
+    for_s: Annotated[Seconds, RuleName("for")] = 900.0
     min_priority: int = 1000
     priority_classes: frozenset[str] = frozenset()
-    policy: str = "reserve-binpack"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +98,18 @@ def diagnose(pod: Pod, cluster: Cluster, policy: str | Policy) -> Diagnosis:
 
 
 def detect_starvation(
-    cluster: Cluster, params: StarvationParams, now: datetime, pods: Iterable[Pod] | None = None
+    cluster: Cluster,
+    params: StarvationParams,
+    now: datetime,
+    pods: Iterable[Pod] | None = None,
+    *,
+    profile: ScoringProfile,
 ) -> list[Finding]:
-    """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all)."""
+    """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all),
+    diagnosed with ``profile``'s policy (built once, for this cluster's mix)."""
     findings = []
     candidates = cluster.pending_pods() if pods is None else pods
-    # Built once for every pod diagnosed: the mix is the cluster's, the same for all of them.
-    policy = make_policy(params.policy, mix=WorkloadMix.observed(cluster.pods.values()))
+    policy = profile.policy
     for pod in candidates:
         since = pending_since(pod)
         if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
@@ -132,7 +139,7 @@ def detect_starvation(
                     "gpu_milli": pod.gpu_milli,
                     "needed_gpus": why.needed_gpus,
                     "free_gpus": why.free_gpus,
-                    "policy": params.policy,
+                    "policy": profile.name,
                 },
                 since=since,
                 labels={

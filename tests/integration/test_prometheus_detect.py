@@ -29,6 +29,7 @@ from defrag.detection import DetectionError, detect, idle_status, report_extras,
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.rules import load_rules
+from defrag.scoring.profile import ScoringProfile
 from tests.support.binaries import free_port, require_binary
 from tests.support.prometheus import (
     END,
@@ -38,6 +39,9 @@ from tests.support.prometheus import (
     prometheus_server,
     write_openmetrics,
 )
+
+PROFILE = ScoringProfile.default()
+"""The default scoring profile (no cluster snapshot: rules build theirs from kube-state)."""
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +75,7 @@ def test_leak_detector_flags_exactly_the_leak(prom: str, prefilter: bool, tmp_pa
     rule_file.write_text(text.replace("prefilter: true", f"prefilter: {str(prefilter).lower()}"))
     rules = load_rules([rule_file])
     assert rules.rules[0].rule.prefilter is prefilter  # type: ignore[union-attr]
-    findings = detect(rules, source(prom), None, END)
+    findings = detect(rules, source(prom), None, END, profile=PROFILE)
     assert [f.subject for f in findings] == LEAKS
     shared, leak = findings
     assert "unattributable" in shared.summary and "pod" not in shared.labels
@@ -133,12 +137,12 @@ def test_failed_rule_is_reported_and_others_still_run(prom: str, tmp_path: Path)
         + "  - name: broken\n    detector: idle\n    query: avg(DCGM_FI_DEV_GPU_UTIL\n"
     )
     rules = load_rules([tmp_path])
-    report = run_detection(rules, source(prom), None, END)
+    report = run_detection(rules, source(prom), None, END, profile=PROFILE)
     assert [f.subject for f in report.findings] == LEAKS
     [failure] = report.failures
     assert failure.rule == "broken" and "parse error" in failure.message
     with pytest.raises(DetectionError, match=r"rule broken \(.*r.yaml:\d+\)"):
-        detect(rules, source(prom), None, END)
+        detect(rules, source(prom), None, END, profile=PROFILE)
 
 
 def test_unreachable_server_is_a_clear_error() -> None:
@@ -236,6 +240,6 @@ def test_leak_suspects_ignore_the_horizon(prom: str, tmp_path: Path) -> None:
     text = (ROOT / "rules" / "leak.yaml").read_text().replace("horizon: 48h", "horizon: 12h")
     (tmp_path / "leak.yaml").write_text(text)
     rules = load_rules([tmp_path / "leak.yaml"])
-    assert detect(rules, source(prom), None, END) == []
+    assert detect(rules, source(prom), None, END, profile=PROFILE) == []
     extras = report_extras(source(prom), rules, END)
     assert [s["subject"] for s in extras["leak_suspects"]] == LEAKS

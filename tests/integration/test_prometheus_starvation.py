@@ -19,7 +19,10 @@ import pytest
 
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detection import cluster_from_kube_state, detect
-from defrag.rules import StarvationRule, load_rules
+from defrag.detectors.starvation import StarvationRule
+from defrag.model.workload import WorkloadMix
+from defrag.rules import load_rules
+from defrag.scoring.profile import ProfileConfig
 from tests.support.prometheus import END, gauge_family, prometheus_server
 
 pytestmark = pytest.mark.integration
@@ -43,8 +46,9 @@ def history() -> str:
         ({"node": n, "resource": "nvidia_com_gpu", "unit": "integer"}, TIMES, ones * 8)
         for n in ("n1", "n2", "n3")
     ]
-    alloc.append(({"node": "n4", "resource": "nvidia_com_mig_1g_10gb", "unit": "integer"},
-                  TIMES, ones * 7))
+    alloc.append(
+        ({"node": "n4", "resource": "nvidia_com_mig_1g_10gb", "unit": "integer"}, TIMES, ones * 7)
+    )
     alloc.append(({"node": "n5", "resource": "amd_com_gpu", "unit": "integer"}, TIMES, ones * 8))
     requests, phase, info = [], [], []
     for pod, node, res in (("mig", "n4", "nvidia_com_mig_1g_10gb"), ("rocm", "", "amd_com_gpu")):
@@ -125,13 +129,18 @@ def test_cluster_from_kube_state_metrics(prom: str) -> None:
     assert urgent.pending_since == END - timedelta(minutes=30)
 
 
-def test_starvation_from_prometheus_alone_says_fragmented(prom: str) -> None:
+@pytest.mark.parametrize("policy", ["reserve-binpack", "fgd"])
+def test_starvation_from_prometheus_alone_says_fragmented(prom: str, policy: str) -> None:
     rules = load_rules([ROOT / "rules" / "starvation.yaml", ROOT / "rules" / "fragmentation.yaml"])
-    findings = detect(rules, PrometheusSource(prom, retries=0), None, END)
+    # the configured policy, bound to the cluster built from kube-state-metrics (not to the
+    # empty default mix of the profile handed in): the rule itself names no policy
+    profile = ProfileConfig(policy=policy).with_mix(WorkloadMix.default())
+    findings = detect(rules, PrometheusSource(prom, retries=0), None, END, profile=profile)
     starving = [f for f in findings if f.kind == "starvation"]
     # urgent: high-priority past 15 min; batch is low priority; fresh waits only 5 min
     assert [f.subject for f in starving] == ["pod/ml/urgent"]
     assert starving[0].evidence["reason"] == "fragmented"
     assert "fragmented" in starving[0].summary and "8 GPU(s) free in total" in starving[0].summary
+    assert starving[0].evidence["policy"] == policy
     frag = {f.subject for f in findings if f.kind == "fragmentation"}
     assert frag == {"cluster", "node/n1", "node/n2", "node/n3"}

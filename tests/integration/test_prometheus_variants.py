@@ -33,9 +33,14 @@ from typer.testing import CliRunner
 
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.cli import app
-from defrag.detection import leak_series, run_detection
-from defrag.rules import LeakRule, load_rules
+from defrag.detection import run_detection
+from defrag.detectors.leak import LeakRule, leak_series
+from defrag.rules import load_rules
+from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import END, HOUR, gauge_family, prometheus_server
+
+PROFILE = ScoringProfile.default()
+"""The default scoring profile (no cluster snapshot: rules build theirs from kube-state)."""
 
 pytestmark = pytest.mark.integration
 
@@ -197,7 +202,7 @@ def test_each_variant_gives_the_right_subject_and_capacity(
 ) -> None:
     subject, node, gpu_subject, capacity, hours = CASES[variant]
     rules = load_rules([rule_file(tmp_path, variant, prefilter, reserved=variant == "hostname")])
-    report = run_detection(rules, source(prom), None, END)
+    report = run_detection(rules, source(prom), None, END, profile=PROFILE)
     assert report.failures == () and dict(report.skipped) == {}
     [finding] = report.findings
     assert finding.subject == subject
@@ -212,7 +217,7 @@ def test_each_variant_gives_the_right_subject_and_capacity(
 
 def test_exporter_pod_is_never_the_leaking_pod(prom: str, tmp_path: Path) -> None:
     rules = load_rules([rule_file(tmp_path, "exporter", prefilter=False)])
-    [finding] = run_detection(rules, source(prom), None, END).findings
+    [finding] = run_detection(rules, source(prom), None, END, profile=PROFILE).findings
     assert "pod" not in finding.labels and "namespace" not in finding.labels
     assert "only the exporter's own pod" in finding.summary
     assert finding.evidence["pods"] == []
@@ -260,7 +265,7 @@ def test_missing_and_unlabelled_inputs_are_reported_as_skipped(prom: str, tmp_pa
     bare = rule_file(tmp_path, "bare", name="leak-bare")
     absent = rule_file(tmp_path, "absent", name="leak-absent")
     rules = load_rules([bare, absent, KSM])
-    report = run_detection(rules, source(prom), None, END)
+    report = run_detection(rules, source(prom), None, END, profile=PROFILE)
     assert report.findings == () and report.failures == ()
     skipped = dict(report.skipped)
     assert skipped["leak-bare"].startswith("no DCGM series carries a GPU UUID or a node and GPU")
