@@ -30,8 +30,8 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histo
 from prometheus_client.exposition import generate_latest
 
 from defrag.adapters.health import HealthServer, Probes
+from defrag.alerting import ALERTS
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
-from defrag.detect.findings import FINDING_KINDS
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
 from defrag.execute.mode import mode_name
@@ -140,7 +140,7 @@ class DaemonMetrics:
         )
         self._skipped: dict[str, str] = {}
         self._failing: dict[str, str] = {}
-        for finding_kind in FINDING_KINDS:
+        for finding_kind in ALERTS.kinds():  # every registered detector's, and the daemon's
             self.findings.labels(kind=finding_kind).set(0)
         for step_kind in ("migrate", "preempt"):
             self.plan_steps.labels(kind=step_kind).set(0)

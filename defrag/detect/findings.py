@@ -18,15 +18,6 @@ DAEMON_KINDS: tuple[FindingKind, ...] = (
     "circuit-open",
     "rule-failed",
 )
-FINDING_KINDS: tuple[FindingKind, ...] = (
-    "fragmentation",
-    "leak",
-    "starvation",
-    "idle",
-    *DAEMON_KINDS,
-)
-"""The kinds of the built-in detectors and the daemon (for ``defrag_findings{kind}``'s zeros at
-start); the full list, toy detectors included, is ``defrag.alerting.ALERTS.kinds()``."""
 Severity = Literal["info", "warning", "critical"]
 
 
