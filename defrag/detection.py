@@ -38,6 +38,7 @@ from defrag.rules import (
     RuleSet,
     StarvationRule,
 )
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 NO_METRICS_SOURCE = "no metrics source"
 """Why a metric rule is skipped when no Prometheus is configured (a choice, not a fault)."""
@@ -70,20 +71,35 @@ class DetectionReport:
 
 
 def detect(
-    rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
+    rules: RuleSet,
+    metrics: MetricsSource | None,
+    cluster: Cluster | None,
+    now: datetime,
+    *,
+    profile: ScoringProfile | ProfileConfig | None = None,
 ) -> list[Finding]:
     """Findings of every enabled rule; :class:`DetectionError` if any rule failed."""
-    report = run_detection(rules, metrics, cluster, now)
+    report = run_detection(rules, metrics, cluster, now, profile=profile)
     if report.failures:
         raise DetectionError(report.failures)
     return list(report.findings)
 
 
 def run_detection(
-    rules: RuleSet, metrics: MetricsSource | None, cluster: Cluster | None, now: datetime
+    rules: RuleSet,
+    metrics: MetricsSource | None,
+    cluster: Cluster | None,
+    now: datetime,
+    *,
+    profile: ScoringProfile | ProfileConfig | None = None,
 ) -> DetectionReport:
     """Every enabled rule. Without ``cluster``, cluster rules that carry kube-state-metrics
-    ``queries`` build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`)."""
+    ``queries`` build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`).
+    ``profile``: the scoring profile built for ``cluster``, or the configuration to build it
+    from (None: the default one); a cluster built here gets its own, from that configuration."""
+    config = profile.config if isinstance(profile, ScoringProfile) else profile or ProfileConfig()
+    if not isinstance(profile, ScoringProfile):
+        profile = config.for_cluster(cluster) if cluster is not None else None
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
@@ -105,7 +121,7 @@ def run_detection(
                 got = built[rule.queries]
                 if isinstance(got, MissingInput):
                     raise got
-                findings += _cluster_rule(rule, got, now)
+                findings += _cluster_rule(rule, got, now, config.for_cluster(got))
                 continue
             if isinstance(rule, LeakRule | IdleRule):
                 if metrics is None:
@@ -121,7 +137,9 @@ def run_detection(
             elif cluster is None:
                 skipped[rule.name] = "no cluster snapshot"
             elif isinstance(rule, StarvationRule | FragmentationRule):
-                findings += _cluster_rule(rule, cluster, now)
+                findings += _cluster_rule(
+                    rule, cluster, now, profile or config.for_cluster(cluster)
+                )
         except MissingInput as exc:
             skipped[rule.name] = str(exc)
         except Exception as exc:  # one broken rule or query must not hide the other rules
@@ -130,11 +148,14 @@ def run_detection(
 
 
 def _cluster_rule(
-    rule: StarvationRule | FragmentationRule, cluster: Cluster, now: datetime
+    rule: StarvationRule | FragmentationRule,
+    cluster: Cluster,
+    now: datetime,
+    profile: ScoringProfile,
 ) -> list[Finding]:
     if isinstance(rule, StarvationRule):
-        return detect_starvation(cluster, rule.params(), now)
-    return detect_fragmentation(cluster, rule.params(), now)
+        return detect_starvation(cluster, rule.params(), now, profile=profile)
+    return detect_fragmentation(cluster, rule.params(), now, profile=profile)
 
 
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:

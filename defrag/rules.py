@@ -241,7 +241,6 @@ class StarvationRule(_ClusterRule):
             for_s=self.for_,
             min_priority=self.min_priority,
             priority_classes=frozenset(self.priority_classes),
-            policy=self.policy,
         )
 
 

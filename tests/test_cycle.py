@@ -113,7 +113,12 @@ def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
     assert result.executed is None and sim.evictions == []
     idle = Finding("idle", "cluster", "info", "quiet", action="alert")
     gated = CyclePorts(
-        p.source, p.clock, lambda c, now: [*p.detector(c, now), idle], p.planner, p.executor, None
+        p.source,
+        p.clock,
+        lambda c, now, prof: [*p.detector(c, now, prof), idle],
+        p.planner,
+        p.executor,
+        None,
     )
     run_cycle(gated, CycleConfig(dry_run=False, windows=ALWAYS, idle_gate=True))
     assert sim.evictions

@@ -45,6 +45,7 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
 from defrag.redact import redact_text, redact_url
 from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
@@ -131,6 +132,8 @@ def detect(
     am_basic_auth: BasicAuthOpt = None,
     am_ca_file: CaFileOpt = None,
     am_insecure: InsecureOpt = False,
+    policy: PolicyOpt = None,
+    settings_file: SettingsOpt = None,
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
     if prometheus is None and not snapshot and kubeconfig is None and context is None:
@@ -141,6 +144,7 @@ def detect(
     if at is not None and alertmanager:
         raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
     now = parse_time(at)
+    config = profile_config(settings_file, policy)
     ruleset = read_rules(rules)
     sink = (
         make_sink(
@@ -174,7 +178,7 @@ def detect(
             err_console.print(
                 f"warning: GPU indices from DCGM not applied: {escape(str(exc))}", soft_wrap=True
             )
-    report = run_detection(ruleset, source, cluster, now)
+    report = run_detection(ruleset, source, cluster, now, profile=config)
     if output is not Output.table:
         print_data(
             {

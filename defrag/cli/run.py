@@ -32,6 +32,7 @@ from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSourc
 from defrag.redact import redact_text
 from defrag.rules import default_rules_dir as default_rules_dir  # re-exported (tests, bench)
 from defrag.rules import rules_paths
+from defrag.scoring.profile import ScoringProfile
 from defrag.settings import Settings, SettingsError, WindowSetting, load_settings
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def build(settings: Settings) -> Wiring:
         from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 
         sim_clock = SimClock(speedup=settings.sim_speedup)
-        sim = SimCluster(fragmented_cluster(), sim_clock, policy=settings.policy)
+        sim = SimCluster(fragmented_cluster(), sim_clock, profile=settings.profile_config())
         source: ClusterSource = sim
         actuator: Actuator = sim
         clock, time_scale, sleep = sim_clock, settings.sim_speedup, sim_clock.sleep
@@ -111,6 +112,7 @@ def build(settings: Settings) -> Wiring:
         goal=settings.plan_goal,
         windows=tuple(_window(w) for w in settings.windows),
         idle_gate=settings.idle_gate,
+        profile=settings.profile_config(),
     )
     daemon = Daemon(
         ports,
@@ -201,8 +203,8 @@ def _detector(
 ) -> Any:
     from defrag.detection import run_detection
 
-    def detect(cluster: Cluster, now: datetime) -> Detected:
-        report = run_detection(rules, metrics, cluster, now)
+    def detect(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Detected:
+        report = run_detection(rules, metrics, cluster, now, profile=profile)
         # One broken rule never stops the others; the daemon logs, counts and alerts on the
         # failed ones, and holds their alerts as they were.
         failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}
@@ -225,11 +227,16 @@ def _planner(settings: Settings) -> Any:
     )
 
     def plan(
-        cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+        cluster: Cluster,
+        goal: str,
+        now: datetime,
+        *,
+        profile: ScoringProfile,
+        pods: frozenset[str] | None = None,
     ) -> Plan:
         options = PlanOptions(only=pods)
         return make_plan(
-            cluster, goal, policy=settings.policy, constraints=constraints, now=now, options=options
+            cluster, goal, profile=profile, constraints=constraints, now=now, options=options
         )
 
     return plan

@@ -17,12 +17,12 @@ from datetime import datetime
 
 from defrag.detect.findings import Finding, Severity
 from defrag.model.cluster import Cluster
-from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import (
     FragmentationReport,
     NodeFragmentation,
     fragmentation_report,
 )
+from defrag.scoring.profile import ScoringProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,22 +44,23 @@ def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[in
     return tuple(sorted(sizes))
 
 
-def workload_mix(cluster: Cluster) -> WorkloadMix:
-    """The mix of GPU pods in the cluster (the default mix when it has none)."""
-    return WorkloadMix.observed(cluster.pods.values())
-
-
 def detect_fragmentation(
     cluster: Cluster,
     params: FragmentationParams,
     now: datetime,
     report: FragmentationReport | None = None,
+    *,
+    profile: ScoringProfile,
 ) -> list[Finding]:
+    """Fragmented nodes and a fragmented cluster; the FGD figure in the evidence is measured
+    against ``profile.mix`` (the snapshot's one mix: the same figure as ``/metrics`` and
+    ``defrag report``). ``report``: one already measured with that mix, reused if it has
+    every size that matters."""
     sizes = sizes_that_matter(cluster, params)
-    rep = report or fragmentation_report(cluster, workload_mix(cluster), sizes)
+    rep = report or fragmentation_report(cluster, profile.mix, sizes)
     missing = [k for k in sizes if k not in rep.stranded]
     if missing:
-        rep = fragmentation_report(cluster, workload_mix(cluster), sizes)
+        rep = fragmentation_report(cluster, profile.mix, sizes)
     findings = [f for n in rep.nodes if (f := _node_finding(n, sizes, params, now)) is not None]
     cluster_finding = _cluster_finding(rep, sizes, params, now)
     if cluster_finding is not None:

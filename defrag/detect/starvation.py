@@ -23,10 +23,9 @@ from defrag.detect.findings import Finding, Severity
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
-from defrag.model.workload import WorkloadMix
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
 from defrag.scoring.framework import Placement, Policy
-from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import schedule
 
 Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable"]
@@ -40,7 +39,6 @@ class StarvationParams:
     for_s: float = 900.0
     min_priority: int = 1000
     priority_classes: frozenset[str] = frozenset()
-    policy: str = "reserve-binpack"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,9 +65,9 @@ def pending_since(pod: Pod) -> datetime | None:
     return pod.pending_since or pod.created_at
 
 
-def diagnose(pod: Pod, cluster: Cluster, policy: str | Policy) -> Diagnosis:
-    """Why ``pod`` cannot be placed right now, by the scheduler's own filter (``policy`` by name
-    is built against the cluster's own mix; pass a built one when diagnosing many pods)."""
+def diagnose(pod: Pod, cluster: Cluster, policy: Policy) -> Diagnosis:
+    """Why ``pod`` cannot be placed right now, by the scheduler's own filter and the score
+    function of the cluster's profile (``ScoringProfile.policy``)."""
     arrays = cluster.arrays
     usable = node_mask(pod, arrays) & arrays.model_allowed(pod)  # nodes it may ever use
     if pod.pool:
@@ -96,13 +94,19 @@ def diagnose(pod: Pod, cluster: Cluster, policy: str | Policy) -> Diagnosis:
 
 
 def detect_starvation(
-    cluster: Cluster, params: StarvationParams, now: datetime, pods: Iterable[Pod] | None = None
+    cluster: Cluster,
+    params: StarvationParams,
+    now: datetime,
+    pods: Iterable[Pod] | None = None,
+    *,
+    profile: ScoringProfile,
 ) -> list[Finding]:
-    """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all)."""
+    """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all),
+    diagnosed with ``profile`` — the one built for this snapshot, which the planner and the
+    extender score with too."""
     findings = []
     candidates = cluster.pending_pods() if pods is None else pods
-    # Built once for every pod diagnosed: the mix is the cluster's, the same for all of them.
-    policy = make_policy(params.policy, mix=WorkloadMix.observed(cluster.pods.values()))
+    policy = profile.policy
     for pod in candidates:
         since = pending_since(pod)
         if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
@@ -132,7 +136,7 @@ def detect_starvation(
                     "gpu_milli": pod.gpu_milli,
                     "needed_gpus": why.needed_gpus,
                     "free_gpus": why.free_gpus,
-                    "policy": params.policy,
+                    "policy": profile.name,
                 },
                 since=since,
                 labels={
