@@ -265,21 +265,21 @@ class Settings(BaseSettings):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, value: str) -> str:
-        from defrag.scoring.policies import POLICY_NAMES
+        from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
 
         if value not in POLICY_NAMES:
-            raise ValueError(f"{value!r} is not one of {', '.join(POLICY_NAMES)}")
+            raise ValueError(str(UnknownPolicy(value)))
         return value
 
     def profile_config(self, policy: str | None = None) -> ProfileConfig:
         """The one scoring configuration these settings give (``policy``: a command's explicit
         ``--policy``, which overrides the setting). Raises :class:`SettingsError` naming the
         flag for an unknown policy."""
-        from defrag.scoring.policies import POLICY_NAMES
+        from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
         from defrag.scoring.profile import ProfileConfig
 
         if policy is not None and policy not in POLICY_NAMES:
-            raise SettingsError(f"--policy: {policy!r} is not one of {', '.join(POLICY_NAMES)}")
+            raise SettingsError(f"--policy: {UnknownPolicy(policy)}")
         return ProfileConfig(policy or self.policy, self.policy_seed)
 
     @property

@@ -17,6 +17,7 @@ from defrag.model.cluster import Cluster
 from defrag.model.resources import OwnerRef, Pod
 from defrag.plan.model import Blocked, Plan
 from defrag.rules import load_rules
+from defrag.scoring.profile import ProfileConfig
 from defrag.settings import load_settings
 
 ALWAYS = (Window("* * * * *", 120),)  # every minute, two minutes long: always open
@@ -152,7 +153,7 @@ def test_empty_plan_with_blocked_pods_raises_a_plan_blocked_finding() -> None:
     )
     _, p = ports()
     blocked = CyclePorts(
-        p.source, p.clock, p.detector, lambda c, g, now, pods=None: plan, p.executor, None
+        p.source, p.clock, p.detector, lambda c, g, now, profile, pods=None: plan, p.executor, None
     )
     result = run_cycle(blocked, CycleConfig())
     found = [f for f in result.findings if f.kind == "plan-blocked"]
@@ -249,5 +250,6 @@ def test_room_is_made_only_for_pods_a_rule_found() -> None:
     targets = " ".join(result.plan.targets)
     assert "research/train-llm-0" in targets and "batch/etl-0" not in targets
     # Asked for every pending pod, the planner would make room for it too.
-    everyone = p.planner(cluster, "make-room", SIM_START, pods=None)
+    profile = ProfileConfig().for_cluster(cluster)
+    everyone = p.planner(cluster, "make-room", SIM_START, profile=profile, pods=None)
     assert "batch/etl-0" in " ".join(everyone.targets)
