@@ -28,7 +28,7 @@ def test_cycle_report_and_alert_evidence_give_one_fgd_figure() -> None:
     mix = ProfileConfig().for_cluster(cluster).mix
     in_report = fragmentation_report(cluster, mix).fgd_frag_pct_of_idle
     (evidence,) = [f.evidence for f in result.findings if f.subject == "cluster"]
-    assert round(on_metrics, 2) == round(in_report, 2) == evidence["fgd_frag_pct_of_idle"]
+    assert on_metrics == round(in_report, 3) == evidence["fgd_frag_pct_of_idle"]
     # and it is the cluster's own mix, not the default one, that gives it
     default = fragmentation_report(cluster, WorkloadMix.default()).fgd_frag_pct_of_idle
     assert mix == WorkloadMix.observed(cluster.pods.values()) != WorkloadMix.default()

@@ -130,7 +130,9 @@ def _cluster_finding(
             "largest_placeable_job": rep.largest_placeable_job,
             "stranded": {str(k): rep.stranded[k] for k in sizes},
             "placeable": {str(k): rep.placeable[k] for k in sizes},
-            "fgd_frag_pct_of_idle": round(rep.fgd_frag_pct_of_idle, 2),
+            # rounded as FragmentationReport.to_dict rounds it: the figure /metrics and
+            # `defrag report` show, to the last digit
+            "fgd_frag_pct_of_idle": round(rep.fgd_frag_pct_of_idle, 3),
             "sizes": list(sizes),
         },
         since=now,
