@@ -355,3 +355,20 @@ def test_report_reads_the_settings_file_as_the_daemon_does(tmp_path: Path) -> No
     assert result.exit_code == 2
     assert result.output.count("\n") == 1
     assert f"setting policy ({bad}): unknown policy 'magic'" in result.output
+
+
+def test_only_the_profile_builds_a_policy_by_name() -> None:
+    """A policy built from a name anywhere else would score with its own mix and seed."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "defrag"
+    allowed = {package / "scoring" / "profile.py", package / "scoring" / "policies" / "__init__.py"}
+    callers = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                func = node.func
+                name = func.id if isinstance(func, ast.Name) else getattr(func, "attr", "")
+                if name == "make_policy" and path not in allowed:
+                    callers.append(f"{path.relative_to(package.parent)}:{node.lineno}")
+    assert callers == []
