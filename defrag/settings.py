@@ -30,6 +30,7 @@ from pydantic_settings import (
 )
 
 from defrag import safe_yaml
+from defrag.execute.mode import RunMode
 
 if TYPE_CHECKING:
     from defrag.scoring.profile import ProfileConfig
@@ -281,6 +282,11 @@ class Settings(BaseSettings):
         if policy is not None and policy not in POLICY_NAMES:
             raise SettingsError(f"--policy: {UnknownPolicy(policy)}")
         return ProfileConfig(policy or self.policy, self.policy_seed)
+
+    @property
+    def run_mode(self) -> RunMode:
+        """Dry run or live and what follows (defrag/execute/mode.py): the one decision."""
+        return RunMode(self.dry_run, self.dry_run_events, self.leader_election)
 
     @property
     def ready_age_limit_s(self) -> float:

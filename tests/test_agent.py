@@ -3,7 +3,7 @@ published through the emulated API server, and /metrics."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -382,26 +382,41 @@ def test_metrics_show_memory_processes_and_domains() -> None:
     assert domains == {str(i): "0" if i < 4 else "1" for i in range(8)}
 
 
-def test_agent_http_serves_metrics_and_health() -> None:
-    import http.client
+class _RefusingAnnotator:
+    """An API server that refuses the patch (RBAC missing, say)."""
+
+    def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
+        raise RuntimeError("nodes \"gpu-1\" is forbidden")
+
+
+def _get(url: str, path: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url + path, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_agent_http_serves_metrics_health_and_readiness() -> None:
     import threading
 
-    from defrag.agent.service import AgentHTTPServer
+    from defrag.adapters.health import HealthServer
 
-    agent = Agent("gpu-1", NvmlInventory(FakeNvml(no_nvlink(2))), annotator=None)
-    server = AgentHTTPServer(("127.0.0.1", 0), agent.registry)
-    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
-    try:
-        got = {}
-        for path in ("/healthz", "/metrics", "/nope"):
-            conn = http.client.HTTPConnection(*server.server_address[:2], timeout=5)
-            conn.request("GET", path)
-            resp = conn.getresponse()
-            got[path] = (resp.status, resp.read().decode())
-        assert got["/healthz"] == (200, "ok\n")
-        assert got["/metrics"][0] == 200
-        assert 'defrag_gpu_memory_total_bytes{gpu="1"' in got["/metrics"][1]
-        assert got["/nope"][0] == 404
-    finally:
-        server.shutdown()
-        server.server_close()
+    agent = Agent("gpu-1", NvmlInventory(FakeNvml(no_nvlink(2))), annotator=_RefusingAnnotator())
+    with HealthServer(("127.0.0.1", 0), agent.probes()).start() as server:
+        assert _get(server.url, "/healthz") == (200, "ok\n")
+        assert _get(server.url, "/readyz") == (200, "ok\n")  # nothing has failed yet
+        status, body = _get(server.url, "/metrics")
+        assert status == 200 and 'defrag_gpu_memory_total_bytes{gpu="1"' in body
+        assert _get(server.url, "/nope")[0] == 404
+        stop = threading.Event()
+        stop.set()
+        agent.run(stop)  # one sync; the patch is refused
+        assert _get(server.url, "/readyz") == (
+            503,
+            'last sync failed: nodes "gpu-1" is forbidden\n',
+        )
+        assert _get(server.url, "/healthz") == (200, "ok\n")  # alive: it will retry

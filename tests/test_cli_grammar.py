@@ -119,7 +119,7 @@ def test_durations_with_units_and_the_old_forms_mean_the_same(
         (
             ["report", "--kubeconfig", "/nonexistent-kubeconfig"],
             {},
-            "--kubeconfig: no such file",
+            "kubeconfig /nonexistent-kubeconfig: no such file",
         ),
         (["report", "-s", SCATTERED, "--kubeconfig", SCATTERED], {}, "not both"),
     ],
@@ -231,7 +231,9 @@ def test_the_log_handler_follows_stderr_after_it_was_replaced(
         logging.getLogger("urllib3").setLevel(urllib3_level)
 
 
-@pytest.mark.parametrize("command", [["report"], ["plan", "--at", AT], ["place", "--gpus", "2"]])
+@pytest.mark.parametrize(
+    "command", [["report"], ["plan", "--at", AT], ["place", "--gpus", "2"], ["detect", "--at", AT]]
+)
 def test_kubeconfig_reads_the_live_cluster_like_its_snapshot(
     tmp_path: Path, command: list[str]
 ) -> None:

@@ -13,6 +13,7 @@ from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, goal_for, run_cycle
 from defrag.detect.findings import Finding
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window
+from defrag.execute.mode import RunMode
 from defrag.model.cluster import Cluster
 from defrag.model.resources import OwnerRef, Pod
 from defrag.plan.model import Blocked, Plan
@@ -63,7 +64,7 @@ def ports(
 def test_dry_run_plans_rehearses_and_expects_a_larger_job() -> None:
     sink = RecordingSink()
     sim, p = ports(sink)
-    result = run_cycle(p, CycleConfig(dry_run=True, windows=ALWAYS))
+    result = run_cycle(p, CycleConfig(mode=RunMode(), windows=ALWAYS))
     assert result.plan is not None and result.plan.steps
     assert result.executed is not None and set(result.executed.counts) == {"planned"}
     assert sim.evictions == []
@@ -77,7 +78,7 @@ def test_dry_run_plans_rehearses_and_expects_a_larger_job() -> None:
 
 def test_live_cycle_in_an_open_window_moves_pods_and_verifies() -> None:
     sim, p = ports()
-    result = run_cycle(p, CycleConfig(dry_run=False, windows=ALWAYS))
+    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=ALWAYS))
     assert result.executed is not None and result.executed.evicted
     assert result.after_source == "observed"
     # The starving 8-GPU job took the room the plan made: verified by the target placed, not
@@ -96,7 +97,7 @@ def test_no_execution_outside_windows_or_for_a_follower(
 ) -> None:
     sink = RecordingSink()
     sim, p = ports(sink)
-    result = run_cycle(p, CycleConfig(dry_run=False, windows=windows), leader=leader)
+    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=windows), leader=leader)
     assert result.plan is not None and result.plan.steps  # it still plans and reports
     assert result.executed is None and sim.evictions == []
     assert sim.events == []
@@ -109,7 +110,7 @@ def test_no_execution_outside_windows_or_for_a_follower(
 def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
     sim, p = ports()
     # No metrics in the simulated cluster: the idle detector finds nothing, so the gate holds.
-    result = run_cycle(p, CycleConfig(dry_run=False, windows=ALWAYS, idle_gate=True))
+    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=ALWAYS, idle_gate=True))
     assert not result.window.open and "idle gate" in result.window.reason
     assert result.executed is None and sim.evictions == []
     idle = Finding("idle", "cluster", "info", "quiet", action="alert")
@@ -121,13 +122,13 @@ def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
         p.executor,
         None,
     )
-    run_cycle(gated, CycleConfig(dry_run=False, windows=ALWAYS, idle_gate=True))
+    run_cycle(gated, CycleConfig(mode=RunMode.live(), windows=ALWAYS, idle_gate=True))
     assert sim.evictions
 
 
 def test_failed_alert_delivery_is_recorded_not_fatal() -> None:
     _, p = ports(RecordingSink(fail=True))
-    result = run_cycle(p, CycleConfig(dry_run=True))
+    result = run_cycle(p, CycleConfig(mode=RunMode()))
     assert result.alert_error == "ConnectionError: alertmanager unreachable"
     assert result.plan is not None
 
@@ -138,7 +139,7 @@ def test_open_breaker_blocks_execution_and_is_reported_every_cycle() -> None:
     assert p.executor is not None
     p.executor.breaker.trip(("research/train-llm-0",), "test: stuck", SIM_START)
     for _ in range(2):
-        result = run_cycle(p, CycleConfig(dry_run=False, windows=ALWAYS))
+        result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=ALWAYS))
         assert result.executed is None and result.circuit["open"]
     assert all("circuit-open" in kinds for kinds in sink.calls) and len(sink.calls) == 2
     assert sim.evictions == []
@@ -211,7 +212,9 @@ def urgent_rules(tmp_path: Path) -> Path:
 
 def test_make_room_now_executes_outside_the_windows(tmp_path: Path) -> None:
     sim, p = ports(rules_dir=urgent_rules(tmp_path))
-    result = run_cycle(p, CycleConfig(dry_run=False, windows=NIGHTLY))  # 01:50, window at 02:00
+    result = run_cycle(
+        p, CycleConfig(mode=RunMode.live(), windows=NIGHTLY)
+    )  # 01:50, window at 02:00
     assert result.window.open
     assert "outside every execution window" in result.window.reason
     assert "make-room-now for 1 starved pod(s)" in result.window.reason
@@ -225,7 +228,7 @@ def test_make_room_now_executes_outside_the_windows(tmp_path: Path) -> None:
 def test_make_room_waits_for_the_window(tmp_path: Path) -> None:
     # The same cluster and rules but action make-room (the shipped one): nothing runs at 01:50.
     sim, p = ports()
-    result = run_cycle(p, CycleConfig(dry_run=False, windows=NIGHTLY))
+    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=NIGHTLY))
     assert not result.window.open and result.executed is None and sim.evictions == []
 
 
@@ -245,7 +248,7 @@ def test_room_is_made_only_for_pods_a_rule_found() -> None:
     )
     cluster = fragmented_cluster().with_pod_added(etl)
     _, p = ports(cluster=cluster)
-    result = run_cycle(p, CycleConfig(dry_run=True, windows=ALWAYS))
+    result = run_cycle(p, CycleConfig(mode=RunMode(), windows=ALWAYS))
     assert result.plan is not None
     targets = " ".join(result.plan.targets)
     assert "research/train-llm-0" in targets and "batch/etl-0" not in targets

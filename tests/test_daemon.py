@@ -20,6 +20,7 @@ from defrag.cli.run import _detector, _planner, build, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
 from defrag.daemon.service import Daemon
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window
+from defrag.execute.mode import RunMode
 from defrag.rules import load_rules
 from defrag.settings import load_settings
 from tests.support.binaries import free_port
@@ -58,7 +59,7 @@ def sim_daemon(
         _planner(settings),
         ex,
     )
-    return sim, Daemon(ports, CycleConfig(dry_run=dry_run, windows=windows), **kw)  # type: ignore[arg-type]
+    return sim, Daemon(ports, CycleConfig(mode=RunMode(dry_run=dry_run), windows=windows), **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture

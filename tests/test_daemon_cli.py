@@ -76,7 +76,7 @@ def test_once_against_an_api_server_in_dry_run_writes_nothing(
         (
             ["run", "--once"],
             {"DEFRAG_KUBECONFIG": "/nonexistent-kubeconfig"},
-            "cannot load Kubernetes credentials",
+            "kubeconfig /nonexistent-kubeconfig: no such file",
         ),
     ],
 )

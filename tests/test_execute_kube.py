@@ -23,6 +23,7 @@ from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
 from defrag.daemon.service import Daemon
 from defrag.execute import Budgets, Executor, ExecutorSettings, Window, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
+from defrag.execute.mode import RunMode
 from defrag.plan.model import Plan, Step
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -118,7 +119,7 @@ def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
 @pytest.mark.parametrize("events", [False, True])
 def test_dry_run_sends_no_write_request(events: bool) -> None:
     with KubeApi(scattered_20()["items"]) as server:
-        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig(dry_run=True))
+        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig(mode=RunMode()))
         assert result.plan is not None and result.plan.steps  # there was something to do
         writes = server.writes()
         if not events:
@@ -233,7 +234,9 @@ def test_only_the_lease_holder_executes() -> None:
             )
             daemons.append(
                 Daemon(
-                    cycle_ports(server), CycleConfig(dry_run=False, windows=ALWAYS), elector=elector
+                    cycle_ports(server),
+                    CycleConfig(mode=RunMode.live(), windows=ALWAYS),
+                    elector=elector,
                 )
             )
         first, second = (d.run_once() for d in daemons)

@@ -18,6 +18,7 @@ from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
 from defrag.daemon.service import DaemonMetrics
+from defrag.execute.mode import RunMode
 from defrag.extender.state import ClusterCache
 from defrag.rules import load_rules
 from defrag.scoring.profile import ProfileConfig
@@ -88,7 +89,7 @@ def test_a_daemon_cycle_and_the_extender_survive_every_shape(api: KubeApi) -> No
     settings = load_settings(None, {})
     sink = RecordingSink()
     ports = CyclePorts(source, _clock(), _detector(rules, None), _planner(settings), None, sink)
-    result = run_cycle(ports, CycleConfig(dry_run=True))
+    result = run_cycle(ports, CycleConfig(mode=RunMode()))
     assert sorted(w.split(":")[0] for w in result.warnings) == said
     metrics = DaemonMetrics()
     metrics.record(result, 0.1)
@@ -113,9 +114,11 @@ def test_the_leader_puts_one_warning_event_on_each_object_it_cannot_model(api: K
     ports = CyclePorts(
         ex.source, _clock(), _detector(rules, None), _planner(load_settings(None, {})), ex, None
     )
-    run_cycle(ports, CycleConfig(dry_run=True))  # dry run: no Event (nothing written)
+    run_cycle(ports, CycleConfig(mode=RunMode()))  # dry run: no Event (nothing written)
     assert api.writes() == []
-    run_cycle(ports, CycleConfig(dry_run=False))  # no window open: only the Events are written
+    run_cycle(
+        ports, CycleConfig(mode=RunMode.live())
+    )  # no window open: only the Events are written
     events = [o for o in api.objects("Event") if o["reason"] == "DefragNotModelled"]
     on = sorted(
         f"{e['involvedObject']['kind']} {e['involvedObject'].get('namespace', '')}/"
@@ -124,5 +127,5 @@ def test_the_leader_puts_one_warning_event_on_each_object_it_cannot_model(api: K
     )
     assert on == ["Node /amd-1", "Pod ml/bad", "Pod ml/dra"]
     assert all(e["type"] == "Warning" for e in events)
-    run_cycle(ports, CycleConfig(dry_run=False))  # said once while it lasts
+    run_cycle(ports, CycleConfig(mode=RunMode.live()))  # said once while it lasts
     assert len([o for o in api.objects("Event") if o["reason"] == "DefragNotModelled"]) == 3

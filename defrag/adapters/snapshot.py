@@ -88,14 +88,15 @@ class SnapshotFileSource:
     """A :class:`~defrag.ports.ClusterSource` over snapshot files (``--snapshot``), reread when
     a file changes (e.g. a ConfigMap update), so a long-running trial follows the file."""
 
-    def __init__(self, paths: Sequence[str | Path]) -> None:
+    def __init__(self, paths: Sequence[str | Path], *, strict: bool = False) -> None:
         self.paths = tuple(Path(p) for p in paths)
+        self.strict = strict
         self._stamp: tuple[float, ...] | None = None
         self._cluster: Cluster | None = None
 
     def snapshot(self) -> Cluster:
         stamp = tuple(p.stat().st_mtime for p in self.paths)
         if self._cluster is None or stamp != self._stamp:
-            self._cluster = load_snapshot(self.paths)
+            self._cluster = load_snapshot(self.paths, strict=self.strict)
             self._stamp = stamp
         return self._cluster

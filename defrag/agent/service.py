@@ -14,21 +14,20 @@ less NVLink than there is (never more) — the scheduler then keeps multi-GPU po
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
+from defrag.adapters.health import Probes
 from defrag.adapters.nvml import GpuDevice, NvmlInventory
 from defrag.agent.topology import Topology, nvlink_domains, read_topology
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION
+from defrag.scoring.framework import Status
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +114,8 @@ class Agent:
     interval_s: float = 300.0
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
     published: str | None = None
+    last_error: str | None = None
+    """Why the last sync failed (None after a good one): /readyz says it."""
     _publish_errors: Counter | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,35 +148,23 @@ class Agent:
             log.info("node %s: %s=%r", self.node, NVLINK_DOMAINS_ANNOTATION, value)
         return topology
 
+    def ready(self) -> Status:
+        """Readiness: the last sync read the GPUs and published what it read."""
+        if self.last_error is not None:
+            return Status.fail(f"last sync failed: {self.last_error}")
+        return Status.success()
+
+    def probes(self) -> Probes:
+        return Probes.of_registry(self.registry, ready=self.ready)
+
     def run(self, stop: threading.Event) -> None:
         """Sync now and every ``interval_s`` until ``stop``; a failed sync is retried next time."""
         while True:
             try:
                 self.sync_once()
+                self.last_error = None
             except Exception as exc:
+                self.last_error = str(exc)
                 log.error("agent sync failed: %s", exc)
             if stop.wait(self.interval_s):
                 return
-
-
-class _AgentHandler(QuietHandler):
-    server: AgentHTTPServer
-    logger = log
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            body, ctype, code = generate_latest(self.server.registry), CONTENT_TYPE_LATEST, 200
-        elif path == "/healthz":
-            body, ctype, code = b"ok\n", "text/plain", 200
-        else:
-            body, ctype, code = json.dumps({"error": "not found"}).encode(), "application/json", 404
-        self.send_body(code, body, ctype)
-
-
-class AgentHTTPServer(QuietHTTPServer):
-    logger = log
-
-    def __init__(self, address: tuple[str, int], registry: CollectorRegistry) -> None:
-        super().__init__(address, _AgentHandler)
-        self.registry = registry

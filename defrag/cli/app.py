@@ -186,25 +186,21 @@ def load_cluster(
     context: str | None = None,
     strict: bool = False,
 ) -> Cluster:
-    """Read snapshot files, or the live cluster with ``--kubeconfig``; a file that cannot be
-    read (or, ``strict``, any object that cannot) becomes a UserError naming file and field;
-    objects left out or counted conservatively are said on stderr."""
-    from defrag.adapters.kube_convert import ConversionError
-    from defrag.adapters.snapshot import SnapshotError, load_snapshot
-    from defrag.model.cluster import ModelError
+    """One snapshot of the cluster the flags name (defrag/adapters/sources.py: snapshot files,
+    or the live API through ``--kubeconfig``, or in-cluster inside a pod). What cannot be read
+    (or, ``strict``, any object that cannot) is a UserError naming file and field; objects left
+    out or counted conservatively are said on stderr."""
+    from defrag.adapters.sources import SourceError, SourceSpec, open_source
 
-    if kubeconfig is not None or context is not None:
-        if paths:
-            raise UserError("give --snapshot or --kubeconfig, not both")
-        cluster = live_cluster(kubeconfig, context)
-        say_warnings(cluster)
-        return cluster
-    if not paths:
-        raise UserError("no cluster given (--snapshot FILE or --kubeconfig FILE)")
     try:
-        cluster = load_snapshot(list(paths), strict=strict)
-    except (SnapshotError, ConversionError, ModelError, OSError) as exc:
+        spec = SourceSpec.from_flags(paths, kubeconfig, context, strict=strict)
+        cluster = open_source(spec).source.snapshot()
+    except SourceError as exc:
         raise UserError(str(exc)) from None
+    except Exception as exc:  # the client's own errors: unreachable server, refused, …
+        if not paths:
+            raise UserError(f"cluster from {kubeconfig or 'kubeconfig'}: {exc}") from None
+        raise
     say_warnings(cluster)
     return cluster
 
@@ -213,21 +209,6 @@ def say_warnings(cluster: Cluster) -> None:
     """One ``warning:`` line on stderr per object the source could not model fully."""
     for warning in cluster.warnings:
         print(f"warning: {warning}", file=sys.stderr)
-
-
-def live_cluster(kubeconfig: Path | None, context: str | None) -> Cluster:
-    """One snapshot of a live cluster through its API server."""
-    from defrag.adapters.kube import KubeClusterSource, KubeError, connect
-
-    if kubeconfig is not None and not kubeconfig.is_file():
-        raise UserError(f"--kubeconfig: no such file: {kubeconfig}")
-    try:
-        api = connect(str(kubeconfig) if kubeconfig else None, context)
-        return KubeClusterSource(api).snapshot()
-    except KubeError as exc:
-        raise UserError(str(exc)) from None
-    except Exception as exc:  # the client's own errors: unreachable server, refused, …
-        raise UserError(f"cluster from {kubeconfig or 'kubeconfig'}: {exc}") from None
 
 
 def writable_path(path: Path, flag: str, suffix: str | None = None) -> Path:

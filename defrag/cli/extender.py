@@ -100,11 +100,8 @@ def extender(
     import ssl
 
     from defrag.adapters.httpserve import ServerLimits
-    from defrag.adapters.kube_convert import ConversionError
-    from defrag.adapters.snapshot import SnapshotError, SnapshotFileSource
+    from defrag.adapters.sources import SourceError, SourceSpec, open_source
     from defrag.extender.server import serve, serve_status, stop, tls_context
-    from defrag.model.cluster import ModelError
-    from defrag.ports import ClusterSource
 
     config = profile_config(settings_file, policy)
     if relist_interval_s <= 0 or max_staleness_s <= 0:
@@ -124,21 +121,12 @@ def extender(
                 f"cannot load --tls-cert {tls_cert} / --tls-key {tls_key}: {exc}"
             ) from None
     _logging()
-    source: ClusterSource
-    if snapshot:
-        file_source = SnapshotFileSource(snapshot)
-        try:
-            file_source.snapshot()  # a bad file is the user's mistake: say so now, not at /readyz
-        except (SnapshotError, ConversionError, ModelError, OSError) as exc:
-            raise UserError(str(exc)) from None
-        source = file_source
-    else:
-        from defrag.adapters.kube import KubeClusterSource, KubeError, connect
-
-        try:
-            source = KubeClusterSource(connect(str(kubeconfig) if kubeconfig else None))
-        except KubeError as exc:
-            raise UserError(str(exc)) from None
+    # A bad snapshot file is the user's mistake: said now (the factory reads it), not at /readyz.
+    spec = SourceSpec(tuple(snapshot)) if snapshot else SourceSpec(live=True, kubeconfig=kubeconfig)
+    try:
+        source = open_source(spec).source
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
     try:
         server = serve(
             source,
@@ -210,8 +198,9 @@ def agent(
 
     Exits 3 when NVML (the NVIDIA driver) is not available on this machine.
     """
+    from defrag.adapters.health import HealthServer
     from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
-    from defrag.agent.service import EXIT_NO_NVML, Agent, AgentHTTPServer, NodeAnnotator
+    from defrag.agent.service import EXIT_NO_NVML, Agent, NodeAnnotator
 
     node_name = node or os.environ.get("NODE_NAME") or ""
     if publish and not node_name:
@@ -242,10 +231,9 @@ def agent(
             _print_topology(topology.to_dict(), output, inventory.driver_version())
             return
         try:
-            server = AgentHTTPServer((host, port), worker.registry)
+            server = HealthServer((host, port), worker.probes()).start("defrag-agent-http")
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
-        threading.Thread(target=server.serve_forever, args=(0.2,), daemon=True).start()
         stopping = threading.Event()
         _on_sigterm(stopping)
         err_console.print(f"defrag agent on {node_name}: /metrics on {host}:{port}")
@@ -254,8 +242,7 @@ def agent(
         except KeyboardInterrupt:
             pass
         finally:
-            server.shutdown()
-            server.server_close()
+            server.stop()
     finally:
         inventory.close()
 

@@ -20,11 +20,13 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from defrag.adapters.sources import Backend, SourceError, SourceSpec, open_source
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, Detected, SystemClock
 from defrag.daemon.service import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
 from defrag.execute.budgets import Budgets
 from defrag.execute.executor import Executor, ExecutorSettings
+from defrag.execute.mode import mode_name
 from defrag.execute.windows import Window
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
@@ -69,16 +71,14 @@ def build(settings: Settings) -> Wiring:
     clock: Clock = SystemClock()
     time_scale = 1.0
     sleep: Callable[[float], None] = time.sleep
-    if settings.cluster == "sim":
-        from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
-
-        sim_clock = SimClock(speedup=settings.sim_speedup)
-        sim = SimCluster(fragmented_cluster(), sim_clock, profile=settings.profile_config())
-        source: ClusterSource = sim
+    backend = _backend(settings)
+    source: ClusterSource = backend.source
+    if backend.sim is not None:
+        sim = backend.sim
         actuator: Actuator = sim
-        clock, time_scale, sleep = sim_clock, settings.sim_speedup, sim_clock.sleep
+        clock, time_scale, sleep = sim.clock, settings.sim_speedup, sim.clock.sleep
     else:
-        source, actuator, elector = _kube(settings)
+        actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
 
     executor = Executor(
@@ -94,7 +94,7 @@ def build(settings: Settings) -> Wiring:
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,
-            dry_run_events=settings.dry_run_events,
+            dry_run_events=settings.run_mode.events,
         ),
         sleep=sleep,
     )
@@ -108,7 +108,7 @@ def build(settings: Settings) -> Wiring:
         alerts=_alerts(settings),
     )
     config = CycleConfig(
-        dry_run=settings.dry_run,
+        mode=settings.run_mode,
         goal=settings.plan_goal,
         windows=tuple(_window(w) for w in settings.windows),
         idle_gate=settings.idle_gate,
@@ -135,25 +135,31 @@ def _window(w: WindowSetting) -> Window:
     return Window(w.cron, w.length_s, w.timezone)
 
 
-def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
-    from defrag.adapters.kube import (
-        KubeActuator,
-        KubeClusterSource,
-        KubeError,
-        LeaseElector,
-        connect,
-    )
-
+def _backend(settings: Settings) -> Backend:
+    """The cluster the settings name, through the one factory every command uses."""
+    if settings.cluster == "sim":
+        spec = SourceSpec(
+            sim=True, sim_speedup=settings.sim_speedup, profile=settings.profile_config()
+        )
+    else:
+        kubeconfig = Path(settings.kubeconfig) if settings.kubeconfig else None
+        spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=settings.kube_context)
     try:
-        api = connect(settings.kubeconfig, settings.kube_context)
-    except KubeError as exc:
+        return open_source(spec)
+    except SourceError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
+    from defrag.adapters.kube import KubeActuator, LeaseElector
     # In dry run without Events nothing may be written: the actuator only logs intents.
-    send = not settings.dry_run or settings.dry_run_events
-    actuator = KubeActuator(api, send_writes=send, event_namespace=settings.lease_namespace)
+    mode = settings.run_mode
+    actuator = KubeActuator(
+        api, send_writes=mode.writes_events, event_namespace=settings.lease_namespace
+    )
     elector: Elector = AlwaysLeader()
     # Dry run writes nothing to the cluster, not even the Lease: every replica plans and reports.
-    if settings.leader_election and not settings.dry_run:
+    if mode.takes_lease:
         elector = LeaseElector(
             api,
             settings.lease_namespace,
@@ -161,7 +167,7 @@ def _kube(settings: Settings) -> tuple[ClusterSource, Actuator, Elector]:
             settings.identity,
             int(settings.lease_duration_s),
         )
-    return KubeClusterSource(api), actuator, elector
+    return actuator, elector
 
 
 def _prometheus(settings: Settings) -> MetricsSource | None:
@@ -331,7 +337,7 @@ def run(
 def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     """A cycle for people: window, findings, plan, execution, the figures before and after."""
     b, a = result.before, result.after
-    mode = "dry run" if result.dry_run else "live"
+    mode = mode_name(result.dry_run)
     print_line(
         f"[bold]{title}[/bold] {result.started:%Y-%m-%d %H:%M} ({mode}, "
         f"{'leader' if result.leader else 'follower'}): {result.window.reason}"

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from defrag.detect.findings import Finding
 from defrag.execute.executor import Executor
+from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
@@ -96,7 +97,8 @@ class CyclePorts:
 
 @dataclass(frozen=True, slots=True)
 class CycleConfig:
-    dry_run: bool = True
+    mode: RunMode = field(default_factory=RunMode)
+    """Dry run (the default) or live, and what follows from it (defrag/execute/mode.py)."""
     goal: str = "auto"
     """auto: from the findings' actions; or always repack / make-room / all."""
     windows: tuple[Window, ...] = ()
@@ -210,12 +212,12 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     breaker = ports.executor.breaker if ports.executor else None
     if breaker is not None:
         breaker.refresh(cluster)
-    if ports.executor is not None and (leader or config.dry_run):
+    if ports.executor is not None and (leader or not config.mode.reconciles):
         # What earlier runs left (a crashed drain, a taint that would not come off, a stale
         # reservation): reconciled by the leader, reported in dry run.
-        findings += ports.executor.maintain(cluster, dry_run=config.dry_run)
+        findings += ports.executor.maintain(cluster, dry_run=not config.mode.reconciles)
         if leader:
-            ports.executor.flag_unmodelled(cluster.warnings, dry_run=config.dry_run)
+            ports.executor.flag_unmodelled(cluster.warnings, dry_run=config.mode.dry_run)
     idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
     window = window_status(config.windows, started, idle=idle)
 
@@ -233,7 +235,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
 
     executed: Execution | None = None
     if plan is not None and not plan.empty and ports.executor is not None and leader:
-        if config.dry_run:
+        if not config.mode.evicts:
             executed = ports.executor.execute(plan, cluster, window, dry_run=True)
         elif window.open and not ports.executor.breaker.state.open:
             executed = ports.executor.execute(plan, cluster, window, dry_run=False)
@@ -268,7 +270,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         started=started,
         finished=ports.clock.now(),
         leader=leader,
-        dry_run=config.dry_run,
+        dry_run=config.mode.dry_run,
         window=window,
         findings=tuple(findings),
         plan=plan,

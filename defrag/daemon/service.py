@@ -27,13 +27,14 @@ from typing import Any, Protocol
 from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import generate_latest
 
-from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
+from defrag.adapters.health import HealthServer, Probes
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detect.findings import FINDING_KINDS
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
+from defrag.execute.mode import mode_name
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.redact import redact_text
 from defrag.scoring.framework import Status
@@ -253,7 +254,7 @@ class Daemon:
         self.stopped = threading.Event()
         self._cycle_lock = threading.Lock()
         self._scheduler: BackgroundScheduler | None = None
-        self._server: QuietHTTPServer | None = None
+        self._server: HealthServer | None = None
         self._http = (http_host, http_port)
         self.elector_interval_s = elector_interval_s
         self.cycle_deadline_s = (
@@ -319,7 +320,7 @@ class Daemon:
         the next one tries again).
         """
         executor = self.ports.executor
-        if executor is None or self.config.dry_run:
+        if executor is None or not self.config.mode.reconciles:
             self._reconciled = True
             return ()
         if not self.elector.is_leader():
@@ -425,8 +426,7 @@ class Daemon:
         except Exception:  # the API server may be the reason we are stuck
             log.exception("could not release the Lease; it lapses by itself")
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
         self.stopped.set()
 
@@ -472,30 +472,8 @@ class Daemon:
             log.exception("cycle failed")
 
     def _serve_http(self) -> None:
-        daemon = self
-
-        class Handler(QuietHandler):
-            logger = log
-
-            def do_GET(self) -> None:
-                path = self.path.split("?", 1)[0]
-                if path == "/healthz":
-                    live = daemon.live()
-                    body = (str(live) + "\n").encode()
-                    self.send_body(200 if live.ok else 503, body, "text/plain")
-                elif path == "/readyz":
-                    status = daemon.ready()
-                    body = (str(status) + "\n").encode()
-                    self.send_body(200 if status.ok else 503, body, "text/plain")
-                elif path == "/metrics":
-                    self.send_body(200, daemon.metrics.exposition(), CONTENT_TYPE_LATEST)
-                else:
-                    self.send_body(404, b"not found\n", "text/plain")
-
-        server = QuietHTTPServer(self._http, Handler)
-        server.logger = log
-        threading.Thread(target=server.serve_forever, name="defrag-http", daemon=True).start()
-        self._server = server
+        probes = Probes(self.metrics.exposition, live=self.live, ready=self.ready)
+        self._server = HealthServer(self._http, probes, logger=log).start("defrag-http")
 
 
 def _suffix(error: str) -> str:
@@ -536,7 +514,7 @@ def cycle_summary(result: CycleResult) -> str:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
         executed = f"executed: {counts or 'nothing'}"
     role = "leader" if result.leader else "follower"
-    mode = "dry run" if result.dry_run else "live"
+    mode = mode_name(result.dry_run)
     return (
         f"cycle ({role}, {mode}): findings {findings}; {plan}; {executed}; "
         f"window: {result.window.reason}"

@@ -41,6 +41,7 @@ from defrag.execute.journal import (
     new_journal,
     read_journal,
 )
+from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome, StepResult
 from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
@@ -168,7 +169,7 @@ class Executor:
         ``dry_run_events``. Returns the Events sent."""
         current = set(warnings)
         self._flagged &= current  # said again if it comes back after being fixed
-        if dry_run and not self.settings.dry_run_events:
+        if not RunMode(dry_run, self.settings.dry_run_events).writes_events:
             return 0
         sent = 0
         for warning in sorted(current - self._flagged):

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import ssl
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from defrag.adapters.health import Probes, probe_answer
 from defrag.adapters.httpserve import BoundedHandler, BoundedHTTPServer, ServerLimits
 from defrag.extender.state import ClusterCache, StateUnavailable
 from defrag.extender.verbs import Extender
-from defrag.extender.wire import BODY_BUDGET_BYTES, MAX_BODY_BYTES, BadRequest, parse_args
+from defrag.extender.wire import (
+    BODY_BUDGET_BYTES,
+    MAX_BODY_BYTES,
+    VERBS,
+    BadRequest,
+    encode_priorities,
+    parse_args,
+)
 from defrag.ports import ClusterSource
 from defrag.scoring.framework import Status
 from defrag.scoring.profile import ProfileConfig
@@ -93,25 +98,6 @@ class ExtenderMetrics:
         self.relist_seconds.set(seconds)
 
 
-VERBS = ("filter", "prioritize")
-
-
-_PLAIN_NAMES = re.compile(r"[a-z0-9.,\-]*")
-
-
-def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
-    """A HostPriorityList (``[{"Host", "Score"}]``) as JSON, fast: node names (RFC 1123:
-    lower-case letters, digits, '-' and '.') need no escaping, so 1,000 entries are joined
-    directly; anything else goes through ``json.dumps``."""
-    if _PLAIN_NAMES.fullmatch(",".join(hosts)):
-        body = ",".join(
-            f'{{"Host":"{h}","Score":{int(v)}}}' for h, v in zip(hosts, scores, strict=True)
-        )
-        return f"[{body}]".encode()
-    items = [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores, strict=True)]
-    return json.dumps(items, separators=(",", ":")).encode()
-
-
 class BodyBudget:
     """Body bytes held at once, all requests together: a request waits (at most ``wait_s``)
     until its body fits before reading it, so N concurrent huge bodies queue, not pile up."""
@@ -168,17 +154,11 @@ class _Handler(BoundedHandler):
     def do_GET(self) -> None:
         self._metered = None
         self.request_read()
-        path = self.path.split("?", 1)[0]
-        if path == "/healthz":
-            self._send(200, b"ok\n", "text/plain")
-        elif path == "/readyz":
-            status = self.server.extender.cache.readiness()
-            code = 200 if status.ok else 503
-            self._send(code, (str(status) + "\n").encode(), "text/plain")
-        elif path == "/metrics":
-            self._send(200, generate_latest(self.server.metrics.registry), CONTENT_TYPE_LATEST)
+        answer = probe_answer(self.path, self.server.probes)
+        if answer is None:
+            self._json(404, {"Error": f"no such path {self.path.split('?', 1)[0]}"})
         else:
-            self._json(404, {"Error": f"no such path {path}"})
+            self._send(answer.code, answer.body, answer.content_type)
 
     def do_POST(self) -> None:
         verb = self.path.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
@@ -334,6 +314,7 @@ class ExtenderHTTPServer(BoundedHTTPServer):
         super().__init__(address, handler, limits)
         self.extender = extender
         self.metrics = metrics
+        self.probes = Probes.of_registry(metrics.registry, ready=extender.cache.readiness)
         self.max_body_bytes = max_body_bytes
         self.body_budget = BodyBudget(max(body_budget_bytes, 1), wait_s=self.limits.read_timeout_s)
         self.scheme = "http"

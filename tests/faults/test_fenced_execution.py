@@ -23,6 +23,7 @@ from defrag.execute import Budgets, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.executor import NOT_LEADER
 from defrag.execute.fence import Fence, NoFence, Tenure
 from defrag.execute.journal import OWNER_ANNOTATION, JournalStep, new_journal
+from defrag.execute.mode import RunMode
 from defrag.execute.reservation import Reservation
 from defrag.plan.model import Plan, Step
 from tests.support import kubeobjects as k
@@ -320,9 +321,9 @@ def test_the_leader_cleans_a_crashed_runs_leftovers_every_cycle(api: KubeApi) ->
     leader's cycle reconciles them (here a cycle in enforce mode with every window closed)."""
     ex = executor(api)
     ports = _ports(api, ex)
-    run_cycle(ports, CycleConfig(dry_run=False))  # started clean
+    run_cycle(ports, CycleConfig(mode=RunMode.live()))  # started clean
     leave_a_drain(api, Tenure("crashed-0", 3), reservation=True)
-    run_cycle(ports, CycleConfig(dry_run=False))
+    run_cycle(ports, CycleConfig(mode=RunMode.live()))
     assert taints(api, "gpu-1") == []
     assert not {k for k in notes(api, "gpu-1") if k.startswith("defrag.io/")}
 

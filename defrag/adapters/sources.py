@@ -1,0 +1,140 @@
+"""Where the cluster is read from: one factory for every command and process.
+
+A :class:`SourceSpec` names one backend — snapshot files (``--snapshot``), the live API server
+(``--kubeconfig``/``--context``, or the pod's service account in-cluster), or the simulated
+cluster (``defrag run`` with ``cluster: sim``) — and :func:`open_source` returns a
+:class:`Backend` whose ``source`` is a :class:`~defrag.ports.ClusterSource`. ``defrag report``,
+``plan``, ``detect``, ``extender`` and ``run`` all go through it, so any of them can read a live
+cluster (read-only: a source only lists) as well as a file. A spec that names no backend, or
+two, and a backend that cannot be opened raise :class:`SourceError` with one line that says why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from defrag.ports import ClusterSource
+from defrag.scoring.profile import ProfileConfig
+
+if TYPE_CHECKING:
+    from defrag.adapters.simcluster import SimCluster
+
+IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+"""Set by the kubelet in every pod: a service account can be used."""
+
+
+class SourceError(ValueError):
+    """The cluster cannot be read from what was given; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class SourceSpec:
+    """One backend: ``snapshots``, or ``live`` (``kubeconfig``/``context``, else in-cluster),
+    or ``sim`` (a simulated cluster running ``sim_speedup`` × real time)."""
+
+    snapshots: tuple[Path, ...] = ()
+    live: bool = False
+    kubeconfig: Path | None = None
+    context: str | None = None
+    sim: bool = False
+    sim_speedup: float = 60.0
+    profile: ProfileConfig | None = None
+    """The simulated cluster's own scheduler profile (None: the default)."""
+    strict: bool = False
+    """Snapshot files: an object that cannot be read is an error, not a warning."""
+
+    @classmethod
+    def from_flags(
+        cls,
+        snapshots: Sequence[Path] = (),
+        kubeconfig: Path | None = None,
+        context: str | None = None,
+        *,
+        strict: bool = False,
+        environ: Any = None,
+    ) -> SourceSpec:
+        """The CLI's rule: ``--snapshot`` files, or ``--kubeconfig``/``--context`` for the live
+        cluster, not both; neither, inside a pod, reads the live cluster in-cluster."""
+        env = os.environ if environ is None else environ
+        live = kubeconfig is not None or context is not None
+        if snapshots and live:
+            raise SourceError("give --snapshot or --kubeconfig, not both")
+        if not snapshots and not live:
+            if IN_CLUSTER_ENV not in env:
+                raise SourceError(
+                    "no cluster given (--snapshot FILE or --kubeconfig FILE; "
+                    "inside a pod the service account is used)"
+                )
+            live = True
+        return cls(tuple(snapshots), live, kubeconfig, context, strict=strict)
+
+    @property
+    def kind(self) -> str:
+        return "sim" if self.sim else "kube" if self.live else "snapshot"
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """An opened source; ``api`` (the live API client) or ``sim`` where the caller also writes
+    (the daemon's actuator and Lease)."""
+
+    spec: SourceSpec
+    source: ClusterSource
+    api: Any = None
+    sim: SimCluster | None = None
+
+
+def open_source(spec: SourceSpec) -> Backend:
+    """Open the backend ``spec`` names; the first read of a snapshot file happens here, so a
+    bad file is reported before any work starts."""
+    chosen = sum((bool(spec.snapshots), spec.live, spec.sim))
+    if chosen != 1:
+        raise SourceError(
+            "name one cluster: snapshot files, the live API or the simulated cluster"
+            + (f" (got {chosen})" if chosen else "")
+        )
+    if spec.sim:
+        return _sim(spec)
+    if spec.live:
+        return _live(spec)
+    return _files(spec)
+
+
+def _files(spec: SourceSpec) -> Backend:
+    from defrag.adapters.kube_convert import ConversionError
+    from defrag.adapters.snapshot import SnapshotError, SnapshotFileSource
+    from defrag.model.cluster import ModelError
+
+    source = SnapshotFileSource(spec.snapshots, strict=spec.strict)
+    try:
+        source.snapshot()
+    except (SnapshotError, ConversionError, ModelError, OSError) as exc:
+        raise SourceError(str(exc)) from None
+    return Backend(spec, source)
+
+
+def _live(spec: SourceSpec) -> Backend:
+    from defrag.adapters.kube import KubeClusterSource, KubeError, connect
+
+    if spec.kubeconfig is not None and not spec.kubeconfig.is_file():
+        raise SourceError(f"kubeconfig {spec.kubeconfig}: no such file")
+    try:
+        api = connect(str(spec.kubeconfig) if spec.kubeconfig else None, spec.context)
+    except KubeError as exc:
+        raise SourceError(str(exc)) from None
+    return Backend(spec, KubeClusterSource(api), api=api)
+
+
+def _sim(spec: SourceSpec) -> Backend:
+    from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
+
+    clock = SimClock(speedup=spec.sim_speedup)
+    sim = SimCluster(fragmented_cluster(), clock, profile=spec.profile or ProfileConfig())
+    return Backend(spec, sim, sim=sim)
+
+
+__all__ = ["IN_CLUSTER_ENV", "Backend", "SourceError", "SourceSpec", "open_source"]

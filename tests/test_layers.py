@@ -1,0 +1,33 @@
+"""The layers contract covers the whole package: a new top-level module or package that is in no
+layer would escape import-linter, so it fails here until it is given its place."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import defrag
+
+ROOT = Path(defrag.__file__).parent
+NOT_CODE = {"data"}  # package data (the shipped rules), no Python
+
+
+def _layered() -> set[str]:
+    config = tomllib.loads((ROOT.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    contracts = config["tool"]["importlinter"]["contracts"]
+    (layers,) = [c["layers"] for c in contracts if c["type"] == "layers"]
+    return {name.strip().removeprefix("defrag.") for row in layers for name in row.split("|")}
+
+
+def _top_level() -> set[str]:
+    modules = {p.stem for p in ROOT.glob("*.py") if p.stem != "__init__"}
+    packages = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    return (modules | packages) - NOT_CODE
+
+
+def test_every_top_level_module_has_a_layer() -> None:
+    assert _top_level() - _layered() == set()
+
+
+def test_every_layer_names_a_module_that_exists() -> None:
+    assert _layered() - _top_level() == set()

@@ -1,0 +1,47 @@
+"""Dry run or live, decided in one place (defrag/execute/mode.py): every consequence of the
+flags, as a table, and the settings that build it."""
+
+from __future__ import annotations
+
+import pytest
+
+from defrag.execute.mode import RunMode
+from defrag.settings import Settings
+
+
+@pytest.mark.parametrize(
+    ("mode", "evicts", "writes_events", "takes_lease", "reconciles", "name"),
+    [
+        # dry run, the default: nothing written, not even a Lease; leftovers only reported
+        (RunMode(), False, False, False, False, "dry run"),
+        # dry run with dry_run_events: Events (marked) and nothing else
+        (RunMode(dry_run=True, events=True), False, True, False, False, "dry run"),
+        (RunMode.live(), True, True, True, True, "live"),
+        # live without leader election (one replica): no Lease
+        (RunMode.live(leader_election=False), True, True, False, True, "live"),
+        # dry_run_events means nothing more when live
+        (RunMode(dry_run=False, events=True), True, True, True, True, "live"),
+    ],
+)
+def test_what_each_mode_may_do(
+    mode: RunMode, evicts: bool, writes_events: bool, takes_lease: bool, reconciles: bool, name: str
+) -> None:
+    assert (mode.evicts, mode.writes_events, mode.takes_lease, mode.reconciles, mode.name) == (
+        evicts,
+        writes_events,
+        takes_lease,
+        reconciles,
+        name,
+    )
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"),
+    [
+        ({}, RunMode(True, False, True)),
+        ({"dry_run": False}, RunMode(False, False, True)),
+        ({"dry_run_events": True, "leader_election": False}, RunMode(True, True, False)),
+    ],
+)
+def test_settings_build_the_one_mode(values: dict[str, bool], expected: RunMode) -> None:
+    assert Settings(**values).run_mode == expected  # type: ignore[arg-type]
