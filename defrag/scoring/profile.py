@@ -62,12 +62,6 @@ class ScoringProfile:
         """The policy's name (for reports and labels; never used to rebuild it)."""
         return self.config.policy
 
-    def fresh(self) -> Policy:
-        """A new score function of this profile, for a run that must start from the
-        configured state: ``random`` draws from its seed again (a simulated run, a second
-        component asked the same question). Deterministic policies score alike either way."""
-        return make_policy(self.config.policy, mix=self.mix, seed=self.config.seed)
-
     @classmethod
     def default(cls, cluster: Cluster | None = None) -> ScoringProfile:
         """The default configuration for ``cluster`` (its observed mix), or the default mix."""
