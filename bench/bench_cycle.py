@@ -30,6 +30,7 @@ from defrag.execute.mode import RunMode
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
 from defrag.rules import load_rules
+from defrag.scoring.profile import ScoringProfile
 from defrag.settings import load_settings
 from tests.support.kubeapi import KubeApi
 
@@ -111,13 +112,18 @@ def main() -> None:
             def snapshot(self) -> Cluster:
                 return snapshot()  # type: ignore[no-any-return]
 
-        def detector(cluster: Cluster, now: datetime) -> Sequence[Finding]:
-            return detect(cluster, now)  # type: ignore[no-any-return]
+        def detector(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Sequence[Finding]:
+            return detect(cluster, now, profile)  # type: ignore[no-any-return]
 
         def planner(
-            cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+            cluster: Cluster,
+            goal: str,
+            now: datetime,
+            *,
+            profile: ScoringProfile,
+            pods: frozenset[str] | None = None,
         ) -> Plan:
-            return plan(cluster, goal, now, pods=pods)  # type: ignore[no-any-return]
+            return plan(cluster, goal, now, profile=profile, pods=pods)  # type: ignore[no-any-return]
 
         ports = CyclePorts(Source(), SystemClock(), detector, planner, executor)
         rows = []

@@ -26,6 +26,7 @@ from defrag.extender.verbs import Extender
 from defrag.extender.wire import encode_priorities, parse_args
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
+from defrag.scoring.profile import ProfileConfig
 
 
 class _Static:
@@ -88,7 +89,7 @@ def request_body(names: list[str], gpus: int) -> bytes:
 
 
 def _serve(cluster: Cluster, policy: str, ready: multiprocessing.queues.Queue[int]) -> None:
-    srv = serve(_Static(cluster), policy=policy, host="127.0.0.1", port=0)
+    srv = serve(_Static(cluster), profile=ProfileConfig(policy), host="127.0.0.1", port=0)
     ready.put(int(srv.server_address[1]))
     try:
         srv.serve_forever(0.5)
@@ -112,7 +113,7 @@ def main() -> None:
     names = list(cluster.arrays.names)
     bodies = [request_body(names, g) for g in (1, 2, 4, 8)]
 
-    cache = ClusterCache(_Static(cluster), opts.policy)
+    cache = ClusterCache(_Static(cluster), ProfileConfig(opts.policy))
     assert cache.refresh().ok
     ext = Extender(cache)
     direct: list[float] = []

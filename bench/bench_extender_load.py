@@ -34,7 +34,6 @@ from defrag.extender.server import serve, stop
 def _serve(n_nodes: int, ready: multiprocessing.queues.Queue[int]) -> None:
     srv = serve(
         _Static(make_cluster(n_nodes)),
-        policy="reserve-binpack",
         host="127.0.0.1",
         port=0,
         limits=ServerLimits(max_connections=64, idle_timeout_s=30.0, read_timeout_s=10.0),

@@ -29,6 +29,7 @@ from defrag.model.workload import WorkloadMix
 from defrag.plan import Constraints, make_plan
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import DEFAULT_POLICY, make_policy
+from defrag.scoring.profile import ProfileConfig
 from defrag.scoring.scheduler import schedule
 from defrag.sim.trace import load_nodes, load_pods
 
@@ -112,7 +113,13 @@ def measure(name: str, cluster: Cluster, target_s: float) -> None:
     alloc = 100 * (1 - a.free_share().sum() / (a.gpu_total.sum() * 1000))
     mix = WorkloadMix.from_pods(p for p in cluster.pods.values() if p.num_gpu)
     start = time.perf_counter()
-    plan = make_plan(cluster, "all", now=NOW, mix=mix, constraints=Constraints(max_evictions=50))
+    plan = make_plan(
+        cluster,
+        "all",
+        now=NOW,
+        profile=ProfileConfig().with_mix(mix),
+        constraints=Constraints(max_evictions=50),
+    )
     seconds = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(

@@ -17,7 +17,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -31,6 +31,9 @@ from pydantic_settings import (
 
 from defrag import safe_yaml
 from defrag.execute.mode import RunMode
+
+if TYPE_CHECKING:
+    from defrag.scoring.profile import ProfileConfig
 
 ENV_PREFIX = "DEFRAG_"
 OTHER_ENV = frozenset({"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES"})
@@ -199,6 +202,10 @@ class Settings(BaseSettings):
     cycle_interval_s: float = Field(300.0, gt=0)
     dry_run: bool = True
     policy: str = "reserve-binpack"
+    """The scoring policy of the one scoring profile (docs/architecture.md): the daemon's
+    detection and planning, ``defrag extender`` and the scoring commands all read it."""
+    policy_seed: int = Field(0, ge=0)
+    """The ``random`` policy's seed (the other policies ignore it)."""
     plan_goal: Literal["auto", "repack", "make-room", "all"] = "auto"
     min_pod_age_s: float = Field(0.0, ge=0)
 
@@ -254,11 +261,27 @@ class Settings(BaseSettings):
                 f"alert_ttl_s ({self.alert_ttl_s:g}) must exceed alert_resend_interval_s and "
                 f"cycle_interval_s ({self.cycle_interval_s:g}), or alerts lapse between cycles"
             )
-        from defrag.scoring.policies import POLICY_NAMES
-
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"policy {self.policy!r} is not one of {', '.join(POLICY_NAMES)}")
         return self
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
+
+        if value not in POLICY_NAMES:
+            raise ValueError(str(UnknownPolicy(value)))
+        return value
+
+    def profile_config(self, policy: str | None = None) -> ProfileConfig:
+        """The one scoring configuration these settings give (``policy``: a command's explicit
+        ``--policy``, which overrides the setting). Raises :class:`SettingsError` naming the
+        flag for an unknown policy."""
+        from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
+        from defrag.scoring.profile import ProfileConfig
+
+        if policy is not None and policy not in POLICY_NAMES:
+            raise SettingsError(f"--policy: {UnknownPolicy(policy)}")
+        return ProfileConfig(policy or self.policy, self.policy_seed)
 
     @property
     def run_mode(self) -> RunMode:

@@ -17,19 +17,15 @@ from defrag.detect.starvation import StarvationParams, detect_starvation
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod, Taint, Toleration
 from defrag.model.selectors import NodeSelector, NodeSelectorTerm, Requirement
+from defrag.model.workload import WorkloadMix
 from defrag.plan import make_plan
 from defrag.scoring.filters import R_SELECTOR, R_TAINT, R_UNSCHEDULABLE
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.framework import Placement, Unschedulable
-from defrag.scoring.profile import ProfileConfig, ScoringProfile
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
+from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import explain, schedule
 from tests.test_plan_support import NOW, fill, pending
-
-
-def profile(cluster: Cluster) -> ScoringProfile:
-    """The default scoring profile for this snapshot (its own workload mix)."""
-    return ProfileConfig().for_cluster(cluster)
-
 
 LABELS = {
     "a100": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/gpu.memory": "81920",
@@ -104,11 +100,11 @@ PRODUCT = "nvidia.com/gpu.product"
     ],
 )  # fmt: skip
 def test_selector_and_affinity(pod: Pod, admitted: set[str]) -> None:
-    verdicts = {v.node: v for v in explain(pod, _cluster())}
+    verdicts = {v.node: v for v in explain(pod, _cluster(), ReserveBinpack())}
     assert {n for n, v in verdicts.items() if v.score is not None} == admitted
     for name in set(LABELS) - admitted:
         assert verdicts[name].reasons == (R_SELECTOR,)
-    placed = schedule(pod, _cluster())
+    placed = schedule(pod, _cluster(), ReserveBinpack())
     assert (placed.node if isinstance(placed, Placement) else None) in (admitted | {None})
     assert isinstance(placed, Placement) == bool(admitted)
 
@@ -131,19 +127,23 @@ def test_taints_and_tolerations(
 ) -> None:
     cluster = _cluster(taints=(taint,))
     pod = _pod(node_selector={"zone": "b"}, tolerations=tolerations)  # only h100 qualifies
-    verdict = {v.node: v for v in explain(pod, cluster)}["h100"]
+    verdict = {v.node: v for v in explain(pod, cluster, ReserveBinpack())}["h100"]
     assert (verdict.score is not None) == admitted
     if not admitted:
         assert verdict.reasons == (R_TAINT,)
 
 
 def test_cordoned_node_is_filtered() -> None:
-    verdict = {v.node: v for v in explain(_pod(), _cluster(unschedulable=True))}["h100"]
+    verdict = {v.node: v for v in explain(_pod(), _cluster(unschedulable=True), ReserveBinpack())}[
+        "h100"
+    ]
     assert verdict.reasons == (R_UNSCHEDULABLE,)
     # kube-scheduler's NodeUnschedulable filter: tolerating the cordon's taint
     # node.kubernetes.io/unschedulable:NoSchedule (here by Exists on every key) admits the node
     tolerant = _pod(tolerations=(Toleration("", "Exists"),))
-    assert {v.node: v for v in explain(tolerant, _cluster(unschedulable=True))}["h100"].score == 0
+    assert {v.node: v for v in explain(tolerant, _cluster(unschedulable=True), ReserveBinpack())}[
+        "h100"
+    ].score == 0
 
 
 def test_make_room_never_frees_a_node_the_pod_excludes() -> None:
@@ -179,13 +179,20 @@ def test_gated_pod_is_not_starving_and_gets_no_room() -> None:
     cluster = Cluster.build(nodes, [*fill("n0", 2), *fill("n1", 2), job])
     params = StarvationParams(for_s=60, min_priority=1000)
     assert (
-        detect_starvation(cluster, params, NOW + timedelta(hours=5), profile=profile(cluster)) == []
+        detect_starvation(
+            cluster, params, NOW + timedelta(hours=5), profile=ScoringProfile.default(cluster)
+        )
+        == []
     )
     assert make_plan(cluster, "make-room", now=NOW).steps == ()
     free_job = replace(job, scheduling_gates=())
     ungated = Cluster.build(nodes, [*fill("n0", 2), *fill("n1", 2), free_job])
     assert (
-        len(detect_starvation(ungated, params, NOW + timedelta(hours=5), profile=profile(ungated)))
+        len(
+            detect_starvation(
+                ungated, params, NOW + timedelta(hours=5), profile=ScoringProfile.default(ungated)
+            )
+        )
         == 1
     )
     assert make_plan(ungated, "make-room", now=NOW).steps
@@ -204,7 +211,10 @@ def test_starvation_counts_free_gpus_only_where_the_pod_may_run() -> None:
     )
     cluster = Cluster.build(nodes, [*fill("t4", 2), *fill("a100", 6), job])
     (finding,) = detect_starvation(
-        cluster, StarvationParams(for_s=60, min_priority=1000), NOW, profile=profile(cluster)
+        cluster,
+        StarvationParams(for_s=60, min_priority=1000),
+        NOW,
+        profile=ScoringProfile.default(cluster),
     )
     assert finding.evidence["reason"] == "insufficient-gpus"
     assert finding.evidence["free_gpus"] == 2
@@ -232,9 +242,9 @@ def test_mig_pod_goes_to_its_profile_and_packs() -> None:
     # mig-b F = T → 0 (keep whole free pools); the other nodes have no such profile.
     pod = Pod("new", pool="nvidia.com/mig-1g.10gb", pool_units=1)
     cluster = _pool_cluster()
-    scores = {v.node: v.score for v in explain(pod, cluster)}
+    scores = {v.node: v.score for v in explain(pod, cluster, ReserveBinpack())}
     assert scores == {"mig-a": 57, "mig-b": 0, "shared": None, "whole": None}
-    placed = schedule(pod, cluster)
+    placed = schedule(pod, cluster, ReserveBinpack())
     assert isinstance(placed, Placement) and placed.node == "mig-a" and placed.gpus == ()
     bound = cluster.with_pod_added(replace(pod, node="mig-a", phase="Running"))
     col = bound.arrays.pool_index["nvidia.com/mig-1g.10gb"]
@@ -246,21 +256,21 @@ def test_whole_gpu_pod_may_use_time_sliced_replicas_as_kube_scheduler_would() ->
     # nvidia.com/gpu: 2 fits the "shared" node's 16 replicas and the whole node's 8 GPUs.
     # shared: seed rule on 16 units, F = T → 0; whole: R = 2 < 8, F = T → 0. Tie → first name.
     pod = Pod("new", num_gpu=2)
-    verdicts = {v.node: v for v in explain(pod, _pool_cluster())}
+    verdicts = {v.node: v for v in explain(pod, _pool_cluster(), ReserveBinpack())}
     assert verdicts["shared"].score == 0 and verdicts["whole"].score == 0
     assert verdicts["mig-a"].score is None
-    placed = schedule(pod, _pool_cluster())
+    placed = schedule(pod, _pool_cluster(), ReserveBinpack())
     assert isinstance(placed, Placement) and placed.node == "shared" and placed.gpus == ()
 
 
 def test_pool_units_never_count_as_whole_gpus() -> None:
-    rep = fragmentation_report(_pool_cluster())
+    rep = fragmentation_report(_pool_cluster(), WorkloadMix.default())
     assert rep.total_gpus == 8 and rep.free_gpus == 8 and rep.largest_placeable_job == 8
     pools = {p.resource: p for p in rep.pools}
     assert (pools["nvidia.com/mig-1g.10gb"].total, pools["nvidia.com/mig-1g.10gb"].free) == (14, 11)
     assert pools["nvidia.com/mig-1g.10gb"].largest_request == 7
     assert (pools["nvidia.com/gpu"].total, pools["nvidia.com/gpu"].free) == (16, 16)
     pod = Pod("big", num_gpu=8, gpu_models=frozenset({"A100"}))
-    assert isinstance(schedule(pod, _pool_cluster()), Placement)
+    assert isinstance(schedule(pod, _pool_cluster(), ReserveBinpack()), Placement)
     mig = Pod("x", pool="nvidia.com/mig-7g.80gb", pool_units=1)
-    assert isinstance(schedule(mig, _pool_cluster()), Unschedulable)
+    assert isinstance(schedule(mig, _pool_cluster(), ReserveBinpack()), Unschedulable)

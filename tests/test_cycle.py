@@ -18,6 +18,7 @@ from defrag.model.cluster import Cluster
 from defrag.model.resources import OwnerRef, Pod
 from defrag.plan.model import Blocked, Plan
 from defrag.rules import load_rules
+from defrag.scoring.profile import ProfileConfig
 from defrag.settings import load_settings
 
 ALWAYS = (Window("* * * * *", 120),)  # every minute, two minutes long: always open
@@ -114,7 +115,12 @@ def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
     assert result.executed is None and sim.evictions == []
     idle = Finding("idle", "cluster", "info", "quiet", action="alert")
     gated = CyclePorts(
-        p.source, p.clock, lambda c, now: [*p.detector(c, now), idle], p.planner, p.executor, None
+        p.source,
+        p.clock,
+        lambda c, now, prof: [*p.detector(c, now, prof), idle],
+        p.planner,
+        p.executor,
+        None,
     )
     run_cycle(gated, CycleConfig(mode=RunMode.live(), windows=ALWAYS, idle_gate=True))
     assert sim.evictions
@@ -148,7 +154,7 @@ def test_empty_plan_with_blocked_pods_raises_a_plan_blocked_finding() -> None:
     )
     _, p = ports()
     blocked = CyclePorts(
-        p.source, p.clock, p.detector, lambda c, g, now, pods=None: plan, p.executor, None
+        p.source, p.clock, p.detector, lambda c, g, now, profile, pods=None: plan, p.executor, None
     )
     result = run_cycle(blocked, CycleConfig())
     found = [f for f in result.findings if f.kind == "plan-blocked"]
@@ -247,5 +253,6 @@ def test_room_is_made_only_for_pods_a_rule_found() -> None:
     targets = " ".join(result.plan.targets)
     assert "research/train-llm-0" in targets and "batch/etl-0" not in targets
     # Asked for every pending pod, the planner would make room for it too.
-    everyone = p.planner(cluster, "make-room", SIM_START, pods=None)
+    profile = ProfileConfig().for_cluster(cluster)
+    everyone = p.planner(cluster, "make-room", SIM_START, profile=profile, pods=None)
     assert "batch/etl-0" in " ".join(everyone.targets)

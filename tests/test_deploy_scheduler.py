@@ -425,7 +425,7 @@ def test_a_client_go_style_election_on_that_lease_is_allowed_by_the_role(
 
 @pytest.fixture(scope="module")
 def extender() -> Iterator[tuple[str, int]]:
-    srv = serve(SnapshotFileSource([SNAPSHOT]), policy="reserve-binpack", host="127.0.0.1", port=0)
+    srv = serve(SnapshotFileSource([SNAPSHOT]), host="127.0.0.1", port=0)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     host, port = srv.server_address[:2]

@@ -11,14 +11,10 @@ from defrag.detect.fragmentation import FragmentationParams, detect_fragmentatio
 from defrag.detect.starvation import StarvationParams, detect_starvation, diagnose
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
-from defrag.scoring.profile import ProfileConfig, ScoringProfile
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
+from defrag.scoring.profile import ScoringProfile
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
-
-
-def profile(cluster: Cluster) -> ScoringProfile:
-    """The default scoring profile for this snapshot (its own workload mix)."""
-    return ProfileConfig().for_cluster(cluster)
 
 
 STARVE = StarvationParams(for_s=900, min_priority=1000, action="make-room")
@@ -59,7 +55,7 @@ def scattered(*extra: Pod) -> Cluster:
 )
 def test_diagnosis(pod: Pod, reason: str) -> None:
     cluster = scattered(pod)
-    assert diagnose(pod, cluster, "reserve-binpack").reason == reason
+    assert diagnose(pod, cluster, ReserveBinpack()).reason == reason
 
 
 def test_starvation_finds_high_priority_past_for_only() -> None:
@@ -69,7 +65,7 @@ def test_starvation_finds_high_priority_past_for_only() -> None:
         pending("high-new", 4, priority=2000, minutes=5),  # 5 min < 15 min `for`
         pending("by-class", 4, cls="hi", minutes=60),  # class value 5000 from the cluster
     )
-    findings = detect_starvation(cluster, STARVE, NOW, profile=profile(cluster))
+    findings = detect_starvation(cluster, STARVE, NOW, profile=ScoringProfile.default(cluster))
     assert [f.subject for f in findings] == ["pod/ml/by-class", "pod/ml/high-old"]
     old = findings[1]
     assert old.evidence["reason"] == "fragmented"
@@ -91,9 +87,10 @@ def test_starvation_by_priority_class_name() -> None:
     cluster = scattered(pending("named", 4, cls="batch-urgent"))
     params = replace(STARVE, priority_classes=frozenset({"batch-urgent"}))
     assert [
-        f.subject for f in detect_starvation(cluster, params, NOW, profile=profile(cluster))
+        f.subject
+        for f in detect_starvation(cluster, params, NOW, profile=ScoringProfile.default(cluster))
     ] == ["pod/ml/named"]
-    assert detect_starvation(cluster, STARVE, NOW, profile=profile(cluster)) == []
+    assert detect_starvation(cluster, STARVE, NOW, profile=ScoringProfile.default(cluster)) == []
 
 
 FRAG = FragmentationParams(
@@ -102,7 +99,9 @@ FRAG = FragmentationParams(
 
 
 def test_fragmentation_nodes_and_cluster() -> None:
-    findings = detect_fragmentation(scattered(), FRAG, NOW, profile=profile(scattered()))
+    findings = detect_fragmentation(
+        scattered(), FRAG, NOW, profile=ScoringProfile.default(scattered())
+    )
     by_subject = {f.subject: f for f in findings}
     assert sorted(by_subject) == ["cluster", "node/n1", "node/n2", "node/n3"]
     n3 = by_subject["node/n3"]
@@ -130,11 +129,11 @@ def test_fragmentation_nodes_and_cluster() -> None:
 def test_fragmentation_thresholds(pods: list[Pod], subjects: list[str]) -> None:
     cluster = Cluster.build([node("n1"), node("n2")], pods)
     params = replace(FRAG, sizes=(4,), include_waiting=True)
-    findings = detect_fragmentation(cluster, params, NOW, profile=profile(cluster))
+    findings = detect_fragmentation(cluster, params, NOW, profile=ScoringProfile.default(cluster))
     assert [f.subject for f in findings] == subjects
 
 
 def test_sizes_larger_than_a_node_are_skipped_for_that_node() -> None:
     # a 4-GPU node with 2 free: for 8-GPU jobs it is simply too small, not fragmented
     cluster = Cluster.build([node("small", 4), node("big")], [running("a", "small", 2)])
-    assert detect_fragmentation(cluster, FRAG, NOW, profile=profile(cluster)) == []
+    assert detect_fragmentation(cluster, FRAG, NOW, profile=ScoringProfile.default(cluster)) == []

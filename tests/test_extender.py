@@ -21,6 +21,8 @@ from defrag.extender.verbs import R_UNKNOWN_NODE, Extender
 from defrag.extender.wire import encode_priorities, extender_score, parse_args
 from defrag.model.cluster import Cluster
 from defrag.scoring.framework import Placement
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
+from defrag.scoring.profile import ProfileConfig
 from defrag.scoring.scheduler import schedule
 
 # --- real-shaped v1 objects ------------------------------------------------------------------
@@ -99,7 +101,7 @@ class BrokenSource:
 
 
 def make_extender(items: list[dict[str, Any]], policy: str = "reserve-binpack") -> Extender:
-    cache = ClusterCache(StaticSource(cluster_from_items(items)), policy)
+    cache = ClusterCache(StaticSource(cluster_from_items(items)), ProfileConfig(policy))
     assert cache.refresh().ok
     return Extender(cache)
 
@@ -133,7 +135,7 @@ def test_one_gpu_pod_ranks_node1_first_as_the_scheduler_does() -> None:
     # defrag place's engine on the same snapshot picks the same node.
     cluster = cluster_from_items(items)
     pod = parse_args(args_body(pod_json, NAMES)).pod
-    placement = schedule(pod, cluster)
+    placement = schedule(pod, cluster, ReserveBinpack())
     assert isinstance(placement, Placement) and placement.node == "node-1"
 
 
@@ -262,7 +264,7 @@ def test_top_score_is_the_schedulers_choice_for_each_policy(policy: str) -> None
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ExtenderHTTPServer]:
     path = tmp_path_factory.mktemp("extender") / "snapshot.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": worked_example()}))
-    srv = serve(SnapshotFileSource([path]), policy="reserve-binpack", host="127.0.0.1", port=0)
+    srv = serve(SnapshotFileSource([path]), host="127.0.0.1", port=0)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield srv
@@ -374,7 +376,7 @@ def test_health_readiness_and_metrics(server: ExtenderHTTPServer) -> None:
 
 def test_not_ready_until_the_source_answers() -> None:
     source = BrokenSource()
-    srv = serve(source, policy="reserve-binpack", host="127.0.0.1", port=0, relist_interval_s=3600)
+    srv = serve(source, host="127.0.0.1", port=0, relist_interval_s=3600)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -396,7 +398,7 @@ def test_failed_relist_keeps_the_last_state_then_goes_stale() -> None:
     now = [0.0]
     cache = ClusterCache(
         StaticSource(cluster_from_items(worked_example())),
-        "reserve-binpack",
+        ProfileConfig(),
         max_staleness_s=60,
         clock=lambda: now[0],
     )

@@ -38,7 +38,7 @@ def api() -> Iterator[KubeApi]:
 @pytest.fixture
 def live(api: KubeApi) -> Iterator[ExtenderHTTPServer]:
     source = KubeClusterSource(api.client(), retry=FAST)
-    srv = serve(source, policy="reserve-binpack", host="127.0.0.1", port=0, relist_interval_s=0.05)
+    srv = serve(source, host="127.0.0.1", port=0, relist_interval_s=0.05)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield srv
@@ -121,7 +121,7 @@ def test_agent_once_publishes_through_a_kubeconfig(
 
 def test_unknown_node_triggers_a_relist_at_once(api: KubeApi) -> None:
     source = KubeClusterSource(api.client(), retry=FAST)
-    srv = serve(source, policy="reserve-binpack", host="127.0.0.1", port=0, relist_interval_s=3600)
+    srv = serve(source, host="127.0.0.1", port=0, relist_interval_s=3600)
     threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True).start()
     try:
         api.put(k.node("node-4"))  # joins after the first relist

@@ -20,6 +20,7 @@ from defrag.cli import app
 from defrag.extender.server import ExtenderHTTPServer, serve, stop
 from defrag.extender.wire import ARGS_FIELDS, go_fields, go_fold, parse_args
 from defrag.scoring.framework import Placement
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
 from defrag.scoring.scheduler import schedule
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def with_gpus(doc: dict[str, Any], gpus: int) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ExtenderHTTPServer]:
-    srv = serve(SnapshotFileSource([SNAPSHOT]), policy="reserve-binpack", host="127.0.0.1", port=0)
+    srv = serve(SnapshotFileSource([SNAPSHOT]), host="127.0.0.1", port=0)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield srv
@@ -131,7 +132,9 @@ def test_top_node_is_the_one_defrag_place_picks(
     assert result.exit_code == 0, result.output
     assert top == [json.loads(result.output)["node"]]
     # And the engine itself, on the pod exactly as decoded from the wire.
-    placement = schedule(parse_args(json.dumps(request)).pod, load_snapshot([SNAPSHOT]))
+    placement = schedule(
+        parse_args(json.dumps(request)).pod, load_snapshot([SNAPSHOT]), ReserveBinpack()
+    )
     assert isinstance(placement, Placement) and top == [placement.node]
 
 

@@ -21,7 +21,7 @@ def scattered(free_per_node: list[int]) -> Cluster:
 
 def test_seed_scenario_twenty_free_gpus_strand_eight_gpu_jobs() -> None:
     # 20 free GPUs, one or two per node: 6 nodes × 2 + 8 nodes × 1 = 20.
-    rep = fragmentation_report(scattered([2] * 6 + [1] * 8))
+    rep = fragmentation_report(scattered([2] * 6 + [1] * 8), WorkloadMix.default())
     assert rep.free_gpus == 20
     assert rep.largest_placeable_job == 2 < 8
     assert rep.whole_free_nodes == 0
@@ -32,7 +32,7 @@ def test_seed_scenario_twenty_free_gpus_strand_eight_gpu_jobs() -> None:
 
 
 def test_whole_free_node_counts() -> None:
-    rep = fragmentation_report(scattered([8, 3, 0]))
+    rep = fragmentation_report(scattered([8, 3, 0]), WorkloadMix.default())
     # n00 entirely free: one 8-GPU job; n01 3 free: one 2-GPU job and a stranded GPU.
     assert rep.whole_free_nodes == 1
     assert rep.largest_placeable_job == 8

@@ -21,6 +21,7 @@ from defrag.daemon.service import DaemonMetrics
 from defrag.execute.mode import RunMode
 from defrag.extender.state import ClusterCache
 from defrag.rules import load_rules
+from defrag.scoring.profile import ProfileConfig
 from defrag.settings import load_settings
 from tests.support import kubeobjects as k
 from tests.support.kubeapi import KubeApi, running
@@ -95,7 +96,7 @@ def test_a_daemon_cycle_and_the_extender_survive_every_shape(api: KubeApi) -> No
     assert metrics.unmodelled._value.get() == 3  # type: ignore[attr-defined]
     assert api.writes() == []  # dry run: nothing written
 
-    cache = ClusterCache(source, "reserve-binpack")
+    cache = ClusterCache(source, ProfileConfig())
     assert cache.refresh().ok and cache.readiness().ok
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
-from defrag.detect.fragmentation import workload_mix
 from defrag.execute.mode import RunMode
 from defrag.model.workload import WorkloadMix
 from defrag.rules import load_rules
 from defrag.scoring.fragmentation import fragmentation_report
+from defrag.scoring.profile import ProfileConfig
 from defrag.settings import load_settings
 
 
@@ -26,10 +26,11 @@ def test_cycle_report_and_alert_evidence_give_one_fgd_figure() -> None:
     ports = CyclePorts(sim, clock, _detector(rules, None), _planner(load_settings(None, {})))
     result = run_cycle(ports, CycleConfig(mode=RunMode()))
     on_metrics = result.before["fgd_frag_pct_of_idle"]  # what /metrics exports
-    in_report = fragmentation_report(cluster, workload_mix(cluster)).fgd_frag_pct_of_idle
+    mix = ProfileConfig().for_cluster(cluster).mix
+    in_report = fragmentation_report(cluster, mix).fgd_frag_pct_of_idle
     (evidence,) = [f.evidence for f in result.findings if f.subject == "cluster"]
-    assert round(on_metrics, 2) == round(in_report, 2) == evidence["fgd_frag_pct_of_idle"]
+    assert on_metrics == round(in_report, 3) == evidence["fgd_frag_pct_of_idle"]
     # and it is the cluster's own mix, not the default one, that gives it
     default = fragmentation_report(cluster, WorkloadMix.default()).fgd_frag_pct_of_idle
-    assert workload_mix(cluster) != WorkloadMix.default()
+    assert mix == WorkloadMix.observed(cluster.pods.values()) != WorkloadMix.default()
     assert round(default, 2) != round(in_report, 2)

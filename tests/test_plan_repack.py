@@ -5,6 +5,7 @@ from __future__ import annotations
 from defrag.model.workload import WorkloadMix
 from defrag.plan import Constraints, make_plan
 from defrag.plan.exact import exact_room
+from defrag.scoring.profile import ProfileConfig
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, running
 
 
@@ -14,10 +15,12 @@ def spread() -> list:
     pods = [p for i in range(1, 5) for p in fill(f"n{i}", 2)]
     return [nodes, pods]
 
+DEFAULT_MIX = ProfileConfig().with_mix(WorkloadMix.default())
+
 
 def test_repack_frees_whole_nodes_without_losing_pods() -> None:
     nodes, pods = spread()
-    plan = make_plan(cluster(nodes, pods), "repack", now=NOW, mix=WorkloadMix.default())
+    plan = make_plan(cluster(nodes, pods), "repack", now=NOW, profile=DEFAULT_MIX)
     assert plan.before["whole_free_nodes"] == 0
     assert plan.after["whole_free_nodes"] >= 1
     assert plan.after["free_gpus"] == plan.before["free_gpus"] == 24
@@ -32,7 +35,7 @@ def test_repack_respects_the_plan_budget() -> None:
     nodes, pods = spread()
     plan = make_plan(
         cluster(nodes, pods), "repack", now=NOW, constraints=Constraints(max_evictions=2),
-        mix=WorkloadMix.default(),
+        profile=ProfileConfig().with_mix(WorkloadMix.default()),
     )  # fmt: skip
     assert 0 < len(plan.steps) <= 2
 

@@ -22,6 +22,7 @@ from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.model.workload import WorkloadMix
 from defrag.plan import make_plan
 from defrag.plan.model import Plan, PlanFormatError, Step
+from defrag.scoring.profile import ProfileConfig
 from tests.support import kubeobjects as k
 from tests.support.kubeapi import KubeApi, Request, running
 from tests.test_execute_kube import FAST, OPEN, annotations, executor, small_cluster
@@ -76,6 +77,8 @@ def released_events(api: KubeApi) -> list[str]:
 
 # --- the plan ------------------------------------------------------------------------------
 
+DEFAULT_MIX = ProfileConfig().with_mix(WorkloadMix.default())
+
 
 def test_step_for_pod_round_trips_through_json_and_yaml() -> None:
     plan = room_plan("inf/web-a", "inf/web-b")
@@ -115,7 +118,7 @@ def test_repack_steps_reserve_nothing() -> None:
     # for no pod in particular. (The cluster's own mix, 1-GPU pods only, sees no fragmentation.)
     nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
     pods = [*fill("n1", 2), *fill("n2", 2, prefix="b")]
-    plan = make_plan(cluster(nodes, pods), now=NOW, mix=WorkloadMix.default())
+    plan = make_plan(cluster(nodes, pods), now=NOW, profile=DEFAULT_MIX)
     assert plan.steps and all(s.for_pod is None for s in plan.steps)
 
 

@@ -10,6 +10,7 @@ from defrag.model.workload import Shape, WorkloadMix
 from defrag.scoring.filters import R_CPU, R_GPU, R_MODEL, R_TAINT, R_TOPOLOGY
 from defrag.scoring.framework import Placement, Unschedulable
 from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy, make_policy
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
 from defrag.scoring.scheduler import explain, schedule
 
 
@@ -40,10 +41,10 @@ def test_reserve_binpack_worked_example(
 ) -> None:
     cluster = worked_example()
     pod = Pod("new", num_gpu=gpus)
-    placement = schedule(pod, cluster, "reserve-binpack")
+    placement = schedule(pod, cluster, ReserveBinpack())
     assert isinstance(placement, Placement)
     assert placement.node == expected_node
-    verdicts = {v.node: v for v in explain(pod, cluster, "reserve-binpack")}
+    verdicts = {v.node: v for v in explain(pod, cluster, ReserveBinpack())}
     for node, score in expected_scores.items():
         assert verdicts[node].score == score
         if score is None:
@@ -54,7 +55,8 @@ def test_reserve_binpack_sharing_counts_share() -> None:
     # node-1 free share 1.0 GPU, node-3 4.0. A 0.5-GPU pod: node-1 → int((1 − (1 − 0.5)/8)·100)
     # = int(93.75) = 93, node-3 → int((1 − (4 − 0.5)/8)·100) = int(56.25) = 56, node-2 (free) → 0.
     scores = {
-        v.node: v.score for v in explain(Pod("s", num_gpu=1, gpu_milli=500), worked_example())
+        v.node: v.score
+        for v in explain(Pod("s", num_gpu=1, gpu_milli=500), worked_example(), ReserveBinpack())
     }
     assert scores == {"node-1": 93, "node-2": 0, "node-3": 56}
 
@@ -108,7 +110,7 @@ def nvlink_node(busy: tuple[int, ...]) -> Cluster:
 def test_nvlink_topology(
     busy: tuple[int, ...], gpus: int, expected: tuple[int, ...] | None
 ) -> None:
-    result = schedule(Pod("t", num_gpu=gpus), nvlink_node(busy))
+    result = schedule(Pod("t", num_gpu=gpus), nvlink_node(busy), ReserveBinpack())
     if expected is None:
         assert isinstance(result, Unschedulable)
         assert result.reasons == {R_TOPOLOGY: 1}
@@ -125,7 +127,7 @@ def test_filters_name_each_reason() -> None:
         Node("tainted", 64000, 1000, 8, "A100", taints=(Taint("dedicated", "NoSchedule", "x"),)),
     ]
     pod = Pod("p", num_gpu=1, cpu_milli=1000, gpu_models=frozenset({"A100"}))
-    verdicts = {v.node: v.reasons for v in explain(pod, Cluster.build(nodes))}
+    verdicts = {v.node: v.reasons for v in explain(pod, Cluster.build(nodes), ReserveBinpack())}
     assert verdicts == {"cpu-poor": (R_CPU,), "t4": (R_MODEL,), "tainted": (R_TAINT,)}
     tolerant = Pod(
         "q",
@@ -133,14 +135,14 @@ def test_filters_name_each_reason() -> None:
         gpu_models=frozenset({"A100"}),
         tolerations=(Toleration("dedicated", "Exists"),),
     )
-    assert schedule(tolerant, Cluster.build(nodes)).node == "cpu-poor"  # type: ignore[union-attr]
+    assert schedule(tolerant, Cluster.build(nodes), ReserveBinpack()).node == "cpu-poor"  # type: ignore[union-attr]
 
 
 def test_exclude_keeps_a_node_out_of_reach() -> None:
     cluster = worked_example()
     exclude = cluster.arrays.gpu_total < 0  # all False
     exclude[cluster.arrays.index["node-1"]] = True
-    placement = schedule(Pod("x", num_gpu=1), cluster, exclude=exclude)
+    placement = schedule(Pod("x", num_gpu=1), cluster, ReserveBinpack(), exclude=exclude)
     assert isinstance(placement, Placement) and placement.node == "node-3"
 
 

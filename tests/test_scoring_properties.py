@@ -53,7 +53,7 @@ def clusters(draw: st.DrawFn) -> Cluster:
     # Fill with pods the scheduler places (so the cluster is consistent).
     for j in range(draw(st.integers(0, 12))):
         pod = draw(pods(f"fill{j}"))
-        placement = schedule(pod, cluster, "random")
+        placement = schedule(pod, cluster, make_policy("random"))
         if isinstance(placement, Placement):
             cluster = cluster.with_pod_added(
                 Pod(**{**_fields(pod), "node": placement.node, "gpu_indices": placement.gpus})
@@ -89,7 +89,7 @@ def test_scores_in_range_and_placements_within_capacity(
 @SETTINGS
 @given(clusters(), pods("extra"))
 def test_add_then_remove_is_identity(cluster: Cluster, pod: Pod) -> None:
-    placement = schedule(pod, cluster, "reserve-binpack")
+    placement = schedule(pod, cluster, make_policy("reserve-binpack"))
     if not isinstance(placement, Placement):
         return
     bound = Pod(**{**_fields(pod), "node": placement.node, "gpu_indices": placement.gpus})

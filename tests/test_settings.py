@@ -86,7 +86,7 @@ def test_windows_from_json_file_and_env_style_keys(tmp_path: Path) -> None:
             "setting windows.0.length_s ({file}): Field required",
         ),
         ("polcy: fgd\n", {}, "setting polcy ({file}): unknown setting"),
-        ("policy: magic\n", {}, "policy 'magic' is not one of"),
+        ("policy: magic\n", {}, "setting policy ({file}): unknown policy 'magic'; known: "),
         (
             "alertmanager_urls: [http://am:9093]\ncycle_interval_s: 1200\n",
             {},

@@ -9,6 +9,7 @@ import pytest
 
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.model.resources import DRAIN_TAINT_KEY
+from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import fragmentation_report
 
 
@@ -18,7 +19,7 @@ def make() -> SimCluster:
 
 def test_builtin_cluster_is_the_seed_scenario() -> None:
     cluster = make().snapshot()
-    report = fragmentation_report(cluster)
+    report = fragmentation_report(cluster, WorkloadMix.observed(cluster.pods.values()))
     # 12 × 8 GPUs; 8 nodes with 2 free and 4 with 1: 8×2 + 4×1 = 20 free, largest job 2.
     assert (report.total_gpus, report.free_gpus, report.largest_placeable_job) == (96, 20, 2)
     assert sorted(n.free for n in report.nodes) == [1] * 4 + [2] * 8

@@ -12,6 +12,7 @@ import yaml
 from defrag.adapters.snapshot import SnapshotError, load_snapshot
 from defrag.model.resources import Pod
 from defrag.scoring.framework import Placement
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
 from defrag.scoring.scheduler import schedule
 from tests.support import kubeobjects as k
 from tests.support.snapshots import ALL, FIXTURES, render
@@ -127,7 +128,7 @@ def test_a_node_holding_an_unreadable_pod_takes_nothing_new(tmp_path: Path) -> N
     path = tmp_path / "snap.json"
     path.write_text(json.dumps(k.as_list([k.node("n1"), k.node("n2"), bad])))
     cluster = load_snapshot(path)
-    placed = schedule(Pod("new", num_gpu=1), cluster)
+    placed = schedule(Pod("new", num_gpu=1), cluster, ReserveBinpack())
     assert isinstance(placed, Placement) and placed.node == "n2"
     assert "node n1 takes no new pods" in cluster.warnings[0]
 

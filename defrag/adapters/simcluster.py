@@ -19,10 +19,9 @@ from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import Cluster, PodDisruptionBudget
 from defrag.model.resources import EVICTABLE_ANNOTATION, Node, OwnerRef, Pod, Taint
-from defrag.model.workload import WorkloadMix
 from defrag.ports import EvictionResult
 from defrag.scoring.framework import Placement
-from defrag.scoring.policies import DEFAULT_POLICY, make_policy
+from defrag.scoring.profile import ProfileConfig
 from defrag.scoring.scheduler import schedule
 
 PDB_MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."
@@ -83,11 +82,13 @@ class SimCluster:
         cluster: Cluster,
         clock: SimClock | None = None,
         *,
-        policy: str = DEFAULT_POLICY,
+        profile: ProfileConfig = ProfileConfig(),
         schedule_delay_s: float = 20.0,
     ) -> None:
         self.clock = clock or SimClock()
-        self.policy = policy
+        self.profile = profile
+        """The scheduler's scoring configuration: each pass builds its profile for the
+        cluster as it is then (its mix), as the extender does once per relist."""
         self.schedule_delay_s = schedule_delay_s
         self.events: list[SimEvent] = []
         self.evictions: list[EvictionResult] = []
@@ -200,9 +201,9 @@ class SimCluster:
             key=lambda p: (-p.priority, p.key),
         )
         restore: dict[str, int] = {}
-        # One policy per pass, against the mix of the pods the cluster holds (as the extender
-        # builds one per relist), not rebuilt for every pending pod.
-        policy = make_policy(self.policy, mix=WorkloadMix.observed(self._state.pods.values()))
+        # One profile per pass, for the cluster as the pass finds it (as the extender builds
+        # one per relist), not rebuilt for every pending pod.
+        policy = self.profile.for_cluster(self._state).policy
         for pod in queue:
             placed = schedule(pod, self._state, policy)
             if isinstance(placed, Placement):

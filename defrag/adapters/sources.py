@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from defrag.ports import ClusterSource
+from defrag.scoring.profile import ProfileConfig
 
 if TYPE_CHECKING:
     from defrag.adapters.simcluster import SimCluster
@@ -41,8 +42,8 @@ class SourceSpec:
     context: str | None = None
     sim: bool = False
     sim_speedup: float = 60.0
-    policy: str | None = None
-    """The simulated cluster's own scheduler policy (None: the default)."""
+    profile: ProfileConfig | None = None
+    """The simulated cluster's own scheduler profile (None: the default)."""
     strict: bool = False
     """Snapshot files: an object that cannot be read is an error, not a warning."""
 
@@ -132,11 +133,7 @@ def _sim(spec: SourceSpec) -> Backend:
     from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 
     clock = SimClock(speedup=spec.sim_speedup)
-    sim = (
-        SimCluster(fragmented_cluster(), clock, policy=spec.policy)
-        if spec.policy
-        else SimCluster(fragmented_cluster(), clock)
-    )
+    sim = SimCluster(fragmented_cluster(), clock, profile=spec.profile or ProfileConfig())
     return Backend(spec, sim, sim=sim)
 
 

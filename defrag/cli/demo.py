@@ -31,6 +31,7 @@ from defrag.daemon.service import configure_logging
 from defrag.detect.findings import Finding
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
+from defrag.scoring.profile import ProfileConfig
 
 TARGET = "research/train-llm-0"
 """The demo cluster's starving job (see :func:`defrag.adapters.simcluster.fragmented_cluster`)."""
@@ -87,7 +88,7 @@ def demo(
         write_plot(results, plot)
     except OSError as exc:
         raise UserError(f"--plot {plot}: {exc.strerror or exc}") from None
-    moved = figures(results, first, final)
+    moved = figures(results, first, final, settings.profile_config())
     if output is not Output.table:
         print_data(
             {
@@ -210,13 +211,15 @@ def _cycle_line(r: CycleResult) -> str:
     return "nothing to do" if not steps else f"{steps} step(s) planned, not executed"
 
 
-def figures(results: Sequence[CycleResult], first: Cluster, final: Cluster) -> list[dict[str, Any]]:
-    """The figures of the first cycle's start and of the end, as observed."""
-    from defrag.cli.report import workload_mix
+def figures(
+    results: Sequence[CycleResult], first: Cluster, final: Cluster, profile: ProfileConfig
+) -> list[dict[str, Any]]:
+    """The figures of the first cycle's start and of the end, as observed (each snapshot
+    measured with its own profile, as the cycle measures it)."""
     from defrag.scoring.fragmentation import fragmentation_report
 
-    before = fragmentation_report(first, workload_mix(first))
-    after = fragmentation_report(final, workload_mix(final))
+    before = fragmentation_report(first, profile.for_cluster(first).mix)
+    after = fragmentation_report(final, profile.for_cluster(final).mix)
 
     def count(result: CycleResult, kind: str) -> int:
         return sum(1 for f in result.findings if f.kind == kind)

@@ -45,10 +45,11 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
+from defrag.model.workload import WorkloadMix
 from defrag.redact import redact_text, redact_url
 from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
-from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
@@ -132,6 +133,8 @@ def detect(
     am_basic_auth: BasicAuthOpt = None,
     am_ca_file: CaFileOpt = None,
     am_insecure: InsecureOpt = False,
+    policy: PolicyOpt = None,
+    settings_file: SettingsOpt = None,
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
     if prometheus is None and not snapshot and kubeconfig is None and context is None:
@@ -142,6 +145,7 @@ def detect(
     if at is not None and alertmanager:
         raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
     now = parse_time(at)
+    config = profile_config(settings_file, policy)
     ruleset = read_rules(rules)
     sink = (
         make_sink(
@@ -175,10 +179,10 @@ def detect(
             err_console.print(
                 f"warning: GPU indices from DCGM not applied: {escape(str(exc))}", soft_wrap=True
             )
-    # the default profile until the settings file reaches the CLI (issue 13, the profile part)
-    profile = (
-        ProfileConfig().for_cluster(cluster) if cluster is not None else ScoringProfile.default()
-    )
+    # the snapshot's profile; without a snapshot, a cluster built from kube-state-metrics gets
+    # the same configuration bound to its own mix (run_detection)
+    mix = WorkloadMix.default()  # a placeholder: no snapshot, nothing scored against it
+    profile = config.for_cluster(cluster) if cluster is not None else config.with_mix(mix)
     report = run_detection(ruleset, source, cluster, now, profile=profile)
     if output is not Output.table:
         print_data(

@@ -22,7 +22,7 @@ from defrag.cli.app import (
     err_console,
     print_data,
 )
-from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
+from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 
 if TYPE_CHECKING:
     from defrag.extender.server import ExtenderHTTPServer
@@ -60,9 +60,8 @@ def extender(
             help="Serve from snapshot file(s) instead of the API (reread when they change).",
         ),
     ] = [],  # noqa: B006
-    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
-        DEFAULT_POLICY
-    ),
+    policy: PolicyOpt = None,
+    settings_file: SettingsOpt = None,
     relist_interval_s: Annotated[
         float, typer.Option(help="Seconds between relists of the cluster state.")
     ] = 10.0,
@@ -104,8 +103,7 @@ def extender(
     from defrag.adapters.sources import SourceError, SourceSpec, open_source
     from defrag.extender.server import serve, serve_status, stop, tls_context
 
-    if policy not in POLICY_NAMES:
-        raise UserError(f"unknown policy {policy!r}; known: {', '.join(POLICY_NAMES)}")
+    config = profile_config(settings_file, policy)
     if relist_interval_s <= 0 or max_staleness_s <= 0:
         raise UserError("--relist-interval-s and --max-staleness-s must be positive")
     if max_connections < 1 or not 0 < idle_timeout_s < 1e6 or not 0 < read_timeout_s < 1e6:
@@ -132,7 +130,7 @@ def extender(
     try:
         server = serve(
             source,
-            policy=policy,
+            profile=config,
             host=host,
             port=port,
             relist_interval_s=relist_interval_s,
@@ -153,7 +151,7 @@ def extender(
     _on_sigterm(stopping)
     for srv in servers:
         threading.Thread(target=srv.serve_forever, args=(0.2,), daemon=True).start()
-    err_console.print(f"defrag extender: policy {policy}, serving on {server.url}")
+    err_console.print(f"defrag extender: policy {config.policy}, serving on {server.url}")
     if len(servers) > 1:
         err_console.print(f"defrag extender: /metrics, /healthz, /readyz on {servers[1].url}")
     try:

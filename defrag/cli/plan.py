@@ -25,11 +25,9 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
-from defrag.model.cluster import Cluster
-from defrag.model.workload import WorkloadMix
+from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 from defrag.plan import Constraints, Plan, PlanError, PlanOptions, make_plan
 from defrag.plan.model import GOALS
-from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy
 
 
 class GoalChoice(StrEnum):
@@ -70,9 +68,8 @@ def plan_command(
     no_preempt: Annotated[
         bool, typer.Option("--no-preempt", help="Make-room migrates only, never preempts.")
     ] = False,
-    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
-        DEFAULT_POLICY
-    ),
+    policy: PolicyOpt = None,
+    settings_file: SettingsOpt = None,
     at: Annotated[
         str | None,
         typer.Option(
@@ -89,6 +86,7 @@ def plan_command(
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
     when = parse_time(at)
     min_age_s = parse_duration(min_age, "--min-age", bare_unit="m")
+    config = profile_config(settings_file, policy)
     cluster = load_cluster(snapshot, kubeconfig, context, strict)
     constraints = Constraints(
         min_age=timedelta(seconds=min_age_s),
@@ -101,13 +99,12 @@ def plan_command(
         plan = make_plan(
             cluster,
             goal.value,
-            policy=policy,
+            profile=config.for_cluster(cluster),
             constraints=constraints,
             now=when,
-            mix=_mix(cluster),
             options=PlanOptions(preempt=not no_preempt),
         )
-    except (UnknownPolicy, PlanError) as exc:
+    except PlanError as exc:
         raise UserError(str(exc)) from None
     if output is not Output.table:
         # The plan document round-trips (Plan.from_dict); what the snapshot could not model
@@ -116,10 +113,6 @@ def plan_command(
         print_data({**plan.to_dict(), **extra}, output)
     else:
         _print_table(plan)
-
-
-def _mix(cluster: Cluster) -> WorkloadMix:
-    return WorkloadMix.observed(cluster.pods.values())
 
 
 def _print_table(plan: Plan) -> None:

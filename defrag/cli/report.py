@@ -24,19 +24,14 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
-from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import FragmentationReport, fragmentation_report
-from defrag.scoring.framework import Placement
-from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy, make_policy
+from defrag.scoring.framework import NodeVerdict, Placement, Unschedulable
+from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import explain, schedule
-
-
-def workload_mix(cluster: Cluster) -> WorkloadMix:
-    """The mix of the pods the cluster holds (bound and pending), or the default when empty."""
-    return WorkloadMix.observed(cluster.pods.values())
 
 
 def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Table:
@@ -92,11 +87,14 @@ def report(
     at: AtOpt = None,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
+    settings_file: SettingsOpt = None,
 ) -> None:
     """The fragmentation report of a cluster snapshot (or the live cluster)."""
     when = parse_time(at)
+    config = profile_config(settings_file, None)
     cluster = load_cluster(snapshot, kubeconfig, context, strict)
-    rep = fragmentation_report(cluster, workload_mix(cluster))
+    # The snapshot's profile: its mix gives the FGD figure, as on the daemon's /metrics.
+    rep = fragmentation_report(cluster, config.for_cluster(cluster).mix)
     extras: dict[str, Any] = _prometheus_extras(prometheus, when) if prometheus else {}
     if output is not Output.table:
         print_data({**rep.to_dict(), **extras, "warnings": list(cluster.warnings)}, output)
@@ -143,26 +141,22 @@ def place(
     gpu_milli: Annotated[int, typer.Option(help="Share of each GPU, 1000 = whole.")] = GPU_MILLI,
     cpu_milli: Annotated[int, typer.Option(help="CPU request in milli-CPU.")] = 0,
     gpu_model: Annotated[list[str], typer.Option(help="Allowed GPU model (repeatable).")] = [],  # noqa: B006
-    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = (
-        DEFAULT_POLICY
-    ),
+    policy: PolicyOpt = None,
     output: OutputOpt = Output.table,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
+    settings_file: SettingsOpt = None,
 ) -> None:
     """Where a new pod of this shape would go, and why every other node scores less or fails.
     Exits 1 when it fits nowhere."""
+    config = profile_config(settings_file, policy)
     cluster = load_cluster(snapshot, kubeconfig, context, strict)
     pod = pod_shape(gpus, gpu_milli, cpu_milli, gpu_model)
-    try:
-        pol = make_policy(policy, mix=workload_mix(cluster))
-    except UnknownPolicy as exc:
-        raise UserError(str(exc)) from None
-    result = schedule(pod, cluster, pol)
-    verdicts = explain(pod, cluster, pol)
+    profile = config.for_cluster(cluster)
+    result, verdicts = placement(pod, cluster, profile)
     chosen = result if isinstance(result, Placement) else None
     data: dict[str, Any] = {
-        "policy": policy,
+        "policy": profile.name,
         "node": chosen.node if chosen else None,
         "gpus": list(chosen.gpus) if chosen else [],
         "score": chosen.score if chosen else None,
@@ -179,9 +173,17 @@ def place(
     if output is not Output.table:
         print_data(data, output)
     else:
-        _print_place(chosen, verdicts, policy, str(data["unschedulable"]))
+        _print_place(chosen, verdicts, profile.name, str(data["unschedulable"]))
     if chosen is None:
         raise typer.Exit(1)
+
+
+def placement(
+    pod: Pod, cluster: Cluster, profile: ScoringProfile
+) -> tuple[Placement | Unschedulable, list[NodeVerdict]]:
+    """``defrag place``'s answer: where ``pod`` goes under ``profile`` (the one built for
+    ``cluster``), and every node's verdict."""
+    return schedule(pod, cluster, profile.policy), explain(pod, cluster, profile.policy)
 
 
 def _print_place(

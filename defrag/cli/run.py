@@ -34,7 +34,7 @@ from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSourc
 from defrag.redact import redact_text
 from defrag.rules import default_rules_dir as default_rules_dir  # re-exported (tests, bench)
 from defrag.rules import rules_paths
-from defrag.scoring.profile import ProfileConfig, ScoringProfile
+from defrag.scoring.profile import ScoringProfile
 from defrag.settings import Settings, SettingsError, WindowSetting, load_settings
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def build(settings: Settings) -> Wiring:
     ports = CyclePorts(
         source=source,
         clock=clock,
-        detector=_detector(rules, metrics, skipped_to, ProfileConfig(policy=settings.policy)),
+        detector=_detector(rules, metrics, skipped_to),
         planner=_planner(settings),
         executor=executor,
         alerts=_alerts(settings),
@@ -112,6 +112,7 @@ def build(settings: Settings) -> Wiring:
         goal=settings.plan_goal,
         windows=tuple(_window(w) for w in settings.windows),
         idle_gate=settings.idle_gate,
+        profile=settings.profile_config(),
     )
     daemon = Daemon(
         ports,
@@ -137,7 +138,9 @@ def _window(w: WindowSetting) -> Window:
 def _backend(settings: Settings) -> Backend:
     """The cluster the settings name, through the one factory every command uses."""
     if settings.cluster == "sim":
-        spec = SourceSpec(sim=True, sim_speedup=settings.sim_speedup, policy=settings.policy)
+        spec = SourceSpec(
+            sim=True, sim_speedup=settings.sim_speedup, profile=settings.profile_config()
+        )
     else:
         kubeconfig = Path(settings.kubeconfig) if settings.kubeconfig else None
         spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=settings.kube_context)
@@ -205,16 +208,10 @@ def _detector(
     rules: Any,
     metrics: MetricsSource | None,
     skipped_to: Sequence[DaemonMetrics] = (),
-    config: ProfileConfig | None = None,
 ) -> Any:
     from defrag.detection import run_detection
 
-    configured = config or ProfileConfig()
-
-    def detect(cluster: Cluster, now: datetime, profile: ScoringProfile | None = None) -> Detected:
-        # ``profile``: the cycle's profile of this snapshot; until the cycle passes one, the
-        # configured policy bound to this snapshot's mix
-        profile = profile or configured.for_cluster(cluster)
+    def detect(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Detected:
         report = run_detection(rules, metrics, cluster, now, profile=profile)
         # One broken rule never stops the others; the daemon logs, counts and alerts on the
         # failed ones, and holds their alerts as they were.
@@ -238,11 +235,16 @@ def _planner(settings: Settings) -> Any:
     )
 
     def plan(
-        cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+        cluster: Cluster,
+        goal: str,
+        now: datetime,
+        *,
+        profile: ScoringProfile,
+        pods: frozenset[str] | None = None,
     ) -> Plan:
         options = PlanOptions(only=pods)
         return make_plan(
-            cluster, goal, policy=settings.policy, constraints=constraints, now=now, options=options
+            cluster, goal, profile=profile, constraints=constraints, now=now, options=options
         )
 
     return plan

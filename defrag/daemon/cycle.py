@@ -29,6 +29,7 @@ from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
 from defrag.ports import AlertSink, Clock, ClusterSource
 from defrag.scoring.fragmentation import fragmentation_report
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +45,25 @@ class Detected:
         return iter(self.findings)
 
 
-Detector = Callable[[Cluster, datetime], "Sequence[Finding] | Detected"]
-"""Findings for a cluster at a moment (the daemon binds rules and metrics); a detector that
-can tell which rules it could not evaluate returns :class:`Detected`."""
+Detector = Callable[[Cluster, datetime, ScoringProfile], "Sequence[Finding] | Detected"]
+"""Findings for a cluster at a moment, scored with the cycle's profile for that cluster (the
+daemon binds rules and metrics); a detector that can tell which rules it could not evaluate
+returns :class:`Detected`."""
 
 
 class Planner(Protocol):
     def __call__(
-        self, cluster: Cluster, goal: str, now: datetime, *, pods: frozenset[str] | None = None
+        self,
+        cluster: Cluster,
+        goal: str,
+        now: datetime,
+        *,
+        profile: ScoringProfile,
+        pods: frozenset[str] | None = None,
     ) -> Plan:
-        """A plan for a cluster, a goal (repack, make-room, all) and a moment; ``pods``: make
-        room only for these pending pods (None: every pending pod that qualifies)."""
+        """A plan for a cluster, a goal (repack, make-room, all) and a moment, scored with the
+        cycle's ``profile``; ``pods``: make room only for these pending pods (None: every
+        pending pod that qualifies)."""
         ...
 
 
@@ -94,6 +103,9 @@ class CycleConfig:
     """auto: from the findings' actions; or always repack / make-room / all."""
     windows: tuple[Window, ...] = ()
     idle_gate: bool = False
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    """The configured scoring profile; each cycle builds one :class:`ScoringProfile` from it
+    for its snapshot and hands that to detection, the planner and the figures (``/metrics``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,8 +196,11 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     """One full cycle. Errors observing or planning propagate; alert failures are recorded."""
     started = ports.clock.now()
     cluster = ports.source.snapshot()
-    before = _summary(fragmentation_report(cluster).to_dict(with_nodes=False))
-    detected = ports.detector(cluster, started)
+    # One profile for this snapshot: the detectors, the planner and the figures on /metrics
+    # (and so alert evidence and `defrag report`) all score with it.
+    profile = config.profile.for_cluster(cluster)
+    before = _summary(fragmentation_report(cluster, profile.mix).to_dict(with_nodes=False))
+    detected = ports.detector(cluster, started, profile)
     failed: dict[str, str] = {}
     if isinstance(detected, Detected):
         failed = dict(detected.failed)
@@ -214,7 +229,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     if not window.open and urgent:  # only the make-room-now pods may be helped now
         window = urgent_window(window, urgent, started)
         goal, room_for = "make-room", urgent
-    plan = ports.planner(cluster, goal, started, pods=room_for) if goal else None
+    plan = ports.planner(cluster, goal, started, profile=profile, pods=room_for) if goal else None
     if plan is not None and plan.empty and plan.blocked:
         findings.append(_blocked_finding(plan, started))
 
@@ -235,7 +250,8 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     after, after_source, verification = dict(before), "unchanged", None
     if executed is not None and not executed.dry_run and executed.evicted:
         observed = ports.source.snapshot()
-        after = _summary(fragmentation_report(observed).to_dict(with_nodes=False))
+        seen = config.profile.for_cluster(observed)  # a new snapshot, its own profile
+        after = _summary(fragmentation_report(observed, seen.mix).to_dict(with_nodes=False))
         after_source = "observed"
         verification = _verify(plan, after, observed) if plan else None
     elif plan is not None and plan.after:

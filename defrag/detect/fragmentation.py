@@ -21,7 +21,6 @@ from annotated_types import Ge, Gt
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.settings import INTERNAL, Action
 from defrag.model.cluster import Cluster
-from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import (
     FragmentationReport,
     NodeFragmentation,
@@ -51,11 +50,6 @@ def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[in
     return tuple(sorted(sizes))
 
 
-def workload_mix(cluster: Cluster) -> WorkloadMix:
-    """The mix of GPU pods in the cluster (the default mix when it has none)."""
-    return WorkloadMix.observed(cluster.pods.values())
-
-
 def detect_fragmentation(
     cluster: Cluster,
     params: FragmentationParams,
@@ -64,7 +58,10 @@ def detect_fragmentation(
     *,
     profile: ScoringProfile,
 ) -> list[Finding]:
-    """Fragmented nodes and cluster, measured against ``profile``'s workload mix."""
+    """Fragmented nodes and a fragmented cluster; the FGD figure in the evidence is measured
+    against ``profile.mix`` (the snapshot's one mix: the same figure as ``/metrics`` and
+    ``defrag report``). ``report``: one already measured with that mix, reused if it has
+    every size that matters."""
     sizes = sizes_that_matter(cluster, params)
     rep = report or fragmentation_report(cluster, profile.mix, sizes)
     missing = [k for k in sizes if k not in rep.stranded]
@@ -139,7 +136,9 @@ def _cluster_finding(
             "largest_placeable_job": rep.largest_placeable_job,
             "stranded": {str(k): rep.stranded[k] for k in sizes},
             "placeable": {str(k): rep.placeable[k] for k in sizes},
-            "fgd_frag_pct_of_idle": round(rep.fgd_frag_pct_of_idle, 2),
+            # rounded as FragmentationReport.to_dict rounds it: the figure /metrics and
+            # `defrag report` show, to the last digit
+            "fgd_frag_pct_of_idle": round(rep.fgd_frag_pct_of_idle, 3),
             "sizes": list(sizes),
         },
         since=now,

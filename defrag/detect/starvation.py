@@ -69,9 +69,9 @@ def pending_since(pod: Pod) -> datetime | None:
     return pod.pending_since or pod.created_at
 
 
-def diagnose(pod: Pod, cluster: Cluster, policy: str | Policy) -> Diagnosis:
-    """Why ``pod`` cannot be placed right now, by the scheduler's own filter (``policy`` by name
-    is built against the cluster's own mix; pass a built one when diagnosing many pods)."""
+def diagnose(pod: Pod, cluster: Cluster, policy: Policy) -> Diagnosis:
+    """Why ``pod`` cannot be placed right now, by the scheduler's own filter and the score
+    function of the cluster's profile (``ScoringProfile.policy``)."""
     arrays = cluster.arrays
     usable = node_mask(pod, arrays) & arrays.model_allowed(pod)  # nodes it may ever use
     if pod.pool:
@@ -106,7 +106,8 @@ def detect_starvation(
     profile: ScoringProfile,
 ) -> list[Finding]:
     """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all),
-    diagnosed with ``profile``'s policy (built once, for this cluster's mix)."""
+    diagnosed with ``profile`` — the one built for this snapshot, which the planner and the
+    extender score with too."""
     findings = []
     candidates = cluster.pending_pods() if pods is None else pods
     policy = profile.policy

@@ -27,6 +27,7 @@ from defrag.extender.wire import (
 )
 from defrag.ports import ClusterSource
 from defrag.scoring.framework import Status
+from defrag.scoring.profile import ProfileConfig
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +348,7 @@ def tls_context(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
 def serve(
     source: ClusterSource,
     *,
-    policy: str,
+    profile: ProfileConfig = ProfileConfig(),
     host: str = "0.0.0.0",
     port: int = 8888,
     relist_interval_s: float = 10.0,
@@ -361,7 +362,7 @@ def serve(
     The caller runs ``server.serve_forever()`` (or a thread of it) and ``server.shutdown()``.
     """
     cache = ClusterCache(
-        source, policy, relist_interval_s=relist_interval_s, max_staleness_s=max_staleness_s
+        source, profile, relist_interval_s=relist_interval_s, max_staleness_s=max_staleness_s
     )
     metrics = ExtenderMetrics.create(cache)
     cache.on_relist = metrics.observe_relist

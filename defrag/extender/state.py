@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
-from defrag.model.workload import WorkloadMix
 from defrag.ports import ClusterSource
 from defrag.scoring.framework import Policy, Status
-from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 log = logging.getLogger(__name__)
 
@@ -23,22 +22,27 @@ class ClusterView:
     """One relisted cluster with what every request needs precomputed."""
 
     cluster: Cluster
-    policy: Policy
+    profile: ScoringProfile
+    """Built once per relist from the configured :class:`ProfileConfig` and this cluster (its
+    mix), as ``defrag place``, the planner and the daemon's cycle build theirs."""
     reserved_for: Mapping[str, str]
     """node name → the pod key its room is reserved for."""
     taken_at: float
     """``time.monotonic()`` when the relist finished."""
 
+    @property
+    def policy(self) -> Policy:
+        """The profile's score function."""
+        return self.profile.policy
 
-def make_view(cluster: Cluster, policy_name: str, taken_at: float) -> ClusterView:
+
+def make_view(cluster: Cluster, config: ProfileConfig, taken_at: float) -> ClusterView:
     reserved = {
         node.name: node.annotations[RESERVED_FOR_ANNOTATION].strip()
         for node in cluster.nodes
         if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
     }
-    # The mix `defrag place` uses: the GPU pods the cluster holds, or the default when none.
-    mix = WorkloadMix.observed(cluster.pods.values())
-    return ClusterView(cluster, make_policy(policy_name, mix=mix), reserved, taken_at)
+    return ClusterView(cluster, config.for_cluster(cluster), reserved, taken_at)
 
 
 @dataclass(slots=True)
@@ -50,7 +54,8 @@ class ClusterCache:
     """
 
     source: ClusterSource
-    policy_name: str
+    config: ProfileConfig
+    """The configured scoring profile; every relist builds its :class:`ScoringProfile`."""
     relist_interval_s: float = 10.0
     max_staleness_s: float = 120.0
     clock: Callable[[], float] = time.monotonic
@@ -69,7 +74,7 @@ class ClusterCache:
         started = self.clock()
         try:
             cluster = self.source.snapshot()
-            view = make_view(cluster, self.policy_name, self.clock())
+            view = make_view(cluster, self.config, self.clock())
         except Exception as exc:  # a broken source must not kill the server; keep the last view
             self._last_error = f"relist failed: {type(exc).__name__}: {exc}"
             log.warning("%s", self._last_error)

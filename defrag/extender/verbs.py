@@ -13,8 +13,9 @@ from defrag.extender.state import ClusterCache, ClusterView, StateUnavailable
 from defrag.extender.wire import ExtenderArgs, extender_scores
 from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod
+from defrag.scoring.filters import filter_reasons
 from defrag.scoring.framework import Placement, Policy
-from defrag.scoring.scheduler import explain, feasible_mask, node_scores, schedule
+from defrag.scoring.scheduler import feasible_mask, node_scores, schedule
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +101,12 @@ class Extender:
             if not ok and row >= 0 and n not in unresolvable
         ]
         if infeasible:
-            verdicts = {v.node: v for v in explain(args.pod, view.cluster, view.policy)}
+            # The filter's own reasons, without scoring: a filter call never draws from the
+            # profile's score function (``random`` answers prioritize as `defrag place` does).
+            arrays = view.cluster.arrays
+            reasons_of = filter_reasons(args.pod, arrays)
             for name in infeasible:
-                reasons = verdicts[name].reasons if name in verdicts else ()
+                reasons = reasons_of[arrays.index[name]]
                 failed[name] = "; ".join(reasons) or "does not fit"
         # Every field, in ExtenderFilterResult's order, as Go's json.Marshal writes it: the node
         # list in the request's mode, the other one null (kube-scheduler reads NodeNames when

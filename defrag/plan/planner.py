@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
-from defrag.model.workload import WorkloadMix
 from defrag.plan import constraints as c
 from defrag.plan.constraints import Constraints, Ledger, gang_of
 from defrag.plan.cost import DEFAULT_COST, CostModel
@@ -23,8 +22,7 @@ from defrag.plan.repack import repack
 from defrag.plan.room import Context
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
-from defrag.scoring.framework import Policy
-from defrag.scoring.policies import DEFAULT_POLICY, make_policy
+from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,19 +63,19 @@ def make_plan(
     cluster: Cluster,
     goal: str = "all",
     *,
-    policy: str | Policy = DEFAULT_POLICY,
+    profile: ScoringProfile | None = None,
     constraints: Constraints = Constraints(),
     now: datetime,
-    mix: WorkloadMix | None = None,
     options: PlanOptions = DEFAULT_OPTIONS,
 ) -> Plan:
+    """The plan for ``cluster`` and ``goal``, every move scored with ``profile`` (the one the
+    caller built for this snapshot; None: the default configuration for this cluster, as
+    ``ProfileConfig().for_cluster(cluster)`` builds it). Its mix also measures the before and
+    after fragmentation."""
     if goal not in GOALS:
         raise PlanError(f"unknown goal {goal!r}; known: {', '.join(GOALS)}")
-    mix = mix if mix is not None else WorkloadMix.observed(cluster.pods.values())
-    if isinstance(policy, str):
-        policy_name, pol = policy, make_policy(policy, mix=mix)
-    else:
-        policy_name, pol = policy.name, policy
+    profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
+    policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
     ctx = Context(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
     before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)

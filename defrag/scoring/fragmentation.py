@@ -131,19 +131,20 @@ def fgd_node_fragmentation(arrays: NodeArrays, mix: WorkloadMix) -> FloatArray:
 
 def fragmentation_report(
     target: Cluster | NodeArrays,
-    mix: WorkloadMix | None = None,
+    mix: WorkloadMix,
     sizes: Sequence[int] = DEFAULT_SIZES,
 ) -> FragmentationReport:
+    """The fragmentation of ``target``; its FGD figure is measured against ``mix`` — the
+    snapshot's :class:`~defrag.scoring.profile.ScoringProfile` ``mix``, so that ``/metrics``,
+    alert evidence, ``defrag report`` and the planner give one number."""
     arrays = target.arrays if isinstance(target, Cluster) else target
-    if mix is None:
-        mix = WorkloadMix.observed(target.pods.values()) if isinstance(target, Cluster) else None
     gpu_rows = arrays.gpu_total > 0
     free_whole = arrays.free_whole_count()
     share = arrays.free_share() / GPU_MILLI
     largest = arrays.largest_job()
     placeable = {k: placeable_per_node(arrays, k) for k in sizes}
     stranded = {k: free_whole - k * placeable[k] for k in sizes}
-    frag = fgd_node_fragmentation(arrays, mix or WorkloadMix.default()) / GPU_MILLI
+    frag = fgd_node_fragmentation(arrays, mix) / GPU_MILLI
     idle = float(share[gpu_rows].sum())
     nodes = tuple(
         NodeFragmentation(

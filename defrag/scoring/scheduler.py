@@ -9,10 +9,8 @@ import numpy as np
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
-from defrag.model.workload import WorkloadMix
 from defrag.scoring.filters import feasible_mask, filter_masks, filter_reasons
 from defrag.scoring.framework import NodeVerdict, Placement, Policy, Unschedulable
-from defrag.scoring.policies import DEFAULT_POLICY, make_policy
 from defrag.scoring.policies.reserve_binpack import seed_score
 
 
@@ -20,30 +18,22 @@ def _arrays(target: Cluster | NodeArrays) -> NodeArrays:
     return target.arrays if isinstance(target, Cluster) else target
 
 
-def _policy(policy: Policy | str, target: Cluster | NodeArrays) -> Policy:
-    """A policy by name is built against the cluster's own workload mix (``fgd`` scores with
-    it), as the extender, the planner and ``report`` build theirs."""
-    if not isinstance(policy, str):
-        return policy
-    if isinstance(target, Cluster):
-        return make_policy(policy, mix=WorkloadMix.observed(target.pods.values()))
-    return make_policy(policy)
-
-
 def schedule(
     pod: Pod,
     target: Cluster | NodeArrays,
-    policy: Policy | str = DEFAULT_POLICY,
+    policy: Policy,
     *,
     exclude: BoolArray | None = None,
 ) -> Placement | Unschedulable:
     """Where ``pod`` goes: the feasible node with the highest score, ties to the first name.
 
-    Nothing is changed; apply a placement with ``NodeArrays.allocate`` or
-    ``Cluster.with_pod_bound``.
+    ``policy`` is a built score function — a :class:`~defrag.scoring.profile.ScoringProfile`'s
+    ``policy``, never a name: the profile is built once per snapshot, so every caller scores
+    with the same mix and arguments. Nothing is changed; apply a placement with
+    ``NodeArrays.allocate`` or ``Cluster.with_pod_bound``.
     """
     arrays = _arrays(target)
-    pol = _policy(policy, target)
+    pol = policy
     feasible = feasible_mask(pod, arrays, exclude)
     if not feasible.any():
         return unschedulable(pod, arrays, exclude)
@@ -90,13 +80,14 @@ def unschedulable(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None
 def explain(
     pod: Pod,
     target: Cluster | NodeArrays,
-    policy: Policy | str = DEFAULT_POLICY,
+    policy: Policy,
     *,
     exclude: BoolArray | None = None,
 ) -> list[NodeVerdict]:
-    """Every node's verdict for ``pod``: its score, or why it was filtered out."""
+    """Every node's verdict for ``pod``: its score, or why it was filtered out (``policy``: a
+    profile's built score function, as for :func:`schedule`)."""
     arrays = _arrays(target)
-    pol = _policy(policy, target)
+    pol = policy
     reasons = filter_reasons(pod, arrays, exclude)
     feasible = np.array([not r for r in reasons], dtype=bool)
     scores = node_scores(pod, arrays, pol, feasible) if feasible.any() else np.zeros(len(arrays))

@@ -25,7 +25,7 @@ from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Placement
-from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ProfileConfig
 from defrag.scoring.scheduler import schedule
 from defrag.sim.hooks import DefragHook
 from defrag.sim.state import SimState
@@ -185,7 +185,10 @@ def fill(
     """
     started = time.perf_counter()
     mix = mix if mix is not None else WorkloadMix.from_pods(arrivals)
-    state = SimState.new(nodes, make_policy(policy, mix=mix, seed=seed), policy, mix)
+    # The run's profile: the policy with the run's seed (random draws from it), scoring
+    # against the simulated workload's mix.
+    profile = ProfileConfig(policy, seed).with_mix(mix)
+    state = SimState.new(nodes, profile.policy, profile.name, profile.mix)
     capacity = capacity_milli(state.arrays)
     if capacity == 0:
         raise ValueError("the cluster has no GPU")

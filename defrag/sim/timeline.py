@@ -47,7 +47,7 @@ from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Placement, Policy
-from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ProfileConfig
 from defrag.scoring.scheduler import schedule
 from defrag.sim.hooks import DefragHook, Move
 from defrag.sim.migration import Job, MigrationCost
@@ -512,7 +512,13 @@ def replay_timeline(
     mix = mix if mix is not None else WorkloadMix.from_pods([a.pod for a in arrivals])
     if scheduler is None:
         scheduler = policy
-    sched = make_policy(scheduler, mix=mix, seed=seed) if isinstance(scheduler, str) else scheduler
+    # A scheduler by name gets the run's profile (its seed, the simulated mix); a peer's own
+    # score function (KAI's bin-pack) comes built.
+    sched = (
+        ProfileConfig(scheduler, seed).with_mix(mix).policy
+        if isinstance(scheduler, str)
+        else scheduler
+    )
     state = SimState.new(nodes, sched, policy, mix)
     arrays = state.arrays
     capacity = int(arrays.gpu_total.sum())

@@ -57,6 +57,7 @@ from defrag.model.resources import Pod
 from defrag.plan import make_plan
 from defrag.rules import load_rules
 from defrag.scoring.framework import Placement
+from defrag.scoring.policies.reserve_binpack import ReserveBinpack
 from defrag.scoring.scheduler import explain, schedule
 from defrag.settings import load_settings
 from tests.support.kubeapi import KubeApi, running
@@ -268,7 +269,7 @@ def test_daemon_cycle_survives_on_the_live_path(name: str, serving: KubeApi) -> 
 def test_extender_is_ready_on_the_live_path(name: str, serving: KubeApi) -> None:
     """The extender's relist converts every object: /readyz answers 200."""
     source = KubeClusterSource(serving.client(), retry=FAST)
-    srv = serve(source, policy="reserve-binpack", host="127.0.0.1", port=0, relist_interval_s=60)
+    srv = serve(source, host="127.0.0.1", port=0, relist_interval_s=60)
     thread = threading.Thread(target=srv.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
@@ -361,7 +362,7 @@ def test_detect_cli(name: str) -> None:
 @pytest.mark.parametrize(("name", "key", "allowed"), cases("placement"))
 def test_schedule_places_only_where_allowed(name: str, key: str, allowed: list[str]) -> None:
     cluster = snapshot(name)
-    verdict = schedule(cluster.pods[key], cluster)
+    verdict = schedule(cluster.pods[key], cluster, ReserveBinpack())
     if not allowed:
         assert not isinstance(verdict, Placement), f"{key} should not fit anywhere: {verdict}"
     else:
@@ -374,7 +375,7 @@ def test_excluded_nodes_are_filtered_with_a_reason(
     name: str, key: str, excluded: list[str]
 ) -> None:
     cluster = snapshot(name)
-    verdicts = {v.node: v for v in explain(cluster.pods[key], cluster)}
+    verdicts = {v.node: v for v in explain(cluster.pods[key], cluster, ReserveBinpack())}
     for node in excluded:
         assert verdicts[node].score is None and verdicts[node].reasons, f"{key} on {node}"
 
@@ -382,7 +383,7 @@ def test_excluded_nodes_are_filtered_with_a_reason(
 @pytest.mark.parametrize(("name", "key", "admitted"), cases("admitted"))
 def test_admitted_nodes_pass_the_filter(name: str, key: str, admitted: list[str]) -> None:
     cluster = snapshot(name)
-    verdicts = {v.node: v for v in explain(cluster.pods[key], cluster)}
+    verdicts = {v.node: v for v in explain(cluster.pods[key], cluster, ReserveBinpack())}
     for node in admitted:
         assert verdicts[node].score is not None, f"{key} on {node}: {verdicts[node].reasons}"
 

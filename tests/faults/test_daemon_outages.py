@@ -190,7 +190,7 @@ def test_a_wedged_cycle_fails_liveness_and_lets_the_lease_lapse() -> None:
     release = threading.Event()
     entered = threading.Event()
 
-    def stuck(cluster: Cluster, now: datetime) -> list[object]:
+    def stuck(cluster: Cluster, now: datetime, profile: object) -> list[object]:
         entered.set()
         release.wait(60)
         return []
@@ -361,7 +361,7 @@ def test_another_replica_takes_the_lease_from_a_wedged_leader() -> None:
     release = threading.Event()
     entered = threading.Event()
 
-    def stuck(cluster: Cluster, now: datetime) -> list[object]:
+    def stuck(cluster: Cluster, now: datetime, profile: object) -> list[object]:
         entered.set()
         release.wait(60)
         return []

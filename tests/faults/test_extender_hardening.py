@@ -43,7 +43,6 @@ def start(tmp: Path, limits: ServerLimits, **kw: Any) -> ExtenderHTTPServer:
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": worked_example()}))
     srv = serve(
         SnapshotFileSource([path]),
-        policy="reserve-binpack",
         host="127.0.0.1",
         port=0,
         limits=limits,

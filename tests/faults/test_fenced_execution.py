@@ -198,15 +198,15 @@ def test_the_daemon_fences_its_executor_with_its_elector(api: KubeApi) -> None:
 
     a = elector(api, "replica-a")
     ex = executor(api)
-    ports = CyclePorts(ex.source, SystemClock(), lambda c, t: [], _no_plan, ex)
+    ports = CyclePorts(ex.source, SystemClock(), lambda c, t, p: [], _no_plan, ex)
     Daemon(ports, CycleConfig(), elector=a)
     assert ex.fence is a
     ex2 = executor(api)
-    Daemon(CyclePorts(ex2.source, SystemClock(), lambda c, t: [], _no_plan, ex2), CycleConfig())
+    Daemon(CyclePorts(ex2.source, SystemClock(), lambda c, t, p: [], _no_plan, ex2), CycleConfig())
     assert isinstance(ex2.fence, NoFence)
 
 
-def _no_plan(cluster: Any, goal: str, now: datetime, *, pods: Any = None) -> Plan:
+def _no_plan(cluster: Any, goal: str, now: datetime, *, profile: Any, pods: Any = None) -> Plan:
     return Plan(goal, "test", (), ())
 
 
@@ -331,4 +331,4 @@ def test_the_leader_cleans_a_crashed_runs_leftovers_every_cycle(api: KubeApi) ->
 def _ports(api: KubeApi, ex: Executor) -> Any:
     from defrag.daemon.cycle import CyclePorts
 
-    return CyclePorts(ex.source, SystemClock(), lambda c, t: [], _no_plan, ex)
+    return CyclePorts(ex.source, SystemClock(), lambda c, t, p: [], _no_plan, ex)

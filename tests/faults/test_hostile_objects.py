@@ -18,6 +18,7 @@ import pytest
 
 from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.extender.state import ClusterCache
+from defrag.scoring.profile import ProfileConfig
 from tests.support import kubeobjects as k
 from tests.support.kubeapi import KubeApi, running
 
@@ -61,7 +62,7 @@ def test_one_hostile_object_is_left_out_and_the_rest_is_read(case: tuple[KubeApi
     (warning,) = cluster.warnings
     assert said in warning
     # the extender stays ready on the same API
-    cache = ClusterCache(source, "reserve-binpack")
+    cache = ClusterCache(source, ProfileConfig())
     assert cache.refresh().ok and cache.readiness().ok
     # gpu-1 holds 4 GPUs of ml/train: never read as more free than that (a −4 request would)
     free = int(cluster.arrays.free_whole_count()[cluster.arrays.index["gpu-1"]])

@@ -297,13 +297,16 @@ def test_daemon_detector_sets_the_skipped_gauge_and_logs_once(
     from defrag.cli.run import _detector
     from defrag.daemon.service import DaemonMetrics
     from defrag.model.cluster import Cluster
+    from defrag.scoring.profile import ScoringProfile
 
     metrics = DaemonMetrics()
     rules = load_rules([rule_file(tmp_path, "absent", name="leak-absent")])
     detect = _detector(rules, source(prom), [metrics])
     with caplog.at_level("INFO", logger="defrag.daemon"):
-        assert list(detect(Cluster.build([]), END)) == []
-        assert list(detect(Cluster.build([]), END)) == []  # still skipped: no second line
+        empty = Cluster.build([])
+        profile = ScoringProfile.default(empty)
+        assert list(detect(empty, END, profile)) == []
+        assert list(detect(empty, END, profile)) == []  # still skipped: no second line
     text = metrics.exposition().decode()
     assert 'defrag_rule_skipped{rule="leak-absent"} 1.0' in text
     lines = [r.getMessage() for r in caplog.records if "leak-absent" in r.getMessage()]
