@@ -492,6 +492,9 @@ def test_the_containers_arguments_serve_the_verbs_on_loopback_and_probes_apart(
     port, metrics_port = free_port(), free_port()
     args = [re.sub(r"^--port=\d+$", f"--port={port}", a) for a in ext["args"]]
     args = [re.sub(r"^--metrics-port=\d+$", f"--metrics-port={metrics_port}", a) for a in args]
+    # the settings file the daemon reads (ConfigMap defrag-settings), from the tree
+    settings = ROOT / "deploy" / "base" / "settings.yaml"
+    args = [re.sub(r"^--settings=.*$", f"--settings={settings}", a) for a in args]
     assert args != ext["args"] and len(args) == len(ext["args"])
     launcher = "import sys; from defrag.cli import main; sys.argv[0] = 'defrag'; main()"
     proc = subprocess.Popen(
@@ -532,3 +535,27 @@ def test_the_containers_arguments_serve_the_verbs_on_loopback_and_probes_apart(
         finally:
             if proc.poll() is None:
                 proc.kill()
+
+
+def test_the_extender_reads_the_daemons_settings_file(objs: list[Obj]) -> None:
+    """One settings file configures the daemon's and the extender's policy: the extender mounts
+    the daemon's ConfigMap where its --settings points, and gives no --policy of its own."""
+    daemon_pod = next(
+        o["spec"]["template"]["spec"]
+        for o in objs
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "defrag"
+    )
+    ext_pod = next(
+        o["spec"]["template"]["spec"]
+        for o in objs
+        if o["kind"] == "Deployment" and o["metadata"]["name"] == "defrag-scheduler"
+    )
+    ext = container(objs, "extender")
+    (settings_arg,) = [a for a in ext["args"] if a.startswith("--settings=")]
+    assert not [a for a in ext["args"] if a.startswith("--policy")]
+    path = settings_arg.removeprefix("--settings=")
+    (mount,) = [m for m in ext["volumeMounts"] if m["mountPath"] == path]
+    volumes = {v["name"]: v for v in ext_pod["volumes"]}
+    daemon_volumes = {v["name"]: v for v in daemon_pod["volumes"]}
+    assert volumes[mount["name"]]["configMap"] == daemon_volumes["settings"]["configMap"]
+
