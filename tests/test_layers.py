@@ -31,3 +31,20 @@ def test_every_top_level_module_has_a_layer() -> None:
 
 def test_every_layer_names_a_module_that_exists() -> None:
     assert _layered() - _top_level() == set()
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle anywhere in the package (imports under TYPE_CHECKING and inside
+    functions count): a cycle is how a layer starts leaning on the one above it."""
+    import grimp
+
+    graph = grimp.build_graph("defrag")
+    cycles = sorted(
+        {
+            tuple(sorted((module, imported)))
+            for module in graph.modules
+            for imported in graph.find_modules_directly_imported_by(module)
+            if graph.chain_exists(importer=imported, imported=module)
+        }
+    )
+    assert cycles == []

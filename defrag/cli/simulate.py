@@ -35,7 +35,6 @@ from defrag.cli.app import (
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
 from defrag.sim.defragmenters import DEFRAGMENTERS
 from defrag.sim.fill import FillRun
-from defrag.sim.hooks import HookUnavailable
 from defrag.sim.migration import MigrationCost
 from defrag.sim.plot import plot_fill, plot_timeline
 from defrag.sim.report import (
@@ -240,8 +239,6 @@ def simulate(
 
         try:
             runs = run_tasks(workload, tasks, jobs=jobs, on_result=done, progress=per_run)
-        except HookUnavailable as exc:
-            raise UserError(f"--defrag: {exc}") from None
         except ValueError as exc:
             raise UserError(f"simulation: {exc}") from None
     _emit(runs, protocol, workload.name, output, curves)

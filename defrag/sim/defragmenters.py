@@ -24,7 +24,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from defrag.scoring.framework import Policy
-from defrag.sim.hooks import DefragHook, load_defrag_hook
+from defrag.sim.defrag_hook import make_defrag_hook
+from defrag.sim.hooks import DefragHook
 from defrag.sim.peers import HighNodeUtilization, KaiBinpack, KaiConsolidation, LowNodeUtilization
 
 DEFRAGMENTERS = (
@@ -53,16 +54,16 @@ def make_defragmenter(
     if name == "none":
         return None, policy
     if name == "defrag":
-        return load_defrag_hook(policy, protocol, **opts), policy
+        return make_defrag_hook(policy, protocol, **opts), policy
     if name == "defrag-extender":
-        return load_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
+        return make_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
     if name == "defrag-blind":  # compared with defrag-extender: same scheduler, blind cost
         opts["checkpoint_aware"] = False
-        return load_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
+        return make_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
     if name == "defrag-proposed":
         opts.setdefault("make_room_now", True)
         opts.setdefault("migrate_any_priority", True)
-        return load_defrag_hook(policy, protocol, **opts), policy
+        return make_defrag_hook(policy, protocol, **opts), policy
     if name == "descheduler-hnu":
         return HighNodeUtilization(), "most-allocated"
     if name == "descheduler-lnu":

@@ -18,7 +18,7 @@ from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
-from defrag.sim.hooks import REQUEUE, Move
+from defrag.sim.moves import REQUEUE, Move
 
 if TYPE_CHECKING:
     from defrag.scoring.framework import Policy
