@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -36,6 +35,7 @@ from defrag.extender.server import serve, stop
 from defrag.extender.wire import MAX_EXTENDER_PRIORITY, VERBS
 from tests.support.binaries import free_port
 from tests.support.kubeapi import running
+from tests.support.processes import wait_ready
 from tests.test_deploy import DEPLOY, IMAGE, K8S_VERSION, Obj, one, render
 from tests.test_rbac import Clock
 
@@ -505,17 +505,7 @@ def test_the_containers_arguments_serve_the_verbs_on_loopback_and_probes_apart(
         env={**os.environ, "DEFRAG_LOG_LEVEL": "WARNING"},
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if get(metrics_port, "/readyz")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                pytest.fail(f"the extender did not become ready: {out}")
-            time.sleep(0.1)
+        wait_ready(proc, metrics_port, "the extender")
         body = (CORPUS / "args-nodenames.json").read_bytes()
         for key in ("filterVerb", "prioritizeVerb"):
             path = verb_path(extender_stanza["urlPrefix"], extender_stanza[key])

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typer.testing import CliRunner
 
 from defrag.cli import app
 from tests.support.binaries import free_port
+from tests.support.processes import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKED = ROOT / "tests" / "fixtures" / "snapshots" / "worked_example.json"
@@ -54,20 +54,7 @@ def extender_url() -> Iterator[str]:
         stderr=subprocess.STDOUT,
         env={**os.environ, "DEFRAG_LOG_LEVEL": "WARNING"},
     )
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            proc.kill()
-            pytest.fail(f"defrag extender did not become ready: {out}")
-        time.sleep(0.1)
+    wait_ready(proc, port)
     yield f"127.0.0.1:{port}"
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 0  # SIGTERM ends it cleanly

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from defrag.cli import app
 from defrag.scoring.profile import ProfileConfig
 from defrag.settings import load_settings
 from tests.support.binaries import free_port
+from tests.support.processes import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKED = ROOT / "tests" / "fixtures" / "snapshots" / "worked_example.json"
@@ -124,18 +124,3 @@ def test_the_extender_process_scores_with_the_settings_file(tmp_path: Path) -> N
     assert top == [json.loads(placed.output)["node"]] == [EXPECTED["least-allocated"]]
 
 
-def wait_ready(proc: subprocess.Popen[bytes], port: int) -> None:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            out = proc.stdout.read().decode() if proc.stdout else ""
-            proc.kill()
-            pytest.fail(f"defrag extender did not become ready: {out}")
-        time.sleep(0.1)
