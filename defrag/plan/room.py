@@ -384,7 +384,14 @@ def relocate(
     ws.forbid(room.row)
     steps: list[Step] = []
     receivers: list[int] = []
-    ordered = sorted(groups, key=lambda g: -sum(seats[k].pod.gpu_demand_milli for k in g))
+    # Victims that may not be preempted take the free seats first; then the largest first.
+    ordered = sorted(
+        groups,
+        key=lambda g: (
+            _may_preempt(preempt, [seats[k].pod for k in g]) and not isinstance(preempt, bool),
+            -sum(seats[k].pod.gpu_demand_milli for k in g),
+        ),
+    )
     for group in ordered:
         gang = gang_of(seats[group[0]].pod)
         group_mark = ws.mark()
