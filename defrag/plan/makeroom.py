@@ -149,7 +149,7 @@ def make_room(
                 allowed=p.allowed, preempt=p.preempt, place=place, nest=p.nest,
             )  # fmt: skip
             if isinstance(done, Relocation) and budget is not None:
-                price = known_cost(ctx, done)
+                price = known_cost(ctx, done, ws)
                 if price > budget:
                     ws.rollback(mark)
                     ctx.ledger.restore(ledger_state)
@@ -183,14 +183,20 @@ def make_room(
     return RoomResult(pod.key, (), tuple(blocked.values()), None)
 
 
-def known_cost(ctx: Context, done: Relocation) -> float:
-    """The room's evictions priced by :meth:`~defrag.plan.cost.CostModel.known` (a
-    preemption ``preempt_factor`` times a migration)."""
-    kinds = {s.pod: s.kind for s in done.steps}
+def known_cost(ctx: Context, done: Relocation, ws: Workspace) -> float:
+    """The room's evictions (chained migrations included) priced by
+    :meth:`~defrag.plan.cost.CostModel.known`; a preemption ``preempt_factor`` times a move."""
+    pods = {pod.key: pod for pod, _ in done.evictions}
     total = 0.0
-    for pod, _ in done.evictions:
+    for step in done.steps:
+        pod = pods.get(step.pod)
+        if pod is None:  # a chained migration: the pod sits at its new seat
+            seat = ws.where.get(step.pod)
+            if seat is None:
+                continue
+            pod = seat.pod
         price = ctx.cost_model.known(pod, ctx.now)
-        total += price * (ctx.cost_model.preempt_factor if kinds.get(pod.key) == "preempt" else 1)
+        total += price * (ctx.cost_model.preempt_factor if step.kind == "preempt" else 1.0)
     return round(total, 6)
 
 
