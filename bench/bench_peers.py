@@ -73,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--checkpoint-scale", type=float, default=1.0)
     ap.add_argument("--window-every", type=float, default=6.0, help="hours between windows")
     ap.add_argument("--scale", type=int, default=1, help="cluster copies (10: ~12,000 nodes)")
+    ap.add_argument(
+        "--hook-option", action="append", default=[], metavar="KEY=VALUE",
+        help="a defrag hook option for every defrag row (HookOptions field; JSON value), e.g. "
+        "window_evictions=256, room_worth=4, migrate_any_priority=false",
+    )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path)
@@ -94,8 +99,16 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     policies = [p for p in args.policies.split(",") if p]
     names = [d for d in args.defragmenters.split(",") if d]
+    hook_options = parse_hook_options(ap, args.hook_option)
     tasks = [
-        Task("timeline", p, s, timeline=config, defragmenter=d)
+        Task(
+            "timeline",
+            p,
+            s,
+            timeline=config,
+            defragmenter=d,
+            hook_options=hook_options if d.startswith("defrag") else {},
+        )
         for i, p in enumerate(policies)
         for d in names
         if not (p == EXTENDER_POLICY and d == "defrag-extender")  # the same run as "defrag"
@@ -136,6 +149,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot_cdfs(runs, args.plot, policies, names)
     return 0
+
+
+def parse_hook_options(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` pairs; the value is read as JSON (``256``, ``false``), else as text."""
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--hook-option {item!r}: expected KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def _mean(xs: list[float]) -> float:
@@ -202,7 +229,10 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         + ", ".join(f"{s}: {x}%" for s, x in loads)
         + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds 42–"
         f"{41 + args.seeds}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
-        f"{args.window_every:g} h; means over seeds "
+        f"{args.window_every:g} h"
+        + (f", hook options {getattr(args, 'hook_option', [])}" if getattr(args, "hook_option", [])
+           else "")
+        + "; means over seeds "
         "(p95: mean of the per-seed p95).\n\n"
         f"Command: `.venv/bin/python -m bench.bench_peers {cmd}`\n\n"
         + markdown_table(header, rows)

@@ -168,10 +168,11 @@ def test_checkpoint_aware_planning_evicts_the_pod_that_loses_least(
     assert [m.pod_id for m in moves] == [f"default/{victim}"]
 
 
-def test_migrations_of_any_priority_make_room_where_the_daemon_cannot() -> None:
+def test_migrations_of_any_priority_make_room_where_strict_victims_cannot() -> None:
     # daemon_state with both 1-GPU pods made LS (priority 3); a Burstable (priority 1) 4-GPU
-    # pod waits. The daemon's make-room takes victims strictly below 1: none, nothing moves.
-    # The experiment first tries migrations of any priority: one LS pod moves to c.
+    # pod waits. Strictly lower victims only (the planner before issue 17): none, nothing
+    # moves. The daemon's planner now moves pods of any priority that re-fit: one LS pod
+    # moves to c.
     state = daemon_state()
     for key in ("default/stale", "default/fresh"):
         placed = state.placed[key]
@@ -180,13 +181,13 @@ def test_migrations_of_any_priority_make_room_where_the_daemon_cannot() -> None:
         state.place(ls, placed.row, placed.gpus, placed.since)
         state.jobs[key] = replace(state.jobs[key], pod=ls)
     wait(state, "big", 4, "Burstable", NOW - 0.5)
-    daemon = make_defrag_hook("reserve-binpack", "timeline", make_room_now=True)
-    assert isinstance(daemon, PlannerHook) and daemon.on_tick(state, NOW) == ()
-    any_priority = make_defrag_hook(
-        "reserve-binpack", "timeline", make_room_now=True, migrate_any_priority=True
+    strict = make_defrag_hook(
+        "reserve-binpack", "timeline", make_room_now=True, migrate_any_priority=False
     )
-    assert isinstance(any_priority, PlannerHook)
-    moves = any_priority.on_tick(state, NOW)
+    assert isinstance(strict, PlannerHook) and strict.on_tick(state, NOW) == ()
+    daemon = make_defrag_hook("reserve-binpack", "timeline", make_room_now=True)
+    assert isinstance(daemon, PlannerHook)
+    moves = daemon.on_tick(state, NOW)
     assert len(moves) == 1 and moves[0].target_row == state.arrays.index["c"]
 
 

@@ -49,9 +49,12 @@ def test_seed_scenario_within_1_2x_of_the_exact_optimum(seed: Cluster, preempt: 
     assert plan.cost <= 1.2 * best.cost
 
 
-def test_never_evicts_equal_or_higher_priority() -> None:
-    # n1: three priority-100 pods (as high as the job); n2: five priority-50 pods.
-    # Freeing n1 would take 3 evictions, n2 takes 5: the plan must still pick n2.
+@pytest.mark.parametrize("migrate_any", [True, False])
+def test_lower_priority_victims_are_preferred(migrate_any: bool) -> None:
+    # n1: three priority-100 pods (as high as the job); n2: five priority-50 pods; n3: three
+    # priority-0 pods, all 1 GPU, created 2 h ago (no checkpoint: 2 h of work lost each).
+    # n1 costs 3 × (1 + 1 × 2) × (1 + 100/1000) = 9.9, n3 3 × (1 + 2) × 1 = 9: n3 wins; with
+    # the strictly-lower rule (migrate_any off) n1 is not even a candidate.
     nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
     pods = [
         *fill("n1", 3, priority=100),
@@ -59,19 +62,25 @@ def test_never_evicts_equal_or_higher_priority() -> None:
         *fill("n3", 3, priority=0),
         pending("job", 8, priority=100),
     ]
-    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
-    assert plan.steps
+    options = PlanOptions(migrate_any_priority=migrate_any)
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, options=options)
     moved = {s.pod for s in plan.steps}
-    assert all(not p.startswith("default/n1-") for p in moved)
+    assert moved == {f"default/n3-p{i}" for i in range(3)}
+    assert {s.kind for s in plan.steps} == {"migrate"}
     assert plan.after["largest_placeable_job"] == 8
 
 
-def test_nothing_lower_means_no_plan_and_a_reason() -> None:
+def test_same_priority_pods_move_only_where_they_fit() -> None:
+    # Both nodes hold four priority-100 pods, the job is priority 100. The strictly-lower rule
+    # finds no victim; migrations of any priority move n1's four pods to n2's four free GPUs.
     nodes = [gpu_node("n1"), gpu_node("n2")]
     pods = [*fill("n1", 4, priority=100), *fill("n2", 4, priority=100), pending("job", 8)]
+    strict = make_plan(cluster(nodes, pods), "make-room", now=NOW,
+                       options=PlanOptions(migrate_any_priority=False))  # fmt: skip
+    assert strict.steps == ()
+    assert {b.constraint for b in strict.blocked} == {"priority"}
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
-    assert plan.steps == ()
-    assert {b.constraint for b in plan.blocked} == {"priority"}
+    assert [(s.kind, s.source, s.target) for s in plan.steps] == [("migrate", "n1", "n2")] * 4
 
 
 def test_pdb_exhausted_mid_plan_blocks_later_steps() -> None:
@@ -132,14 +141,23 @@ def test_pending_gang_is_given_room_whole_or_not_at_all() -> None:
     }
 
 
-def test_preempts_only_what_cannot_move() -> None:
+@pytest.mark.parametrize(
+    ("swaps", "steps"),
+    [
+        # Preempting the 8-GPU "big" to run the 8-GPU job frees nothing (a swap: the
+        # scheduler's own priority preemption does that): refused unless swaps are allowed.
+        (False, []),
+        (True, [("preempt", "default/big", None)]),
+    ],
+)
+def test_preempts_only_what_cannot_move(swaps: bool, steps: list[tuple[str, str, None]]) -> None:
     # Every node is full but n1 holds a low-priority 8-GPU job: nowhere to move it.
     nodes = [gpu_node("n1"), gpu_node("n2")]
     pods = [running("big", "n1", 8, priority=0), *fill("n2", 8, priority=0), pending("job", 8)]
-    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
-    assert [(s.kind, s.pod, s.target) for s in plan.steps] == [("preempt", "default/big", None)]
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(swaps=swaps))
+    assert [(s.kind, s.pod, s.target) for s in plan.steps] == steps
     no_preempt = make_plan(
-        cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(preempt=False)
+        cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(preempt=False, swaps=True)
     )
     assert no_preempt.steps == ()
 
@@ -240,7 +258,9 @@ def test_a_pod_that_fits_keeps_its_room() -> None:
 )
 def test_make_room_only_for_the_named_pods(only: frozenset[str] | None, helped: set[str]) -> None:
     # Four 8-GPU nodes, each with 6 GPUs held by priority-0 pods: 2 free per node, so no
-    # 4-GPU pod fits anywhere until make-room moves pods off one node.
+    # 4-GPU pod fits anywhere until make-room moves pods off one node. Helping all four takes
+    # preemptions of four 1-GPU pods per 4-GPU pod (a swap, and costlier than an hour's wait):
+    # this test is about which pods get room, so swaps and the worth check are lifted.
     nodes = [gpu_node(f"n{i}") for i in range(4)]
     pods = [p for i in range(4) for p in fill(f"n{i}", 6)]
     waiting = [
@@ -250,7 +270,8 @@ def test_make_room_only_for_the_named_pods(only: frozenset[str] | None, helped: 
         pending("g-1", 4, priority=500, gang="g"),
     ]
     plan = make_plan(
-        cluster(nodes, [*pods, *waiting]), "make-room", now=NOW, options=PlanOptions(only=only)
+        cluster(nodes, [*pods, *waiting]), "make-room", now=NOW,
+        options=PlanOptions(only=only, swaps=True, room_worth=0.0),
     )
     targets = {t.split(" ")[0] for t in plan.targets}
     assert targets == helped

@@ -39,9 +39,11 @@ NODE_BUDGET = "budget-node"
 NAMESPACE_BUDGET = "budget-namespace"
 GANG = "gang"
 NO_ROOM = "no-room"
+NOT_WORTH = "not-worth-it"
+"""The cheapest room would lose more work than the pod's wait so far is worth."""
 CONSTRAINT_NAMES = (
     OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
-    PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG, NO_ROOM,
+    PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH,
 )  # fmt: skip
 
 

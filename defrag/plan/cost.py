@@ -7,6 +7,11 @@
 the time since the RFC 3339 annotation ``defrag.io/last-checkpoint``, or since the pod was
 created when it has none (or an unreadable one); it is 0 when the time is unknown.
 A preemption (the pod waits instead of moving) costs ``preempt_factor`` times as much.
+
+:meth:`CostModel.known` is the same price counting only the work the cluster *shows* will be
+lost: since ``defrag.io/last-checkpoint``; a pod without the annotation counts its restart alone
+(its lost work is unknown: a stateless server loses none, a batch job all since it started).
+Make-room weighs a room by it against the pod's wait (``PlanOptions.room_worth``).
 """
 
 from __future__ import annotations
@@ -33,6 +38,16 @@ class CostModel:
         held = gpus_held(pod)
         weight = 1.0 + max(pod.priority, 0) / self.priority_scale
         return round((self.per_eviction + held * self.hours_lost(pod, now)) * weight, 6)
+
+    def known(self, pod: Pod, now: datetime | None) -> float:
+        """The eviction's price with the lost work counted only from a checkpoint annotation."""
+        weight = 1.0 + max(pod.priority, 0) / self.priority_scale
+        since = last_checkpoint(pod)
+        hours = 0.0
+        if now is not None and since is not None:
+            hours = min(max((_aware(now) - _aware(since)).total_seconds() / 3600.0, 0.0),
+                        self.max_hours)  # fmt: skip
+        return round((self.per_eviction + gpus_held(pod) * hours) * weight, 6)
 
     def preemption(self, pod: Pod, now: datetime | None) -> float:
         return round(self.eviction(pod, now) * self.preempt_factor, 6)

@@ -1,15 +1,27 @@
-"""Make room: give a pending pod a node by evicting the cheapest set of lower-priority pods.
+"""Make room: give a pending pod a node by moving (or, last, preempting) the cheapest pods.
 
 Candidate nodes are those that could hold the pod once emptied (model, taints, capacity),
 ranked by how little must be freed on them; on the best few the victim search of
 :mod:`defrag.plan.room` prices the cheapest victim set, and the cheapest set whose victims all
-find a new node (or may be preempted) wins. Victims always rank strictly below the pod.
+find a new node (or may be preempted) wins. Passes, in order:
+
+1. **migrations alone**: victims of any priority, each re-placed where the scheduler's own
+   filter + score puts it on the rest of the cluster, at once — no pod loses its place (it
+   restarts elsewhere: its lost work and restart are the move's price);
+2. **preemption as the last resort**: victims ranking strictly below the pod may be preempted
+   when they fit nowhere; pods of the same or a higher priority may still be in the set, but
+   only as migrations that re-fit.
+
+A preemption that only swaps one job for another of the same size is refused unless asked for
+(``swaps``): it frees nothing for the cluster, the scheduler's own priority preemption does it,
+and it throws away the victim's work since its checkpoint (docs/planning.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import numpy as np
 
@@ -19,10 +31,19 @@ from defrag.model.units import GPU_MILLI
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.model import Blocked, Step
-from defrag.plan.room import Context, Nest, Relocation, Room, VictimFilter, find_room, relocate
+from defrag.plan.room import (
+    Context,
+    Nest,
+    Preemptable,
+    Relocation,
+    Room,
+    VictimFilter,
+    find_room,
+    relocate,
+)
 from defrag.plan.workspace import Workspace
 from defrag.scoring.filters import feasible_mask, node_mask
-from defrag.scoring.framework import Placement
+from defrag.scoring.framework import Placement, Status
 from defrag.scoring.scheduler import schedule
 
 
@@ -41,6 +62,14 @@ class RoomResult:
         return self.row is not None
 
 
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    allowed: VictimFilter
+    movable: Callable[[Pod], bool] | None
+    nest: Nest | None
+    preempt: Preemptable
+
+
 def make_room(
     ws: Workspace,
     ctx: Context,
@@ -53,56 +82,174 @@ def make_room(
     depth: int = 1,
     place: bool = False,
     allowed: VictimFilter | None = None,
+    migrate_any: bool = True,
+    max_moves: int | None = None,
+    swaps: bool = False,
+    worth: float = 0.0,
 ) -> RoomResult:
     """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
 
-    ``any_priority`` lifts the strictly-lower-priority rule (the simulator's fill protocol,
-    where pods only migrate and nothing is lost). A victim that fits nowhere else may get room
-    made for it in turn, ``depth`` levels deep (a chain of migrations). ``place`` puts the pod
-    on its node as a running pod (a victim being chained) instead of reserving the room.
+    ``migrate_any`` (the default) lets victims of any priority *move* — never be preempted —
+    when each re-fits elsewhere at once; off, every victim ranks strictly below the pod (the
+    planner before issue 17). ``any_priority`` lifts the priority rule altogether (the
+    simulator's fill protocol, where pods only migrate and nothing is lost). A victim that
+    fits nowhere may get room made for it in turn, ``depth`` levels deep (a chain of
+    migrations). ``max_moves`` skips rooms with more victims. ``swaps`` allows a preemption
+    that frees no more GPU share than it preempts (see the module's docstring). ``place`` puts
+    the pod on its node as a running pod (a victim being chained) instead of reserving the room.
+    ``worth`` > 0 makes a room only when the pod's GPUs × hours pending reach ``worth`` × the
+    room's cost (:func:`room_value`).
     """
     placed = schedule(pod, ws.arrays, ctx.policy, exclude=ws.no_target)
     if isinstance(placed, Placement):
         (ws.place if place else ws.reserve)(pod, placed.row, placed.gpus)
         return RoomResult(pod.key, (), (), placed.row, placed.gpus)
+    chained = allowed is not None
     if allowed is None:
         allowed = ctx.victim_filter(None if any_priority else pod.priority)
     rows = candidate_rows(ws, pod, candidates)
     blocked: dict[str, Blocked] = {}
     reason = f"make room for {pod.key} ({describe(pod)})"
-    # First victims that fit elsewhere as they are; then, if that fails, any victim, with
-    # chains of migrations (depth) or preemption making room for the ones that fit nowhere.
-    passes: list[tuple[Callable[[Pod], bool] | None, Nest | None]] = []
-    if not preempt:
-        passes.append((placeable_elsewhere(ws), None))
-    if preempt or depth > 0:
-        nest = _nest(ws, ctx, allowed, depth - 1, candidates, tries) if depth > 0 else None
-        passes.append((None, nest))
-    for movable, nest in passes:
+    nest = _nest(ws, ctx, allowed, depth - 1, candidates, tries) if depth > 0 else None
+    value = room_value(pod, ctx.now) if worth > 0 and not chained else None
+    budget = None if value is None else value / worth
+    passes: list[_Pass] = []
+    if migrate_any and not any_priority and not chained:
+        everyone = ctx.victim_filter(None)
+        placeable = placeable_elsewhere(ws)
+        passes.append(_Pass(everyone, placeable, None, False))
+        if preempt or depth > 0:
+            mixed = _lower_or_movable(everyone, pod.priority, placeable)
+            passes.append(_Pass(mixed, None, nest, _below(pod.priority) if preempt else False))
+    else:
+        # First victims that fit elsewhere as they are; then, if that fails, any victim, with
+        # chains of migrations (depth) or preemption making room for the ones that fit nowhere.
+        if not preempt:
+            passes.append(_Pass(allowed, placeable_elsewhere(ws), None, False))
+        if preempt or depth > 0:
+            passes.append(_Pass(allowed, None, nest, preempt))
+    dear: tuple[int, float] | None = None  # the cheapest room refused as not worth it
+    for p in passes:
         rooms: list[Room] = []
         for row in rows:
-            found = find_room(ws, int(row), pod, allowed, ctx.cost, movable)
+            found = find_room(ws, int(row), pod, p.allowed, ctx.cost, p.movable)
             if isinstance(found, Room):
+                if max_moves is not None and len(found.victims) > max_moves:
+                    continue
                 rooms.append(found)
             elif len(blocked) < 20:
                 for b in found:
                     blocked.setdefault(b.pod, b)
         rooms.sort(key=lambda r: (r.cost, len(r.victims), r.row))
         for room in rooms[:tries]:
+            mark, ledger_state = ws.mark(), ctx.ledger.snapshot()
             done = relocate(
                 ws, ctx, room, pod,
                 reason=f"{reason} on {ws.node(room.row)}",
-                allowed=allowed, preempt=preempt, place=place, nest=nest,
+                allowed=p.allowed, preempt=p.preempt, place=place, nest=p.nest,
             )  # fmt: skip
+            if isinstance(done, Relocation) and budget is not None:
+                price = known_cost(ctx, done, ws)
+                if price > budget:
+                    ws.rollback(mark)
+                    ctx.ledger.restore(ledger_state)
+                    if dear is None or price < dear[1]:
+                        dear = (room.row, price)
+                    continue
+            if isinstance(done, Relocation) and not swaps and is_swap(pod, done.steps, ws):
+                ws.rollback(mark)
+                ctx.ledger.restore(ledger_state)
+                blocked.setdefault(
+                    pod.key,
+                    Blocked(pod.key, c.NO_ROOM, f"{ws.node(room.row)}: only by preempting as "
+                            "much GPU as it frees (a swap; the scheduler's preemption does that)"),
+                )  # fmt: skip
+                continue
             if isinstance(done, Relocation):
                 for b in room.blocked:
                     blocked.setdefault(b.pod, b)
                 return RoomResult(pod.key, done.steps, tuple(blocked.values()), room.row, done.gpus)
             for b in done:
                 blocked.setdefault(b.pod, b)
+    if dear is not None and value is not None:
+        blocked[pod.key] = Blocked(
+            pod.key, c.NOT_WORTH,
+            f"the cheapest room ({ws.node(dear[0])}) costs {dear[1]:.2f} GPU-hours of lost "
+            f"work and restarts; the pod's wait so far is worth {value:.2f} "
+            f"({describe(pod)} × hours pending)",
+        )  # fmt: skip
     if not blocked:
         blocked[pod.key] = Blocked(pod.key, c.NO_ROOM, placed.summary)
     return RoomResult(pod.key, (), tuple(blocked.values()), None)
+
+
+def known_cost(ctx: Context, done: Relocation, ws: Workspace) -> float:
+    """The room's evictions (chained migrations included) priced by
+    :meth:`~defrag.plan.cost.CostModel.known`; a preemption ``preempt_factor`` times a move."""
+    pods = {pod.key: pod for pod, _ in done.evictions}
+    total = 0.0
+    for step in done.steps:
+        pod = pods.get(step.pod)
+        if pod is None:  # a chained migration: the pod sits at its new seat
+            seat = ws.where.get(step.pod)
+            if seat is None:
+                continue
+            pod = seat.pod
+        price = ctx.cost_model.known(pod, ctx.now)
+        total += price * (ctx.cost_model.preempt_factor if step.kind == "preempt" else 1.0)
+    return round(total, 6)
+
+
+def room_value(pod: Pod, now: datetime | None) -> float | None:
+    """What making room for ``pod`` now is worth, in GPU-hours: the GPU share it asks × the
+    hours it has been pending (since ``pending_since``, else its creation) — its wait so far,
+    taken as the forecast of the wait a room would spare it. None when unknown (no time, no
+    GPU asked): no limit."""
+    since = pod.pending_since or pod.created_at
+    if now is None or since is None or pod.gpu_demand_milli == 0:
+        return None
+    hours = (_aware(now) - _aware(since)).total_seconds() / 3600.0
+    return max(hours, 0.0) * pod.gpu_demand_milli / GPU_MILLI
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def is_swap(pod: Pod, steps: tuple[Step, ...], ws: Workspace) -> bool:
+    """Whether a room preempts at least as much GPU share as ``pod`` asks (a pod holding no
+    GPU counts its CPU instead): one job run in place of another, nothing freed."""
+    preempted = [s for s in steps if s.kind == "preempt"]
+    if not preempted:
+        return False
+    if pod.gpu_demand_milli > 0:
+        return sum(s.gpus_held for s in preempted) * GPU_MILLI >= pod.gpu_demand_milli
+    return False
+
+
+def _below(priority: int) -> Callable[[Pod], bool]:
+    def lower(victim: Pod) -> bool:
+        return victim.priority < priority
+
+    return lower
+
+
+def _lower_or_movable(
+    allowed: VictimFilter, priority: int, movable: Callable[[Pod], bool]
+) -> VictimFilter:
+    """Victims ranking strictly below ``priority`` (they may be preempted), or that fit on
+    another node (a pod of the same or higher priority only ever moves)."""
+
+    def check(victim: Pod) -> Status:
+        status = allowed(victim)
+        if not status.ok or victim.priority < priority or movable(victim):
+            return status
+        return Status.fail(
+            f"{c.PRIORITY}: priority {victim.priority} not below the pending pod's {priority} "
+            "and it fits on no other node (it could only be preempted)"
+        )
+
+    return check
 
 
 def _nest(

@@ -8,6 +8,7 @@ to choose. The plan is deterministic for a given cluster, goal, policy, constrai
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -38,7 +39,21 @@ class PlanOptions:
     """Make room only for these pending pods (``namespace/name``; a gang when one of its pods
     is named) — the pods a starvation rule found; None: every pending pod that qualifies."""
     preempt: bool = True
-    """Make-room may preempt (evict without a new node) victims that fit nowhere."""
+    """Make-room may preempt (evict without a new node) victims that fit nowhere and rank
+    strictly below the pod the room is for."""
+    migrate_any_priority: bool = True
+    """Make-room may move pods of any priority, each only when it re-fits at once elsewhere
+    (tried before any preemption); False: only strictly lower pods are touched at all."""
+    swaps: bool = False
+    """Allow a room that preempts as much GPU as it frees (one job run instead of another:
+    the scheduler's own priority preemption does that; defrag leaves it to it by default)."""
+    room_worth: float = 1.0
+    """Make room only when the pod's GPUs × hours pending reach this × the room's cost (the
+    lost work and restarts of its evictions, :mod:`defrag.plan.cost`); 0: always."""
+    max_moves_per_room: int | None = None
+    """Skip rooms that need more evictions than this (None: no limit)."""
+    depth: int = 1
+    """Chains of migrations for victims that fit nowhere (make room for them in turn)."""
     candidates: int = 32
     """Nodes priced per pending pod (the ones needing the least freed)."""
     tries: int = 8
@@ -88,34 +103,10 @@ def make_plan(
             blocked.setdefault((b.pod, b.constraint), b)
 
     if goal in ("make-room", "all"):
-        for group in starved_groups(cluster, now, options):
-            mark = ws.mark()
-            n_steps = len(steps)
-            ledger_state = ctx.ledger.snapshot()
-            failed: tuple[Blocked, ...] = ()
-            for pod in group:
-                result = make_room(
-                    ws, ctx, pod, preempt=options.preempt,
-                    candidates=options.candidates, tries=options.tries,
-                )  # fmt: skip
-                note(result.blocked if result.ok else ())
-                if result.row is None:
-                    failed = result.blocked
-                    break
-                steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
-            if failed:
-                ws.rollback(mark)
-                del steps[n_steps:]
-                ctx.ledger.restore(ledger_state)
-                gang = gang_of(group[0]) if len(group) > 1 else None
-                if gang:
-                    note(tuple(
-                        Blocked(p.key, c.GANG, f"gang {gang} is placed whole or not at all")
-                        for p in group
-                    ))  # fmt: skip
-                note(failed)
-            elif len(steps) > n_steps:  # pods that fit already need no target of their own
-                targets.extend(f"{p.key} ({describe(p)})" for p in group)
+        made = make_rooms(ws, ctx, starved_groups(cluster, now, options), options)
+        steps.extend(made.steps)
+        note(made.blocked)
+        targets.extend(made.targets)
     if goal in ("repack", "all"):
         packed = repack(
             ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost
@@ -134,6 +125,66 @@ def make_plan(
         after=after,
         targets=tuple(targets),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Rooms:
+    """What make-room did for a list of starved groups."""
+
+    steps: tuple[Step, ...]
+    blocked: tuple[Blocked, ...]
+    targets: tuple[str, ...]
+    """``namespace/name (N GPU)`` of each pod given room by evictions."""
+
+
+def make_rooms(
+    ws: Workspace, ctx: Context, groups: Iterable[Sequence[Pod]], options: PlanOptions
+) -> Rooms:
+    """Room for each group (a gang whole, or nothing of it), in order, on ``ws``.
+
+    The steps evicting from a room's node carry ``for_pod`` (the executor reserves the node
+    with ``defrag.io/reserved-for``). The daemon (through :func:`make_plan`) and the
+    simulator's daemon hook both make room here.
+    """
+    steps: list[Step] = []
+    blocked: dict[tuple[str, str], Blocked] = {}
+    targets: list[str] = []
+
+    def note(found: tuple[Blocked, ...]) -> None:
+        for b in found:
+            blocked.setdefault((b.pod, b.constraint), b)
+
+    for group in groups:
+        mark = ws.mark()
+        n_steps = len(steps)
+        ledger_state = ctx.ledger.snapshot()
+        failed: tuple[Blocked, ...] = ()
+        for pod in group:
+            result = make_room(
+                ws, ctx, pod, preempt=options.preempt,
+                candidates=options.candidates, tries=options.tries, depth=options.depth,
+                migrate_any=options.migrate_any_priority, swaps=options.swaps,
+                max_moves=options.max_moves_per_room, worth=options.room_worth,
+            )  # fmt: skip
+            note(result.blocked if result.ok else ())
+            if result.row is None:
+                failed = result.blocked
+                break
+            steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
+        if failed:
+            ws.rollback(mark)
+            del steps[n_steps:]
+            ctx.ledger.restore(ledger_state)
+            gang = gang_of(group[0]) if len(group) > 1 else None
+            if gang:
+                note(tuple(
+                    Blocked(p.key, c.GANG, f"gang {gang} is placed whole or not at all")
+                    for p in group
+                ))  # fmt: skip
+            note(failed)
+        elif len(steps) > n_steps:  # pods that fit already need no target of their own
+            targets.extend(f"{p.key} ({describe(p)})" for p in group)
+    return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets))
 
 
 def reserving(steps: tuple[Step, ...], pod: str, node: str) -> list[Step]:

@@ -8,7 +8,8 @@ GPU freed, then drops victims that turn out unneeded.
 :func:`relocate` evicts a room's victims (whole gangs), gives the room to the pod it was made
 for, and re-places every victim with the scheduler's own filter + score on the rest of the
 cluster (the node and every node the plan keeps free are out of reach). A victim that fits
-nowhere is preempted when the caller allows it; otherwise the attempt is rolled back.
+nowhere is preempted when the caller allows it (for that victim: only pods ranking strictly below
+the pod the room is made for may be preempted); otherwise the attempt is rolled back.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from defrag.scoring.framework import Placement, Policy, Status
 from defrag.scoring.scheduler import schedule
 
 VictimFilter = Callable[[Pod], Status]
+Preemptable = bool | Callable[[Pod], bool]
+"""Whether a victim that fits nowhere may be preempted: for all victims, or per victim."""
 
 
 @dataclass(slots=True)
@@ -336,7 +339,7 @@ def relocate(
     *,
     reason: str,
     allowed: VictimFilter,
-    preempt: bool,
+    preempt: Preemptable,
     place: bool = False,
     nest: Nest | None = None,
 ) -> Relocation | tuple[Blocked, ...]:
@@ -344,7 +347,8 @@ def relocate(
 
     ``pod`` is reserved there (a pending pod), or placed (``place``: a victim one level up).
     A victim that fits nowhere gets room made for it by ``nest``, else is preempted when
-    ``preempt``, else the attempt fails. On success the workspace holds the new state and the
+    ``preempt`` (a predicate: when it says so for every pod of the victim's gang), else the
+    attempt fails. On success the workspace holds the new state and the
     ledger has the evictions committed (a caller that undoes it rolls back the workspace to a
     ``ws.mark()`` and the ledger to a ``snapshot()`` taken before); on failure both are as
     they were and the answer says what blocked.
@@ -380,7 +384,14 @@ def relocate(
     ws.forbid(room.row)
     steps: list[Step] = []
     receivers: list[int] = []
-    ordered = sorted(groups, key=lambda g: -sum(seats[k].pod.gpu_demand_milli for k in g))
+    # Victims that may not be preempted take the free seats first; then the largest first.
+    ordered = sorted(
+        groups,
+        key=lambda g: (
+            _may_preempt(preempt, [seats[k].pod for k in g]) and not isinstance(preempt, bool),
+            -sum(seats[k].pod.gpu_demand_milli for k in g),
+        ),
+    )
     for group in ordered:
         gang = gang_of(seats[group[0]].pod)
         group_mark = ws.mark()
@@ -407,13 +418,19 @@ def relocate(
             continue
         ws.rollback(group_mark)
         ctx.ledger.restore(group_ledger)
-        if not preempt:
+        if not _may_preempt(preempt, [seats[k].pod for k in group]):
             ws.rollback(mark)
             ctx.ledger.restore(ledger_state)
             return (Blocked(failed[0], c.NO_ROOM, f"nowhere to move it: {failed[1]}"),)
         for key in sorted(group):
             steps.append(_step("preempt", seats[key], ws, None, (), reason, gang, ctx))
     return Relocation(tuple(steps), evictions, tuple(sorted(set(receivers))), pod_gpus)
+
+
+def _may_preempt(preempt: Preemptable, pods: Iterable[Pod]) -> bool:
+    if isinstance(preempt, bool):
+        return preempt
+    return all(preempt(p) for p in pods)
 
 
 def _with_gangs(

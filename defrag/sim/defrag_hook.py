@@ -8,8 +8,10 @@
     (``rules/starvation.yaml``) finds the pending pods of high priority (``min_priority``,
     ``priority_classes``) pending at least its ``for:``; the trace's QoS classes read as
     priority values :data:`RULE_PRIORITY`. Room is made for those pods only — by the
-    planner's make-room (victims strictly lower in priority, preemption allowed), inside an
-    execution window, or at any cycle when the rule's action is ``make-room-now``;
+    planner's make-room (:func:`~defrag.plan.planner.make_rooms`, the daemon's own: pods of
+    any priority moved where they re-fit at once, then strictly lower ones preempted, no
+    swaps), inside an execution window, or at any cycle when the rule's action is
+    ``make-room-now``;
   - the node a room frees is held for its pod (``Move.for_pod``: the timeline keeps other
     pods off it until the pod starts or the executor's replacement timeout passes), as the
     executor does with ``defrag.io/reserved-for``;
@@ -17,8 +19,10 @@
     rule finds, then a repack; evictions per window opening are capped (``window_evictions``);
   - the planner sees each running pod's last checkpoint as ``defrag.io/last-checkpoint`` and
     its (re)start as its creation time, with the cycle's time as ``now``, so its cost prices
-    the work an eviction would lose (``checkpoint_aware=False``: the planner is told no time,
-    and every eviction costs the same).
+    the work an eviction would lose (``checkpoint_aware=False``: no pod shows when it started
+    or checkpointed, and every eviction costs the same);
+  - make-room weighs each room against the pod's wait so far (``room_worth``): its lost work
+    and restarts must not exceed the pod's GPUs × hours pending.
 
 Every call plans on a private :class:`~defrag.plan.workspace.Workspace` copied from the
 simulator's state and answers with :class:`~defrag.sim.hooks.Move` s in the order the plan
@@ -40,7 +44,7 @@ from defrag.plan.constraints import Constraints, Ledger
 from defrag.plan.cost import CostModel
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
-from defrag.plan.planner import reserving
+from defrag.plan.planner import PlanOptions, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import Context
 from defrag.plan.workspace import Workspace
@@ -82,9 +86,16 @@ class HookOptions:
     """Timeline: make room outside windows too (None: as the rule's ``action`` says)."""
     window_length_h: float = 1.0
     """Timeline: how long each execution window stays open."""
-    migrate_any_priority: bool = False
-    """Timeline, an experiment (not what the daemon's planner does): first try to make room
-    by migrations alone with victims of any priority, then as the daemon does."""
+    migrate_any_priority: bool = True
+    """Timeline: make-room moves pods of any priority that re-fit at once before preempting
+    strictly lower ones (the planner's default, ``PlanOptions.migrate_any_priority``; False:
+    the planner before issue 17, strictly lower victims only)."""
+    swaps: bool = False
+    """Timeline: allow rooms that preempt as much GPU as they free (``PlanOptions.swaps``)."""
+    room_worth: float = 1.0
+    """Timeline: make room only when worth it (``PlanOptions.room_worth``)."""
+    max_moves_per_room: int | None = None
+    """Timeline: skip rooms needing more evictions (``PlanOptions.max_moves_per_room``)."""
 
 
 def load_rule(path: str | None) -> StarvationParams:
@@ -134,7 +145,8 @@ class PlannerHook:
     # --- timeline: the daemon -------------------------------------------------------------
 
     def starved(self, state: SimState, now: float) -> list[Pod]:
-        """The pending pods the starvation rule finds at ``now``, most urgent first."""
+        """The pending pods the starvation rule finds at ``now``, most urgent first, as the
+        cluster shows them: pending since they were (re-)queued."""
         rule, found = self.rule, []
         for pod in state.pending.values():
             job = state.jobs.get(pod.key)
@@ -145,7 +157,8 @@ class PlannerHook:
                 RULE_PRIORITY.get(pod.qos, pod.priority) >= rule.min_priority
                 or pod.priority_class in rule.priority_classes
             ):
-                found.append((-pod.priority, since, pod.key, pod))
+                shown = replace(pod, pending_since=EPOCH + timedelta(hours=since))
+                found.append((-pod.priority, since, pod.key, shown))
         return [p for *_, p in sorted(found, key=lambda t: t[:3])]
 
     def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
@@ -176,27 +189,14 @@ class PlannerHook:
         return self._spend(ws, steps)
 
     def _make_room(self, ws: Workspace, ctx: Context, starved: Sequence[Pod]) -> list[Step]:
-        opts, steps = self.options, []
-        for pod in starved[: opts.window_pending]:
-            mark = ws.mark()
-            result = None
-            if opts.migrate_any_priority:
-                result = make_room(
-                    ws, ctx, pod, preempt=False, any_priority=True, depth=opts.depth,
-                    candidates=opts.candidates, tries=opts.tries,
-                )  # fmt: skip
-                if not result.ok:
-                    ws.rollback(mark)
-            if result is None or not result.ok:
-                result = make_room(
-                    ws, ctx, pod, preempt=True, depth=opts.depth,
-                    candidates=opts.candidates, tries=opts.tries,
-                )  # fmt: skip
-            if result.ok and result.row is not None:
-                steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
-            else:
-                ws.rollback(mark)
-        return steps
+        opts = self.options
+        options = PlanOptions(
+            cost=ctx.cost_model, candidates=opts.candidates, tries=opts.tries, depth=opts.depth,
+            migrate_any_priority=opts.migrate_any_priority, swaps=opts.swaps,
+            max_moves_per_room=opts.max_moves_per_room, room_worth=opts.room_worth,
+        )  # fmt: skip
+        groups = [[pod] for pod in starved[: opts.window_pending]]
+        return list(make_rooms(ws, ctx, groups, options).steps)
 
     def _budget(self, now: float, in_window: bool) -> int:
         key = ("window", int(self.open_until * 1e6)) if in_window else ("day", int(now // 24))
@@ -220,7 +220,9 @@ class PlannerHook:
         else:
             ws = Workspace(state.arrays.copy(), state.rows, where=state.placed)
         constraints = Constraints(max_evictions=max_evictions)
-        moment = EPOCH + timedelta(hours=now) if aware and now is not None else None
+        # Blind: the cycle's time is known (pods' waits too), but no pod shows when it started
+        # or checkpointed, so every eviction costs the per-eviction constant.
+        moment = EPOCH + timedelta(hours=now) if now is not None else None
         ctx = Context(
             state.policy, Ledger((), constraints), constraints, CostModel(), moment, enforce=False
         )
@@ -229,16 +231,16 @@ class PlannerHook:
 
 def _annotated(placed: Placed, state: SimState, now: float) -> Placed:
     """The running pod as the cluster shows it: created at its (re)start, annotated with
-    ``defrag.io/last-checkpoint`` when it has one."""
+    ``defrag.io/last-checkpoint`` when it checkpoints (a pod that never does shows none)."""
     job = state.jobs.get(placed.pod.key)
     if job is None or job.started is None:
         return placed
     last = job.last_checkpoint(now)
     notes = dict(placed.pod.annotations)
-    if last is not None and job.interval_h is not None and last > job.started:
-        notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=last)).isoformat()
-    elif job.interval_h == 0:
-        notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=now)).isoformat()
+    if last is not None and job.interval_h is not None:
+        # A checkpointing pod shows its (re)start until its first checkpoint in this run: it
+        # resumed from the state saved then; a serving pod (interval 0) shows ``now``.
+        notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=max(last, job.started))).isoformat()
     pod = replace(placed.pod, created_at=EPOCH + timedelta(hours=job.started), annotations=notes)
     return replace(placed, pod=pod)
 

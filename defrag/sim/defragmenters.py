@@ -9,9 +9,9 @@ name                   hook                                            scheduler
 ``defrag-extender``    the daemon                                      ``reserve-binpack``
                                                                        (the extender's score)
 ``defrag-blind``       the daemon, checkpoint-blind cost               ``reserve-binpack``
-``defrag-proposed``    the daemon with make-room-now and migrations    the run's policy
-                       of victims of any priority (an experiment:
-                       what the planner lacks, docs/simulator.md)
+``defrag-proposed``    the daemon with the starvation rule's action     the run's policy
+                       ``make-room-now`` (rooms at any cycle, not
+                       only in windows; docs/simulator.md)
 ``descheduler-hnu``    :class:`~defrag.sim.peers.HighNodeUtilization`  ``most-allocated``
 ``descheduler-lnu``    :class:`~defrag.sim.peers.LowNodeUtilization`   the run's policy
 ``kai-consolidation``  :class:`~defrag.sim.peers.KaiConsolidation`     KAI binpack
@@ -62,7 +62,6 @@ def make_defragmenter(
         return make_defrag_hook(EXTENDER_POLICY, protocol, **opts), EXTENDER_POLICY
     if name == "defrag-proposed":
         opts.setdefault("make_room_now", True)
-        opts.setdefault("migrate_any_priority", True)
         return make_defrag_hook(policy, protocol, **opts), policy
     if name == "descheduler-hnu":
         return HighNodeUtilization(), "most-allocated"

@@ -54,7 +54,7 @@ from defrag.execute.mode import RunMode
 from defrag.extender.server import serve, stop
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
-from defrag.plan import make_plan
+from defrag.plan import PlanOptions, make_plan
 from defrag.rules import load_rules
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies.reserve_binpack import ReserveBinpack
@@ -425,7 +425,10 @@ def test_plan_make_room_cli_respects_constraints(name: str) -> None:
 def test_gated_pods_get_no_room(name: str) -> None:
     cluster = snapshot(name)
     gated = set(expect(name)["gated"])
-    plan = make_plan(cluster, "make-room", now=NOW)
+    # The control pod's only room preempts a 6-GPU batch pod for 4 GPUs (a swap, refused by
+    # default: docs/planning.md); this test is about gates, so swaps are allowed.
+    options = PlanOptions(swaps=True)
+    plan = make_plan(cluster, "make-room", now=NOW, options=options)
     served = {t.split(" ", 1)[0] for t in plan.targets}
     assert not served & gated
     assert all(s.for_pod not in gated for s in plan.steps)
@@ -435,5 +438,5 @@ def test_gated_pods_get_no_room(name: str) -> None:
     for key in gated:
         pod = cluster.pods[key]
         ungated = ungated.with_pod_removed(key).with_pod_added(replace(pod, scheduling_gates=()))
-    again = make_plan(ungated, "make-room", now=NOW)
+    again = make_plan(ungated, "make-room", now=NOW, options=options)
     assert {t.split(" ", 1)[0] for t in again.targets} & gated, "ungated, they are served"
