@@ -35,7 +35,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 from defrag.detect.starvation import StarvationParams
@@ -99,13 +98,15 @@ class HookOptions:
 
 
 def load_rule(path: str | None) -> StarvationParams:
-    """The starvation rule of ``path`` (default: the shipped ``starvation.yaml``)."""
-    from defrag.rules import default_rules_dir, load_rules
+    """The starvation rule of ``path``, else the one the daemon would read (the one rules
+    lookup: ``$DEFRAG_RULES_DIR``, else the shipped rules)."""
+    from defrag.rules import load_rules, rules_paths
 
-    file = Path(path) if path else default_rules_dir() / "starvation.yaml"
-    found = load_rules([file]).enabled("starvation")
+    paths = rules_paths([path] if path else ())
+    found = load_rules(paths).enabled("starvation")
     if not found:
-        raise ValueError(f"{file}: no enabled starvation rule")
+        where = ", ".join(map(str, paths))
+        raise ValueError(f"{where}: no enabled starvation rule")
     rule = found[0].rule
     params = rule.params()
     assert isinstance(params, StarvationParams)
