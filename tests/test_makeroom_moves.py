@@ -141,3 +141,26 @@ def test_a_repack_move_is_refused_when_its_lost_work_outweighs_the_gain(
     plan = make_plan(cluster(nodes, pods), "repack", now=NOW, profile=profile,
                      options=PlanOptions(min_gain_per_cost=gain / 5))  # fmt: skip
     assert [s.pod for s in plan.steps] == (["default/solo"] if drained else [])
+
+
+@pytest.mark.parametrize(
+    ("annotated", "ranking", "known"),
+    [
+        # docs/planning.md's example: 2 GPUs, priority 1000, checkpoint 3 h ago:
+        # (1 + 2 × 3) × (1 + 1000/1000) = 14 for both prices.
+        (True, 14.0, 14.0),
+        # No annotation, created 3 h ago: ranked as if 3 h were lost (14), but the worth check
+        # counts the restart alone: (1 + 2 × 0) × 2 = 2.
+        (False, 14.0, 2.0),
+    ],
+)
+def test_known_cost_counts_lost_work_only_from_the_annotation(
+    annotated: bool, ranking: float, known: float
+) -> None:
+    from defrag.plan.cost import CostModel
+
+    pod = running(
+        "p", "n1", 2, priority=1000, hours=3, annotations=_checkpointed(3) if annotated else None
+    )
+    assert CostModel().eviction(pod, NOW) == pytest.approx(ranking)
+    assert CostModel().known(pod, NOW) == pytest.approx(known)
