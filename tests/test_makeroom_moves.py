@@ -10,8 +10,8 @@ import pytest
 
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.model.workload import WorkloadMix
-from defrag.scoring.profile import ProfileConfig
 from defrag.plan import PlanOptions, make_plan
+from defrag.scoring.profile import ProfileConfig
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
 
 
