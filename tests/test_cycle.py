@@ -145,20 +145,33 @@ def test_open_breaker_blocks_execution_and_is_reported_every_cycle() -> None:
     assert sim.evictions == []
 
 
-def test_empty_plan_with_blocked_pods_raises_a_plan_blocked_finding() -> None:
-    plan = Plan(
-        "repack",
-        "reserve-binpack",
-        (),
-        (Blocked("a/b", "pdb", "0 left"), Blocked("a/c", "pdb", "0 left")),
-    )
+@pytest.mark.parametrize(
+    ("blocked", "summary"),
+    [
+        (
+            (Blocked("a/b", "pdb", "0 left"), Blocked("a/c", "pdb", "0 left")),
+            "2 pod(s) blocked (2 by pdb)",
+        ),
+        # not worth it yet (the pod has waited too little for the work a room loses): no alert
+        ((Blocked("a/b", "not-worth-it", "0.1 < 2.0 GPU-h"),), None),
+        # a real fault beside it is still said, and only the fault is counted
+        (
+            (Blocked("a/b", "not-worth-it", "0.1 < 2.0 GPU-h"), Blocked("a/c", "gang", "1 of 4")),
+            "1 pod(s) blocked (1 by gang)",
+        ),
+    ],
+)
+def test_empty_plan_with_blocked_pods_raises_a_plan_blocked_finding(
+    blocked: tuple[Blocked, ...], summary: str | None
+) -> None:
+    plan = Plan("repack", "reserve-binpack", (), blocked)
     _, p = ports()
-    blocked = CyclePorts(
+    stuck = CyclePorts(
         p.source, p.clock, p.detector, lambda c, g, now, profile, pods=None: plan, p.executor, None
     )
-    result = run_cycle(blocked, CycleConfig())
-    found = [f for f in result.findings if f.kind == "plan-blocked"]
-    assert len(found) == 1 and "2 pod(s) blocked (2 by pdb)" in found[0].summary
+    result = run_cycle(stuck, CycleConfig())
+    found = [f.summary for f in result.findings if f.kind == "plan-blocked"]
+    assert found == ([f"no repack plan possible: {summary}"] if summary else [])
 
 
 def finding(action: str) -> Finding:
@@ -257,6 +270,4 @@ def test_room_is_made_only_for_pods_a_rule_found() -> None:
     # (docs/planning.md, the worth check), not because of the rule.
     profile = ProfileConfig().for_cluster(cluster)
     everyone = p.planner(cluster, "make-room", SIM_START, profile=profile, pods=None)
-    assert any(
-        b.pod == "batch/etl-0" and b.constraint == "not-worth-it" for b in everyone.blocked
-    )
+    assert any(b.pod == "batch/etl-0" and b.constraint == "not-worth-it" for b in everyone.blocked)

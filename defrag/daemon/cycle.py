@@ -26,7 +26,8 @@ from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
-from defrag.plan.model import Plan
+from defrag.plan.constraints import NOT_WORTH
+from defrag.plan.model import Blocked, Plan
 from defrag.ports import AlertSink, Clock, ClusterSource
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
@@ -230,8 +231,10 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         window = urgent_window(window, urgent, started)
         goal, room_for = "make-room", urgent
     plan = ports.planner(cluster, goal, started, profile=profile, pods=room_for) if goal else None
-    if plan is not None and plan.empty and plan.blocked:
-        findings.append(_blocked_finding(plan, started))
+    faults = [b for b in plan.blocked if b.constraint != NOT_WORTH] if plan is not None else []
+    if plan is not None and plan.empty and faults:
+        # "not worth it yet" is the planner waiting, not a fault: it raises no alert
+        findings.append(_blocked_finding(plan, faults, started))
 
     executed: Execution | None = None
     if plan is not None and not plan.empty and ports.executor is not None and leader:
@@ -326,17 +329,17 @@ def _verify(plan: Plan, achieved: Mapping[str, Any], observed: Cluster) -> dict[
     return {"figures": rows, "short": short, "targets_placed": placed, "met": met}
 
 
-def _blocked_finding(plan: Plan, now: datetime) -> Finding:
+def _blocked_finding(plan: Plan, blocked: Sequence[Blocked], now: datetime) -> Finding:
     by_constraint: dict[str, int] = {}
-    for b in plan.blocked:
+    for b in blocked:
         by_constraint[b.constraint] = by_constraint.get(b.constraint, 0) + 1
     parts = ", ".join(f"{n} by {c}" for c, n in sorted(by_constraint.items()))
     return Finding(
         kind="plan-blocked",
         subject="cluster",
         severity="warning",
-        summary=f"no {plan.goal} plan possible: {len(plan.blocked)} pod(s) blocked ({parts})",
-        evidence={"blocked": [b.to_dict() for b in plan.blocked[:20]], "goal": plan.goal},
+        summary=f"no {plan.goal} plan possible: {len(blocked)} pod(s) blocked ({parts})",
+        evidence={"blocked": [b.to_dict() for b in blocked[:20]], "goal": plan.goal},
         since=now,
         labels={"detector": "planner"},
     )
