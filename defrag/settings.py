@@ -208,6 +208,12 @@ class Settings(BaseSettings):
     """The ``random`` policy's seed (the other policies ignore it)."""
     plan_goal: Literal["auto", "repack", "make-room", "all"] = "auto"
     min_pod_age_s: float = Field(0.0, ge=0)
+    make_room_moves_any_priority: bool = True
+    """Make-room may move pods of any priority, each only where it re-fits at once."""
+    make_room_swaps: bool = False
+    """Allow a room that preempts as much GPU as it frees (left to kube-scheduler by default)."""
+    make_room_worth: float = Field(1.0, ge=0, le=1e6)
+    """A room is made when the pod's GPUs × hours pending reach this × its known cost; 0: always."""
 
     # --- execution: windows, budgets, safety --------------------------------------------
     windows: Annotated[list[WindowSetting], NoDecode] = Field(default_factory=list)

@@ -242,7 +242,12 @@ def _planner(settings: Settings) -> Any:
         profile: ScoringProfile,
         pods: frozenset[str] | None = None,
     ) -> Plan:
-        options = PlanOptions(only=pods)
+        options = PlanOptions(
+            only=pods,
+            migrate_any_priority=settings.make_room_moves_any_priority,
+            swaps=settings.make_room_swaps,
+            room_worth=settings.make_room_worth,
+        )
         return make_plan(
             cluster, goal, profile=profile, constraints=constraints, now=now, options=options
         )
