@@ -12,7 +12,7 @@ two, and a backend that cannot be opened raise :class:`SourceError` with one lin
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -97,11 +97,7 @@ def open_source(spec: SourceSpec) -> Backend:
             "name one cluster: snapshot files, the live API or the simulated cluster"
             + (f" (got {chosen})" if chosen else "")
         )
-    if spec.sim:
-        return _sim(spec)
-    if spec.live:
-        return _live(spec)
-    return _files(spec)
+    return _OPENERS[spec.kind](spec)
 
 
 def _files(spec: SourceSpec) -> Backend:
@@ -135,6 +131,14 @@ def _sim(spec: SourceSpec) -> Backend:
     clock = SimClock(speedup=spec.sim_speedup)
     sim = SimCluster(fragmented_cluster(), clock, profile=spec.profile or ProfileConfig())
     return Backend(spec, sim, sim=sim)
+
+
+_OPENERS: dict[str, Callable[[SourceSpec], Backend]] = {
+    "snapshot": _files,
+    "kube": _live,
+    "sim": _sim,
+}
+"""One opener per :attr:`SourceSpec.kind`."""
 
 
 __all__ = ["IN_CLUSTER_ENV", "Backend", "SourceError", "SourceSpec", "open_source"]

@@ -10,11 +10,9 @@ all handed that one profile — never a policy name — so they cannot disagree 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from defrag.model.cluster import Cluster
-from defrag.model.resources import Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Policy
 from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES, UnknownPolicy, make_policy
@@ -31,13 +29,10 @@ class ProfileConfig:
         if self.policy not in POLICY_NAMES:
             raise UnknownPolicy(self.policy)
 
-    def for_pods(self, pods: Iterable[Pod]) -> ScoringProfile:
-        """The profile for a cluster holding ``pods`` (its observed workload mix)."""
-        return self.with_mix(WorkloadMix.observed(pods))
-
     def for_cluster(self, cluster: Cluster) -> ScoringProfile:
-        """The profile for one snapshot: built once, handed to every part that scores it."""
-        return self.for_pods(cluster.pods.values())
+        """The profile for one snapshot (bound to its observed workload mix): built once,
+        handed to every part that scores it."""
+        return self.with_mix(WorkloadMix.observed(cluster.pods.values()))
 
     def with_mix(self, mix: WorkloadMix) -> ScoringProfile:
         """The profile for a known mix (the simulator's, drawn from its trace)."""
