@@ -4,6 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 SHARED ?= ../shared
+# The e2e suite's control plane (tests/e2e/): kube-apiserver, kube-controller-manager and
+# kube-scheduler unpacked once from $(SHARED)/controlplane into this cache; KUBEBUILDER_ASSETS
+# (envtest's convention) points the tests at it. Without the binaries the e2e tests skip.
+KUBE_ASSETS ?= $(HOME)/.cache/defrag/kube-assets-v1.36.2
+KUBE_COMPONENTS := kube-apiserver kube-controller-manager kube-scheduler
+export KUBEBUILDER_ASSETS ?= $(shell [ -x $(KUBE_ASSETS)/kube-apiserver ] || [ -d $(SHARED)/controlplane ] && echo $(KUBE_ASSETS))
 
 # The image name and tag live in deploy/components/image/kustomization.yaml (the manifests use
 # them too); override with `make image IMAGE=registry.example/defrag:dev`.
@@ -12,7 +18,7 @@ IMAGE ?= $(shell sed -n 's/^ *newName: *//p' $(IMAGE_COMPONENT)):$(shell sed -n 
 # docker only where its daemon answers; else podman, else buildah.
 CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v podman || command -v buildah)
 
-.PHONY: venv tools lint test test-fast demo bench image image-name clean
+.PHONY: venv tools kube-assets lint test test-fast e2e demo bench image image-name clean
 
 venv: $(VENV)/.installed
 
@@ -22,15 +28,29 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
-# Debian's prometheus (with promtool) and prometheus-alertmanager, for the integration tests.
+# Debian's prometheus (with promtool) and prometheus-alertmanager, for the integration tests;
+# etcd-server for the e2e suite's control plane.
 tools:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null; then \
-	  echo "installing prometheus and prometheus-alertmanager (Debian packages)"; \
+	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v etcd >/dev/null; then \
+	  echo "installing prometheus, prometheus-alertmanager and etcd-server (Debian packages)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager >/dev/null; \
+	    prometheus prometheus-alertmanager etcd-server >/dev/null; \
+	fi
+
+# Unpack the control plane binaries from $(SHARED)/controlplane (checked against SHA256SUMS)
+# once; a no-op when they are unpacked already or not there to unpack (the e2e tests skip).
+kube-assets:
+	@if [ -d $(SHARED)/controlplane ] && [ ! -x $(KUBE_ASSETS)/kube-scheduler ]; then \
+	  echo "unpacking the control plane binaries into $(KUBE_ASSETS)"; \
+	  mkdir -p $(KUBE_ASSETS).tmp && \
+	  for c in $(KUBE_COMPONENTS); do \
+	    xz -dc $(SHARED)/controlplane/$$c.xz > $(KUBE_ASSETS).tmp/$$c && chmod +x $(KUBE_ASSETS).tmp/$$c; \
+	  done && \
+	  (cd $(KUBE_ASSETS).tmp && sha256sum --quiet -c $(abspath $(SHARED))/controlplane/SHA256SUMS) && \
+	  rm -rf $(KUBE_ASSETS) && mv $(KUBE_ASSETS).tmp $(KUBE_ASSETS); \
 	fi
 
 lint: venv
@@ -40,8 +60,12 @@ lint: venv
 	$(PY) deploy/sync.py --check
 	$(BIN)/hadolint Dockerfile
 
-test: venv tools lint
+test: venv tools kube-assets lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
+
+# The end-to-end suite alone, on the real control plane.
+e2e: venv tools kube-assets
+	$(BIN)/pytest -q -n 2 --dist loadfile tests/e2e
 
 test-fast: venv
 	$(BIN)/pytest -q -x -m "not integration"
