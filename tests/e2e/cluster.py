@@ -26,8 +26,14 @@ from tests.support.binaries import free_port, require_binary
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 SCHEDULER = "defrag-scheduler"
-RBAC_KINDS = {"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-              "RoleBinding"}  # fmt: skip
+RBAC_KINDS = {
+    "Namespace",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+}
 PAUSE = "registry.k8s.io/pause:3.10"
 
 
@@ -35,8 +41,11 @@ def render(overlay: str) -> list[dict[str, Any]]:
     kubectl = require_binary("kubectl")
     out = subprocess.run(
         [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
-        check=True, capture_output=True, text=True, timeout=60,
-    ).stdout  # fmt: skip
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
@@ -57,13 +66,24 @@ def apply_rbac(plane: ControlPlane, overlay: str = "enforce") -> None:
 
 
 def namespace(api: Rest, name: str, labels: dict[str, str] | None = None) -> None:
-    api.apply({"apiVersion": "v1", "kind": "Namespace",
-               "metadata": {"name": name, "labels": labels or {}}})  # fmt: skip
+    api.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name, "labels": labels or {}},
+        }
+    )
 
 
 def priority_class(api: Rest, name: str, value: int) -> None:
-    api.apply({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-               "metadata": {"name": name}, "value": value})  # fmt: skip
+    api.apply(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": name},
+            "value": value,
+        }
+    )
 
 
 def pod_spec(gpus: int, priority_class_name: str | None = None) -> dict[str, Any]:
@@ -109,8 +129,12 @@ def deployment(
 
 
 def bare_pod(api: Rest, ns: str, name: str, gpus: int, **kwargs: Any) -> dict[str, Any]:
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns},
-            "spec": pod_spec(gpus, **kwargs)}  # fmt: skip
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": pod_spec(gpus, **kwargs),
+    }
     return api.post(f"/api/v1/namespaces/{ns}/pods", body)
 
 
@@ -137,8 +161,10 @@ def wait_pods(
     try:
         wait_for(what, check, timeout_s)
     except TimeoutError as exc:
-        summary = [(p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"))
-                   for p in found]  # fmt: skip
+        summary = [
+            (p["metadata"]["name"], p["spec"].get("nodeName"), p["status"].get("phase"))
+            for p in found
+        ]
         raise AssertionError(f"{what}: {summary}") from exc
     return found
 
@@ -192,18 +218,36 @@ def wait_ready(process: Process, port: int, timeout_s: float = 30) -> None:
 
 @contextmanager
 def extender(
-    plane: ControlPlane, kubeconfig: Path, settings: Path, name: str = "defrag-extender",
-    port: int | None = None, extra: tuple[str, ...] = (),
-) -> Iterator[Served]:  # fmt: skip
+    plane: ControlPlane,
+    kubeconfig: Path,
+    settings: Path,
+    name: str = "defrag-extender",
+    port: int | None = None,
+    extra: tuple[str, ...] = (),
+) -> Iterator[Served]:
     port = port or free_port()
     metrics = free_port()
     proc = spawn(
         name,
-        [_defrag(), "extender", "--kubeconfig", str(kubeconfig), "--host", "127.0.0.1",
-         "--port", str(port), "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1",
-         "--settings", str(settings), *extra],
+        [
+            _defrag(),
+            "extender",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--metrics-port",
+            str(metrics),
+            "--metrics-host",
+            "127.0.0.1",
+            "--settings",
+            str(settings),
+            *extra,
+        ],
         plane.folder,
-    )  # fmt: skip
+    )
     plane.processes[name] = proc
     try:
         wait_ready(proc, metrics)
@@ -213,18 +257,34 @@ def extender(
 
 
 def start_daemon(
-    plane: ControlPlane, kubeconfig: Path, settings: Path, rules: Path, name: str,
+    plane: ControlPlane,
+    kubeconfig: Path,
+    settings: Path,
+    rules: Path,
+    name: str,
     env: dict[str, str] | None = None,
-) -> Served:  # fmt: skip
+) -> Served:
     port = free_port()
     proc = spawn(
         name,
-        [_defrag(), "run", "--kubeconfig", str(kubeconfig), "--settings", str(settings),
-         "--rules", str(rules)],
+        [
+            _defrag(),
+            "run",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--settings",
+            str(settings),
+            "--rules",
+            str(rules),
+        ],
         plane.folder,
-        env={"DEFRAG_HTTP_PORT": str(port), "DEFRAG_HTTP_HOST": "127.0.0.1",
-             "DEFRAG_IDENTITY": name, **(env or {})},
-    )  # fmt: skip
+        env={
+            "DEFRAG_HTTP_PORT": str(port),
+            "DEFRAG_HTTP_HOST": "127.0.0.1",
+            "DEFRAG_IDENTITY": name,
+            **(env or {}),
+        },
+    )
     plane.processes[name] = proc
     wait_for(
         name,
@@ -253,12 +313,12 @@ def write_yaml(path: Path, data: Any) -> Path:
 def audit_writes(plane: ControlPlane, user: str, since: int = 0) -> list[dict[str, Any]]:
     """The mutating requests ``user`` made, from the API server's audit log."""
     return [
-        e for e in plane.audit_events()[since:]
-        if e["user"]["username"] == user and e["verb"] in ("create", "update", "patch", "delete",
-                                                            "deletecollection")
-    ]  # fmt: skip
+        e
+        for e in plane.audit_events()[since:]
+        if e["user"]["username"] == user
+        and e["verb"] in ("create", "update", "patch", "delete", "deletecollection")
+    ]
 
 
 def sa_user(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
-

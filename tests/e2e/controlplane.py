@@ -103,9 +103,19 @@ def make_pki(folder: Path, clients: dict[str, str]) -> Pki:
     folder.mkdir(parents=True, exist_ok=True)
     _openssl("genrsa", "-out", "ca.key", "2048", cwd=folder)
     _openssl(
-        "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=defrag-e2e-ca", "-days", "2",
-        "-out", "ca.crt", cwd=folder,
-    )  # fmt: skip
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-subj",
+        "/CN=defrag-e2e-ca",
+        "-days",
+        "2",
+        "-out",
+        "ca.crt",
+        cwd=folder,
+    )
     (folder / "serving.ext").write_text(
         "subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n"
         "extendedKeyUsage=serverAuth\n"
@@ -116,12 +126,35 @@ def make_pki(folder: Path, clients: dict[str, str]) -> Pki:
         *((n, s, "client.ext") for n, s in clients.items()),
     ]:
         _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=folder)
-        _openssl("req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr",
-                 cwd=folder)  # fmt: skip
         _openssl(
-            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "2", "-extfile", ext, "-out", f"{name}.crt", cwd=folder,
-        )  # fmt: skip
+            "req",
+            "-new",
+            "-key",
+            f"{name}.key",
+            "-subj",
+            subject,
+            "-out",
+            f"{name}.csr",
+            cwd=folder,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+            "-out",
+            f"{name}.crt",
+            cwd=folder,
+        )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=folder)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=folder)
     return Pki(folder)
@@ -146,7 +179,9 @@ def write_kubeconfig(
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": str(ca)}}],
+        "clusters": [
+            {"name": "e2e", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
         "users": [{"name": "e2e", "user": user}],
         "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
         "current-context": "e2e",
@@ -188,9 +223,13 @@ def spawn(name: str, argv: list[str], folder: Path, env: dict[str, str] | None =
     log = folder / f"{name}.log"
     handle = log.open("ab")
     proc = subprocess.Popen(
-        argv, stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})}, start_new_session=True,
-    )  # fmt: skip
+        argv,
+        stdout=handle,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+        start_new_session=True,
+    )
     handle.close()
     return Process(name, proc, log)
 
@@ -201,7 +240,9 @@ def wait_for(what: str, check: Any, timeout_s: float, process: Process | None = 
     last: Exception | None = None
     while time.monotonic() < deadline:
         if process is not None and not process.alive():
-            raise RuntimeError(f"{process.name} exited ({process.proc.returncode}): {process.tail()}")
+            raise RuntimeError(
+                f"{process.name} exited ({process.proc.returncode}): {process.tail()}"
+            )
         try:
             value = check()
         except (requests.RequestException, OSError) as exc:
@@ -245,7 +286,10 @@ class Rest:
             "json": "application/json-patch+json",
         }[kind]
         answer = self.session.patch(
-            self.url(path), data=json.dumps(body), headers={"Content-Type": content_type}, timeout=30
+            self.url(path),
+            data=json.dumps(body),
+            headers={"Content-Type": content_type},
+            timeout=30,
         )
         _raise(answer)
         return dict(answer.json())
@@ -261,7 +305,9 @@ class Rest:
             for res in self.get(base)["resources"]:
                 if "/" not in res["name"]:
                     self._resources[f"{api_version}/{res['kind']}"] = (
-                        base, res["name"], bool(res["namespaced"])
+                        base,
+                        res["name"],
+                        bool(res["namespaced"]),
                     )
         if key not in self._resources:
             raise KeyError(f"the API server serves no {key}")
@@ -297,8 +343,9 @@ def _raise(answer: requests.Response) -> None:
         )
 
 
-def rest(server: str, ca: Path, *, cert: tuple[Path, Path] | None = None,
-         token: str | None = None) -> Rest:  # fmt: skip
+def rest(
+    server: str, ca: Path, *, cert: tuple[Path, Path] | None = None, token: str | None = None
+) -> Rest:
     session = requests.Session()
     session.trust_env = False  # REQUESTS_CA_BUNDLE would replace the cluster's CA
     session.verify = str(ca)
@@ -465,9 +512,11 @@ def start_control_plane(folder: Path) -> ControlPlane:
             processes["kube-apiserver"],
         )
         cm_kubeconfig = write_kubeconfig(
-            folder / "controller-manager.kubeconfig", server, pki.ca,
+            folder / "controller-manager.kubeconfig",
+            server,
+            pki.ca,
             cert=pki.cert("controller-manager"),
-        )  # fmt: skip
+        )
         processes["kube-controller-manager"] = spawn(
             "kube-controller-manager",
             [
@@ -503,9 +552,11 @@ def start_control_plane(folder: Path) -> ControlPlane:
         # manager is working once it has.
         wait_for(
             "kube-controller-manager",
-            lambda: admin.session.get(
-                f"{server}/api/v1/namespaces/default/serviceaccounts/default", timeout=2
-            ).ok,
+            lambda: (
+                admin.session.get(
+                    f"{server}/api/v1/namespaces/default/serviceaccounts/default", timeout=2
+                ).ok
+            ),
             60,
             processes["kube-controller-manager"],
         )

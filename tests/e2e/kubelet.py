@@ -37,8 +37,10 @@ def add_node(api: Rest, name: str, gpus: int = 8, **kwargs: Any) -> dict[str, An
     (``tests/support/kubeobjects.node``), created and then made Ready."""
     shape = kubeobjects.node(name, gpus, **kwargs)
     meta = {k: v for k, v in shape["metadata"].items() if k in ("name", "labels", "annotations")}
-    api.post("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": meta,
-                               "spec": shape["spec"]})  # fmt: skip
+    api.post(
+        "/api/v1/nodes",
+        {"apiVersion": "v1", "kind": "Node", "metadata": meta, "spec": shape["spec"]},
+    )
     status = dict(shape["status"])
     stamp = now_rfc3339()
     status["conditions"] = [
@@ -109,8 +111,12 @@ class Kubelet:
                     time.sleep(0.5)
 
     def _watch(self, version: str) -> None:
-        params = {"watch": "1", "resourceVersion": version, "timeoutSeconds": "5",
-                  "allowWatchBookmarks": "true"}  # fmt: skip
+        params = {
+            "watch": "1",
+            "resourceVersion": version,
+            "timeoutSeconds": "5",
+            "allowWatchBookmarks": "true",
+        }
         while not self._stop.is_set():
             with self.api.session.get(
                 self.api.url("/api/v1/pods"), params=params, stream=True, timeout=(5, 15)
@@ -149,8 +155,13 @@ class Kubelet:
         stamp = now_rfc3339()
         conditions = [
             {"type": kind, "status": "True", "lastProbeTime": None, "lastTransitionTime": stamp}
-            for kind in ("PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady",
-                         "PodScheduled")  # fmt: skip
+            for kind in (
+                "PodReadyToStartContainers",
+                "Initialized",
+                "Ready",
+                "ContainersReady",
+                "PodScheduled",
+            )
         ]
         containers = [
             {

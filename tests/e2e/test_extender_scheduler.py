@@ -10,6 +10,7 @@ one pod takes no other; with the extender gone, ``ignorable: true`` lets pods bi
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +31,13 @@ SEQUENCE = [1, 2, 4, 1, 8, 3, 2, 1]
 
 def _bound(api: Any, ns: str, name: str, timeout_s: float = 30) -> str:
     found = c.wait_pods(
-        api, ns, f"app={name}",
+        api,
+        ns,
+        f"app={name}",
         lambda ps: len(ps) == 1 and ps[0]["status"].get("phase") == "Running",
-        timeout_s, what=f"{name} bound and running",
-    )  # fmt: skip
+        timeout_s,
+        what=f"{name} bound and running",
+    )
     node = c.node_of(found[0])
     assert node is not None
     return node
@@ -73,14 +77,27 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
     port = free_port()
     scheduler = f"kube-scheduler-{tag}"
     try:
-        with c.extender(plane, sched_kc, settings, name=f"extender-{tag}", port=port,
-                        extra=("--relist-interval-s", "1")) as ext:  # fmt: skip
+        with c.extender(
+            plane,
+            sched_kc,
+            settings,
+            name=f"extender-{tag}",
+            port=port,
+            extra=("--relist-interval-s", "1"),
+        ) as ext:
             plane.start_scheduler(c.scheduler_config(port, node_cache_capable), sched_kc, scheduler)
             bound = 0
             for i, gpus in enumerate(SEQUENCE):
                 _settle(ext, bound)
-                placed = c.defrag_json("place", "--kubeconfig", str(daemon_kc), "--gpus",
-                                       str(gpus), "--settings", str(settings))  # fmt: skip
+                placed = c.defrag_json(
+                    "place",
+                    "--kubeconfig",
+                    str(daemon_kc),
+                    "--gpus",
+                    str(gpus),
+                    "--settings",
+                    str(settings),
+                )
                 # Only our three nodes may take it (the other test's nodes are full or gone).
                 expected = placed["node"]
                 name = f"p{i}-{gpus}"
@@ -108,11 +125,15 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
             # ...while the pod it is reserved for lands there.
             keeper = c.bare_pod(plane.admin, ns, "keeper", free[roomy])
             c.wait_pods(
-                plane.admin, ns, "",
-                lambda ps: any(p["metadata"]["name"] == "keeper" and c.node_of(p) == roomy
-                               for p in ps),
-                30, what="keeper on its reserved node",
-            )  # fmt: skip
+                plane.admin,
+                ns,
+                "",
+                lambda ps: any(
+                    p["metadata"]["name"] == "keeper" and c.node_of(p) == roomy for p in ps
+                ),
+                30,
+                what="keeper on its reserved node",
+            )
             assert keeper["metadata"]["name"] == "keeper"
         # The extender is gone (ignorable: true): kube-scheduler binds without it, on the one
         # node with room.
@@ -154,7 +175,5 @@ def _clean(plane: ControlPlane, ns: str, nodes: list[str]) -> None:
             )
         time.sleep(0.2)
     for node in nodes:
-        try:
+        with contextlib.suppress(requests.RequestException):
             plane.admin.delete(f"/api/v1/nodes/{node}")
-        except requests.RequestException:
-            pass
