@@ -8,9 +8,11 @@ manifests, with the RBAC the rendered overlay gives them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -75,15 +77,16 @@ def namespace(api: Rest, name: str, labels: dict[str, str] | None = None) -> Non
     )
 
 
-def priority_class(api: Rest, name: str, value: int) -> None:
-    api.apply(
-        {
-            "apiVersion": "scheduling.k8s.io/v1",
-            "kind": "PriorityClass",
-            "metadata": {"name": name},
-            "value": value,
-        }
-    )
+def priority_class(api: Rest, name: str, value: int, *, preempt: bool = True) -> None:
+    body: dict[str, Any] = {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+    }
+    if not preempt:  # kube-scheduler's own preemption stays out of it
+        body["preemptionPolicy"] = "Never"
+    api.apply(body)
 
 
 def pod_spec(gpus: int, priority_class_name: str | None = None) -> dict[str, Any]:
@@ -322,3 +325,36 @@ def audit_writes(plane: ControlPlane, user: str, since: int = 0) -> list[dict[st
 
 def sa_user(namespace: str, name: str) -> str:
     return f"system:serviceaccount:{namespace}:{name}"
+
+
+def clean(plane: ControlPlane, ns: str, nodes: list[str]) -> None:
+    """Remove the namespace's workloads and the nodes, so the next test starts empty."""
+    for kind in ("deployments",):
+        plane.admin.session.delete(
+            plane.admin.url(f"/apis/apps/v1/namespaces/{ns}/{kind}"), timeout=30
+        )
+    deadline = time.monotonic() + 30
+    while pods(plane.admin, ns) and time.monotonic() < deadline:
+        for pod in pods(plane.admin, ns):
+            plane.admin.delete(
+                f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
+                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            )
+        time.sleep(0.2)
+    for node in nodes:
+        with contextlib.suppress(requests.RequestException):
+            plane.admin.delete(f"/api/v1/nodes/{node}")
+
+
+def bind(api: Rest, pod: dict[str, Any], node: str) -> None:
+    """Bind ``pod`` to ``node`` as a scheduler does (the ``pods/binding`` subresource)."""
+    meta = pod["metadata"]
+    api.post(
+        f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding",
+        {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        },
+    )

@@ -66,6 +66,7 @@ class Kubelet:
         self.api = api
         self.delete_delay_s = delete_delay_s
         self.hold: set[str] = set()
+        """Pod keys (``namespace/name``) or key prefixes (ending ``-``) held Terminating."""
         self.started: dict[str, float] = {}
         """pod key → monotonic time it was marked Running."""
         self._due: list[tuple[float, str, str]] = []
@@ -85,6 +86,9 @@ class Kubelet:
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=10)
+
+    def held(self, key: str) -> bool:
+        return any(key == h or (h.endswith("-") and key.startswith(h)) for h in self.hold)
 
     def release(self, keys: Iterable[str]) -> None:
         """Let held pods finish deleting now."""
@@ -141,7 +145,7 @@ class Kubelet:
         key = pod_key(pod)
         if meta.get("deletionTimestamp"):
             with self._lock:
-                if key in self.hold:
+                if self.held(key):
                     return
                 heapq.heappush(
                     self._due, (time.monotonic() + self.delete_delay_s, key, meta["uid"])
@@ -202,7 +206,7 @@ class Kubelet:
                 while self._due and self._due[0][0] <= time.monotonic():
                     ready.append(heapq.heappop(self._due))
             for _, key, uid in ready:
-                if key in self.hold:
+                if self.held(key):
                     continue
                 namespace, name = key.split("/", 1)
                 with contextlib.suppress(requests.RequestException):

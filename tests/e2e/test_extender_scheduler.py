@@ -10,13 +10,11 @@ one pod takes no other; with the extender gone, ``ignorable: true`` lets pods bi
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import ControlPlane
@@ -146,7 +144,7 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
     finally:
         if scheduler in plane.processes:
             plane.processes.pop(scheduler).stop()
-        _clean(plane, ns, nodes)
+        c.clean(plane, ns, nodes)
 
 
 def _free_gpus(plane: ControlPlane, nodes: list[str]) -> dict[str, int]:
@@ -158,22 +156,3 @@ def _free_gpus(plane: ControlPlane, nodes: list[str]) -> dict[str, int]:
                 limits = container.get("resources", {}).get("limits", {})
                 used[node] += int(limits.get("nvidia.com/gpu", 0))
     return {n: 8 - used[n] for n in nodes}
-
-
-def _clean(plane: ControlPlane, ns: str, nodes: list[str]) -> None:
-    """Remove the namespace's workloads and the nodes, so the next test starts empty."""
-    for kind in ("deployments",):
-        plane.admin.session.delete(
-            plane.admin.url(f"/apis/apps/v1/namespaces/{ns}/{kind}"), timeout=30
-        )
-    deadline = time.monotonic() + 30
-    while c.pods(plane.admin, ns) and time.monotonic() < deadline:
-        for pod in c.pods(plane.admin, ns):
-            plane.admin.delete(
-                f"/api/v1/namespaces/{ns}/pods/{pod['metadata']['name']}",
-                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-            )
-        time.sleep(0.2)
-    for node in nodes:
-        with contextlib.suppress(requests.RequestException):
-            plane.admin.delete(f"/api/v1/nodes/{node}")
