@@ -52,6 +52,21 @@ class SettingsError(ValueError):
     """A setting that cannot be used; the message names the field and its source."""
 
 
+class Contradiction(ValueError):
+    """Settings valid one by one that cannot hold together; ``fields`` names them (the first two
+    are the pair, the message gives every value)."""
+
+    def __init__(self, fields: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def _deadline_text(named: str, deadline: float, interval: float) -> str:
+    if named == "ready_max_age_s":
+        return f"ready_max_age_s ({deadline:g})"
+    return f"3 × cycle_interval_s ({interval:g}) = {deadline:g} (ready_max_age_s unset)"
+
+
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 DURATION_FORM = "a duration such as 90s, 15m, 2h or 1h30m"
@@ -260,14 +275,43 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check(self) -> Settings:
+        """Settings each valid alone that contradict each other (docs/daemon.md, "Settings that
+        must agree"): refused at start, naming both."""
         if self.alertmanager_urls and self.alert_ttl_s <= max(
             self.alert_resend_interval_s, self.cycle_interval_s
         ):
-            raise ValueError(
-                f"alert_ttl_s ({self.alert_ttl_s:g}) must exceed alert_resend_interval_s and "
-                f"cycle_interval_s ({self.cycle_interval_s:g}), or alerts lapse between cycles"
+            raise Contradiction(
+                ("alert_ttl_s", "alert_resend_interval_s", "cycle_interval_s"),
+                f"alert_ttl_s ({self.alert_ttl_s:g}) must exceed alert_resend_interval_s "
+                f"({self.alert_resend_interval_s:g}) and cycle_interval_s "
+                f"({self.cycle_interval_s:g}), or alerts lapse between cycles",
+            )
+        if self.ready_max_age_s is not None and self.ready_max_age_s <= self.cycle_interval_s:
+            raise Contradiction(
+                ("ready_max_age_s", "cycle_interval_s"),
+                f"ready_max_age_s ({self.ready_max_age_s:g}) must exceed cycle_interval_s "
+                f"({self.cycle_interval_s:g}): the last good cycle is that old before the next "
+                "one ends, so /readyz would fail between every two cycles",
+            )
+        deadline, named = self.cycle_deadline()
+        wait = self.replacement_timeout_s + self.poll_interval_s
+        if not self.dry_run and wait >= deadline:  # dry run waits for no replacement
+            raise Contradiction(
+                ("replacement_timeout_s", "poll_interval_s", named),
+                f"replacement_timeout_s ({self.replacement_timeout_s:g}) plus one "
+                f"poll_interval_s ({self.poll_interval_s:g}) must be less than the cycle "
+                f"deadline, {_deadline_text(named, deadline, self.cycle_interval_s)}: one wait "
+                "for replacements would outlast the cycle, /healthz would fail and the leader "
+                "would stop renewing its Lease mid-drain",
             )
         return self
+
+    def cycle_deadline(self) -> tuple[float, str]:
+        """Seconds one cycle may run (past it /healthz fails and the Lease is not renewed) and
+        the setting that decides it: ``ready_max_age_s``, else 3 × ``cycle_interval_s``."""
+        if self.ready_max_age_s is not None:
+            return self.ready_max_age_s, "ready_max_age_s"
+        return 3 * self.cycle_interval_s, "cycle_interval_s"
 
     @field_validator("policy")
     @classmethod
@@ -379,21 +423,34 @@ def _describe(
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "settings"
         top = str(err["loc"][0]) if err["loc"] else ""
-        if top in init:
-            where = "flag"
-        elif f"{ENV_PREFIX}{top.upper()}" in {k.upper() for k in os.environ}:
-            where = f"env {ENV_PREFIX}{top.upper()}"
-        elif path is not None and top in file_data:
-            where = str(path)
-        else:
-            where = "default"
+        where = _source(top, path, file_data, init)
         message = str(err["msg"]).removeprefix("Value error, ")
+        cause = (err.get("ctx") or {}).get("error")
+        if not top and isinstance(cause, Contradiction):
+            sources = " and ".join(
+                f"{name} ({_source(name, path, file_data, init)})" for name in cause.fields
+            )
+            lines.append(f"settings {sources} contradict each other: {cause}")
+            continue
         if err["type"] == "extra_forbidden":
             message = "unknown setting"
         elif err["type"] == "bool_parsing":
             message = f"cannot read {err.get('input')!r}: expected true or false"
         lines.append(f"setting {loc} ({where}): {message}" if top else f"settings: {message}")
     return "; ".join(lines)
+
+
+def _source(
+    name: str, path: Path | None, file_data: Mapping[str, Any], init: Mapping[str, Any]
+) -> str:
+    """Where setting ``name`` came from: ``flag``, ``env DEFRAG_X``, the file, or ``default``."""
+    if name in init:
+        return "flag"
+    if f"{ENV_PREFIX}{name.upper()}" in {k.upper() for k in os.environ}:
+        return f"env {ENV_PREFIX}{name.upper()}"
+    if path is not None and name in file_data:
+        return str(path)
+    return "default"
 
 
 def _kind(path: Path) -> str:

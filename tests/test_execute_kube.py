@@ -347,3 +347,89 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
             if r.resource == "events" and r.body.get("reason") == "DefragReconciled"
         ]
         assert len(reconciled) == 1 and "rolled-back" in reconciled[0]["message"]
+
+
+# --- pods already Terminating ------------------------------------------------------------------
+
+
+def mark_deleted(api: KubeApi, name: str, namespace: str = "inf") -> None:
+    """What the API server does on a graceful delete (or an eviction) of a pod whose kubelet
+    has not confirmed yet: ``metadata.deletionTimestamp`` (RFC 3339, now + the grace period)
+    and ``deletionGracePeriodSeconds`` set; the pod stays listed, Running, until it is gone."""
+    pod = api.get("Pod", name, namespace)
+    assert pod is not None
+    pod["metadata"]["deletionTimestamp"] = "2026-11-29T12:00:30Z"
+    pod["metadata"]["deletionGracePeriodSeconds"] = 30
+    api.put(pod)
+
+
+def test_a_terminating_pod_is_not_evicted_and_spends_no_budget(api: KubeApi) -> None:
+    """Before: web-a, already Terminating, was evicted again and charged to the namespace
+    budget (1 of 1 in inf), so web-b was skipped ("namespace budget: 1 of 1 evictions in inf
+    spent"). Now web-a gets no Eviction call and no charge ("gone": already going), web-b is
+    evicted with the one eviction inf may spend, and the drain waits until web-a is gone."""
+    mark_deleted(api, "web-a")
+    ex = executor(api, Budgets(per_window=20, per_node=20, per_namespace=1))
+    cluster = ex.source.snapshot()
+    threading.Timer(0.3, api.remove, ("Pod", "web-a", "inf")).start()  # its kubelet is done
+    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=False)
+    assert evictions(api) == ["inf/web-b"]
+    assert result.counts == {"evicted": 1, "gone": 1}
+    (going,) = [o for o in result.outcomes if o.pod == "inf/web-a"]
+    assert going.reason.startswith("terminating: being deleted since 2026-11-29T12:00:30Z")
+    assert (ex.ledger.total, ex.ledger.by_namespace["inf"]) == (1, 1)  # web-b only
+    assert result.problems == ()  # web-a left within the replacement timeout
+    assert api.get("Pod", "web-a", "inf") is None
+
+
+def test_the_drain_waits_for_a_terminating_pod_at_most_the_replacement_timeout(
+    api: KubeApi,
+) -> None:
+    mark_deleted(api, "web-a")  # stuck Terminating (a finalizer, a dead kubelet)
+    ex = executor(api, timeout_s=0.3)
+    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    assert evictions(api) == []
+    assert result.counts == {"gone": 1}
+    assert result.problems == ("still Terminating 0.3 s later: inf/web-a",)
+    assert taints(api, "gpu-1") == []  # the drain ended all the same
+
+
+def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_back(
+    api: KubeApi,
+) -> None:
+    """big-0 was running when planned and is Terminating by the time gpu-2's drain comes (it
+    starts deleting while gpu-1 drains): no Eviction call for it, and the budget its step was
+    admitted with (1 of the window's 2) is given back: 2 admitted − 1 = 1 spent."""
+
+    def delete_big(server: KubeApi, evicted: dict[str, Any]) -> None:
+        if evicted["metadata"]["name"] == "web-a":
+            mark_deleted(server, "big-0")
+            threading.Timer(0.3, server.remove, ("Pod", "big-0", "inf")).start()
+
+    api.on_eviction = delete_big
+    ex = executor(api, Budgets(per_window=2, per_node=20, per_namespace=20))
+    plan = Plan(
+        "repack",
+        "reserve-binpack",
+        (
+            Step("migrate", "inf/web-a", "gpu-1", "gpu-3", "repack"),
+            Step("migrate", "inf/big-0", "gpu-2", "gpu-3", "repack"),
+        ),
+        (),
+    )
+    result = ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    assert evictions(api) == ["inf/web-a"]
+    assert result.counts == {"evicted": 1, "gone": 1}
+    assert ex.ledger.total == 1
+
+
+def test_dry_run_shows_a_terminating_pod_as_gone_and_spends_nothing(api: KubeApi) -> None:
+    mark_deleted(api, "web-a")
+    ex = executor(api, Budgets(per_window=20, per_node=20, per_namespace=1))
+    cluster = ex.source.snapshot()
+    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=True)
+    assert [(o.pod, o.result) for o in result.outcomes] == [
+        ("inf/web-a", "gone"),
+        ("inf/web-b", "planned"),
+    ]
+    assert api.writes() == []

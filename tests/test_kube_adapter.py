@@ -242,7 +242,7 @@ def test_annotations_set_and_remove(api: KubeApi) -> None:
 
 
 def test_events_on_pods_and_nodes(api: KubeApi) -> None:
-    act = actuator(api, event_namespace="defrag-system", instance="defrag-0")
+    act = actuator(api, instance="defrag-0")
     act.event("Pod", "ml", "batch-01-0-0", "DefragEvicted", "moved to gpu-07")
     act.event("Node", "", "gpu-01", "DefragBlocked", "PDB serve", warning=True)
     events = {e["involvedObject"]["kind"]: e for e in api.objects("Event")}
@@ -255,10 +255,51 @@ def test_events_on_pods_and_nodes(api: KubeApi) -> None:
         "apiVersion": "v1",
     }
     assert (pod_event["reason"], pod_event["type"]) == ("DefragEvicted", "Normal")
-    assert node_event["metadata"]["namespace"] == "defrag-system"
+    assert node_event["metadata"]["namespace"] == "default"  # the API server takes no other
+    assert "namespace" not in node_event["involvedObject"]
     assert node_event["involvedObject"]["kind"] == "Node"
     assert node_event["type"] == "Warning"
     assert node_event["source"] == {"component": "defrag", "host": "defrag-0"}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "involved", "code"),
+    [
+        ("default", None, 201),  # a Node's Event: default is the one namespace allowed
+        ("defrag-system", None, 422),  # what defrag used to send for nodes
+        ("ml", "ml", 201),  # a Pod's Event in the pod's namespace
+        ("defrag-system", "ml", 422),
+    ],
+)
+def test_the_emulator_validates_event_namespaces_as_the_api_server(
+    api: KubeApi, namespace: str, involved: str | None, code: int
+) -> None:
+    """core/v1 Event validation (kubernetes pkg/apis/core/validation/events.go, an Event
+    without eventTime): about a cluster-scoped object only in ``default``, about a namespaced
+    one only in its namespace; else 422 Invalid naming ``involvedObject.namespace``."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    obj: dict[str, str] = {"kind": "Pod" if involved else "Node", "name": "x"}
+    if involved:
+        obj["namespace"] = involved
+    body = {"metadata": {"name": "x.1", "namespace": namespace}, "involvedObject": obj}
+    core = client.CoreV1Api(api.client())
+    if code == 201:
+        core.create_namespaced_event(namespace, body, _preload_content=False)
+        assert [e["metadata"]["namespace"] for e in api.objects("Event")] == [namespace]
+        return
+    with pytest.raises(ApiException) as info:
+        core.create_namespaced_event(namespace, body, _preload_content=False)
+    status = json.loads(info.value.body)
+    assert (info.value.status, status["kind"], status["reason"]) == (422, "Status", "Invalid")
+    shown = involved or ""
+    assert status["message"] == (
+        f'Event "x.1" is invalid: involvedObject.namespace: Invalid value: "{shown}": '
+        "does not match event.namespace"
+    )
+    assert status["details"]["causes"][0]["field"] == "involvedObject.namespace"
+    assert api.objects("Event") == []
 
 
 def test_event_failure_is_logged_not_raised(api: KubeApi) -> None:

@@ -459,3 +459,35 @@ def test_pod_shape_round_trips_through_kubernetes_json(
     assert pod.num_gpu == max(gpus, init_gpus)  # an init container runs alone, before the app
     assert pod.cpu_milli == max(cpu_milli, 1)
     assert pod.memory_mib == memory_mib
+
+
+# --- terminating pods --------------------------------------------------------------------------
+
+
+def _deleted(obj: dict[str, Any], at: str = "2026-11-29T12:00:30Z") -> dict[str, Any]:
+    """``obj`` as the API server leaves it on a graceful delete: ``metadata.deletionTimestamp``
+    (RFC 3339: now + the grace period) and ``deletionGracePeriodSeconds`` set, the pod still
+    there until its kubelet confirms it stopped (meta/v1 ObjectMeta)."""
+    out = copy.deepcopy(obj)
+    out["metadata"]["deletionTimestamp"] = at
+    out["metadata"]["deletionGracePeriodSeconds"] = 30
+    return out
+
+
+def test_deletion_timestamp_is_read_and_the_pod_still_holds_its_gpus() -> None:
+    bound = _deleted(k.pod("train-0", "ml", 4, node_name="gpu-1", phase="Running"))
+    waiting = _deleted(k.pod("wait-0", "ml", 2, phase="Pending"))
+    pod, _ = pod_from_json(bound)
+    assert pod.terminating
+    assert pod.deleting_since == datetime(2026, 11, 29, 12, 0, 30, tzinfo=UTC)
+    assert not pod_from_json(k.pod("live-0", "ml", 1, node_name="gpu-1"))[0].terminating
+    cluster = cluster_from_items([k.node("gpu-1"), bound, waiting])
+    # gpu-1 has 8 GPUs; the terminating pod still holds 4 of them until it is gone: 8 − 4 = 4
+    assert int(cluster.arrays.free_whole_count()[0]) == 4
+    assert [p.key for p in cluster.bound_pods()] == ["ml/train-0"]
+    assert list(cluster.pending_pods()) == []  # a terminating pod waits for nothing
+
+
+def test_a_bad_deletion_timestamp_names_the_field() -> None:
+    with pytest.raises(ConversionError, match=r"metadata\.deletionTimestamp"):
+        pod_from_json(_deleted(k.pod("p", "ml", 1), at="yesterday"))

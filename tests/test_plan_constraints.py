@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -13,6 +14,12 @@ from defrag.plan.cost import CostModel
 from tests.test_plan_support import NOW, running
 
 CHECKPOINT = "defrag.io/last-checkpoint"
+
+
+def terminating(pod: Pod) -> Pod:
+    """``pod`` as the API server leaves it after a graceful delete: deletionTimestamp set
+    (RFC 3339, 30 s after the delete: the default terminationGracePeriodSeconds)."""
+    return replace(pod, deleting_since=NOW - timedelta(seconds=30))
 
 
 @pytest.mark.parametrize(
@@ -29,6 +36,14 @@ CHECKPOINT = "defrag.io/last-checkpoint"
         (running("a", "n", hours=0.05), Constraints(min_age=timedelta(0)), None),
         (running("a", "n", priority=500), Constraints(protect_priority=500), "priority"),
         (running("a", "n", priority=499), Constraints(protect_priority=500), None),
+        # metadata.deletionTimestamp set: already going, whatever else holds; checked first
+        (terminating(running("a", "n")), Constraints(), "terminating"),
+        (
+            terminating(running("a", "n", annotations={"defrag.io/evictable": "false"})),
+            Constraints(),
+            "terminating",
+        ),
+        (terminating(running("a", "n", hours=0.05)), Constraints(), "terminating"),
     ],
 )
 def test_check_pod(pod: Pod, constraints: Constraints, expected: str | None) -> None:
@@ -126,3 +141,35 @@ def test_preemption_costs_more_and_unknown_time_costs_the_constant() -> None:
     pod = running("a", "n", 2, hours=3)  # (1 + 2 × 3) = 7
     assert CostModel().preemption(pod, NOW) == pytest.approx(14.0)
     assert CostModel().eviction(pod, None) == pytest.approx(1.0)
+
+
+def test_terminating_reason_names_when_the_delete_began() -> None:
+    status = check_pod(terminating(running("a", "n")), Constraints(), NOW)
+    blocked = blocked_from("default/a", status)
+    assert blocked.constraint == "terminating"
+    since = (NOW - timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert blocked.detail == f"being deleted since {since}, already going"
+
+
+def test_the_planner_never_picks_a_terminating_pod() -> None:
+    """make-room for an 8-GPU pod: n1 holds a 4-GPU pod that is Terminating and n2 a movable
+    4-GPU pod; both nodes have 8 GPUs (8 − 4 = 4 free on each). The terminating pod is the
+    cheaper victim (cost = 1 + 4 GPUs × 0.5 h = 3 against 1 + 4 × 5 h = 21), so before it was
+    the one moved; now the planner refuses it by name and moves the other, onto n1's 4 free
+    GPUs (the terminating pod still holds its own 4 there)."""
+    from defrag.model.cluster import Cluster
+    from defrag.model.resources import Node
+    from defrag.plan.planner import make_plan
+    from defrag.scoring.profile import ProfileConfig
+    from tests.test_plan_support import pending
+
+    nodes = [Node(n, cpu_milli=64_000, memory_mib=512_000, num_gpu=8) for n in ("n1", "n2")]
+    going = terminating(running("going", "n1", 4, hours=0.5))
+    stays = running("stays", "n2", 4, hours=5)
+    big = pending("big", 8, priority=1000)
+    cluster = Cluster.build(nodes, [going, stays, big])
+    assert cluster.arrays.gpu_free.sum() == 8 * 1000  # 16 GPUs − 4 − 4: it still holds its GPUs
+    profile = ProfileConfig("reserve-binpack", 0).for_cluster(cluster)
+    plan = make_plan(cluster, "make-room", profile=profile, constraints=Constraints(), now=NOW)
+    assert [(s.pod, s.source, s.target) for s in plan.steps] == [("default/stays", "n2", "n1")]
+    assert [(b.pod, b.constraint) for b in plan.blocked] == [("default/going", "terminating")]

@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
+from defrag.cli.run import _kube
+from defrag.settings import Settings
 from tests.support.binaries import require_binary
 from tests.support.kubeapi import KubeApi, Request, running
 from tests.support.snapshots import scattered_20
@@ -89,7 +91,10 @@ class Clock:
 
 def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
     KubeClusterSource(api.client(), page_size=5, retry=FAST).snapshot()
-    act = KubeActuator(api.client(), retry=FAST, event_namespace=lease_namespace)
+    # The actuator as the daemon wires it (defrag/cli/run.py), so its Events go where the
+    # daemon's do.
+    act, _ = _kube(Settings(dry_run=False, lease_namespace=lease_namespace), api.client())
+    assert isinstance(act, KubeActuator)
     act.taint_node("gpu-01", "defrag.io/draining", "p1", "NoSchedule")
     act.annotate_node("gpu-01", {"defrag.io/plan": "p1"})
     act.evict("ml", "batch-01-0-0")
@@ -154,6 +159,38 @@ def test_the_check_finds_a_missing_and_an_extra_grant(
         "PATCH /api/v1/nodes/gpu-01 needs ('', 'nodes', 'patch'), not granted",
         "granted but never used: ('', 'pods', 'delete')",
     ]
+
+
+def _may(manifests: list[dict[str, Any]], grant: Grant, namespace: str) -> bool:
+    """Whether the daemon's service account may ``grant`` in ``namespace`` (cluster-wide, or by
+    a Role bound in that namespace)."""
+    (account,) = [m for m in manifests if m["kind"] == "ServiceAccount"]
+    sa = (account["metadata"]["namespace"], account["metadata"]["name"])
+    return any(
+        grant in _grants(role)
+        and (role["kind"] == "ClusterRole" or role["metadata"]["namespace"] == namespace)
+        for role in _bound_roles(manifests, sa)
+    )
+
+
+def test_node_events_go_to_default_and_the_rbac_lets_them(
+    api: KubeApi, request_log: list[Request], manifests: list[dict[str, Any]]
+) -> None:
+    """Before: node Events were written to the daemon's namespace, which the API server refuses
+    (422, core/v1 Event validation: an Event about a cluster-scoped object belongs in
+    ``default``), so no node ever got one. Now they are created in ``default`` and pod Events in
+    the pod's namespace, and the rendered RBAC grants ``create events`` in both (a ClusterRole:
+    pods live in any namespace, so no narrower grant covers them)."""
+    posts = {
+        (r.namespace, r.status)
+        for r in request_log
+        if r.resource == "events" and r.verb == "create"
+    }
+    assert posts == {("default", 201), ("ml", 201)}
+    events = {e["involvedObject"]["kind"]: e["metadata"]["namespace"] for e in api.objects("Event")}
+    assert events == {"Node": "default", "Pod": "ml"}
+    for namespace in ("default", "ml", "any-other-namespace"):
+        assert _may(manifests, ("", "events", "create"), namespace), namespace
 
 
 def test_leases_are_granted_only_in_the_daemons_namespace(manifests: list[dict[str, Any]]) -> None:

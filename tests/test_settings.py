@@ -178,3 +178,99 @@ def test_bad_environment_settings_are_one_line(
         load_settings()
     assert message in str(info.value)
     assert "\n" not in str(info.value)
+
+
+# --- settings that contradict each other ------------------------------------------------------
+
+DEADLINE_60 = "cycle_interval_s: 20\nready_max_age_s: 60\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "refused"),
+    [
+        # The cycle deadline is ready_max_age_s; one replacement wait lasts up to
+        # replacement_timeout_s + one poll_interval_s and must end before it.
+        (f"{DEADLINE_60}replacement_timeout_s: 54\npoll_interval_s: 5\n", None),  # 59 < 60
+        (
+            f"{DEADLINE_60}replacement_timeout_s: 55\npoll_interval_s: 5\n",  # 60 ≥ 60
+            "replacement_timeout_s ({file}) and poll_interval_s ({file}) and ready_max_age_s "
+            "({file}) contradict each other: replacement_timeout_s (55) plus one "
+            "poll_interval_s (5) must be less than the cycle deadline, ready_max_age_s (60)",
+        ),
+        (  # the reported case: a 65 s wait, a 60 s deadline
+            "cycle_interval_s: 20\nready_max_age_s: 60\nreplacement_timeout_s: 65\n",
+            "replacement_timeout_s (65) plus one poll_interval_s (5) must be less than the "
+            "cycle deadline, ready_max_age_s (60)",
+        ),
+        # Without ready_max_age_s the deadline is 3 × cycle_interval_s: 3 × 100 = 300.
+        ("cycle_interval_s: 100\nreplacement_timeout_s: 294\npoll_interval_s: 5\n", None),
+        (
+            "cycle_interval_s: 100\nreplacement_timeout_s: 295\npoll_interval_s: 5\n",
+            "3 × cycle_interval_s (100) = 300 (ready_max_age_s unset)",
+        ),
+        # The defaults agree: 600 + 5 = 605 < 3 × 300 = 900.
+        ("", None),
+        # Dry run waits for no replacement: the pair does not apply.
+        (f"dry_run: true\n{DEADLINE_60}replacement_timeout_s: 65\n", None),
+        # /readyz: the last good cycle is cycle_interval_s old before the next one ends.
+        ("dry_run: true\ncycle_interval_s: 60\nready_max_age_s: 61\n", None),
+        (
+            "dry_run: true\ncycle_interval_s: 60\nready_max_age_s: 60\n",
+            "ready_max_age_s ({file}) and cycle_interval_s ({file}) contradict each other: "
+            "ready_max_age_s (60) must exceed cycle_interval_s (60)",
+        ),
+        # Alerts: a TTL no longer than the resend or cycle interval lets them lapse.
+        ("alertmanager_urls: [http://am]\nalert_ttl_s: 301\n", None),  # > 60 and > 300
+        (
+            "alertmanager_urls: [http://am]\nalert_ttl_s: 300\n",
+            "alert_ttl_s ({file}) and alert_resend_interval_s (default) and cycle_interval_s "
+            "(default) contradict each other: alert_ttl_s (300) must exceed "
+            "alert_resend_interval_s (60) and cycle_interval_s (300)",
+        ),
+    ],
+)
+def test_contradicting_settings_are_refused_in_one_line_naming_both(
+    tmp_path: Path, text: str, refused: str | None
+) -> None:
+    path = write(tmp_path, text if "dry_run" in text else f"dry_run: false\n{text}")
+    if refused is None:
+        load_settings(path)
+        return
+    with pytest.raises(SettingsError) as info:
+        load_settings(path)
+    message = str(info.value)
+    assert refused.format(file=path) in message
+    assert message.startswith("settings ") and "\n" not in message
+
+
+def test_contradiction_names_the_source_of_each_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "cycle_interval_s: 20\nready_max_age_s: 60\n")
+    monkeypatch.setenv("DEFRAG_REPLACEMENT_TIMEOUT_S", "65")
+    with pytest.raises(SettingsError) as info:
+        load_settings(path, {"dry_run": False})
+    assert str(info.value).startswith(
+        "settings replacement_timeout_s (env DEFRAG_REPLACEMENT_TIMEOUT_S) and poll_interval_s "
+        f"(default) and ready_max_age_s ({path}) contradict each other: "
+    )
+
+
+def test_run_refuses_contradicting_settings_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from defrag.cli import app
+
+    path = write(
+        tmp_path, "dry_run: false\ncluster: sim\ncycle_interval_s: 20\nready_max_age_s: 60\n"
+        "replacement_timeout_s: 65\n",
+    )
+    result = CliRunner().invoke(app, ["run", "--once", "--settings", str(path)])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1, result.output
+    assert lines[0].startswith(
+        f"error: settings replacement_timeout_s ({path}) and poll_interval_s (default) and "
+        f"ready_max_age_s ({path}) contradict each other: replacement_timeout_s (65)"
+    )
+    assert "Traceback" not in result.output

@@ -44,6 +44,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 COMPONENT = "defrag"
+CLUSTER_EVENT_NAMESPACE = "default"
+"""Where Events about cluster-scoped objects go: the only namespace the API server accepts for
+an Event (without ``eventTime``) whose ``involvedObject`` has no namespace."""
+CLUSTER_SCOPED_KINDS = frozenset({"Node"})
+"""The cluster-scoped kinds defrag writes Events about."""
 
 
 class KubeError(RuntimeError):
@@ -281,7 +286,6 @@ class KubeActuator:
         send_writes: bool = True,
         retry: RetryPolicy | None = None,
         conflict_attempts: int = 5,
-        event_namespace: str = "default",
         instance: str | None = None,
         clock: Clock | None = None,
     ) -> None:
@@ -289,7 +293,6 @@ class KubeActuator:
         self.send_writes = send_writes
         self.call = _Caller(retry or RetryPolicy())
         self.conflict_attempts = conflict_attempts
-        self.event_namespace = event_namespace
         self.instance = instance or socket.gethostname()
         self.clock = clock
         self.core: Any = client.CoreV1Api(api)  # raw JSON bodies and responses
@@ -458,13 +461,19 @@ class KubeActuator:
     def event(
         self, kind: str, namespace: str, name: str, reason: str, message: str, warning: bool = False
     ) -> None:
-        """A core/v1 Event on a pod (in its namespace) or a node (in ``event_namespace``).
+        """A core/v1 Event about a pod, in the pod's namespace, or about a cluster-scoped object
+        (a node: ``namespace`` empty), in ``default``.
 
-        Events are best effort: a failure is logged, never raised."""
+        The API server refuses any other namespace (422 ``involvedObject.namespace: Invalid
+        value: "": does not match event.namespace``; core/v1 Event validation: an Event without
+        ``eventTime`` about a cluster-scoped object must be in ``default``, one about a
+        namespaced object in that object's namespace). Best effort: a failure is logged, never
+        raised."""
         involved: dict[str, Any] = {"kind": kind, "name": name, "apiVersion": "v1"}
-        if namespace:
+        cluster_scoped = kind in CLUSTER_SCOPED_KINDS or not namespace
+        if not cluster_scoped:
             involved["namespace"] = namespace
-        where = namespace or self.event_namespace
+        where = CLUSTER_EVENT_NAMESPACE if cluster_scoped else namespace
         now = self._now().astimezone(UTC)
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {

@@ -459,6 +459,7 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
 
     owner = _owner(meta, who)
     created = _time(meta.get("creationTimestamp"), "metadata.creationTimestamp", who)
+    deleting = _time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp", who)
     phase = status.get("phase") or "Pending"
     pending_since, pending_reason = _pending(status, who)
     if pending_since is None and node is None and phase == "Pending":
@@ -500,6 +501,7 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         scheduling_gates=gates,
         pool=shape.pool,
         pool_units=shape.pool_units,
+        deleting_since=deleting,
     )
     return pod, explicit, shape.share_memory_mib if GPU_MILLI_ANNOTATION not in annotations else 0
 

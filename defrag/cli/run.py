@@ -154,9 +154,8 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
     from defrag.adapters.kube import KubeActuator, LeaseElector
     # In dry run without Events nothing may be written: the actuator only logs intents.
     mode = settings.run_mode
-    actuator = KubeActuator(
-        api, send_writes=mode.writes_events, event_namespace=settings.lease_namespace
-    )
+    # Events go where the API server takes them: a pod's in its namespace, a node's in default.
+    actuator = KubeActuator(api, send_writes=mode.writes_events)
     elector: Elector = AlwaysLeader()
     # Dry run writes nothing to the cluster, not even the Lease: every replica plans and reports.
     if mode.takes_lease:

@@ -60,6 +60,14 @@ class BudgetLedger:
         self.by_namespace.update(spaces)
         return Status.success()
 
+    def refund(self, pods: Sequence[tuple[str, str]]) -> None:
+        """Give back what :meth:`admit` spent on ``pods`` (never below nothing): steps that
+        turned out not to need an eviction (a pod already Terminating)."""
+        for namespace, node in pods:
+            self.total = max(self.total - 1, 0)
+            self.by_node[node] = max(self.by_node[node] - 1, 0)
+            self.by_namespace[namespace] = max(self.by_namespace[namespace] - 1, 0)
+
 
 def _over(
     what: str, where: str, asked: Counter[str], spent: Counter[str], limit: int

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -107,7 +107,7 @@ class Executor:
         """Carry ``plan`` out within ``window``; ``dry_run``: rehearse it (Events at most)."""
         started = self.clock.now()
         if dry_run:
-            outcomes = self._rehearse(plan, window)
+            outcomes = self._rehearse(plan, cluster, window)
             return Execution(plan.id, True, window.key, started, self.clock.now(), outcomes)
         self._release_stale(cluster)
         refusal = self._refusal(window)
@@ -116,10 +116,13 @@ class Executor:
             return Execution(plan.id, False, window.key, started, self.clock.now(), outcomes)
 
         self.ledger = self.ledger.for_window(window.key)
-        admitted, outcomes_list = self._admit(plan.steps, self.ledger)
+        run = _Run(plan.id, cluster, cluster)
+        going = _terminating(cluster, plan.steps)
+        run.going.update(going)
+        run.uncharged.update(going)
+        admitted, outcomes_list = self._admit(plan.steps, self.ledger, going)
         for o in outcomes_list:
             self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
-        run = _Run(plan.id, cluster)
         try:
             for node, steps in _by_source(admitted).items():
                 if self.stop_requested.is_set():
@@ -300,25 +303,35 @@ class Executor:
         return ""
 
     def _admit(
-        self, steps: Sequence[Step], ledger: BudgetLedger
+        self, steps: Sequence[Step], ledger: BudgetLedger, going: Mapping[str, str]
     ) -> tuple[list[Step], list[StepOutcome]]:
-        """Steps the budgets allow, gangs whole; the rest skipped with the budget's reason."""
+        """Steps the budgets allow, gangs whole; the rest skipped with the budget's reason.
+        ``going``: pods already Terminating (→ why), admitted without spending budget."""
         admitted: list[Step] = []
         skipped: list[StepOutcome] = []
         for unit in _units(steps):
-            status = ledger.admit([(_namespace(s.pod), s.source) for s in unit])
+            # A Terminating pod is already going: its step is carried (the drain waits for it to
+            # leave) but it is never evicted, so it spends no budget.
+            charged = [s for s in unit if s.pod not in going]
+            status = ledger.admit([(_namespace(s.pod), s.source) for s in charged])
             if status.ok:
                 admitted += unit
             else:
                 skipped += [_skipped(s, str(status)) for s in unit]
         return admitted, skipped
 
-    def _rehearse(self, plan: Plan, window: WindowStatus) -> tuple[StepOutcome, ...]:
+    def _rehearse(
+        self, plan: Plan, cluster: Cluster, window: WindowStatus
+    ) -> tuple[StepOutcome, ...]:
         """Dry run: what would happen, budgets counted on a copy; Events only, marked dry run."""
         ledger = self.ledger.for_window(window.key).copy()
-        admitted, skipped = self._admit(plan.steps, ledger)
+        going = _terminating(cluster, plan.steps)
+        admitted, skipped = self._admit(plan.steps, ledger, going)
         outcomes = [
-            StepOutcome(s.pod, s.source, s.target, s.kind, "planned", s.reason) for s in admitted
+            StepOutcome(s.pod, s.source, s.target, s.kind, "gone", going[s.pod])
+            if s.pod in going
+            else StepOutcome(s.pod, s.source, s.target, s.kind, "planned", s.reason)
+            for s in admitted
         ]
         if self.settings.dry_run_events:
             for node, steps in _by_source(admitted).items():
@@ -390,10 +403,16 @@ class Executor:
                     outcomes += [self._skip(s, NOT_LEADER) for s in batch]
                     continue
                 outcomes += self._evict_batch(batch, run)
-            migrated = [o for o in outcomes if o.result == "evicted" and o.kind == "migrate"]
-            if migrated and not self.stop_requested.is_set() and not run.lost:
+            migrated = [
+                o
+                for o in outcomes
+                if o.kind == "migrate"
+                and (o.result == "evicted" or (o.result == "gone" and o.pod in run.going))
+            ]
+            leaving = tuple(o.pod for o in outcomes if o.result == "gone" and o.pod in run.going)
+            if (migrated or leaving) and not self.stop_requested.is_set() and not run.lost:
                 watched = tuple(sorted({_owner_key(run.cluster, o.pod) or o.pod for o in migrated}))
-                stuck = self._await_replacements(watched)
+                stuck = self._await_replacements(watched, leaving, run)
                 if stuck:
                     run.stuck.update(stuck)
                     self.breaker.trip(
@@ -415,10 +434,34 @@ class Executor:
         return outcomes
 
     def _evict_batch(self, batch: list[Step], run: _Run) -> list[StepOutcome]:
+        # Pods Terminating by now (in the latest snapshot this run read) are not evicted again:
+        # no Eviction API call, and budget spent on them at admission is given back.
+        going = {s.pod: run.going[s.pod] for s in batch if s.pod in run.going}
+        going.update(_terminating(run.latest, batch))
+        late = [s for s in batch if s.pod in going and s.pod not in run.uncharged]
+        self.ledger.refund([(_namespace(s.pod), s.source) for s in late])
+        run.uncharged.update(going)
+        run.going.update(going)
         with ThreadPoolExecutor(max_workers=len(batch)) as pool:
-            results = list(pool.map(lambda s: self._evict_one(s, run), batch))
+            results = list(
+                pool.map(
+                    lambda s: (
+                        EvictionResult(s.pod, "gone", going[s.pod])
+                        if s.pod in going
+                        else self._evict_one(s, run)
+                    ),
+                    batch,
+                )
+            )
         outcomes = []
         for step, result in zip(batch, results, strict=True):
+            if step.pod in going:
+                why = result.reason
+                outcomes.append(
+                    StepOutcome(step.pod, step.source, step.target, step.kind, "gone", why)
+                )
+                self._pod_event(step, "DefragSkipped", f"not evicted: {result.reason}")
+                continue
             if result.outcome == "not-leader":
                 if not run.lost:
                     run.problems.append(
@@ -454,17 +497,31 @@ class Executor:
         except Exception as exc:
             return EvictionResult(step.pod, "failed", str(exc) or type(exc).__name__)
 
-    def _await_replacements(self, watched: tuple[str, ...]) -> tuple[str, ...]:
-        """Poll until no watched controller has an unscheduled pod; return what is still stuck."""
+    def _await_replacements(
+        self, watched: tuple[str, ...], leaving: tuple[str, ...] = (), run: _Run | None = None
+    ) -> tuple[str, ...]:
+        """Poll until no watched controller has an unscheduled pod and every ``leaving`` pod
+        (Terminating, its GPUs still held) is gone, at most the replacement timeout; return
+        the replacements still stuck Pending (a pod still Terminating is a problem of the run,
+        not a stuck replacement)."""
         deadline = self.clock.now() + timedelta(seconds=self.settings.replacement_timeout_s)
         while True:
             self.sleep(self.settings.poll_interval_s)
-            pending = pending_of(self.source.snapshot(), watched)
-            if not pending:
+            cluster = self.source.snapshot()
+            if run is not None:
+                run.latest = cluster
+            pending = pending_of(cluster, watched)
+            still = [p for p in leaving if p in cluster.pods]
+            if not pending and not still:
                 return ()
             if self.stop_requested.is_set():
                 return ()  # shutting down: not a verdict on the replacements
             if self.clock.now() >= deadline:
+                if still and run is not None:
+                    run.problems.append(
+                        f"still Terminating {self.settings.replacement_timeout_s:g} s later: "
+                        + ", ".join(still)
+                    )
                 return pending
 
     def _await_reservations(self, run: _Run, outcomes: Sequence[StepOutcome]) -> None:
@@ -482,6 +539,7 @@ class Executor:
         while run.reserved and not self.stop_requested.is_set():
             self.sleep(self.settings.poll_interval_s)
             cluster = self.source.snapshot()
+            run.latest = cluster
             now = self.clock.now()
             for res in list(run.reserved.values()):
                 why = res.verdict(cluster, now, timeout)
@@ -646,6 +704,12 @@ def _warning_target(warning: str) -> tuple[str, str, str] | None:
 class _Run:
     plan_id: str
     cluster: Cluster
+    latest: Cluster
+    """The newest snapshot this run has read (the plan's, then each wait's)."""
+    uncharged: set[str] = field(default_factory=set)
+    """Steps' pods that spent no budget: Terminating when admitted, or refunded."""
+    going: dict[str, str] = field(default_factory=dict)
+    """Steps' pods found Terminating (→ why they are not evicted): never evicted, waited for."""
     stuck: set[str] = field(default_factory=set)
     stopped: bool = False
     problems: list[str] = field(default_factory=list)
@@ -699,6 +763,21 @@ def _leftover_finding(node: str, parts: list[str], now: datetime) -> Finding:
         since=now,
         labels={"detector": "executor", "node": node},
     )
+
+
+def _terminating(cluster: Cluster, steps: Iterable[Step]) -> dict[str, str]:
+    """The steps' pods that ``cluster`` shows Terminating (``metadata.deletionTimestamp``), each
+    with the reason it is not evicted."""
+    out = {}
+    for step in steps:
+        pod = cluster.pods.get(step.pod)
+        if pod is not None and pod.deleting_since is not None:
+            since = pod.deleting_since.strftime("%Y-%m-%dT%H:%M:%SZ")
+            out[step.pod] = (
+                f"terminating: being deleted since {since}, already going; not evicted, no "
+                "budget spent"
+            )
+    return out
 
 
 def _skipped(step: Step, reason: str) -> StepOutcome:

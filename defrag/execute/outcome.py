@@ -10,7 +10,8 @@ from typing import Any, Literal
 from defrag.detect.findings import Finding
 
 StepResult = Literal["planned", "evicted", "blocked", "gone", "failed", "skipped"]
-"""planned: dry run; evicted/blocked (429)/gone (404)/failed: what the API said; skipped: not
+"""planned: dry run; evicted/blocked (429)/gone (404, or already Terminating: not evicted, no
+budget spent)/failed: what the API said; skipped: not
 sent (budget, window, circuit breaker, stop, taint failure), with the reason."""
 
 

@@ -110,7 +110,12 @@ class Cluster:
         return (p for p in self.pods.values() if p.node is not None and occupies(p))
 
     def pending_pods(self) -> Iterator[Pod]:
-        return (p for p in self.pods.values() if p.node is None and p.phase == "Pending")
+        """Unbound pods waiting to be scheduled; a Terminating one waits for nothing."""
+        return (
+            p
+            for p in self.pods.values()
+            if p.node is None and p.phase == "Pending" and not p.terminating
+        )
 
     # --- changes -----------------------------------------------------------------------------
 

@@ -145,6 +145,15 @@ class Pod:
     pool: str = ""
     """A request of pool units (a MIG profile, ``nvidia.com/gpu.shared``); see ``Node.pools``."""
     pool_units: int = 0
+    deleting_since: datetime | None = None
+    """``metadata.deletionTimestamp``: set by the API server on a graceful delete (or an
+    eviction); the pod is Terminating. It still holds its node's resources until it is gone,
+    but it is already going: never a victim, never evicted, never pending."""
+
+    @property
+    def terminating(self) -> bool:
+        """Being deleted (``metadata.deletionTimestamp`` set): on its way out."""
+        return self.deleting_since is not None
 
     @property
     def key(self) -> str:

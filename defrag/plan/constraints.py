@@ -2,8 +2,9 @@
 
 Two kinds:
 
-* per pod (:func:`check_pod`): opt-out annotation, bare pods, DaemonSet and system-critical
-  pods, minimum age, the priority threshold — a pod that fails one never moves;
+* per pod (:func:`check_pod`): a pod already Terminating, opt-out annotation, bare pods,
+  DaemonSet and system-critical pods, minimum age, the priority threshold — a pod that fails
+  one never moves;
 * per plan (:class:`Ledger`): PodDisruptionBudgets (``disruptionsAllowed`` counted down as
   the plan uses it), evictions per plan / node / namespace. A set of evictions (one pod, or
   a whole gang) is checked and then committed as one.
@@ -27,6 +28,9 @@ from defrag.scoring.framework import Status
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 SYSTEM_CRITICAL_CLASSES = frozenset({"system-node-critical", "system-cluster-critical"})
 
+TERMINATING = "terminating"
+"""Already being deleted (``metadata.deletionTimestamp``): it is going; evicting it again
+would only spend budgets."""
 OPT_OUT = "opt-out"
 BARE_POD = "bare-pod"
 DAEMONSET = "daemonset"
@@ -42,7 +46,7 @@ NO_ROOM = "no-room"
 NOT_WORTH = "not-worth-it"
 """The cheapest room would lose more work than the pod's wait so far is worth."""
 CONSTRAINT_NAMES = (
-    OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
+    TERMINATING, OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
     PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH,
 )  # fmt: skip
 
@@ -63,6 +67,9 @@ class Constraints:
 
 def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Status:
     """Whether ``pod`` may be evicted at all; the first constraint that forbids it."""
+    if pod.deleting_since is not None:
+        since = _aware(pod.deleting_since).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return Status.fail(f"{TERMINATING}: being deleted since {since}, already going")
     if pod.annotations.get(EVICTABLE_ANNOTATION, "").strip().lower() == "false":
         return Status.fail(f"{OPT_OUT}: annotation {EVICTABLE_ANNOTATION}=false")
     if pod.is_daemonset:

@@ -256,6 +256,8 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
                 "DEFRAG_PROMETHEUS_URL": prom.url,
                 "DEFRAG_PROMETHEUS_TIMEOUT_S": "600",  # the query outlasts the grace period
                 "DEFRAG_READY_MAX_AGE_S": "2",  # the cycle deadline
+                # must be shorter than ready_max_age_s (settings that must agree)
+                "DEFRAG_CYCLE_INTERVAL_S": "1",
                 "DEFRAG_HTTP_HOST": "127.0.0.1",
                 "DEFRAG_HTTP_PORT": str(port),
                 "DEFRAG_RULES_DIR": str(ROOT / "rules"),

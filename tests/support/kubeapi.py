@@ -18,7 +18,11 @@ It serves the real JSON of the endpoints defrag uses:
   UID in precondition: …, UID in object meta: …", apiserver ``checkPreconditions``);
 - a request log (method, path, query, body; verb/group/resource for RBAC checks) and injected
   faults (a status code and/or a delay for the next N matching requests; ``after=True``: the
-  request is carried out first and its answer lost, as when a response times out).
+  request is carried out first and its answer lost, as when a response times out);
+- Event creation validated as the API server validates the namespaces of a core/v1 Event: one
+  about a cluster-scoped object (a Node) only in ``default``, one about a pod only in the pod's
+  namespace, else 422 ``involvedObject.namespace: Invalid value: …: does not match
+  event.namespace``.
 
 Use ``with KubeApi() as api:`` (or the ``kube_api`` fixture pattern) and ``api.client()`` for a
 configured ``kubernetes.client.ApiClient``.
@@ -248,6 +252,38 @@ def _pdb_selects(pdb: Obj, pod: Obj) -> bool:
         ):
             return False
     return True
+
+
+def _validate_event(event: Obj) -> None:
+    """core/v1 Event validation of the namespaces, as the API server does it for an Event
+    without ``eventTime`` (kubernetes pkg/apis/core/validation/events.go,
+    ``legacyValidateEvent``): about a cluster-scoped object (``involvedObject.namespace``
+    empty) the Event must be in ``default``; about a namespaced object, in that object's
+    namespace. Anything else is 422 Invalid, with the field cause the API server writes."""
+    if event.get("eventTime"):
+        return  # the events.k8s.io-style branch: defrag never sets eventTime
+    namespace = str((event.get("metadata") or {}).get("namespace") or "")
+    involved = str((event.get("involvedObject") or {}).get("namespace") or "")
+    if (not involved and namespace in ("", "default")) or (involved and involved == namespace):
+        return
+    name = str(event["metadata"].get("name") or "")
+    detail = f'Invalid value: "{involved}": does not match event.namespace'
+    raise ApiError(
+        422,
+        "Invalid",
+        f'Event "{name}" is invalid: involvedObject.namespace: {detail}',
+        {
+            "name": name,
+            "kind": "Event",
+            "causes": [
+                {
+                    "reason": "FieldValueInvalid",
+                    "message": detail,
+                    "field": "involvedObject.namespace",
+                }
+            ],
+        },
+    )
 
 
 class _Server(ThreadingHTTPServer):
@@ -586,6 +622,8 @@ class KubeApi:
             raise ApiError(422, "Invalid", f"{rt.kind} is invalid: metadata.name: Required value")
         if body.get("kind") not in (None, rt.kind):
             raise ApiError(400, "BadRequest", f"kind {body.get('kind')} does not match {rt.kind}")
+        if rt.resource == "events":
+            _validate_event(obj)
         key = (namespace if rt.namespaced else "", meta["name"])
         if key in self._store[rt.resource]:
             qualified = f"{rt.resource}.{rt.group}" if rt.group else rt.resource
