@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from defrag.adapters.kube import KubeActuator, connect
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubelet import Kubelet, add_node
@@ -228,7 +229,7 @@ def test_make_room_end_to_end(stage: Stage) -> None:
 
 
 def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
-    for name in ("a", "b"):
+    for name, _, _ in LAYOUT:
         stage.plane.admin.post(
             f"/apis/policy/v1/namespaces/{stage.ns}/poddisruptionbudgets",
             {
@@ -247,7 +248,7 @@ def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
             .get("status", {})
             .get("currentHealthy")
             == 1
-            for n in ("a", "b")
+            for n, _, _ in LAYOUT
         ),
         30,
     )
@@ -268,6 +269,19 @@ def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
     after = {p["metadata"]["name"]: c.node_of(p) for p in c.pods(stage.plane.admin, stage.ns)}
     assert {k: v for k, v in after.items() if not k.startswith("train")} == before
     _wait_clean_nodes(stage)
+    # The Eviction API itself, through defrag's adapter as the daemon's ServiceAccount: the real
+    # 429 with its DisruptionBudget cause is a refusal with the API server's reason, never a
+    # delete, for a real eviction and for a server-side dry run alike.
+    actuator = KubeActuator(connect(str(stage.kubeconfig)))
+    victim = next(n for n in after if n.startswith("a-"))
+    mark = len(stage.plane.audit_events())
+    for dry_run in (True, False):
+        result = actuator.evict(stage.ns, victim, dry_run=dry_run)
+        assert result.outcome == "blocked", result
+        assert "disruption budget" in result.reason.lower(), result
+    codes = [e["responseStatus"]["code"] for e in stage.evictions(mark)]
+    assert codes == [429, 429], codes
+    assert victim in {p["metadata"]["name"] for p in c.pods(stage.plane.admin, stage.ns)}
 
 
 def test_terminating_victim_is_not_evicted_again_and_a_new_leader_reconciles(
