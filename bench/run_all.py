@@ -62,6 +62,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("extender", "bench_extender", (), ("--nodes", "50", "--calls", "50")),
     Bench("extender-load", "bench_extender_load", (),
           ("--calls", "50", "--clients", "2", "--skip-maximal")),
+    # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.
+    Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
+          ("drain-to-bind", "--runs", "1")),
     Bench("detect", "bench_detect", ("--runs", "5"),
           ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),

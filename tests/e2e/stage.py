@@ -1,0 +1,180 @@
+"""The make-room stage of the e2e suite and of ``bench/bench_controlplane.py``.
+
+Three 8-GPU nodes, each partly used by one low-priority Deployment's pod (4, 4 and 6 GPUs: 10
+GPUs free, no node with 8), then an 8-GPU pod of a non-preempting high-priority class (so
+kube-scheduler's own preemption stays out of it) that waits. kube-scheduler runs the shipped
+configuration with the defrag extender, both as the ``defrag-scheduler`` ServiceAccount.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tests.e2e import cluster as c
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.kubelet import Kubelet, add_node
+from tests.support.binaries import free_port
+
+DAEMON = c.sa_user("defrag-system", "defrag")
+SCHEDULER_SA = c.sa_user("defrag-system", "defrag-scheduler")
+HIGH = "high-priority"
+STARVATION_RULE = {
+    "rules": [
+        {
+            "name": "high-priority-starved",
+            "detector": "starvation",
+            "severity": "critical",
+            # make-room-now: no execution window needed for a starved pod.
+            "action": "make-room-now",
+            "for": "3s",
+            "min_priority": 1000,
+            "priority_classes": [HIGH],
+        }
+    ]
+}
+# (deployment, GPUs, node it starts on)
+LAYOUT = [("a", 4, "g1"), ("b", 4, "g2"), ("c", 6, "g3")]
+
+
+def daemon_settings(**overrides: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = {
+        "policy": "reserve-binpack",
+        "cycle_interval_s": 2,
+        "ready_max_age_s": 120,  # the cycle deadline: it must hold a whole replacement wait
+        "replacement_timeout_s": 45,
+        "poll_interval_s": 0.5,
+        "lease_duration_s": 6,
+        "leader_election": True,
+        "make_room_worth": 0,  # the pod has waited seconds, not hours: no worth check here
+        "max_evictions_per_window": 10,
+        "max_evictions_per_namespace": 5,
+        "log_format": "json",
+    }
+    settings.update(overrides)
+    return settings
+
+
+@dataclass
+class Stage:
+    plane: ControlPlane
+    kubelet: Kubelet
+    ns: str
+    nodes: list[str]
+    folder: Path
+    kubeconfig: Path
+    rules: Path
+
+    def settings(self, **overrides: Any) -> Path:
+        name = f"settings-{len(list(self.folder.glob('settings-*')))}.yaml"
+        return c.write_yaml(self.folder / name, daemon_settings(**overrides))
+
+    def node(self, short: str) -> str:
+        return f"{self.ns}-{short}"
+
+    def starving(self) -> dict[str, Any]:
+        c.deployment(self.plane.admin, self.ns, "train", 8, priority_class_name=HIGH)
+        found = c.wait_pods(
+            self.plane.admin, self.ns, "app=train",
+            lambda ps: len(ps) == 1 and _unschedulable(ps[0]), 30,
+            what="train marked unschedulable by kube-scheduler",
+        )  # fmt: skip
+        return found[0]
+
+    def evictions(self, since: int = 0) -> list[dict[str, Any]]:
+        return [
+            e
+            for e in self.plane.audit_events()[since:]
+            if e["user"]["username"] == DAEMON
+            and e["verb"] == "create"
+            and e.get("objectRef", {}).get("subresource") == "eviction"
+            and e.get("objectRef", {}).get("namespace") == self.ns
+        ]
+
+
+def _unschedulable(pod: dict[str, Any]) -> bool:
+    return any(
+        cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable"
+        for cond in pod["status"].get("conditions", [])
+    )
+
+
+@contextmanager
+def make_room_stage(
+    plane: ControlPlane, kubelet: Kubelet, ns: str, folder: Path
+) -> Iterator[Stage]:
+    """The stage of the module docstring in namespace ``ns`` (nodes ``<ns>-g1..3``), with the
+    extender and kube-scheduler running; everything removed afterwards."""
+    c.namespace(plane.admin, ns)
+    c.priority_class(plane.admin, HIGH, 100000, preempt=False)
+    nodes = [f"{ns}-g{i}" for i in (1, 2, 3)]
+    for name in nodes:
+        add_node(plane.admin, name, 8)
+    for name, gpus, _ in LAYOUT:
+        c.deployment(plane.admin, ns, name, gpus)
+    for name, _, node in LAYOUT:
+        pod = c.wait_pods(plane.admin, ns, f"app={name}", lambda ps: len(ps) == 1, 30)[0]
+        c.bind(plane.admin, pod, f"{ns}-{node}")
+    c.wait_pods(plane.admin, ns, "", c.running(len(LAYOUT)), 30, what="the stage running")
+    rules = folder / "rules"
+    rules.mkdir(parents=True, exist_ok=True)
+    c.write_yaml(rules / "starvation.yaml", STARVATION_RULE)
+    sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
+    settings = c.write_yaml(folder / "extender-settings.yaml", {"policy": "reserve-binpack"})
+    port = free_port()
+    scheduler = f"kube-scheduler-{ns}"
+    with c.extender(plane, sched_kc, settings, name=f"extender-{ns}", port=port):
+        plane.start_scheduler(c.scheduler_config(port, True), sched_kc, scheduler)
+        try:
+            yield Stage(
+                plane,
+                kubelet,
+                ns,
+                nodes,
+                folder,
+                plane.service_account_kubeconfig("defrag-system", "defrag"),
+                rules,
+            )
+        finally:
+            for name in [n for n in plane.processes if n.startswith(f"daemon-{ns}")]:
+                plane.processes.pop(name).stop()
+            plane.processes.pop(scheduler).stop()
+            kubelet.hold.clear()
+            c.clean(plane, ns, nodes)
+            plane.admin.delete(
+                "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
+            )
+
+
+def bound_train(stage: Stage, timeout_s: float = 90) -> dict[str, Any]:
+    return c.wait_pods(
+        stage.plane.admin,
+        stage.ns,
+        "app=train",
+        lambda ps: len(ps) == 1 and ps[0]["status"].get("phase") == "Running",
+        timeout_s,
+        what="the starving pod bound",
+    )[0]
+
+
+def drain_to_bind_s(stage: Stage, since: int, pod: str) -> float:
+    """The last eviction → the starving pod's binding, in seconds, from the audit log."""
+    events = stage.plane.audit_events()[since:]
+    evictions = [e for e in stage.evictions(since) if e["responseStatus"]["code"] == 201]
+    binding = [
+        e
+        for e in events
+        if e.get("objectRef", {}).get("subresource") == "binding"
+        and e.get("objectRef", {}).get("name") == pod
+    ]
+    if not evictions or not binding:
+        raise AssertionError(f"{len(evictions)} evictions and {len(binding)} bindings of {pod}")
+    return _stamp(binding[0]) - _stamp(evictions[-1])
+
+
+def _stamp(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["stageTimestamp"].replace("Z", "+00:00")).timestamp()
