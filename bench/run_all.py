@@ -60,6 +60,7 @@ BENCHES: tuple[Bench, ...] = (
           ("--nodes", "50", "--pods", "300", "--repeat", "1")),
     Bench("kube", "bench_kube", ("--plan",), ("--nodes", "50", "--pods", "300")),
     Bench("extender", "bench_extender", (), ("--nodes", "50", "--calls", "50")),
+    Bench("watch", "bench_watch", (), ("--nodes", "50", "--pods", "300", "--repeat", "1")),
     Bench("extender-load", "bench_extender_load", (),
           ("--calls", "50", "--clients", "2", "--skip-maximal")),
     # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.

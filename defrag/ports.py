@@ -6,10 +6,10 @@ put an emulated API, a simulated cluster or a snapshot file behind the same call
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from defrag.detect.findings import Finding
 from defrag.model.cluster import Cluster
@@ -42,6 +42,38 @@ class Clock(Protocol):
 
 class ClusterSource(Protocol):
     def snapshot(self) -> Cluster: ...
+
+
+@dataclass(frozen=True, slots=True)
+class WatchHealth:
+    """How a watched source stands: ``synced`` once every kind was listed; ``broken_since``
+    (``time.monotonic()``) while some kind's watch is down — what it holds is current as of then
+    — with the ``reasons``; None while every watch is connected."""
+
+    synced: bool
+    broken_since: float | None = None
+    reasons: tuple[str, ...] = ()
+
+
+@runtime_checkable
+class WatchedClusterSource(Protocol):
+    """A :class:`ClusterSource` kept current by list + watch instead of relisting.
+
+    ``start(on_change)`` lists, then watches on threads of its own and calls ``on_change`` after
+    every change it applies; ``generation()`` counts the changes; ``build()`` makes the cluster
+    of what it holds now, with the generation it reflects."""
+
+    def snapshot(self) -> Cluster: ...
+
+    def start(self, on_change: Callable[[], None]) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def generation(self) -> int: ...
+
+    def build(self) -> tuple[Cluster, int]: ...
+
+    def health(self) -> WatchHealth: ...
 
 
 class MetricsSource(Protocol):

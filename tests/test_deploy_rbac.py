@@ -5,6 +5,7 @@ checked by tests/test_rbac.py)."""
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from defrag.adapters.kube import KubeActuator, KubeClusterSource, RetryPolicy
+from defrag.adapters.kube import KubeActuator, RetryPolicy
 from defrag.adapters.nvml import NvmlInventory
 from defrag.agent.service import Agent
 from tests.support.binaries import require_binary
@@ -79,10 +80,19 @@ def used(api: KubeApi) -> set[Grant]:
     return {(r.group, r.resource, r.verb) for r in api.requests}
 
 
-def test_extender_role_is_exactly_what_its_relist_uses(api: KubeApi) -> None:
+def test_extender_role_is_exactly_what_its_list_and_watch_use(api: KubeApi) -> None:
     # The extender container shares the pod (and account) of the second kube-scheduler, whose
     # own bindings tests/test_deploy_scheduler.py checks; this role is the extender's part.
-    KubeClusterSource(api.client(), page_size=5, retry=FAST).snapshot()
+    from defrag.adapters.kube_watch import KubeWatchSource
+
+    source = KubeWatchSource(api.client(), page_size=5, retry=FAST, watch_timeout_s=1)
+    source.start(lambda: None)
+    try:
+        deadline = time.monotonic() + 10
+        while source.stats.watches < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        source.stop()
     assert used(api) == component_role("defrag-extender", "defrag-scheduler", only_binding=False)
 
 

@@ -46,6 +46,10 @@ class SourceSpec:
     """The simulated cluster's own scheduler profile (None: the default)."""
     strict: bool = False
     """Snapshot files: an object that cannot be read is an error, not a warning."""
+    watch: bool = False
+    """The live API kept by list + watch (:class:`~defrag.adapters.kube_watch.KubeWatchSource`,
+    the extender's choice) rather than relisted per snapshot; snapshot files and the simulated
+    cluster have no watch and are re-read as before."""
 
     @classmethod
     def from_flags(
@@ -122,6 +126,10 @@ def _live(spec: SourceSpec) -> Backend:
         api = connect(str(spec.kubeconfig) if spec.kubeconfig else None, spec.context)
     except KubeError as exc:
         raise SourceError(str(exc)) from None
+    if spec.watch:
+        from defrag.adapters.kube_watch import KubeWatchSource
+
+        return Backend(spec, KubeWatchSource(api), api=api)
     return Backend(spec, KubeClusterSource(api), api=api)
 
 

@@ -63,7 +63,8 @@ def extender(
     policy: PolicyOpt = None,
     settings_file: SettingsOpt = None,
     relist_interval_s: Annotated[
-        float, typer.Option(help="Seconds between relists of the cluster state.")
+        float,
+        typer.Option(help="Seconds between rereads of --snapshot files (the API is watched)."),
     ] = 10.0,
     max_staleness_s: Annotated[
         float, typer.Option(help="/readyz fails when the state is older than this.")
@@ -122,7 +123,12 @@ def extender(
             ) from None
     _logging()
     # A bad snapshot file is the user's mistake: said now (the factory reads it), not at /readyz.
-    spec = SourceSpec(tuple(snapshot)) if snapshot else SourceSpec(live=True, kubeconfig=kubeconfig)
+    # The live API is watched (a freed node is seen at once); snapshot files are re-read.
+    spec = (
+        SourceSpec(tuple(snapshot))
+        if snapshot
+        else SourceSpec(live=True, kubeconfig=kubeconfig, watch=True)
+    )
     try:
         source = open_source(spec).source
     except SourceError as exc:

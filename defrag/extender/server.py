@@ -62,18 +62,19 @@ class ExtenderMetrics:
             ),
             relists=Counter(
                 "defrag_extender_relists",
-                "Cluster relists by result (ok, failed).",
+                "Cluster relists (watched: view builds) by result (ok, failed).",
                 ["result"],
                 registry=registry,
             ),
             relist_seconds=Gauge(
                 "defrag_extender_relist_seconds",
-                "Duration of the last cluster relist.",
+                "Duration of the last cluster relist (watched: view build).",
                 registry=registry,
             ),
             state_age=Gauge(
                 "defrag_extender_state_age_seconds",
-                "Age of the cluster state the extender answers from.",
+                "Seconds since the cluster state was last known current (watched: 0 while the "
+                "watches are connected and the view has every change).",
                 registry=registry,
             ),
             closed=Counter(
@@ -87,8 +88,8 @@ class ExtenderMetrics:
         if cache is not None:
 
             def age() -> float:
-                view = cache.view()
-                return cache.clock() - view.taken_at if view is not None else float("nan")
+                age = cache.state_age()
+                return age if age != float("inf") else float("nan")
 
             metrics.state_age.set_function(age)
         return metrics

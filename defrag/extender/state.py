@@ -1,8 +1,30 @@
-"""The extender's cluster state: one relisted snapshot with its scoring profile, kept fresh."""
+"""The extender's cluster state: the watched (or relisted) cluster view with its scoring profile.
+
+Two ways to keep it, chosen by the source (``adapters/sources.py`` opens the live API as a
+:class:`~defrag.ports.WatchedClusterSource` for the extender; snapshot files and the simulated
+cluster are plain :class:`~defrag.ports.ClusterSource` objects):
+
+- **watched** (the live API): the source applies watch events to its store; a builder thread
+  makes a new :class:`ClusterView` when the store changes — at once after a quiet spell, then at
+  most every ``min_interval_s`` and never sooner than the last build took (a burst of events is
+  one build; the builder uses at most about half a core however busy the cluster). A request
+  that arrives while the store holds changes the view lacks waits for the view that has them
+  (the builder is hurried), up to ``fresh_wait_s``; after that it is answered from the last
+  view. So a node freed by a drain is seen by the next scheduling attempt, and the answer's
+  latency is bounded.
+- **relisted** (snapshot files, the simulated cluster): :meth:`ClusterCache.refresh` every
+  ``relist_interval_s``.
+
+Readiness: the state is current while the watches are connected and the view has every change
+the store holds (its age is 0 however long nothing changes); from the moment a watch breaks, or
+a build fails, it ages, and past ``max_staleness_s`` the extender is not ready. A relisted view
+ages from its relist.
+"""
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -10,7 +32,7 @@ from dataclasses import dataclass, field
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
-from defrag.ports import ClusterSource
+from defrag.ports import ClusterSource, WatchedClusterSource
 from defrag.scoring.framework import Policy, Status
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
@@ -28,7 +50,9 @@ class ClusterView:
     reserved_for: Mapping[str, str]
     """node name → the pod key its room is reserved for."""
     taken_at: float
-    """``time.monotonic()`` when the relist finished."""
+    """``time.monotonic()`` when the relist (or the build) finished."""
+    generation: int = 0
+    """The watched source's change count this view reflects (0 for a relisted source)."""
 
     @property
     def policy(self) -> Policy:
@@ -36,41 +60,84 @@ class ClusterView:
         return self.profile.policy
 
 
-def make_view(cluster: Cluster, config: ProfileConfig, taken_at: float) -> ClusterView:
+def make_view(
+    cluster: Cluster, config: ProfileConfig, taken_at: float, generation: int = 0
+) -> ClusterView:
     reserved = {
         node.name: node.annotations[RESERVED_FOR_ANNOTATION].strip()
         for node in cluster.nodes
         if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
     }
-    return ClusterView(cluster, config.for_cluster(cluster), reserved, taken_at)
+    return ClusterView(cluster, config.for_cluster(cluster), reserved, taken_at, generation)
 
 
 @dataclass(slots=True)
 class ClusterCache:
-    """The current :class:`ClusterView`, relisted from ``source`` every ``relist_interval_s``.
+    """The current :class:`ClusterView`: built from a watched source as it changes, or relisted
+    from a plain source every ``relist_interval_s`` (see the module doc).
 
-    A failed relist keeps the last good view (and counts the failure); readiness turns false
-    once the view is older than ``max_staleness_s``.
+    A failed relist or build keeps the last good view (and counts the failure); readiness turns
+    false once the state is older than ``max_staleness_s``.
     """
 
     source: ClusterSource
     config: ProfileConfig
-    """The configured scoring profile; every relist builds its :class:`ScoringProfile`."""
+    """The configured scoring profile; every relist or build makes its :class:`ScoringProfile`."""
     relist_interval_s: float = 10.0
     max_staleness_s: float = 120.0
     clock: Callable[[], float] = time.monotonic
     on_relist: Callable[[Status, float], None] | None = None
+    min_interval_s: float = 0.1
+    """Watched: builds at least this far apart (and at least as far as the last one took)."""
+    fresh_wait_s: float = 1.0
+    """Watched: how long a request waits for a view with the changes made before it came."""
     _view: ClusterView | None = None
     _last_error: str = ""
     _stop: threading.Event = field(default_factory=threading.Event)
     _wake: threading.Event = field(default_factory=threading.Event)
+    _hurry: threading.Event = field(default_factory=threading.Event)
+    _built: threading.Condition = field(default_factory=threading.Condition)
+    _build_lock: threading.Lock = field(default_factory=threading.Lock)
+    _tried: int = -1
+    """Watched: the source generation of the last build tried (done or failed)."""
+    _current_at: float = -math.inf
+    """When the view was last known to hold everything there was (``clock()``)."""
     _thread: threading.Thread | None = None
 
+    @property
+    def watched(self) -> bool:
+        return isinstance(self.source, WatchedClusterSource)
+
     def view(self) -> ClusterView | None:
+        """The view to answer from. Watched: when the source holds changes the view lacks, wait
+        (at most ``fresh_wait_s``) for the build that has them."""
+        view = self._view
+        if view is None or not self.watched:
+            return view
+        source: WatchedClusterSource = self.source  # type: ignore[assignment]
+        wanted = source.generation()
+        if view.generation >= wanted:
+            return view
+        deadline = time.monotonic() + self.fresh_wait_s
+        with self._built:
+            self._hurry.set()
+            self._wake.set()
+            while self._tried < wanted:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._built.wait(left)
+        return self._view
+
+    def latest(self) -> ClusterView | None:
+        """The last view built, without waiting."""
         return self._view
 
     def refresh(self) -> Status:
-        """Relist once. Never raises: a failure is a Status with the reason."""
+        """Relist (or, watched, build) once. Never raises: a failure is a Status with the
+        reason."""
+        if self.watched:
+            return self._build()
         started = self.clock()
         try:
             cluster = self.source.snapshot()
@@ -81,39 +148,104 @@ class ClusterCache:
             status = Status.fail(self._last_error)
         else:
             self._view = view
+            self._current_at = view.taken_at
             self._last_error = ""
             status = Status.success()
         if self.on_relist is not None:
             self.on_relist(status, self.clock() - started)
         return status
 
-    def readiness(self) -> Status:
+    def _build(self) -> Status:
+        source: WatchedClusterSource = self.source  # type: ignore[assignment]
+        with self._build_lock:
+            started = self.clock()
+            health = source.health()
+            generation = source.generation()
+            try:
+                if not health.synced:
+                    raise RuntimeError("; ".join(health.reasons) or "not listed yet")
+                cluster, generation = source.build()
+                view = make_view(cluster, self.config, self.clock(), generation)
+            except Exception as exc:  # keep the last view; readiness reports it as it ages
+                self._last_error = f"building the cluster view failed: {type(exc).__name__}: {exc}"
+                log.warning("%s", self._last_error)
+                status = Status.fail(self._last_error)
+            else:
+                self._view = view
+                self._last_error = ""
+                status = Status.success()
+                self._observe()
+            with self._built:
+                self._tried = max(self._tried, generation)
+                self._built.notify_all()
+        if self.on_relist is not None:
+            self.on_relist(status, self.clock() - started)
+        return status
+
+    def _observe(self) -> None:
+        """Watched: note the time when the view is known to hold everything there is."""
+        source: WatchedClusterSource = self.source  # type: ignore[assignment]
         view = self._view
         if view is None:
-            return Status.fail(self._last_error or "cluster state not loaded yet")
-        age = self.clock() - view.taken_at
+            return
+        health = source.health()
+        if view.generation < source.generation():
+            return
+        if health.broken_since is None and health.synced:
+            self._current_at = self.clock()
+        elif health.broken_since is not None:
+            self._current_at = max(self._current_at, health.broken_since)
+
+    def state_age(self) -> float:
+        """Seconds since the state was last known current (inf before the first view)."""
+        if self._view is None:
+            return math.inf
+        if self.watched:
+            self._observe()
+        return self.clock() - self._current_at
+
+    def readiness(self) -> Status:
+        view = self._view
+        health = self.source.health() if self.watched else None  # type: ignore[attr-defined]
+        if view is None:
+            reasons = [self._last_error or "cluster state not loaded yet"]
+            return Status.fail(*reasons, *(health.reasons if health is not None else ()))
+        age = self.state_age()
         if age > self.max_staleness_s:
             reason = f"cluster state is {age:.0f}s old (limit {self.max_staleness_s:.0f}s)"
-            return Status.fail(reason, *([self._last_error] if self._last_error else []))
+            extra = [*(health.reasons if health is not None else ())]
+            extra += [self._last_error] if self._last_error else []
+            return Status.fail(reason, *extra)
         return Status.success()
 
     def start(self) -> None:
-        """Relist now, then every ``relist_interval_s`` on a daemon thread."""
-        self.refresh()
+        """Relist now, then every ``relist_interval_s`` on a daemon thread; watched: start the
+        source's watches, build now, then on every change."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="defrag-relist", daemon=True)
+        if self.watched:
+            source: WatchedClusterSource = self.source  # type: ignore[assignment]
+            source.start(self._wake.set)
+            self._build()
+            target = self._build_loop
+        else:
+            self.refresh()
+            target = self._loop
+        self._thread = threading.Thread(target=target, name="defrag-relist", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        self._hurry.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        if self.watched:
+            self.source.stop()  # type: ignore[attr-defined]
 
     def nudge(self) -> None:
         """Relist now rather than at the next interval (a request named a node we do not know:
-        it probably just joined)."""
+        it probably just joined). Watched: build now (its ADDED event may be in)."""
         self._wake.set()
 
     def _loop(self) -> None:
@@ -123,6 +255,28 @@ class ClusterCache:
             if self._stop.is_set():
                 return
             self.refresh()
+
+    def _build_loop(self) -> None:
+        source: WatchedClusterSource = self.source  # type: ignore[assignment]
+        last_start, last_took = -math.inf, 0.0
+        while not self._stop.is_set():
+            self._wake.wait(1.0)  # at least once a second: readiness follows the watches
+            self._wake.clear()
+            if self._stop.is_set():
+                return
+            view = self._view
+            if view is not None and view.generation >= source.generation():
+                self._observe()
+                continue
+            spacing = max(self.min_interval_s, last_took) - (time.monotonic() - last_start)
+            if spacing > 0 and not self._hurry.is_set():
+                self._hurry.wait(spacing)  # coalesce the burst, unless a request waits
+            self._hurry.clear()
+            if self._stop.is_set():
+                return
+            last_start = time.monotonic()
+            self._build()
+            last_took = time.monotonic() - last_start
 
 
 class StateUnavailable(RuntimeError):

@@ -16,6 +16,10 @@ It serves the real JSON of the endpoints defrag uses:
   ``deleteOptions.preconditions.uid`` (meta/v1 ``Preconditions``) that is not the pod's UID is
   refused with 409 Conflict, the message as the storage layer writes it ("Precondition failed:
   UID in precondition: …, UID in object meta: …", apiserver ``checkPreconditions``);
+- watch (``?watch=true``): newline-delimited ``{"type", "object"}`` events after a
+  ``resourceVersion``, BOOKMARKs, ``timeoutSeconds``, field selectors, 410 Gone once that
+  version has been compacted away (:meth:`KubeApi.compact`), dropped streams
+  (:meth:`KubeApi.drop_watches`) — see :meth:`KubeApi.watch` for the upstream behaviour copied;
 - a request log (method, path, query, body; verb/group/resource for RBAC checks) and injected
   faults (a status code and/or a delay for the next N matching requests; ``after=True``: the
   request is carried out first and its answer lost, as when a response times out);
@@ -36,6 +40,7 @@ import copy
 import json
 import multiprocessing
 import re
+import socket
 import sys
 import threading
 import time
@@ -314,6 +319,17 @@ class KubeApi:
         """Called (outside the lock) with each evicted pod, e.g. to create its replacement."""
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        self._changed = threading.Condition(self._lock)
+        self._events: list[_Event] = []
+        """The watch history, oldest first (trimmed to :attr:`history`)."""
+        self._compacted = 0
+        """Watches from a resourceVersion below this get 410 Gone (its events are gone)."""
+        self._drops = 0
+        self._stopping = False
+        self.history = 100_000
+        """Events kept for watches; older ones are compacted away."""
+        self.bookmark_interval_s = 1.0
+        """BOOKMARK every this often on a watch that asked for them (the API server: ~1 min)."""
         self.load(objects)
 
     # --- lifecycle -------------------------------------------------------------------------
@@ -333,6 +349,9 @@ class KubeApi:
         return self
 
     def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._changed.notify_all()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -398,6 +417,19 @@ class KubeApi:
         with self._lock:
             self._log.clear()
 
+    def compact(self) -> None:
+        """Forget the watch history, as etcd compaction does: a watch from any resourceVersion
+        before now gets 410 Gone (a fresh list is needed)."""
+        with self._lock:
+            self._events.clear()
+            self._compacted = self._rv
+
+    def drop_watches(self) -> None:
+        """Cut every open watch stream mid-response (no end chunk), as a dying connection."""
+        with self._lock:
+            self._drops += 1
+            self._changed.notify_all()
+
     def fail(
         self,
         method: str,
@@ -435,16 +467,143 @@ class KubeApi:
     def _save(self, rt: ResourceType, obj: Obj) -> None:
         meta = obj["metadata"]
         key = (meta.get("namespace", "") if rt.namespaced else "", meta["name"])
-        if key not in self._store[rt.resource]:
+        previous = self._store[rt.resource].get(key)
+        if previous is None:
             self._sorted[rt.resource] = None
         self._store[rt.resource][key] = obj
         self._raw[rt.resource].pop(key, None)
+        kind = "ADDED" if previous is None else "MODIFIED"
+        self._record(_Event(int(meta["resourceVersion"]), rt.resource, kind, obj, previous))
 
     def _delete(self, rt: ResourceType, key: Key) -> Obj | None:
         obj = self._store[rt.resource].pop(key, None)
         self._raw[rt.resource].pop(key, None)
         self._sorted[rt.resource] = None
+        if obj is not None:
+            # The deleted object's last state, at the resourceVersion of the deletion.
+            gone = {**obj, "metadata": {**obj["metadata"], "resourceVersion": self._next_rv()}}
+            self._record(_Event(self._rv, rt.resource, "DELETED", gone, None))
         return obj
+
+    def _record(self, event: _Event) -> None:
+        self._events.append(event)
+        if len(self._events) > self.history:
+            dropped = self._events[: len(self._events) - self.history]
+            del self._events[: len(dropped)]
+            self._compacted = max(self._compacted, dropped[-1].rv)
+        self._changed.notify_all()
+
+    # --- watch -------------------------------------------------------------------------------
+
+    def _after(self, rv: int, resource: str) -> list[_Event]:
+        """The kept events of ``resource`` after ``rv`` (the history is in rv order)."""
+        first = bisect.bisect_right(self._events, rv, key=lambda e: e.rv)
+        return [e for e in self._events[first:] if e.resource == resource]
+
+    def watch(
+        self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, list[str]]
+    ) -> None:
+        """Serve one watch request as the API server does.
+
+        Upstream behaviour copied (kubernetes/kubernetes): each line is a meta/v1 ``WatchEvent``
+        ``{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": …}``
+        (staging/src/k8s.io/apimachinery/pkg/apis/meta/v1/watch.go, types.go), written as
+        newline-delimited JSON on a chunked 200 response; events after ``resourceVersion``
+        (resourceVersion "0" or unset: the current objects as ADDED first); a BOOKMARK (only
+        ``metadata.resourceVersion`` set, of the watched kind) when ``allowWatchBookmarks``
+        (KEP-956); the stream ends cleanly after ``timeoutSeconds``; a resourceVersion older
+        than the kept history is an ERROR event whose object is a Status with code 410 and
+        reason Expired, "too old resource version: N (M)" (apimachinery
+        pkg/api/errors NewResourceExpired, sent by the watch cache on a 200 stream); with a
+        field selector an object that stops matching arrives as DELETED and one that starts
+        to match as ADDED (docs: "Efficient detection of changes", API concepts).
+        """
+        route = _route(path)
+        rt = RESOURCES.get(route.resource) if route is not None else None
+        if route is None or rt is None or route.name or route.subresource:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        namespace = route.namespace
+        since = query.get("resourceVersion", [""])[0]
+        timeout = float(query.get("timeoutSeconds", ["1800"])[0] or 1800)
+        bookmarks = query.get("allowWatchBookmarks", [""])[0] in ("true", "1")
+        labels = query.get("labelSelector", [""])[0]
+        fields = query.get("fieldSelector", [""])[0]
+
+        def selected(obj: Obj | None) -> bool:
+            if obj is None:
+                return False
+            meta = obj.get("metadata") or {}
+            if namespace and meta.get("namespace") != namespace:
+                return False
+            if labels and not _labels_match(meta.get("labels") or {}, labels):
+                return False
+            return not fields or _fields_match(obj, fields)
+
+        def line(kind: str, obj: Obj) -> bytes:
+            return json.dumps({"type": kind, "object": obj}, separators=(",", ":")).encode()
+
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        deadline = time.monotonic() + timeout
+        next_bookmark = time.monotonic() + self.bookmark_interval_s
+        out: list[bytes] = []
+        with self._lock:
+            drops = self._drops
+            if since in ("", "0"):
+                current = [o for _, o in sorted(self._store[rt.resource].items())]
+                out = [line("ADDED", o) for o in current if selected(o)]
+                after = self._rv
+            else:
+                after = int(since)
+            if since not in ("", "0") and after < self._compacted:
+                gone = ApiError(
+                    410, "Expired", f"too old resource version: {after} ({self._compacted})"
+                )
+                out = [line("ERROR", gone.status())]
+                deadline = 0.0
+        sent_rv = after
+        try:
+            while True:
+                for chunk in out:
+                    _write_chunk(handler, chunk + b"\n")
+                out = []
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                if bookmarks and now >= next_bookmark:
+                    mark = {
+                        "kind": rt.kind,
+                        "apiVersion": rt.api_version,
+                        "metadata": {"resourceVersion": str(sent_rv)},
+                    }
+                    _write_chunk(handler, line("BOOKMARK", mark) + b"\n")
+                    next_bookmark = now + self.bookmark_interval_s
+                with self._lock:
+                    pending = self._after(sent_rv, rt.resource)
+                    if not pending and not self._stopping and self._drops == drops:
+                        wait = deadline - now
+                        if bookmarks:
+                            wait = min(wait, next_bookmark - now)
+                        self._changed.wait(max(wait, 0.0))
+                        pending = self._after(sent_rv, rt.resource)
+                    if self._stopping:
+                        break
+                    if self._drops != drops:  # cut: no end chunk, the client sees a broken read
+                        handler.close_connection = True
+                        handler.connection.shutdown(socket.SHUT_RDWR)
+                        return
+                    sent_rv = max(sent_rv, self._rv)
+                for e in pending:
+                    now_in, was_in = selected(e.obj), selected(e.previous)
+                    if e.kind == "MODIFIED" and now_in != was_in:
+                        out.append(line("ADDED" if now_in else "DELETED", e.obj))
+                    elif now_in or (e.kind == "DELETED" and selected(e.obj)):
+                        out.append(line(e.kind, e.obj))
+            _write_chunk(handler, b"")
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            handler.close_connection = True
 
     def _item_bytes(self, rt: ResourceType, key: Key) -> bytes:
         raw = self._raw[rt.resource].get(key)
@@ -524,6 +683,32 @@ class KubeApi:
         with self._lock:
             self._log.append(entry)
         return status, payload
+
+    def serve_watch(self, handler: BaseHTTPRequestHandler, raw_path: str) -> bool:
+        """Answer a watch request on ``handler`` (logged, faults applied); False when it is to
+        be answered as a plain request instead (an injected fault's status, a bad path)."""
+        parts = urlsplit(raw_path)
+        query = parse_qs(parts.query)
+        path = parts.path
+        self.arrived.append(("GET", path))
+        route = _route(path)
+        verb, group, resource, namespace, name = _rbac("GET", route, query)
+        fault = self._take_fault("GET", path)
+        if fault is not None and fault.status:
+            fault.times += 1  # put back: handle() takes it and answers with its status
+            return False
+        if fault is not None and fault.delay_s:
+            time.sleep(fault.delay_s)
+        entry = Request("GET", path, query, None, "", verb, group, resource, namespace, name, 200)
+        with self._lock:
+            self._log.append(entry)
+        try:
+            self.watch(handler, path, query)
+        except ApiError:
+            with self._lock:
+                self._log.remove(entry)
+            return False
+        return True
 
     def _dispatch(
         self, method: str, route: _Route | None, query: dict[str, list[str]], body: Any, ctype: str
@@ -680,7 +865,7 @@ class KubeApi:
             rv = (body.get("metadata") or {}).get("resourceVersion")
             if rv is not None and rv != current["metadata"]["resourceVersion"]:
                 raise _conflict(rt, key[1])
-            patched = merge_patch(current, body)
+            patched = merge_patch(copy.deepcopy(current), body)  # the old state stays as it was
         else:
             raise ApiError(415, "UnsupportedMediaType", f"the patch type {kind!r} is unsupported")
         for immutable in ("name", "namespace", "uid"):
@@ -756,6 +941,24 @@ class KubeApi:
         return 201, {**success, "code": 201}, evicted
 
 
+@dataclass(frozen=True, slots=True)
+class _Event:
+    """One change, for watches: its resourceVersion, the object and (MODIFIED) its state
+    before, so a field-selected watch can tell an object that stopped matching."""
+
+    rv: int
+    resource: str
+    kind: str
+    obj: Obj
+    previous: Obj | None
+
+
+def _write_chunk(handler: BaseHTTPRequestHandler, data: bytes) -> None:
+    """One chunk of a chunked response; ``b""`` ends it."""
+    handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    handler.wfile.flush()
+
+
 def _reason(code: int) -> str:
     return {
         404: "NotFound",
@@ -826,6 +1029,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
+        query = parse_qs(urlsplit(self.path).query)
+        watching = self.command == "GET" and query.get("watch", [""])[0] in ("true", "1")
+        if watching and self.emulator.serve_watch(self, self.path):
+            return
         status, payload = self.emulator.handle(
             self.command, self.path, body, self.headers.get("Content-Type") or ""
         )

@@ -1,0 +1,553 @@
+"""The live cluster kept by list + watch, as kube-scheduler's own informers keep theirs.
+
+:class:`KubeWatchSource` lists every kind :class:`~defrag.adapters.kube.KubeClusterSource`
+lists (PriorityClasses, nodes, pods without the finished ones, PodDisruptionBudgets) page by
+page (``limit``/``continue``), remembers each list's ``resourceVersion``, then watches each kind
+from it on a thread of its own (``kubernetes.watch.Watch().stream(..., resource_version=,
+allow_watch_bookmarks=True, timeout_seconds=)``) and applies ADDED / MODIFIED / DELETED to an
+in-memory store keyed by ``namespace/name``. Every event and BOOKMARK moves the kind's
+resourceVersion on; a watch the server ends (``timeoutSeconds``) is resumed from it, a dropped
+connection too, after a backoff (tenacity); only a 410 Gone — an ``ApiException`` with status
+410, or an ERROR event whose object is a Status with code 410, as the client surfaces it
+either way depending on its version and ``timeout_seconds`` — lists that kind again.
+
+Memory: the store keeps each object trimmed to the fields :mod:`~defrag.adapters.kube_convert`
+reads (:data:`KEEP`; no ``managedFields``, images, env, volumes, status but the phase, QoS class
+and conditions, no ``kubectl.kubernetes.io/last-applied-configuration``), and beside it the
+object's conversion, made once per change, so a new cluster (:meth:`KubeWatchSource.build`) is
+only :meth:`ClusterParts.build` over what is held. The events are applied whole, never merged:
+a MODIFIED object replaces what was held.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+
+from defrag.adapters.gpu_shapes import ShapeWarning
+from defrag.adapters.kube import KubeClusterSource, KubeError, RetryPolicy, _Caller, _describe
+from defrag.adapters.kube_convert import ClusterParts, paused_gc
+from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
+from defrag.model.resources import Node, Pod
+from defrag.ports import WatchHealth
+
+log = logging.getLogger(__name__)
+
+Spec = Mapping[str, Any]
+"""Which fields of an object to keep: key → True (the whole value) or a nested spec (applied to
+the object there, or to each object of a list there)."""
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+"""Often the largest thing on an object, and read by nothing: dropped from annotations."""
+
+_META: Spec = {
+    "name": True,
+    "namespace": True,
+    "resourceVersion": True,
+    "labels": True,
+    "annotations": True,
+}
+_CONTAINER: Spec = {"resources": {"requests": True, "limits": True}, "restartPolicy": True}
+KEEP: Mapping[str, Spec] = {
+    "Node": {
+        "metadata": _META,
+        "spec": {"taints": True, "unschedulable": True},
+        "status": {"allocatable": True, "capacity": True},
+    },
+    "Pod": {
+        "metadata": {
+            **_META,
+            "uid": True,
+            "creationTimestamp": True,
+            "ownerReferences": {"kind": True, "name": True, "controller": True},
+        },
+        "spec": {
+            "nodeName": True,
+            "containers": _CONTAINER,
+            "initContainers": _CONTAINER,
+            "overhead": True,
+            "resourceClaims": {"name": True},
+            "priority": True,
+            "priorityClassName": True,
+            "nodeSelector": True,
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": True}},
+            "schedulingGates": True,
+            "tolerations": True,
+        },
+        "status": {
+            "phase": True,
+            "qosClass": True,
+            "conditions": {
+                "type": True,
+                "status": True,
+                "reason": True,
+                "lastTransitionTime": True,
+            },
+        },
+    },
+    "PodDisruptionBudget": {
+        "metadata": _META,
+        "spec": {"selector": True},
+        "status": {"disruptionsAllowed": True},
+    },
+    "PriorityClass": {"metadata": _META, "value": True, "globalDefault": True},
+}
+"""What :mod:`~defrag.adapters.kube_convert` reads of each kind (and ``resourceVersion``)."""
+
+
+def trim(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
+    """``obj`` with only the fields ``spec`` names. A value of an unexpected type is kept as it
+    is, so the conversion reports the same error it would on the whole object."""
+    out: dict[str, Any] = {}
+    for key, keep in spec.items():
+        if key not in obj:
+            continue
+        value = obj[key]
+        if keep is True:
+            out[key] = value
+        elif isinstance(value, dict):
+            out[key] = trim(value, keep)
+        elif isinstance(value, list):
+            out[key] = [trim(v, keep) if isinstance(v, dict) else v for v in value]
+        else:
+            out[key] = value
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and LAST_APPLIED in annotations:
+            meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return out
+
+
+class Piece(NamedTuple):
+    """What one object adds to a :class:`ClusterParts` (one object's conversion)."""
+
+    nodes: tuple[Node, ...] = ()
+    pods: tuple[tuple[Pod, bool], ...] = ()
+    pdbs: tuple[PodDisruptionBudget, ...] = ()
+    priority_classes: tuple[Any, ...] = ()
+    warnings: tuple[ShapeWarning, ...] = ()
+    share_memory: tuple[tuple[str, int], ...] = ()
+    skipped_nodes: tuple[str, ...] = ()
+    hidden_usage: tuple[str, ...] = ()
+
+
+def convert(kind: str, obj: Mapping[str, Any], where: str) -> Piece:
+    """One object as :meth:`ClusterParts.add` converts it (leniently: an unreadable object is
+    a warning, as in a snapshot)."""
+    parts = ClusterParts()
+    parts.add(obj, where, kind=kind)
+    return Piece(
+        tuple(parts.nodes),
+        tuple(parts.pods),
+        tuple(parts.pdbs),
+        tuple(parts.priority_classes),
+        tuple(parts.warnings),
+        tuple(parts.share_memory.items()),
+        tuple(parts.skipped_nodes),
+        tuple(parts.hidden_usage),
+    )
+
+
+class Expired(Exception):
+    """The watch's resourceVersion is gone (410): the kind must be listed again."""
+
+
+class _RawWatch(watch.Watch):
+    """A watch that hands out the raw JSON of each event (``raw_object``): no typed model is
+    built (the adapter reads raw JSON, as ``KubeClusterSource`` does)."""
+
+    def get_return_type(self, func: Callable[..., Any]) -> None:
+        return None
+
+
+@dataclass(slots=True)
+class _Kind:
+    name: str
+    lister: Callable[..., Any]
+    kwargs: dict[str, Any]
+    objects: dict[str, tuple[dict[str, Any], Piece]] = field(default_factory=dict)
+    resource_version: str = ""
+    listed: bool = False
+    broken_since: float | None = None
+    reason: str = "not listed yet"
+    watch: watch.Watch | None = None
+
+    @property
+    def plural(self) -> str:
+        return f"{self.name}es" if self.name.endswith("s") else f"{self.name}s"
+
+
+@dataclass(slots=True)
+class WatchStats:
+    """Counts since start, for tests and logs."""
+
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    bookmarks: int = 0
+    expired: int = 0
+    retries: int = 0
+
+
+def _key(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    meta = meta if isinstance(meta, dict) else {}
+    name, namespace = str(meta.get("name") or ""), meta.get("namespace")
+    return f"{namespace}/{name}" if namespace else name
+
+
+def _rv(obj: Mapping[str, Any]) -> str:
+    meta = obj.get("metadata")
+    return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
+
+
+class KubeWatchSource:
+    """:class:`defrag.ports.WatchedClusterSource` over the API (see the module doc).
+
+    ``watch_timeout_s``: each watch request's ``timeoutSeconds`` (the server ends it; it is
+    resumed from the last resourceVersion). A watch read that stays silent longer than that plus
+    ``grace_s`` counts as a dead connection. Connection errors are retried with exponential
+    backoff from ``backoff_s`` up to ``max_backoff_s``, forever (while the watch is down,
+    :meth:`health` says since when).
+    """
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        *,
+        page_size: int = 500,
+        retry: RetryPolicy | None = None,
+        watch_timeout_s: int = 300,
+        grace_s: float = 30.0,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 30.0,
+        skip_finished_pods: bool = True,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        lister = KubeClusterSource(
+            api, page_size=page_size, retry=retry, skip_finished_pods=skip_finished_pods
+        )
+        self.page_size = page_size
+        self.call = _Caller(retry or RetryPolicy())
+        self.watch_timeout_s = watch_timeout_s
+        self.grace_s = grace_s
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.clock = clock
+        self.stats = WatchStats()
+        self._kinds = [_Kind(kind, fn, dict(kwargs)) for kind, fn, kwargs in lister.listings()]
+        self._lock = threading.RLock()
+        self._generation = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._on_change: Callable[[], None] | None = None
+        self._said: set[str] = set()
+
+    # --- the port --------------------------------------------------------------------------
+
+    def start(self, on_change: Callable[[], None]) -> None:
+        """List every kind now (a failure is retried by the watch threads), then watch each on
+        a daemon thread of its own."""
+        self._on_change = on_change
+        self._stop.clear()
+        try:
+            self.sync()
+        except (KubeError, ApiException, OSError) as exc:
+            log.warning("first list failed, retrying in the background: %s", exc)
+        for kind in self._kinds:
+            thread = threading.Thread(
+                target=self._run, args=(kind,), name=f"defrag-watch-{kind.name}", daemon=True
+            )
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for kind in self._kinds:
+            w = kind.watch
+            if w is not None:
+                w.stop()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._threads = []
+
+    def generation(self) -> int:
+        return self._generation
+
+    def health(self) -> WatchHealth:
+        with self._lock:
+            synced = all(k.listed or k.resource_version for k in self._kinds)
+            broken = [k for k in self._kinds if k.broken_since is not None]
+            if not broken:
+                return WatchHealth(synced)
+            since = min(k.broken_since for k in broken if k.broken_since is not None)
+            reasons = tuple(f"watching {k.plural}: {k.reason}" for k in broken)
+            return WatchHealth(synced, since, reasons)
+
+    def snapshot(self) -> Cluster:
+        """The cluster held now; lists first when nothing was listed yet (not started)."""
+        if not self._threads and not all(k.listed for k in self._kinds):
+            self.sync()
+        return self.build()[0]
+
+    def build(self) -> tuple[Cluster, int]:
+        """A Cluster from what is held, and the generation it reflects."""
+        with self._lock:
+            generation = self._generation
+            pieces = [
+                [piece for _key, (_obj, piece) in sorted(k.objects.items())] for k in self._kinds
+            ]
+        parts = ClusterParts()
+        with paused_gc():
+            for of_kind in pieces:
+                for piece in of_kind:
+                    parts.nodes += piece.nodes
+                    parts.pods += piece.pods
+                    parts.pdbs += piece.pdbs
+                    parts.priority_classes += piece.priority_classes
+                    parts.warnings += piece.warnings
+                    parts.share_memory.update(piece.share_memory)
+                    parts.skipped_nodes.update(piece.skipped_nodes)
+                    parts.hidden_usage.update(piece.hidden_usage)
+            try:
+                cluster = parts.build(lenient=True)
+            except ModelError as exc:
+                raise KubeError(f"inconsistent cluster state: {exc}") from exc
+        if parts.dropped:
+            log.info(
+                "left out %d pod(s) bound to nodes not (yet) seen: %s",
+                len(parts.dropped),
+                ", ".join(parts.dropped[:5]),
+            )
+        for warning in [w for w in cluster.warnings if w not in self._said]:
+            log.warning("not modelled fully: %s", warning)
+        self._said = set(cluster.warnings)
+        return cluster, generation
+
+    # --- for tests and the benchmark ---------------------------------------------------------
+
+    def objects(self, kind: str) -> dict[str, dict[str, Any]]:
+        """The trimmed objects held of ``kind``, by ``namespace/name``."""
+        with self._lock:
+            of_kind = next(k for k in self._kinds if k.name == kind)
+            return {key: obj for key, (obj, _piece) in of_kind.objects.items()}
+
+    def resource_version(self, kind: str) -> str:
+        with self._lock:
+            return next(k for k in self._kinds if k.name == kind).resource_version
+
+    # --- list --------------------------------------------------------------------------------
+
+    def sync(self) -> None:
+        """List every kind (the watch threads keep them current from there)."""
+        for kind in self._kinds:
+            self._list(kind)
+
+    def _list(self, kind: _Kind) -> None:
+        """Every object of ``kind``, page by page; an expired continue token starts again. An
+        object whose resourceVersion is the one held keeps its conversion."""
+        for _restart in range(3):
+            try:
+                objects, version = self._pages(kind)
+            except ApiException as exc:
+                if exc.status == 410:
+                    log.info("listing %s: continue token expired, listing again", kind.plural)
+                    continue
+                raise KubeError(f"cannot list {kind.plural}: {_describe(exc)}") from None
+            with self._lock:
+                kind.objects = objects
+                kind.resource_version = version
+                kind.listed = True
+                self._generation += 1
+                self.stats.lists += 1
+            self._healthy(kind)
+            self._changed()
+            return
+        raise KubeError(f"cannot list {kind.plural}: the continue token kept expiring")
+
+    def _pages(self, kind: _Kind) -> tuple[dict[str, tuple[dict[str, Any], Piece]], str]:
+        with self._lock:
+            held = dict(kind.objects)
+        objects: dict[str, tuple[dict[str, Any], Piece]] = {}
+        token: str | None = None
+        version = ""
+        with paused_gc():
+            while True:
+                page = self._page(kind, token)
+                for item in page.get("items") or []:
+                    key = _key(item)
+                    old = held.get(key)
+                    if old is not None and _rv(old[0]) == _rv(item) != "":
+                        objects[key] = old
+                    else:
+                        objects[key] = self._entry(kind.name, item)
+                meta = page.get("metadata") or {}
+                version = str(meta.get("resourceVersion") or version)
+                token = meta.get("continue") or None
+                if not token:
+                    return objects, version
+
+    def _page(self, kind: _Kind, token: str | None) -> dict[str, Any]:
+        def call() -> dict[str, Any]:
+            args = dict(kind.kwargs, limit=self.page_size)
+            if token:
+                args["_continue"] = token
+            response = kind.lister(
+                **args, _preload_content=False, _request_timeout=self.call.timeout
+            )
+            data = json.loads(response.data)
+            if not isinstance(data, dict):
+                raise KubeError("the API returned a list that is not a JSON object")
+            return data
+
+        return self.call(call)
+
+    def _entry(self, kind: str, obj: Mapping[str, Any]) -> tuple[dict[str, Any], Piece]:
+        trimmed = trim(obj, KEEP[kind])
+        return trimmed, convert(kind, trimmed, f"{kind} {_key(obj)}")
+
+    # --- watch -------------------------------------------------------------------------------
+
+    def _run(self, kind: _Kind) -> None:
+        """List (when needed) and watch ``kind`` until stopped; errors are retried with backoff."""
+        retrying = Retrying(
+            wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            retry=retry_if_exception_type(Exception),
+            stop=lambda _state: self._stop.is_set(),
+            sleep=self._pause,
+            before_sleep=lambda state: self._broken(kind, state),
+            reraise=True,
+        )
+        while not self._stop.is_set():
+            try:
+                retrying(self._cycle, kind)
+            except Exception:  # only when stopping: the retries never give up otherwise
+                if not self._stop.is_set():
+                    log.exception("watching %s stopped", kind.plural)
+                return
+
+    def _cycle(self, kind: _Kind) -> None:
+        if not kind.listed:
+            self._list(kind)
+        if self._stop.is_set():
+            return
+        try:
+            for event in self._events(kind):
+                self._apply(kind, event)
+                if self._stop.is_set():
+                    return
+        except ApiException as exc:
+            if exc.status != 410:
+                raise
+            self._expired(kind, str(exc.reason or "410 Gone"))
+            return
+        except Expired as exc:
+            self._expired(kind, str(exc))
+            return
+        self._healthy(kind)  # the server ended the watch (timeoutSeconds): resumed next
+
+    def _events(self, kind: _Kind) -> Iterator[dict[str, Any]]:
+        w = _RawWatch()
+        kind.watch = w
+
+        def call(**kwargs: Any) -> Any:
+            response = kind.lister(**kwargs)
+            if 200 <= int(getattr(response, "status", 200)) < 300:
+                self._healthy(kind)
+            return response
+
+        with self._lock:
+            self.stats.watches += 1
+            version = kind.resource_version
+        try:
+            yield from w.stream(
+                call,
+                **kind.kwargs,
+                resource_version=version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self.watch_timeout_s,
+                _request_timeout=(self.call.policy.timeout_s, self.watch_timeout_s + self.grace_s),
+            )
+        finally:
+            kind.watch = None
+
+    def _apply(self, kind: _Kind, event: dict[str, Any]) -> None:
+        what = event.get("type")
+        obj = event.get("raw_object", event.get("object"))
+        if not isinstance(obj, dict):
+            raise KubeError(f"watching {kind.plural}: an event without an object: {event!r:.200}")
+        if what == "ERROR":
+            code = obj.get("code")
+            message = f"{obj.get('reason') or ''}: {obj.get('message') or ''}"
+            if code == 410:
+                raise Expired(message)
+            raise KubeError(f"watching {kind.plural}: error event {code} {message}")
+        version = _rv(obj)
+        if what == "BOOKMARK":
+            with self._lock:
+                kind.resource_version = version or kind.resource_version
+                self.stats.bookmarks += 1
+            self._healthy(kind)
+            return
+        key = _key(obj)
+        if what in ("ADDED", "MODIFIED"):
+            entry = self._entry(kind.name, obj)
+            with self._lock:
+                kind.objects[key] = entry
+        elif what == "DELETED":
+            with self._lock:
+                kind.objects.pop(key, None)
+        else:
+            log.warning("watching %s: unknown event type %r ignored", kind.plural, what)
+            return
+        with self._lock:
+            kind.resource_version = version or kind.resource_version
+            self._generation += 1
+            self.stats.events += 1
+        self._healthy(kind)
+        self._changed()
+
+    def _expired(self, kind: _Kind, reason: str) -> None:
+        log.info("watching %s: resourceVersion expired (%s); listing again", kind.plural, reason)
+        with self._lock:
+            kind.listed = False
+            self.stats.expired += 1
+
+    # --- health ------------------------------------------------------------------------------
+
+    def _healthy(self, kind: _Kind) -> None:
+        with self._lock:
+            kind.broken_since = None
+            kind.reason = ""
+
+    def _broken(self, kind: _Kind, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        reason = _describe(exc) if exc is not None else "failed"
+        with self._lock:
+            if kind.broken_since is None:
+                kind.broken_since = self.clock()
+            kind.reason = reason
+            self.stats.retries += 1
+        wait = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("watching %s: %s; retrying in %.1fs", kind.plural, reason, wait)
+
+    def _pause(self, seconds: float) -> None:
+        """The backoff: cut short by :meth:`stop`."""
+        self._stop.wait(seconds)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            self._on_change()
+
+
+__all__ = ["KEEP", "Expired", "KubeWatchSource", "Piece", "WatchStats", "convert", "trim"]
