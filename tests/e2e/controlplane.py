@@ -279,7 +279,9 @@ class Rest:
         _raise(answer)
         return dict(answer.json())
 
-    def patch(self, path: str, body: dict[str, Any], kind: str = "merge") -> dict[str, Any]:
+    def patch(
+        self, path: str, body: dict[str, Any], kind: str = "merge", **params: Any
+    ) -> dict[str, Any]:
         content_type = {
             "merge": "application/merge-patch+json",
             "strategic": "application/strategic-merge-patch+json",
@@ -288,6 +290,7 @@ class Rest:
         answer = self.session.patch(
             self.url(path),
             data=json.dumps(body),
+            params=params,
             headers={"Content-Type": content_type},
             timeout=30,
         )
@@ -320,12 +323,21 @@ class Rest:
         return f"{base}{ns}/{plural}/{meta['name']}"
 
     def apply(
-        self, obj: dict[str, Any], *, dry_run: bool = False, manager: str = "defrag-e2e"
+        self,
+        obj: dict[str, Any],
+        *,
+        dry_run: bool = False,
+        manager: str = "defrag-e2e",
+        field_validation: str | None = None,
     ) -> requests.Response:
-        """Server-side apply (``kubectl apply --server-side``); the raw answer."""
+        """Server-side apply (``kubectl apply --server-side``); the raw answer.
+        ``field_validation``: ``Strict`` refuses unknown and duplicate fields (``Warn``,
+        ``Ignore``: the API server's own choices)."""
         params = {"fieldManager": manager, "force": "true"}
         if dry_run:
             params["dryRun"] = "All"
+        if field_validation is not None:
+            params["fieldValidation"] = field_validation
         return self.session.patch(
             self.url(self.object_path(obj)),
             data=json.dumps(obj),
