@@ -10,8 +10,9 @@ eviction to the starving pod's binding, both read from the API server's audit lo
 
 ``api-calls``: ``--nodes`` GPU nodes with ``--pods-per-node`` running pods each; counts, from the
 audit log, the requests of one daemon cycle (``defrag run --once``, dry run) and of the extender
-over ``--minutes`` (with one pod created every 5 s, so the view has changes to follow), by verb
-and resource.
+from its start until it is ready, and then over ``--minutes`` (with one pod created every 5 s, so
+the view has changes to follow), by verb and resource. A request counts once (a watch writes two
+audit events).
 
 Needs the control plane binaries (``KUBEBUILDER_ASSETS``, ``make kube-assets``) and etcd; exits
 0 with a note when they are absent.
@@ -125,7 +126,9 @@ def api_calls(
 
     settings = c.write_yaml(folder / "extender-settings.yaml", {"policy": "reserve-binpack"})
     kubeconfig = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
+    mark = len(plane.audit_events())
     with c.extender(plane, kubeconfig, settings, name="extender-load", port=free_port()):
+        startup = _requests(plane, EXTENDER, mark, python_only=True)
         mark = len(plane.audit_events())
         end = time.monotonic() + minutes * 60
         churn = 0
@@ -140,12 +143,16 @@ def api_calls(
             }
             api.post(f"/api/v1/namespaces/{ns}/pods", body)
         extender = _requests(plane, EXTENDER, mark, python_only=True)
+        watches = sum(1 for e in extender if e["verb"] == "watch")
     return {
         "nodes": nodes,
         "pods": nodes * pods_per_node,
         "daemon_cycle_requests": len(cycle),
         "daemon_cycle_by_kind": _by_kind(cycle),
+        "extender_startup_requests": len(startup),
+        "extender_startup_by_kind": _by_kind(startup),
         "extender_minutes": minutes,
+        "extender_watches_opened": watches,
         "extender_requests_per_minute": round(len(extender) / minutes, 1),
         "extender_by_kind": _by_kind(extender),
     }
