@@ -151,7 +151,7 @@ def wait_pods(
     ns: str,
     selector: str,
     ok: Callable[[list[dict[str, Any]]], bool],
-    timeout_s: float = 30,
+    timeout_s: float = 60,
     what: str = "pods",
 ) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = []
@@ -210,7 +210,7 @@ class Served:
         return requests.get(f"http://127.0.0.1:{self.port}{path}", timeout=5)
 
 
-def wait_ready(process: Process, port: int, timeout_s: float = 30) -> None:
+def wait_ready(process: Process, port: int, timeout_s: float = 60) -> None:
     wait_for(
         process.name,
         lambda: requests.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200,

@@ -20,12 +20,14 @@ import shutil
 import signal
 import subprocess
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import requests
+import urllib3
 import yaml
 
 from tests.support.binaries import free_port
@@ -447,12 +449,16 @@ class ControlPlane:
             self.folder,
         )
         self.processes[name] = proc
-        wait_for(
-            name,
-            lambda: requests.get(f"https://127.0.0.1:{port}/readyz", verify=False, timeout=2).ok,
-            30,
-            proc,
-        )
+        with warnings.catch_warnings():  # its serving certificate is self-signed
+            warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+            wait_for(
+                name,
+                lambda: (
+                    requests.get(f"https://127.0.0.1:{port}/readyz", verify=False, timeout=2).ok
+                ),
+                60,
+                proc,
+            )
         return proc
 
     def stop(self) -> None:
