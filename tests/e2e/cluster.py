@@ -187,14 +187,15 @@ def node_of(pod: dict[str, Any]) -> str | None:
 # --- defrag's processes -----------------------------------------------------------------
 
 
-def _defrag() -> str:
+def defrag_path() -> str:
+    """The ``defrag`` command of this interpreter's environment."""
     return str(Path(sys.executable).parent / "defrag")
 
 
 def defrag_json(*args: str, timeout_s: float = 60) -> Any:
     """Run a one-shot ``defrag`` command with ``-o json`` and return what it printed."""
     done = subprocess.run(
-        [_defrag(), *args, "-o", "json"], capture_output=True, text=True, timeout=timeout_s
+        [defrag_path(), *args, "-o", "json"], capture_output=True, text=True, timeout=timeout_s
     )
     if done.returncode != 0:
         raise AssertionError(f"defrag {' '.join(args)}: {done.returncode} {done.stderr[-2000:]}")
@@ -233,7 +234,7 @@ def extender(
     proc = spawn(
         name,
         [
-            _defrag(),
+            defrag_path(),
             "extender",
             "--kubeconfig",
             str(kubeconfig),
@@ -271,7 +272,7 @@ def start_daemon(
     proc = spawn(
         name,
         [
-            _defrag(),
+            defrag_path(),
             "run",
             "--kubeconfig",
             str(kubeconfig),

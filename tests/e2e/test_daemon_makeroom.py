@@ -9,6 +9,7 @@ the freed node.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,6 +185,7 @@ def test_terminating_victim_is_not_evicted_again_and_a_new_leader_reconciles(
     )
     first.process.proc.kill()  # SIGKILL mid-drain
     first.process.proc.wait()
+    killed = len(stage.plane.audit_events())
     lease = "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
     c.wait_for(
         "the second replica holds the Lease",
@@ -198,6 +200,37 @@ def test_terminating_victim_is_not_evicted_again_and_a_new_leader_reconciles(
     _wait_clean_nodes(stage)
     victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
     assert len(victims) == len(set(victims)), victims
+    # The drain the first replica left was taken up by the second: it wrote to the tainted
+    # node after the kill (the first one could not).
+    patched = {
+        e["objectRef"].get("name")
+        for e in c.audit_writes(stage.plane, DAEMON, since=killed)
+        if e["objectRef"].get("resource") == "nodes"
+    }
+    assert set(tainted) <= patched, (tainted, patched)
+
+
+def test_contradicting_settings_stop_the_daemon_before_it_touches_the_cluster(
+    plane: ControlPlane, tmp_path: Path
+) -> None:
+    """A replacement wait longer than the cycle deadline once made the leader drop its own
+    Lease mid-drain; now the daemon refuses to start, in one line naming both fields."""
+    bad = c.write_yaml(
+        tmp_path / "settings.yaml",
+        {"dry_run": False, "cycle_interval_s": 20, "replacement_timeout_s": 65},
+    )
+    kubeconfig = plane.service_account_kubeconfig("defrag-system", "defrag")
+    mark = len(plane.audit_events())
+    done = subprocess.run(
+        [c.defrag_path(), "run", "--kubeconfig", str(kubeconfig), "--settings", str(bad)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, done.stderr
+    assert "replacement_timeout_s" in lines[0] and "cycle_interval_s" in lines[0], lines
+    assert "Traceback" not in done.stderr
+    assert [e for e in plane.audit_events()[mark:] if e["user"]["username"] == DAEMON] == []
 
 
 # --- helpers ------------------------------------------------------------------------------
