@@ -161,25 +161,46 @@ def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
     assert victim in {p["metadata"]["name"] for p in c.pods(stage.plane.admin, stage.ns)}
 
 
-def test_terminating_victim_is_not_evicted_again_and_a_new_leader_reconciles(
-    stage: Stage,
-) -> None:
+def test_a_terminating_victim_is_never_evicted_again(stage: Stage) -> None:
+    """The victim hangs in Terminating past the replacement wait; the cycles after it see a pod
+    with a deletionTimestamp and neither evict it again nor charge a budget for it."""
+    stage.kubelet.hold.update({f"{stage.ns}/a-", f"{stage.ns}/b-"})
+    stage.starving()
+    time.sleep(3.5)
+    mark = len(stage.plane.audit_events())
+    settings = stage.settings(dry_run=False, replacement_timeout_s=4, ready_max_age_s=60)
+    daemon = c.start_daemon(
+        stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}"
+    )
+    c.wait_for("an eviction", lambda: stage.evictions(mark), 60, daemon.process)
+    cycles = _cycles(daemon)
+    # The replacement wait (4 s) runs out, then several more 2 s cycles.
+    c.wait_for("five more cycles", lambda: _cycles(daemon) >= cycles + 5, 90, daemon.process)
+    victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
+    assert len(victims) == len(set(victims)), victims
+    stage.kubelet.release(list(stage.kubelet.hold))
+    bound_train(stage)
+    _wait_clean_nodes(stage)
+    victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
+    assert len(victims) == len(set(victims)), victims
+
+
+def test_a_new_leader_reconciles_a_drain_left_by_sigkill(stage: Stage) -> None:
     """Two replicas; the victim hangs in Terminating; the leader is SIGKILLed mid-drain."""
     stage.kubelet.hold.update({f"{stage.ns}/a-", f"{stage.ns}/b-"})
     stage.starving()
     time.sleep(3.5)
     mark = len(stage.plane.audit_events())
-    settings = stage.settings(dry_run=False, replacement_timeout_s=6, ready_max_age_s=60)
+    settings = stage.settings(dry_run=False, replacement_timeout_s=40, ready_max_age_s=60)
     first = c.start_daemon(
         stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}-1"
     )
     c.wait_for("an eviction", lambda: stage.evictions(mark), 60, first.process)
-    # Several cycles while the victim stays Terminating: it is never evicted again.
-    time.sleep(10)
-    victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
-    assert len(victims) == len(set(victims)), victims
-    tainted = [n for n in stage.nodes if _defrag_marks(stage, n)]
-    assert tainted, "the drain should still be under way (the victim is held)"
+    tainted = c.wait_for(
+        "the drain under way (the victim is held)",
+        lambda: [n for n in stage.nodes if _defrag_marks(stage, n)],
+        20,
+    )
     second = c.start_daemon(
         stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}-2"
     )
@@ -195,6 +216,7 @@ def test_terminating_victim_is_not_evicted_again_and_a_new_leader_reconciles(
         60,
         second.process,
     )
+    time.sleep(4)  # the new leader's first cycles, with the victim still Terminating
     stage.kubelet.release(list(stage.kubelet.hold))
     bound_train(stage)
     _wait_clean_nodes(stage)
@@ -208,6 +230,15 @@ def test_terminating_victim_is_not_evicted_again_and_a_new_leader_reconciles(
         if e["objectRef"].get("resource") == "nodes"
     }
     assert set(tainted) <= patched, (tainted, patched)
+
+
+def _cycles(daemon: c.Served) -> float:
+    """Cycles the daemon has finished, from its /metrics."""
+    total = 0.0
+    for line in daemon.get("/metrics").text.splitlines():
+        if line.startswith("defrag_cycles_total"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def test_contradicting_settings_stop_the_daemon_before_it_touches_the_cluster(
