@@ -36,9 +36,10 @@ if TYPE_CHECKING:
     from defrag.scoring.profile import ProfileConfig
 
 ENV_PREFIX = "DEFRAG_"
-OTHER_ENV = frozenset({"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES"})
+OTHER_ENV = frozenset({"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES", "DEFRAG_DATA_DIR"})
 """``DEFRAG_*`` variables that are not settings: the alerts CLI's credentials, the fuzz tests'
-example count. Any other ``DEFRAG_*`` name that is not a setting is refused as a typo."""
+example count, the reference data directory (``defrag data``, the tests and benchmarks). Any
+other ``DEFRAG_*`` name that is not a setting is refused as a typo."""
 
 MAX_SECONDS = 10 * 365 * 86400.0
 """Ten years: the longest any ``*_s`` setting may be (longer is a typo, and overflows sleeps)."""
