@@ -85,7 +85,8 @@ demo: venv
 # docker/podman build, or buildah bud; see docs/operations.md for building without a daemon.
 image:
 	@test -n "$(CONTAINER)" || { echo "no docker, podman or buildah on PATH"; exit 1; }
-	$(if $(findstring buildah,$(CONTAINER)),$(CONTAINER) bud,$(CONTAINER) build) -t $(IMAGE) .
+	$(if $(findstring buildah,$(CONTAINER)),$(CONTAINER) bud,$(CONTAINER) build) -t $(IMAGE) \
+	  --build-arg REVISION=$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown) .
 
 image-name:
 	@echo $(IMAGE)
