@@ -17,6 +17,9 @@ RUN python -m venv /opt/defrag \
     && /opt/defrag/bin/defrag --version
 
 FROM ${PYTHON_IMAGE}
+# The source revision, shown as defrag_build_info{revision} on every process's /metrics.
+ARG REVISION=unknown
+LABEL org.opencontainers.image.revision="${REVISION}"
 LABEL org.opencontainers.image.title="defrag" \
       org.opencontainers.image.description="Keeps GPU Kubernetes clusters unfragmented" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -26,7 +29,8 @@ COPY --from=build /opt/defrag /opt/defrag
 ENV PATH=/opt/defrag/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    MPLCONFIGDIR=/tmp
+    MPLCONFIGDIR=/tmp \
+    DEFRAG_REVISION=${REVISION}
 # The UID and GID of the manifests' securityContext (runAsUser/runAsGroup 65532).
 USER 65532:65532
 WORKDIR /tmp

@@ -4,6 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 SHARED ?= ../shared
+# The reference data (the openb trace, the FGD paper's figures) that the simulator's tests and
+# benchmarks read; `make data` fetches the openb files into it. Without them those tests skip
+# with one line, except under CI=true, where a missing file is a failure.
+DATA ?= $(SHARED)/data
+export DEFRAG_DATA_DIR ?= $(abspath $(DATA))
 # The e2e suite's control plane (tests/e2e/): kube-apiserver, kube-controller-manager and
 # kube-scheduler unpacked once from $(SHARED)/controlplane into this cache; KUBEBUILDER_ASSETS
 # (envtest's convention) points the tests at it. Without the binaries the e2e tests skip.
@@ -18,7 +23,7 @@ IMAGE ?= $(shell sed -n 's/^ *newName: *//p' $(IMAGE_COMPONENT)):$(shell sed -n 
 # docker only where its daemon answers; else podman, else buildah.
 CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v podman || command -v buildah)
 
-.PHONY: venv tools kube-assets lint test test-fast e2e demo bench image image-name clean
+.PHONY: venv tools kube-assets data lint test test-fast e2e demo bench image image-name clean
 
 venv: $(VENV)/.installed
 
@@ -53,6 +58,10 @@ kube-assets:
 	  rm -rf $(KUBE_ASSETS) && mv $(KUBE_ASSETS).tmp $(KUBE_ASSETS); \
 	fi
 
+# Download the openb trace files into $(DATA)/openb, each checked against its SHA-256.
+data: venv
+	$(BIN)/defrag data fetch --dir $(DATA)
+
 lint: venv
 	$(BIN)/ruff check defrag tests bench deploy
 	$(BIN)/mypy
@@ -76,7 +85,8 @@ demo: venv
 # docker/podman build, or buildah bud; see docs/operations.md for building without a daemon.
 image:
 	@test -n "$(CONTAINER)" || { echo "no docker, podman or buildah on PATH"; exit 1; }
-	$(if $(findstring buildah,$(CONTAINER)),$(CONTAINER) bud,$(CONTAINER) build) -t $(IMAGE) .
+	$(if $(findstring buildah,$(CONTAINER)),$(CONTAINER) bud,$(CONTAINER) build) -t $(IMAGE) \
+	  --build-arg REVISION=$(shell git rev-parse --short HEAD 2>/dev/null || echo unknown) .
 
 image-name:
 	@echo $(IMAGE)

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import data
 from bench.bench_packing_limit import TRACES, load_trace, seed_limits
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
@@ -200,21 +201,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("protocol", choices=("fill", "timeline", "jam"))
     parser.add_argument(
-        "--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared"
+        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
     )
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--policies", nargs="*", default=None)
     parser.add_argument("--traces", nargs="*", default=["default"], choices=TRACES)
     parser.add_argument("--jobs", type=int, default=2, help="fill: processes")
     args = parser.parse_args()
+    data.require(
+        args.data, data.trace_files(args.traces if args.protocol == "fill" else ["default"])
+    )
     if args.protocol == "fill":
         policies = args.policies or ["fgd", "reserve-binpack"]
-        fill_table(args.shared, args.traces, policies, args.seeds or 10, args.jobs)
+        fill_table(args.data, args.traces, policies, args.seeds or 10, args.jobs)
     elif args.protocol == "jam":
-        jam_table(args.shared, args.policies or ["fgd", "reserve-binpack"], args.seeds or 3)
+        jam_table(args.data, args.policies or ["fgd", "reserve-binpack"], args.seeds or 3)
     else:
         policies = args.policies or ["reserve-binpack", "least-allocated"]
-        timeline_table(args.shared, policies, args.seeds or 3)
+        timeline_table(args.data, policies, args.seeds or 3)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,14 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from functools import cache
 from pathlib import Path
 
+from bench import data
 from defrag.model.resources import Node, Pod
 from defrag.scoring.policies import POLICY_NAMES
 from defrag.sim.fill import PAPER_SEEDS, run_fill
 from defrag.sim.report import PAPER_POLICY_NAMES, markdown_table, paper_medians
 from defrag.sim.trace import load_nodes, load_pods
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data.DEFAULT  # $DEFRAG_DATA_DIR, else ../shared/data (read by the worker processes too)
 TRACES = ("default", "gpushare40", "multigpu20", "gpuspec10", "cpu050")
 PAPER_ORDER = tuple(PAPER_POLICY_NAMES.values())  # random < dot-product < … < fgd
 
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     traces = [t for t in args.traces.split(",") if t]
     policies = [p for p in args.policies.split(",") if p]
     seeds = list(range(42, 42 + args.seeds))
+    data.require(DATA, [*data.trace_files(traces), "fgd/allo.csv"])
     paper = paper_medians(DATA / "fgd" / "allo.csv")
     jobs = [(t, p, s) for t in traces for p in policies for s in seeds]
     # Slow runs first so the pool stays busy to the end.

@@ -15,7 +15,7 @@ the running pods plus it can be re-packed into the GPUs. ``online LP`` judges "c
 re-packed" by the LP relaxation (optimistic), ``online FFD`` by first-fit decreasing (a re-pack
 one could carry out). No migration budget applies to either.
 
-    .venv/bin/python -m bench.bench_packing_limit [--shared ../shared] [--traces default ...]
+    .venv/bin/python -m bench.bench_packing_limit [--data ../shared/data] [--traces default ...]
         [--seeds 10] [--jobs 2]
 
 ~35 s per trace and seed on one core (the online LP re-solves the LP for every arrival that
@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from bench import data
 from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.sim.fill import PAPER_SEEDS, sample_workload
@@ -54,11 +55,12 @@ def arrived_at_100(arrivals: Sequence[Pod], capacity_gpus: int) -> list[Pod]:
 
 
 @functools.lru_cache(maxsize=4)
-def load_trace(shared: Path, trace: str) -> tuple[tuple[Node, ...], tuple[Pod, ...]]:
-    """The openb GPU node list and the pods of ``trace`` (cached per process)."""
-    data = shared / "data" / "openb"
-    nodes = tuple(load_nodes(data / "openb_node_list_gpu_node.csv"))
-    return nodes, load_pods(data / f"openb_pod_list_{trace}.csv").pods
+def load_trace(root: Path, trace: str) -> tuple[tuple[Node, ...], tuple[Pod, ...]]:
+    """The openb GPU node list and the pods of ``trace`` under the data dir ``root`` (cached per
+    process)."""
+    data.require(root, data.trace_files([trace]))
+    nodes = tuple(load_nodes(root / data.NODES))
+    return nodes, load_pods(root / data.pods(trace)).pods
 
 
 def seed_limits(
@@ -80,7 +82,7 @@ def seed_limits(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared"
+        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
     )
     parser.add_argument("--traces", nargs="*", default=list(TRACES))
     parser.add_argument("--seeds", type=int, default=len(PAPER_SEEDS))
@@ -89,6 +91,7 @@ def main() -> None:
         "--no-online", dest="online", action="store_false", help="the offline limit only"
     )
     args = parser.parse_args()
+    data.require(args.data, data.trace_files(args.traces))
     seeds = PAPER_SEEDS[: args.seeds]
     print(
         "| trace | seeds | offline limit % (min–max) | online LP % (min–max) "
@@ -100,7 +103,7 @@ def main() -> None:
             rows = list(
                 pool.map(
                     seed_limits,
-                    [args.shared] * len(seeds),
+                    [args.data] * len(seeds),
                     [trace] * len(seeds),
                     seeds,
                     [args.online] * len(seeds),

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import data
 from bench.bench_packing_limit import load_trace
 from defrag.model.resources import Node
 from defrag.sim.defragmenters import EXTENDER_POLICY
@@ -62,7 +63,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared")
+    ap.add_argument(
+        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
+    )
     ap.add_argument("--trace", default="default")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--defragmenters", default=",".join(ROWS))
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--plot-from needs --plot")
         replot(args.plot_from, args.plot)
         return 0
-    nodes, shapes = load_trace(args.shared, args.trace)
+    data.require(args.data, data.trace_files([args.trace]))
+    nodes, shapes = load_trace(args.data, args.trace)
     nodes = scaled_nodes(nodes, args.scale)
     workload = Workload(args.trace, nodes, shapes)
     cost = MigrationCost().scaled(args.checkpoint_scale)
@@ -230,8 +234,11 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds 42–"
         f"{41 + args.seeds}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
         f"{args.window_every:g} h"
-        + (f", hook options {getattr(args, 'hook_option', [])}" if getattr(args, "hook_option", [])
-           else "")
+        + (
+            f", hook options {getattr(args, 'hook_option', [])}"
+            if getattr(args, "hook_option", [])
+            else ""
+        )
         + "; means over seeds "
         "(p95: mean of the per-seed p95).\n\n"
         f"Command: `.venv/bin/python -m bench.bench_peers {cmd}`\n\n"

@@ -9,7 +9,7 @@ Each plan is goal ``all`` (make-room, then repack) with a budget of 50 evictions
 wall time of ``make_plan`` alone (the snapshot is built first); memory is the process's peak
 resident set, measured at the end.
 
-    .venv/bin/python -m bench.bench_plan [--shared ../shared] [--only openb|synthetic]
+    .venv/bin/python -m bench.bench_plan [--data ../shared/data] [--only openb|synthetic]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import data
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, OwnerRef, Pod
 from defrag.model.workload import WorkloadMix
@@ -54,10 +55,10 @@ def jobs(n: int) -> list[Pod]:
     ]  # fmt: skip
 
 
-def openb_cluster(shared: Path, target: float) -> Cluster:
-    data = shared / "data" / "openb"
-    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
-    trace = [p for p in load_pods(data / "openb_pod_list_default.csv").pods if p.num_gpu]
+def openb_cluster(root: Path, target: float) -> Cluster:
+    openb = data.require(root, data.trace_files(["default"])) / "openb"
+    nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
+    trace = [p for p in load_pods(openb / "openb_pod_list_default.csv").pods if p.num_gpu]
     arrays = Cluster.build(nodes).arrays.copy()
     policy = make_policy(DEFAULT_POLICY)
     capacity = int(arrays.gpu_total.sum()) * 1000
@@ -131,7 +132,7 @@ def measure(name: str, cluster: Cluster, target_s: float) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared"
+        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
     )
     parser.add_argument("--only", choices=("openb", "synthetic"))
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -139,7 +140,7 @@ def main() -> None:
     print("| cluster | nodes | GPUs | allocated | steps | targets | plan s | target s | peak MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     if args.only in (None, "openb"):
-        measure("openb 90%", openb_cluster(args.shared, 0.90), 2.0)
+        measure("openb 90%", openb_cluster(args.data, 0.90), 2.0)
     if args.only in (None, "synthetic"):
         measure(f"synthetic {args.nodes}", synthetic_cluster(args.nodes), 20.0)
 

@@ -5,7 +5,7 @@ The cluster is first filled to about 70% GPU allocation with trace pods (fgd pla
 that scores see a realistic mix of free, partly used and full nodes; then 500 trace pods are
 scheduled (scored, selected, GPU chosen) without being placed.
 
-    .venv/bin/python -m bench.bench_scoring [--shared ../shared] [--pods 500]
+    .venv/bin/python -m bench.bench_scoring [--data ../shared/data] [--pods 500]
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import data
 from defrag.model import Cluster, WorkloadMix
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import POLICY_NAMES, make_policy
@@ -26,14 +27,14 @@ from defrag.sim.trace import load_nodes, load_pods
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--shared", type=Path, default=Path(__file__).resolve().parents[2] / "shared"
+        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
     )
     parser.add_argument("--pods", type=int, default=500)
     parser.add_argument("--fill", type=float, default=0.70)
     args = parser.parse_args()
-    data = args.shared / "data" / "openb"
-    nodes = load_nodes(data / "openb_node_list_gpu_node.csv")
-    pods = list(load_pods(data / "openb_pod_list_default.csv").pods)
+    root = data.require(args.data, data.trace_files(["default"]))
+    nodes = load_nodes(root / data.NODES)
+    pods = list(load_pods(root / data.pods("default")).pods)
     mix = WorkloadMix.from_pods(pods)
     arrays = Cluster.build(nodes).arrays.copy()
     rng = np.random.default_rng(42)

@@ -15,12 +15,13 @@ import sys
 import time
 from pathlib import Path
 
+from bench import data
 from defrag.sim.report import markdown_table, starvation_ratio, summarize_timeline
 from defrag.sim.runner import Task, Workload, run_tasks
 from defrag.sim.timeline import TimelineConfig, TimelineRun
 from defrag.sim.trace import QOS_PRIORITY, load_nodes, load_pods
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+DATA = data.DEFAULT  # $DEFRAG_DATA_DIR, else ../shared/data
 POLICIES = ("reserve-binpack", "least-allocated", "best-fit", "fgd")
 
 
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
+    data.require(DATA, data.trace_files([args.trace]))
     nodes = load_nodes(DATA / "openb" / "openb_node_list_gpu_node.csv")
     shapes = load_pods(DATA / "openb" / f"openb_pod_list_{args.trace}.csv").pods
     workload = Workload(args.trace, nodes, shapes)

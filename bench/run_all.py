@@ -8,7 +8,9 @@ size that finishes in seconds (``make test`` smoke-runs it, so a benchmark canno
 Each bench runs as its own process (``python -m bench.<module> <args>``) so one that fails or
 leaks cannot spoil the others; the runner prints each one's output, then a summary table, and
 exits non-zero when any failed. Benches that need a real Prometheus say so and are run only when
-the ``prometheus`` binary is on PATH (under ``CI=true`` its absence is a failure).
+the ``prometheus`` binary is on PATH; benches that replay the openb trace run only when its files
+are in the data directory (``$DEFRAG_DATA_DIR``, else ``../shared/data``; ``make data`` fetches
+them). Under ``CI=true`` either absence is a failure, never a skip.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from bench import data
+
 
 @dataclass(frozen=True, slots=True)
 class Bench:
@@ -29,6 +33,8 @@ class Bench:
     full: tuple[str, ...]
     quick: tuple[str, ...]
     needs_prometheus: bool = False
+    needs_data: tuple[str, ...] = ()
+    """Reference files (relative to the data directory) the quick and full runs read."""
 
     @property
     def simulator(self) -> bool:
@@ -37,23 +43,27 @@ class Bench:
 
 
 SIMULATOR_BENCHES = frozenset({"fill", "timeline", "defrag-sim", "peers", "packing-limit"})
+OPENB = tuple(data.trace_files(["default"]))
 
 
 BENCHES: tuple[Bench, ...] = (
-    Bench("scoring", "bench_scoring", (), ("--pods", "20")),
+    Bench("scoring", "bench_scoring", (), ("--pods", "20"), needs_data=OPENB),
     Bench("fill", "bench_fill", (), ("--traces", "default", "--policies", "reserve-binpack",
-                                     "--seeds", "1", "--jobs", "1")),
+                                     "--seeds", "1", "--jobs", "1"),
+          needs_data=(*OPENB, "fgd/allo.csv")),
     Bench("timeline", "bench_timeline", ("--defrag",),
           ("--policies", "reserve-binpack", "--seeds", "1", "--hours", "2", "--warmup", "1",
-           "--jobs", "1")),
+           "--jobs", "1"), needs_data=OPENB),
     Bench("defrag-sim", "bench_defrag_sim", ("fill", "--seeds", "10"),
-          ("timeline", "--seeds", "1", "--policies", "reserve-binpack", "--jobs", "1")),
+          ("timeline", "--seeds", "1", "--policies", "reserve-binpack", "--jobs", "1"),
+          needs_data=OPENB),
     Bench("peers", "bench_peers", ("--seeds", "3", "--jobs", "2"),
           ("--policies", "least-allocated",
            "--defragmenters", "none,defrag-extender,kai-consolidation",
-           "--seeds", "1", "--hours", "2", "--warmup", "1", "--jobs", "1")),
+           "--seeds", "1", "--hours", "2", "--warmup", "1", "--jobs", "1"), needs_data=OPENB),
     Bench("packing-limit", "bench_packing_limit", (),
-          ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online")),
+          ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online"),
+          needs_data=OPENB),
     Bench("plan", "bench_plan", (), ("--only", "synthetic", "--nodes", "200")),
     Bench("exact-gap", "bench_exact_gap", (), ("--cases", "2")),
     Bench("cycle", "bench_cycle", ("--repeat", "3"),
@@ -87,6 +97,14 @@ def run(bench: Bench, quick: bool) -> Outcome:
             return Outcome(bench, "failed: no prometheus", 0.0)
         print(f"== {bench.name}: skipped, prometheus is not installed", flush=True)
         return Outcome(bench, "skipped (no prometheus)", 0.0)
+    absent = data.missing(data.DEFAULT, bench.needs_data)
+    if absent:
+        message = data.missing_message(data.DEFAULT, absent)
+        if os.environ.get("CI") == "true":
+            print(f"== {bench.name}: {message} (CI=true: a failure)", flush=True)
+            return Outcome(bench, f"failed: {message}", 0.0)
+        print(f"== {bench.name}: skipped, {message}", flush=True)
+        return Outcome(bench, f"skipped: {message}", 0.0)
     argv = [sys.executable, "-m", f"bench.{bench.module}", *(bench.quick if quick else bench.full)]
     print(f"== {bench.name}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()

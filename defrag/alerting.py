@@ -279,6 +279,18 @@ def describe(finding: Finding) -> str:
     return "\n".join(lines)
 
 
+RUNBOOK_URL = "https://github.com/defrag-io/defrag/blob/main/docs/alerts.md"
+"""The runbooks (docs/alerts.md) on the project's public repository: every alert's
+``runbook_url`` is this plus ``#<alert name in lower case>`` (setting ``alert_runbook_url`` for a
+mirror or a fork; the Prometheus rules in rules/prometheus/ carry the same absolute URL)."""
+
+GENERATOR_URL = "http://defrag.invalid/findings"
+"""Where an alert's ``generatorURL`` points (``/<finding fingerprint>`` appended); setting
+``alert_generator_url``, e.g. the Grafana dashboard. It also marks the alerts this sender owns
+(adopted and resolved after a restart), so changing it orphans the alerts already firing until
+their TTL lapses."""
+
+
 def _short(value: Any, limit: int = 300) -> str:
     text = f"{value:.4g}" if isinstance(value, float) else str(value)
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -289,8 +301,8 @@ class AlertTemplate:
     """What every alert of one sender shares: the cluster label and the links."""
 
     cluster: str = "default"
-    generator_url: str = "http://defrag.invalid/findings"
-    runbook_url: str = "docs/alerts.md"
+    generator_url: str = GENERATOR_URL
+    runbook_url: str = RUNBOOK_URL
 
     def owns(self, labels: Mapping[str, str], generator_url: str) -> bool:
         """Whether an alert seen in Alertmanager was sent by this sender (same cluster, names

@@ -30,15 +30,20 @@ from pydantic_settings import (
 )
 
 from defrag import safe_yaml
+from defrag.alerting import GENERATOR_URL, RUNBOOK_URL
 from defrag.execute.mode import RunMode
 
 if TYPE_CHECKING:
     from defrag.scoring.profile import ProfileConfig
 
 ENV_PREFIX = "DEFRAG_"
-OTHER_ENV = frozenset({"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES"})
+OTHER_ENV = frozenset(
+    {"DEFRAG_AM_BASIC_AUTH", "DEFRAG_FUZZ_EXAMPLES", "DEFRAG_DATA_DIR", "DEFRAG_REVISION"}
+)
 """``DEFRAG_*`` variables that are not settings: the alerts CLI's credentials, the fuzz tests'
-example count. Any other ``DEFRAG_*`` name that is not a setting is refused as a typo."""
+example count, the image's source revision (``defrag_build_info``), the reference data
+directory (``defrag data``, the tests and benchmarks). Any other ``DEFRAG_*`` name that is not a
+setting is refused as a typo."""
 
 MAX_SECONDS = 10 * 365 * 86400.0
 """Ten years: the longest any ``*_s`` setting may be (longer is a typo, and overflows sleeps)."""
@@ -210,6 +215,10 @@ class Settings(BaseSettings):
     alertmanager_ca_file: str | None = None
     alert_resend_interval_s: float = Field(60.0, ge=0)
     alert_ttl_s: float = Field(900.0, gt=0)
+    alert_runbook_url: str = RUNBOOK_URL
+    """Absolute URL of docs/alerts.md; every alert links ``<this>#<alert name, lower case>``."""
+    alert_generator_url: str = GENERATOR_URL
+    """Base of every alert's ``generatorURL`` (``/<finding fingerprint>`` appended)."""
     rules_dir: str | None = None
     """Detection rules; default: ./rules, else the rules beside the package."""
 
@@ -262,6 +271,13 @@ class Settings(BaseSettings):
     @classmethod
     def _urls(cls, value: Any) -> Any:
         return _string_list(value)
+
+    @field_validator("alert_runbook_url", "alert_generator_url")
+    @classmethod
+    def _absolute_url(cls, value: str) -> str:
+        if not value.startswith(("https://", "http://")) or value[-3:] == "://":
+            raise ValueError(f"expected an absolute http(s) URL, got {value!r}")
+        return value.rstrip("/")
 
     @field_validator("windows", mode="before")
     @classmethod

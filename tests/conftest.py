@@ -1,4 +1,4 @@
-"""Shared fixtures: the path of the shared data beside the checkout."""
+"""Shared fixtures: the reference data directory (see tests/support/data.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
+from tests.support.data import require_data
 
 
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
-    if not SHARED_DATA.is_dir():
-        pytest.fail(f"shared data not found at {SHARED_DATA}")
-    return SHARED_DATA
+    """The data directory with the openb node list and default trace in it (else a skip)."""
+    return require_data("openb/openb_node_list_gpu_node.csv", "openb/openb_pod_list_default.csv")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 import defrag.detectors  # noqa: F401  (registers the built-in detectors and their alerts)
 from defrag.alerting import (
     ALERTS,
+    RUNBOOK_URL,
     ActiveAlerts,
     Alert,
     AlertSendError,
@@ -89,7 +92,7 @@ def test_alert_labels_annotations_and_links() -> None:
         "detector": "gpu-memory-leak",
     }
     assert alert.annotations["summary"] == "leak on pod/ml/train-0"
-    assert alert.annotations["runbook_url"] == "docs/alerts.md#gpumemoryleaksuspected"
+    assert alert.annotations["runbook_url"] == f"{RUNBOOK_URL}#gpumemoryleaksuspected"
     assert alert.annotations["description"].splitlines() == [
         "leak on pod/ml/train-0, since 2026-03-02T12:00:00.000Z",
         "query: DCGM_FI_DEV_FB_USED",
@@ -220,7 +223,7 @@ def test_a_failing_rule_is_its_own_alert_named_by_a_rule_label() -> None:
         "detector": "defrag",
         "rule": "gpu-memory-leak",
     }
-    assert alert.annotations["runbook_url"] == "docs/alerts.md#defragruleevaluationfailed"
+    assert alert.annotations["runbook_url"] == f"{RUNBOOK_URL}#defragruleevaluationfailed"
     assert "DefragRuleEvaluationFailed" in own_alert_names()
 
 
@@ -301,3 +304,86 @@ def test_every_finding_kind_has_an_alert_with_a_runbook() -> None:
         for spec in ALERTS.alerted(kind):
             assert f"## {spec.name}" in runbooks or f"### {spec.name}" in runbooks, spec.name
             assert spec.anchor == spec.name.lower()  # the heading's anchor on GitHub
+
+
+def _prometheus_alerts() -> list[dict[str, Any]]:
+    import yaml
+
+    rules = Path(__file__).resolve().parents[1] / "rules" / "prometheus"
+    return [
+        rule
+        for path in sorted(rules.glob("*.yaml"))
+        for group in yaml.safe_load(path.read_text())["groups"]
+        for rule in group["rules"]
+        if "alert" in rule
+    ]
+
+
+def test_every_prometheus_side_alert_links_its_runbook_section() -> None:
+    """The rules of rules/prometheus/ page someone too: each has an absolute runbook_url to its
+    own section of docs/alerts.md, and the self-monitoring alerts are there."""
+    runbooks = (Path(__file__).resolve().parents[1] / "docs" / "alerts.md").read_text()
+    alerts = _prometheus_alerts()
+    names = {rule["alert"] for rule in alerts}
+    assert {
+        "DefragDown",
+        "DefragCyclesFailing",
+        "DefragEvictionsFailing",
+        "DefragLeaseFlapping",
+        "DefragRuleEvaluationFailing",
+    } <= names
+    assert not names & set(own_alert_names())  # never the daemon's own names
+    for rule in alerts:
+        name = rule["alert"]
+        assert rule["annotations"].get("runbook_url") == f"{RUNBOOK_URL}#{name.lower()}", name
+        assert f"## {name}\n" in runbooks or f"### {name}\n" in runbooks, name
+
+
+def test_self_monitoring_alerts_read_series_the_daemon_exports() -> None:
+    """A self-monitoring rule on a series nobody exports would never fire."""
+    import re
+
+    from defrag.daemon.service import DaemonMetrics
+
+    families = list(DaemonMetrics().registry.collect())
+    exported = {f.name for f in families if f.type == "gauge"}
+    exported |= {f"{f.name}_total" for f in families if f.type == "counter"} | {"up"}
+    for rule in _prometheus_alerts():
+        if rule["labels"].get("detector") != "self":
+            continue
+        used = set(re.findall(r"\b(defrag_[a-z_]+|up)\b", rule["expr"]))
+        assert used and used <= exported, (rule["alert"], used - exported)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "runbook", "generator"),
+    [
+        ({}, RUNBOOK_URL, "http://defrag.invalid/findings"),
+        (
+            {
+                "alert_runbook_url": "https://wiki.example/defrag/alerts/",
+                "alert_generator_url": "https://grafana.example/d/defrag",
+            },
+            "https://wiki.example/defrag/alerts",
+            "https://grafana.example/d/defrag",
+        ),
+    ],
+)
+def test_alert_links_come_from_the_settings(
+    overrides: dict[str, str], runbook: str, generator: str
+) -> None:
+    from defrag.settings import load_settings
+
+    settings = load_settings(None, overrides)
+    template = AlertTemplate("c", settings.alert_generator_url, settings.alert_runbook_url)
+    alert = template.test_alert(datetime(2026, 1, 1, tzinfo=UTC))
+    assert alert.annotations["runbook_url"] == f"{runbook}#defragtestalert"
+    assert alert.generator_url == f"{generator}/test"
+
+
+@pytest.mark.parametrize("bad", ["docs/alerts.md", "ftp://x/alerts.md", "https://"])
+def test_a_relative_runbook_url_is_refused(bad: str) -> None:
+    from defrag.settings import SettingsError, load_settings
+
+    with pytest.raises(SettingsError, match="alert_runbook_url"):
+        load_settings(None, {"alert_runbook_url": bad})

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from defrag import __version__
@@ -116,3 +117,69 @@ def test_the_kube_prometheus_stack_component_labels_what_its_prometheus_selects(
     # The dashboard carries the label the chart's Grafana sidecar looks for in every namespace.
     (dashboard,) = [o for o in objs if o["metadata"]["name"] == "defrag-grafana-dashboard"]
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def _defrag_images(objs: list[dict[str, Any]]) -> dict[str, set[str]]:
+    """``Kind/name`` → the images of its defrag containers (the kube-scheduler beside the
+    extender excluded), for the three workloads."""
+    found: dict[str, set[str]] = {}
+    for o in objs:
+        if o["kind"] not in {"Deployment", "DaemonSet"}:
+            continue
+        containers = o["spec"]["template"]["spec"]["containers"]
+        ours = {c["image"] for c in containers if c["name"] != "kube-scheduler"}
+        found[f"{o['kind']}/{o['metadata']['name']}"] = ours
+    return found
+
+
+# An overlay of the user's own, beside a checkout: what docs/operations.md shows, each way.
+USER_OVERLAYS = {
+    "base-and-components": (
+        "resources: [{up}/base]\n"
+        "components:\n"
+        "  - {up}/components/extender\n"
+        "  - {up}/components/agent\n"
+        "  - {up}/components/enforce\n"
+        "images:\n"
+        "  - name: defrag\n"
+        "    newName: registry.example/defrag\n"
+        "    newTag: v9\n"
+    ),
+    "on-the-enforce-overlay": (
+        "resources: [{up}/overlays/enforce]\n"
+        "images:\n"
+        "  - name: ghcr.io/defrag-io/defrag\n"
+        "    newName: registry.example/defrag\n"
+        "    newTag: v9\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(USER_OVERLAYS))
+def test_a_users_own_overlay_sets_the_image_of_all_three_workloads(
+    tmp_path: Path, layout: str
+) -> None:
+    up = os.path.relpath(DEPLOY, tmp_path)  # kustomize wants relative paths
+    (tmp_path / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        + USER_OVERLAYS[layout].format(up=up)
+    )
+    objs = _render(tmp_path)
+    assert _defrag_images(objs) == {
+        "Deployment/defrag": {"registry.example/defrag:v9"},
+        "Deployment/defrag-scheduler": {"registry.example/defrag:v9"},
+        "DaemonSet/defrag-agent": {"registry.example/defrag:v9"},
+    }
+    (daemon,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "defrag"]
+    env = {
+        e["name"]: e.get("value")
+        for e in daemon["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env["DEFRAG_DRY_RUN"] == "false"
+
+
+def test_operations_md_shows_the_overlays_the_test_renders() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text()
+    for body in USER_OVERLAYS.values():
+        shown = body.format(up="../defrag/deploy")
+        assert shown in text, shown

@@ -14,6 +14,7 @@ from defrag.cli.simulate import parse_seeds
 from defrag.model.resources import Node, Pod
 from defrag.sim.fill import fill
 from defrag.sim.report import fill_rows, markdown_table, paper_medians, summarize_fill
+from tests.support.data import require_data
 
 runner = CliRunner()
 SMALL = ["--pods", "300", "--scale", "0.2"]
@@ -174,8 +175,8 @@ def test_summary_rows_and_markdown() -> None:
     assert md == "| a | b |\n|---|---|\n| 1 | 2 |\n"
 
 
-def test_paper_medians_match_the_readme(shared_data: Path) -> None:
-    medians = paper_medians(shared_data / "fgd" / "allo.csv")
+def test_paper_medians_match_the_readme() -> None:
+    medians = paper_medians(require_data("fgd/allo.csv") / "fgd" / "allo.csv")
     # README table: default FGD 95.23, BestFit 92.91; cpu050 Random 88.98.
     assert medians[("default", "fgd")] == pytest.approx(95.23, abs=0.01)
     assert medians[("default", "best-fit")] == pytest.approx(92.91, abs=0.01)

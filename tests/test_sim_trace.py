@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from defrag.sim.trace import TraceError, load_nodes, load_pods
+from tests.support.data import require_data
 
 FULL_HEADER = (
     "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,"
@@ -127,8 +128,9 @@ def test_malformed_node_rows(tmp_path: Path, body: str, message: str) -> None:
     assert message in str(err.value)
 
 
-def test_shared_openb_files_load_in_both_shapes(shared_data: Path) -> None:
-    openb = shared_data / "openb"
+def test_shared_openb_files_load_in_both_shapes() -> None:
+    files = ("node_list_gpu_node", "pod_list_default", "pod_list_multigpu20", "pod_list_gpuspec10")
+    openb = require_data(*(f"openb/openb_{name}.csv" for name in files)) / "openb"
     nodes = load_nodes(openb / "openb_node_list_gpu_node.csv")
     # README: 1,213 GPU nodes, 6,212 GPUs.
     assert (len(nodes), sum(n.num_gpu for n in nodes)) == (1213, 6212)

@@ -36,7 +36,9 @@ from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait
 import defrag.detectors  # noqa: F401  (the built-in detectors' alerts are this sender's too)
 from defrag.adapters.deadline import DeadlineAdapter, request_deadline
 from defrag.alerting import (
+    GENERATOR_URL,
     RULE_ANNOTATION,
+    RUNBOOK_URL,
     ActiveAlerts,
     Alert,
     AlertKey,
@@ -150,8 +152,8 @@ class AlertmanagerSink:
         cluster: str = "default",
         resend_interval_s: float = 60.0,
         ttl_s: float = 900.0,
-        generator_url: str = "http://defrag.invalid/findings",
-        runbook_url: str = "docs/alerts.md",
+        generator_url: str = GENERATOR_URL,
+        runbook_url: str = RUNBOOK_URL,
         bearer_token: str | None = None,
         bearer_token_file: str | Path | None = None,
         basic_auth: tuple[str, str] | None = None,

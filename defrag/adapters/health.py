@@ -12,14 +12,17 @@ function, so its probes mean what the others' mean.
 from __future__ import annotations
 
 import logging
+import os
+import platform
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from defrag import __version__
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.scoring.framework import Status
 
@@ -27,6 +30,28 @@ log = logging.getLogger(__name__)
 
 PROBE_PATHS = ("/healthz", "/readyz", "/metrics")
 TEXT = "text/plain; charset=utf-8"
+
+
+REVISION_ENV = "DEFRAG_REVISION"
+"""The source revision the image was built from (the Dockerfile's ``REVISION`` build argument)."""
+
+
+def build_info_exposition(environ: Mapping[str, str] | None = None) -> bytes:
+    """``defrag_build_info{version,revision,python} 1``: which build answers, on the /metrics of
+    every process (the daemon, the extender, the agent)."""
+    registry = CollectorRegistry()
+    gauge = Gauge(
+        "defrag_build_info",
+        "Always 1; the labels say which build of defrag this process runs.",
+        ["version", "revision", "python"],
+        registry=registry,
+    )
+    revision = (os.environ if environ is None else environ).get(REVISION_ENV) or "unknown"
+    gauge.labels(__version__, revision, platform.python_version()).set(1)
+    return generate_latest(registry)
+
+
+BUILD_INFO = build_info_exposition()
 
 
 def always_ok() -> Status:
@@ -72,7 +97,7 @@ def probe_answer(path: str, probes: Probes) -> Answer | None:
     if path == "/readyz":
         return status_answer(probes.ready())
     if path == "/metrics":
-        return Answer(200, probes.metrics(), CONTENT_TYPE_LATEST)
+        return Answer(200, probes.metrics() + BUILD_INFO, CONTENT_TYPE_LATEST)
     return None
 
 

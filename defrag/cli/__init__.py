@@ -4,6 +4,7 @@ when imported; importing them here is what puts them on the command line."""
 from __future__ import annotations
 
 from defrag.cli import alerts as alerts  # registers `defrag alerts`
+from defrag.cli import data as data  # registers `defrag data fetch`, `defrag data check`
 from defrag.cli import demo as demo  # registers `defrag demo`
 from defrag.cli import detect as detect  # registers `defrag detect`, `defrag rules check`
 from defrag.cli import extender as extender  # registers `defrag extender` and `defrag agent`

@@ -195,6 +195,8 @@ def _alerts(settings: Settings) -> AlertSink | None:
             settings.alertmanager_urls,
             cluster=settings.cluster_name,
             resend_interval_s=settings.alert_resend_interval_s,
+            runbook_url=settings.alert_runbook_url,
+            generator_url=settings.alert_generator_url,
             ttl_s=settings.alert_ttl_s,
             bearer_token_file=settings.alertmanager_token_file,
             ca_file=settings.alertmanager_ca_file,

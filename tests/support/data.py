@@ -1,0 +1,30 @@
+"""The reference data (the openb trace, the FGD paper's figures) for the tests that need it.
+
+The data lives outside the repository, in ``DEFRAG_DATA_DIR`` (default ``../shared/data``
+beside the checkout). A test that needs a file that is not there skips with one line naming the
+file and how to get it; under ``CI=true`` (where ``.ci/run`` lays the data beside the clone) a
+missing file fails the test instead, so CI never passes by skipping."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from defrag.adapters.tracedata import data_dir, missing, missing_message
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED_DATA = data_dir(ROOT.parent / "shared" / "data")
+
+
+def require_data(*names: str) -> Path:
+    """The data directory, when every file of ``names`` (relative to it) is there; else skip
+    (fail under ``CI=true``) with one line."""
+    absent = missing(SHARED_DATA, names)
+    if absent:
+        message = missing_message(SHARED_DATA, absent)
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true: {message}", pytrace=False)
+        pytest.skip(message)
+    return SHARED_DATA
