@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from defrag.settings import load_settings
+from tests.support import kustomize
 from tests.support.binaries import require_binary
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,11 +37,7 @@ CLUSTER_SCOPED = {
 
 
 def render(path: Path) -> list[Obj]:
-    kubectl = require_binary("kubectl")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(path)], check=True, capture_output=True, text=True, timeout=60
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return kustomize.render(path)
 
 
 @pytest.fixture(scope="module")

@@ -4,20 +4,18 @@ checked by tests/test_rbac.py)."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from defrag.adapters.kube import KubeActuator, RetryPolicy
 from defrag.adapters.nvml import NvmlInventory
 from defrag.agent.service import Agent
-from tests.support.binaries import require_binary
 from tests.support.kubeapi import KubeApi, running
+from tests.support.kustomize import render
 from tests.support.snapshots import scattered_20
 from tests.test_agent import FakeNvml, two_islands
 
@@ -29,15 +27,7 @@ Grant = tuple[str, str, str]
 def component_role(name: str, account: str, only_binding: bool) -> set[Grant]:
     """The grants of ClusterRole ``name``, bound by the ClusterRoleBinding of that name to the
     service account ``account`` only; with ``only_binding``, nothing else binds the account."""
-    kubectl = require_binary("kubectl")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "deploy" / "overlays" / "dry-run")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = render(ROOT / "deploy" / "overlays" / "dry-run")
     (binding,) = [
         d for d in docs if d["kind"] == "ClusterRoleBinding" and d["metadata"]["name"] == name
     ]

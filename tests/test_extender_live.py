@@ -4,7 +4,6 @@ publishing through a kubeconfig."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import sys
 import threading
@@ -22,6 +21,7 @@ from defrag.cli import app
 from defrag.extender.server import ExtenderHTTPServer, serve, stop
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION, RESERVED_FOR_ANNOTATION
 from tests.support import kubeobjects as k
+from tests.support.extender_http import post_ok as post
 from tests.support.kubeapi import KubeApi, running
 from tests.support.snapshots import worked_example
 from tests.test_agent import FakeNvml, two_islands
@@ -44,14 +44,6 @@ def live(api: KubeApi) -> Iterator[ExtenderHTTPServer]:
     yield srv
     srv.shutdown()
     stop(srv)
-
-
-def post(srv: ExtenderHTTPServer, verb: str, body: dict[str, Any]) -> Any:
-    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=5)
-    conn.request("POST", f"/{verb}", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    return json.loads(resp.read())
 
 
 def wait_for(predicate: Any, what: str) -> None:

@@ -5,7 +5,6 @@ once more, a dropped connection is retried, and the store holds trimmed objects.
 
 from __future__ import annotations
 
-import http.client
 import json
 import threading
 import time
@@ -24,6 +23,7 @@ from defrag.model.cluster import Cluster
 from defrag.ports import WatchHealth
 from defrag.scoring.profile import ProfileConfig
 from tests.support import kubeobjects as k
+from tests.support.extender_http import post_ok as post
 from tests.support.kubeapi import KubeApi, running
 from tests.test_extender import v1_node, v1_pod
 
@@ -69,14 +69,6 @@ def live(api: KubeApi) -> Iterator[ExtenderHTTPServer]:
     yield srv
     srv.shutdown()
     stop(srv)
-
-
-def post(srv: ExtenderHTTPServer, verb: str, body: dict[str, Any]) -> Any:
-    conn = http.client.HTTPConnection(*srv.server_address[:2], timeout=5)
-    conn.request("POST", f"/{verb}", json.dumps(body), {"Content-Type": "application/json"})
-    resp = conn.getresponse()
-    assert resp.status == 200
-    return json.loads(resp.read())
 
 
 def within(seconds: float, predicate: Callable[[], bool], what: str) -> float:

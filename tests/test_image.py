@@ -16,6 +16,7 @@ import yaml
 
 from defrag import __version__
 from tests.support.binaries import require_binary
+from tests.support.kustomize import render
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -42,15 +43,7 @@ def _stages(dockerfile: str) -> list[list[str]]:
 
 
 def _render(kustomization: Path) -> list[dict[str, Any]]:
-    kubectl = require_binary("kubectl")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(kustomization)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return render(kustomization)
 
 
 def test_the_image_is_named_once_and_tagged_with_the_package_version() -> None:

@@ -8,20 +8,18 @@ granted triple must have been used.
 from __future__ import annotations
 
 import copy
-import subprocess
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
 from defrag.cli.run import _kube
 from defrag.settings import Settings
-from tests.support.binaries import require_binary
 from tests.support.kubeapi import KubeApi, Request, running
+from tests.support.kustomize import render
 from tests.support.snapshots import scattered_20
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,15 +29,7 @@ FAST = RetryPolicy(attempts=1, backoff_s=0.0, timeout_s=2.0)
 
 @pytest.fixture(scope="module")
 def manifests() -> list[dict[str, Any]]:
-    kubectl = require_binary("kubectl")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(ROOT / "deploy" / "base")],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
+    return render(ROOT / "deploy" / "base")
 
 
 def _grants(role: dict[str, Any]) -> set[Grant]:

@@ -205,8 +205,8 @@ class ClusterParts:
         self.priority_classes += other.priority_classes
         self.warnings += other.warnings
         self.share_memory.update(other.share_memory)
-        self.skipped_nodes |= other.skipped_nodes
-        self.hidden_usage |= other.hidden_usage
+        self.skipped_nodes.update(other.skipped_nodes)
+        self.hidden_usage.update(other.hidden_usage)
 
     def build(self, lenient: bool = False) -> Cluster:
         """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods

@@ -23,7 +23,8 @@ import requests
 import yaml
 
 from tests.e2e.controlplane import ControlPlane, Process, Rest, spawn, wait_for
-from tests.support.binaries import free_port, require_binary
+from tests.support import kustomize
+from tests.support.binaries import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -40,15 +41,7 @@ PAUSE = "registry.k8s.io/pause:3.10"
 
 
 def render(overlay: str) -> list[dict[str, Any]]:
-    kubectl = require_binary("kubectl")
-    out = subprocess.run(
-        [kubectl, "kustomize", str(DEPLOY / "overlays" / overlay)],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
+    return kustomize.render(DEPLOY / "overlays" / overlay)
 
 
 def apply_all(api: Rest, objects: list[dict[str, Any]], dry_run: bool = False) -> None:
