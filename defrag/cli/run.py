@@ -152,7 +152,6 @@ def _backend(settings: Settings) -> Backend:
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
     from defrag.adapters.kube import KubeActuator, LeaseElector
-
     # In dry run without Events nothing may be written: the actuator only logs intents.
     mode = settings.run_mode
     # Events go where the API server takes them: a pod's in its namespace, a node's in default.

@@ -108,7 +108,9 @@ def make_plan(
         note(made.blocked)
         targets.extend(made.targets)
     if goal in ("repack", "all"):
-        packed = repack(ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost)
+        packed = repack(
+            ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost
+        )
         steps.extend(packed.steps)
         note(packed.blocked)
         targets.extend(f"repack {node}" for node in packed.drained)
