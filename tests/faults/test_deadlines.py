@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from defrag.adapters.alertmanager import AlertmanagerSink
-from defrag.adapters.deadline import time_budget
 from defrag.detect.findings import Finding
 from tests.support.kubeapi import KubeApi
 from tests.support.slow_servers import Kind, SlowServer, Tls, self_signed
@@ -230,6 +229,8 @@ def finding() -> Finding:
 def test_alertmanager_gives_up_by_its_deadline(kind: Kind) -> None:
     """A send to a trickling Alertmanager ends by timeout_s per attempt (before: the trickle
     was read whole, 2 s a byte), and inside a cycle's budget by the budget."""
+    from defrag.adapters.deadline import time_budget  # here: main before has none to import
+
     with SlowServer(kind, body=b"{}" * 20) as am:
         sink = AlertmanagerSink(
             [am.url_with(f"am:{SECRET}")], timeout_s=2, retry_attempts=2, retry_wait_s=0.1
