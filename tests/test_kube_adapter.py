@@ -153,7 +153,7 @@ def test_eviction_timeout_is_retried_then_fails(api: KubeApi) -> None:
     act = KubeActuator(api.client(), retry=RetryPolicy(attempts=2, backoff_s=0, timeout_s=0.2))
     result = act.evict("ml", "batch-01-0-0")
     assert result.outcome == "failed"
-    assert "Timeout" in result.reason
+    assert "did not answer within 0.2 s (the whole request)" in result.reason
 
 
 def test_server_side_dry_run_eviction_changes_nothing(api: KubeApi) -> None:

@@ -31,10 +31,17 @@ from urllib.parse import urlsplit
 
 import requests
 from prometheus_client import Counter, Gauge
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
+from tenacity.stop import stop_base
 
 import defrag.detectors  # noqa: F401  (the built-in detectors' alerts are this sender's too)
-from defrag.adapters.deadline import DeadlineAdapter, request_deadline
+from defrag.adapters.deadline import DeadlineAdapter, budget_spent, request_deadline
 from defrag.alerting import (
     GENERATOR_URL,
     RULE_ANNOTATION,
@@ -375,7 +382,7 @@ class AlertmanagerSink:
 
     def _with_retries(self, call: Callable[[], _T]) -> _T:
         retrying = Retrying(
-            stop=stop_after_attempt(self.retry_attempts),
+            stop=stop_after_attempt(self.retry_attempts) | _BudgetSpent(),
             wait=wait_exponential(multiplier=self.retry_wait_s, max=30),
             retry=retry_if_exception_type(_Retryable),
             reraise=True,
@@ -393,6 +400,8 @@ class AlertmanagerSink:
                     method, url, headers=headers, timeout=self.timeout_s, **kwargs
                 )
             except requests.RequestException as exc:
+                if deadline.expired and deadline.by_budget:
+                    raise _Retryable(f"no answer before {deadline.why}") from exc
                 if deadline.expired or isinstance(exc, requests.Timeout):
                     raise _Retryable(
                         f"timed out after {self.timeout_s:g}s (the whole request)"
@@ -400,6 +409,9 @@ class AlertmanagerSink:
                 if isinstance(exc, requests.ConnectionError):
                     raise _Retryable(f"cannot connect: {_connect_reason(exc)}") from exc
                 raise _Rejected(_first_line(exc)) from exc
+            if deadline.expired:  # an answer cut short by the deadline (no length to check)
+                why = deadline.why if deadline.by_budget else f"{self.timeout_s:g}s"
+                raise _Retryable(f"answer cut short by the deadline ({why})")
         if response.status_code == 429 or response.status_code >= 500:
             raise _Retryable(f"HTTP {response.status_code}: {response.text.strip()[:200]}")
         if response.status_code >= 400:
@@ -413,6 +425,13 @@ class AlertmanagerSink:
             except OSError as exc:
                 raise ValueError(f"cannot read bearer token file: {exc}") from exc
         return self._bearer_token
+
+
+class _BudgetSpent(stop_base):
+    """No retry once the cycle's or command's budget is spent."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return budget_spent()
 
 
 def _connect_reason(exc: BaseException) -> str:

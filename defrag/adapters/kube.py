@@ -29,16 +29,25 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from tenacity import (
+    RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
     wait_exponential,
 )
+from tenacity.stop import stop_base
 
+from defrag.adapters.deadline import (
+    Deadline,
+    budget_spent,
+    request_deadline,
+    watch_pool_manager,
+)
 from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
 from defrag.execute.fence import Tenure
 from defrag.model.cluster import Cluster, ModelError
 from defrag.ports import Clock, EvictionResult
+from defrag.redact import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +85,11 @@ def connect(
     except (ConfigException, OSError) as exc:
         where = "in-cluster service account" if in_cluster else (kubeconfig or "kubeconfig")
         raise KubeError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
-    return client.ApiClient(configuration)
+    api = client.ApiClient(configuration)
+    # Every request's socket can be shut by its deadline (_Caller): the client's own timeout
+    # bounds each socket read, so an API server that trickles its answer never trips it.
+    watch_pool_manager(api.rest_client.pool_manager)
+    return api
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +100,8 @@ class RetryPolicy:
     backoff_s: float = 0.5
     max_backoff_s: float = 10.0
     timeout_s: float = 30.0
-    """Per-request timeout (connect and read)."""
+    """Per-request wall-clock limit: connecting, the whole answer however slowly it comes
+    (a deadline shuts the socket, :mod:`defrag.adapters.deadline`), each attempt alone."""
 
 
 def _status_body(exc: ApiException) -> dict[str, Any]:
@@ -123,30 +137,68 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
-class _Caller:
-    """Runs one API call with the retry policy; the last error is re-raised."""
+class DeadlineExceeded(TimeoutError):
+    """An API request did not finish by its deadline (its own, or the command's or cycle's)."""
 
-    def __init__(self, policy: RetryPolicy) -> None:
+
+class _Caller:
+    """Runs one API call with the retry policy; the last error is re-raised.
+
+    Each attempt runs under :func:`~defrag.adapters.deadline.request_deadline` of
+    ``policy.timeout_s`` (or what is left of the thread's command or cycle budget): past it the
+    socket is shut and the attempt fails with :class:`DeadlineExceeded`, retried like any
+    timeout while the budget lasts. This only holds for clients made by :func:`connect`, whose
+    pools are watched."""
+
+    def __init__(self, policy: RetryPolicy, api: client.ApiClient | None = None) -> None:
         self.policy = policy
+        host = getattr(getattr(api, "configuration", None), "host", None)
+        self.server = f"the API server at {redact_url(str(host))}" if host else "the API server"
 
     def __call__(self, fn: Callable[[], T]) -> T:
         p = self.policy
         retrying = Retrying(
-            stop=stop_after_attempt(max(1, p.attempts)),
+            stop=stop_after_attempt(max(1, p.attempts)) | _BudgetSpent(),
             wait=wait_exponential(multiplier=p.backoff_s, max=p.max_backoff_s),
             retry=retry_if_exception(_transient),
             reraise=True,
         )
-        return retrying(fn)
+        return retrying(lambda: self.attempt(fn))
+
+    def attempt(self, fn: Callable[[], T]) -> T:
+        """One attempt of ``fn`` under the request deadline."""
+        with request_deadline(self.policy.timeout_s) as deadline:
+            try:
+                return fn()
+            except Exception:
+                if deadline.expired:
+                    raise self.late(deadline) from None
+                raise
+
+    def late(self, deadline: Deadline) -> DeadlineExceeded:
+        if deadline.by_budget:
+            return DeadlineExceeded(f"{self.server} did not answer before {deadline.why}")
+        return DeadlineExceeded(
+            f"{self.server} did not answer within {deadline.seconds:g} s (the whole request)"
+        )
 
     @property
     def timeout(self) -> tuple[float, float]:
         return (self.policy.timeout_s, self.policy.timeout_s)
 
 
+class _BudgetSpent(stop_base):
+    """tenacity stop: the command's or cycle's budget is spent, another attempt cannot end."""
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return budget_spent()
+
+
 def _describe(exc: BaseException) -> str:
     if isinstance(exc, ApiException):
         return f"HTTP {exc.status}: {api_message(exc)}"
+    if isinstance(exc, DeadlineExceeded):
+        return str(exc)
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -165,7 +217,7 @@ class KubeClusterSource:
     ) -> None:
         self.api = api
         self.page_size = page_size
-        self.call = _Caller(retry or RetryPolicy())
+        self.call = _Caller(retry or RetryPolicy(), api)
         self.skip_finished_pods = skip_finished_pods
         self._said: set[str] = set()
         # The client's typed models are bypassed (raw JSON both ways), hence Any.
@@ -291,7 +343,7 @@ class KubeActuator:
     ) -> None:
         self.api = api
         self.send_writes = send_writes
-        self.call = _Caller(retry or RetryPolicy())
+        self.call = _Caller(retry or RetryPolicy(), api)
         self.conflict_attempts = conflict_attempts
         self.instance = instance or socket.gethostname()
         self.clock = clock
@@ -555,7 +607,7 @@ class LeaseElector:
         self.identity = identity or f"{socket.gethostname()}_{os.getpid()}"
         self.lease_duration_s = max(1, math.ceil(lease_duration_s))  # the API takes whole seconds
         self.clock = clock
-        self.call = _Caller(retry or RetryPolicy(attempts=2, backoff_s=0.2))
+        self.call = _Caller(retry or RetryPolicy(attempts=2, backoff_s=0.2), api)
         self.coordination: Any = client.CoordinationV1Api(api)  # raw JSON both ways
         self.last = LeaderStatus(False, "", "not tried yet")
         self._generation = -1

@@ -33,6 +33,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
 
+from defrag.adapters.deadline import request_deadline
 from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.kube import KubeClusterSource, KubeError, RetryPolicy, _Caller, _describe
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
@@ -238,7 +239,7 @@ class KubeWatchSource:
             api, page_size=page_size, retry=retry, skip_finished_pods=skip_finished_pods
         )
         self.page_size = page_size
-        self.call = _Caller(retry or RetryPolicy())
+        self.call = _Caller(retry or RetryPolicy(), api)
         self.watch_timeout_s = watch_timeout_s
         self.grace_s = grace_s
         self.backoff_s = backoff_s
@@ -469,15 +470,30 @@ class KubeWatchSource:
         with self._lock:
             self.stats.watches += 1
             version = kind.resource_version
+        # The server ends a watch at timeoutSeconds; one that outlives it by the grace (a
+        # server that trickles, or holds the stream open) is cut: its socket is shut, and the
+        # watch counts as broken and resumes from the last resourceVersion after a backoff.
+        limit = self.watch_timeout_s + self.grace_s
         try:
-            yield from w.stream(
-                call,
-                **kind.kwargs,
-                resource_version=version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=self.watch_timeout_s,
-                _request_timeout=(self.call.policy.timeout_s, self.watch_timeout_s + self.grace_s),
-            )
+            with request_deadline(limit) as deadline:
+                try:
+                    yield from w.stream(
+                        call,
+                        **kind.kwargs,
+                        resource_version=version,
+                        allow_watch_bookmarks=True,
+                        timeout_seconds=self.watch_timeout_s,
+                        _request_timeout=(self.call.policy.timeout_s, limit),
+                    )
+                except Exception:
+                    if not deadline.expired:
+                        raise
+                if deadline.expired:
+                    raise KubeError(
+                        f"watching {kind.plural}: {self.call.server} did not end the watch "
+                        f"within {limit:g} s (timeoutSeconds {self.watch_timeout_s:g} + "
+                        f"{self.grace_s:g} s grace)"
+                    )
         finally:
             kind.watch = None
 

@@ -69,7 +69,12 @@ class PrometheusSource:
     ``timeout_s`` is a wall-clock deadline on the whole query — connecting, every read of a
     slow or trickling answer, and the retries (``retries`` more attempts after connection
     errors and 429/502/503/504, with doubling ``backoff_s``, while time is left). A watchdog
-    shuts the query's socket down at the deadline, so no read outlives it.
+    shuts the query's socket down at the deadline, so no read outlives it
+    (:mod:`defrag.adapters.deadline`); inside a command's or cycle's
+    :func:`~defrag.adapters.deadline.time_budget` the query ends by the budget's end too.
+
+    prometheus-api-client stays the client: it sends through the ``requests.Session`` given
+    to it, and the deadline works on that session's sockets, under the client.
     """
 
     def __init__(
@@ -151,10 +156,15 @@ class PrometheusSource:
                     time.sleep(wait)
 
     def _attempt(self, query: str, send: Callable[[Any], Any], deadline: Deadline) -> Any:
-        late = (
-            f"Prometheus at {self.shown} did not answer query {query!r} within "
-            f"{self.timeout_s:g} s (the whole request)"
-        )
+        if deadline.by_budget:
+            late = (
+                f"Prometheus at {self.shown} did not answer query {query!r} before {deadline.why}"
+            )
+        else:
+            late = (
+                f"Prometheus at {self.shown} did not answer query {query!r} within "
+                f"{self.timeout_s:g} s (the whole request)"
+            )
         remaining = deadline.remaining()
         if remaining <= 0:
             raise PrometheusUnreachable(late, query)

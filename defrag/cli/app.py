@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -78,6 +79,43 @@ StrictOpt = Annotated[
         help="An object defrag cannot read is an error (exit 2), not a warning and left out.",
     ),
 ]
+
+
+PromTokenOpt = Annotated[
+    Path | None,
+    typer.Option("--prom-bearer-token-file", help="File holding a bearer token for Prometheus."),
+]
+PromCaOpt = Annotated[
+    Path | None, typer.Option("--prom-ca-file", help="CA bundle to verify Prometheus's TLS.")
+]
+PromInsecureOpt = Annotated[
+    bool, typer.Option("--prom-insecure", help="Do not verify Prometheus's TLS certificate.")
+]
+PromTimeoutOpt = Annotated[
+    str, typer.Option("--prom-timeout", help="Per Prometheus request (10s; bare: seconds).")
+]
+DeadlineOpt = Annotated[
+    str,
+    typer.Option(
+        "--deadline",
+        help="Wall-clock limit on the whole command (2m, 90s; bare: seconds): every request "
+        "to Prometheus, the API server or Alertmanager ends by it.",
+    ),
+]
+DEFAULT_DEADLINE = "120s"
+
+
+@contextmanager
+def command_deadline(text: str, command: str) -> Iterator[float]:
+    """The command's ``--deadline``: inside the block, every request of this thread ends by it
+    (:func:`defrag.adapters.deadline.time_budget`); its own limit still holds when sooner."""
+    from defrag.adapters.deadline import time_budget
+
+    seconds = parse_duration(text, "--deadline")
+    if seconds <= 0:
+        raise UserError(f"--deadline: must be positive, got {text!r}")
+    with time_budget(seconds, f"defrag {command}'s deadline of {seconds:g} s (--deadline)"):
+        yield seconds
 
 
 class UserError(_ClickException):

@@ -28,14 +28,21 @@ from defrag.cli.alerts import (
     make_sink,
 )
 from defrag.cli.app import (
+    DEFAULT_DEADLINE,
     AtOpt,
     ContextOpt,
+    DeadlineOpt,
     KubeconfigOpt,
     Output,
     OutputOpt,
+    PromCaOpt,
+    PromInsecureOpt,
+    PromTimeoutOpt,
+    PromTokenOpt,
     SnapshotOpt,
     UserError,
     app,
+    command_deadline,
     console,
     err_console,
     load_cluster,
@@ -66,19 +73,6 @@ RulesOpt = Annotated[
         help="Rule file or directory (repeatable; default: $DEFRAG_RULES_DIR, else the "
         "shipped rules).",
     ),
-]
-PromTokenOpt = Annotated[
-    Path | None,
-    typer.Option("--prom-bearer-token-file", help="File holding a bearer token for Prometheus."),
-]
-PromCaOpt = Annotated[
-    Path | None, typer.Option("--prom-ca-file", help="CA bundle to verify Prometheus's TLS.")
-]
-PromInsecureOpt = Annotated[
-    bool, typer.Option("--prom-insecure", help="Do not verify Prometheus's TLS certificate.")
-]
-PromTimeoutOpt = Annotated[
-    str, typer.Option("--prom-timeout", help="Per Prometheus request (10s; bare: seconds).")
 ]
 
 
@@ -135,87 +129,90 @@ def detect(
     am_insecure: InsecureOpt = False,
     policy: PolicyOpt = None,
     settings_file: SettingsOpt = None,
+    deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
-    if prometheus is None and not snapshot and kubeconfig is None and context is None:
-        raise UserError(
-            "nothing to detect from: give --prometheus URL and/or --snapshot FILE "
-            "(or --kubeconfig FILE)"
-        )
-    if at is not None and alertmanager:
-        raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
-    now = parse_time(at)
-    config = profile_config(settings_file, policy)
-    ruleset = read_rules(rules)
-    sink = (
-        make_sink(
-            alertmanager,
-            cluster=cluster_label,
-            bearer_token_file=am_bearer_token_file,
-            basic_auth=am_basic_auth,
-            ca_file=am_ca_file,
-            insecure=am_insecure,
-        )
-        if alertmanager
-        else None
-    )
-    source = (
-        make_source(
-            prometheus,
-            prom_bearer_token_file,
-            prom_ca_file,
-            prom_insecure,
-            parse_duration(prom_timeout, "--prom-timeout"),
-        )
-        if prometheus
-        else None
-    )
-    live = kubeconfig is not None or context is not None
-    cluster = load_cluster(snapshot, kubeconfig, context) if snapshot or live else None
-    if cluster is not None and source is not None:
-        try:
-            cluster = with_dcgm_gpu_indices(cluster, ruleset, source, now)
-        except MetricsError as exc:  # the snapshot's own GPU indices stand; rules still run
-            err_console.print(
-                f"warning: GPU indices from DCGM not applied: {escape(str(exc))}", soft_wrap=True
+    with command_deadline(deadline, "detect"):
+        if prometheus is None and not snapshot and kubeconfig is None and context is None:
+            raise UserError(
+                "nothing to detect from: give --prometheus URL and/or --snapshot FILE "
+                "(or --kubeconfig FILE)"
             )
-    # the snapshot's profile; without a snapshot, a cluster built from kube-state-metrics gets
-    # the same configuration bound to its own mix (run_detection)
-    mix = WorkloadMix.default()  # a placeholder: no snapshot, nothing scored against it
-    profile = config.for_cluster(cluster) if cluster is not None else config.with_mix(mix)
-    report = run_detection(ruleset, source, cluster, now, profile=profile)
-    if output is not Output.table:
-        print_data(
-            {
-                "at": now.isoformat(),
-                "findings": [f.to_dict() for f in report.findings],
-                "skipped": dict(report.skipped),
-                "failures": [redact_text(str(f)) for f in report.failures],
-                "warnings": list(cluster.warnings) if cluster is not None else [],
-            },
-            output,
+        if at is not None and alertmanager:
+            raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
+        now = parse_time(at)
+        config = profile_config(settings_file, policy)
+        ruleset = read_rules(rules)
+        sink = (
+            make_sink(
+                alertmanager,
+                cluster=cluster_label,
+                bearer_token_file=am_bearer_token_file,
+                basic_auth=am_basic_auth,
+                ca_file=am_ca_file,
+                insecure=am_insecure,
+            )
+            if alertmanager
+            else None
         )
-    else:
-        _print_table(report, now)
-    if sink is not None:
-        from defrag.alerting import AlertSendError
-        from defrag.daemon.cycle import rule_failed_finding
+        source = (
+            make_source(
+                prometheus,
+                prom_bearer_token_file,
+                prom_ca_file,
+                prom_insecure,
+                parse_duration(prom_timeout, "--prom-timeout"),
+            )
+            if prometheus
+            else None
+        )
+        live = kubeconfig is not None or context is not None
+        cluster = load_cluster(snapshot, kubeconfig, context) if snapshot or live else None
+        if cluster is not None and source is not None:
+            try:
+                cluster = with_dcgm_gpu_indices(cluster, ruleset, source, now)
+            except MetricsError as exc:  # the snapshot's own GPU indices stand; rules still run
+                err_console.print(
+                    f"warning: GPU indices from DCGM not applied: {escape(str(exc))}",
+                    soft_wrap=True,
+                )
+        # the snapshot's profile; without a snapshot, a cluster built from kube-state-metrics gets
+        # the same configuration bound to its own mix (run_detection)
+        mix = WorkloadMix.default()  # a placeholder: no snapshot, nothing scored against it
+        profile = config.for_cluster(cluster) if cluster is not None else config.with_mix(mix)
+        report = run_detection(ruleset, source, cluster, now, profile=profile)
+        if output is not Output.table:
+            print_data(
+                {
+                    "at": now.isoformat(),
+                    "findings": [f.to_dict() for f in report.findings],
+                    "skipped": dict(report.skipped),
+                    "failures": [redact_text(str(f)) for f in report.failures],
+                    "warnings": list(cluster.warnings) if cluster is not None else [],
+                },
+                output,
+            )
+        else:
+            _print_table(report, now)
+        if sink is not None:
+            from defrag.alerting import AlertSendError
+            from defrag.daemon.cycle import rule_failed_finding
 
-        failed = {f.rule: redact_text(f.message) for f in report.failures}
-        reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]
-        try:  # the alerts of a rule that could not be evaluated stay as they were
-            sink.sync(reported, now, held_rules=tuple(failed))
-        except AlertSendError as exc:
-            raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
-    if report.failures:
-        for failure in report.failures:
-            sys.stderr.write(f"{redact_text(str(failure))}\n")
-        names = ", ".join(f.rule for f in report.failures)
-        raise UserError(
-            f"{len(report.failures)} rule(s) could not be evaluated: {names}", exit_code=1
-        )
-    if fail_on_findings and report.findings:
-        raise typer.Exit(1)
+            failed = {f.rule: redact_text(f.message) for f in report.failures}
+            reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]
+            try:  # the alerts of a rule that could not be evaluated stay as they were
+                sink.sync(reported, now, held_rules=tuple(failed))
+            except AlertSendError as exc:
+                raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
+        if report.failures:
+            for failure in report.failures:
+                sys.stderr.write(f"{redact_text(str(failure))}\n")
+            names = ", ".join(f.rule for f in report.failures)
+            raise UserError(
+                f"{len(report.failures)} rule(s) could not be evaluated: {names}", exit_code=1
+            )
+        if fail_on_findings and report.findings:
+            raise typer.Exit(1)
 
 
 def _print_table(report: DetectionReport, now: datetime) -> None:

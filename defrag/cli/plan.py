@@ -11,13 +11,16 @@ import typer
 from rich.table import Table
 
 from defrag.cli.app import (
+    DEFAULT_DEADLINE,
     ContextOpt,
+    DeadlineOpt,
     KubeconfigOpt,
     Output,
     OutputOpt,
     StrictOpt,
     UserError,
     app,
+    command_deadline,
     load_cluster,
     parse_duration,
     parse_time,
@@ -82,12 +85,14 @@ def plan_command(
     output: OutputOpt = Output.table,
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
+    deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
     when = parse_time(at)
     min_age_s = parse_duration(min_age, "--min-age", bare_unit="m")
     config = profile_config(settings_file, policy)
-    cluster = load_cluster(snapshot, kubeconfig, context, strict)
+    with command_deadline(deadline, "plan"):  # the API server's answers end by it
+        cluster = load_cluster(snapshot, kubeconfig, context, strict)
     constraints = Constraints(
         min_age=timedelta(seconds=min_age_s),
         protect_priority=protect_priority,

@@ -10,13 +10,16 @@ overrides the file's ``policy``. Each command then builds one
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from defrag.cli.app import UserError
 from defrag.scoring.policies import POLICY_NAMES
 from defrag.scoring.profile import ProfileConfig
+
+if TYPE_CHECKING:
+    from defrag.settings import Settings
 
 SettingsOpt = Annotated[
     Path | None,
@@ -36,6 +39,17 @@ PolicyOpt = Annotated[
 ]
 
 
+def cli_settings(settings_file: Path | None) -> Settings:
+    """The settings (file, environment) a command reads; a bad one is a :class:`UserError`."""
+    from defrag.redact import redact_text
+    from defrag.settings import SettingsError, load_settings
+
+    try:
+        return load_settings(settings_file)
+    except SettingsError as exc:
+        raise UserError(redact_text(str(exc))) from None
+
+
 def profile_config(settings_file: Path | None, policy: str | None) -> ProfileConfig:
     """The configured profile: the settings (file, environment), ``policy`` overriding theirs.
     A bad file or value is a :class:`UserError` naming the file or flag and the field."""
@@ -48,4 +62,4 @@ def profile_config(settings_file: Path | None, policy: str | None) -> ProfileCon
         raise UserError(redact_text(str(exc))) from None
 
 
-__all__ = ["PolicyOpt", "SettingsOpt", "profile_config"]
+__all__ = ["PolicyOpt", "SettingsOpt", "cli_settings", "profile_config"]

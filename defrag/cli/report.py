@@ -3,28 +3,36 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from defrag.cli.app import (
+    DEFAULT_DEADLINE,
     AtOpt,
     ContextOpt,
+    DeadlineOpt,
     KubeconfigOpt,
     Output,
     OutputOpt,
+    PromCaOpt,
+    PromInsecureOpt,
+    PromTokenOpt,
     SnapshotOpt,
     StrictOpt,
     UserError,
     app,
+    command_deadline,
     load_cluster,
+    parse_duration,
     parse_time,
     print_data,
     print_line,
     print_table,
 )
-from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
+from defrag.cli.profile import PolicyOpt, SettingsOpt, cli_settings, profile_config
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
@@ -32,6 +40,9 @@ from defrag.scoring.fragmentation import FragmentationReport, fragmentation_repo
 from defrag.scoring.framework import NodeVerdict, Placement, Unschedulable
 from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import explain, schedule
+
+if TYPE_CHECKING:
+    from defrag.adapters.prometheus import PrometheusSource
 
 
 def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Table:
@@ -88,14 +99,38 @@ def report(
     kubeconfig: KubeconfigOpt = None,
     context: ContextOpt = None,
     settings_file: SettingsOpt = None,
+    prom_bearer_token_file: PromTokenOpt = None,
+    prom_ca_file: PromCaOpt = None,
+    prom_insecure: PromInsecureOpt = False,
+    prom_timeout: Annotated[
+        str | None,
+        typer.Option(
+            "--prom-timeout",
+            help="Per Prometheus request (bare: seconds; default: the setting "
+            "prometheus_timeout_s, 10s).",
+        ),
+    ] = None,
+    deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """The fragmentation report of a cluster snapshot (or the live cluster)."""
-    when = parse_time(at)
-    config = profile_config(settings_file, None)
-    cluster = load_cluster(snapshot, kubeconfig, context, strict)
-    # The snapshot's profile: its mix gives the FGD figure, as on the daemon's /metrics.
-    rep = fragmentation_report(cluster, config.for_cluster(cluster).mix)
-    extras: dict[str, Any] = _prometheus_extras(prometheus, when) if prometheus else {}
+    with command_deadline(deadline, "report"):
+        when = parse_time(at)
+        config = profile_config(settings_file, None)
+        source = None
+        if prometheus:  # the settings' Prometheus TLS, token and timeout, unless a flag says
+            settings = cli_settings(settings_file)
+            token = prom_bearer_token_file or settings.prometheus_token_file
+            ca = prom_ca_file or settings.prometheus_ca_file
+            timeout_s = (
+                parse_duration(prom_timeout, "--prom-timeout")
+                if prom_timeout is not None
+                else settings.prometheus_timeout_s
+            )
+            source = _prometheus(prometheus, token, ca, prom_insecure, timeout_s)
+        cluster = load_cluster(snapshot, kubeconfig, context, strict)
+        # The snapshot's profile: its mix gives the FGD figure, as on the daemon's /metrics.
+        rep = fragmentation_report(cluster, config.for_cluster(cluster).mix)
+        extras: dict[str, Any] = _prometheus_extras(source, when) if source is not None else {}
     if output is not Output.table:
         print_data({**rep.to_dict(), **extras, "warnings": list(cluster.warnings)}, output)
         return
@@ -105,18 +140,31 @@ def report(
         print_line(f"{key}: {value}")
 
 
-def _prometheus_extras(url: str, when: datetime) -> dict[str, Any]:
+def _prometheus(
+    url: str, token: Path | str | None, ca: Path | str | None, insecure: bool, timeout_s: float
+) -> PrometheusSource:
+    from defrag.cli.detect import make_source
+
+    return make_source(
+        url,
+        Path(token) if token else None,
+        Path(ca) if ca else None,
+        insecure,
+        timeout_s,
+    )
+
+
+def _prometheus_extras(source: PrometheusSource, when: datetime) -> dict[str, Any]:
     """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
-    from defrag.adapters.prometheus import MetricsError, PrometheusSource
+    from defrag.adapters.prometheus import MetricsError
     from defrag.cli.detect import read_rules
     from defrag.detection import report_extras
-    from defrag.redact import redact_text, redact_url
+    from defrag.redact import redact_text
 
     try:
-        source = PrometheusSource(url)
         return report_extras(source, read_rules([]), when)
     except (MetricsError, ValueError) as exc:
-        raise UserError(f"--prometheus {redact_url(url)}: {redact_text(str(exc))}") from None
+        raise UserError(f"--prometheus {source.shown}: {redact_text(str(exc))}") from None
 
 
 def pod_shape(gpus: int, gpu_milli: int, cpu_milli: int, models: list[str]) -> Pod:

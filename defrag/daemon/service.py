@@ -29,6 +29,7 @@ from apscheduler.triggers.interval import IntervalTrigger
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
+from defrag.adapters.deadline import time_budget
 from defrag.adapters.health import HealthServer, Probes
 from defrag.alerting import ALERTS
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
@@ -277,11 +278,15 @@ class Daemon:
         with self._cycle_lock:
             t0 = time.perf_counter()
             self._cycle_started = time.monotonic()
+            # Every request of the cycle (API server, Prometheus, Alertmanager) ends by the
+            # cycle's deadline: a trickling answer cannot hold the cycle past it.
+            limit = self.cycle_deadline_s / self.time_scale
             try:
-                if not self._reconciled:
-                    self.reconcile()
-                leader = self.elector.is_leader()
-                result = run_cycle(self.ports, self.config, leader=leader)
+                with time_budget(limit, f"the cycle's deadline of {limit:g} s"):
+                    if not self._reconciled:
+                        self.reconcile()
+                    leader = self.elector.is_leader()
+                    result = run_cycle(self.ports, self.config, leader=leader)
             except Exception as exc:
                 self.metrics.failed(time.perf_counter() - t0)
                 self.health = HealthState(
