@@ -290,7 +290,9 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
                 proc.kill()
                 proc.communicate()
     assert "signal 15: finishing the current step and stopping" in err
-    assert "a cycle is still running" in err
+    # Either SIGTERM came while a cycle still ran, or (since requests are cut at the cycle's
+    # deadline) the stalled query had already been cut and the cycle reported its rules failed.
+    assert "a cycle is still running" in err or "the cycle's deadline of 2 s" in err, err
     assert "Traceback" not in err
 
 
