@@ -21,9 +21,10 @@ from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
+from bench.bench_plan import FIGURES_CONSTRAINTS
 from defrag.model.cluster import Cluster, PodDisruptionBudget
 from defrag.model.resources import Node, OwnerRef, Pod
-from defrag.plan import PlanOptions, make_plan
+from defrag.plan import MakeRoomMode, PlanOptions, make_plan
 from defrag.plan.exact import exact_room
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -85,12 +86,16 @@ def main() -> None:
         t0 = time.perf_counter()
         # The MILP minimises the cost alone: the planner's worth check and swap refusal (rules
         # on top of the cost, docs/planning.md) are lifted so both solve the same problem.
-        options = PlanOptions(preempt=args.preempt, room_worth=0.0, swaps=True)
-        plan = make_plan(cluster, "make-room", now=NOW, options=options)
+        mode = MakeRoomMode.MIGRATE_THEN_PREEMPT if args.preempt else MakeRoomMode.MIGRATE
+        options = PlanOptions(mode=mode, room_worth=0.0, swaps=True)
+        plan = make_plan(
+            cluster, "make-room", now=NOW, options=options, constraints=FIGURES_CONSTRAINTS
+        )
         t1 = time.perf_counter()
         best = exact_room(
             cluster, size=job.num_gpu, cpu_milli=job.cpu_milli, memory_mib=job.memory_mib,
             below_priority=job.priority, preempt=args.preempt, now=NOW,
+            constraints=FIGURES_CONSTRAINTS,
         )  # fmt: skip
         t2 = time.perf_counter()
         made = bool(plan.targets)

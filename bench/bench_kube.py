@@ -124,10 +124,16 @@ def main() -> None:
         f"{int(cluster.arrays.free_whole_count().sum())} free GPUs"
     )
     if args.plan:
+        from bench.bench_plan import FIGURES_CONSTRAINTS
         from defrag.plan.planner import make_plan
 
         t = time.perf_counter()
-        plan = make_plan(cluster, "all", now=datetime(2026, 11, 29, 12, tzinfo=UTC))
+        plan = make_plan(
+            cluster,
+            "all",
+            now=datetime(2026, 11, 29, 12, tzinfo=UTC),
+            constraints=FIGURES_CONSTRAINTS,
+        )
         print(f"make_plan(all): {time.perf_counter() - t:.2f} s, {len(plan.steps)} steps")
 
 

@@ -27,7 +27,7 @@ from bench import data
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, OwnerRef, Pod
 from defrag.model.workload import WorkloadMix
-from defrag.plan import Constraints, make_plan
+from defrag.plan import Constraints, EvictionBudget, make_plan
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import DEFAULT_POLICY, make_policy
 from defrag.scoring.profile import ProfileConfig
@@ -109,6 +109,15 @@ def synthetic_cluster(n_nodes: int, seed: int = 7) -> Cluster:
     return Cluster.build(nodes, [*pods, *jobs(20)])
 
 
+FIGURES_CONSTRAINTS = Constraints(
+    min_age=timedelta(minutes=10),
+    budget=EvictionBudget(total=50, per_node=None, per_namespace=None),
+)
+"""The constraints docs/planning.md's figures were measured with (`defrag plan`'s defaults
+before issue 23 made them the daemon's): 50 evictions, no per-node or per-namespace limit,
+pods younger than 10 minutes stay."""
+
+
 def measure(name: str, cluster: Cluster, target_s: float) -> None:
     a = cluster.arrays
     alloc = 100 * (1 - a.free_share().sum() / (a.gpu_total.sum() * 1000))
@@ -119,7 +128,7 @@ def measure(name: str, cluster: Cluster, target_s: float) -> None:
         "all",
         now=NOW,
         profile=ProfileConfig().with_mix(mix),
-        constraints=Constraints(max_evictions=50),
+        constraints=FIGURES_CONSTRAINTS,
     )
     seconds = time.perf_counter() - start
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

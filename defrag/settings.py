@@ -32,8 +32,18 @@ from pydantic_settings import (
 from defrag import safe_yaml
 from defrag.alerting import GENERATOR_URL, RUNBOOK_URL
 from defrag.execute.mode import RunMode
+from defrag.model.selectors import SelectorSyntaxError, parse_label_selector
+from defrag.plan.config import (
+    DEFAULT_MAX_EVICTIONS,
+    DEFAULT_MAX_PER_NAMESPACE,
+    DEFAULT_MAX_PER_NODE,
+    DEFAULT_MIN_AGE,
+    DEFAULT_OPTIONS,
+    Goal,
+)
 
 if TYPE_CHECKING:
+    from defrag.plan.config import PlannerConfig
     from defrag.scoring.profile import ProfileConfig
 
 ENV_PREFIX = "DEFRAG_"
@@ -230,21 +240,33 @@ class Settings(BaseSettings):
     detection and planning, ``defrag extender`` and the scoring commands all read it."""
     policy_seed: int = Field(0, ge=0)
     """The ``random`` policy's seed (the other policies ignore it)."""
-    plan_goal: Literal["auto", "repack", "make-room", "all"] = "auto"
-    min_pod_age_s: float = Field(0.0, ge=0)
-    make_room_moves_any_priority: bool = True
+    plan_goal: Literal["auto"] | Goal = "auto"
+    """``auto`` (the findings' actions decide) or a :class:`~defrag.plan.config.Goal`."""
+    # The planner's knobs: their defaults are the planner's own (defrag/plan/config.py), and
+    # planner_config() turns them into the one PlannerConfig every planner is handed.
+    min_pod_age_s: float = Field(DEFAULT_MIN_AGE.total_seconds(), ge=0)
+    make_room_moves_any_priority: bool = DEFAULT_OPTIONS.mode.migrates_any_priority
     """Make-room may move pods of any priority, each only where it re-fits at once."""
-    make_room_swaps: bool = False
+    make_room_swaps: bool = DEFAULT_OPTIONS.swaps
     """Allow a room that preempts as much GPU as it frees (left to kube-scheduler by default)."""
-    make_room_worth: float = Field(1.0, ge=0, le=1e6)
+    make_room_worth: float = Field(DEFAULT_OPTIONS.room_worth, ge=0, le=1e6)
     """A room is made when the pod's GPUs × hours pending reach this × its known cost; 0: always."""
+    # The eviction filters, as descheduler's DefaultEvictor takes them.
+    evict_namespaces_include: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Only pods in these namespaces may be evicted (empty: all); excludes the next one."""
+    evict_namespaces_exclude: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Pods in these namespaces are never evicted."""
+    evict_label_selector: str = ""
+    """Only pods matching this label selector (``a=b,c!=d,e in (x,y),!f``) may be evicted."""
+    evict_priority_threshold: int | None = None
+    """Pods at or above this priority are never evicted (``defrag plan --protect-priority``)."""
 
     # --- execution: windows, budgets, safety --------------------------------------------
     windows: Annotated[list[WindowSetting], NoDecode] = Field(default_factory=list)
     idle_gate: bool = False
-    max_evictions_per_window: int = Field(10, ge=0, le=1_000_000)
-    max_evictions_per_node: int = Field(8, ge=0, le=1_000_000)
-    max_evictions_per_namespace: int = Field(5, ge=0, le=1_000_000)
+    max_evictions_per_window: int = Field(DEFAULT_MAX_EVICTIONS, ge=0, le=1_000_000)
+    max_evictions_per_node: int = Field(DEFAULT_MAX_PER_NODE, ge=0, le=1_000_000)
+    max_evictions_per_namespace: int = Field(DEFAULT_MAX_PER_NAMESPACE, ge=0, le=1_000_000)
     eviction_batch_size: int = Field(4, ge=1, le=64)
     replacement_timeout_s: float = Field(600.0, gt=0)
     poll_interval_s: float = Field(5.0, gt=0)
@@ -267,10 +289,21 @@ class Settings(BaseSettings):
     # --- the simulated cluster ------------------------------------------------------------
     sim_speedup: float = Field(60.0, gt=0)
 
-    @field_validator("alertmanager_urls", mode="before")
+    @field_validator(
+        "alertmanager_urls", "evict_namespaces_include", "evict_namespaces_exclude", mode="before"
+    )
     @classmethod
     def _urls(cls, value: Any) -> Any:
         return _string_list(value)
+
+    @field_validator("evict_label_selector")
+    @classmethod
+    def _selector_parses(cls, value: str) -> str:
+        try:
+            parse_label_selector(value)
+        except SelectorSyntaxError as exc:
+            raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("alert_runbook_url", "alert_generator_url")
     @classmethod
@@ -293,6 +326,14 @@ class Settings(BaseSettings):
     def _check(self) -> Settings:
         """Settings each valid alone that contradict each other (docs/daemon.md, "Settings that
         must agree"): refused at start, naming both."""
+        if self.evict_namespaces_include and self.evict_namespaces_exclude:
+            raise Contradiction(
+                ("evict_namespaces_include", "evict_namespaces_exclude"),
+                "evict_namespaces_include "
+                f"({', '.join(self.evict_namespaces_include)}) and evict_namespaces_exclude "
+                f"({', '.join(self.evict_namespaces_exclude)}) are mutually exclusive: give "
+                "the namespaces that may be evicted, or those that may not, not both",
+            )
         if self.alertmanager_urls and self.alert_ttl_s <= max(
             self.alert_resend_interval_s, self.cycle_interval_s
         ):
@@ -348,6 +389,43 @@ class Settings(BaseSettings):
         if policy is not None and policy not in POLICY_NAMES:
             raise SettingsError(f"--policy: {UnknownPolicy(policy)}")
         return ProfileConfig(policy or self.policy, self.policy_seed)
+
+    def planner_config(self) -> PlannerConfig:
+        """The one planner configuration these settings give (defrag/plan/config.py): the
+        daemon plans with it, and so does ``defrag plan --settings`` (whose flags are
+        settings given as flags). Every planner knob of the settings lands here."""
+        from datetime import timedelta
+
+        from defrag.plan.config import (
+            Constraints,
+            EvictionBudget,
+            MakeRoomMode,
+            PlannerConfig,
+            PlanOptions,
+        )
+
+        selector = parse_label_selector(self.evict_label_selector)
+        constraints = Constraints(
+            min_age=timedelta(seconds=self.min_pod_age_s),
+            priority_threshold=self.evict_priority_threshold,
+            budget=EvictionBudget(
+                self.max_evictions_per_window,
+                self.max_evictions_per_node,
+                self.max_evictions_per_namespace,
+            ),
+            namespaces_include=frozenset(self.evict_namespaces_include),
+            namespaces_exclude=frozenset(self.evict_namespaces_exclude),
+            label_selector=selector if selector.requirements else None,
+        )
+        options = PlanOptions(
+            mode=MakeRoomMode.of(
+                preempt=DEFAULT_OPTIONS.mode.preempts,
+                migrate_any_priority=self.make_room_moves_any_priority,
+            ),
+            swaps=self.make_room_swaps,
+            room_worth=self.make_room_worth,
+        )
+        return PlannerConfig(constraints, options)
 
     @property
     def run_mode(self) -> RunMode:

@@ -12,7 +12,7 @@ from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragment
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, goal_for, run_cycle
 from defrag.detect.findings import Finding
-from defrag.execute import Budgets, Executor, ExecutorSettings, Window
+from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window
 from defrag.execute.mode import RunMode
 from defrag.model.cluster import Cluster
 from defrag.model.resources import OwnerRef, Pod
@@ -54,7 +54,7 @@ def ports(
         sim,
         sim,
         clock,
-        ExecutorSettings(Budgets(20, 8, 20), replacement_timeout_s=300, poll_interval_s=10),
+        ExecutorSettings(EvictionBudget(20, 8, 20), replacement_timeout_s=300, poll_interval_s=10),
         sleep=clock.sleep,
     )
     rules = load_rules([rules_dir or default_rules_dir()])

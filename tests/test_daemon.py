@@ -19,7 +19,7 @@ from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, build, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
 from defrag.daemon.service import Daemon
-from defrag.execute import Budgets, Executor, ExecutorSettings, Window
+from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window
 from defrag.execute.mode import RunMode
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -49,7 +49,7 @@ def sim_daemon(
         sim,
         sim,
         use,
-        ExecutorSettings(Budgets(20, 8, 20), poll_interval_s=10),  # type: ignore[arg-type]
+        ExecutorSettings(EvictionBudget(20, 8, 20), poll_interval_s=10),  # type: ignore[arg-type]
         sleep=sim_clock.sleep,
     )
     ports = CyclePorts(

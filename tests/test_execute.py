@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
-from defrag.execute import Budgets, Executor, ExecutorSettings, WindowStatus
+from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, PLAN_ANNOTATION, JournalStep, new_journal
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Node, OwnerRef, Pod
@@ -41,12 +41,12 @@ def plan_for(pods: list[Pod], target: str | None = "gpu-01", gang: str | None = 
 
 
 def make(
-    cluster: Cluster | None = None, budgets: Budgets | None = None, timeout_s: float = 120
+    cluster: Cluster | None = None, budgets: EvictionBudget | None = None, timeout_s: float = 120
 ) -> tuple[SimCluster, Executor]:
     clock = SimClock(speedup=0)  # time moves only when the executor sleeps
     sim = SimCluster(cluster or fragmented_cluster(), clock)
     settings = ExecutorSettings(
-        budgets=budgets or Budgets(50, 50, 50),
+        budgets=budgets or EvictionBudget(50, 50, 50),
         batch_size=2,
         replacement_timeout_s=timeout_s,
         poll_interval_s=10,
@@ -122,14 +122,16 @@ def test_pdb_429_is_a_skip_with_its_reason_and_an_event() -> None:
     ("budgets", "evicted", "then"),
     [
         # 7 pods asked; the window allows 4, then nothing more in that window.
-        (Budgets(per_window=4, per_node=50, per_namespace=50), 4, 0),
+        (EvictionBudget(total=4, per_node=50, per_namespace=50), 4, 0),
         # 2 from each of gpu-00 and gpu-01; a later plan still gets 2 from gpu-02.
-        (Budgets(per_window=50, per_node=2, per_namespace=50), 4, 2),
+        (EvictionBudget(total=50, per_node=2, per_namespace=50), 4, 2),
         # namespace inference: 3, then nothing more.
-        (Budgets(per_window=50, per_node=50, per_namespace=3), 3, 0),
+        (EvictionBudget(total=50, per_node=50, per_namespace=3), 3, 0),
     ],
 )
-def test_evictions_never_exceed_the_budgets(budgets: Budgets, evicted: int, then: int) -> None:
+def test_evictions_never_exceed_the_budgets(
+    budgets: EvictionBudget, evicted: int, then: int
+) -> None:
     sim, ex = make(budgets=budgets)
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01")  # 3 + 4 pods
@@ -147,7 +149,7 @@ def test_evictions_never_exceed_the_budgets(budgets: Budgets, evicted: int, then
 
 
 def test_a_gang_that_does_not_fit_the_budget_is_skipped_whole() -> None:
-    sim, ex = make(budgets=Budgets(per_window=3, per_node=50, per_namespace=50))
+    sim, ex = make(budgets=EvictionBudget(total=3, per_node=50, per_namespace=50))
     cluster = sim.snapshot()
     gang = movable_on(cluster, "gpu-01")  # 4 pods > 3
     result = ex.execute(plan_for(gang, gang="inference/job"), cluster, OPEN, dry_run=False)

@@ -21,7 +21,7 @@ from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, 
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
 from defrag.daemon.service import Daemon
-from defrag.execute import Budgets, Executor, ExecutorSettings, Window, WindowStatus
+from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
 from defrag.execute.mode import RunMode
 from defrag.plan.model import Plan, Step
@@ -64,10 +64,10 @@ def api() -> Iterator[KubeApi]:
     yield from running(small_cluster())
 
 
-def executor(api: KubeApi, budgets: Budgets | None = None, **kw: Any) -> Executor:
+def executor(api: KubeApi, budgets: EvictionBudget | None = None, **kw: Any) -> Executor:
     client = api.client()
     settings = ExecutorSettings(
-        budgets=budgets or Budgets(20, 20, 20),
+        budgets=budgets or EvictionBudget(20, 20, 20),
         batch_size=2,
         replacement_timeout_s=kw.pop("timeout_s", 2.0),
         poll_interval_s=0.02,
@@ -163,7 +163,7 @@ def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi)
 
 @pytest.mark.parametrize(("per_window", "per_node"), [(1, 20), (20, 2)])
 def test_evictions_never_exceed_the_budgets(api: KubeApi, per_window: int, per_node: int) -> None:
-    ex = executor(api, Budgets(per_window, per_node, 20))
+    ex = executor(api, EvictionBudget(per_window, per_node, 20))
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
     ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
     ex.execute(
@@ -369,7 +369,7 @@ def test_a_terminating_pod_is_not_evicted_and_spends_no_budget(api: KubeApi) -> 
     spent"). Now web-a gets no Eviction call and no charge ("gone": already going), web-b is
     evicted with the one eviction inf may spend, and the drain waits until web-a is gone."""
     mark_deleted(api, "web-a")
-    ex = executor(api, Budgets(per_window=20, per_node=20, per_namespace=1))
+    ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1))
     cluster = ex.source.snapshot()
     threading.Timer(0.3, api.remove, ("Pod", "web-a", "inf")).start()  # its kubelet is done
     result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=False)
@@ -407,7 +407,7 @@ def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_b
             threading.Timer(0.3, server.remove, ("Pod", "big-0", "inf")).start()
 
     api.on_eviction = delete_big
-    ex = executor(api, Budgets(per_window=2, per_node=20, per_namespace=20))
+    ex = executor(api, EvictionBudget(total=2, per_node=20, per_namespace=20))
     plan = Plan(
         "repack",
         "reserve-binpack",
@@ -425,7 +425,7 @@ def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_b
 
 def test_dry_run_shows_a_terminating_pod_as_gone_and_spends_nothing(api: KubeApi) -> None:
     mark_deleted(api, "web-a")
-    ex = executor(api, Budgets(per_window=20, per_node=20, per_namespace=1))
+    ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1))
     cluster = ex.source.snapshot()
     result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=True)
     assert [(o.pod, o.result) for o in result.outcomes] == [

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from defrag.execute.budgets import BudgetLedger, Budgets
+from defrag.execute.budgets import BudgetLedger
 from defrag.execute.windows import Window, window_status
+from defrag.plan.config import EvictionBudget
 
 NIGHTLY = Window("0 2 * * *", 3600)  # 02:00-03:00 UTC every day
 
@@ -61,7 +62,7 @@ def test_no_window_configured_never_opens() -> None:
 
 
 def test_ledger_stops_at_each_budget_and_refuses_gangs_whole() -> None:
-    ledger = BudgetLedger(Budgets(per_window=5, per_node=3, per_namespace=4))
+    ledger = BudgetLedger(EvictionBudget(total=5, per_node=3, per_namespace=4))
     assert ledger.admit([("a", "n1"), ("a", "n1")]).ok
     # n1 would hold 2 + 2 = 4 > 3: the whole gang is refused, nothing is spent.
     refused = ledger.admit([("b", "n1"), ("b", "n1")])
@@ -74,7 +75,7 @@ def test_ledger_stops_at_each_budget_and_refuses_gangs_whole() -> None:
 
 
 def test_ledger_starts_afresh_in_a_new_window() -> None:
-    ledger = BudgetLedger(Budgets(per_window=1), window="w1")
+    ledger = BudgetLedger(EvictionBudget(total=1), window="w1")
     assert ledger.admit([("a", "n1")]).ok
     assert ledger.for_window("w1") is ledger
     fresh = ledger.for_window("w2")

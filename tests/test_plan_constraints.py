@@ -9,7 +9,8 @@ import pytest
 
 from defrag.model.cluster import PodDisruptionBudget
 from defrag.model.resources import OwnerRef, Pod
-from defrag.plan.constraints import Constraints, Ledger, blocked_from, check_pod, gang_of
+from defrag.plan.config import Constraints, EvictionBudget
+from defrag.plan.constraints import Ledger, blocked_from, check_pod, gang_of
 from defrag.plan.cost import CostModel
 from tests.test_plan_support import NOW, running
 
@@ -34,8 +35,8 @@ def terminating(pod: Pod) -> Pod:
         (running("a", "n", priority=2_000_000_000), Constraints(), "system-critical"),
         (running("a", "n", hours=0.05), Constraints(min_age=timedelta(minutes=10)), "min-age"),
         (running("a", "n", hours=0.05), Constraints(min_age=timedelta(0)), None),
-        (running("a", "n", priority=500), Constraints(protect_priority=500), "priority"),
-        (running("a", "n", priority=499), Constraints(protect_priority=500), None),
+        (running("a", "n", priority=500), Constraints(priority_threshold=500), "priority"),
+        (running("a", "n", priority=499), Constraints(priority_threshold=500), None),
         # metadata.deletionTimestamp set: already going, whatever else holds; checked first
         (terminating(running("a", "n")), Constraints(), "terminating"),
         (
@@ -78,15 +79,19 @@ def test_pdb_is_counted_down_as_the_plan_uses_it() -> None:
     assert ledger.check([(other, "n2")])[0].ok
 
 
+def limits(total: int | None, node: int | None, namespace: int | None) -> Constraints:
+    return Constraints(budget=EvictionBudget(total, node, namespace))
+
+
 @pytest.mark.parametrize(
     "constraints,evictions,expected",
     [
-        (Constraints(max_evictions=2), [("a", "n1", "x"), ("b", "n2", "x"), ("c", "n3", "x")],
+        (limits(2, None, None), [("a", "n1", "x"), ("b", "n2", "x"), ("c", "n3", "x")],
          "budget-plan"),
-        (Constraints(max_per_node=1), [("a", "n1", "x"), ("b", "n1", "x")], "budget-node"),
-        (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "x")],
+        (limits(None, 1, None), [("a", "n1", "x"), ("b", "n1", "x")], "budget-node"),
+        (limits(None, None, 1), [("a", "n1", "x"), ("b", "n2", "x")],
          "budget-namespace"),
-        (Constraints(max_per_namespace=1), [("a", "n1", "x"), ("b", "n2", "y")], None),
+        (limits(None, None, 1), [("a", "n1", "x"), ("b", "n2", "y")], None),
     ],
 )  # fmt: skip
 def test_budgets(

@@ -10,7 +10,7 @@ import pytest
 from defrag.adapters.snapshot import load_snapshot
 from defrag.model.cluster import Cluster, PodDisruptionBudget
 from defrag.model.resources import OwnerRef
-from defrag.plan import Constraints, PlanOptions, make_plan
+from defrag.plan import Constraints, EvictionBudget, MakeRoomMode, PlanOptions, make_plan
 from defrag.plan.exact import exact_room
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
 
@@ -39,7 +39,12 @@ def test_seed_scenario_frees_a_node_for_the_8_gpu_job(seed: Cluster) -> None:
 @pytest.mark.parametrize("preempt", [False, True])
 def test_seed_scenario_within_1_2x_of_the_exact_optimum(seed: Cluster, preempt: bool) -> None:
     job = seed.pods["research/llm-train-0"]
-    plan = make_plan(seed, "make-room", now=NOW, options=PlanOptions(preempt=preempt))
+    plan = make_plan(
+        seed,
+        "make-room",
+        now=NOW,
+        options=PlanOptions(mode=MakeRoomMode.of(preempt=preempt, migrate_any_priority=True)),
+    )
     best = exact_room(
         seed, size=8, cpu_milli=job.cpu_milli, memory_mib=job.memory_mib,
         below_priority=job.priority, preempt=preempt, now=NOW,
@@ -62,7 +67,7 @@ def test_lower_priority_victims_are_preferred(migrate_any: bool) -> None:
         *fill("n3", 3, priority=0),
         pending("job", 8, priority=100),
     ]
-    options = PlanOptions(migrate_any_priority=migrate_any)
+    options = PlanOptions(mode=MakeRoomMode.of(preempt=True, migrate_any_priority=migrate_any))
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, options=options)
     moved = {s.pod for s in plan.steps}
     assert moved == {f"default/n3-p{i}" for i in range(3)}
@@ -76,7 +81,7 @@ def test_same_priority_pods_move_only_where_they_fit() -> None:
     nodes = [gpu_node("n1"), gpu_node("n2")]
     pods = [*fill("n1", 4, priority=100), *fill("n2", 4, priority=100), pending("job", 8)]
     strict = make_plan(cluster(nodes, pods), "make-room", now=NOW,
-                       options=PlanOptions(migrate_any_priority=False))  # fmt: skip
+                       options=PlanOptions(mode=MakeRoomMode.LOWER_PRIORITY))  # fmt: skip
     assert strict.steps == ()
     assert {b.constraint for b in strict.blocked} == {"priority"}
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
@@ -157,7 +162,10 @@ def test_preempts_only_what_cannot_move(swaps: bool, steps: list[tuple[str, str,
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(swaps=swaps))
     assert [(s.kind, s.pod, s.target) for s in plan.steps] == steps
     no_preempt = make_plan(
-        cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(preempt=False, swaps=True)
+        cluster(nodes, pods),
+        "make-room",
+        now=NOW,
+        options=PlanOptions(mode=MakeRoomMode.MIGRATE, swaps=True),
     )
     assert no_preempt.steps == ()
 
@@ -166,11 +174,11 @@ def test_plan_budget_limits_evictions() -> None:
     nodes = [gpu_node(f"n{i}") for i in range(1, 4)]
     pods = [*fill("n1", 4), *fill("n2", 4), *fill("n3", 2), pending("job", 8)]
     tight = make_plan(cluster(nodes, pods), "make-room", now=NOW,
-                      constraints=Constraints(max_evictions=1))  # fmt: skip
+                      constraints=Constraints(budget=EvictionBudget(1, None, None)))  # fmt: skip
     assert tight.steps == ()
     assert any(b.constraint == "budget-plan" for b in tight.blocked)
     loose = make_plan(cluster(nodes, pods), "make-room", now=NOW,
-                      constraints=Constraints(max_evictions=2))  # fmt: skip
+                      constraints=Constraints(budget=EvictionBudget(2, None, None)))  # fmt: skip
     assert len(loose.steps) == 2  # n3's two pods move to n1 / n2
 
 
@@ -270,8 +278,12 @@ def test_make_room_only_for_the_named_pods(only: frozenset[str] | None, helped: 
         pending("g-1", 4, priority=500, gang="g"),
     ]
     plan = make_plan(
-        cluster(nodes, [*pods, *waiting]), "make-room", now=NOW,
+        cluster(nodes, [*pods, *waiting]),
+        "make-room",
+        now=NOW,
         options=PlanOptions(only=only, swaps=True, room_worth=0.0),
+        # 4 rooms × 4 preemptions = 16 evictions in one namespace: past the default budget
+        constraints=Constraints(budget=EvictionBudget(50, None, None)),
     )
     targets = {t.split(" ")[0] for t in plan.targets}
     assert targets == helped

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from defrag.model.workload import WorkloadMix
-from defrag.plan import Constraints, make_plan
+from defrag.plan import Constraints, EvictionBudget, make_plan
 from defrag.plan.exact import exact_room
 from defrag.scoring.profile import ProfileConfig
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, running
@@ -14,6 +14,7 @@ def spread() -> list:
     nodes = [gpu_node(f"n{i}") for i in range(1, 5)]
     pods = [p for i in range(1, 5) for p in fill(f"n{i}", 2)]
     return [nodes, pods]
+
 
 DEFAULT_MIX = ProfileConfig().with_mix(WorkloadMix.default())
 
@@ -34,7 +35,8 @@ def test_repack_frees_whole_nodes_without_losing_pods() -> None:
 def test_repack_respects_the_plan_budget() -> None:
     nodes, pods = spread()
     plan = make_plan(
-        cluster(nodes, pods), "repack", now=NOW, constraints=Constraints(max_evictions=2),
+        cluster(nodes, pods), "repack", now=NOW,
+        constraints=Constraints(budget=EvictionBudget(2, None, None)),
         profile=ProfileConfig().with_mix(WorkloadMix.default()),
     )  # fmt: skip
     assert 0 < len(plan.steps) <= 2
@@ -76,5 +78,5 @@ def test_exact_room_counts_pdb_and_gang() -> None:
     assert {m[0] for m in best.moves} == {"default/g1", "default/g2"}
     assert best.cost == 6.0  # two evictions of (1 + 1 GPU × 2 h) = 3 each
     blocked = exact_room(cluster(nodes, pods, [pdb]), size=8, now=NOW,
-                         constraints=Constraints(max_evictions=1))  # fmt: skip
+                         constraints=Constraints(budget=EvictionBudget(1, None, None)))  # fmt: skip
     assert not blocked.feasible

@@ -53,7 +53,8 @@ from defrag.extender.wire import parse_args
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
-from defrag.plan.constraints import Constraints, Ledger
+from defrag.plan.config import Constraints, MakeRoomMode, PlanOptions
+from defrag.plan.constraints import Ledger
 from defrag.plan.cost import DEFAULT_COST
 from defrag.plan.makeroom import make_room
 from defrag.plan.room import Context
@@ -188,7 +189,8 @@ def planner_room(cluster: Cluster, config: ProfileConfig) -> tuple[str | None, i
     ws = Workspace.from_cluster(cluster)
     constraints = Constraints()
     ctx = Context(profile.policy, Ledger(cluster.pdbs, constraints), constraints, DEFAULT_COST, NOW)
-    room = make_room(ws, ctx, cluster.pods[PENDING], preempt=True)
+    options = PlanOptions(room_worth=0.0)
+    room = make_room(ws, ctx, cluster.pods[PENDING], options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
     return (ws.node(room.row) if room.row is not None else None), len(room.steps)
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-from enum import StrEnum
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
@@ -28,18 +27,9 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
-from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
-from defrag.plan import Constraints, Plan, PlanError, PlanOptions, make_plan
-from defrag.plan.model import GOALS
-
-
-class GoalChoice(StrEnum):
-    repack = "repack"
-    make_room = "make-room"
-    all = "all"
-
-
-assert tuple(g.value for g in GoalChoice) == GOALS
+from defrag.cli.profile import PolicyOpt, SettingsOpt
+from defrag.plan import Goal, Plan, PlanError, PlannerConfig, make_plan
+from defrag.scoring.profile import ProfileConfig
 
 
 @app.command("plan")
@@ -51,22 +41,40 @@ def plan_command(
         ),
     ] = [],  # noqa: B006 - typer needs a literal default
     strict: StrictOpt = False,
-    goal: Annotated[GoalChoice, typer.Option(help="repack, make-room or all.")] = GoalChoice.all,
+    goal: Annotated[Goal, typer.Option(help="repack, make-room or all.")] = Goal.ALL,
     max_evictions: Annotated[
-        int, typer.Option(min=0, help="Evictions the plan may use (its budget).")
-    ] = 50,
+        int | None,
+        typer.Option(
+            min=0,
+            help="Evictions the plan may use (its budget; default: the setting "
+            "max_evictions_per_window, 10).",
+        ),
+    ] = None,
     max_per_node: Annotated[
-        int | None, typer.Option(min=0, help="Evictions per node (default: no limit).")
+        int | None,
+        typer.Option(
+            min=0, help="Evictions per node (default: the setting max_evictions_per_node, 8)."
+        ),
     ] = None,
     max_per_namespace: Annotated[
-        int | None, typer.Option(min=0, help="Evictions per namespace (default: no limit).")
+        int | None,
+        typer.Option(
+            min=0,
+            help="Evictions per namespace (default: the setting max_evictions_per_namespace, 5).",
+        ),
     ] = None,
     min_age: Annotated[
-        str,
-        typer.Option(help="How long a pod must have run before it may move (15m, 2h; bare: min)."),
-    ] = "10m",
+        str | None,
+        typer.Option(
+            help="How long a pod must have run before it may move (15m, 2h; bare: min; "
+            "default: the setting min_pod_age_s, 0)."
+        ),
+    ] = None,
     protect_priority: Annotated[
-        int | None, typer.Option(help="Pods at or above this priority never move.")
+        int | None,
+        typer.Option(
+            help="Pods at or above this priority never move (the setting evict_priority_threshold)."
+        ),
     ] = None,
     no_preempt: Annotated[
         bool, typer.Option("--no-preempt", help="Make-room migrates only, never preempts.")
@@ -89,25 +97,25 @@ def plan_command(
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
     when = parse_time(at)
-    min_age_s = parse_duration(min_age, "--min-age", bare_unit="m")
-    config = profile_config(settings_file, policy)
+    # The flags are settings given on the command line: they override the file's (and the
+    # environment's) as `--policy` overrides its policy; what no flag sets is the daemon's.
+    overrides = {
+        "max_evictions_per_window": max_evictions,
+        "max_evictions_per_node": max_per_node,
+        "max_evictions_per_namespace": max_per_namespace,
+        "min_pod_age_s": (
+            None if min_age is None else parse_duration(min_age, "--min-age", bare_unit="m")
+        ),
+        "evict_priority_threshold": protect_priority,
+    }
+    config, planner = plan_configs(settings_file, policy, overrides)
+    if no_preempt:
+        planner = planner.with_options(mode=planner.options.mode.without_preemption())
     with command_deadline(deadline, "plan"):  # the API server's answers end by it
         cluster = load_cluster(snapshot, kubeconfig, context, strict)
-    constraints = Constraints(
-        min_age=timedelta(seconds=min_age_s),
-        protect_priority=protect_priority,
-        max_evictions=max_evictions,
-        max_per_node=max_per_node,
-        max_per_namespace=max_per_namespace,
-    )
     try:
         plan = make_plan(
-            cluster,
-            goal.value,
-            profile=config.for_cluster(cluster),
-            constraints=constraints,
-            now=when,
-            options=PlanOptions(preempt=not no_preempt),
+            cluster, goal, profile=config.for_cluster(cluster), config=planner, now=when
         )
     except PlanError as exc:
         raise UserError(str(exc)) from None
@@ -118,6 +126,22 @@ def plan_command(
         print_data({**plan.to_dict(), **extra}, output)
     else:
         _print_table(plan)
+
+
+def plan_configs(
+    settings_file: Path | None, policy: str | None, overrides: Mapping[str, object]
+) -> tuple[ProfileConfig, PlannerConfig]:
+    """The scoring profile and the planner configuration of the settings (file, environment)
+    with the flags' ``overrides`` — the daemon's own ``Settings.planner_config()``. A bad
+    value is a :class:`UserError` naming the field and where it came from."""
+    from defrag.redact import redact_text
+    from defrag.settings import SettingsError, load_settings
+
+    try:
+        settings = load_settings(settings_file, overrides)
+        return settings.profile_config(policy), settings.planner_config()
+    except SettingsError as exc:
+        raise UserError(redact_text(str(exc))) from None
 
 
 def _print_table(plan: Plan) -> None:

@@ -12,7 +12,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,13 +22,20 @@ from rich.markup import escape
 
 from defrag.adapters.sources import Backend, SourceError, SourceSpec, open_source
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
-from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, Detected, SystemClock
+from defrag.daemon.cycle import (
+    CycleConfig,
+    CyclePorts,
+    CycleResult,
+    Detected,
+    Planner,
+    SystemClock,
+)
 from defrag.daemon.service import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
-from defrag.execute.budgets import Budgets
 from defrag.execute.executor import Executor, ExecutorSettings
 from defrag.execute.mode import mode_name
 from defrag.execute.windows import Window
 from defrag.model.cluster import Cluster
+from defrag.plan.config import PlannerConfig
 from defrag.plan.model import Plan
 from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
 from defrag.redact import redact_text
@@ -81,16 +88,14 @@ def build(settings: Settings) -> Wiring:
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
 
+    planner_config = settings.planner_config()
     executor = Executor(
         actuator,
         source,
         clock,
         ExecutorSettings(
-            budgets=Budgets(
-                settings.max_evictions_per_window,
-                settings.max_evictions_per_node,
-                settings.max_evictions_per_namespace,
-            ),
+            # the planner's budget, enforced again as evictions go out
+            budgets=planner_config.constraints.budget,
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,
@@ -103,7 +108,7 @@ def build(settings: Settings) -> Wiring:
         source=source,
         clock=clock,
         detector=_detector(rules, metrics, skipped_to),
-        planner=_planner(settings),
+        planner=_planner(planner_config),
         executor=executor,
         alerts=_alerts(settings),
     )
@@ -152,6 +157,7 @@ def _backend(settings: Settings) -> Backend:
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
     from defrag.adapters.kube import KubeActuator, LeaseElector
+
     # In dry run without Events nothing may be written: the actuator only logs intents.
     mode = settings.run_mode
     # Events go where the API server takes them: a pod's in its namespace, a node's in default.
@@ -224,16 +230,17 @@ def _detector(
     return detect
 
 
-def _planner(settings: Settings) -> Any:
-    from defrag.plan.constraints import Constraints
-    from defrag.plan.planner import PlanOptions, make_plan
+def _planner(config: Settings | PlannerConfig) -> Planner:
+    """The cycle's planner port: :func:`~defrag.plan.planner.make_plan` with the one
+    :class:`~defrag.plan.config.PlannerConfig` the settings build (``defrag plan --settings``
+    plans with the same), making room only for the pods the cycle names."""
+    from dataclasses import replace
 
-    constraints = Constraints(
-        min_age=timedelta(seconds=settings.min_pod_age_s),
-        max_evictions=settings.max_evictions_per_window,
-        max_per_node=settings.max_evictions_per_node,
-        max_per_namespace=settings.max_evictions_per_namespace,
-    )
+    from defrag.plan.planner import make_plan
+
+    if isinstance(config, Settings):
+        config = config.planner_config()
+    planner_config = config
 
     def plan(
         cluster: Cluster,
@@ -243,14 +250,9 @@ def _planner(settings: Settings) -> Any:
         profile: ScoringProfile,
         pods: frozenset[str] | None = None,
     ) -> Plan:
-        options = PlanOptions(
-            only=pods,
-            migrate_any_priority=settings.make_room_moves_any_priority,
-            swaps=settings.make_room_swaps,
-            room_worth=settings.make_room_worth,
-        )
+        options = replace(planner_config.options, only=pods)
         return make_plan(
-            cluster, goal, profile=profile, constraints=constraints, now=now, options=options
+            cluster, goal, profile=profile, config=planner_config, options=options, now=now
         )
 
     return plan

@@ -26,6 +26,7 @@ from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
+from defrag.plan.config import Goal
 from defrag.plan.constraints import NOT_WORTH
 from defrag.plan.model import Blocked, Plan
 from defrag.ports import AlertSink, Clock, ClusterSource
@@ -56,7 +57,7 @@ class Planner(Protocol):
     def __call__(
         self,
         cluster: Cluster,
-        goal: str,
+        goal: Goal,
         now: datetime,
         *,
         profile: ScoringProfile,
@@ -70,7 +71,7 @@ class Planner(Protocol):
 
 URGENT = "make-room-now"
 """The finding action that asks for room even outside the execution windows."""
-GOALS_BY_ACTION = {"repack": "repack", "make-room": "make-room", URGENT: "make-room"}
+GOALS_BY_ACTION = {"repack": Goal.REPACK, "make-room": Goal.MAKE_ROOM, URGENT: Goal.MAKE_ROOM}
 URGENT_BUDGET_KEY = "outside-windows/{day}"
 """Out-of-window make-room shares one set of per-window budgets per UTC day."""
 SUMMARY_KEYS = ("free_gpus", "whole_free_nodes", "largest_placeable_job")
@@ -164,14 +165,14 @@ class CycleResult:
         }
 
 
-def goal_for(findings: Sequence[Finding], configured: str) -> str | None:
+def goal_for(findings: Sequence[Finding], configured: str) -> Goal | None:
     """The plan goal: the configured one, or (auto) what the findings ask for; None = no plan."""
     if configured != "auto":
-        return configured
+        return Goal(configured)
     goals = {GOALS_BY_ACTION[f.action] for f in findings if f.action in GOALS_BY_ACTION}
     if not goals:
         return None
-    return goals.pop() if len(goals) == 1 else "all"
+    return goals.pop() if len(goals) == 1 else Goal.ALL
 
 
 def starved_pods(findings: Sequence[Finding], actions: frozenset[str]) -> frozenset[str]:
@@ -229,7 +230,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     urgent = starved_pods(findings, frozenset({URGENT}))
     if not window.open and urgent:  # only the make-room-now pods may be helped now
         window = urgent_window(window, urgent, started)
-        goal, room_for = "make-room", urgent
+        goal, room_for = Goal.MAKE_ROOM, urgent
     plan = ports.planner(cluster, goal, started, profile=profile, pods=room_for) if goal else None
     faults = [b for b in plan.blocked if b.constraint != NOT_WORTH] if plan is not None else []
     if plan is not None and plan.empty and faults:

@@ -1,4 +1,9 @@
-"""Eviction budgets per window, per node and per namespace, counted as evictions go out."""
+"""Eviction budgets per window, per node and per namespace, counted as evictions go out.
+
+The limits are the planner's :class:`~defrag.plan.config.EvictionBudget` (one value, built
+from the settings with the rest of the planner's configuration): the planner plans within
+it, and this ledger enforces it again across every plan of one window opening.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +11,15 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from defrag.plan.config import EvictionBudget
 from defrag.scoring.framework import Status
-
-
-@dataclass(frozen=True, slots=True)
-class Budgets:
-    """The most evictions allowed in one window opening: in all, from one node, in one namespace."""
-
-    per_window: int = 10
-    per_node: int = 8
-    per_namespace: int = 5
 
 
 @dataclass(slots=True)
 class BudgetLedger:
     """What one window opening has spent. A new window key starts a fresh ledger."""
 
-    budgets: Budgets
+    budgets: EvictionBudget
     window: str = ""
     total: int = 0
     by_node: Counter[str] = field(default_factory=Counter)
@@ -42,10 +39,10 @@ class BudgetLedger:
     def admit(self, pods: Sequence[tuple[str, str]]) -> Status:
         """Spend budget for ``pods`` — (namespace, node) pairs, a gang at once — or refuse all."""
         total = self.total + len(pods)
-        if total > self.budgets.per_window:
+        limit = self.budgets.total
+        if limit is not None and total > limit:
             return Status.fail(
-                f"window budget: {self.total} of {self.budgets.per_window} evictions spent, "
-                f"{len(pods)} more asked"
+                f"window budget: {self.total} of {limit} evictions spent, {len(pods)} more asked"
             )
         nodes = Counter(node for _, node in pods)
         refused = _over("node", "from", nodes, self.by_node, self.budgets.per_node)
@@ -70,9 +67,12 @@ class BudgetLedger:
 
 
 def _over(
-    what: str, where: str, asked: Counter[str], spent: Counter[str], limit: int
+    what: str, where: str, asked: Counter[str], spent: Counter[str], limit: int | None
 ) -> Status | None:
-    """The refusal for the first key (in name order) that ``asked`` would take past ``limit``."""
+    """The refusal for the first key (in name order) that ``asked`` would take past ``limit``
+    (None: unlimited)."""
+    if limit is None:
+        return None
     for key, n in sorted(asked.items()):
         if spent[key] + n > limit:
             return Status.fail(

@@ -30,7 +30,7 @@ from datetime import datetime, timedelta
 from typing import Literal
 
 from defrag.detect.findings import Finding
-from defrag.execute.budgets import BudgetLedger, Budgets
+from defrag.execute.budgets import BudgetLedger
 from defrag.execute.circuit import CircuitBreaker, controller_key, pending_of
 from defrag.execute.fence import Fence, LostLeadership, NoFence
 from defrag.execute.journal import (
@@ -47,6 +47,7 @@ from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Node, Pod
+from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
 
@@ -61,7 +62,7 @@ NOT_LEADER = "not the leader any more: the Lease was lost, the rest of the plan 
 
 @dataclass(frozen=True, slots=True)
 class ExecutorSettings:
-    budgets: Budgets = field(default_factory=Budgets)
+    budgets: EvictionBudget = field(default_factory=EvictionBudget)
     batch_size: int = 4
     replacement_timeout_s: float = 600.0
     poll_interval_s: float = 5.0

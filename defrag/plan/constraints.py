@@ -3,10 +3,12 @@
 Two kinds:
 
 * per pod (:func:`check_pod`): a pod already Terminating, opt-out annotation, bare pods,
-  DaemonSet and system-critical pods, minimum age, the priority threshold — a pod that fails
+  DaemonSet and system-critical pods, minimum age, and the operator's eviction filters
+  (:func:`check_filters`: namespaces, label selector, priority threshold) — a pod that fails
   one never moves;
 * per plan (:class:`Ledger`): PodDisruptionBudgets (``disruptionsAllowed`` counted down as
-  the plan uses it), evictions per plan / node / namespace. A set of evictions (one pod, or
+  the plan uses it), the :class:`~defrag.plan.config.EvictionBudget` (per plan / node /
+  namespace). A set of evictions (one pod, or
   a whole gang) is checked and then committed as one.
 
 Every failure reason reads ``<constraint>: <detail>``; :func:`blocked_from` turns it into a
@@ -17,11 +19,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import PodDisruptionBudget
 from defrag.model.resources import EVICTABLE_ANNOTATION, GANG_LABELS, Pod
+from defrag.plan.config import Constraints
 from defrag.plan.model import Blocked
 from defrag.scoring.framework import Status
 
@@ -37,6 +39,12 @@ DAEMONSET = "daemonset"
 SYSTEM_CRITICAL = "system-critical"
 MIN_AGE = "min-age"
 PRIORITY = "priority"
+"""At or above the eviction filter ``evict_priority_threshold`` (``--protect-priority``), or
+(make-room) not below the pending pod where it could only be preempted."""
+EVICT_NAMESPACE = "evict-namespace"
+"""The eviction filter ``evict_namespaces_include`` / ``evict_namespaces_exclude``."""
+EVICT_LABELS = "evict-label-selector"
+"""The eviction filter ``evict_label_selector``."""
 PDB = "pdb"
 PLAN_BUDGET = "budget-plan"
 NODE_BUDGET = "budget-node"
@@ -47,22 +55,9 @@ NOT_WORTH = "not-worth-it"
 """The cheapest room would lose more work than the pod's wait so far is worth."""
 CONSTRAINT_NAMES = (
     TERMINATING, OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
-    PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH,
+    EVICT_NAMESPACE, EVICT_LABELS, PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG,
+    NO_ROOM, NOT_WORTH,
 )  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Constraints:
-    """What a plan may touch. ``None`` budgets are unlimited."""
-
-    min_age: timedelta = timedelta(minutes=10)
-    """Pods younger than this stay (unknown creation time counts as old enough)."""
-    protect_priority: int | None = None
-    """Pods with priority at or above this are never evicted (system-critical pods never are)."""
-    max_evictions: int | None = 50
-    """Evictions per plan (one window)."""
-    max_per_node: int | None = None
-    max_per_namespace: int | None = None
 
 
 def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Status:
@@ -79,16 +74,40 @@ def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Statu
     if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class in SYSTEM_CRITICAL_CLASSES:
         detail = f"priority {pod.priority} {pod.priority_class}".rstrip()
         return Status.fail(f"{SYSTEM_CRITICAL}: {detail}")
-    if constraints.protect_priority is not None and pod.priority >= constraints.protect_priority:
-        return Status.fail(
-            f"{PRIORITY}: priority {pod.priority} ≥ protected {constraints.protect_priority}"
-        )
+    filtered = check_filters(pod, constraints)
+    if not filtered.ok:
+        return filtered
     if now is not None and pod.created_at is not None:
         age = _aware(now) - _aware(pod.created_at)
         if age < constraints.min_age:
             return Status.fail(
                 f"{MIN_AGE}: {_minutes(age)} old, younger than {_minutes(constraints.min_age)}"
             )
+    return Status.success()
+
+
+def check_filters(pod: Pod, constraints: Constraints) -> Status:
+    """The operator's eviction filters (descheduler's DefaultEvictor arguments), each named in
+    its reason: namespaces included or excluded, the label selector, the priority threshold.
+    The simulator, which skips the checks that need owners and ages, still applies these."""
+    c = constraints
+    if c.namespaces_include and pod.namespace not in c.namespaces_include:
+        return Status.fail(
+            f"{EVICT_NAMESPACE}: namespace {pod.namespace} is not in evict_namespaces_include "
+            f"({', '.join(sorted(c.namespaces_include))})"
+        )
+    if pod.namespace in c.namespaces_exclude:
+        return Status.fail(
+            f"{EVICT_NAMESPACE}: namespace {pod.namespace} is in evict_namespaces_exclude"
+        )
+    if c.label_selector is not None and not c.label_selector.matches(pod.labels):
+        return Status.fail(
+            f"{EVICT_LABELS}: labels do not match evict_label_selector {str(c.label_selector)!r}"
+        )
+    if c.priority_threshold is not None and pod.priority >= c.priority_threshold:
+        return Status.fail(
+            f"{PRIORITY}: priority {pod.priority} ≥ evict_priority_threshold {c.priority_threshold}"
+        )
     return Status.success()
 
 
@@ -128,27 +147,25 @@ class Ledger:
 
     def check(self, evictions: Iterable[tuple[Pod, str]]) -> tuple[Status, str | None]:
         """Whether evicting every (pod, node) pair fits the budgets; the pod that breaks one."""
-        c = self.constraints
+        b = self.constraints.budget
         pdb_use: Counter[str] = Counter()
         node_use: Counter[str] = Counter()
         ns_use: Counter[str] = Counter()
         for count, (pod, node) in enumerate(evictions, start=1):
-            if c.max_evictions is not None and self.evictions + count > c.max_evictions:
-                return Status.fail(
-                    f"{PLAN_BUDGET}: at most {c.max_evictions} evictions per plan"
-                ), pod.key
+            if b.total is not None and self.evictions + count > b.total:
+                return Status.fail(f"{PLAN_BUDGET}: at most {b.total} evictions per plan"), pod.key
             node_use[node] += 1
-            if c.max_per_node is not None and self.per_node[node] + node_use[node] > c.max_per_node:
+            if b.per_node is not None and self.per_node[node] + node_use[node] > b.per_node:
                 return Status.fail(
-                    f"{NODE_BUDGET}: at most {c.max_per_node} evictions on node {node}"
+                    f"{NODE_BUDGET}: at most {b.per_node} evictions on node {node}"
                 ), pod.key
             ns_use[pod.namespace] += 1
             if (
-                c.max_per_namespace is not None
-                and self.per_namespace[pod.namespace] + ns_use[pod.namespace] > c.max_per_namespace
+                b.per_namespace is not None
+                and self.per_namespace[pod.namespace] + ns_use[pod.namespace] > b.per_namespace
             ):
                 return Status.fail(
-                    f"{NAMESPACE_BUDGET}: at most {c.max_per_namespace} evictions in namespace "
+                    f"{NAMESPACE_BUDGET}: at most {b.per_namespace} evictions in namespace "
                     f"{pod.namespace}"
                 ), pod.key
             for pdb in self.pdbs_of(pod):
@@ -178,9 +195,10 @@ class Ledger:
         self.per_namespace = state[3].copy()
 
     def remaining(self) -> int | None:
-        if self.constraints.max_evictions is None:
+        total = self.constraints.budget.total
+        if total is None:
             return None
-        return self.constraints.max_evictions - self.evictions
+        return total - self.evictions
 
 
 def blocked_from(pod: str, status: Status) -> Blocked:

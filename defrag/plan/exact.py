@@ -31,7 +31,8 @@ from scipy.sparse import coo_matrix
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
-from defrag.plan.constraints import Constraints, check_pod, gang_of
+from defrag.plan.config import Constraints
+from defrag.plan.constraints import check_pod, gang_of
 from defrag.plan.cost import DEFAULT_COST, CostModel
 from defrag.scoring.filters import node_mask
 
@@ -166,8 +167,8 @@ def exact_room(
             continue
         for i in members[1:]:
             add([(stay_var[members[0]], 1.0), (stay_var[i], -1.0)], 0.0, 0.0)
-    if constraints.max_evictions is not None:
-        add([(k, 1.0) for k in stay_var.values()], len(movable) - constraints.max_evictions, np.inf)
+    if constraints.budget.total is not None:
+        add([(k, 1.0) for k in stay_var.values()], len(movable) - constraints.budget.total, np.inf)
 
     upper = np.ones(n_var)
     upper[y0:] = room_ok.astype(np.float64)

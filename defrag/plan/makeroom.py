@@ -30,6 +30,7 @@ from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
+from defrag.plan.config import MakeRoomMode, PlanOptions
 from defrag.plan.model import Blocked, Step
 from defrag.plan.room import (
     Context,
@@ -71,15 +72,41 @@ class _Pass:
 
 
 def make_room(
+    ws: Workspace, ctx: Context, pod: Pod, options: PlanOptions, mode: MakeRoomMode
+) -> RoomResult:
+    """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
+
+    ``mode`` says which victims may be touched (:class:`~defrag.plan.config.MakeRoomMode`):
+    by default victims of any priority *move* — never are preempted — when each re-fits
+    elsewhere at once, and only then strictly lower ones are preempted; the ``lower-priority``
+    modes touch strictly lower victims only (the planner before issue 17); ``fill`` lifts the
+    priority rule altogether (the simulator's fill protocol, where pods only migrate and
+    nothing is lost). From ``options``: a victim that fits nowhere may get room made for it in
+    turn, ``depth`` levels deep (a chain of migrations); ``max_moves_per_room`` skips rooms
+    with more victims; ``swaps`` allows a preemption that frees no more GPU share than it
+    preempts (see the module's docstring); ``room_worth`` > 0 makes a room only when the
+    pod's GPUs × hours pending reach ``room_worth`` × the room's cost (:func:`room_value`);
+    ``candidates`` and ``tries`` bound the search.
+    """
+    return _make_room(
+        ws, ctx, pod,
+        preempt=mode.preempts, candidates=options.candidates, tries=options.tries,
+        any_priority=mode is MakeRoomMode.FILL, depth=options.depth,
+        migrate_any=mode.migrates_any_priority, max_moves=options.max_moves_per_room,
+        swaps=options.swaps, worth=options.room_worth,
+    )  # fmt: skip
+
+
+def _make_room(
     ws: Workspace,
     ctx: Context,
     pod: Pod,
     *,
     preempt: bool,
-    candidates: int = 32,
-    tries: int = 8,
+    candidates: int,
+    tries: int,
     any_priority: bool = False,
-    depth: int = 1,
+    depth: int,
     place: bool = False,
     allowed: VictimFilter | None = None,
     migrate_any: bool = True,
@@ -87,19 +114,9 @@ def make_room(
     swaps: bool = False,
     worth: float = 0.0,
 ) -> RoomResult:
-    """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
-
-    ``migrate_any`` (the default) lets victims of any priority *move* — never be preempted —
-    when each re-fits elsewhere at once; off, every victim ranks strictly below the pod (the
-    planner before issue 17). ``any_priority`` lifts the priority rule altogether (the
-    simulator's fill protocol, where pods only migrate and nothing is lost). A victim that
-    fits nowhere may get room made for it in turn, ``depth`` levels deep (a chain of
-    migrations). ``max_moves`` skips rooms with more victims. ``swaps`` allows a preemption
-    that frees no more GPU share than it preempts (see the module's docstring). ``place`` puts
-    the pod on its node as a running pod (a victim being chained) instead of reserving the room.
-    ``worth`` > 0 makes a room only when the pod's GPUs × hours pending reach ``worth`` × the
-    room's cost (:func:`room_value`).
-    """
+    """:func:`make_room` with the mode spelled out; ``place`` and ``allowed`` are for a chained
+    victim (:func:`_nest`): it is put on its node as a running pod instead of reserving the
+    room, with the victims the outer room allows."""
     placed = schedule(pod, ws.arrays, ctx.policy, exclude=ws.no_target)
     if isinstance(placed, Placement):
         (ws.place if place else ws.reserve)(pod, placed.row, placed.gpus)
@@ -256,7 +273,7 @@ def _nest(
     ws: Workspace, ctx: Context, allowed: VictimFilter, depth: int, candidates: int, tries: int
 ) -> Nest:
     def chain(victim: Pod) -> tuple[tuple[Step, ...], int, tuple[int, ...]] | None:
-        result = make_room(
+        result = _make_room(
             ws, ctx, victim, preempt=False, candidates=candidates, tries=tries,
             depth=depth, place=True, allowed=allowed,
         )  # fmt: skip

@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from defrag.plan.config import GOALS as GOALS
+from defrag.plan.config import Goal as Goal
+
 StepKind = Literal["migrate", "preempt"]
-Goal = Literal["repack", "make-room", "all"]
-GOALS: tuple[str, ...] = ("repack", "make-room", "all")
 
 
 class PlanFormatError(ValueError):

@@ -9,65 +9,26 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.plan import constraints as c
-from defrag.plan.constraints import Constraints, Ledger, gang_of
-from defrag.plan.cost import DEFAULT_COST, CostModel
+from defrag.plan.config import (
+    Constraints,
+    Goal,
+    PlannerConfig,
+    PlanOptions,
+)
+from defrag.plan.constraints import Ledger, gang_of
 from defrag.plan.makeroom import describe, make_room
-from defrag.plan.model import GOALS, Blocked, Plan, Step
+from defrag.plan.model import Blocked, Plan, Step
 from defrag.plan.repack import repack
 from defrag.plan.room import Context
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
-
-
-@dataclass(frozen=True, slots=True)
-class PlanOptions:
-    """How hard the planner tries; what counts as starved."""
-
-    cost: CostModel = DEFAULT_COST
-    starved_priority: int = 0
-    """Pending pods at or above this priority may get room made for them."""
-    starved_after: timedelta = timedelta(0)
-    """…once they have been pending this long (since ``pending_since``, else creation)."""
-    only: frozenset[str] | None = None
-    """Make room only for these pending pods (``namespace/name``; a gang when one of its pods
-    is named) — the pods a starvation rule found; None: every pending pod that qualifies."""
-    preempt: bool = True
-    """Make-room may preempt (evict without a new node) victims that fit nowhere and rank
-    strictly below the pod the room is for."""
-    migrate_any_priority: bool = True
-    """Make-room may move pods of any priority, each only when it re-fits at once elsewhere
-    (tried before any preemption); False: only strictly lower pods are touched at all."""
-    swaps: bool = False
-    """Allow a room that preempts as much GPU as it frees (one job run instead of another:
-    the scheduler's own priority preemption does that; defrag leaves it to it by default)."""
-    room_worth: float = 1.0
-    """Make room only when the pod's GPUs × hours pending reach this × the room's cost (the
-    lost work and restarts of its evictions, :mod:`defrag.plan.cost`); 0: always."""
-    max_moves_per_room: int | None = None
-    """Skip rooms that need more evictions than this (None: no limit)."""
-    depth: int = 1
-    """Chains of migrations for victims that fit nowhere (make room for them in turn)."""
-    candidates: int = 32
-    """Nodes priced per pending pod (the ones needing the least freed)."""
-    tries: int = 8
-    """Victim sets tried per pending pod, cheapest first."""
-    min_gain_per_cost: float = 0.05
-    """Repack keeps a drain only if it frees this many fragmented GPUs per unit of cost
-    (0.05: one GPU of FGD fragmentation per 20 GPU-hours of lost work)."""
-    report_nodes: bool = True
-    """Include per-node rows in ``before``/``after``."""
-    sizes: tuple[int, ...] = field(default=(1, 2, 4, 8))
-    """Job sizes of the fragmentation reports."""
-
-
-DEFAULT_OPTIONS = PlanOptions()
 
 
 class PlanError(ValueError):
@@ -76,19 +37,30 @@ class PlanError(ValueError):
 
 def make_plan(
     cluster: Cluster,
-    goal: str = "all",
+    goal: Goal | str = Goal.ALL,
     *,
     profile: ScoringProfile | None = None,
-    constraints: Constraints = Constraints(),
+    config: PlannerConfig | None = None,
+    constraints: Constraints | None = None,
     now: datetime,
-    options: PlanOptions = DEFAULT_OPTIONS,
+    options: PlanOptions | None = None,
 ) -> Plan:
     """The plan for ``cluster`` and ``goal``, every move scored with ``profile`` (the one the
     caller built for this snapshot; None: the default configuration for this cluster, as
     ``ProfileConfig().for_cluster(cluster)`` builds it). Its mix also measures the before and
-    after fragmentation."""
-    if goal not in GOALS:
-        raise PlanError(f"unknown goal {goal!r}; known: {', '.join(GOALS)}")
+    after fragmentation.
+
+    ``config`` is the planner's configuration (the one the settings build; None: the
+    defaults, which are the daemon's); ``constraints`` or ``options``, when given, replace
+    its part of that name (tests and benchmarks set one part alone)."""
+    try:
+        goal = Goal(goal)
+    except ValueError:
+        known = ", ".join(g.value for g in Goal)
+        raise PlanError(f"unknown goal {goal!r}; known: {known}") from None
+    config = config if config is not None else PlannerConfig()
+    constraints = constraints if constraints is not None else config.constraints
+    options = options if options is not None else config.options
     profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
@@ -102,22 +74,20 @@ def make_plan(
         for b in found:
             blocked.setdefault((b.pod, b.constraint), b)
 
-    if goal in ("make-room", "all"):
+    if goal.makes_room:
         made = make_rooms(ws, ctx, starved_groups(cluster, now, options), options)
         steps.extend(made.steps)
         note(made.blocked)
         targets.extend(made.targets)
-    if goal in ("repack", "all"):
-        packed = repack(
-            ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost
-        )
+    if goal.repacks:
+        packed = repack(ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost)
         steps.extend(packed.steps)
         note(packed.blocked)
         targets.extend(f"repack {node}" for node in packed.drained)
     ws.release_reservations()
     after = fragmentation_report(ws.arrays, mix, options.sizes).to_dict(options.report_nodes)
     return Plan(
-        goal=goal,
+        goal=goal.value,
         policy=policy_name,
         steps=tuple(steps),
         blocked=tuple(sorted(blocked.values(), key=lambda b: (b.pod, b.constraint))),
@@ -160,12 +130,7 @@ def make_rooms(
         ledger_state = ctx.ledger.snapshot()
         failed: tuple[Blocked, ...] = ()
         for pod in group:
-            result = make_room(
-                ws, ctx, pod, preempt=options.preempt,
-                candidates=options.candidates, tries=options.tries, depth=options.depth,
-                migrate_any=options.migrate_any_priority, swaps=options.swaps,
-                max_moves=options.max_moves_per_room, worth=options.room_worth,
-            )  # fmt: skip
+            result = make_room(ws, ctx, pod, options, options.mode)
             note(result.blocked if result.ok else ())
             if result.row is None:
                 failed = result.blocked

@@ -23,7 +23,8 @@ import numpy as np
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.plan import constraints as c
-from defrag.plan.constraints import Constraints, Ledger, blocked_from, check_pod, gang_of
+from defrag.plan.config import Constraints
+from defrag.plan.constraints import Ledger, blocked_from, check_filters, check_pod, gang_of
 from defrag.plan.cost import CostModel, gpus_held
 from defrag.plan.model import Blocked, Step
 from defrag.plan.workspace import Occupant, Workspace
@@ -45,7 +46,8 @@ class Context:
     cost_model: CostModel
     now: datetime | None
     enforce: bool = True
-    """False in the simulator: trace pods have no owners or PDBs, and every pod may move."""
+    """False in the simulator: trace pods have no owners, ages or PDBs, so only the operator's
+    eviction filters (:func:`~defrag.plan.constraints.check_filters`) apply."""
     _checks: dict[str, Status] = field(default_factory=dict)
     _costs: dict[str, float] = field(default_factory=dict)
 
@@ -53,7 +55,9 @@ class Context:
         status = self._checks.get(pod.key)
         if status is None:
             status = (
-                check_pod(pod, self.constraints, self.now) if self.enforce else Status.success()
+                check_pod(pod, self.constraints, self.now)
+                if self.enforce
+                else check_filters(pod, self.constraints)
             )
             self._checks[pod.key] = status
         return status

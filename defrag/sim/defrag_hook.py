@@ -33,17 +33,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from defrag.detect.starvation import StarvationParams
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
-from defrag.plan.constraints import Constraints, Ledger
-from defrag.plan.cost import CostModel
+from defrag.plan.config import (
+    UNLIMITED,
+    Constraints,
+    EvictionBudget,
+    MakeRoomMode,
+    PlannerConfig,
+    PlanOptions,
+)
+from defrag.plan.constraints import Ledger
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
-from defrag.plan.planner import PlanOptions, make_rooms
+from defrag.plan.planner import make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import Context
 from defrag.plan.workspace import Workspace
@@ -60,23 +67,35 @@ best effort at or above the shipped rule's ``min_priority: 1000``, best effort b
 PROTOCOLS = ("fill", "timeline")
 
 
+SIM_PLANNER = PlannerConfig(
+    Constraints(budget=EvictionBudget(total=64, per_node=None, per_namespace=None)),
+    PlanOptions(depth=0, min_gain_per_cost=0.5),
+)
+"""The planner configuration of the simulator's runs (the benchmark figures' — change it and
+they change; docs/benchmarks.md): the daemon's defaults but
+
+* 64 evictions per window opening, no per-node or per-namespace limit (the daemon's
+  ``max_evictions_per_window``, sized for a cluster of ~1,000 nodes; make-room-now plans
+  outside windows share one such budget per simulated day);
+* ``depth=0``: no chains of migrations for victims that fit nowhere (1: ~5x the time, +0.01
+  pt on openb);
+* repack keeps a drain only if it frees 0.5 fragmented GPUs per unit of cost.
+
+Trace pods have no owners, PDBs or ages, so only the eviction filters of ``constraints`` apply
+(:class:`~defrag.plan.room.Context` ``enforce=False``); the fill protocol also drops the worth
+check, swaps and the moves-per-room limit (nothing is lost there)."""
+
+
 @dataclass(frozen=True, slots=True)
 class HookOptions:
-    candidates: int = 32
-    """Nodes priced per unschedulable pod."""
-    tries: int = 8
-    """Victim sets tried per unschedulable pod, cheapest first."""
-    window_evictions: int = 64
-    """Evictions per window opening (timeline; the daemon's ``max_evictions_per_window``,
-    sized for a cluster of ~1,000 nodes; make-room-now plans outside windows share one such
-    budget per simulated day)."""
+    """What only the simulator has, and the planner's configuration (:data:`SIM_PLANNER`)."""
+
+    planner: PlannerConfig = field(default_factory=lambda: SIM_PLANNER)
+    """The planner's configuration: ``constraints.budget.total`` is the evictions per window
+    opening (timeline), the options the make-room and repack knobs."""
     window_pending: int = 32
     """Starved pods given room per cycle (timeline), most urgent first."""
-    min_gain_per_cost: float = 0.5
-    """Repack keeps a drain only if it frees this many fragmented GPUs per unit of cost."""
     repack: bool = True
-    depth: int = 0
-    """Chains of migrations for victims that fit nowhere (1: ~5x the time, +0.01 pt on openb)."""
     checkpoint_aware: bool = True
     """Timeline: the planner prices lost work from ``defrag.io/last-checkpoint``."""
     rule: str | None = None
@@ -85,16 +104,42 @@ class HookOptions:
     """Timeline: make room outside windows too (None: as the rule's ``action`` says)."""
     window_length_h: float = 1.0
     """Timeline: how long each execution window stays open."""
-    migrate_any_priority: bool = True
-    """Timeline: make-room moves pods of any priority that re-fit at once before preempting
-    strictly lower ones (the planner's default, ``PlanOptions.migrate_any_priority``; False:
-    the planner before issue 17, strictly lower victims only)."""
-    swaps: bool = False
-    """Timeline: allow rooms that preempt as much GPU as they free (``PlanOptions.swaps``)."""
-    room_worth: float = 1.0
-    """Timeline: make room only when worth it (``PlanOptions.room_worth``)."""
-    max_moves_per_room: int | None = None
-    """Timeline: skip rooms needing more evictions (``PlanOptions.max_moves_per_room``)."""
+
+
+PLANNER_OPTIONS = {
+    "candidates": "candidates",
+    "tries": "tries",
+    "depth": "depth",
+    "min_gain_per_cost": "min_gain_per_cost",
+    "swaps": "swaps",
+    "room_worth": "room_worth",
+    "max_moves_per_room": "max_moves_per_room",
+}
+"""Flat hook options (``bench_peers --hook-option``) that set a :class:`PlanOptions` field."""
+
+
+def hook_options(**opts: Any) -> HookOptions:
+    """:class:`HookOptions` from flat names: its own fields, the :data:`PLANNER_OPTIONS`,
+    ``migrate_any_priority`` (the make-room mode) and ``window_evictions`` (the budget's
+    total), applied to ``planner`` (default :data:`SIM_PLANNER`)."""
+    planner = opts.pop("planner", SIM_PLANNER)
+    own = set(HookOptions.__dataclass_fields__) - {"planner"}
+    known = own | set(PLANNER_OPTIONS) | {"migrate_any_priority", "window_evictions"}
+    unknown = sorted(set(opts) - known)
+    if unknown:
+        raise ValueError(f"unknown defrag hook option(s): {', '.join(unknown)}")
+    changes = {PLANNER_OPTIONS[k]: v for k, v in opts.items() if k in PLANNER_OPTIONS}
+    if "migrate_any_priority" in opts:
+        changes["mode"] = MakeRoomMode.of(
+            preempt=planner.options.mode.preempts,
+            migrate_any_priority=bool(opts["migrate_any_priority"]),
+        )
+    if changes:
+        planner = planner.with_options(**changes)
+    if "window_evictions" in opts:
+        budget = planner.constraints.budget
+        planner = planner.with_budget(replace(budget, total=int(opts["window_evictions"])))
+    return HookOptions(planner=planner, **{k: v for k, v in opts.items() if k in own})
 
 
 def load_rule(path: str | None) -> StarvationParams:
@@ -137,10 +182,11 @@ class PlannerHook:
         if pod.gpu_demand_milli > int(state.arrays.free_share().sum()):
             return ()  # not enough free GPU in the whole cluster: no move can help
         ws, ctx = self._workspace(state, max_evictions=None, now=None)
-        result = make_room(
-            ws, ctx, pod, preempt=False, any_priority=True, depth=self.options.depth,
-            candidates=self.options.candidates, tries=self.options.tries,
-        )  # fmt: skip
+        # nothing is lost in the fill protocol: no worth check, no swaps, no moves limit
+        options = replace(
+            self.options.planner.options, room_worth=0.0, swaps=False, max_moves_per_room=None
+        )
+        result = make_room(ws, ctx, pod, options, MakeRoomMode.FILL)
         return _moves(ws, result.steps) if result.ok else ()
 
     # --- timeline: the daemon -------------------------------------------------------------
@@ -185,24 +231,21 @@ class PlannerHook:
         ws, ctx = self._workspace(state, max_evictions=budget, now=now)
         steps = self._make_room(ws, ctx, self.starved(state, now))
         if self.options.repack:
-            packed = repack(ws, ctx, state.mix, min_gain_per_cost=self.options.min_gain_per_cost)
+            gain = self.options.planner.options.min_gain_per_cost
+            packed = repack(ws, ctx, state.mix, min_gain_per_cost=gain)
             steps.extend(packed.steps)
         return self._spend(ws, steps)
 
     def _make_room(self, ws: Workspace, ctx: Context, starved: Sequence[Pod]) -> list[Step]:
-        opts = self.options
-        options = PlanOptions(
-            cost=ctx.cost_model, candidates=opts.candidates, tries=opts.tries, depth=opts.depth,
-            migrate_any_priority=opts.migrate_any_priority, swaps=opts.swaps,
-            max_moves_per_room=opts.max_moves_per_room, room_worth=opts.room_worth,
-        )  # fmt: skip
-        groups = [[pod] for pod in starved[: opts.window_pending]]
-        return list(make_rooms(ws, ctx, groups, options).steps)
+        groups = [[pod] for pod in starved[: self.options.window_pending]]
+        return list(make_rooms(ws, ctx, groups, self.options.planner.options).steps)
 
     def _budget(self, now: float, in_window: bool) -> int:
         key = ("window", int(self.open_until * 1e6)) if in_window else ("day", int(now // 24))
         self.budget_key = key
-        return self.options.window_evictions - self.spent.get(key, 0)
+        total = self.options.planner.constraints.budget.total
+        assert total is not None, "the simulator's windows need an eviction budget"
+        return total - self.spent.get(key, 0)
 
     def _spend(self, ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
         moves = _moves(ws, steps)
@@ -220,12 +263,15 @@ class PlannerHook:
             ws = Workspace(state.arrays.copy(), rows, where=where)
         else:
             ws = Workspace(state.arrays.copy(), state.rows, where=state.placed)
-        constraints = Constraints(max_evictions=max_evictions)
+        config = self.options.planner.constraints
+        budget = UNLIMITED if max_evictions is None else replace(config.budget, total=max_evictions)
+        constraints = replace(config, budget=budget)
         # Blind: the cycle's time is known (pods' waits too), but no pod shows when it started
         # or checkpointed, so every eviction costs the per-eviction constant.
         moment = EPOCH + timedelta(hours=now) if now is not None else None
+        cost = self.options.planner.options.cost
         ctx = Context(
-            state.policy, Ledger((), constraints), constraints, CostModel(), moment, enforce=False
+            state.policy, Ledger((), constraints), constraints, cost, moment, enforce=False
         )
         return ws, ctx
 
@@ -248,13 +294,9 @@ def _annotated(placed: Placed, state: SimState, now: float) -> Placed:
 
 def make_defrag_hook(policy: str, protocol: str, **opts: Any) -> DefragHook:
     """The simulator's factory. ``policy`` is the run's policy name (the hook scores with the
-    run's own policy object, from the state); ``opts`` are :class:`HookOptions` fields."""
+    run's own policy object, from the state); ``opts`` as :func:`hook_options` reads them."""
     del policy  # the state carries the policy object the run uses
-    known = set(HookOptions.__dataclass_fields__)
-    unknown = sorted(set(opts) - known)
-    if unknown:
-        raise ValueError(f"unknown defrag hook option(s): {', '.join(unknown)}")
-    return PlannerHook(protocol, HookOptions(**opts))
+    return PlannerHook(protocol, hook_options(**opts))
 
 
 def _moves(ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
@@ -273,4 +315,13 @@ def _moves(ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
     )
 
 
-__all__ = ["EPOCH", "RULE_PRIORITY", "HookOptions", "PlannerHook", "load_rule", "make_defrag_hook"]
+__all__ = [
+    "EPOCH",
+    "RULE_PRIORITY",
+    "SIM_PLANNER",
+    "HookOptions",
+    "PlannerHook",
+    "hook_options",
+    "load_rule",
+    "make_defrag_hook",
+]

@@ -19,7 +19,7 @@ import pytest
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
 from defrag.daemon.cycle import CycleConfig, SystemClock, run_cycle
 from defrag.daemon.service import Daemon
-from defrag.execute import Budgets, Executor, ExecutorSettings, WindowStatus
+from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.executor import NOT_LEADER
 from defrag.execute.fence import Fence, NoFence, Tenure
 from defrag.execute.journal import OWNER_ANNOTATION, JournalStep, new_journal
@@ -74,7 +74,7 @@ def executor(api: KubeApi, fence: Fence | None = None, **settings: Any) -> Execu
         KubeClusterSource(client, retry=FAST),
         SystemClock(),
         ExecutorSettings(
-            budgets=Budgets(20, 20, 20),
+            budgets=EvictionBudget(20, 20, 20),
             batch_size=settings.pop("batch_size", 1),
             replacement_timeout_s=1.0,
             poll_interval_s=0.02,
