@@ -11,12 +11,11 @@ import logging
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
 from defrag.cli.app import (
     Output,
     OutputOpt,
@@ -27,6 +26,9 @@ from defrag.cli.app import (
     print_data,
     print_table,
 )
+
+if TYPE_CHECKING:  # imported when a command runs: the sink pulls in the detectors (scipy)
+    from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
 
 alerts_app = typer.Typer(help="Alerts sent to Alertmanager.", no_args_is_help=True)
 app.add_typer(alerts_app, name="alerts")
@@ -75,6 +77,8 @@ def make_sink(
     retry_wait_s: float = 0.5,
 ) -> AlertmanagerSink:
     """An AlertmanagerSink from command-line options; a bad option is a UserError."""
+    from defrag.adapters.alertmanager import AlertmanagerSink
+
     auth: tuple[str, str] | None = None
     if basic_auth is not None:
         user, sep, password = basic_auth.partition(":")

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -19,7 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from defrag import __version__
-from defrag.model.cluster import Cluster
+
+if TYPE_CHECKING:  # the CLI imports the model (numpy) only when a command runs
+    from defrag.model.cluster import Cluster
 
 try:  # typer ≥ 0.20 carries its own copy of click and only catches that copy's exceptions
     from typer._click.exceptions import ClickException as _ClickException

@@ -10,14 +10,13 @@ import tempfile
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from defrag.adapters.prometheus import MetricsError, PrometheusSource, PromQLError
 from defrag.cli.alerts import (
     AlertmanagerOpt,
     BasicAuthOpt,
@@ -53,10 +52,12 @@ from defrag.cli.app import (
     print_table,
 )
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
-from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
-from defrag.model.workload import WorkloadMix
 from defrag.redact import redact_text, redact_url
-from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
+
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.adapters.prometheus import PrometheusSource
+    from defrag.detection import DetectionReport
+    from defrag.rules import LoadedRule, RuleIssue, RuleSet
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
@@ -79,6 +80,8 @@ RulesOpt = Annotated[
 def make_source(
     url: str, token: Path | None, ca: Path | None, insecure: bool, timeout_s: float
 ) -> PrometheusSource:
+    from defrag.adapters.prometheus import PrometheusSource
+
     if token is not None and not token.is_file():
         raise UserError(f"--prom-bearer-token-file: no such file: {token}")
     if ca is not None and not ca.is_file():
@@ -99,6 +102,8 @@ def fail_with_issues(issues: Sequence[object], exit_code: int = 2) -> NoReturn:
 
 
 def read_rules(paths: list[Path]) -> RuleSet:
+    from defrag.rules import RulesError, load_rules
+
     try:
         return load_rules(paths or None)
     except RulesError as exc:
@@ -132,6 +137,10 @@ def detect(
     deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
+    from defrag.adapters.prometheus import MetricsError
+    from defrag.detection import run_detection, with_dcgm_gpu_indices
+    from defrag.model.workload import WorkloadMix
+
     with command_deadline(deadline, "detect"):
         if prometheus is None and not snapshot and kubeconfig is None and context is None:
             raise UserError(
@@ -274,10 +283,12 @@ def rules_check(
     console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}", soft_wrap=True)
 
 
-Query = tuple[LoadedRule, str, str]
+Query = tuple["LoadedRule", str, str]
 
 
 def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
+    from defrag.rules import RuleIssue
+
     field = f"rules[{loaded.index}].{path}"
     return RuleIssue(
         loaded.file, loaded.line_of(path), field, f"rule {loaded.rule.name}: {message}"
@@ -285,6 +296,8 @@ def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
 
 
 def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[RuleIssue]:
+    from defrag.adapters.prometheus import MetricsError, PromQLError
+
     issues = []
     for loaded, path, query in queries:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -28,9 +28,11 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.names import GOALS
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
-from defrag.plan import Constraints, Plan, PlanError, PlanOptions, make_plan
-from defrag.plan.model import GOALS
+
+if TYPE_CHECKING:  # the planner (numpy) is imported when the command runs
+    from defrag.plan import Plan
 
 
 class GoalChoice(StrEnum):
@@ -88,6 +90,8 @@ def plan_command(
     deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
+    from defrag.plan import Constraints, PlanError, PlanOptions, make_plan
+
     when = parse_time(at)
     min_age_s = parse_duration(min_age, "--min-age", bare_unit="m")
     config = profile_config(settings_file, policy)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -32,23 +32,12 @@ from defrag.cli.app import (
     print_table,
     writable_path,
 )
-from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
-from defrag.sim.defragmenters import DEFRAGMENTERS
-from defrag.sim.fill import FillRun
-from defrag.sim.migration import MigrationCost
-from defrag.sim.plot import plot_fill, plot_timeline
-from defrag.sim.report import (
-    FILL_HEADER,
-    fill_json,
-    fill_rows,
-    timeline_header,
-    timeline_json,
-    timeline_rows,
-)
-from defrag.sim.runner import Run, Task, Workload, run_tasks
-from defrag.sim.synthetic import synthetic_nodes, synthetic_pods
-from defrag.sim.timeline import DurationModel, TimelineConfig, TimelineRun
-from defrag.sim.trace import TraceError, load_nodes, load_pods
+from defrag.cli.names import DEFAULT_POLICY, DEFRAGMENTERS
+
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.sim.fill import FillRun
+    from defrag.sim.runner import Run, Task, Workload
+    from defrag.sim.timeline import TimelineRun
 
 DEFAULT_POLICIES = (DEFAULT_POLICY, "least-allocated", "best-fit", "fgd")
 FIRST_SEED = 42
@@ -80,6 +69,10 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def load_workload(trace: Path | None, nodes: Path | None, pods: int, scale: float) -> Workload:
+    from defrag.sim.runner import Workload
+    from defrag.sim.synthetic import synthetic_nodes, synthetic_pods
+    from defrag.sim.trace import TraceError, load_nodes, load_pods
+
     try:
         if trace is not None and nodes is None:
             raise UserError("--trace needs --nodes (the node list the pods run on)")
@@ -170,6 +163,13 @@ def simulate(
     curves: Annotated[bool, typer.Option(help="JSON: include each run's curve / series.")] = False,
 ) -> None:
     """Replay a workload under several policies; a table, a JSON record and a PNG plot."""
+    from defrag.scoring.policies import POLICY_NAMES
+    from defrag.sim.defragmenters import DEFRAGMENTERS
+    from defrag.sim.migration import MigrationCost
+    from defrag.sim.plot import plot_fill, plot_timeline
+    from defrag.sim.runner import Task, run_tasks
+    from defrag.sim.timeline import DurationModel, TimelineConfig
+
     policies = list(dict.fromkeys(policy or DEFAULT_POLICIES))
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown:
@@ -253,6 +253,16 @@ def simulate(
 
 
 def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, curves: bool) -> None:
+    from defrag.sim.report import (
+        FILL_HEADER,
+        fill_json,
+        fill_rows,
+        timeline_header,
+        timeline_json,
+        timeline_rows,
+    )
+    from defrag.sim.timeline import TimelineRun
+
     if protocol is Protocol.fill:
         fills = [r for r in runs if not isinstance(r, TimelineRun)]
         if output is not Output.table:
