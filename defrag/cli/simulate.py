@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -257,9 +257,7 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
         FILL_HEADER,
         fill_json,
         fill_rows,
-        timeline_header,
         timeline_json,
-        timeline_rows,
     )
     from defrag.sim.timeline import TimelineRun
 
@@ -272,19 +270,36 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
         _columns(table, FILL_HEADER, fills)
         for row in fill_rows(fills):
             table.add_row(*row)
-        _print(table)
+        _print(table, FILL_DROP)
         return
     lines = [r for r in runs if isinstance(r, TimelineRun)]
     if output is not Output.table:
         print_data(timeline_json(lines, workload=workload, series=curves), output)
         return
+    _print(timeline_table(lines, workload), TIMELINE_DROP)
+    if lines:
+        print_line(f"eviction costs: {cost_caption(lines[0].cost)}")
+
+
+FILL_DROP = ("range", "s/run", "seeds", "failed", "moves")
+"""The fill table's columns a narrow terminal leaves out first (``-o json`` keeps them)."""
+TIMELINE_DROP = (
+    *("scheduler", "seeds", "lost GPU·h", "queue", "evictions", "2-GPU h", "4-GPU h"),
+    *("multi p95 h", "goodput %", "moves"),
+)
+"""The timeline table's columns a narrow terminal leaves out first; policy, allocation, the
+1- and 8-GPU waits, the multi-GPU wait and the 8/1 ratio stay."""
+
+
+def timeline_table(lines: list[TimelineRun], workload: str) -> Table:
+    """The timeline runs for people, every column (:func:`_print` fits it to the terminal)."""
+    from defrag.sim.report import timeline_header, timeline_rows
+
     table = Table(title=f"{workload}: timeline, mean pending time per job size")
     _columns(table, timeline_header(), lines)
     for row in timeline_rows(lines):
         table.add_row(*row)
-    _print(table)
-    if lines:
-        print_line(f"eviction costs: {cost_caption(lines[0].cost)}")
+    return table
 
 
 def cost_caption(cost: dict[str, object]) -> str:
@@ -315,6 +330,7 @@ def _columns(
             table.add_column(col, justify="right")
 
 
-def _print(table: Table) -> None:
-    """On a terminal rich fits the table to its width; into a pipe or file, TSV lines."""
-    print_table(table)
+def _print(table: Table, drop: Sequence[str] = ()) -> None:
+    """On a terminal rich fits the table to its width, leaving out the ``drop`` columns first
+    named while a cell would be cut; into a pipe or file, TSV lines with every column."""
+    print_table(table, drop)
