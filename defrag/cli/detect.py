@@ -24,8 +24,10 @@ from defrag.cli.alerts import (
     BasicAuthOpt,
     BearerTokenFileOpt,
     CaFileOpt,
-    ClusterOpt,
+    ClusterLabelOpt,
     InsecureOpt,
+    OldClusterLabelOpt,
+    cluster_label,
     make_sink,
 )
 from defrag.cli.app import (
@@ -131,7 +133,8 @@ def detect(
     prom_insecure: PromInsecureOpt = False,
     prom_timeout: PromTimeoutOpt = "10s",
     alertmanager: AlertmanagerOpt = [],  # noqa: B006
-    cluster_label: ClusterOpt = "default",
+    label: ClusterLabelOpt = None,
+    old_label: OldClusterLabelOpt = None,
     am_bearer_token_file: BearerTokenFileOpt = None,
     am_basic_auth: BasicAuthOpt = None,
     am_ca_file: CaFileOpt = None,
@@ -159,7 +162,7 @@ def detect(
         sink = (
             make_sink(
                 alertmanager,
-                cluster=cluster_label,
+                cluster=cluster_label(label, old_label),
                 bearer_token_file=am_bearer_token_file,
                 basic_auth=am_basic_auth,
                 ca_file=am_ca_file,

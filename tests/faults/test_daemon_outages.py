@@ -342,7 +342,7 @@ def test_detect_from_cron_keeps_the_alerts_of_a_rule_it_could_not_evaluate() -> 
             app,
             [
                 *("detect", "--prometheus", refused_url(), "-r", str(ROOT / "rules" / "leak.yaml")),
-                *("--alertmanager", am.url, "--cluster", "it"),
+                *("--alertmanager", am.url, "--cluster-label", "it"),
             ],
         )
         assert result.exit_code == 1, result.output

@@ -30,7 +30,7 @@ def test_detect_sends_findings_to_alertmanager() -> None:
                 str(ROOT / "rules" / "fragmentation.yaml"),
                 "--alertmanager",
                 server.url,
-                "--cluster",
+                "--cluster-label",
                 "lab",
                 "-o",
                 "json",
