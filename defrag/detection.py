@@ -64,6 +64,9 @@ class DetectionReport:
     findings: tuple[Finding, ...]
     failures: tuple[RuleFailure, ...] = ()
     skipped: Mapping[str, str] = field(default_factory=dict)
+    ran: tuple[str, ...] = ()
+    """The rules evaluated to the end, in order (with or without findings); every enabled rule
+    is in exactly one of ``ran``, ``skipped`` (why) and ``failures``."""
 
 
 def detect(
@@ -100,6 +103,7 @@ def run_detection(
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
+    ran: list[str] = []
     built: dict[KubeStateQueries, tuple[Cluster, ScoringProfile] | MissingInput] = {}
     for loaded in rules.enabled():
         rule = loaded.rule
@@ -130,11 +134,12 @@ def run_detection(
                     skipped[rule.name] = "no cluster snapshot"
                     continue
             findings += detector.evaluate(rule, inputs)
+            ran.append(rule.name)
         except MissingInput as exc:
             skipped[rule.name] = str(exc)
         except Exception as exc:  # one broken rule or query must not hide the other rules
             failures.append(_failure(loaded, exc))
-    return DetectionReport(tuple(findings), tuple(failures), skipped)
+    return DetectionReport(tuple(findings), tuple(failures), skipped, tuple(ran))
 
 
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:

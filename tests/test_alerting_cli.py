@@ -57,3 +57,27 @@ def test_unreachable_alertmanager_exits_1_naming_each_url(tmp_path: Path) -> Non
     ]
     assert all("Connection refused" in r["reason"] for r in payload["results"])
     assert "secret" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("flags", "code", "label", "stderr"),
+    [
+        (["--cluster-label", "prod-a"], 1, "prod-a", ""),
+        ([], 1, "default", ""),
+        # the old name still works, with one warning line
+        (["--cluster", "prod-a"], 1, "prod-a", "warning: --cluster (the alert label) is deprec"),
+        (["--cluster", "a", "--cluster-label", "b"], 2, None, "error: --cluster is the old name"),
+    ],
+)
+def test_the_alert_label_is_cluster_label(
+    flags: list[str], code: int, label: str | None, stderr: str
+) -> None:
+    """``--cluster`` means kube/sim in ``run``; the alert label is ``--cluster-label``."""
+    args = ["alerts", "test", "--hold", "0", "--alertmanager", "http://127.0.0.1:9", *flags]
+    result = CliRunner().invoke(app, [*args, "-o", "json"])
+    assert result.exit_code == code, result.output
+    assert stderr in result.stderr
+    if label is not None:
+        assert json.loads(result.stdout)["alert"]["cluster"] == label
+    help_text = CliRunner().invoke(app, ["detect", "--help"]).stdout
+    assert "--cluster-label" in help_text and "--cluster " not in help_text

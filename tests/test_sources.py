@@ -4,6 +4,7 @@ the flags name, and the one-line errors when they name none, two, or one that ca
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,9 @@ POD_ENV = {IN_CLUSTER_ENV: "10.96.0.1"}
         ([], Path("kubeconfig"), None, {}, "kube"),
         ([], None, "staging", {}, "kube"),  # a context alone means the default kubeconfig
         ([], None, None, POD_ENV, "kube"),  # nothing given, inside a pod: the service account
+        # $KUBECONFIG, as kubectl reads it (issue 22): the live cluster, a flag still wins
+        ([], None, None, {"KUBECONFIG": "/a:/b"}, "kube"),
+        ([Path("a.json")], None, None, {"KUBECONFIG": "/a"}, "snapshot"),
     ],
 )
 def test_flags_name_one_backend(
@@ -40,13 +44,14 @@ def test_flags_name_one_backend(
     ("snapshots", "kubeconfig", "env", "message"),
     [
         ([Path("a.json")], Path("k"), {}, "give --snapshot or --kubeconfig, not both"),
-        ([], None, {}, "no cluster given (--snapshot FILE or --kubeconfig FILE"),
+        ([], None, {}, "no cluster given (--snapshot FILE or --kubeconfig FILE, or $KUBECONFIG"),
+        ([], None, {"KUBECONFIG": ""}, "no cluster given"),
     ],
 )
 def test_flags_that_name_no_single_backend(
     snapshots: list[Path], kubeconfig: Path | None, env: dict, message: str
 ) -> None:
-    with pytest.raises(SourceError, match=message.replace("(", r"\(")):
+    with pytest.raises(SourceError, match=re.escape(message)):
         SourceSpec.from_flags(snapshots, kubeconfig, None, environ=env)
 
 
@@ -90,3 +95,44 @@ def test_inside_a_pod_without_a_service_account_says_so(monkeypatch: pytest.Monk
     spec = SourceSpec.from_flags([], None, None)
     with pytest.raises(SourceError, match="in-cluster service account"):
         open_source(spec)
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "expected"),
+    [
+        (None, {"KUBECONFIG": "{a}:{b}"}, "from-env"),  # the colon-separated list, merged
+        (
+            None,
+            {"KUBECONFIG": "{a}:{b}", IN_CLUSTER_ENV: "10.96.0.1"},
+            "from-env",
+        ),  # before the pod's
+        ("{c}", {"KUBECONFIG": "{a}:{b}"}, "from-flag"),  # --kubeconfig wins
+    ],
+)
+def test_connect_honours_kubeconfig_as_kubectl_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str | None, env: dict, expected: str
+) -> None:
+    from defrag.adapters.kube import connect
+
+    def kubeconfig(server: str, with_context: bool) -> str:
+        doc: dict[str, object] = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": server, "cluster": {"server": f"https://{server}:6443"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}],
+        }
+        if with_context:
+            doc["contexts"] = [{"name": "c", "context": {"cluster": server, "user": "u"}}]
+            doc["current-context"] = "c"
+        return json.dumps(doc)
+
+    files = {"a": ("from-env", True), "b": ("unused", False), "c": ("from-flag", True)}
+    paths = {}
+    for name, (server, ctx) in files.items():
+        paths[name] = tmp_path / name
+        paths[name].write_text(kubeconfig(server, ctx))
+    monkeypatch.delenv(IN_CLUSTER_ENV, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value.format(**paths))
+    api = connect(flag.format(**paths) if flag else None)
+    assert api.configuration.host == f"https://{expected}:6443"

@@ -70,8 +70,10 @@ class KubeError(RuntimeError):
 def connect(
     kubeconfig: str | None = None, context: str | None = None, in_cluster: bool | None = None
 ) -> client.ApiClient:
-    """An API client: in-cluster (service account) when running in a pod and no kubeconfig is
-    given, else the kubeconfig (``$KUBECONFIG`` or ``~/.kube/config``)."""
+    """An API client from ``kubeconfig``, else ``$KUBECONFIG`` (a colon-separated list, as the
+    client and kubectl read it), else in a pod the service account, else ``~/.kube/config``."""
+    if kubeconfig is None:
+        kubeconfig = os.environ.get("KUBECONFIG") or None
     if in_cluster is None:
         in_cluster = kubeconfig is None and "KUBERNETES_SERVICE_HOST" in os.environ
     configuration = client.Configuration()

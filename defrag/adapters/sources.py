@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     from defrag.adapters.simcluster import SimCluster
 
 IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
+KUBECONFIG_ENV = "KUBECONFIG"
+"""Honoured as the Kubernetes client and kubectl do: a colon-separated list of files, used
+when no ``--kubeconfig`` is given, and before the pod's service account."""
 """Set by the kubelet in every pod: a service account can be used."""
 
 
@@ -62,15 +65,16 @@ class SourceSpec:
         environ: Any = None,
     ) -> SourceSpec:
         """The CLI's rule: ``--snapshot`` files, or ``--kubeconfig``/``--context`` for the live
-        cluster, not both; neither, inside a pod, reads the live cluster in-cluster."""
+        cluster, not both; neither, the live cluster of ``$KUBECONFIG`` when it is set (as
+        kubectl: a colon-separated list), else inside a pod the service account."""
         env = os.environ if environ is None else environ
         live = kubeconfig is not None or context is not None
         if snapshots and live:
             raise SourceError("give --snapshot or --kubeconfig, not both")
         if not snapshots and not live:
-            if IN_CLUSTER_ENV not in env:
+            if not env.get(KUBECONFIG_ENV) and IN_CLUSTER_ENV not in env:
                 raise SourceError(
-                    "no cluster given (--snapshot FILE or --kubeconfig FILE; "
+                    "no cluster given (--snapshot FILE or --kubeconfig FILE, or $KUBECONFIG; "
                     "inside a pod the service account is used)"
                 )
             live = True
@@ -149,4 +153,11 @@ _OPENERS: dict[str, Callable[[SourceSpec], Backend]] = {
 """One opener per :attr:`SourceSpec.kind`."""
 
 
-__all__ = ["IN_CLUSTER_ENV", "Backend", "SourceError", "SourceSpec", "open_source"]
+__all__ = [
+    "IN_CLUSTER_ENV",
+    "KUBECONFIG_ENV",
+    "Backend",
+    "SourceError",
+    "SourceSpec",
+    "open_source",
+]

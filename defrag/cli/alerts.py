@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
-from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
 from defrag.cli.app import (
     Output,
     OutputOpt,
@@ -27,6 +27,9 @@ from defrag.cli.app import (
     print_data,
     print_table,
 )
+
+if TYPE_CHECKING:  # imported when a command runs: the sink pulls in the detectors (scipy)
+    from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
 
 alerts_app = typer.Typer(help="Alerts sent to Alertmanager.", no_args_is_help=True)
 app.add_typer(alerts_app, name="alerts")
@@ -39,9 +42,32 @@ AlertmanagerOpt = Annotated[
         help="Alertmanager base URL, e.g. http://alertmanager:9093 (repeat for an HA pair).",
     ),
 ]
-ClusterOpt = Annotated[
-    str, typer.Option("--cluster", help="Value of the `cluster` label on every alert.")
+ClusterLabelOpt = Annotated[
+    str | None,
+    typer.Option("--cluster-label", help="Value of the `cluster` label on every alert (default)."),
 ]
+OldClusterLabelOpt = Annotated[
+    str | None,
+    typer.Option("--cluster", hidden=True, help="Deprecated: --cluster-label."),
+]
+"""``--cluster`` was the alert label's flag in ``detect`` and ``alerts test``; it means the
+cluster to run against in ``run``, so the label has its own name. The old one still works, with
+one warning line."""
+
+
+def cluster_label(label: str | None, old: str | None) -> str:
+    """The ``cluster`` label from ``--cluster-label`` (or the deprecated ``--cluster``)."""
+    if old is not None:
+        if label is not None:
+            raise UserError("--cluster is the old name of --cluster-label: give one of them")
+        print(
+            "warning: --cluster (the alert label) is deprecated here; use --cluster-label",
+            file=sys.stderr,
+        )
+        return old
+    return label if label is not None else "default"
+
+
 BearerTokenFileOpt = Annotated[
     Path | None,
     typer.Option("--am-bearer-token-file", help="File holding a bearer token for Alertmanager."),
@@ -75,6 +101,8 @@ def make_sink(
     retry_wait_s: float = 0.5,
 ) -> AlertmanagerSink:
     """An AlertmanagerSink from command-line options; a bad option is a UserError."""
+    from defrag.adapters.alertmanager import AlertmanagerSink
+
     auth: tuple[str, str] | None = None
     if basic_auth is not None:
         user, sep, password = basic_auth.partition(":")
@@ -102,7 +130,8 @@ def make_sink(
 @alerts_app.command("test")
 def test_alert(
     alertmanager: AlertmanagerOpt,
-    cluster: ClusterOpt = "default",
+    label: ClusterLabelOpt = None,
+    old_label: OldClusterLabelOpt = None,
     hold: Annotated[
         str,
         typer.Option(
@@ -126,6 +155,7 @@ def test_alert(
     firing, then resolve it. Exits non-zero if any Alertmanager did not take it."""
     if not alertmanager:
         raise UserError("--alertmanager: give at least one URL")
+    cluster = cluster_label(label, old_label)
     hold_s = parse_duration(hold, "--hold")
     timeout_s = parse_duration(timeout, "--timeout")
     # The table below reports each failure; the sink's own error log would only repeat it.

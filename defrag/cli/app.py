@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import IO, Annotated, Any
+from typing import IO, TYPE_CHECKING, Annotated, Any
 
 import typer
 import yaml
@@ -19,7 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from defrag import __version__
-from defrag.model.cluster import Cluster
+
+if TYPE_CHECKING:  # the CLI imports the model (numpy) only when a command runs
+    from defrag.model.cluster import Cluster
 
 try:  # typer ≥ 0.20 carries its own copy of click and only catches that copy's exceptions
     from typer._click.exceptions import ClickException as _ClickException
@@ -151,11 +153,13 @@ def print_data(data: Any, output: Output) -> None:
         print_json(data)
 
 
-def print_table(table: Table) -> None:
-    """On a terminal rich fits the table to its width; into a pipe or a file each row is one
-    line of tab-separated cells (title as a ``#`` line), never wrapped or cut."""
+def print_table(table: Table, drop: Sequence[str] = ()) -> None:
+    """On a terminal rich fits the table to its width, leaving out the columns named in
+    ``drop`` (first named, first left out) while it cannot show every cell whole; into a pipe
+    or a file each row is one line of tab-separated cells (title as a ``#`` line), never
+    wrapped or cut, every column kept."""
     if console.is_terminal:
-        console.print(table)
+        console.print(fit_table(table, console, drop))
         return
     out = sys.stdout
     if table.title:
@@ -165,6 +169,27 @@ def print_table(table: Table) -> None:
     columns = [[_plain(cell) for cell in c.cells] for c in table.columns]
     for row in zip(*columns, strict=True):
         out.write("\t".join(row) + "\n")
+
+
+def fit_table(table: Table, on: Console, drop: Sequence[str] = ()) -> Table:
+    """``table`` narrowed to ``on``'s width: while its narrowest rendering (each cell's longest
+    word) is wider, the next column named in ``drop`` is left out; a caption names those left
+    out. Rich would otherwise cut every cell down to ``…``."""
+    from rich.measure import Measurement
+
+    unbounded = on.options.update_width(10_000)  # measured against the width, not clamped to it
+    left_out: list[str] = []
+    for name in drop:
+        if Measurement.get(on, unbounded, table).minimum <= on.width:
+            break
+        index = next((i for i, c in enumerate(table.columns) if _plain(c.header) == name), None)
+        if index is not None:
+            table.columns.pop(index)
+            left_out.append(name)
+    if left_out:
+        note = f"left out at {on.width} columns: {', '.join(left_out)} (-o json has them all)"
+        table.caption = f"{table.caption}\n{note}" if table.caption else note
+    return table
 
 
 def print_line(text: str) -> None:

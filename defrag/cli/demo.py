@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -26,12 +26,13 @@ from defrag.cli.app import (
     writable_path,
 )
 from defrag.cli.run import _build, _settings
-from defrag.daemon.cycle import CycleResult
-from defrag.daemon.service import configure_logging
 from defrag.detect.findings import Finding
-from defrag.model.cluster import Cluster
-from defrag.plan.model import Plan
-from defrag.scoring.profile import ProfileConfig
+
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.daemon.cycle import CycleResult
+    from defrag.model.cluster import Cluster
+    from defrag.plan.model import Plan
+    from defrag.scoring.profile import ProfileConfig
 
 TARGET = "research/train-llm-0"
 """The demo cluster's starving job (see :func:`defrag.adapters.simcluster.fragmented_cluster`)."""
@@ -52,6 +53,8 @@ def demo(
     output: OutputOpt = Output.table,
 ) -> None:
     """The daemon on a simulated fragmented cluster: findings, a plan, moves in a window."""
+    from defrag.daemon.service import configure_logging
+
     if cycles < 1:
         raise UserError("--cycles must be at least 1")
     writable_path(plot, "--plot", ".png")

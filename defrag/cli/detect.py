@@ -2,29 +2,32 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from defrag.adapters.prometheus import MetricsError, PrometheusSource, PromQLError
 from defrag.cli.alerts import (
     AlertmanagerOpt,
     BasicAuthOpt,
     BearerTokenFileOpt,
     CaFileOpt,
-    ClusterOpt,
+    ClusterLabelOpt,
     InsecureOpt,
+    OldClusterLabelOpt,
+    cluster_label,
     make_sink,
 )
 from defrag.cli.app import (
@@ -53,10 +56,14 @@ from defrag.cli.app import (
     print_table,
 )
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
-from defrag.detection import DetectionReport, run_detection, with_dcgm_gpu_indices
-from defrag.model.workload import WorkloadMix
 from defrag.redact import redact_text, redact_url
-from defrag.rules import LoadedRule, RuleIssue, RulesError, RuleSet, load_rules
+
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.adapters.alertmanager import AlertmanagerSink
+    from defrag.adapters.prometheus import PrometheusSource
+    from defrag.detection import DetectionReport
+    from defrag.model.cluster import Cluster
+    from defrag.rules import LoadedRule, RuleIssue, RuleSet
 
 rules_app = typer.Typer(help="Detection rule files.", no_args_is_help=True)
 app.add_typer(rules_app, name="rules")
@@ -79,6 +86,8 @@ RulesOpt = Annotated[
 def make_source(
     url: str, token: Path | None, ca: Path | None, insecure: bool, timeout_s: float
 ) -> PrometheusSource:
+    from defrag.adapters.prometheus import PrometheusSource
+
     if token is not None and not token.is_file():
         raise UserError(f"--prom-bearer-token-file: no such file: {token}")
     if ca is not None and not ca.is_file():
@@ -99,6 +108,8 @@ def fail_with_issues(issues: Sequence[object], exit_code: int = 2) -> NoReturn:
 
 
 def read_rules(paths: list[Path]) -> RuleSet:
+    from defrag.rules import RulesError, load_rules
+
     try:
         return load_rules(paths or None)
     except RulesError as exc:
@@ -122,7 +133,8 @@ def detect(
     prom_insecure: PromInsecureOpt = False,
     prom_timeout: PromTimeoutOpt = "10s",
     alertmanager: AlertmanagerOpt = [],  # noqa: B006
-    cluster_label: ClusterOpt = "default",
+    label: ClusterLabelOpt = None,
+    old_label: OldClusterLabelOpt = None,
     am_bearer_token_file: BearerTokenFileOpt = None,
     am_basic_auth: BasicAuthOpt = None,
     am_ca_file: CaFileOpt = None,
@@ -132,6 +144,10 @@ def detect(
     deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
+    from defrag.adapters.prometheus import MetricsError
+    from defrag.detection import run_detection, with_dcgm_gpu_indices
+    from defrag.model.workload import WorkloadMix
+
     with command_deadline(deadline, "detect"):
         if prometheus is None and not snapshot and kubeconfig is None and context is None:
             raise UserError(
@@ -146,7 +162,7 @@ def detect(
         sink = (
             make_sink(
                 alertmanager,
-                cluster=cluster_label,
+                cluster=cluster_label(label, old_label),
                 bearer_token_file=am_bearer_token_file,
                 basic_auth=am_basic_auth,
                 ca_file=am_ca_file,
@@ -181,38 +197,80 @@ def detect(
         mix = WorkloadMix.default()  # a placeholder: no snapshot, nothing scored against it
         profile = config.for_cluster(cluster) if cluster is not None else config.with_mix(mix)
         report = run_detection(ruleset, source, cluster, now, profile=profile)
+        alerts = _send_alerts(sink, report, now) if sink is not None else None
         if output is not Output.table:
-            print_data(
-                {
-                    "at": now.isoformat(),
-                    "findings": [f.to_dict() for f in report.findings],
-                    "skipped": dict(report.skipped),
-                    "failures": [redact_text(str(f)) for f in report.failures],
-                    "warnings": list(cluster.warnings) if cluster is not None else [],
-                },
-                output,
-            )
+            print_data(_document(report, alerts, now, cluster), output)
         else:
             _print_table(report, now)
-        if sink is not None:
-            from defrag.alerting import AlertSendError
-            from defrag.daemon.cycle import rule_failed_finding
-
-            failed = {f.rule: redact_text(f.message) for f in report.failures}
-            reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]
-            try:  # the alerts of a rule that could not be evaluated stay as they were
-                sink.sync(reported, now, held_rules=tuple(failed))
-            except AlertSendError as exc:
-                raise UserError(f"alerts not sent: {exc}", exit_code=1) from None
+        _say_rules_and_alerts(report, alerts)
+        incomplete = []
         if report.failures:
-            for failure in report.failures:
-                sys.stderr.write(f"{redact_text(str(failure))}\n")
             names = ", ".join(f.rule for f in report.failures)
-            raise UserError(
-                f"{len(report.failures)} rule(s) could not be evaluated: {names}", exit_code=1
-            )
+            incomplete.append(f"{len(report.failures)} rule(s) could not be evaluated: {names}")
+        if alerts is not None and not alerts.delivered:
+            incomplete.append(f"alerts not sent: {alerts.error}")
+        if incomplete:
+            raise UserError("; ".join(incomplete), exit_code=EXIT_INCOMPLETE)
         if fail_on_findings and report.findings:
             raise typer.Exit(1)
+
+
+EXIT_INCOMPLETE = 3
+"""``defrag detect``'s exit code when it could not do all it was asked: a rule could not be
+evaluated, or no Alertmanager took the alerts (docs/cli.md, *Exit codes*)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsSent:
+    """What ``detect --alertmanager`` delivered: each Alertmanager's outcome and counts."""
+
+    results: tuple[dict[str, object], ...]
+    delivered: bool
+    error: str = ""
+
+    def to_dict(self) -> dict[str, object]:
+        return {"delivered": self.delivered, "results": list(self.results)}
+
+
+def _send_alerts(sink: AlertmanagerSink, report: DetectionReport, now: datetime) -> AlertsSent:
+    """Sync the findings (and one alert per rule that could not be evaluated, whose earlier
+    alerts stay as they were) to every Alertmanager; never raises."""
+    from defrag.daemon.cycle import rule_failed_finding
+
+    failed = {f.rule: redact_text(f.message) for f in report.failures}
+    reported = [*report.findings, *(rule_failed_finding(r, w) for r, w in failed.items())]
+    # each failure is said below, once; the sink's own error log would only repeat it
+    logging.getLogger("defrag.adapters.alertmanager").setLevel(logging.CRITICAL)
+    sync = sink.sync_report(reported, now, held_rules=tuple(failed))
+    results = tuple(
+        {
+            "url": r.url,
+            "outcome": r.outcome,
+            "firing": r.firing,
+            "resolved": r.resolved,
+            **({"reason": redact_text(r.reason)} if r.reason else {}),
+        }
+        for r in sync.results
+    )
+    error = "; ".join(f"{url}: {redact_text(why)}" for url, why in sync.failures.items())
+    return AlertsSent(results, not sync.all_failed, error)
+
+
+def _document(
+    report: DetectionReport, alerts: AlertsSent | None, now: datetime, cluster: Cluster | None
+) -> dict[str, object]:
+    """``-o json|yaml``: the findings, which rules ran, were skipped (why) or failed, and what
+    the alerts did (``null`` without ``--alertmanager``)."""
+    return {
+        "at": now.isoformat(),
+        "complete": not report.failures and (alerts is None or alerts.delivered),
+        "findings": [f.to_dict() for f in report.findings],
+        "ran": list(report.ran),
+        "skipped": dict(report.skipped),
+        "failures": [redact_text(str(f)) for f in report.failures],
+        "alerts": alerts.to_dict() if alerts is not None else None,
+        "warnings": list(cluster.warnings) if cluster is not None else [],
+    }
 
 
 def _print_table(report: DetectionReport, now: datetime) -> None:
@@ -223,10 +281,43 @@ def _print_table(report: DetectionReport, now: datetime) -> None:
         table.add_row(f.kind, f.severity, f.subject, f.action, f.summary)
     if report.findings:
         print_table(table)
+        return
+    ran = len(report.ran)
+    if not report.skipped and not report.failures:
+        print_line(f"no findings: all {ran} rule(s) ran")
+    elif ran:
+        print_line(f"no findings from the {ran} rule(s) that ran; the others did not run (below)")
     else:
-        print_line("no findings")
+        print_line("nothing evaluated: no rule ran (below)")
+
+
+def _say_rules_and_alerts(report: DetectionReport, alerts: AlertsSent | None) -> None:
+    """On stderr, for people: which rules ran, which were skipped and why, which could not be
+    evaluated, and where the alerts went (how many)."""
+    err = sys.stderr
+    parts = [f"{len(report.ran)} ran"]
+    if report.skipped:
+        parts.append(f"{len(report.skipped)} skipped")
+    if report.failures:
+        parts.append(f"{len(report.failures)} not evaluated")
+    names = f" ({', '.join(report.ran)})" if report.ran else ""
+    err.write(f"rules: {', '.join(parts)}{names}\n")
     for name, why in report.skipped.items():
-        err_console.print(f"skipped rule {name}: {why}")
+        err.write(f"skipped rule {name}: {why}\n")
+    for failure in report.failures:
+        err.write(f"not evaluated: {redact_text(str(failure))}\n")
+    if alerts is None:
+        err.write("alerts: not sent (no --alertmanager)\n")
+        return
+    for r in alerts.results:
+        if r["outcome"] == "failed":
+            err.write(f"alerts: not delivered to {r['url']}: {r.get('reason', '')}\n")
+        elif r["outcome"] == "idle":
+            err.write(f"alerts: {r['url']} already up to date (nothing changed)\n")
+        else:
+            err.write(
+                f"alerts: delivered to {r['url']}: {r['firing']} firing, {r['resolved']} resolved\n"
+            )
 
 
 # --- rules check ---------------------------------------------------------------------------------
@@ -274,10 +365,12 @@ def rules_check(
     console.print(f"{len(ruleset)} rule(s) in {len(files)} file(s) OK; {note}", soft_wrap=True)
 
 
-Query = tuple[LoadedRule, str, str]
+Query = tuple["LoadedRule", str, str]
 
 
 def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
+    from defrag.rules import RuleIssue
+
     field = f"rules[{loaded.index}].{path}"
     return RuleIssue(
         loaded.file, loaded.line_of(path), field, f"rule {loaded.rule.name}: {message}"
@@ -285,6 +378,8 @@ def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
 
 
 def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[RuleIssue]:
+    from defrag.adapters.prometheus import MetricsError, PromQLError
+
     issues = []
     for loaded, path, query in queries:
         try:

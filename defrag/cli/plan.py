@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -27,9 +28,24 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.names import GOALS
 from defrag.cli.profile import PolicyOpt, SettingsOpt
-from defrag.plan import Goal, Plan, PlanError, PlannerConfig, make_plan
-from defrag.scoring.profile import ProfileConfig
+
+if TYPE_CHECKING:  # the planner (numpy) is imported when the command runs
+    from defrag.plan import Plan, PlannerConfig
+    from defrag.scoring.profile import ProfileConfig
+
+
+class GoalChoice(StrEnum):
+    """The plan goals (= :class:`defrag.plan.Goal`, spelt here so ``--help`` imports no numpy;
+    tests/test_cli_fast_start.py checks the two agree)."""
+
+    repack = "repack"
+    make_room = "make-room"
+    all = "all"
+
+
+assert tuple(g.value for g in GoalChoice) == GOALS
 
 
 @app.command("plan")
@@ -41,7 +57,7 @@ def plan_command(
         ),
     ] = [],  # noqa: B006 - typer needs a literal default
     strict: StrictOpt = False,
-    goal: Annotated[Goal, typer.Option(help="repack, make-room or all.")] = Goal.ALL,
+    goal: Annotated[GoalChoice, typer.Option(help="repack, make-room or all.")] = GoalChoice.all,
     max_evictions: Annotated[
         int | None,
         typer.Option(
@@ -96,6 +112,8 @@ def plan_command(
     deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
+    from defrag.plan import Goal, PlanError, make_plan
+
     when = parse_time(at)
     # The flags are settings given on the command line: they override the file's (and the
     # environment's) as `--policy` overrides its policy; what no flag sets is the daemon's.
@@ -115,7 +133,7 @@ def plan_command(
         cluster = load_cluster(snapshot, kubeconfig, context, strict)
     try:
         plan = make_plan(
-            cluster, goal, profile=config.for_cluster(cluster), config=planner, now=when
+            cluster, Goal(goal.value), profile=config.for_cluster(cluster), config=planner, now=when
         )
     except PlanError as exc:
         raise UserError(str(exc)) from None

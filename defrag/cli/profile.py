@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from defrag.cli.app import UserError
-from defrag.scoring.policies import POLICY_NAMES
-from defrag.scoring.profile import ProfileConfig
+from defrag.cli.names import POLICY_NAMES
 
 if TYPE_CHECKING:
+    from defrag.scoring.profile import ProfileConfig
     from defrag.settings import Settings
 
 SettingsOpt = Annotated[

@@ -32,17 +32,16 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.names import GPU_MILLI
 from defrag.cli.profile import PolicyOpt, SettingsOpt, cli_settings, profile_config
-from defrag.model.cluster import Cluster
-from defrag.model.resources import Pod
-from defrag.model.units import GPU_MILLI
-from defrag.scoring.fragmentation import FragmentationReport, fragmentation_report
-from defrag.scoring.framework import NodeVerdict, Placement, Unschedulable
-from defrag.scoring.profile import ScoringProfile
-from defrag.scoring.scheduler import explain, schedule
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
     from defrag.adapters.prometheus import PrometheusSource
+    from defrag.model.cluster import Cluster
+    from defrag.model.resources import Pod
+    from defrag.scoring.fragmentation import FragmentationReport
+    from defrag.scoring.framework import NodeVerdict, Placement, Unschedulable
+    from defrag.scoring.profile import ScoringProfile
 
 
 def report_table(rep: FragmentationReport, title: str = "Fragmentation") -> Table:
@@ -113,6 +112,8 @@ def report(
     deadline: DeadlineOpt = DEFAULT_DEADLINE,
 ) -> None:
     """The fragmentation report of a cluster snapshot (or the live cluster)."""
+    from defrag.scoring.fragmentation import fragmentation_report
+
     with command_deadline(deadline, "report"):
         when = parse_time(at)
         config = profile_config(settings_file, None)
@@ -168,6 +169,8 @@ def _prometheus_extras(source: PrometheusSource, when: datetime) -> dict[str, An
 
 
 def pod_shape(gpus: int, gpu_milli: int, cpu_milli: int, models: list[str]) -> Pod:
+    from defrag.model.resources import Pod
+
     if gpus < 0 or not 0 < gpu_milli <= GPU_MILLI:
         raise UserError("--gpus must be ≥ 0 and --gpu-milli in 1..1000")
     if gpu_milli < GPU_MILLI and gpus != 1:
@@ -197,6 +200,8 @@ def place(
 ) -> None:
     """Where a new pod of this shape would go, and why every other node scores less or fails.
     Exits 1 when it fits nowhere."""
+    from defrag.scoring.framework import Placement
+
     config = profile_config(settings_file, policy)
     cluster = load_cluster(snapshot, kubeconfig, context, strict)
     pod = pod_shape(gpus, gpu_milli, cpu_milli, gpu_model)
@@ -231,6 +236,8 @@ def placement(
 ) -> tuple[Placement | Unschedulable, list[NodeVerdict]]:
     """``defrag place``'s answer: where ``pod`` goes under ``profile`` (the one built for
     ``cluster``), and every node's verdict."""
+    from defrag.scoring.scheduler import explain, schedule
+
     return schedule(pod, cluster, profile.policy), explain(pod, cluster, profile.policy)
 
 

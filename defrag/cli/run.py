@@ -15,36 +15,35 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 
-from defrag.adapters.sources import Backend, SourceError, SourceSpec, open_source
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
-from defrag.daemon.cycle import (
-    CycleConfig,
-    CyclePorts,
-    CycleResult,
-    Detected,
-    Planner,
-    SystemClock,
-)
-from defrag.daemon.service import AlwaysLeader, Daemon, DaemonMetrics, Elector, configure_logging
-from defrag.execute.executor import Executor, ExecutorSettings
-from defrag.execute.mode import mode_name
-from defrag.execute.windows import Window
-from defrag.model.cluster import Cluster
-from defrag.plan.config import PlannerConfig
-from defrag.plan.model import Plan
-from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
 from defrag.redact import redact_text
-from defrag.rules import default_rules_dir as default_rules_dir  # re-exported (tests, bench)
-from defrag.rules import rules_paths
-from defrag.scoring.profile import ScoringProfile
-from defrag.settings import Settings, SettingsError, WindowSetting, load_settings
+
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.adapters.sources import Backend
+    from defrag.daemon.cycle import CycleResult, Detected, Planner
+    from defrag.daemon.service import Daemon, DaemonMetrics, Elector
+    from defrag.execute.windows import Window
+    from defrag.model.cluster import Cluster
+    from defrag.plan.config import PlannerConfig
+    from defrag.plan.model import Plan
+    from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
+    from defrag.scoring.profile import ScoringProfile
+    from defrag.settings import Settings, WindowSetting
 
 log = logging.getLogger(__name__)
+
+
+def default_rules_dir() -> Path:
+    """The shipped rules' folder (for tests and bench): :func:`defrag.rules.default_rules_dir`,
+    imported when called so that loading the CLI does not load the detectors."""
+    from defrag.rules import default_rules_dir as shipped
+
+    return shipped()
 
 
 class ClusterKind(StrEnum):
@@ -62,7 +61,11 @@ class Wiring:
 
 def build(settings: Settings) -> Wiring:
     """Every port the settings ask for, wired into a daemon. Bad settings → SettingsError."""
-    from defrag.rules import RulesError, load_rules
+    from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
+    from defrag.daemon.service import AlwaysLeader, Daemon
+    from defrag.execute.executor import Executor, ExecutorSettings
+    from defrag.rules import RulesError, load_rules, rules_paths
+    from defrag.settings import SettingsError
 
     rules_dirs = rules_paths((), settings.rules_dir)
     try:
@@ -137,11 +140,16 @@ def build(settings: Settings) -> Wiring:
 
 
 def _window(w: WindowSetting) -> Window:
+    from defrag.execute.windows import Window
+
     return Window(w.cron, w.length_s, w.timezone)
 
 
 def _backend(settings: Settings) -> Backend:
     """The cluster the settings name, through the one factory every command uses."""
+    from defrag.adapters.sources import SourceError, SourceSpec, open_source
+    from defrag.settings import SettingsError
+
     if settings.cluster == "sim":
         spec = SourceSpec(
             sim=True, sim_speedup=settings.sim_speedup, profile=settings.profile_config()
@@ -157,6 +165,7 @@ def _backend(settings: Settings) -> Backend:
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
     from defrag.adapters.kube import KubeActuator, LeaseElector
+    from defrag.daemon.service import AlwaysLeader
 
     # In dry run without Events nothing may be written: the actuator only logs intents.
     mode = settings.run_mode
@@ -176,6 +185,8 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
 
 
 def _prometheus(settings: Settings) -> MetricsSource | None:
+    from defrag.settings import SettingsError
+
     if not settings.prometheus_url:
         return None
     from defrag.adapters.prometheus import PrometheusSource
@@ -192,6 +203,8 @@ def _prometheus(settings: Settings) -> MetricsSource | None:
 
 
 def _alerts(settings: Settings) -> AlertSink | None:
+    from defrag.settings import SettingsError
+
     if not settings.alertmanager_urls:
         return None
     from defrag.adapters.alertmanager import AlertmanagerSink
@@ -216,6 +229,7 @@ def _detector(
     metrics: MetricsSource | None,
     skipped_to: Sequence[DaemonMetrics] = (),
 ) -> Any:
+    from defrag.daemon.cycle import Detected
     from defrag.detection import run_detection
 
     def detect(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Detected:
@@ -237,6 +251,7 @@ def _planner(config: Settings | PlannerConfig) -> Planner:
     from dataclasses import replace
 
     from defrag.plan.planner import make_plan
+    from defrag.settings import Settings
 
     if isinstance(config, Settings):
         config = config.planner_config()
@@ -262,6 +277,8 @@ def _planner(config: Settings | PlannerConfig) -> Planner:
 
 
 def _settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
+    from defrag.settings import SettingsError, load_settings
+
     try:
         return load_settings(path, overrides)
     except SettingsError as exc:
@@ -269,6 +286,8 @@ def _settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
 
 
 def _build(settings: Settings) -> Wiring:
+    from defrag.settings import SettingsError
+
     try:
         return build(settings)
     except SettingsError as exc:
@@ -302,6 +321,8 @@ def run(
     ] = None,
 ) -> None:
     """The daemon: observe, detect, plan and (inside windows, not in dry run) execute."""
+    from defrag.daemon.service import configure_logging
+
     if kubeconfig is not None and not kubeconfig.is_file():
         raise UserError(f"--kubeconfig: no such file: {kubeconfig}")
     settings = _settings(
@@ -346,6 +367,8 @@ def run(
 
 def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     """A cycle for people: window, findings, plan, execution, the figures before and after."""
+    from defrag.execute.mode import mode_name
+
     b, a = result.before, result.after
     mode = mode_name(result.dry_run)
     print_line(

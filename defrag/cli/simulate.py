@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.progress import (
@@ -32,23 +32,12 @@ from defrag.cli.app import (
     print_table,
     writable_path,
 )
-from defrag.scoring.policies import DEFAULT_POLICY, POLICY_NAMES
-from defrag.sim.defragmenters import DEFRAGMENTERS
-from defrag.sim.fill import FillRun
-from defrag.sim.migration import MigrationCost
-from defrag.sim.plot import plot_fill, plot_timeline
-from defrag.sim.report import (
-    FILL_HEADER,
-    fill_json,
-    fill_rows,
-    timeline_header,
-    timeline_json,
-    timeline_rows,
-)
-from defrag.sim.runner import Run, Task, Workload, run_tasks
-from defrag.sim.synthetic import synthetic_nodes, synthetic_pods
-from defrag.sim.timeline import DurationModel, TimelineConfig, TimelineRun
-from defrag.sim.trace import TraceError, load_nodes, load_pods
+from defrag.cli.names import DEFAULT_POLICY, DEFRAGMENTERS
+
+if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.sim.fill import FillRun
+    from defrag.sim.runner import Run, Task, Workload
+    from defrag.sim.timeline import TimelineRun
 
 DEFAULT_POLICIES = (DEFAULT_POLICY, "least-allocated", "best-fit", "fgd")
 FIRST_SEED = 42
@@ -80,6 +69,10 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def load_workload(trace: Path | None, nodes: Path | None, pods: int, scale: float) -> Workload:
+    from defrag.sim.runner import Workload
+    from defrag.sim.synthetic import synthetic_nodes, synthetic_pods
+    from defrag.sim.trace import TraceError, load_nodes, load_pods
+
     try:
         if trace is not None and nodes is None:
             raise UserError("--trace needs --nodes (the node list the pods run on)")
@@ -170,6 +163,13 @@ def simulate(
     curves: Annotated[bool, typer.Option(help="JSON: include each run's curve / series.")] = False,
 ) -> None:
     """Replay a workload under several policies; a table, a JSON record and a PNG plot."""
+    from defrag.scoring.policies import POLICY_NAMES
+    from defrag.sim.defragmenters import DEFRAGMENTERS
+    from defrag.sim.migration import MigrationCost
+    from defrag.sim.plot import plot_fill, plot_timeline
+    from defrag.sim.runner import Task, run_tasks
+    from defrag.sim.timeline import DurationModel, TimelineConfig
+
     policies = list(dict.fromkeys(policy or DEFAULT_POLICIES))
     unknown = [p for p in policies if p not in POLICY_NAMES]
     if unknown:
@@ -253,6 +253,14 @@ def simulate(
 
 
 def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, curves: bool) -> None:
+    from defrag.sim.report import (
+        FILL_HEADER,
+        fill_json,
+        fill_rows,
+        timeline_json,
+    )
+    from defrag.sim.timeline import TimelineRun
+
     if protocol is Protocol.fill:
         fills = [r for r in runs if not isinstance(r, TimelineRun)]
         if output is not Output.table:
@@ -262,19 +270,36 @@ def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, cu
         _columns(table, FILL_HEADER, fills)
         for row in fill_rows(fills):
             table.add_row(*row)
-        _print(table)
+        _print(table, FILL_DROP)
         return
     lines = [r for r in runs if isinstance(r, TimelineRun)]
     if output is not Output.table:
         print_data(timeline_json(lines, workload=workload, series=curves), output)
         return
+    _print(timeline_table(lines, workload), TIMELINE_DROP)
+    if lines:
+        print_line(f"eviction costs: {cost_caption(lines[0].cost)}")
+
+
+FILL_DROP = ("range", "s/run", "seeds", "failed", "moves")
+"""The fill table's columns a narrow terminal leaves out first (``-o json`` keeps them)."""
+TIMELINE_DROP = (
+    *("scheduler", "seeds", "lost GPU·h", "queue", "evictions", "2-GPU h", "4-GPU h"),
+    *("multi p95 h", "goodput %", "moves"),
+)
+"""The timeline table's columns a narrow terminal leaves out first; policy, allocation, the
+1- and 8-GPU waits, the multi-GPU wait and the 8/1 ratio stay."""
+
+
+def timeline_table(lines: list[TimelineRun], workload: str) -> Table:
+    """The timeline runs for people, every column (:func:`_print` fits it to the terminal)."""
+    from defrag.sim.report import timeline_header, timeline_rows
+
     table = Table(title=f"{workload}: timeline, mean pending time per job size")
     _columns(table, timeline_header(), lines)
     for row in timeline_rows(lines):
         table.add_row(*row)
-    _print(table)
-    if lines:
-        print_line(f"eviction costs: {cost_caption(lines[0].cost)}")
+    return table
 
 
 def cost_caption(cost: dict[str, object]) -> str:
@@ -305,6 +330,7 @@ def _columns(
             table.add_column(col, justify="right")
 
 
-def _print(table: Table) -> None:
-    """On a terminal rich fits the table to its width; into a pipe or file, TSV lines."""
-    print_table(table)
+def _print(table: Table, drop: Sequence[str] = ()) -> None:
+    """On a terminal rich fits the table to its width, leaving out the ``drop`` columns first
+    named while a cell would be cut; into a pipe or file, TSV lines with every column."""
+    print_table(table, drop)

@@ -344,10 +344,10 @@ def test_detect_from_cron_keeps_the_alerts_of_a_rule_it_could_not_evaluate() -> 
             app,
             [
                 *("detect", "--prometheus", refused_url(), "-r", str(ROOT / "rules" / "leak.yaml")),
-                *("--alertmanager", am.url, "--cluster", "it"),
+                *("--alertmanager", am.url, "--cluster-label", "it"),
             ],
         )
-        assert result.exit_code == 1, result.output
+        assert result.exit_code == 3, result.output  # incomplete (docs/cli.md)
         rx.wait_for(has(FAILED, "firing"))  # the barrier: the same POST as a resolve would be
         assert count(rx, LEAK, "resolved") == 0
         (leak,) = am.alerts(alertname=LEAK)

@@ -53,7 +53,7 @@ def test_a_slow_prometheus_cannot_hang_detect(kind: str) -> None:
         done = defrag(
             "detect", "--prometheus", prom.url, "--prom-timeout", "3", "-r", str(LEAK_RULE)
         )
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 3, done.stderr  # incomplete (docs/cli.md, Exit codes)
     assert "did not answer query" in done.stderr
     assert "within 3 s (the whole request)" in done.stderr
     assert "1 rule(s) could not be evaluated: gpu-memory-leak" in done.stderr
@@ -112,7 +112,7 @@ def test_a_wrong_shaped_answer_is_a_clear_error(name: str) -> None:
             app,
             ["detect", "-s", str(SCATTERED), "--prometheus", prom.url, "-r", str(LEAK_RULE)],
         )
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output
     assert isinstance(result.exception, SystemExit)
     assert "rule gpu-memory-leak" in result.stderr and "answered query" in result.stderr
     assert "Traceback" not in result.output
@@ -137,8 +137,8 @@ def test_server_errors_are_retried_within_the_deadline_then_reported() -> None:
 def test_detect_with_a_snapshot_runs_the_rules_it_can(kind: str) -> None:
     """Before: GPU indices from DCGM were read first and their failure ended ``detect`` with
     exit 2 and no findings at all (a wrong-shaped answer: a traceback). Now the snapshot-only
-    rules run and print their findings, and the exit status (1) names the rules that could
-    not be evaluated."""
+    rules run and print their findings, and the exit status (3, incomplete) and the error
+    name the rules that could not be evaluated."""
     fault = {
         "refused": None,
         "status": Fault("status", status=500),
@@ -160,7 +160,7 @@ def test_detect_with_a_snapshot_runs_the_rules_it_can(kind: str) -> None:
                     *("--prom-timeout", "2", "-o", "json", *rules),
                 ],
             )
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output
     doc = json.loads(result.stdout)
     # scattered_20: the cluster finding and gpu-01 … gpu-06 (tests/test_rules_cli.py)
     fragmentation = [f["subject"] for f in doc["findings"] if f["kind"] == "fragmentation"]
@@ -196,7 +196,7 @@ def test_credentials_in_the_prometheus_url_are_never_printed() -> None:
     """Before: ``detect`` printed the URL as given, password included, in every failure line."""
     url = refused_url().replace("http://", "http://alice:s3cret@")
     result = runner.invoke(app, ["detect", "--prometheus", url, "-r", str(LEAK_RULE)])
-    assert result.exit_code == 1
+    assert result.exit_code == 3
     assert "s3cret" not in result.output and "alice" not in result.output
     assert f"Prometheus at {redact_url(url)} is unreachable" in result.stderr
 

@@ -226,7 +226,7 @@ def test_cli_test_alert_fires_then_resolves(
             "test",
             "--alertmanager",
             server.url,
-            "--cluster",
+            "--cluster-label",
             "it",
             "--hold",
             "0.6",

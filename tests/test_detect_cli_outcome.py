@@ -1,0 +1,146 @@
+"""``defrag detect`` says what it did (issue 22, A): which rules ran, which were skipped and
+why, which could not be evaluated, and where its alerts went and how many; "no findings" only
+when every rule ran. Exit codes: 0 done, 1 findings with --fail-on-findings, 2 bad input,
+3 incomplete (a rule not evaluated, or no Alertmanager took the alerts). docs/cli.md."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from defrag.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+SCATTERED = str(Path(__file__).parent / "fixtures" / "snapshots" / "scattered_20.json")
+RULES = ROOT / "rules"
+SNAPSHOT_RULES = ["-r", str(RULES / "fragmentation.yaml"), "-r", str(RULES / "starvation.yaml")]
+AT = "2026-11-29T12:00:00Z"
+DOWN = "http://127.0.0.1:9"  # port 9 (discard): nothing listens, refused at once
+runner = CliRunner()
+
+
+@pytest.fixture()
+def empty_cluster(tmp_path: Path) -> str:
+    """The scattered cluster's nodes without a pod: nothing to find."""
+    doc = json.loads(Path(SCATTERED).read_text())
+    doc["items"] = [i for i in doc["items"] if i["kind"] == "Node"]
+    path = tmp_path / "empty.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+class _Alertmanager(BaseHTTPRequestHandler):
+    posted: list[dict[str, object]]
+
+    def do_GET(self) -> None:  # the sink reads the active alerts once, to adopt them
+        self._answer(b"[]")
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length", "0"))
+        type(self).posted.extend(json.loads(self.rfile.read(length)))
+        self._answer(b"")
+
+    def _answer(self, body: bytes) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def alertmanager() -> Iterator[tuple[str, list[dict[str, object]]]]:
+    handler = type("Handler", (_Alertmanager,), {"posted": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", handler.posted
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_unreachable_prometheus_is_not_no_findings() -> None:
+    result = runner.invoke(app, ["detect", "--prometheus", DOWN, "--prom-timeout", "1"])
+    assert result.exit_code == 3, result.output
+    assert "no findings" not in result.stdout
+    assert "nothing evaluated: no rule ran" in result.stdout
+    assert "rules: 0 ran, 4 not evaluated" in result.stderr
+    assert "error: 4 rule(s) could not be evaluated" in result.stderr
+    doc = json.loads(
+        runner.invoke(
+            app, ["detect", "--prometheus", DOWN, "--prom-timeout", "1", "-o", "json"]
+        ).stdout
+    )
+    assert doc["complete"] is False and doc["ran"] == [] and len(doc["failures"]) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "stdout", "stderr"),
+    [
+        # every rule ran, nothing found: the only "no findings"
+        (SNAPSHOT_RULES, 0, "no findings: all 2 rule(s) ran", "rules: 2 ran (gpu-fragmentation"),
+        # the metric rules skip without Prometheus, by choice: said, not an error
+        ([], 0, "no findings from the 2 rule(s) that ran", "skipped rule cluster-idle: no metr"),
+        # a rule that could not be evaluated: incomplete
+        (["--prometheus", DOWN], 3, "no findings from the 2 rule(s)", "not evaluated: rule clu"),
+    ],
+)
+def test_what_ran_and_the_exit_code(
+    empty_cluster: str, args: list[str], code: int, stdout: str, stderr: str
+) -> None:
+    result = runner.invoke(app, ["detect", "-s", empty_cluster, "--at", AT, *args])
+    assert result.exit_code == code, result.output
+    assert stdout in result.stdout
+    assert stderr in result.stderr
+    assert "alerts: not sent (no --alertmanager)" in result.stderr
+
+
+@pytest.mark.parametrize(("flag", "code"), [([], 0), (["--fail-on-findings"], 1)])
+def test_findings_exit_0_unless_asked_to_fail(flag: list[str], code: int) -> None:
+    result = runner.invoke(app, ["detect", "-s", SCATTERED, "--at", AT, *SNAPSHOT_RULES, *flag])
+    assert result.exit_code == code, result.output
+    assert "no findings" not in result.stdout
+
+
+def test_json_says_ran_skipped_and_failed(empty_cluster: str) -> None:
+    result = runner.invoke(app, ["detect", "-s", empty_cluster, "--at", AT, "-o", "json"])
+    doc = json.loads(result.stdout)
+    assert doc["ran"] == ["gpu-fragmentation", "high-priority-starved"]
+    assert set(doc["skipped"]) == {"cluster-idle", "gpu-memory-leak"}
+    assert doc["failures"] == [] and doc["alerts"] is None and doc["complete"] is True
+
+
+def test_alerts_delivered_are_said_where_and_how_many(
+    alertmanager: tuple[str, list[dict[str, object]]],
+) -> None:
+    url, posted = alertmanager
+    args = ["detect", "-s", SCATTERED, *SNAPSHOT_RULES, "--alertmanager", url]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    firing = len(posted)
+    assert firing == 8  # the cluster, six nodes and the starving pod
+    assert f"alerts: delivered to {url}: {firing} firing, 0 resolved" in result.stderr
+    doc = json.loads(runner.invoke(app, [*args, "-o", "json"]).stdout)
+    assert doc["alerts"]["delivered"] is True
+    assert doc["alerts"]["results"][0]["url"] == url
+
+
+def test_undelivered_alerts_are_incomplete() -> None:
+    args = ["detect", "-s", SCATTERED, *SNAPSHOT_RULES, "--alertmanager", DOWN]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 3, result.output
+    assert f"alerts: not delivered to {DOWN}:" in result.stderr
+    assert "error: alerts not sent:" in result.stderr
+    doc = json.loads(runner.invoke(app, [*args, "-o", "json"]).stdout)
+    assert doc["alerts"]["delivered"] is False and doc["complete"] is False
