@@ -186,7 +186,10 @@ class _Caller:
 
     @property
     def timeout(self) -> tuple[float, float]:
-        return (self.policy.timeout_s, self.policy.timeout_s)
+        """urllib3's (connect, read) timeouts: a backstop only. The read timeout is twice the
+        request deadline, so the deadline (which bounds the whole request) always ends a slow
+        answer first and says so, even on a loaded machine."""
+        return (self.policy.timeout_s, 2 * self.policy.timeout_s)
 
 
 class _BudgetSpent(stop_base):
