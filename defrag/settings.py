@@ -12,7 +12,6 @@ import difflib
 import json
 import math
 import os
-import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +32,8 @@ from defrag import safe_yaml
 from defrag.alerting import GENERATOR_URL, RUNBOOK_URL
 from defrag.execute.mode import RunMode
 from defrag.model.selectors import SelectorSyntaxError, parse_label_selector
+from defrag.model.units import DURATION_FORM as DURATION_FORM
+from defrag.model.units import duration_seconds as duration_seconds
 from defrag.plan.config import (
     DEFAULT_MAX_EVICTIONS,
     DEFAULT_MAX_PER_NAMESPACE,
@@ -80,21 +81,6 @@ def _deadline_text(named: str, deadline: float, interval: float) -> str:
     if named == "ready_max_age_s":
         return f"ready_max_age_s ({deadline:g})"
     return f"3 × cycle_interval_s ({interval:g}) = {deadline:g} (ready_max_age_s unset)"
-
-
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
-DURATION_FORM = "a duration such as 90s, 15m, 2h or 1h30m"
-
-
-def duration_seconds(text: str) -> float:
-    """Seconds in a duration written as Prometheus writes them (``90s``, ``15m``, ``1h30m``);
-    ValueError naming the expected form otherwise. Bare numbers are the caller's business."""
-    value = text.strip()
-    parts = _DURATION.findall(value)
-    if not value or "".join(n + u for n, u in parts) != value:
-        raise ValueError(f"cannot read {text!r}: expected {DURATION_FORM}")
-    return sum(float(n) * _UNITS[u] for n, u in parts)
 
 
 def _seconds(value: Any) -> Any:

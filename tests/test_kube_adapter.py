@@ -18,6 +18,7 @@ from defrag.adapters.kube import (
     LeaseElector,
     RetryPolicy,
     connect,
+    plural,
 )
 from defrag.adapters.snapshot import load_snapshot
 from tests.support import kubeobjects as k
@@ -528,3 +529,24 @@ def test_snapshot_survives_gpus_gone_from_allocatable_under_running_pods(api: Ku
     on_node = [p for p in cluster.pods_on("gpu-01")]
     assert sum(p.num_gpu for p in on_node) <= 4
     assert len(cluster.pods) < 37  # some of gpu-01's pods were left out
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [
+        ("PriorityClass", "PriorityClasses"),
+        ("Node", "Nodes"),
+        ("PodDisruptionBudget", "PodDisruptionBudgets"),
+    ],
+)
+def test_kinds_are_named_in_the_plural_in_messages(kind: str, said: str) -> None:
+    assert plural(kind) == said
+
+
+def test_an_unlistable_kind_is_named_in_one_clean_line(api: KubeApi) -> None:
+    api.fail("GET", r"/priorityclasses$", status=403, times=10)
+    with pytest.raises(KubeError) as caught:
+        KubeClusterSource(api.client(), retry=RetryPolicy(attempts=1, backoff_s=0)).snapshot()
+    message = str(caught.value)
+    assert message.startswith("cannot list PriorityClasses: HTTP 403"), message
+    assert "\n" not in message and "urllib3" not in message

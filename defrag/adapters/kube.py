@@ -139,6 +139,11 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
+def plural(kind: str) -> str:
+    """``PriorityClass`` → ``PriorityClasses``, ``Node`` → ``Nodes``: the kinds in messages."""
+    return f"{kind}es" if kind.endswith("s") else f"{kind}s"
+
+
 class DeadlineExceeded(TimeoutError):
     """An API request did not finish by its deadline (its own, or the command's or cycle's)."""
 
@@ -293,12 +298,12 @@ class KubeClusterSource:
                         return parts
             except ApiException as exc:
                 if exc.status == 410:
-                    log.info("listing %ss: continue token expired, listing again", kind)
+                    log.info("listing %s: continue token expired, listing again", plural(kind))
                     continue
-                raise KubeError(f"cannot list {kind}s: {_describe(exc)}") from None
+                raise KubeError(f"cannot list {plural(kind)}: {_describe(exc)}") from None
             except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-                raise KubeError(f"cannot list {kind}s: {_describe(exc)}") from None
-        raise KubeError(f"cannot list {kind}s: the continue token kept expiring")
+                raise KubeError(f"cannot list {plural(kind)}: {_describe(exc)}") from None
+        raise KubeError(f"cannot list {plural(kind)}: the continue token kept expiring")
 
     def _page(
         self, lister: Callable[..., Any], kwargs: dict[str, Any], token: str | None

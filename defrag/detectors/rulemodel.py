@@ -37,9 +37,7 @@ from pydantic import (
 )
 
 from defrag.detect.settings import DURATION, INTERNAL, REGEX, RuleName
-
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
-_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800, "y": 31536000}
+from defrag.model.units import DURATION_FORM, duration_seconds
 
 MAX_DURATION_S = 10 * 31536000.0
 """Ten years: no lookback, step or hold time is longer; beyond it a number is a typo (or inf)."""
@@ -54,11 +52,11 @@ def parse_duration(value: Any) -> float:
             raise ValueError(f"duration must not be negative, got {value}")
         return _bounded(float(value), value)
     if isinstance(value, str):
-        text = value.strip()
-        parts = _DURATION.findall(text)
-        if text and "".join(n + u for n, u in parts) == text:
-            return _bounded(sum(float(n) * _UNIT_S[u] for n, u in parts), value)
-    raise ValueError(f"bad duration {value!r}: use a number of seconds or a form like 30s, 15m, 6h")
+        try:
+            return _bounded(duration_seconds(value), value)
+        except ValueError:
+            pass
+    raise ValueError(f"bad duration {value!r}: use a number of seconds or {DURATION_FORM}")
 
 
 def _bounded(seconds: float, given: Any) -> float:

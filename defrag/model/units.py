@@ -92,3 +92,31 @@ def count(value: str | int | float) -> int:
     if number != number.to_integral_value() or number < 0:
         raise QuantityError(f"not a whole, non-negative count: {value!r}")
     return int(number)
+
+
+# --- durations ------------------------------------------------------------------------------
+
+_DURATION_UNITS = {
+    "ms": 0.001,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+    "y": 31536000.0,
+}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)")
+DURATION_FORM = "a duration such as 90s, 15m, 2h, 1h30m or 1w"
+"""The one duration grammar of flags, settings and rule files: Prometheus's (``ms s m h d w
+y``, components largest first, e.g. ``1h30m``)."""
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a duration written as Prometheus writes them (``90s``, ``15m``, ``1h30m``,
+    ``1w``); ValueError naming the expected form otherwise. Bare numbers are the caller's
+    business (each caller knows its unit)."""
+    value = text.strip()
+    parts = _DURATION.findall(value)
+    if not value or "".join(n + u for n, u in parts) != value:
+        raise ValueError(f"cannot read {text!r}: expected {DURATION_FORM}")
+    return sum(float(n) * _DURATION_UNITS[u] for n, u in parts)
