@@ -439,6 +439,8 @@ def read_settings_file(path: Path) -> dict[str, Any]:
     """The mapping in a YAML or JSON settings file; errors name the file."""
     try:
         text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SettingsError(f"{path}: no such file") from None
     except OSError as exc:
         raise SettingsError(f"{path}: cannot read settings file ({exc.strerror})") from None
     except UnicodeDecodeError as exc:

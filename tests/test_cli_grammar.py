@@ -5,6 +5,8 @@ before any work, bad settings as one line. The table of it all is docs/cli.md.""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from typer.testing import CliRunner
 
 from defrag import __version__
 from defrag.cli import app
+from tests.support.binaries import free_port
 
 SNAP = Path(__file__).parent / "fixtures" / "snapshots"
 SCATTERED = str(SNAP / "scattered_20.json")
@@ -251,3 +254,37 @@ def test_kubeconfig_reads_the_live_cluster_like_its_snapshot(
     saved = runner.invoke(app, [*command, "-s", str(snapshot), "-o", "json"])
     assert live.exit_code == 0, live.output
     assert json.loads(live.stdout) == json.loads(saved.stdout)
+
+
+def test_an_unreachable_api_server_is_one_line_not_a_retry_storm(tmp_path: Path) -> None:
+    """Before: urllib3 retried each request 3 times under defrag's own 5 attempts, logging 15
+    'Retrying (Retry(total=…))' warnings before an error full of urllib3's pool internals. Now
+    defrag's retry policy alone retries, and the cycle says one line with the OS's reason."""
+    port = free_port()  # nothing listens there
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from defrag.cli import main; main()",
+            "run",
+            "--once",
+            "--kubeconfig",
+            str(config),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0, done
+    assert "Retrying" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert "Connection refused" in errors[0] and "Pool" not in errors[0], errors
+    assert "Traceback" not in done.stderr

@@ -72,7 +72,7 @@ def test_once_against_an_api_server_in_dry_run_writes_nothing(
             {"DEFRAG_EVICTION_BATCH_SIZE": "0"},
             "setting eviction_batch_size (env DEFRAG_EVICTION_BATCH_SIZE)",
         ),
-        (["run", "--once", "--settings", "/nonexistent.yaml"], {}, "cannot read settings file"),
+        (["run", "--once", "--settings", "/nonexistent.yaml"], {}, "no such file"),
         (
             ["run", "--once"],
             {"DEFRAG_KUBECONFIG": "/nonexistent-kubeconfig"},

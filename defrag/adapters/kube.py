@@ -87,6 +87,9 @@ def connect(
     except (ConfigException, OSError) as exc:
         where = "in-cluster service account" if in_cluster else (kubeconfig or "kubeconfig")
         raise KubeError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+    # No retries inside urllib3 (3 a request, each logged as a warning): defrag's RetryPolicy
+    # retries, with backoff and within the deadline, and reports once.
+    configuration.retries = False
     api = client.ApiClient(configuration)
     # Every request's socket can be shut by its deadline (_Caller): the client's own timeout
     # bounds each socket read, so an API server that trickles its answer never trips it.
@@ -209,6 +212,11 @@ def _describe(exc: BaseException) -> str:
         return f"HTTP {exc.status}: {api_message(exc)}"
     if isinstance(exc, DeadlineExceeded):
         return str(exc)
+    if isinstance(exc, urllib3.exceptions.MaxRetryError) and exc.reason is not None:
+        exc = exc.reason
+    if isinstance(exc, urllib3.exceptions.NewConnectionError):
+        # "<pool>(host=…, port=…): Failed to establish a new connection: [Errno 111] …"
+        return str(exc).split("): ", 1)[-1]
     return f"{type(exc).__name__}: {exc}"
 
 

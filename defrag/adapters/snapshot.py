@@ -95,7 +95,10 @@ class SnapshotFileSource:
         self._cluster: Cluster | None = None
 
     def snapshot(self) -> Cluster:
-        stamp = tuple(p.stat().st_mtime for p in self.paths)
+        try:
+            stamp = tuple(p.stat().st_mtime for p in self.paths)
+        except FileNotFoundError as exc:
+            raise SnapshotError(f"{exc.filename}: no such file") from None
         if self._cluster is None or stamp != self._stamp:
             self._cluster = load_snapshot(self.paths, strict=self.strict)
             self._stamp = stamp

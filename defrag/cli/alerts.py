@@ -110,7 +110,7 @@ def make_sink(
             raise UserError("--am-basic-auth: expected user:password")
         auth = (user, password)
     if bearer_token_file is not None and not bearer_token_file.is_file():
-        raise UserError(f"--am-bearer-token-file: no such file: {bearer_token_file}")
+        raise UserError(f"--am-bearer-token-file {bearer_token_file}: no such file")
     try:
         return AlertmanagerSink(
             urls,

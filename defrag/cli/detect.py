@@ -89,9 +89,9 @@ def make_source(
     from defrag.adapters.prometheus import PrometheusSource
 
     if token is not None and not token.is_file():
-        raise UserError(f"--prom-bearer-token-file: no such file: {token}")
+        raise UserError(f"--prom-bearer-token-file {token}: no such file")
     if ca is not None and not ca.is_file():
-        raise UserError(f"--prom-ca-file: no such file: {ca}")
+        raise UserError(f"--prom-ca-file {ca}: no such file")
     try:
         return PrometheusSource(
             url, timeout_s=timeout_s, bearer_token_file=token, ca_bundle=ca, verify_tls=not insecure

@@ -324,7 +324,7 @@ def run(
     from defrag.daemon.service import configure_logging
 
     if kubeconfig is not None and not kubeconfig.is_file():
-        raise UserError(f"--kubeconfig: no such file: {kubeconfig}")
+        raise UserError(f"--kubeconfig {kubeconfig}: no such file")
     settings = _settings(
         settings_file,
         {
