@@ -256,6 +256,31 @@ def test_kubeconfig_reads_the_live_cluster_like_its_snapshot(
     assert json.loads(live.stdout) == json.loads(saved.stdout)
 
 
+@pytest.mark.parametrize(
+    "command", [["report"], ["plan", "--at", AT], ["place", "--gpus", "2"], ["detect", "--at", AT]]
+)
+def test_kubeconfig_env_reads_the_live_cluster_in_every_command(
+    tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """$KUBECONFIG alone names the live cluster, as for kubectl (``detect`` refused it before:
+    "nothing to detect from")."""
+    from tests.support.kubeapi import KubeApi
+    from tests.support.snapshots import scattered_20
+    from tests.test_daemon_cli import kubeconfig
+
+    items = scattered_20()
+    snapshot = tmp_path / "snapshot.json"
+    snapshot.write_text(json.dumps(items))
+    with KubeApi(items["items"]) as api:
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig(tmp_path, api.url)))
+        live = runner.invoke(app, [*command, "-o", "json"])
+        assert api.requests, "the live cluster was not read"
+    monkeypatch.delenv("KUBECONFIG")
+    saved = runner.invoke(app, [*command, "-s", str(snapshot), "-o", "json"])
+    assert live.exit_code == 0, live.output
+    assert json.loads(live.stdout) == json.loads(saved.stdout)
+
+
 def test_an_unreachable_api_server_is_one_line_not_a_retry_storm(tmp_path: Path) -> None:
     """Before: urllib3 retried each request 3 times under defrag's own 5 attempts, logging 15
     'Retrying (Retry(total=…))' warnings before an error full of urllib3's pool internals. Now

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import shutil
 import subprocess
@@ -148,11 +149,16 @@ def detect(
     from defrag.detection import run_detection, with_dcgm_gpu_indices
     from defrag.model.workload import WorkloadMix
 
+    # The live cluster: --kubeconfig or --context, else $KUBECONFIG when set (the client's own
+    # rule, as every other command reads it); --snapshot files win over both.
+    live = not snapshot and (
+        kubeconfig is not None or context is not None or bool(os.environ.get("KUBECONFIG"))
+    )
     with command_deadline(deadline, "detect"):
-        if prometheus is None and not snapshot and kubeconfig is None and context is None:
+        if prometheus is None and not snapshot and not live:
             raise UserError(
                 "nothing to detect from: give --prometheus URL and/or --snapshot FILE "
-                "(or --kubeconfig FILE)"
+                "(or --kubeconfig FILE, or set $KUBECONFIG)"
             )
         if at is not None and alertmanager:
             raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
@@ -182,7 +188,6 @@ def detect(
             if prometheus
             else None
         )
-        live = kubeconfig is not None or context is not None
         cluster = load_cluster(snapshot, kubeconfig, context) if snapshot or live else None
         if cluster is not None and source is not None:
             try:
