@@ -164,15 +164,7 @@ def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
 def test_a_terminating_victim_is_never_evicted_again(stage: Stage) -> None:
     """The victim hangs in Terminating past the replacement wait; the cycles after it see a pod
     with a deletionTimestamp and neither evict it again nor charge a budget for it."""
-    stage.kubelet.hold.update({f"{stage.ns}/a-", f"{stage.ns}/b-"})
-    stage.starving()
-    time.sleep(3.5)
-    mark = len(stage.plane.audit_events())
-    settings = stage.settings(dry_run=False, replacement_timeout_s=4, ready_max_age_s=60)
-    daemon = c.start_daemon(
-        stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}"
-    )
-    c.wait_for("an eviction", lambda: stage.evictions(mark), 60, daemon.process)
+    daemon, _, mark = _a_held_victim(stage, replacement_timeout_s=4)
     cycles = _cycles(daemon)
     # The replacement wait (4 s) runs out, then several more 2 s cycles.
     c.wait_for("five more cycles", lambda: _cycles(daemon) >= cycles + 5, 90, daemon.process)
@@ -187,15 +179,7 @@ def test_a_terminating_victim_is_never_evicted_again(stage: Stage) -> None:
 
 def test_a_new_leader_reconciles_a_drain_left_by_sigkill(stage: Stage) -> None:
     """Two replicas; the victim hangs in Terminating; the leader is SIGKILLed mid-drain."""
-    stage.kubelet.hold.update({f"{stage.ns}/a-", f"{stage.ns}/b-"})
-    stage.starving()
-    time.sleep(3.5)
-    mark = len(stage.plane.audit_events())
-    settings = stage.settings(dry_run=False, replacement_timeout_s=40, ready_max_age_s=60)
-    first = c.start_daemon(
-        stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}-1"
-    )
-    c.wait_for("an eviction", lambda: stage.evictions(mark), 60, first.process)
+    first, settings, mark = _a_held_victim(stage, replacement_timeout_s=40, suffix="-1")
     tainted = c.wait_for(
         "the drain under way (the victim is held)",
         lambda: [n for n in stage.nodes if _defrag_marks(stage, n)],
@@ -230,6 +214,25 @@ def test_a_new_leader_reconciles_a_drain_left_by_sigkill(stage: Stage) -> None:
         if e["objectRef"].get("resource") == "nodes"
     }
     assert set(tainted) <= patched, (tainted, patched)
+
+
+def _a_held_victim(
+    stage: Stage, replacement_timeout_s: float, suffix: str = ""
+) -> tuple[c.Served, Path, int]:
+    """The 4-GPU pods held Terminating once evicted, the starving pod waiting, and an enforcing
+    daemon started until its first eviction: (the daemon, its settings, the audit mark)."""
+    stage.kubelet.hold.update({f"{stage.ns}/a-", f"{stage.ns}/b-"})
+    stage.starving()
+    time.sleep(3.5)  # past the rule's `for`
+    mark = len(stage.plane.audit_events())
+    settings = stage.settings(
+        dry_run=False, replacement_timeout_s=replacement_timeout_s, ready_max_age_s=60
+    )
+    daemon = c.start_daemon(
+        stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}{suffix}"
+    )
+    c.wait_for("an eviction", lambda: stage.evictions(mark), 60, daemon.process)
+    return daemon, settings, mark
 
 
 def _cycles(daemon: c.Served) -> float:
