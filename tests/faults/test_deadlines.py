@@ -247,3 +247,31 @@ def test_alertmanager_gives_up_by_its_deadline(kind: Kind) -> None:
         took = time.monotonic() - t0
         assert report.all_failed and took < 3 + MARGIN_S, (took, report)
         assert "the cycle's deadline of 3 s" in str(report.failures)
+
+
+def test_the_extenders_watched_source_ends_each_list_by_its_request_deadline(
+    tmp_path: Path,
+) -> None:
+    """The extender's list + watch source behind a proxy that trickles the API's real answers a
+    byte every 0.5 s: no single read waits long enough to time out, so only a deadline on the
+    whole request ends it. Two attempts of 1 s each, then one error naming the server."""
+    from defrag.adapters.kube import RetryPolicy, connect
+    from defrag.adapters.kube_watch import KubeWatchSource
+
+    with (
+        KubeApi(scattered_20()["items"]) as api,
+        SlowServer("trickle", upstream=api.url, interval_s=0.5) as proxy,
+    ):
+        source = KubeWatchSource(
+            connect(str(kubeconfig(tmp_path, proxy.url))),
+            retry=RetryPolicy(attempts=2, backoff_s=0, timeout_s=1),
+        )
+        started = time.monotonic()
+        with pytest.raises(TimeoutError) as caught:
+            source.sync()
+        took = time.monotonic() - started
+        health = source.health()
+    assert took < 2 * 1 + MARGIN_S, took
+    assert "did not answer within 1 s (the whole request)" in str(caught.value)
+    assert proxy.url.split("//")[1] in str(caught.value)
+    assert not health.synced
