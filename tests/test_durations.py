@@ -38,3 +38,8 @@ def test_what_none_of_them_reads(text: str) -> None:
         parse_duration(text, "--min-age")
     with pytest.raises(ValueError, match="bad duration"):
         rule_duration(text)
+
+
+def test_a_rule_duration_past_ten_years_says_so() -> None:
+    with pytest.raises(ValueError, match="longer than ten years"):
+        rule_duration("99999999d")

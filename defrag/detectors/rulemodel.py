@@ -53,9 +53,11 @@ def parse_duration(value: Any) -> float:
         return _bounded(float(value), value)
     if isinstance(value, str):
         try:
-            return _bounded(duration_seconds(value), value)
+            seconds = duration_seconds(value)
         except ValueError:
             pass
+        else:
+            return _bounded(seconds, value)
     raise ValueError(f"bad duration {value!r}: use a number of seconds or {DURATION_FORM}")
 
 
