@@ -22,12 +22,14 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from types import TracebackType
+from typing import Any, Self, TypeVar
 
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from prometheus_client import Counter, Histogram
 from tenacity import (
     Retrying,
     retry_if_exception,
@@ -76,7 +78,41 @@ def connect(
     except (ConfigException, OSError) as exc:
         where = "in-cluster service account" if in_cluster else (kubeconfig or "kubeconfig")
         raise KubeError(f"cannot load Kubernetes credentials from {where}: {exc}") from None
+    # urllib3 retries some failures itself (a 429 or 503 with Retry-After on a GET, a connection
+    # dropped before the answer): as before, but each is counted and logged as ours are.
+    configuration.retries = CountedRetry(3)
     return client.ApiClient(configuration)
+
+
+class CountedRetry(urllib3.Retry):
+    """urllib3's own retries (the default ``Retry(3)``), each counted on
+    ``defrag_kube_api_retries_total`` and logged, as :class:`_Caller`'s are."""
+
+    def increment(
+        self,
+        method: str | None = None,
+        url: str | None = None,
+        response: Any = None,
+        error: Exception | None = None,
+        _pool: Any = None,
+        _stacktrace: TracebackType | None = None,
+    ) -> Self:
+        status = getattr(response, "status", 0) or 0
+        if status == 429:
+            reason = "429"
+        elif status >= 500:
+            reason = "5xx"
+        elif isinstance(error, urllib3.exceptions.TimeoutError | TimeoutError):
+            reason = "timeout"
+        else:
+            reason = "connection"
+        API_RETRIES.labels(reason=reason).inc()
+        log.info(
+            "Kubernetes API request failed (%s: %s); urllib3 retries it",
+            reason,
+            f"HTTP {status}" if status else f"{type(error).__name__}: {error}",
+        )
+        return super().increment(method, url, response, error, _pool, _stacktrace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,21 +159,83 @@ def _transient(exc: BaseException) -> bool:
     return isinstance(exc, urllib3.exceptions.HTTPError | ConnectionError | TimeoutError)
 
 
+API_RETRIES = Counter(
+    "defrag_kube_api_transient_errors",
+    "Kubernetes API requests that failed transiently (retried, or given up on after the "
+    "retries), by reason: 5xx, 429 (throttling, not a PDB), connection (reset, refused, an "
+    "answer cut off), timeout.",
+    ["reason"],
+)
+API_SECONDS = Histogram(
+    "defrag_kube_api_call_seconds",
+    "Wall time of one Kubernetes API call, retries included.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+for _reason in ("5xx", "429", "connection", "timeout"):
+    API_RETRIES.labels(reason=_reason)
+
+
+def _retry_reason(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        if exc.status == 429:
+            return "429"
+        return "5xx" if (exc.status or 0) >= 500 else "connection"
+    if isinstance(exc, TimeoutError | urllib3.exceptions.TimeoutError):
+        return "timeout"
+    return "connection"
+
+
+def _whole(response: Any) -> Any:
+    """Read the whole answer of a write whose body defrag does not use: one cut off after its
+    status line is counted and logged (the status says the request was carried out)."""
+    try:
+        _ = response.data
+    except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
+        API_RETRIES.labels(reason="connection").inc()
+        log.info(
+            "Kubernetes API answer (HTTP %s) cut off: %s; the request was carried out",
+            getattr(response, "status", "?"),
+            _describe(exc),
+        )
+    return response
+
+
+def _count_failure(exc: BaseException) -> None:
+    """A transient failure: counted, and one INFO line naming it (retried with backoff)."""
+    reason = _retry_reason(exc)
+    API_RETRIES.labels(reason=reason).inc()
+    log.info("Kubernetes API call failed (%s, %s); retrying with backoff", reason, _describe(exc))
+
+
 class _Caller:
-    """Runs one API call with the retry policy; the last error is re-raised."""
+    """Runs one API call with the retry policy; the last error is re-raised. Each transient
+    failure is counted on ``defrag_kube_api_retries_total`` and logged."""
 
     def __init__(self, policy: RetryPolicy) -> None:
         self.policy = policy
 
     def __call__(self, fn: Callable[[], T]) -> T:
         p = self.policy
+
+        def attempt() -> T:
+            try:
+                return fn()
+            except BaseException as exc:
+                if _transient(exc):
+                    _count_failure(exc)
+                raise
+
         retrying = Retrying(
             stop=stop_after_attempt(max(1, p.attempts)),
             wait=wait_exponential(multiplier=p.backoff_s, max=p.max_backoff_s),
             retry=retry_if_exception(_transient),
             reraise=True,
         )
-        return retrying(fn)
+        started = time.monotonic()
+        try:
+            return retrying(attempt)
+        finally:
+            API_SECONDS.observe(time.monotonic() - started)
 
     @property
     def timeout(self) -> tuple[float, float]:
@@ -297,6 +395,8 @@ class KubeActuator:
         self.clock = clock
         self.core: Any = client.CoreV1Api(api)  # raw JSON bodies and responses
         self.intents: list[Intent] = []
+        self.fence: Callable[[], bool] | None = None
+        """Asked before an eviction is tried again: False (the Lease is lost) stops it."""
 
     def _now(self) -> datetime:
         return self.clock.now() if self.clock is not None else datetime.now(UTC)
@@ -331,40 +431,90 @@ class KubeActuator:
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
-        try:
-            self.call(
-                lambda: self.core.create_namespaced_pod_eviction(
-                    name,
-                    namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
-                    **extra,
-                )
+
+        def post() -> None:
+            response = self.core.create_namespaced_pod_eviction(
+                name,
+                namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self.call.timeout,
+                **extra,
             )
-        except ApiException as exc:
-            if exc.status == 429 and _is_pdb_refusal(exc):
-                return EvictionResult(key, "blocked", api_message(exc))
-            if exc.status == 429:
+            _whole(response)  # a 201 cut off mid-body was carried out all the same
+
+        attempts = max(1, self.call.policy.attempts)
+        for attempt in range(attempts):
+            try:
+                post()
+                break
+            except ApiException as exc:
+                if exc.status == 429 and _is_pdb_refusal(exc):
+                    return EvictionResult(key, "blocked", api_message(exc))
+                if exc.status == 404:
+                    return EvictionResult(key, "gone", "the pod no longer exists")
+                if exc.status == 409 and uid:
+                    return EvictionResult(
+                        key,
+                        "gone",
+                        f"the pod with UID {uid} no longer exists; {key} is a replacement, not "
+                        f"evicted ({api_message(exc)})",
+                    )
+                if not _transient(exc):
+                    return EvictionResult(key, "failed", _describe(exc))
+                if attempt + 1 == attempts:
+                    if exc.status == 429:
+                        return EvictionResult(
+                            key,
+                            "failed",
+                            f"API server throttling (429 without a DisruptionBudget cause) after "
+                            f"{attempts} tries with backoff: {api_message(exc)}",
+                        )
+                    return EvictionResult(key, "failed", _describe(exc))
+                _count_failure(exc)
+                last: BaseException = exc
+            except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+                if attempt + 1 == attempts:
+                    return EvictionResult(key, "failed", _describe(exc))
+                _count_failure(exc)
+                last = exc
+            # Before trying again: the request may have been carried out although its answer
+            # was lost (a connection reset, a gateway's 5xx). A second eviction of a pod
+            # already Terminating is answered 201 again, and skips the PDB check: look first.
+            time.sleep(min(self.call.policy.backoff_s * 2**attempt, self.call.policy.max_backoff_s))
+            if dry_run:
+                continue
+            done = self._eviction_outcome(namespace, name, uid)
+            if done is not None:
+                return EvictionResult(key, done[0], f"{done[1]} (after {_describe(last)})")
+            if self.fence is not None and not self.fence():
                 return EvictionResult(
-                    key,
-                    "failed",
-                    f"API server throttling (429 without a DisruptionBudget cause) after "
-                    f"{self.call.policy.attempts} tries with backoff: {api_message(exc)}",
+                    key, "not-leader", f"not retried: the Lease was lost ({_describe(last)})"
                 )
-            if exc.status == 404:
-                return EvictionResult(key, "gone", "the pod no longer exists")
-            if exc.status == 409 and uid:
-                return EvictionResult(
-                    key,
-                    "gone",
-                    f"the pod with UID {uid} no longer exists; {key} is a replacement, not "
-                    f"evicted ({api_message(exc)})",
-                )
-            return EvictionResult(key, "failed", _describe(exc))
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            return EvictionResult(key, "failed", _describe(exc))
         return EvictionResult(key, "evicted", "server dry run" if dry_run else "")
+
+    def _eviction_outcome(self, namespace: str, name: str, uid: str) -> tuple[str, str] | None:
+        """Whether an eviction whose answer was lost took effect: ``("evicted", why)`` when the
+        pod (with ``uid``) is Terminating, ``("gone", why)`` when it no longer exists, None when
+        it is still there and running (or it cannot be told: the next try is as safe as the
+        first, the uid precondition guards a replacement)."""
+        try:
+            response = self.core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=self.call.timeout
+            )
+            pod = json.loads(response.data)
+        except ApiException as exc:
+            if exc.status == 404:
+                return "gone", "the pod no longer exists"
+            return None
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ValueError):
+            return None
+        meta = pod.get("metadata") or {}
+        if uid and meta.get("uid") not in (None, "", uid):
+            return "gone", f"the pod with UID {uid} no longer exists; {name} is a replacement"
+        if meta.get("deletionTimestamp"):
+            return "evicted", "the pod is Terminating: the earlier try was carried out"
+        return None
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -445,12 +595,14 @@ class KubeActuator:
     def _patch_node(self, node: str, patch: dict[str, Any]) -> None:
         try:
             self.call(
-                lambda: self.core.patch_node(
-                    node,
-                    patch,
-                    _content_type="application/strategic-merge-patch+json",
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
+                lambda: _whole(
+                    self.core.patch_node(
+                        node,
+                        patch,
+                        _content_type="application/strategic-merge-patch+json",
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 )
             )
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
@@ -497,8 +649,10 @@ class KubeActuator:
             return
         try:
             self.call(
-                lambda: self.core.create_namespaced_event(
-                    where, body, _preload_content=False, _request_timeout=self.call.timeout
+                lambda: _whole(
+                    self.core.create_namespaced_event(
+                        where, body, _preload_content=False, _request_timeout=self.call.timeout
+                    )
                 )
             )
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
@@ -593,11 +747,13 @@ class LeaseElector:
                 "spec": self._spec(now, acquire=True, transitions=0),
             }
             return self._write(
-                lambda: self.coordination.create_namespaced_lease(
-                    self.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
+                lambda: _whole(
+                    self.coordination.create_namespaced_lease(
+                        self.namespace,
+                        body,
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 ),
                 "created the Lease",
                 LeaderStatus(False, "", "another candidate created the Lease first"),
@@ -632,12 +788,14 @@ class LeaseElector:
 
     def _replace(self, body: dict[str, Any]) -> Callable[[], object]:
         """The request that replaces the Lease with ``body`` (for ``self.call``)."""
-        return lambda: self.coordination.replace_namespaced_lease(
-            self.name,
-            self.namespace,
-            body,
-            _preload_content=False,
-            _request_timeout=self.call.timeout,
+        return lambda: _whole(
+            self.coordination.replace_namespaced_lease(
+                self.name,
+                self.namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self.call.timeout,
+            )
         )
 
     def _write(

@@ -166,6 +166,8 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
             settings.identity,
             int(settings.lease_duration_s),
         )
+        # a retried eviction asks the Lease again (a retry may come seconds later)
+        actuator.fence = elector.still_leader
     return actuator, elector
 
 
