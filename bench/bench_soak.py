@@ -187,6 +187,9 @@ class Soak:
         self.pod_state: dict[str, list[tuple[float, bool, bool]]] = defaultdict(list)
         """pod name → (time, bound, terminating) samples (the starving pods' history)."""
         self.prom_modes: list[tuple[float, str]] = []
+        self.kills: list[tuple[float, str]] = []
+        """(time, replica) of every SIGKILL: faults answered to a process just killed are
+        seen by nobody."""
         self.stop = threading.Event()
         self.chaos_on = threading.Event()
         self.errors: list[str] = []
@@ -475,6 +478,7 @@ class Soak:
         if replica is None or replica.process is None or not replica.process.alive():
             return False
         self._scrape(replica)
+        self.kills.append((time.time(), replica.name))
         replica.process.proc.kill()
         replica.process.proc.wait()
         time.sleep(self.chaos_rng.uniform(0.5, 3.0))
@@ -822,7 +826,11 @@ class Soak:
                 "alerts_refired": refired[:20],
                 "tracebacks": tracebacks,
                 "fault_visibility": visibility,
+                "kills": self.kills,
             },
+            "fault_log": [
+                (round(t, 3), caller, kind, what) for t, caller, kind, what in self.proxy.log
+            ],
             "cycle_p99_s_le": bucket_quantile(buckets, 0.99),
             "cycle_p50_s_le": bucket_quantile(buckets, 0.5),
             "rss": rss,
@@ -885,40 +893,56 @@ class Soak:
         return out
 
     def _visibility(self) -> dict[str, dict[str, Any]]:
-        """Each fault kind injected, and where it shows: the daemons' retry counter and call
-        duration histogram on /metrics, the extender's watch log lines. A kind is visible when
-        what shows it counts at least as many as were injected."""
-        retries: Counter[str] = Counter()
-        slow = 0.0
-        for r in self.replicas.values():
+        """Each fault kind injected, and where it shows: each daemon's transient-error counter
+        and call duration histogram on /metrics (summed over its incarnations), the extender's
+        watch log lines. A kind is visible when what shows it counts at least as many as were
+        injected into callers that lived to see the answer (faults within 2 s before a SIGKILL
+        of that replica are counted apart: ``lost_to_kill``)."""
+        seen: Counter[tuple[str, str]] = Counter()
+        for name, r in self.replicas.items():
             for s in r.scrapes.values():
                 for key, value in s.items():
                     m = re.match(r'defrag_kube_api_transient_errors_total\{reason="([^"]+)"\}', key)
                     if m:
-                        retries[m.group(1)] += int(value)
-                slow += s.get("defrag_kube_api_call_seconds_count", 0) - s.get(
-                    'defrag_kube_api_call_seconds_bucket{le="0.25"}', 0
+                        seen[(name, m.group(1))] += int(value)
+                seen[(name, "slow")] += int(
+                    s.get("defrag_kube_api_call_seconds_count", 0)
+                    - s.get('defrag_kube_api_call_seconds_bucket{le="0.25"}', 0)
                 )
         ext_log = "".join(
             p.read_text(errors="replace") for p in self.plane.folder.glob("defrag-extender*.log")
         )
-        expired = len(re.findall(r"watching \S+: resourceVersion expired", ext_log))
-        dropped = len(re.findall(r"watching \S+: .*; retrying in", ext_log))
+        seen[("extender", "expired")] = len(
+            re.findall(r"watching \S+: resourceVersion expired", ext_log)
+        )
+        seen[("extender", "dropped")] = len(re.findall(r"watching \S+: .*; retrying in", ext_log))
         shows = {
-            "5xx": ('defrag_kube_api_transient_errors_total{reason="5xx"}', retries["5xx"]),
-            "429": ('defrag_kube_api_transient_errors_total{reason="429"}', retries["429"]),
-            "reset": (
-                'defrag_kube_api_transient_errors_total{reason="connection"}',
-                retries["connection"],
-            ),
-            "latency": ("defrag_kube_api_call_seconds, calls over 0.25 s", int(slow)),
-            "watch-drop": ("extender log: 'watching …: …; retrying in'", dropped),
-            "watch-410": ("extender log: 'watching …: resourceVersion expired'", expired),
+            "5xx": ('defrag_kube_api_transient_errors_total{reason="5xx"}', "5xx"),
+            "429": ('defrag_kube_api_transient_errors_total{reason="429"}', "429"),
+            "reset": ('defrag_kube_api_transient_errors_total{reason="connection"}', "connection"),
+            "latency": ("defrag_kube_api_call_seconds, calls over 0.25 s", "slow"),
+            "watch-drop": ("extender log: 'watching …: …; retrying in'", "dropped"),
+            "watch-410": ("extender log: 'watching …: resourceVersion expired'", "expired"),
         }
-        out = {}
-        for kind, n in sorted(self.proxy.counts.items()):
-            where, seen = shows.get(kind, ("?", 0))
-            out[kind] = {"injected": n, "shown_by": where, "seen": seen, "visible": seen >= n}
+        injected: Counter[tuple[str, str]] = Counter()
+        lost: Counter[str] = Counter()
+        for t, caller, kind, _ in self.proxy.log:
+            if any(who == caller and 0 <= k - t <= 2 for k, who in self.kills):
+                lost[kind] += 1
+            else:
+                injected[(caller, kind)] += 1
+        out: dict[str, dict[str, Any]] = {}
+        for kind in sorted(self.proxy.counts):
+            where, label = shows.get(kind, ("?", "?"))
+            callers = sorted({c for c, k in injected if k == kind})
+            per = {c: {"injected": injected[(c, kind)], "seen": seen[(c, label)]} for c in callers}
+            out[kind] = {
+                "shown_by": where,
+                "injected": self.proxy.counts[kind],
+                "lost_to_kill": lost[kind],
+                "by_caller": per,
+                "visible": all(v["seen"] >= v["injected"] for v in per.values()),
+            }
         return out
 
 

@@ -185,6 +185,13 @@ def _retry_reason(exc: BaseException) -> str:
     return "connection"
 
 
+def _loaded(response: Any) -> Any:
+    """The answer with its body read, inside the retried call: a body cut off is a transient
+    failure of that call (retried, counted), not an error after it."""
+    _ = response.data
+    return response
+
+
 def _whole(response: Any) -> Any:
     """Read the whole answer of a write whose body defrag does not use: one cut off after its
     status line is counted and logged (the status says the request was carried out)."""
@@ -506,8 +513,13 @@ class KubeActuator:
         except ApiException as exc:
             if exc.status == 404:
                 return "gone", "the pod no longer exists"
+            if _transient(exc):
+                _count_failure(exc)
             return None
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ValueError):
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            _count_failure(exc)
+            return None
+        except ValueError:
             return None
         meta = pod.get("metadata") or {}
         if uid and meta.get("uid") not in (None, "", uid):
@@ -581,8 +593,10 @@ class KubeActuator:
     def _get_node(self, node: str) -> dict[str, Any]:
         try:
             response = self.call(
-                lambda: self.core.read_node(
-                    node, _preload_content=False, _request_timeout=self.call.timeout
+                lambda: _loaded(
+                    self.core.read_node(
+                        node, _preload_content=False, _request_timeout=self.call.timeout
+                    )
                 )
             )
         except ApiException as exc:
@@ -872,11 +886,13 @@ class LeaseElector:
     def _read(self) -> dict[str, Any] | None:
         try:
             response = self.call(
-                lambda: self.coordination.read_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
+                lambda: _loaded(
+                    self.coordination.read_namespaced_lease(
+                        self.name,
+                        self.namespace,
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 )
             )
         except ApiException as exc:

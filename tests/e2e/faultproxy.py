@@ -94,6 +94,8 @@ class FaultProxy:
     counts: Counter[str] = field(default_factory=Counter)
     by_caller: Counter[tuple[str, str]] = field(default_factory=Counter)
     requests: Counter[str] = field(default_factory=Counter)
+    log: list[tuple[float, str, str, str]] = field(default_factory=list)
+    """(time, caller, fault kind, request) of every fault injected."""
     request_faults_for: set[str] = field(default_factory=set)
     """The callers whose plain requests get faults (every caller's watches do)."""
 
@@ -202,10 +204,11 @@ class FaultProxy:
         with self._lock:
             return self._rng.uniform(lo, hi)
 
-    def _count(self, kind: str, caller: str) -> None:
+    def _count(self, kind: str, caller: str, what: str = "") -> None:
         with self._lock:
             self.counts[kind] += 1
             self.by_caller[(caller, kind)] += 1
+            self.log.append((time.time(), caller, kind, what))
 
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
@@ -218,7 +221,7 @@ class FaultProxy:
             self.requests[caller] += 1
         fault = self._draw(watch, caller)
         if fault is not None:
-            self._count(fault, caller)
+            self._count(fault, caller, f"{h.command} {h.path.split('?')[0]}")
         if fault == "5xx":
             code = self._choice([500, 503, 504])
             reasons = {500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
