@@ -230,7 +230,8 @@ class Soak:
         plane = self.plane
         c.apply_rbac(plane)
         second_service_account(plane, REPLICAS[1])
-        self.kubelet = Kubelet(plane.admin).start()
+        # pods take a moment to finish terminating, as with a real kubelet (grace period)
+        self.kubelet = Kubelet(plane.admin, delete_delay_s=2.0).start()
         c.namespace(plane.admin, NS)
         c.priority_class(plane.admin, HIGH, 100000, preempt=False)
         for i in range(self.nodes):

@@ -61,10 +61,12 @@ class FaultRates:
     reset: float = 0.02
     watch_drop: float = 0.3
     watch_410: float = 0.1
+    eviction_reset: float = 0.15
+    """Evictions are the writes that matter: an extra chance of a reset on each."""
 
     @classmethod
     def off(cls) -> FaultRates:
-        return cls(0, 0, 0, 0, 0, 0)
+        return cls(0, 0, 0, 0, 0, 0, 0)
 
 
 def status_body(code: int, reason: str, message: str) -> bytes:
@@ -172,7 +174,7 @@ class FaultProxy:
 
     # --- one request -----------------------------------------------------------------------
 
-    def _draw(self, watch: bool, caller: str) -> str | None:
+    def _draw(self, watch: bool, caller: str, eviction: bool = False) -> str | None:
         if not self.enabled:
             return None
         plain = caller in self.request_faults_for  # others get watch faults only
@@ -189,6 +191,8 @@ class FaultProxy:
                     return "watch-drop"
             if not plain:
                 return None
+            if eviction and self._rng.random() < r.eviction_reset:
+                return "reset"
             for kind, p in (
                 ("5xx", r.error_5xx),
                 ("429", r.throttle_429),
@@ -219,7 +223,8 @@ class FaultProxy:
         watch = "watch=1" in lowered or "watch=true" in lowered
         with self._lock:
             self.requests[caller] += 1
-        fault = self._draw(watch, caller)
+        eviction = h.command == "POST" and h.path.split("?")[0].endswith("/eviction")
+        fault = self._draw(watch, caller, eviction)
         if fault is not None:
             self._count(fault, caller, f"{h.command} {h.path.split('?')[0]}")
         if fault == "5xx":
