@@ -400,6 +400,12 @@ class Soak:
         return sum(self.deployments.values())
 
     def _workload_step(self) -> None:
+        if not self.chaos_on.is_set():  # draining: nothing new arrives, running jobs complete
+            for name, since in list(self.jobs.items()):
+                if since and time.time() - since > 5:
+                    self._delete_deployment(name)
+                    self.jobs.pop(name, None)
+            return
         capacity = 8 * len(self._live_nodes())
         x = self.rng.random()
         if x < 0.3 and len(self.jobs) < 3:
@@ -1067,6 +1073,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--keep", type=Path, help="keep the logs and audit log in this folder")
     args = parser.parse_args(argv)
+    # SIGTERM ends the soak through its clean-up (every process it started stopped by PID)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         find_assets()
     except AssetsMissing as exc:
