@@ -72,3 +72,26 @@ def test_no_retry_once_the_lease_is_lost(api: KubeApi) -> None:
     assert result.outcome == "not-leader", result
     assert api.evicted == []
     assert len([r for r in api.requests if r.resource == "pods/eviction"]) == 1
+
+
+def test_the_pod_is_read_as_the_daemons_role_allows(api: KubeApi) -> None:
+    """Found by the soak on the real API server: the first fix read the pod with ``get``, which
+    defrag's ClusterRole does not grant (403), took that for "still running" and evicted the
+    pod again. The pod is read with ``list`` (granted) and a field selector."""
+    terminating_after_eviction(api)
+    api.fail("POST", r"/eviction$", status=503, after=True)
+    act = KubeActuator(api.client(), retry=RetryPolicy(attempts=3, backoff_s=0, timeout_s=2))
+    assert act.evict(*POD).outcome == "evicted"
+    reads = [r for r in api.requests if r.resource == "pods" and r.method == "GET"]
+    assert reads and {r.verb for r in reads} == {"list"}, [(r.verb, r.path) for r in reads]
+
+
+def test_a_pod_that_cannot_be_read_is_not_evicted_again(api: KubeApi) -> None:
+    terminating_after_eviction(api)
+    api.fail("POST", r"/eviction$", status=503, after=True)
+    api.fail("GET", r"/namespaces/ml/pods$", status=403, times=10)  # as without the right
+    act = KubeActuator(api.client(), retry=RetryPolicy(attempts=3, backoff_s=0, timeout_s=2))
+    result = act.evict(*POD)
+    assert result.outcome == "failed", result
+    assert "cannot be read" in result.reason
+    assert len([r for r in api.requests if r.resource == "pods/eviction"]) == 1

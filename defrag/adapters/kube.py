@@ -491,42 +491,47 @@ class KubeActuator:
             time.sleep(min(self.call.policy.backoff_s * 2**attempt, self.call.policy.max_backoff_s))
             if dry_run:
                 continue
-            done = self._eviction_outcome(namespace, name, uid)
-            if done is not None:
-                return EvictionResult(key, done[0], f"{done[1]} (after {_describe(last)})")
+            outcome, why = self._eviction_outcome(namespace, name, uid)
+            if outcome != "retry":
+                return EvictionResult(key, outcome, f"{why} (after {_describe(last)})")
             if self.fence is not None and not self.fence():
                 return EvictionResult(
                     key, "not-leader", f"not retried: the Lease was lost ({_describe(last)})"
                 )
         return EvictionResult(key, "evicted", "server dry run" if dry_run else "")
 
-    def _eviction_outcome(self, namespace: str, name: str, uid: str) -> tuple[str, str] | None:
-        """Whether an eviction whose answer was lost took effect: ``("evicted", why)`` when the
-        pod (with ``uid``) is Terminating, ``("gone", why)`` when it no longer exists, None when
-        it is still there and running (or it cannot be told: the next try is as safe as the
-        first, the uid precondition guards a replacement)."""
+    def _eviction_outcome(self, namespace: str, name: str, uid: str) -> tuple[str, str]:
+        """What became of a pod whose eviction answer was lost: ``("evicted", why)`` when it
+        (with ``uid``) is Terminating, ``("gone", why)`` when it no longer exists (or the name
+        is a replacement's), ``("retry", why)`` when it is still there and running; when it
+        cannot be told, ``("failed", why)``: a second eviction of a pod already Terminating
+        would be answered 201 again, so it is never sent on a guess.
+
+        Read with ``list`` and a field selector: defrag's role may list pods, not get them."""
         try:
-            response = self.core.read_namespaced_pod(
-                name, namespace, _preload_content=False, _request_timeout=self.call.timeout
+            response = self.call(
+                lambda: _loaded(
+                    self.core.list_namespaced_pod(
+                        namespace,
+                        field_selector=f"metadata.name={name}",
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
+                )
             )
-            pod = json.loads(response.data)
-        except ApiException as exc:
-            if exc.status == 404:
-                return "gone", "the pod no longer exists"
-            if _transient(exc):
-                _count_failure(exc)
-            return None
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            _count_failure(exc)
-            return None
-        except ValueError:
-            return None
-        meta = pod.get("metadata") or {}
+            items = json.loads(response.data).get("items") or []
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            return "failed", f"its answer was lost and the pod cannot be read ({_describe(exc)})"
+        except (ValueError, AttributeError) as exc:
+            return "failed", f"its answer was lost and the pod cannot be read ({exc})"
+        if not items:
+            return "gone", "the pod no longer exists"
+        meta = items[0].get("metadata") or {}
         if uid and meta.get("uid") not in (None, "", uid):
             return "gone", f"the pod with UID {uid} no longer exists; {name} is a replacement"
         if meta.get("deletionTimestamp"):
             return "evicted", "the pod is Terminating: the earlier try was carried out"
-        return None
+        return "retry", ""
 
     # --- nodes -------------------------------------------------------------------------------
 
