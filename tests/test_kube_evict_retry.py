@@ -95,3 +95,22 @@ def test_a_pod_that_cannot_be_read_is_not_evicted_again(api: KubeApi) -> None:
     assert result.outcome == "failed", result
     assert "cannot be read" in result.reason
     assert len([r for r in api.requests if r.resource == "pods/eviction"]) == 1
+
+
+def test_a_replica_paused_past_its_lease_sends_no_eviction(api: KubeApi) -> None:
+    """Found by the soak: a leader SIGSTOPped after the fence read the Lease and before the
+    Eviction went out woke up 5 s later, after the other replica had taken over, and evicted.
+    Right before each send the actuator asks the elector's clock (no request): the hold it
+    renewed is older than the lease duration, so nothing is sent."""
+    from defrag.adapters.kube import LeaseElector
+
+    elector = LeaseElector(api.client(), "defrag-system", "defrag", "a", lease_duration_s=4)
+    assert elector.is_leader()
+    act = KubeActuator(api.client(), retry=RetryPolicy(attempts=3, backoff_s=0, timeout_s=2))
+    act.fence, act.send_guard = elector.still_leader, elector.holds_now
+    assert elector._renewed_at is not None
+    elector._renewed_at -= 5  # as after 5 s stopped: the monotonic clock ran on
+    result = act.evict(*POD)
+    assert result.outcome == "not-leader", result
+    assert [r for r in api.requests if r.resource == "pods/eviction"] == []
+    assert api.evicted == []

@@ -404,6 +404,10 @@ class KubeActuator:
         self.intents: list[Intent] = []
         self.fence: Callable[[], bool] | None = None
         """Asked before an eviction is tried again: False (the Lease is lost) stops it."""
+        self.send_guard: Callable[[], bool] | None = None
+        """Asked (no request: a clock check) right before each Eviction is sent: False stops
+        it. The executor's fence reads the Lease before the step; a process paused between that
+        read and the send would otherwise evict after another replica took over."""
 
     def _now(self) -> datetime:
         return self.clock.now() if self.clock is not None else datetime.now(UTC)
@@ -452,6 +456,13 @@ class KubeActuator:
 
         attempts = max(1, self.call.policy.attempts)
         for attempt in range(attempts):
+            if self.send_guard is not None and not self.send_guard():
+                return EvictionResult(
+                    key,
+                    "not-leader",
+                    "not sent: this replica's hold on the Lease has lapsed by its own clock "
+                    "(the process was paused or starved since the Lease was checked)",
+                )
             try:
                 post()
                 break
@@ -860,6 +871,13 @@ class LeaseElector:
             str(spec.get("holderIdentity") or "") == self.identity
             and int(spec.get("leaseTransitions") or 0) == self._generation
         )
+
+    def holds_now(self) -> bool:
+        """Whether our last renewal is younger than the lease duration, by this process's
+        monotonic clock (which runs on while the process is stopped): no request, so it can be
+        asked right before a write."""
+        renewed = self._renewed_at
+        return renewed is not None and time.monotonic() - renewed < self.lease_duration_s
 
     def holds(self, tenure: Tenure) -> bool:
         """Whether ``tenure`` still holds the Lease unexpired (a reconcile leaves its drains

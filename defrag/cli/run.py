@@ -168,6 +168,7 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
         )
         # a retried eviction asks the Lease again (a retry may come seconds later)
         actuator.fence = elector.still_leader
+        actuator.send_guard = elector.holds_now
     return actuator, elector
 
 
