@@ -23,6 +23,7 @@ import contextlib
 import http.client
 import json
 import random
+import select
 import socket
 import ssl
 import struct
@@ -345,6 +346,13 @@ class FaultProxy:
             with contextlib.suppress(OSError, AttributeError):
                 upstream.fp.raw._sock.shutdown(socket.SHUT_RDWR)  # type: ignore[union-attr]
 
+        def client_gone() -> bool:
+            try:
+                readable, _, _ = select.select([h.connection], [], [], 0)
+                return bool(readable) and h.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
         if drop_after is not None:
             # a watch is idle most of the time: a timer drops it on time
             timer = threading.Timer(drop_after, drop)
@@ -353,6 +361,9 @@ class FaultProxy:
             def maybe_drop() -> None:
                 nonlocal timer
                 if stopped.is_set():
+                    return
+                if client_gone():  # its client died (a killed extender): nobody to tell
+                    drop()
                     return
                 if self.enabled and self._uniform(0, 1) < self.rates.watch_drop / 3:
                     self._count("watch-drop", caller)
