@@ -96,3 +96,8 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# The chaos soak (bench/bench_soak.py): two daemon replicas on the real control plane under API
+# faults and chaos, every invariant checked. SEED and CYCLES may be given: make soak SEED=2
+soak: venv kube-assets
+	$(PY) -m bench.bench_soak --seed $(or $(SEED),1) --cycles $(or $(CYCLES),1000) --json soak-$(or $(SEED),1).json

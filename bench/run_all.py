@@ -80,6 +80,9 @@ BENCHES: tuple[Bench, ...] = (
           ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
+    # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).
+    Bench("soak", "bench_soak", ("--seed", "1", "--cycles", "1000"),
+          ("--seed", "1", "--cycles", "40", "--nodes", "6", "--drain-s", "15")),
 )  # fmt: skip
 
 

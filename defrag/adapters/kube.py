@@ -28,6 +28,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
+from prometheus_client import Counter, Histogram
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -147,6 +148,61 @@ def plural(kind: str) -> str:
     return f"{kind}es" if kind.endswith("s") else f"{kind}s"
 
 
+API_RETRIES = Counter(
+    "defrag_kube_api_transient_errors",
+    "Kubernetes API requests that failed transiently (retried, or given up on after the "
+    "retries), by reason: 5xx, 429 (throttling, not a PDB), connection (reset, refused, an "
+    "answer cut off), timeout.",
+    ["reason"],
+)
+API_SECONDS = Histogram(
+    "defrag_kube_api_call_seconds",
+    "Wall time of one Kubernetes API call, retries included.",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+for _reason in ("5xx", "429", "connection", "timeout"):
+    API_RETRIES.labels(reason=_reason)
+
+
+def _retry_reason(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        if exc.status == 429:
+            return "429"
+        return "5xx" if (exc.status or 0) >= 500 else "connection"
+    if isinstance(exc, TimeoutError | urllib3.exceptions.TimeoutError):
+        return "timeout"
+    return "connection"
+
+
+def _loaded(response: Any) -> Any:
+    """The answer with its body read, inside the retried call: a body cut off is a transient
+    failure of that call (retried, counted), not an error after it."""
+    _ = response.data
+    return response
+
+
+def _whole(response: Any) -> Any:
+    """Read the whole answer of a write whose body defrag does not use: one cut off after its
+    status line is counted and logged (the status says the request was carried out)."""
+    try:
+        _ = response.data
+    except (urllib3.exceptions.HTTPError, ConnectionError) as exc:
+        API_RETRIES.labels(reason="connection").inc()
+        log.info(
+            "Kubernetes API answer (HTTP %s) cut off: %s; the request was carried out",
+            getattr(response, "status", "?"),
+            _describe(exc),
+        )
+    return response
+
+
+def _count_failure(exc: BaseException) -> None:
+    """A transient failure: counted, and one INFO line naming it (retried with backoff)."""
+    reason = _retry_reason(exc)
+    API_RETRIES.labels(reason=reason).inc()
+    log.info("Kubernetes API call failed (%s, %s); retrying with backoff", reason, _describe(exc))
+
+
 class DeadlineExceeded(TimeoutError):
     """An API request did not finish by its deadline (its own, or the command's or cycle's)."""
 
@@ -158,7 +214,8 @@ class _Caller:
     ``policy.timeout_s`` (or what is left of the thread's command or cycle budget): past it the
     socket is shut and the attempt fails with :class:`DeadlineExceeded`, retried like any
     timeout while the budget lasts. This only holds for clients made by :func:`connect`, whose
-    pools are watched."""
+    pools are watched. Each transient failure is counted on
+    ``defrag_kube_api_transient_errors_total`` and logged at INFO."""
 
     def __init__(self, policy: RetryPolicy, api: client.ApiClient | None = None) -> None:
         self.policy = policy
@@ -167,13 +224,26 @@ class _Caller:
 
     def __call__(self, fn: Callable[[], T]) -> T:
         p = self.policy
+
+        def counted() -> T:
+            try:
+                return self.attempt(fn)
+            except BaseException as exc:
+                if _transient(exc):
+                    _count_failure(exc)  # after the deadline has named it
+                raise
+
         retrying = Retrying(
             stop=stop_after_attempt(max(1, p.attempts)) | _BudgetSpent(),
             wait=wait_exponential(multiplier=p.backoff_s, max=p.max_backoff_s),
             retry=retry_if_exception(_transient),
             reraise=True,
         )
-        return retrying(lambda: self.attempt(fn))
+        started = time.monotonic()
+        try:
+            return retrying(counted)
+        finally:
+            API_SECONDS.observe(time.monotonic() - started)
 
     def attempt(self, fn: Callable[[], T]) -> T:
         """One attempt of ``fn`` under the request deadline."""
@@ -367,6 +437,12 @@ class KubeActuator:
         self.clock = clock
         self.core: Any = client.CoreV1Api(api)  # raw JSON bodies and responses
         self.intents: list[Intent] = []
+        self.fence: Callable[[], bool] | None = None
+        """Asked before an eviction is tried again: False (the Lease is lost) stops it."""
+        self.send_guard: Callable[[], bool] | None = None
+        """Asked (no request: a clock check) right before each Eviction is sent: False stops
+        it. The executor's fence reads the Lease before the step; a process paused between that
+        read and the send would otherwise evict after another replica took over."""
 
     def _now(self) -> datetime:
         return self.clock.now() if self.clock is not None else datetime.now(UTC)
@@ -401,40 +477,107 @@ class KubeActuator:
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
         extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
+
+        def post() -> None:
+            response = self.core.create_namespaced_pod_eviction(
+                name,
+                namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self.call.timeout,
+                **extra,
+            )
+            _whole(response)  # a 201 cut off mid-body was carried out all the same
+
+        attempts = max(1, self.call.policy.attempts)
+        for attempt in range(attempts):
+            if self.send_guard is not None and not self.send_guard():
+                return EvictionResult(
+                    key,
+                    "not-leader",
+                    "not sent: this replica's hold on the Lease has lapsed by its own clock "
+                    "(the process was paused or starved since the Lease was checked)",
+                )
+            try:
+                post()
+                break
+            except ApiException as exc:
+                if exc.status == 429 and _is_pdb_refusal(exc):
+                    return EvictionResult(key, "blocked", api_message(exc))
+                if exc.status == 404:
+                    return EvictionResult(key, "gone", "the pod no longer exists")
+                if exc.status == 409 and uid:
+                    return EvictionResult(
+                        key,
+                        "gone",
+                        f"the pod with UID {uid} no longer exists; {key} is a replacement, not "
+                        f"evicted ({api_message(exc)})",
+                    )
+                if not _transient(exc):
+                    return EvictionResult(key, "failed", _describe(exc))
+                if attempt + 1 == attempts:
+                    if exc.status == 429:
+                        return EvictionResult(
+                            key,
+                            "failed",
+                            f"API server throttling (429 without a DisruptionBudget cause) after "
+                            f"{attempts} tries with backoff: {api_message(exc)}",
+                        )
+                    return EvictionResult(key, "failed", _describe(exc))
+                _count_failure(exc)
+                last: BaseException = exc
+            except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+                if attempt + 1 == attempts:
+                    return EvictionResult(key, "failed", _describe(exc))
+                _count_failure(exc)
+                last = exc
+            # Before trying again: the request may have been carried out although its answer
+            # was lost (a connection reset, a gateway's 5xx). A second eviction of a pod
+            # already Terminating is answered 201 again, and skips the PDB check: look first.
+            time.sleep(min(self.call.policy.backoff_s * 2**attempt, self.call.policy.max_backoff_s))
+            if dry_run:
+                continue
+            outcome, why = self._eviction_outcome(namespace, name, uid)
+            if outcome != "retry":
+                return EvictionResult(key, outcome, f"{why} (after {_describe(last)})")
+            if self.fence is not None and not self.fence():
+                return EvictionResult(
+                    key, "not-leader", f"not retried: the Lease was lost ({_describe(last)})"
+                )
+        return EvictionResult(key, "evicted", "server dry run" if dry_run else "")
+
+    def _eviction_outcome(self, namespace: str, name: str, uid: str) -> tuple[str, str]:
+        """What became of a pod whose eviction answer was lost: ``("evicted", why)`` when it
+        (with ``uid``) is Terminating, ``("gone", why)`` when it no longer exists (or the name
+        is a replacement's), ``("retry", why)`` when it is still there and running; when it
+        cannot be told, ``("failed", why)``: a second eviction of a pod already Terminating
+        would be answered 201 again, so it is never sent on a guess.
+
+        Read with ``list`` and a field selector: defrag's role may list pods, not get them."""
         try:
-            self.call(
-                lambda: self.core.create_namespaced_pod_eviction(
-                    name,
-                    namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
-                    **extra,
+            response = self.call(
+                lambda: _loaded(
+                    self.core.list_namespaced_pod(
+                        namespace,
+                        field_selector=f"metadata.name={name}",
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 )
             )
-        except ApiException as exc:
-            if exc.status == 429 and _is_pdb_refusal(exc):
-                return EvictionResult(key, "blocked", api_message(exc))
-            if exc.status == 429:
-                return EvictionResult(
-                    key,
-                    "failed",
-                    f"API server throttling (429 without a DisruptionBudget cause) after "
-                    f"{self.call.policy.attempts} tries with backoff: {api_message(exc)}",
-                )
-            if exc.status == 404:
-                return EvictionResult(key, "gone", "the pod no longer exists")
-            if exc.status == 409 and uid:
-                return EvictionResult(
-                    key,
-                    "gone",
-                    f"the pod with UID {uid} no longer exists; {key} is a replacement, not "
-                    f"evicted ({api_message(exc)})",
-                )
-            return EvictionResult(key, "failed", _describe(exc))
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            return EvictionResult(key, "failed", _describe(exc))
-        return EvictionResult(key, "evicted", "server dry run" if dry_run else "")
+            items = json.loads(response.data).get("items") or []
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            return "failed", f"its answer was lost and the pod cannot be read ({_describe(exc)})"
+        except (ValueError, AttributeError) as exc:
+            return "failed", f"its answer was lost and the pod cannot be read ({exc})"
+        if not items:
+            return "gone", "the pod no longer exists"
+        meta = items[0].get("metadata") or {}
+        if uid and meta.get("uid") not in (None, "", uid):
+            return "gone", f"the pod with UID {uid} no longer exists; {name} is a replacement"
+        if meta.get("deletionTimestamp"):
+            return "evicted", "the pod is Terminating: the earlier try was carried out"
+        return "retry", ""
 
     # --- nodes -------------------------------------------------------------------------------
 
@@ -501,8 +644,10 @@ class KubeActuator:
     def _get_node(self, node: str) -> dict[str, Any]:
         try:
             response = self.call(
-                lambda: self.core.read_node(
-                    node, _preload_content=False, _request_timeout=self.call.timeout
+                lambda: _loaded(
+                    self.core.read_node(
+                        node, _preload_content=False, _request_timeout=self.call.timeout
+                    )
                 )
             )
         except ApiException as exc:
@@ -515,12 +660,14 @@ class KubeActuator:
     def _patch_node(self, node: str, patch: dict[str, Any]) -> None:
         try:
             self.call(
-                lambda: self.core.patch_node(
-                    node,
-                    patch,
-                    _content_type="application/strategic-merge-patch+json",
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
+                lambda: _whole(
+                    self.core.patch_node(
+                        node,
+                        patch,
+                        _content_type="application/strategic-merge-patch+json",
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 )
             )
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
@@ -567,8 +714,10 @@ class KubeActuator:
             return
         try:
             self.call(
-                lambda: self.core.create_namespaced_event(
-                    where, body, _preload_content=False, _request_timeout=self.call.timeout
+                lambda: _whole(
+                    self.core.create_namespaced_event(
+                        where, body, _preload_content=False, _request_timeout=self.call.timeout
+                    )
                 )
             )
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
@@ -663,11 +812,13 @@ class LeaseElector:
                 "spec": self._spec(now, acquire=True, transitions=0),
             }
             return self._write(
-                lambda: self.coordination.create_namespaced_lease(
-                    self.namespace,
-                    body,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
+                lambda: _whole(
+                    self.coordination.create_namespaced_lease(
+                        self.namespace,
+                        body,
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 ),
                 "created the Lease",
                 LeaderStatus(False, "", "another candidate created the Lease first"),
@@ -702,12 +853,14 @@ class LeaseElector:
 
     def _replace(self, body: dict[str, Any]) -> Callable[[], object]:
         """The request that replaces the Lease with ``body`` (for ``self.call``)."""
-        return lambda: self.coordination.replace_namespaced_lease(
-            self.name,
-            self.namespace,
-            body,
-            _preload_content=False,
-            _request_timeout=self.call.timeout,
+        return lambda: _whole(
+            self.coordination.replace_namespaced_lease(
+                self.name,
+                self.namespace,
+                body,
+                _preload_content=False,
+                _request_timeout=self.call.timeout,
+            )
         )
 
     def _write(
@@ -754,6 +907,13 @@ class LeaseElector:
             and int(spec.get("leaseTransitions") or 0) == self._generation
         )
 
+    def holds_now(self) -> bool:
+        """Whether our last renewal is younger than the lease duration, by this process's
+        monotonic clock (which runs on while the process is stopped): no request, so it can be
+        asked right before a write."""
+        renewed = self._renewed_at
+        return renewed is not None and time.monotonic() - renewed < self.lease_duration_s
+
     def holds(self, tenure: Tenure) -> bool:
         """Whether ``tenure`` still holds the Lease unexpired (a reconcile leaves its drains
         alone); True when the Lease cannot be read."""
@@ -784,11 +944,13 @@ class LeaseElector:
     def _read(self) -> dict[str, Any] | None:
         try:
             response = self.call(
-                lambda: self.coordination.read_namespaced_lease(
-                    self.name,
-                    self.namespace,
-                    _preload_content=False,
-                    _request_timeout=self.call.timeout,
+                lambda: _loaded(
+                    self.coordination.read_namespaced_lease(
+                        self.name,
+                        self.namespace,
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
                 )
             )
         except ApiException as exc:

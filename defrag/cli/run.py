@@ -181,6 +181,9 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
             settings.identity,
             int(settings.lease_duration_s),
         )
+        # a retried eviction asks the Lease again (a retry may come seconds later)
+        actuator.fence = elector.still_leader
+        actuator.send_guard = elector.holds_now
     return actuator, elector
 
 

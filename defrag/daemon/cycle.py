@@ -262,7 +262,10 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         after, after_source = _summary(plan.after), "expected"
 
     alert_error = ""
-    if ports.alerts is not None and leader:
+    # A leader deposed during this cycle (its execution stopped at the fence) sends nothing: its
+    # findings are from the snapshot at the start, and the new leader may already have resolved
+    # an alert they still hold — sending them would fire it again.
+    if ports.alerts is not None and leader and _still_leading(ports):
         try:
             # a rule that could not be evaluated keeps its alerts as they were
             ports.alerts.sync(findings, ports.wall_clock.now(), held_rules=tuple(failed))
@@ -288,6 +291,17 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         warnings=cluster.warnings,
         rule_failures=failed,
     )
+
+
+def _still_leading(ports: CyclePorts) -> bool:
+    """Whether this replica still holds the Lease it began the cycle with (its executor's fence;
+    a replica without election always does)."""
+    if ports.executor is None:
+        return True
+    try:
+        return bool(ports.executor.fence.still_leader())
+    except Exception:  # cannot tell: say nothing rather than send stale alerts
+        return False
 
 
 def rule_failed_finding(rule: str, reason: str) -> Finding:

@@ -1,0 +1,1100 @@
+"""The chaos soak: two daemon replicas on the real control plane, under faults, checked for
+invariants after the fact from the API server's audit log and the objects' history.
+
+    .venv/bin/python -m bench.bench_soak --seed 1 --cycles 1000 [--json out.json]
+
+What runs (tests/e2e's harness): etcd, kube-apiserver (audit log, every request), the
+kube-controller-manager, the kubelet stand-in, kube-scheduler with the shipped configuration and
+the defrag extender, two ``defrag run`` replicas (``dry_run: false``, leader election, a 1 s
+cycle, a ``make-room-now`` starvation rule) each as its own ServiceAccount bound to defrag's
+roles, a real Alertmanager with a webhook receiver, and a Prometheus that misbehaves on demand.
+The daemons and the extender reach the API server through ``tests/e2e/faultproxy.py``.
+
+A seeded stream of GPU workloads (Deployments arriving and completing, 8-GPU jobs of a
+non-preempting high-priority class) and seeded chaos (leader SIGKILL and SIGSTOP past its
+Lease, extender killed, Prometheus down or answering garbage, Alertmanager restarted, PDBs with
+``maxUnavailable: 0`` added and removed, pods deleted, nodes cordoned and deleted, terminating
+pods held) run until the replicas have run ``--cycles`` cycles; then the chaos stops, the soak
+runs clean for ``--drain-s`` seconds and every invariant is checked (``Report.violations``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from tests.e2e import cluster as c
+from tests.e2e.controlplane import (
+    AssetsMissing,
+    ControlPlane,
+    Process,
+    find_assets,
+    spawn,
+    start_control_plane,
+    wait_for,
+)
+from tests.e2e.faultproxy import FaultProxy, FaultRates
+from tests.e2e.kubelet import Kubelet, add_node
+from tests.e2e.stage import HIGH
+from tests.support.alertmanager import AlertmanagerServer, WebhookReceiver
+from tests.support.binaries import free_port
+from tests.support.broken_prometheus import BrokenPrometheus, Fault
+
+NS = "soak"
+SYSTEM = "defrag-system"
+REPLICAS = ("defrag", "defrag-2")  # ServiceAccount per replica (its identity too)
+LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/defrag"
+LEASE_S = 4
+DRAIN_TAINT = "defrag.io/draining"
+RESERVED = "defrag.io/reserved-for"
+SIZES = (1, 2, 2, 4, 4, 6)
+
+RULES = {
+    "rules": [
+        {
+            "name": "high-priority-starved",
+            "detector": "starvation",
+            "severity": "critical",
+            "action": "make-room-now",
+            "for": "2s",
+            "min_priority": 1000,
+            "priority_classes": [HIGH],
+        },
+        {
+            "name": "cluster-idle",
+            "detector": "idle",
+            "severity": "info",
+            "action": "alert",
+            "query": "avg(DCGM_FI_DEV_GPU_UTIL)",
+            "threshold_pct": 20,
+            "for": "1m",
+            "step": "15s",
+            "max_gap": "1m",
+        },
+    ]
+}
+
+
+def daemon_settings(prometheus: str, alertmanager: str) -> dict[str, Any]:
+    return {
+        "policy": "reserve-binpack",
+        "dry_run": False,
+        "leader_election": True,
+        "lease_duration_s": LEASE_S,
+        "cycle_interval_s": 1,
+        "replacement_timeout_s": 8,
+        "poll_interval_s": 0.5,
+        "ready_max_age_s": 30,
+        "make_room_worth": 0,
+        "max_evictions_per_window": 100000,
+        "max_evictions_per_namespace": 100000,
+        "max_evictions_per_node": 100000,
+        "prometheus_url": prometheus,
+        "prometheus_timeout_s": 3,
+        "alertmanager_urls": [alertmanager],
+        "alert_resend_interval_s": 5,
+        "alert_ttl_s": 120,
+        "log_format": "json",
+    }
+
+
+# --- the audit log, read as it grows ------------------------------------------------------------
+
+
+class AuditTail:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.events: list[dict[str, Any]] = []
+        self._rest = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        self.offset += len(data)
+        data = self._rest + data
+        lines = data.split(b"\n")
+        self._rest = lines.pop()
+        new = [json.loads(line) for line in lines if line.strip()]
+        self.events.extend(new)
+        return new
+
+
+def stamp(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+# --- processes -------------------------------------------------------------------------------
+
+
+@dataclass
+class Replica:
+    name: str
+    kubeconfig: Path
+    settings: Path
+    rules: Path
+    port: int = 0
+    process: Process | None = None
+    incarnation: int = 0
+    paused_until: float = 0.0
+    scrapes: dict[int, dict[str, float]] = field(default_factory=dict)
+    """incarnation → the last /metrics figures read from it."""
+    rss: list[tuple[float, int, int]] = field(default_factory=list)
+    """(time, incarnation, VmRSS kB)."""
+
+
+@dataclass
+class Soak:
+    seed: int
+    cycles: int
+    folder: Path
+    nodes: int = 8
+    drain_s: float = 45.0
+    chaos_every_s: tuple[float, float] = (4.0, 9.0)
+    rates: FaultRates = field(default_factory=FaultRates)
+    max_wall_s: float = 7200.0
+    verbose: bool = True
+
+    def __post_init__(self) -> None:
+        self.rng = random.Random(self.seed)
+        self.chaos_rng = random.Random(self.seed * 7919 + 1)
+        self.replicas: dict[str, Replica] = {}
+        self.chaos: Counter[str] = Counter()
+        self.notes: list[str] = []
+        self.pdb_log: dict[str, list[tuple[float, str, int, dict[str, str]]]] = defaultdict(list)
+        """PDB name → (time, resourceVersion, disruptionsAllowed, selector) samples."""
+        self.pod_labels: dict[str, dict[str, str]] = {}
+        self.pod_state: dict[str, list[tuple[float, bool, bool]]] = defaultdict(list)
+        """pod name → (time, bound, terminating) samples (the starving pods' history)."""
+        self.prom_modes: list[tuple[float, str]] = []
+        self.kills: list[tuple[float, str]] = []
+        """(time, replica) of every SIGKILL: faults answered to a process just killed are
+        seen by nobody."""
+        self.stop = threading.Event()
+        self.chaos_on = threading.Event()
+        self.errors: list[str] = []
+        self.deployments: dict[str, int] = {}  # name → GPUs per pod (live ones)
+        self.jobs: dict[str, float] = {}  # high-priority job → time it was first seen Running
+        self.serial = 0
+        self.node_names: list[str] = []
+
+    def say(self, text: str) -> None:
+        if self.verbose:
+            print(f"[soak {time.strftime('%H:%M:%S')}] {text}", flush=True)
+
+    # --- set-up --------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        self.plane = start_control_plane(self.folder / "plane")
+        try:
+            return self._run(started)
+        finally:
+            self.stop.set()
+            for replica in self.replicas.values():
+                if replica.process is not None:
+                    replica.process.stop()
+            with contextlib.suppress(Exception):
+                self.proxy.stop()
+            with contextlib.suppress(Exception):
+                self.am.close()
+            with contextlib.suppress(Exception):
+                self.receiver.close()
+            with contextlib.suppress(Exception):
+                self.prom.stop()
+            with contextlib.suppress(Exception):
+                self.kubelet.stop()
+            self.plane.stop()
+
+    def _run(self, started: float) -> dict[str, Any]:
+        plane = self.plane
+        c.apply_rbac(plane)
+        second_service_account(plane, REPLICAS[1])
+        # pods take a moment to finish terminating, as with a real kubelet (grace period)
+        self.kubelet = Kubelet(plane.admin, delete_delay_s=2.0).start()
+        c.namespace(plane.admin, NS)
+        c.priority_class(plane.admin, HIGH, 100000, preempt=False)
+        for i in range(self.nodes):
+            self._add_node(f"g{i + 1}")
+        self.audit = AuditTail(plane.audit_log)
+        self.proxy = FaultProxy(
+            plane.server,
+            plane.pki.ca,
+            seed=self.seed,
+            rates=self.rates,
+            request_faults_for=set(REPLICAS),
+        )
+        self.proxy.start()
+        self.receiver = WebhookReceiver()
+        self.received: list[tuple[float, str, dict[str, str]]] = []
+        record = self.receiver._record
+
+        def timed(payload: dict[str, Any]) -> None:
+            for alert in payload.get("alerts", []):
+                self.received.append(
+                    (time.time(), str(alert.get("status")), dict(alert.get("labels", {})))
+                )
+            record(payload)
+
+        self.receiver._record = timed  # type: ignore[method-assign]
+        self.am = AlertmanagerServer(self.receiver.url)
+        self.am.start()
+        self.prom = BrokenPrometheus()
+        self.prom.start()
+        self.prom_modes.append((time.time(), "ok"))
+        rules = self.folder / "rules"
+        rules.mkdir(parents=True, exist_ok=True)
+        c.write_yaml(rules / "soak.yaml", RULES)
+        settings = c.write_yaml(
+            self.folder / "daemon-settings.yaml", daemon_settings(self.prom.url, self.am.url)
+        )
+        # the extender and kube-scheduler (the scheduler talks to the API directly)
+        ext_token = plane.token(SYSTEM, "defrag-scheduler")
+        self.ext_kubeconfig = self.proxy.kubeconfig(
+            self.folder / "extender.kubeconfig", ext_token, "extender"
+        )
+        self.ext_settings = c.write_yaml(
+            self.folder / "extender-settings.yaml", {"policy": "reserve-binpack"}
+        )
+        self.ext_port = free_port()
+        self._start_extender()
+        sched_kc = plane.service_account_kubeconfig(SYSTEM, "defrag-scheduler")
+        plane.start_scheduler(c.scheduler_config(self.ext_port, True), sched_kc, "kube-scheduler")
+        for name in REPLICAS:
+            token = plane.token(SYSTEM, name)
+            kc = self.proxy.kubeconfig(self.folder / f"{name}.kubeconfig", token, name)
+            self.replicas[name] = Replica(name, kc, settings, rules)
+            self._start_replica(self.replicas[name])
+        # some load first, then faults and chaos
+        while self._used() < 8 * self.nodes * 0.75:
+            self._arrive()
+        self.proxy.enabled = True
+        self.chaos_on.set()
+        threads = [
+            threading.Thread(target=self._guard(self._workload_loop), daemon=True),
+            threading.Thread(target=self._guard(self._chaos_loop), daemon=True),
+            threading.Thread(target=self._guard(self._observe_loop), daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        self.say(f"running to {self.cycles} cycles (seed {self.seed}, {self.nodes} nodes)")
+        last_said = 0
+        while True:
+            done = self.total_cycles()
+            if done >= self.cycles or time.monotonic() - started > self.max_wall_s:
+                break
+            if done - last_said >= 50:
+                self.say(
+                    f"{done} cycles, faults {dict(self.proxy.counts)}, chaos {dict(self.chaos)}"
+                )
+                last_said = done
+            if self.errors:
+                raise RuntimeError(f"soak harness failed: {self.errors[0]}")
+            time.sleep(1)
+        chaos_wall = time.monotonic() - started
+        # stop the chaos, heal everything, run clean
+        self.say("chaos off; draining")
+        self.chaos_on.clear()
+        self.proxy.enabled = False
+        self._heal()
+        time.sleep(self.drain_s)
+        self.stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        self._observe_once()
+        for replica in self.replicas.values():
+            self._scrape(replica)
+        report = self.check()
+        report["wall_s"] = round(time.monotonic() - started, 1)
+        report["chaos_wall_s"] = round(chaos_wall, 1)
+        return report
+
+    def _guard(self, fn: Any) -> Any:
+        def run() -> None:
+            try:
+                fn()
+            except Exception as exc:  # the harness's own failure ends the soak
+                self.errors.append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+                raise
+
+        return run
+
+    def _add_node(self, short: str) -> None:
+        name = f"{NS}-{short}"
+        add_node(self.plane.admin, name, 8)
+        self.node_names.append(name)
+
+    def _start_extender(self) -> None:
+        metrics = free_port()
+        proc = spawn(
+            "defrag-extender",
+            [
+                c.defrag_path(), "extender", "--kubeconfig", str(self.ext_kubeconfig),
+                "--host", "127.0.0.1", "--port", str(self.ext_port),
+                "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1",
+                "--settings", str(self.ext_settings),
+            ],
+            self.plane.folder,
+        )  # fmt: skip
+        self.plane.processes["defrag-extender"] = proc
+        self.extender = c.Served(proc, metrics)
+        c.wait_ready(proc, metrics, timeout_s=90)
+
+    def _start_replica(self, replica: Replica) -> None:
+        replica.port = free_port()
+        replica.incarnation += 1
+        name = f"daemon-{replica.name}"
+        replica.process = spawn(
+            name,
+            [
+                c.defrag_path(), "run", "--kubeconfig", str(replica.kubeconfig),
+                "--settings", str(replica.settings), "--rules", str(replica.rules),
+            ],
+            self.plane.folder,
+            env={
+                "DEFRAG_HTTP_PORT": str(replica.port),
+                "DEFRAG_HTTP_HOST": "127.0.0.1",
+                "DEFRAG_IDENTITY": replica.name,
+            },
+        )  # fmt: skip
+        self.plane.processes[name] = replica.process
+        port = replica.port
+        wait_for(
+            name,
+            lambda: requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok,
+            60,
+            replica.process,
+        )
+
+    # --- the workload stream -------------------------------------------------------------
+
+    def _workload_loop(self) -> None:
+        while not self.stop.is_set():
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            if self.stop.is_set():
+                return
+            with contextlib.suppress(requests.RequestException):
+                self._workload_step()
+
+    def _used(self) -> int:
+        return sum(self.deployments.values())
+
+    def _workload_step(self) -> None:
+        if not self.chaos_on.is_set():  # draining: nothing new arrives, running jobs complete
+            for name, since in list(self.jobs.items()):
+                if since and time.time() - since > 5:
+                    self._delete_deployment(name)
+                    self.jobs.pop(name, None)
+            return
+        capacity = 8 * len(self._live_nodes())
+        x = self.rng.random()
+        if x < 0.3 and len(self.jobs) < 3:
+            self.serial += 1
+            name = f"job-{self.serial}"
+            c.deployment(self.plane.admin, NS, name, 8, priority_class_name=HIGH)
+            self.jobs[name] = 0.0
+            return
+        # jobs complete some seconds after they run
+        for name, since in list(self.jobs.items()):
+            if since and time.time() - since > self.rng.uniform(5, 20):
+                self._delete_deployment(name)
+                self.jobs.pop(name, None)
+                return
+        if self._used() < capacity * 0.85 and x < 0.8:
+            self._arrive()
+        elif self.deployments:
+            name = self.rng.choice(sorted(self.deployments))
+            if self.rng.random() < 0.5:  # scaled to 0, then deleted
+                self.plane.admin.patch(
+                    f"/apis/apps/v1/namespaces/{NS}/deployments/{name}", {"spec": {"replicas": 0}}
+                )
+            self._delete_deployment(name)
+            self.deployments.pop(name, None)
+
+    def _arrive(self) -> None:
+        self.serial += 1
+        gpus = self.rng.choice(SIZES)
+        name = f"w{gpus}-{self.serial}"
+        c.deployment(self.plane.admin, NS, name, gpus)
+        self.deployments[name] = gpus
+
+    def _delete_deployment(self, name: str) -> None:
+        self.plane.admin.delete(
+            f"/apis/apps/v1/namespaces/{NS}/deployments/{name}",
+            {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"},
+        )
+
+    def _live_nodes(self) -> list[str]:
+        return list(self.node_names)
+
+    # --- chaos ---------------------------------------------------------------------------
+
+    def _chaos_loop(self) -> None:
+        actions = [
+            ("leader-kill", 3, self._kill_leader),
+            ("leader-pause", 3, self._pause_leader),
+            ("extender-kill", 1, self._kill_extender),
+            ("prometheus", 2, self._prometheus_fault),
+            ("alertmanager-restart", 1, self._restart_alertmanager),
+            ("pdb", 3, self._pdb_change),
+            ("pod-delete", 3, self._delete_pod),
+            ("node-cordon", 1, self._cordon_node),
+            ("node-delete", 1, self._delete_node),
+            ("hold-terminating", 2, self._hold),
+        ]
+        weights = [w for _, w, _ in actions]
+        while not self.stop.is_set():
+            time.sleep(self.chaos_rng.uniform(*self.chaos_every_s))
+            if not self.chaos_on.is_set():
+                continue
+            kind, _, act = self.chaos_rng.choices(actions, weights)[0]
+            try:
+                if act() is not False:
+                    self.chaos[kind] += 1
+            except requests.RequestException as exc:
+                self.notes.append(f"chaos {kind}: {exc}")
+
+    def leader(self) -> Replica | None:
+        with contextlib.suppress(requests.RequestException, KeyError):
+            holder = self.plane.admin.get(LEASE)["spec"].get("holderIdentity")
+            return self.replicas.get(str(holder))
+        return None
+
+    def _kill_leader(self) -> bool:
+        replica = self.leader()
+        if replica is None or replica.process is None or not replica.process.alive():
+            return False
+        self._scrape(replica)
+        self.kills.append((time.time(), replica.name))
+        replica.process.proc.kill()
+        replica.process.proc.wait()
+        time.sleep(self.chaos_rng.uniform(0.5, 3.0))
+        self._start_replica(replica)
+        return True
+
+    def _pause_leader(self) -> bool:
+        replica = self.leader()
+        if replica is None or replica.process is None or not replica.process.alive():
+            return False
+        self._scrape(replica)
+        os.kill(replica.process.proc.pid, signal.SIGSTOP)
+        replica.paused_until = time.time() + LEASE_S + 3
+        # past its Lease (the other replica takes over), then it wakes up
+        time.sleep(LEASE_S + self.chaos_rng.uniform(2.0, 5.0))
+        os.kill(replica.process.proc.pid, signal.SIGCONT)
+        replica.paused_until = 0.0
+        return True
+
+    def _kill_extender(self) -> bool:
+        self.extender.process.proc.kill()
+        self.extender.process.proc.wait()
+        time.sleep(self.chaos_rng.uniform(0.5, 3.0))
+        self._start_extender()
+        return True
+
+    def _prometheus_fault(self) -> bool:
+        mode = self.chaos_rng.choice(["refused", "garbage", "500"])
+        self.prom_modes.append((time.time(), mode))
+        if mode == "refused":
+            self.prom.stop()
+        elif mode == "garbage":
+            self.prom.set(Fault("body", body="<html>not prometheus</html>"))
+        else:
+            self.prom.set(Fault("status"))
+        time.sleep(self.chaos_rng.uniform(3.0, 10.0))
+        if mode == "refused":
+            self.prom.start()
+        self.prom.set(Fault())
+        self.prom_modes.append((time.time(), "ok"))
+        return True
+
+    def _restart_alertmanager(self) -> bool:
+        self.am.stop()
+        time.sleep(self.chaos_rng.uniform(1.0, 5.0))
+        self.am.start()
+        return True
+
+    def _pdb_change(self) -> bool:
+        api = self.plane.admin
+        existing = api.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")["items"]
+        if existing and self.chaos_rng.random() < 0.5:
+            victim = self.chaos_rng.choice(existing)["metadata"]["name"]
+            api.delete(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets/{victim}")
+            return True
+        if not self.deployments:
+            return False
+        name = self.chaos_rng.choice(sorted(self.deployments))
+        with contextlib.suppress(requests.HTTPError):  # already there
+            api.post(
+                f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets",
+                {
+                    "apiVersion": "policy/v1",
+                    "kind": "PodDisruptionBudget",
+                    "metadata": {"name": name},
+                    "spec": {"maxUnavailable": 0, "selector": {"matchLabels": {"app": name}}},
+                },
+            )
+        return True
+
+    def _running_pods(self) -> list[dict[str, Any]]:
+        return [
+            p
+            for p in c.pods(self.plane.admin, NS)
+            if p["spec"].get("nodeName") and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def _delete_pod(self) -> bool:
+        # Prefer the pods a plan is about to move: those on a node being drained or a node
+        # the planner would free, else any.
+        pods = self._running_pods()
+        if not pods:
+            return False
+        draining = set(self._marked_nodes())
+        near = [p for p in pods if p["spec"]["nodeName"] in draining] or pods
+        pod = self.chaos_rng.choice(near)
+        self.plane.admin.delete(f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}")
+        return True
+
+    def _marked_nodes(self) -> list[str]:
+        found = []
+        for node in self.plane.admin.get("/api/v1/nodes")["items"]:
+            taints = [t["key"] for t in node["spec"].get("taints", [])]
+            notes = node["metadata"].get("annotations", {})
+            if DRAIN_TAINT in taints or RESERVED in notes:
+                found.append(node["metadata"]["name"])
+        return found
+
+    def _cordon_node(self) -> bool:
+        marked = self._marked_nodes()
+        node = self.chaos_rng.choice(marked or self.node_names)
+        path = f"/api/v1/nodes/{node}"
+        self.plane.admin.patch(path, {"spec": {"unschedulable": True}})
+        time.sleep(self.chaos_rng.uniform(2.0, 6.0))
+        with contextlib.suppress(requests.HTTPError):
+            self.plane.admin.patch(path, {"spec": {"unschedulable": None}})
+        return True
+
+    def _delete_node(self) -> bool:
+        marked = [n for n in self._marked_nodes() if n in self.node_names]
+        if len(self.node_names) <= 4:
+            return False
+        node = self.chaos_rng.choice(marked or self.node_names)
+        self.node_names.remove(node)
+        self.plane.admin.delete(f"/api/v1/nodes/{node}")
+        # its pods would be gone with their kubelet: delete them, as the pod GC would
+        for pod in c.pods(self.plane.admin, NS):
+            if pod["spec"].get("nodeName") == node:
+                self.plane.admin.delete(
+                    f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}",
+                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+                )
+        time.sleep(self.chaos_rng.uniform(1.0, 4.0))
+        self.serial += 1
+        self._add_node(f"n{self.serial}")
+        return True
+
+    def _hold(self) -> bool:
+        pods = self._running_pods()
+        if not pods:
+            return False
+        pod = self.chaos_rng.choice(pods)
+        prefix = f"{NS}/{pod['metadata']['labels']['app']}-"
+        self.kubelet.hold.add(prefix)
+        time.sleep(self.chaos_rng.uniform(3.0, 10.0))
+        self.kubelet.release([prefix])
+        return True
+
+    def _heal(self) -> None:
+        """Everything back: Prometheus answering, Alertmanager up, nothing held or paused."""
+        deadline = time.time() + 30
+        while any(r.paused_until for r in self.replicas.values()) and time.time() < deadline:
+            time.sleep(0.2)
+        self.kubelet.release(list(self.kubelet.hold))
+        self.prom.set(Fault())
+        with contextlib.suppress(Exception):
+            self.prom.start()
+        with contextlib.suppress(Exception):
+            self.am.start()
+        for node in self.plane.admin.get("/api/v1/nodes")["items"]:
+            if node["spec"].get("unschedulable"):
+                self.plane.admin.patch(
+                    f"/api/v1/nodes/{node['metadata']['name']}", {"spec": {"unschedulable": None}}
+                )
+        for replica in self.replicas.values():
+            if replica.process is not None and not replica.process.alive():
+                self._start_replica(replica)
+
+    # --- observation -------------------------------------------------------------------------
+
+    def _observe_loop(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(requests.RequestException):
+                self._observe_once()
+            time.sleep(0.25)
+
+    def _observe_once(self) -> None:
+        now = time.time()
+        api = self.plane.admin
+        for pdb in api.get(f"/apis/policy/v1/namespaces/{NS}/poddisruptionbudgets")["items"]:
+            log = self.pdb_log[pdb["metadata"]["name"]]
+            rv = pdb["metadata"]["resourceVersion"]
+            allowed = int(pdb.get("status", {}).get("disruptionsAllowed", 0))
+            selector = pdb["spec"].get("selector", {}).get("matchLabels", {})
+            if (pdb.get("status", {}).get("observedGeneration") or 0) < pdb["metadata"].get(
+                "generation", 1
+            ):
+                allowed = 0  # not computed yet: the API server refuses evictions on it
+            log.append((now, rv, allowed, selector))
+        for pod in c.pods(api, NS):
+            name = pod["metadata"]["name"]
+            self.pod_labels.setdefault(name, pod["metadata"].get("labels", {}))
+            app = pod["metadata"].get("labels", {}).get("app", "")
+            if app.startswith("job-"):
+                bound = bool(pod["spec"].get("nodeName"))
+                self.pod_state[name].append(
+                    (now, bound, bool(pod["metadata"].get("deletionTimestamp")))
+                )
+                running = bound and pod["status"].get("phase") == "Running"
+                if running and app in self.jobs and not self.jobs[app]:
+                    self.jobs[app] = now
+        self.audit.read()
+        for replica in self.replicas.values():
+            self._scrape(replica)
+
+    def _scrape(self, replica: Replica) -> None:
+        proc = replica.process
+        if proc is None or not proc.alive() or replica.paused_until:
+            return
+        with contextlib.suppress(requests.RequestException):
+            text = requests.get(f"http://127.0.0.1:{replica.port}/metrics", timeout=2).text
+            replica.scrapes[replica.incarnation] = parse_metrics(text)
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{proc.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    replica.rss.append((time.time(), replica.incarnation, int(line.split()[1])))
+
+    def total_cycles(self) -> int:
+        return int(sum(metric_sum(s, "defrag_cycles_total") for r in self.replicas.values()
+                       for s in r.scrapes.values()))  # fmt: skip
+
+    # --- the invariants ------------------------------------------------------------------------
+
+    def check(self) -> dict[str, Any]:
+        events = self.audit.events
+        users = {c.sa_user(SYSTEM, name): name for name in REPLICAS}
+        evictions = [
+            e
+            for e in events
+            if e["user"]["username"] in users
+            and e["verb"] == "create"
+            and e.get("objectRef", {}).get("subresource") == "eviction"
+        ]
+        ok = [e for e in evictions if e["responseStatus"]["code"] == 201]
+        codes = Counter(e["responseStatus"]["code"] for e in evictions)
+        # 1. pods evicted twice
+        per_pod: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for e in ok:
+            per_pod[e["objectRef"]["name"]].append(e)
+        twice = {n: es for n, es in per_pod.items() if len(es) > 1}
+        retried = sum(
+            1
+            for es in twice.values()
+            if len({e["user"]["username"] for e in es}) == 1
+            and stamp(es[-1]["requestReceivedTimestamp"]) - stamp(es[0]["stageTimestamp"]) < 60
+        )
+        # 2. PDB violations: a 201 while a PDB over the pod allowed no disruption, read both
+        # before and after the eviction at the same resourceVersion
+        pdb_violations = []
+        for e in ok:
+            name = e["objectRef"]["name"]
+            if per_pod[name][0] is not e:
+                continue  # a second eviction of a terminating pod skips the PDB; counted above
+            labels = self.pod_labels.get(name, {})
+            t = stamp(e["stageTimestamp"])
+            for pdb, log in self.pdb_log.items():
+                before = [s for s in log if s[0] <= t]
+                after = [s for s in log if s[0] > t]
+                if not before or not after:
+                    continue
+                b, a = before[-1], after[0]
+                covered = b[3] and all(labels.get(k) == v for k, v in b[3].items())
+                if covered and b[2] == 0 and a[1] == b[1]:
+                    pdb_violations.append(f"{name} under {pdb} at {e['stageTimestamp']}")
+        # 3. evictions by a replica that did not hold the Lease (from the Lease writes)
+        lease_writes = sorted(
+            (
+                (
+                    stamp(e["requestReceivedTimestamp"]),
+                    stamp(e["stageTimestamp"]),
+                    users[e["user"]["username"]],
+                )
+                for e in events
+                if e["user"]["username"] in users
+                and e["verb"] in ("update", "create")
+                and e.get("objectRef", {}).get("resource") == "leases"
+                and e.get("objectRef", {}).get("subresource") is None
+                and e["responseStatus"]["code"] in (200, 201)
+            ),
+            key=lambda w: w[1],
+        )  # fmt: skip
+        not_leader = []
+        for e in ok:
+            who = users[e["user"]["username"]]
+            t_in, t_done = stamp(e["requestReceivedTimestamp"]), stamp(e["stageTimestamp"])
+            last = [w for w in lease_writes if w[1] <= t_in]
+            if not last or last[-1][2] != who or t_done > last[-1][0] + LEASE_S:
+                holder = last[-1][2] if last else "nobody"
+                not_leader.append(
+                    f"{who} evicted {e['objectRef']['name']} at {e['stageTimestamp']} "
+                    f"(holder {holder})"
+                )
+        # 4. marks left on the nodes
+        leftovers = []
+        for node in self.plane.admin.get("/api/v1/nodes")["items"]:
+            keys = [t["key"] for t in node["spec"].get("taints", [])]
+            notes = node["metadata"].get("annotations", {})
+            if DRAIN_TAINT in keys:
+                leftovers.append(f"{node['metadata']['name']}: taint {DRAIN_TAINT}")
+            if RESERVED in notes:
+                leftovers.append(f"{node['metadata']['name']}: annotation {RESERVED}")
+        # 5. alerts resolved then fired again for a finding that never cleared
+        refired = self._refires()
+        # 6. tracebacks in any log
+        tracebacks = []
+        for log in sorted(self.plane.folder.glob("*.log")):
+            text = log.read_text(errors="replace")
+            if "Traceback" in text:
+                tracebacks.append(log.name)
+        # 7. faults visible
+        visibility = self._visibility()
+        # 8. RSS
+        rss = {name: rss_figures(r.rss) for name, r in self.replicas.items()}
+        cycles_by = {
+            name: int(sum(metric_sum(s, "defrag_cycles_total") for s in r.scrapes.values()))
+            for name, r in self.replicas.items()
+        }
+        leader_cycles = sum(self._log_count(name, "cycle (leader") for name in REPLICAS)
+        buckets = merged_buckets(
+            [s for r in self.replicas.values() for s in r.scrapes.values()],
+            "defrag_cycle_duration_seconds_bucket",
+        )
+        violations = {
+            "pdb_violations": len(pdb_violations),
+            "pods_evicted_twice": len(twice),
+            "evictions_without_lease": len(not_leader),
+            "marks_left": len(leftovers),
+            "alerts_refired": len(refired),
+            "tracebacks": len(tracebacks),
+            "faults_not_visible": sum(1 for v in visibility.values() if not v["visible"]),
+        }
+        return {
+            "seed": self.seed,
+            "cycles": sum(cycles_by.values()),
+            "cycles_by_replica": cycles_by,
+            "leader_cycles": leader_cycles,
+            "evictions_201": len(ok),
+            "eviction_codes": {str(k): v for k, v in sorted(codes.items())},
+            "faults": dict(sorted(self.proxy.counts.items())),
+            "faults_by_caller": {
+                f"{a}/{b}": n for (a, b), n in sorted(self.proxy.by_caller.items())
+            },
+            "requests_by_caller": dict(self.proxy.requests),
+            "chaos": dict(sorted(self.chaos.items())),
+            "violations": violations,
+            "details": {
+                "pdb_violations": pdb_violations[:20],
+                "pods_evicted_twice": {
+                    n: [(e["user"]["username"], e["stageTimestamp"]) for e in es]
+                    for n, es in list(twice.items())[:20]
+                },
+                "evicted_twice_by_one_replica_within_60s": retried,
+                "evictions_without_lease": not_leader[:20],
+                "marks_left": leftovers,
+                "alerts_refired": refired[:20],
+                "tracebacks": tracebacks,
+                "fault_visibility": visibility,
+                "kills": self.kills,
+            },
+            "fault_log": [
+                (round(t, 3), caller, kind, what) for t, caller, kind, what in self.proxy.log
+            ],
+            "cycle_p99_s_le": bucket_quantile(buckets, 0.99),
+            "cycle_p50_s_le": bucket_quantile(buckets, 0.5),
+            "rss": rss,
+            "notifications": len(self.receiver.notifications),
+            "notes": self.notes[:20],
+        }  # fmt: skip
+
+    def _log_lines(self, replica: str) -> list[dict[str, Any]]:
+        path = self.plane.folder / f"daemon-{replica}.log"
+        out = []
+        for line in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                obj = json.loads(line)
+                if isinstance(obj, dict):
+                    out.append(obj)
+        return out
+
+    def _log_count(self, replica: str, prefix: str) -> int:
+        return sum(
+            1 for o in self._log_lines(replica) if str(o.get("message", "")).startswith(prefix)
+        )
+
+    def _leader_cycles(self) -> list[tuple[float, set[str]]]:
+        """(time, the finding kinds) of every cycle a replica ran as the leader."""
+        out = []
+        for name in REPLICAS:
+            for o in self._log_lines(name):
+                message = str(o.get("message", ""))
+                if not message.startswith("cycle (leader"):
+                    continue
+                m = re.search(r"findings (.*?); ", message)
+                kinds = set()
+                if m and m.group(1) != "none":
+                    kinds = {part.split(" ", 1)[1] for part in m.group(1).split(", ")}
+                out.append((datetime.fromisoformat(o["time"]).timestamp(), kinds))
+        return sorted(out, key=lambda x: x[0])
+
+    def _refires(self) -> list[str]:
+        """A resolved notification, then a firing one for the same labels, with no leader cycle
+        in between (from 3 s before the resolved one) that did not find that kind: the
+        finding never cleared, yet the alert was resolved and fired again."""
+        import defrag.detection  # noqa: F401  (registers the detectors' alerts)
+        from defrag.alerting import ALERTS
+
+        kind_of = {a.name: kind for kind in ALERTS.kinds() for a in ALERTS.alerted(kind)}
+        cycles = self._leader_cycles()
+        seen: dict[tuple[tuple[str, str], ...], list[tuple[float, str]]] = defaultdict(list)
+        for t, status, labels in self.received:
+            seen[tuple(sorted(labels.items()))].append((t, status))
+        out = []
+        for labels, history in seen.items():
+            name = dict(labels).get("alertname", "")
+            kind = kind_of.get(name, name)
+            for (t1, a), (t2, b) in itertools.pairwise(history):
+                if a != "resolved" or b != "firing":
+                    continue
+                cleared = any(t1 - 3 <= t <= t2 and kind not in kinds for t, kinds in cycles)
+                if not cleared:
+                    out.append(f"{json.dumps(dict(labels))} resolved at {t1:.1f}, fired {t2:.1f}")
+        return out
+
+    def _visibility(self) -> dict[str, dict[str, Any]]:
+        """Each fault kind injected, and where it shows: each daemon's transient-error counter
+        and call duration histogram on /metrics (summed over its incarnations), the extender's
+        watch log lines. A kind is visible when what shows it counts at least as many as were
+        injected into callers that lived to see the answer (faults within 2 s before a SIGKILL
+        of that replica are counted apart: ``lost_to_kill``)."""
+        seen: Counter[tuple[str, str]] = Counter()
+        for name, r in self.replicas.items():
+            for s in r.scrapes.values():
+                for key, value in s.items():
+                    m = re.match(r'defrag_kube_api_transient_errors_total\{reason="([^"]+)"\}', key)
+                    if m:
+                        seen[(name, m.group(1))] += int(value)
+                seen[(name, "slow")] += int(
+                    s.get("defrag_kube_api_call_seconds_count", 0)
+                    - s.get('defrag_kube_api_call_seconds_bucket{le="0.25"}', 0)
+                )
+        ext_log = "".join(
+            p.read_text(errors="replace") for p in self.plane.folder.glob("defrag-extender*.log")
+        )
+        seen[("extender", "expired")] = len(
+            re.findall(r"watching \S+: resourceVersion expired", ext_log)
+        )
+        seen[("extender", "dropped")] = len(re.findall(r"watching \S+: .*; retrying in", ext_log))
+        shows = {
+            "5xx": ('defrag_kube_api_transient_errors_total{reason="5xx"}', "5xx"),
+            "429": ('defrag_kube_api_transient_errors_total{reason="429"}', "429"),
+            "reset": ('defrag_kube_api_transient_errors_total{reason="connection"}', "connection"),
+            "latency": ("defrag_kube_api_call_seconds, calls over 0.25 s", "slow"),
+            "watch-drop": ("extender log: 'watching …: …; retrying in'", "dropped"),
+            "watch-410": ("extender log: 'watching …: resourceVersion expired'", "expired"),
+        }
+        injected: Counter[tuple[str, str]] = Counter()
+        lost: Counter[str] = Counter()
+        for t, caller, kind, _ in self.proxy.log:
+            if any(who == caller and 0 <= k - t <= 2 for k, who in self.kills):
+                lost[kind] += 1
+            else:
+                injected[(caller, kind)] += 1
+        out: dict[str, dict[str, Any]] = {}
+        for kind in sorted(self.proxy.counts):
+            where, label = shows.get(kind, ("?", "?"))
+            callers = sorted({c for c, k in injected if k == kind})
+            per = {c: {"injected": injected[(c, kind)], "seen": seen[(c, label)]} for c in callers}
+            out[kind] = {
+                "shown_by": where,
+                "injected": self.proxy.counts[kind],
+                "lost_to_kill": lost[kind],
+                "by_caller": per,
+                "visible": all(v["seen"] >= v["injected"] for v in per.values()),
+            }
+        return out
+
+
+# --- helpers ----------------------------------------------------------------------------------
+
+
+def second_service_account(plane: ControlPlane, name: str) -> None:
+    """A second ServiceAccount bound to every role the ``defrag`` one has."""
+    api = plane.admin
+    api.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+               "metadata": {"name": name, "namespace": SYSTEM}})  # fmt: skip
+    subject = {"kind": "ServiceAccount", "name": "defrag", "namespace": SYSTEM}
+    for binding in api.get("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings")["items"]:
+        if subject in binding.get("subjects", []):
+            api.apply({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": f"{binding['metadata']['name']}-{name}"},
+                "roleRef": binding["roleRef"],
+                "subjects": [{**subject, "name": name}],
+            })  # fmt: skip
+    for binding in api.get("/apis/rbac.authorization.k8s.io/v1/rolebindings")["items"]:
+        if subject in binding.get("subjects", []):
+            api.apply({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": f"{binding['metadata']['name']}-{name}",
+                             "namespace": binding["metadata"]["namespace"]},
+                "roleRef": binding["roleRef"],
+                "subjects": [{**subject, "name": name}],
+            })  # fmt: skip
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        with contextlib.suppress(ValueError):
+            out[key] = float(value)
+    return out
+
+
+def metric_sum(sample: dict[str, float], name: str) -> float:
+    return sum(v for k, v in sample.items() if k == name or k.startswith(name + "{"))
+
+
+def merged_buckets(samples: list[dict[str, float]], name: str) -> dict[float, float]:
+    out: dict[float, float] = defaultdict(float)
+    for s in samples:
+        for key, value in s.items():
+            m = re.match(re.escape(name) + r'\{le="([^"]+)"\}', key)
+            if m:
+                out[float(m.group(1))] += value
+    return dict(out)
+
+
+def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
+    """The upper bound of the bucket that holds quantile ``q`` (a histogram's resolution)."""
+    if not buckets:
+        return None
+    total = buckets.get(float("inf"), max(buckets.values()))
+    for le in sorted(buckets):
+        if buckets[le] >= q * total:
+            return le
+    return None
+
+
+def rss_figures(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
+    """Peak RSS, and the slope (kB/min) over the second half of each incarnation's samples,
+    for the longest-lived incarnation."""
+    if not samples:
+        return {}
+    by: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for t, inc, kb in samples:
+        by[inc].append((t, kb))
+    longest = max(by.values(), key=lambda s: s[-1][0] - s[0][0])
+    half = longest[len(longest) // 2 :]
+    slope = 0.0
+    if len(half) >= 3:
+        ts = [t for t, _ in half]
+        ks = [k for _, k in half]
+        mt, mk = sum(ts) / len(ts), sum(ks) / len(ks)
+        den = sum((t - mt) ** 2 for t in ts)
+        slope = sum((t - mt) * (k - mk) for t, k in half) / den * 60 if den else 0.0
+    return {
+        "peak_mb": round(max(kb for _, _, kb in samples) / 1024, 1),
+        "incarnations": len(by),
+        "longest_minutes": round((longest[-1][0] - longest[0][0]) / 60, 1),
+        "slope_kb_per_min_second_half": round(slope, 1),
+        "start_mb": round(half[0][1] / 1024, 1) if half else None,
+        "end_mb": round(half[-1][1] / 1024, 1) if half else None,
+    }
+
+
+def table(report: dict[str, Any]) -> str:
+    rows = [("seed", report["seed"]), ("cycles (both replicas)", report["cycles"]),
+            ("leader cycles", report["leader_cycles"]),
+            ("evictions (201)", report["evictions_201"]),
+            ("eviction answers", report["eviction_codes"]),
+            ("cycle p50 / p99 (s, bucket bound)",
+             f"{report['cycle_p50_s_le']} / {report['cycle_p99_s_le']}"),
+            ("wall (s)", report.get("wall_s"))]  # fmt: skip
+    rows += [(f"fault {k}", v) for k, v in report["faults"].items()]
+    rows += [(f"chaos {k}", v) for k, v in report["chaos"].items()]
+    rows += [(f"INVARIANT {k}", v) for k, v in report["violations"].items()]
+    for name, fig in report["rss"].items():
+        rows.append((f"RSS {name}", f"peak {fig.get('peak_mb')} MB, slope "
+                     f"{fig.get('slope_kb_per_min_second_half')} kB/min over the second half "
+                     f"of a {fig.get('longest_minutes')} min incarnation"))  # fmt: skip
+    width = max(len(str(k)) for k, _ in rows)
+    return "\n".join(f"{k!s:<{width}}  {v}" for k, v in rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cycles", type=int, default=1000)
+    parser.add_argument("--nodes", type=int, default=8)
+    parser.add_argument("--drain-s", type=float, default=45.0)
+    parser.add_argument("--max-wall-s", type=float, default=7200.0)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--keep", type=Path, help="keep the logs and audit log in this folder")
+    args = parser.parse_args(argv)
+    # SIGTERM ends the soak through its clean-up (every process it started stopped by PID)
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        find_assets()
+    except AssetsMissing as exc:
+        print(f"skipped: {exc}")
+        return 0
+    with contextlib.ExitStack() as stack:
+        folder = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-")))
+        soak = Soak(args.seed, args.cycles, folder, nodes=args.nodes, drain_s=args.drain_s,
+                    max_wall_s=args.max_wall_s)  # fmt: skip
+        report = soak.run()
+    print(table(report))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2, default=str))
+    bad = {k: v for k, v in report["violations"].items() if v}
+    if bad:
+        print(f"INVARIANTS BROKEN: {bad}", file=sys.stderr)
+        print(json.dumps(report["details"], indent=2, default=str), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
