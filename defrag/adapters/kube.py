@@ -499,7 +499,7 @@ class KubeActuator:
                     "(the process was paused or starved since the Lease was checked)",
                 )
             try:
-                post()
+                self.call.attempt(post)  # under the whole-request deadline
                 break
             except ApiException as exc:
                 if exc.status == 429 and _is_pdb_refusal(exc):
