@@ -7,7 +7,6 @@ saying how to get them; with the setting pointing at an incomplete folder they f
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,11 +14,9 @@ import pytest
 
 from tests.e2e.cluster import apply_rbac
 from tests.e2e.controlplane import (
-    ASSETS_ENV,
-    AssetsMissing,
     ControlPlane,
     control_plane,
-    find_assets,
+    require_assets,
 )
 from tests.e2e.kubelet import Kubelet
 
@@ -33,12 +30,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="module")
 def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    try:
-        find_assets()
-    except AssetsMissing as exc:
-        if os.environ.get(ASSETS_ENV):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    require_assets()
     with control_plane(tmp_path_factory.mktemp("controlplane")) as started:
         apply_rbac(started)
         yield started

@@ -80,6 +80,19 @@ def find_assets() -> Assets:
     )
 
 
+def require_assets() -> Assets:
+    """The binaries, or skip the test with the line saying how to get them; with the setting
+    given but the folder incomplete, fail (CI points it at the binaries)."""
+    import pytest
+
+    try:
+        return find_assets()
+    except AssetsMissing as exc:
+        if os.environ.get(ASSETS_ENV):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+
+
 # --- certificates (openssl) ---------------------------------------------------------------
 
 

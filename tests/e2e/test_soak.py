@@ -9,22 +9,14 @@ of its own), so it does not use the module's ``plane`` fixture. The full soak is
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-import pytest
-
 from bench.bench_soak import Soak, table
-from tests.e2e.controlplane import ASSETS_ENV, AssetsMissing, find_assets
+from tests.e2e.controlplane import require_assets
 
 
 def test_short_chaos_soak_holds_every_invariant(tmp_path: Path) -> None:
-    try:
-        find_assets()
-    except AssetsMissing as exc:
-        if os.environ.get(ASSETS_ENV):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
+    require_assets()
     soak = Soak(seed=7, cycles=60, folder=tmp_path, nodes=6, drain_s=20, max_wall_s=150,
                 chaos_every_s=(2.0, 5.0), verbose=False)  # fmt: skip
     report = soak.run()
