@@ -35,7 +35,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from defrag.adapters.deadline import request_deadline
 from defrag.adapters.gpu_shapes import ShapeWarning
-from defrag.adapters.kube import KubeClusterSource, KubeError, RetryPolicy, _Caller, _describe
+from defrag.adapters.kube import KubeClusterSource, KubeError, RetryPolicy, _Caller, _describe, plural
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
 from defrag.model.resources import Node, Pod
@@ -185,7 +185,7 @@ class _Kind:
 
     @property
     def plural(self) -> str:
-        return f"{self.name}es" if self.name.endswith("s") else f"{self.name}s"
+        return plural(self.name)
 
 
 @dataclass(slots=True)
