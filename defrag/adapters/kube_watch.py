@@ -35,7 +35,14 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from defrag.adapters.deadline import request_deadline
 from defrag.adapters.gpu_shapes import ShapeWarning
-from defrag.adapters.kube import KubeClusterSource, KubeError, RetryPolicy, _Caller, _describe, plural
+from defrag.adapters.kube import (
+    KubeClusterSource,
+    KubeError,
+    RetryPolicy,
+    _Caller,
+    _describe,
+    plural,
+)
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
 from defrag.model.resources import Node, Pod
