@@ -37,8 +37,8 @@ from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
 from defrag.execute.mode import mode_name
 from defrag.execute.outcome import ReconcileOutcome
+from defrag.model.status import Status
 from defrag.redact import redact_text
-from defrag.scoring.framework import Status
 
 log = logging.getLogger(__name__)
 

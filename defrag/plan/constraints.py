@@ -23,9 +23,9 @@ from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import PodDisruptionBudget
 from defrag.model.resources import EVICTABLE_ANNOTATION, GANG_LABELS, Pod
+from defrag.model.status import Status
 from defrag.plan.config import Constraints
 from defrag.plan.model import Blocked
-from defrag.scoring.framework import Status
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 SYSTEM_CRITICAL_CLASSES = frozenset({"system-node-critical", "system-cluster-critical"})

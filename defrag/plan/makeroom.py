@@ -27,6 +27,7 @@ import numpy as np
 
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
+from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
@@ -44,7 +45,7 @@ from defrag.plan.room import (
 )
 from defrag.plan.workspace import Workspace
 from defrag.scoring.filters import feasible_mask, node_mask
-from defrag.scoring.framework import Placement, Status
+from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
 
 

@@ -21,6 +21,7 @@ from datetime import datetime
 import numpy as np
 
 from defrag.model.resources import Pod
+from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.plan import constraints as c
 from defrag.plan.config import Constraints
@@ -28,7 +29,7 @@ from defrag.plan.constraints import Ledger, blocked_from, check_filters, check_p
 from defrag.plan.cost import CostModel, gpus_held
 from defrag.plan.model import Blocked, Step
 from defrag.plan.workspace import Occupant, Workspace
-from defrag.scoring.framework import Placement, Policy, Status
+from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.scheduler import schedule
 
 VictimFilter = Callable[[Pod], Status]
