@@ -47,6 +47,7 @@ from defrag.adapters.deadline import (
 from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
 from defrag.execute.fence import Tenure
 from defrag.model.cluster import Cluster, ModelError
+from defrag.model.utc import utc
 from defrag.ports import Clock, EvictionResult
 from defrag.redact import redact_url
 
@@ -691,7 +692,7 @@ class KubeActuator:
         if not cluster_scoped:
             involved["namespace"] = namespace
         where = CLUSTER_EVENT_NAMESPACE if cluster_scoped else namespace
-        now = self._now().astimezone(UTC)
+        now = utc(self._now())
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
@@ -735,7 +736,7 @@ class LeaderStatus:
 
 
 def _micro(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc(t).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -745,7 +746,7 @@ def _parse_time(value: object) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return utc(parsed)
 
 
 class LeaseElector:

@@ -26,6 +26,7 @@ from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
+from defrag.model.utc import utc
 from defrag.plan.config import Goal
 from defrag.plan.constraints import NOT_WORTH
 from defrag.plan.model import Blocked, Plan
@@ -190,7 +191,7 @@ def urgent_window(closed: WindowStatus, pods: frozenset[str], now: datetime) -> 
         open=True,
         reason=f"{closed.reason}; make-room-now for {len(pods)} starved pod(s)",
         next_open=closed.next_open,
-        budget_key=URGENT_BUDGET_KEY.format(day=now.astimezone(UTC).date().isoformat()),
+        budget_key=URGENT_BUDGET_KEY.format(day=utc(now).date().isoformat()),
     )
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 
@@ -29,6 +29,7 @@ from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
+from defrag.model.utc import utc
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.config import MakeRoomMode, PlanOptions
@@ -226,12 +227,8 @@ def room_value(pod: Pod, now: datetime | None) -> float | None:
     since = pod.pending_since or pod.created_at
     if now is None or since is None or pod.gpu_demand_milli == 0:
         return None
-    hours = (_aware(now) - _aware(since)).total_seconds() / 3600.0
+    hours = (utc(now) - utc(since)).total_seconds() / 3600.0
     return max(hours, 0.0) * pod.gpu_demand_milli / GPU_MILLI
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def is_swap(pod: Pod, steps: tuple[Step, ...], ws: Workspace) -> bool:

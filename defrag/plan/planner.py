@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
+from defrag.model.utc import utc
 from defrag.plan import constraints as c
 from defrag.plan.config import (
     Constraints,
@@ -169,7 +170,7 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
             continue  # a gated pod (Kueue admission, …) is not the scheduler's to place yet
         since = pod.pending_since or pod.created_at
         if options.starved_after > timedelta(0) and (
-            since is None or _aware(now) - _aware(since) < options.starved_after
+            since is None or utc(now) - utc(since) < options.starved_after
         ):
             continue
         groups[gang_of(pod) or pod.key].append(pod)
@@ -180,11 +181,7 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     def urgency(group: list[Pod]) -> tuple[int, datetime, str]:
         first = min(group, key=lambda p: p.key)
         since = first.pending_since or first.created_at or now
-        return (-max(p.priority for p in group), _aware(since), first.key)
+        return (-max(p.priority for p in group), utc(since), first.key)
 
     ordered = sorted(groups.values(), key=urgency)
     return [sorted(g, key=lambda p: (-p.gpu_demand_milli, p.key)) for g in ordered]
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
