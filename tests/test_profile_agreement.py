@@ -57,7 +57,7 @@ from defrag.plan.config import Constraints, MakeRoomMode, PlanOptions
 from defrag.plan.constraints import Ledger
 from defrag.plan.cost import DEFAULT_COST
 from defrag.plan.makeroom import make_room
-from defrag.plan.room import Context
+from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
 from defrag.rules import load_rules
 from defrag.scoring.fragmentation import fragmentation_report
@@ -188,7 +188,9 @@ def planner_room(cluster: Cluster, config: ProfileConfig) -> tuple[str | None, i
     profile = config.for_cluster(cluster)
     ws = Workspace.from_cluster(cluster)
     constraints = Constraints()
-    ctx = Context(profile.policy, Ledger(cluster.pdbs, constraints), constraints, DEFAULT_COST, NOW)
+    ctx = SearchContext(
+        profile.policy, Ledger(cluster.pdbs, constraints), constraints, DEFAULT_COST, NOW
+    )
     options = PlanOptions(room_worth=0.0)
     room = make_room(ws, ctx, cluster.pods[PENDING], options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
     return (ws.node(room.row) if room.row is not None else None), len(room.steps)

@@ -35,11 +35,11 @@ from defrag.plan import constraints as c
 from defrag.plan.config import MakeRoomMode, PlanOptions
 from defrag.plan.model import Blocked, Step
 from defrag.plan.room import (
-    Context,
     Nest,
     Preemptable,
     Relocation,
     Room,
+    SearchContext,
     VictimFilter,
     find_room,
     relocate,
@@ -74,7 +74,7 @@ class _Pass:
 
 
 def make_room(
-    ws: Workspace, ctx: Context, pod: Pod, options: PlanOptions, mode: MakeRoomMode
+    ws: Workspace, ctx: SearchContext, pod: Pod, options: PlanOptions, mode: MakeRoomMode
 ) -> RoomResult:
     """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
 
@@ -101,7 +101,7 @@ def make_room(
 
 def _make_room(
     ws: Workspace,
-    ctx: Context,
+    ctx: SearchContext,
     pod: Pod,
     *,
     preempt: bool,
@@ -202,7 +202,7 @@ def _make_room(
     return RoomResult(pod.key, (), tuple(blocked.values()), None)
 
 
-def known_cost(ctx: Context, done: Relocation, ws: Workspace) -> float:
+def known_cost(ctx: SearchContext, done: Relocation, ws: Workspace) -> float:
     """The room's evictions (chained migrations included) priced by
     :meth:`~defrag.plan.cost.CostModel.known`; a preemption ``preempt_factor`` times a move."""
     pods = {pod.key: pod for pod, _ in done.evictions}
@@ -268,7 +268,12 @@ def _lower_or_movable(
 
 
 def _nest(
-    ws: Workspace, ctx: Context, allowed: VictimFilter, depth: int, candidates: int, tries: int
+    ws: Workspace,
+    ctx: SearchContext,
+    allowed: VictimFilter,
+    depth: int,
+    candidates: int,
+    tries: int,
 ) -> Nest:
     def chain(victim: Pod) -> tuple[tuple[Step, ...], int, tuple[int, ...]] | None:
         result = _make_room(

@@ -26,7 +26,7 @@ from defrag.plan.constraints import Ledger, gang_of
 from defrag.plan.makeroom import describe, make_room
 from defrag.plan.model import Blocked, Plan, Step
 from defrag.plan.repack import repack
-from defrag.plan.room import Context
+from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
@@ -65,7 +65,7 @@ def make_plan(
     profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
-    ctx = Context(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
+    ctx = SearchContext(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
     before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)
     steps: list[Step] = []
     blocked: dict[tuple[str, str], Blocked] = {}
@@ -109,7 +109,7 @@ class Rooms:
 
 
 def make_rooms(
-    ws: Workspace, ctx: Context, groups: Iterable[Sequence[Pod]], options: PlanOptions
+    ws: Workspace, ctx: SearchContext, groups: Iterable[Sequence[Pod]], options: PlanOptions
 ) -> Rooms:
     """Room for each group (a gang whole, or nothing of it), in order, on ``ws``.
 

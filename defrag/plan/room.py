@@ -38,7 +38,7 @@ Preemptable = bool | Callable[[Pod], bool]
 
 
 @dataclass(slots=True)
-class Context:
+class SearchContext:
     """What every room search of one plan shares: policy, budgets, costs and their caches."""
 
     policy: Policy
@@ -338,7 +338,7 @@ class _Search:
 
 def relocate(
     ws: Workspace,
-    ctx: Context,
+    ctx: SearchContext,
     room: Room,
     pod: Pod | None,
     *,
@@ -471,7 +471,7 @@ def _step(
     gpus: tuple[int, ...],
     reason: str,
     gang: str | None,
-    ctx: Context,
+    ctx: SearchContext,
 ) -> Step:
     pod = seat.pod
     price = ctx.cost(pod) if kind == "migrate" else ctx.cost_model.preemption(pod, ctx.now)
