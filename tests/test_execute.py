@@ -10,6 +10,7 @@ import pytest
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, PLAN_ANNOTATION, JournalStep, new_journal
+from defrag.execute.mode import RunMode
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Node, OwnerRef, Pod
 from defrag.plan.model import Plan, Step
@@ -32,6 +33,9 @@ def movable_on(cluster: Cluster, node: str) -> list[Pod]:
     )
 
 
+LIVE = RunMode.live()
+
+
 def plan_for(pods: list[Pod], target: str | None = "gpu-01", gang: str | None = None) -> Plan:
     steps = tuple(
         Step("migrate" if target else "preempt", p.key, p.node or "", target, "repack", gang=gang)
@@ -41,7 +45,10 @@ def plan_for(pods: list[Pod], target: str | None = "gpu-01", gang: str | None = 
 
 
 def make(
-    cluster: Cluster | None = None, budgets: EvictionBudget | None = None, timeout_s: float = 120
+    cluster: Cluster | None = None,
+    budgets: EvictionBudget | None = None,
+    timeout_s: float = 120,
+    mode: RunMode = LIVE,
 ) -> tuple[SimCluster, Executor]:
     clock = SimClock(speedup=0)  # time moves only when the executor sleeps
     sim = SimCluster(cluster or fragmented_cluster(), clock)
@@ -50,16 +57,15 @@ def make(
         batch_size=2,
         replacement_timeout_s=timeout_s,
         poll_interval_s=10,
-        dry_run_events=True,
     )
-    return sim, Executor(sim, sim, clock, settings, sleep=clock.sleep)
+    return sim, Executor(sim, sim, clock, settings, mode=mode, sleep=clock.sleep)
 
 
 def test_dry_run_changes_nothing_and_marks_its_events() -> None:
-    sim, ex = make()
+    sim, ex = make(mode=RunMode(dry_run=True, events=True))
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00")
-    result = ex.execute(plan_for(pods), cluster, OPEN, dry_run=True)
+    result = ex.execute(plan_for(pods), cluster, OPEN)
     assert [o.result for o in result.outcomes] == ["planned"] * len(pods)
     assert sim.evictions == []
     assert sim.snapshot() is cluster  # not one change: the same object comes back
@@ -71,7 +77,7 @@ def test_drain_evicts_waits_for_replacements_and_untaints() -> None:
     sim, ex = make()
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00")  # embed-001, embed-002 (2 GPUs), chat-004 (1 GPU)
-    result = ex.execute(plan_for(pods), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(pods), cluster, OPEN)
     assert result.counts == {"evicted": 3}
     after = sim.snapshot()
     node = after.node("gpu-00")
@@ -97,7 +103,7 @@ def test_journal_is_on_the_node_before_the_first_eviction() -> None:
     sim.evict = spy  # type: ignore[method-assign]
     cluster = sim.snapshot()
     plan = plan_for(movable_on(cluster, "gpu-00"))
-    ex.execute(plan, cluster, OPEN, dry_run=False)
+    ex.execute(plan, cluster, OPEN)
     assert seen and all(s[PLAN_ANNOTATION] == plan.id and s["taint"] == plan.id for s in seen)
     assert '"pod": "inference/embed-001"' in seen[0]["defrag.io/drain-steps"]
 
@@ -106,9 +112,7 @@ def test_pdb_429_is_a_skip_with_its_reason_and_an_event() -> None:
     sim, ex = make()
     cluster = sim.snapshot()
     ledger_pod = cluster.pods["inference/chat-003"]  # PDB "ledger", disruptionsAllowed 0
-    result = ex.execute(
-        plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN, dry_run=False
-    )
+    result = ex.execute(plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN)
     first = result.outcomes[0]
     assert (first.pod, first.result) == ("inference/chat-003", "blocked")
     assert "disruption budget" in first.reason
@@ -135,15 +139,13 @@ def test_evictions_never_exceed_the_budgets(
     sim, ex = make(budgets=budgets)
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01")  # 3 + 4 pods
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN)
     assert len(result.evicted) == evicted
     skipped = [o for o in result.outcomes if o.result == "skipped"]
     assert len(skipped) == len(pods) - evicted and all("budget" in o.reason for o in skipped)
     # The same window keeps counting: a second plan gets only what is left.
     now = sim.snapshot()
-    again = ex.execute(
-        plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN, dry_run=False
-    )
+    again = ex.execute(plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN)
     assert len(again.evicted) == then
     assert len([e for e in sim.evictions if e.outcome == "evicted"]) == evicted + then
 
@@ -152,7 +154,7 @@ def test_a_gang_that_does_not_fit_the_budget_is_skipped_whole() -> None:
     sim, ex = make(budgets=EvictionBudget(total=3, per_node=50, per_namespace=50))
     cluster = sim.snapshot()
     gang = movable_on(cluster, "gpu-01")  # 4 pods > 3
-    result = ex.execute(plan_for(gang, gang="inference/job"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(gang, gang="inference/job"), cluster, OPEN)
     assert {o.result for o in result.outcomes} == {"skipped"} and sim.evictions == []
 
 
@@ -160,11 +162,11 @@ def test_closed_window_or_open_breaker_sends_nothing() -> None:
     sim, ex = make()
     cluster = sim.snapshot()
     plan = plan_for(movable_on(cluster, "gpu-00"))
-    closed = ex.execute(plan, cluster, WindowStatus(False, "outside"), dry_run=False)
+    closed = ex.execute(plan, cluster, WindowStatus(False, "outside"))
     assert {o.result for o in closed.outcomes} == {"skipped"}
     assert all(o.reason.startswith("window closed") for o in closed.outcomes)
     ex.breaker.trip(("x/ReplicaSet/y",), "test", SIM_START)
-    tripped = ex.execute(plan, cluster, OPEN, dry_run=False)
+    tripped = ex.execute(plan, cluster, OPEN)
     assert all(o.reason.startswith("circuit breaker open") for o in tripped.outcomes)
     assert sim.evictions == []
 
@@ -189,18 +191,14 @@ def tight_cluster() -> Cluster:
 def test_replacements_stuck_pending_open_the_breaker_until_they_run() -> None:
     sim, ex = make(tight_cluster(), timeout_s=60)
     cluster = sim.snapshot()
-    result = ex.execute(
-        plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN, dry_run=False
-    )
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN)
     assert result.stuck == ("ml/ReplicaSet/job-1",)
     assert ex.breaker.state.open and "Pending longer than 60 s" in ex.breaker.state.reason
     kinds = sorted(f.kind for f in result.findings)
     assert kinds == ["circuit-open", "execution-failed"]
     assert sim.snapshot().node("n1").taints == ()  # untainted even so
     # The breaker holds later plans back...
-    blocked = ex.execute(
-        plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN, dry_run=False
-    )
+    blocked = ex.execute(plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN)
     assert blocked.counts == {"skipped": 1}
     # ...until the replacement is scheduled (n1 is free again, so the scheduler places it).
     assert not ex.breaker.refresh(sim.snapshot()).open
@@ -219,7 +217,7 @@ def test_stop_request_finishes_the_batch_untaints_and_sends_no_more() -> None:
     sim.evict = stop_after_first  # type: ignore[method-assign]
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-01") + movable_on(cluster, "gpu-02")
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN)
     assert result.stopped
     assert [o.result for o in result.outcomes[:2]] == ["evicted", "evicted"]  # batch of 2
     assert {o.result for o in result.outcomes[2:]} == {"skipped"}
@@ -235,7 +233,7 @@ def test_taint_failure_means_no_eviction_from_that_node() -> None:
 
     sim.taint_node = broken  # type: ignore[method-assign]
     cluster = sim.snapshot()
-    result = ex.execute(plan_for(movable_on(cluster, "gpu-00")), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(movable_on(cluster, "gpu-00")), cluster, OPEN)
     assert sim.evictions == [] and {o.result for o in result.outcomes} == {"skipped"}
     assert "could not taint" in result.outcomes[0].reason
     assert [f.kind for f in result.findings] == ["execution-failed"]
@@ -305,7 +303,7 @@ def test_no_new_drain_starts_once_the_window_has_closed() -> None:
         + movable_on(cluster, "gpu-01")
         + movable_on(cluster, "gpu-02")
     )
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, window, dry_run=False)
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, window)
     by_node = {o.source: o.result for o in result.outcomes}
     assert by_node == {"gpu-00": "evicted", "gpu-01": "evicted", "gpu-02": "skipped"}
     skipped = [o for o in result.outcomes if o.result == "skipped"]
@@ -323,9 +321,7 @@ def test_stop_during_the_wait_untaints_without_blaming_the_replacements() -> Non
 
     ex.sleep = sleep
     cluster = sim.snapshot()
-    result = ex.execute(
-        plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN, dry_run=False
-    )
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN)
     assert naps == [10]  # one poll, not the 600 s timeout
     assert result.counts == {"evicted": 1} and result.stuck == ()
     assert not ex.breaker.state.open

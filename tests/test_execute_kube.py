@@ -64,7 +64,12 @@ def api() -> Iterator[KubeApi]:
     yield from running(small_cluster())
 
 
-def executor(api: KubeApi, budgets: EvictionBudget | None = None, **kw: Any) -> Executor:
+def executor(
+    api: KubeApi,
+    budgets: EvictionBudget | None = None,
+    mode: RunMode = RunMode.live(),
+    **kw: Any,
+) -> Executor:
     client = api.client()
     settings = ExecutorSettings(
         budgets=budgets or EvictionBudget(20, 20, 20),
@@ -78,6 +83,7 @@ def executor(api: KubeApi, budgets: EvictionBudget | None = None, **kw: Any) -> 
         KubeClusterSource(client, retry=FAST),
         SystemClock(),
         settings,
+        mode=mode,
     )
 
 
@@ -107,9 +113,8 @@ def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
         actuator,
         source,
         SystemClock(),
-        ExecutorSettings(
-            dry_run_events=s.dry_run_events, poll_interval_s=0.02, replacement_timeout_s=2.0
-        ),
+        ExecutorSettings(poll_interval_s=0.02, replacement_timeout_s=2.0),
+        mode=s.run_mode,
     )
     return CyclePorts(
         source, SystemClock(), _detector(load_rules([default_rules_dir()]), None), _planner(s), ex
@@ -119,7 +124,7 @@ def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
 @pytest.mark.parametrize("events", [False, True])
 def test_dry_run_sends_no_write_request(events: bool) -> None:
     with KubeApi(scattered_20()["items"]) as server:
-        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig(mode=RunMode()))
+        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig())
         assert result.plan is not None and result.plan.steps  # there was something to do
         writes = server.writes()
         if not events:
@@ -132,7 +137,7 @@ def test_dry_run_sends_no_write_request(events: bool) -> None:
 def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
     ex = executor(api)
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
-    result = ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan, ex.source.snapshot(), OPEN)
     assert result.counts == {"evicted": 3}
     node_writes = [(r.method, r.resource) for r in api.writes() if r.resource != "events"]
     assert node_writes[:2] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # taint, journal
@@ -146,9 +151,7 @@ def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
 
 def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi) -> None:
     ex = executor(api)
-    result = ex.execute(
-        plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False
-    )
+    result = ex.execute(plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN)
     assert [(o.pod, o.result) for o in result.outcomes] == [
         ("inf/ledger-0", "blocked"),
         ("inf/web-a", "evicted"),
@@ -165,12 +168,11 @@ def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi)
 def test_evictions_never_exceed_the_budgets(api: KubeApi, per_window: int, per_node: int) -> None:
     ex = executor(api, EvictionBudget(per_window, per_node, 20))
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
-    ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    ex.execute(plan, ex.source.snapshot(), OPEN)
     ex.execute(
         plan_of("inf/big-0", source="gpu-2", target="gpu-3"),
         ex.source.snapshot(),
         OPEN,
-        dry_run=False,
     )
     sent = evictions(api)
     assert len(sent) <= per_window
@@ -211,12 +213,12 @@ def test_replacements_stuck_pending_open_the_breaker(api: KubeApi) -> None:
 
     api.on_eviction = controller
     ex = executor(api, timeout_s=0.2)
-    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN)
     assert result.stuck == ("inf/ReplicaSet/web-a",)
     assert ex.breaker.state.open
     assert sorted(f.kind for f in result.findings) == ["circuit-open", "execution-failed"]
     assert taints(api, "gpu-1") == []
-    again = ex.execute(plan_of("inf/web-b"), ex.source.snapshot(), OPEN, dry_run=False)
+    again = ex.execute(plan_of("inf/web-b"), ex.source.snapshot(), OPEN)
     assert again.counts == {"skipped": 1} and evictions(api) == ["inf/web-a"]
 
 
@@ -234,8 +236,8 @@ def test_only_the_lease_holder_executes() -> None:
             )
             daemons.append(
                 Daemon(
-                    cycle_ports(server),
-                    CycleConfig(mode=RunMode.live(), windows=ALWAYS),
+                    cycle_ports(server, dry_run=False),
+                    CycleConfig(windows=ALWAYS),
                     elector=elector,
                 )
             )
@@ -372,7 +374,7 @@ def test_a_terminating_pod_is_not_evicted_and_spends_no_budget(api: KubeApi) -> 
     ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1))
     cluster = ex.source.snapshot()
     threading.Timer(0.3, api.remove, ("Pod", "web-a", "inf")).start()  # its kubelet is done
-    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN)
     assert evictions(api) == ["inf/web-b"]
     assert result.counts == {"evicted": 1, "gone": 1}
     (going,) = [o for o in result.outcomes if o.pod == "inf/web-a"]
@@ -387,7 +389,7 @@ def test_the_drain_waits_for_a_terminating_pod_at_most_the_replacement_timeout(
 ) -> None:
     mark_deleted(api, "web-a")  # stuck Terminating (a finalizer, a dead kubelet)
     ex = executor(api, timeout_s=0.3)
-    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN)
     assert evictions(api) == []
     assert result.counts == {"gone": 1}
     assert result.problems == ("still Terminating 0.3 s later: inf/web-a",)
@@ -417,7 +419,7 @@ def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_b
         ),
         (),
     )
-    result = ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan, ex.source.snapshot(), OPEN)
     assert evictions(api) == ["inf/web-a"]
     assert result.counts == {"evicted": 1, "gone": 1}
     assert ex.ledger.total == 1
@@ -425,9 +427,9 @@ def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_b
 
 def test_dry_run_shows_a_terminating_pod_as_gone_and_spends_nothing(api: KubeApi) -> None:
     mark_deleted(api, "web-a")
-    ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1))
+    ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1), RunMode())
     cluster = ex.source.snapshot()
-    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=True)
+    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN)
     assert [(o.pod, o.result) for o in result.outcomes] == [
         ("inf/web-a", "gone"),
         ("inf/web-b", "planned"),

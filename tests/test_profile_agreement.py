@@ -46,7 +46,6 @@ from defrag.cli.report import placement
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.daemon.service import DaemonMetrics
-from defrag.execute.mode import RunMode
 from defrag.extender.state import ClusterCache
 from defrag.extender.verbs import Extender
 from defrag.extender.wire import parse_args
@@ -272,7 +271,7 @@ def one_cycle(cluster: Cluster, rules_dir: Path, policy: str) -> tuple[CycleResu
     sim = SimCluster(cluster, clock, profile=settings.profile_config())
     rules = load_rules([rules_dir])
     ports = CyclePorts(sim, clock, _detector(rules, None), _planner(settings))
-    result = run_cycle(ports, CycleConfig(mode=RunMode(), profile=settings.profile_config()))
+    result = run_cycle(ports, CycleConfig(profile=settings.profile_config()))
     return result, sim.snapshot()  # a dry run changed nothing: the snapshot the cycle saw
 
 

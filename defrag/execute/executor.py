@@ -66,7 +66,6 @@ class ExecutorSettings:
     batch_size: int = 4
     replacement_timeout_s: float = 600.0
     poll_interval_s: float = 5.0
-    dry_run_events: bool = False
     untaint_attempts: int = 4
     """Tries to remove a drain taint within one drain (backoff doubling from ``untaint_backoff_s``);
     a taint still on after them is retried every cycle (:meth:`Executor.maintain`)."""
@@ -74,7 +73,10 @@ class ExecutorSettings:
 
 
 class Executor:
-    """Carries plans out; keeps the budget ledger and the circuit breaker between cycles."""
+    """Carries plans out; keeps the budget ledger and the circuit breaker between cycles.
+
+    Built with its :class:`RunMode` (dry run by default): in dry run :meth:`execute` rehearses
+    the plan (Events at most, when ``mode.writes_events``), live it evicts."""
 
     def __init__(
         self,
@@ -83,6 +85,7 @@ class Executor:
         clock: Clock,
         settings: ExecutorSettings | None = None,
         *,
+        mode: RunMode | None = None,
         sleep: Callable[[float], None] = time.sleep,
         breaker: CircuitBreaker | None = None,
         fence: Fence | None = None,
@@ -93,6 +96,7 @@ class Executor:
         self.source = source
         self.clock = clock
         self.settings = settings or ExecutorSettings()
+        self.mode = mode or RunMode()
         self.sleep = sleep
         self.breaker = breaker or CircuitBreaker()
         self.ledger = BudgetLedger(self.settings.budgets)
@@ -102,12 +106,10 @@ class Executor:
 
     # --- public ----------------------------------------------------------------------------
 
-    def execute(
-        self, plan: Plan, cluster: Cluster, window: WindowStatus, *, dry_run: bool
-    ) -> Execution:
-        """Carry ``plan`` out within ``window``; ``dry_run``: rehearse it (Events at most)."""
+    def execute(self, plan: Plan, cluster: Cluster, window: WindowStatus) -> Execution:
+        """Carry ``plan`` out within ``window`` (live), or rehearse it (dry run: Events at most)."""
         started = self.clock.now()
-        if dry_run:
+        if not self.mode.evicts:
             outcomes = self._rehearse(plan, cluster, window)
             return Execution(plan.id, True, window.key, started, self.clock.now(), outcomes)
         self._release_stale(cluster)
@@ -166,27 +168,7 @@ class Executor:
             tuple(findings),
         )
 
-    def flag_unmodelled(self, warnings: Sequence[str], *, dry_run: bool) -> int:
-        """A Warning Event ``DefragNotModelled`` on each object the snapshot could not model
-        (``Cluster.warnings``: ``Pod ns/name: field: …`` or ``Node name: field: …``), once while
-        it lasts, so its owner sees why defrag leaves it out. In dry run only with
-        ``dry_run_events``. Returns the Events sent."""
-        current = set(warnings)
-        self._flagged &= current  # said again if it comes back after being fixed
-        if not RunMode(dry_run, self.settings.dry_run_events).writes_events:
-            return 0
-        sent = 0
-        for warning in sorted(current - self._flagged):
-            target = _warning_target(warning)
-            if target is None or not self.fence.still_leader():
-                continue
-            kind, namespace, name = target
-            self._event(kind, namespace, name, "DefragNotModelled", warning, warning=True)
-            self._flagged.add(warning)
-            sent += 1
-        return sent
-
-    def maintain(self, cluster: Cluster, *, dry_run: bool) -> list[Finding]:
+    def maintain(self, cluster: Cluster) -> list[Finding]:
         """Once a cycle, before planning: what earlier runs left on the nodes.
 
         Enforce mode (the leader): every leftover drain taint, journal or reservation is
@@ -197,7 +179,7 @@ class Executor:
         leftovers = [n for n in cluster.nodes if read_journal(n) or read_reservation(n)]
         if not leftovers:
             return []
-        if dry_run:
+        if not self.mode.reconciles:
             return [
                 _leftover_finding(n.name, _leftover_parts(n), self.clock.now()) for n in leftovers
             ]
@@ -334,7 +316,7 @@ class Executor:
             else StepOutcome(s.pod, s.source, s.target, s.kind, "planned", s.reason)
             for s in admitted
         ]
-        if self.settings.dry_run_events:
+        if self.mode.writes_events:
             for node, steps in _by_source(admitted).items():
                 self._event(
                     EVENT_KIND_NODE,
@@ -687,18 +669,6 @@ class Executor:
             self.actuator.event(kind, namespace, name, reason, message, warning)
         except Exception as exc:
             log.warning("event %s on %s %s/%s not sent: %s", reason, kind, namespace, name, exc)
-
-
-def _warning_target(warning: str) -> tuple[str, str, str] | None:
-    """(kind, namespace, name) of the object a conversion warning names, if it names one."""
-    head = warning.split(":", 1)[0]
-    kind, _, ident = head.partition(" ")
-    if kind == EVENT_KIND_POD and "/" in ident:
-        namespace, _, name = ident.partition("/")
-        return kind, namespace, name
-    if kind == "Node" and ident and "/" not in ident:
-        return kind, "", ident
-    return None
 
 
 @dataclass(slots=True)
