@@ -95,10 +95,10 @@ def test_journal_is_on_the_node_before_the_first_eviction() -> None:
     seen: list[Mapping[str, str]] = []
     evict = sim.evict
 
-    def spy(namespace: str, name: str, dry_run: bool = False, *, uid: str = "") -> EvictionResult:
+    def spy(namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         node = sim.snapshot().node("gpu-00")
         seen.append({**node.annotations, "taint": ",".join(t.value for t in node.taints)})
-        return evict(namespace, name, dry_run, uid=uid)
+        return evict(namespace, name, uid=uid)
 
     sim.evict = spy  # type: ignore[method-assign]
     cluster = sim.snapshot()
@@ -108,46 +108,65 @@ def test_journal_is_on_the_node_before_the_first_eviction() -> None:
     assert '"pod": "inference/embed-001"' in seen[0]["defrag.io/drain-steps"]
 
 
-def test_pdb_429_is_a_skip_with_its_reason_and_an_event() -> None:
+def test_a_pdb_refusal_found_before_the_drain_leaves_its_node_untouched() -> None:
+    """The preflight asks every eviction as a server dry run before the first taint: gpu-00's
+    ledger pod (PDB "ledger", disruptionsAllowed 0) is refused, so nothing on gpu-00 is touched
+    — no taint, no eviction of its three movable pods, their budget given back — while gpu-02,
+    whose pods all pass, is drained."""
     sim, ex = make()
     cluster = sim.snapshot()
-    ledger_pod = cluster.pods["inference/chat-003"]  # PDB "ledger", disruptionsAllowed 0
-    result = ex.execute(plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN)
+    ledger_pod = cluster.pods["inference/chat-003"]  # on gpu-00
+    elsewhere = movable_on(cluster, "gpu-02")
+    plan = plan_for([ledger_pod, *movable_on(cluster, "gpu-00"), *elsewhere], target="gpu-05")
+    result = ex.execute(plan, cluster, OPEN)
     first = result.outcomes[0]
     assert (first.pod, first.result) == ("inference/chat-003", "blocked")
-    assert "disruption budget" in first.reason
-    assert result.counts == {"blocked": 1, "evicted": 3}  # the plan went on
+    assert "server dry run" in first.reason and "disruption budget" in first.reason
+    on_00 = [o for o in result.outcomes[1:] if o.source == "gpu-00"]
+    assert len(on_00) == 3 and {o.result for o in on_00} == {"skipped"}
+    assert all("drain of gpu-00 not started" in o.reason for o in on_00)
+    assert "inference/chat-003" in on_00[0].reason
+    assert {o.result for o in result.outcomes if o.source == "gpu-02"} == {"evicted"}
+    assert {e.pod.split("/")[1] for e in sim.evictions} == {p.name for p in elsewhere}
+    assert len(sim.rehearsals) == len(plan.steps)  # every pod asked once, nothing changed
+    assert not any(e.name == "gpu-00" and e.reason == "DefragDrainStarted" for e in sim.events)
+    assert sim.snapshot().node("gpu-00").taints == ()
+    # Budgets: only gpu-02's evictions are spent (gpu-00's four were given back).
+    assert ex.ledger.total == len(elsewhere)
     warning = [e for e in sim.events if e.name == "chat-003"]
     assert warning[0].reason == "DefragSkipped" and warning[0].warning
-    assert "inference/chat-003" in sim.snapshot().pods  # never deleted
 
 
-@pytest.mark.parametrize(
-    ("budgets", "evicted", "then"),
-    [
-        # 7 pods asked; the window allows 4, then nothing more in that window.
-        (EvictionBudget(total=4, per_node=50, per_namespace=50), 4, 0),
-        # 2 from each of gpu-00 and gpu-01; a later plan still gets 2 from gpu-02.
-        (EvictionBudget(total=50, per_node=2, per_namespace=50), 4, 2),
-        # namespace inference: 3, then nothing more.
-        (EvictionBudget(total=50, per_node=50, per_namespace=3), 3, 0),
-    ],
-)
-def test_evictions_never_exceed_the_budgets(
-    budgets: EvictionBudget, evicted: int, then: int
-) -> None:
-    sim, ex = make(budgets=budgets)
+def test_a_gang_with_a_pod_on_a_refused_node_stops_whole_and_so_do_its_nodes() -> None:
+    """gpu-00 is refused (its ledger pod); a gang has one pod there and one on gpu-01: the gang
+    cannot go whole, so gpu-01 would keep its pod and is not freed either — nothing on gpu-00 or
+    gpu-01 is evicted. gpu-02 has no part in it and is drained."""
+    sim, ex = make()
     cluster = sim.snapshot()
-    pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01")  # 3 + 4 pods
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN)
-    assert len(result.evicted) == evicted
-    skipped = [o for o in result.outcomes if o.result == "skipped"]
-    assert len(skipped) == len(pods) - evicted and all("budget" in o.reason for o in skipped)
-    # The same window keeps counting: a second plan gets only what is left.
-    now = sim.snapshot()
-    again = ex.execute(plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN)
-    assert len(again.evicted) == then
-    assert len([e for e in sim.evictions if e.outcome == "evicted"]) == evicted + then
+    on_00, on_01, on_02 = (movable_on(cluster, n) for n in ("gpu-00", "gpu-01", "gpu-02"))
+
+    def step(pod: Pod, gang: str | None = None) -> Step:
+        return Step("migrate", pod.key, pod.node or "", "gpu-05", "repack", gang=gang)
+
+    steps = (
+        step(cluster.pods["inference/chat-003"]),
+        step(on_00[0], gang="inference/pair"),
+        step(on_01[0], gang="inference/pair"),
+        *(step(p) for p in on_01[1:]),
+        *(step(p) for p in on_02),
+    )
+    result = ex.execute(Plan("repack", "reserve-binpack", steps, ()), cluster, OPEN)
+    by_node: dict[str, set[str]] = {}
+    for o in result.outcomes:
+        by_node.setdefault(o.source, set()).add(o.result)
+    assert by_node == {
+        "gpu-00": {"blocked", "skipped"},
+        "gpu-01": {"skipped"},
+        "gpu-02": {"evicted"},
+    }
+    gang_on_01 = next(o for o in result.outcomes if o.pod == on_01[0].key)
+    assert "a gang with a pod here has one on a node a disruption budget stops" in gang_on_01.reason
+    assert {e.pod for e in sim.evictions} == {p.key for p in on_02}
 
 
 def test_a_gang_that_does_not_fit_the_budget_is_skipped_whole() -> None:
@@ -208,11 +227,9 @@ def test_stop_request_finishes_the_batch_untaints_and_sends_no_more() -> None:
     sim, ex = make()
     evict = sim.evict
 
-    def stop_after_first(
-        namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
-    ) -> EvictionResult:
+    def stop_after_first(namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         ex.stop_requested.set()  # SIGTERM arrives while the first batch is out
-        return evict(namespace, name, dry_run, uid=uid)
+        return evict(namespace, name, uid=uid)
 
     sim.evict = stop_after_first  # type: ignore[method-assign]
     cluster = sim.snapshot()

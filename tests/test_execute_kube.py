@@ -37,6 +37,13 @@ ALWAYS = (Window("* * * * *", 120),)
 OPEN = WindowStatus(True, "test", None)
 
 
+def ledger_pod(name: str) -> dict[str, Any]:
+    """A 1-GPU pod of StatefulSet ``ledger`` on gpu-1, selected by the ``ledger`` PDB."""
+    return k.pod(
+        name, "inf", 1, node_name="gpu-1", owner=("StatefulSet", "ledger"), labels={"app": "ledger"}
+    )
+
+
 def small_cluster() -> list[dict[str, Any]]:
     """gpu-1 runs three movable pods and one under a PDB with no disruption left."""
     items = [k.node(f"gpu-{i}") for i in (1, 2, 3)]
@@ -44,14 +51,7 @@ def small_cluster() -> list[dict[str, Any]]:
         k.pod("web-a", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-a")),
         k.pod("web-b", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-b")),
         k.pod("web-c", "inf", 1, node_name="gpu-1", owner=("ReplicaSet", "web-c")),
-        k.pod(
-            "ledger-0",
-            "inf",
-            1,
-            node_name="gpu-1",
-            owner=("StatefulSet", "ledger"),
-            labels={"app": "ledger"},
-        ),
+        ledger_pod("ledger-0"),
         k.pod("big-0", "inf", 6, node_name="gpu-2", owner=("ReplicaSet", "big")),
         k.pod("big-1", "inf", 6, node_name="gpu-3", owner=("ReplicaSet", "big")),
         k.pdb("ledger", "inf", match_labels={"app": "ledger"}, disruptions_allowed=0),
@@ -73,8 +73,8 @@ def executor(
     client = api.client()
     settings = ExecutorSettings(
         budgets=budgets or EvictionBudget(20, 20, 20),
-        batch_size=2,
         replacement_timeout_s=kw.pop("timeout_s", 2.0),
+        batch_size=kw.pop("batch_size", 2),
         poll_interval_s=0.02,
         **kw,
     )
@@ -93,7 +93,21 @@ def plan_of(*pods: str, source: str = "gpu-1", target: str = "gpu-2") -> Plan:
 
 
 def evictions(api: KubeApi) -> list[str]:
-    return [f"{r.namespace}/{r.name}" for r in api.requests if r.resource == "pods/eviction"]
+    """The Evictions sent (not their server-side rehearsals, ``dryRun=All``)."""
+    return [
+        f"{r.namespace}/{r.name}"
+        for r in api.requests
+        if r.resource == "pods/eviction" and not r.dry_run
+    ]
+
+
+def rehearsals(api: KubeApi) -> list[str]:
+    """The Evictions asked as a server-side dry run before any taint (the preflight)."""
+    return [
+        f"{r.namespace}/{r.name}"
+        for r in api.requests
+        if r.resource == "pods/eviction" and r.dry_run
+    ]
 
 
 def taints(api: KubeApi, node: str) -> list[dict[str, str]]:
@@ -134,14 +148,19 @@ def test_dry_run_sends_no_write_request(events: bool) -> None:
             assert all(w.body["message"].endswith("(dry run)") for w in writes)
 
 
-def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
+def test_drain_order_is_preflight_taint_journal_evictions_untaint(api: KubeApi) -> None:
     ex = executor(api)
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
     result = ex.execute(plan, ex.source.snapshot(), OPEN)
     assert result.counts == {"evicted": 3}
-    node_writes = [(r.method, r.resource) for r in api.writes() if r.resource != "events"]
+    writes = [r for r in api.writes() if r.resource != "events"]
+    # First every eviction as a server-side dry run (``?dryRun=All``), before anything changes.
+    assert [(r.resource, r.dry_run) for r in writes[:3]] == [("pods/eviction", True)] * 3
+    assert all(r.query["dryRun"] == ["All"] for r in writes[:3])
+    node_writes = [(r.method, r.resource) for r in writes[3:]]
     assert node_writes[:2] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # taint, journal
     assert node_writes[2:5] == [("POST", "pods/eviction")] * 3
+    assert not any(r.dry_run for r in writes[3:])
     assert node_writes[5:] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # untaint, clear
     assert taints(api, "gpu-1") == []
     assert not set(JOURNAL_ANNOTATIONS) & set(annotations(api, "gpu-1"))
@@ -149,19 +168,54 @@ def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
     assert not [r for r in api.requests if r.method == "DELETE"]
 
 
-def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi) -> None:
+def test_a_pdb_refusal_in_the_preflight_writes_nothing_on_its_node(api: KubeApi) -> None:
+    """ledger-0's PDB allows no disruption: the server dry run answers 429 with the
+    DisruptionBudget cause, so gpu-1 is never tainted and web-a, beside it, is not evicted."""
     ex = executor(api)
     result = ex.execute(plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN)
     assert [(o.pod, o.result) for o in result.outcomes] == [
         ("inf/ledger-0", "blocked"),
-        ("inf/web-a", "evicted"),
+        ("inf/web-a", "skipped"),
     ]
     assert "disruption budget" in result.outcomes[0].reason
-    assert api.get("Pod", "ledger-0", "inf") is not None  # never deleted
+    assert "drain of gpu-1 not started" in result.outcomes[1].reason
+    assert sorted(rehearsals(api)) == ["inf/ledger-0", "inf/web-a"] and evictions(api) == []
+    assert [r for r in api.writes() if r.resource not in ("events", "pods/eviction")] == []
+    assert api.get("Pod", "ledger-0", "inf") is not None and api.evicted == []
+    assert ex.ledger.total == 0  # both steps' budget given back
     events = [r.body for r in api.writes() if r.resource == "events"]
     skipped = [e for e in events if e["involvedObject"]["name"] == "ledger-0"]
     assert skipped and skipped[0]["type"] == "Warning" and skipped[0]["reason"] == "DefragSkipped"
     assert "disruption budget" in skipped[0]["message"]
+
+
+def test_a_429_at_eviction_time_still_skips_that_pod_and_the_drain_goes_on() -> None:
+    """Each pod is asked alone: with one disruption allowed, ledger-0 and ledger-1 both pass the
+    preflight; the first eviction spends it and the second is refused (429) — a skip with its
+    reason and a Warning Event, never a delete; the rest of the drain goes on."""
+    items = small_cluster()
+    items.append(ledger_pod("ledger-1"))
+    items = [
+        k.pdb("ledger", "inf", match_labels={"app": "ledger"}, disruptions_allowed=1)
+        if i["kind"] == "PodDisruptionBudget"
+        else i
+        for i in items
+    ]
+    with KubeApi(items) as server:
+        ex = executor(server, batch_size=1)  # one at a time: ledger-0 goes first
+        plan = plan_of("inf/ledger-0", "inf/ledger-1", "inf/web-a")
+        result = ex.execute(plan, ex.source.snapshot(), OPEN)
+        assert [(o.pod, o.result) for o in result.outcomes] == [
+            ("inf/ledger-0", "evicted"),
+            ("inf/ledger-1", "blocked"),
+            ("inf/web-a", "evicted"),
+        ]
+        assert "disruption budget" in result.outcomes[1].reason
+        assert sorted(rehearsals(server)) == ["inf/ledger-0", "inf/ledger-1", "inf/web-a"]
+        assert server.get("Pod", "ledger-1", "inf") is not None
+        events = [r.body for r in server.writes() if r.resource == "events"]
+        (warning,) = [e for e in events if e["involvedObject"]["name"] == "ledger-1"]
+        assert warning["type"] == "Warning" and warning["reason"] == "DefragSkipped"
 
 
 @pytest.mark.parametrize(("per_window", "per_node"), [(1, 20), (20, 2)])
@@ -295,7 +349,8 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         def hold_second_eviction(
             method: str, raw_path: str, body: bytes, content_type: str
         ) -> tuple[int, bytes]:
-            if method == "POST" and raw_path.split("?")[0].endswith("/eviction"):
+            path, _, query = raw_path.partition("?")
+            if method == "POST" and path.endswith("/eviction") and "dryRun=All" not in query:
                 seen["evictions"] += 1
                 if seen["evictions"] >= 2:
                     second_arrived.set()

@@ -65,7 +65,10 @@ def _patched_annotations(r: Request) -> dict[str, Any]:
 
 
 def first_eviction(api: KubeApi) -> int:
-    return next(i for i, r in enumerate(api.requests) if r.resource == "pods/eviction")
+    """Where the first Eviction sent is in the request log (its dry-run preflight not counted)."""
+    return next(
+        i for i, r in enumerate(api.requests) if r.resource == "pods/eviction" and not r.dry_run
+    )
 
 
 def released_events(api: KubeApi) -> list[str]:
@@ -164,14 +167,26 @@ def test_released_when_the_pod_stays_pending_past_the_timeout(api: KubeApi) -> N
 
 
 def test_released_at_once_when_the_room_was_not_made(api: KubeApi) -> None:
-    # ledger-0's PDB allows no disruption: the 429 leaves the room short, so nothing waits.
+    # web-b's eviction fails (500 on every try; its dry run passed): the room is short, so
+    # nothing waits.
+    api.fail("POST", "/pods/web-b/eviction$", 500, times=10, dry_run=False)
     ex = executor(api, timeout_s=60.0)
-    result = ex.execute(room_plan("inf/web-a", "inf/ledger-0"), ex.source.snapshot(), OPEN)
-    assert result.counts == {"blocked": 1, "evicted": 1}
+    result = ex.execute(room_plan("inf/web-a", "inf/web-b"), ex.source.snapshot(), OPEN)
+    assert result.counts == {"evicted": 1, "failed": 1}
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-1")
     assert released_events(api) == [
-        f"room no longer kept for {VIP}: room not made, not evicted: inf/ledger-0"
+        f"room no longer kept for {VIP}: room not made, not evicted: inf/web-b"
     ]
+
+
+def test_never_reserved_when_the_preflight_finds_the_room_cannot_be_made(api: KubeApi) -> None:
+    # ledger-0's PDB allows no disruption: its server dry run answers 429 before anything is
+    # written, so gpu-1 is neither reserved nor tainted, and web-a stays.
+    ex = executor(api, timeout_s=60.0)
+    result = ex.execute(room_plan("inf/web-a", "inf/ledger-0"), ex.source.snapshot(), OPEN)
+    assert result.counts == {"blocked": 1, "skipped": 1}
+    assert reservation_patches(api, "gpu-1") == [] and released_events(api) == []
+    assert api.evicted == []
 
 
 def test_dry_run_never_writes_a_reservation(api: KubeApi) -> None:

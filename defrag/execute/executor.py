@@ -1,13 +1,17 @@
 """The executor: carries a plan out on the cluster, one draining node at a time, safely.
 
-Per source node: taint + journal, evictions in bounded concurrent batches through the
-Eviction API (a 429 is a skip with its reason, never a delete), wait until the replacements
-are scheduled, remove the taint and journal (retried with backoff; a taint that will not come off is
+Before anything is written, every eviction the budgets admit is asked as a server-side dry
+run (:meth:`Actuator.rehearse_eviction`): a node with a pod its disruption budget refuses now
+is not drained at all, rather than tainted and half-emptied for nothing.
+
+Per source node: taint + journal, evictions in bounded concurrent batches through the Eviction
+API (a 429 is a skip with its reason, never a delete), wait until the replacements are
+scheduled, remove the taint and journal (retried with backoff; a taint that will not come off is
 retried every cycle and reported until it does). A node a make-room plan frees for a pending pod
 is reserved for it (``defrag.io/reserved-for``, see :mod:`defrag.execute.reservation`) before
-its first eviction, until the pod is bound or the replacement timeout passes. Budgets are
-spent as steps are admitted; gangs are admitted whole or not at all. Replacements Pending past
-the timeout trip the circuit breaker, which stops this and later executions until they are
+its first eviction, until the pod is bound or the replacement timeout passes. Budgets are spent
+as steps are admitted; gangs are admitted whole or not at all. Replacements Pending past the
+timeout trip the circuit breaker, which stops this and later executions until they are
 scheduled.
 
 Fencing (:mod:`defrag.execute.fence`): before every write — taint, journal, reservation, each
@@ -126,6 +130,8 @@ class Executor:
         admitted, outcomes_list = self._admit(plan.steps, self.ledger, going)
         for o in outcomes_list:
             self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
+        admitted, refused = self._preflight(admitted, run)
+        outcomes_list += refused
         try:
             for node, steps in _by_source(admitted).items():
                 if self.stop_requested.is_set():
@@ -302,6 +308,75 @@ class Executor:
             else:
                 skipped += [_skipped(s, str(status)) for s in unit]
         return admitted, skipped
+
+    def _preflight(self, steps: list[Step], run: _Run) -> tuple[list[Step], list[StepOutcome]]:
+        """Before the first taint: every admitted eviction asked as a server-side dry run.
+
+        A pod whose disruption budget refuses it now would stop its node's drain half-way,
+        after the node was tainted and other pods evicted for nothing. So a node with a refused
+        pod is not started at all — nor any gang with a pod on it, nor the nodes of such a gang
+        (a node keeping one of its pods is not freed either). Their steps are skipped, with the
+        budget they spent given back. Returns the steps that go ahead and the outcomes of the
+        rest. Only a refusal (``blocked``) stops a node; any other answer is left to the
+        eviction itself. (Each pod is asked alone: two pods of one budget that allows one
+        disruption both pass here, and the second is refused when it is evicted.)"""
+        asked = [s for s in steps if s.pod not in run.going]
+        if not asked:
+            return steps, []
+        with ThreadPoolExecutor(max_workers=min(len(asked), self.settings.batch_size)) as pool:
+            answers = list(pool.map(lambda s: self._ask(s, run), asked))
+        refused = {
+            s.pod: a.reason for s, a in zip(asked, answers, strict=True) if a.outcome == "blocked"
+        }
+        if not refused:
+            return steps, []
+        refused_on: dict[str, list[str]] = {}
+        for s in steps:
+            if s.pod in refused:
+                refused_on.setdefault(s.source, []).append(s.pod)
+        stopped = set(refused_on)
+        units = _units(steps)
+        while True:  # a gang touching a stopped node stops whole, and so do its nodes
+            more = {s.source for u in units if any(s.source in stopped for s in u) for s in u}
+            if more <= stopped:
+                break
+            stopped |= more
+        kept = [s for s in steps if s.source not in stopped]
+        dropped = [s for s in steps if s.source in stopped]
+        self.ledger.refund(
+            [(_namespace(s.pod), s.source) for s in dropped if s.pod not in run.uncharged]
+        )
+        outcomes = []
+        for step in dropped:
+            if step.pod in run.going:  # already leaving: nothing was asked or spent
+                outcomes.append(
+                    StepOutcome(
+                        step.pod, step.source, step.target, step.kind, "gone", run.going[step.pod]
+                    )
+                )
+            elif step.pod in refused:
+                why = f"refused before anything was written (server dry run): {refused[step.pod]}"
+                outcomes.append(
+                    StepOutcome(step.pod, step.source, step.target, step.kind, "blocked", why)
+                )
+                self._pod_event(step, "DefragSkipped", f"not evicted: {why}", warning=True)
+            else:
+                blockers = refused_on.get(step.source)
+                why = f"drain of {step.source} not started: " + (
+                    f"the disruption budget of {', '.join(blockers)} refuses its eviction"
+                    if blockers
+                    else "a gang with a pod here has one on a node a disruption budget stops"
+                )
+                outcomes.append(self._skip(step, why))
+        return kept, outcomes
+
+    def _ask(self, step: Step, run: _Run) -> EvictionResult:
+        ns, name = _split(step.pod)
+        pod = run.cluster.pods.get(step.pod)
+        try:
+            return self.actuator.rehearse_eviction(ns, name, uid=pod.uid if pod is not None else "")
+        except Exception as exc:  # no answer: the eviction itself will tell
+            return EvictionResult(step.pod, "failed", str(exc) or type(exc).__name__)
 
     def _rehearse(
         self, plan: Plan, cluster: Cluster, window: WindowStatus

@@ -95,7 +95,8 @@ def plan_of(*pods: str) -> Plan:
 
 
 def evictions(api: KubeApi) -> list[str]:
-    return [r.name for r in api.requests if r.resource == "pods/eviction"]
+    """The Evictions sent, not their server-side dry runs (the executor's preflight)."""
+    return [r.name for r in api.requests if r.resource == "pods/eviction" and not r.dry_run]
 
 
 def taints(api: KubeApi, node: str) -> list[str]:
@@ -226,13 +227,13 @@ def test_a_retried_eviction_never_evicts_the_same_named_replacement(api: KubeApi
         server.put(replacement)
 
     api.on_eviction = recreate
-    api.fail("POST", "/pods/ledger-0/eviction$", 503, after=True)
+    api.fail("POST", "/pods/ledger-0/eviction$", 503, after=True, dry_run=False)
     planned = KubeClusterSource(api.client()).snapshot()
     result = executor(api).execute(plan_of("inf/ledger-0"), planned, OPEN)
     assert api.evicted == [("inf", "ledger-0")]  # once: the original
     assert [(o.pod, o.result) for o in result.outcomes] == [("inf/ledger-0", "gone")]
     assert "replacement" in result.outcomes[0].reason
-    sent = [r.body for r in api.requests if r.resource == "pods/eviction"]
+    sent = [r.body for r in api.requests if r.resource == "pods/eviction" and not r.dry_run]
     # Since the chaos soak, the adapter reads the pod before trying again: the name is a
     # replacement's (another UID), so no second Eviction is sent at all.
     assert len(sent) == 1
@@ -256,7 +257,14 @@ def test_api_throttling_is_retried_and_never_reported_as_a_pdb_block(
     """Before: a 429 without a DisruptionBudget cause (API priority and fairness) that outlasted
     the retries came back "blocked" with the PDB wording, and no alert. After: it is "failed",
     named as throttling, and the execution reports an ``execution-failed`` finding."""
-    api.fail("POST", "/pods/web-a/eviction$", 429, times=throttled, message="too many requests")
+    api.fail(
+        "POST",
+        "/pods/web-a/eviction$",
+        429,
+        times=throttled,
+        message="too many requests",
+        dry_run=False,
+    )
     out = executor(api).execute(
         plan_of("inf/web-a"), KubeClusterSource(api.client()).snapshot(), OPEN
     )
