@@ -11,6 +11,7 @@ from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragment
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, PLAN_ANNOTATION, JournalStep, new_journal
 from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Node, OwnerRef, Pod
 from defrag.plan.model import Plan, Step
@@ -280,7 +281,7 @@ def test_restart_after_a_crash_reconciles_and_leaves_no_node_tainted(
     sim.clock.sleep(60)  # the scheduler places the replacements
     _, restarted = make()
     restarted.actuator = restarted.source = sim  # type: ignore[assignment]
-    outcomes = restarted.reconcile()
+    outcomes = Reconciler(restarted).reconcile()
     assert [(o.node, o.plan_id, o.action) for o in outcomes] == [("gpu-00", "plan-crashed", action)]
     assert outcomes[0].remaining == tuple(p.key for p in pods[evict_count:])
     after = sim.snapshot()
@@ -303,7 +304,7 @@ def test_reconcile_with_replacements_still_pending_trips_the_breaker() -> None:
     )
     sim.evict("ml", "job-1")
     sim.clock.sleep(60)  # n1 tainted, n2 full: the replacement stays Pending
-    outcomes = ex.reconcile()
+    outcomes = Reconciler(ex).reconcile()
     assert outcomes[0].action == "finished" and outcomes[0].pending == ("ml/ReplicaSet/job-1",)
     assert ex.breaker.state.open
     assert sim.snapshot().node("n1").taints == ()

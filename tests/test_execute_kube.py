@@ -24,6 +24,7 @@ from defrag.daemon.service import Daemon
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
 from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.plan.model import Plan, Step
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -250,7 +251,7 @@ def test_crash_mid_drain_then_restart_reconciles_and_untaints(api: KubeApi) -> N
         actuator.evict("inf", p[4:])
     assert taints(api, "gpu-1")[0]["value"] == "plan-dead"
     restarted = executor(api)
-    outcomes = restarted.reconcile()
+    outcomes = Reconciler(restarted).reconcile()
     assert [(o.node, o.plan_id, o.action, o.remaining) for o in outcomes] == [
         ("gpu-1", "plan-dead", "rolled-back", ("inf/web-c",)),
     ]

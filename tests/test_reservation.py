@@ -18,6 +18,7 @@ import yaml
 from defrag.adapters.kube import KubeActuator
 from defrag.daemon.cycle import SystemClock
 from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.reservation import RESERVED_AT_ANNOTATION, Reservation
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.model.workload import WorkloadMix
@@ -206,7 +207,7 @@ def test_reconcile_removes_defrags_reservations_only(api: KubeApi, with_journal:
     if with_journal:
         actuator.taint_node("gpu-1", "defrag.io/draining", "plan-dead", "NoSchedule")
     actuator.annotate_node("gpu-3", {RESERVED_FOR_ANNOTATION: "inf/manual"})
-    outcomes = executor(api).reconcile()
+    outcomes = Reconciler(executor(api)).reconcile()
     expected = ("rolled-back", "plan-dead") if with_journal else ("released", "")
     assert [(o.node, o.action, o.plan_id, o.reservation) for o in outcomes] == [
         ("gpu-1", *expected, VIP)

@@ -25,6 +25,7 @@ from defrag.detect.findings import Finding
 from defrag.execute.executor import Executor
 from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
 from defrag.model.utc import utc
@@ -224,7 +225,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     if ports.executor is not None and (leader or not ports.mode.reconciles):
         # What earlier runs left (a crashed drain, a taint that would not come off, a stale
         # reservation): reconciled by the leader, reported in dry run.
-        findings += ports.executor.maintain(cluster)
+        findings += Reconciler(ports.executor).maintain(cluster)
     if ports.unmodelled is not None and leader:
         ports.unmodelled.report(cluster.warnings)
     idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None

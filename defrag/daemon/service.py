@@ -36,6 +36,7 @@ from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
 from defrag.execute.outcome import ReconcileOutcome
+from defrag.execute.reconcile import Reconciler
 from defrag.model.status import Status
 from defrag.redact import redact_text
 
@@ -332,7 +333,7 @@ class Daemon:
             return ()
         if not self.elector.is_leader():
             return ()
-        outcomes = executor.reconcile()
+        outcomes = Reconciler(executor).reconcile()
         self._reconciled = True
         for o in outcomes:
             log.warning("reconciled node %s: plan %s %s", o.node, o.plan_id, o.action)

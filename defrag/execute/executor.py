@@ -18,8 +18,8 @@ Fencing (:mod:`defrag.execute.fence`): before every write — taint, journal, re
 eviction, untaint — the executor asks its fence whether this replica still leads; a plan it no
 longer owns stops there, and what it left on the node is the new leader's to reconcile. The
 journal names the owner and its Lease generation, so a reconcile never undoes the drain of an
-owner that still holds the Lease. Every cycle the leader reconciles what earlier runs left
-(:meth:`Executor.maintain`); in dry run those leftovers are only reported.
+owner that still holds the Lease. What earlier runs left is reconciled by
+:mod:`defrag.execute.reconcile` with this executor's writes; in dry run it is only reported.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import BudgetLedger
@@ -39,18 +38,16 @@ from defrag.execute.circuit import CircuitBreaker, controller_key, pending_of
 from defrag.execute.fence import Fence, LostLeadership, NoFence
 from defrag.execute.journal import (
     DRAIN_EFFECT,
-    Journal,
     JournalStep,
     cleared,
     new_journal,
-    read_journal,
 )
 from defrag.execute.mode import RunMode
-from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome, StepResult
+from defrag.execute.outcome import Execution, StepOutcome, StepResult
 from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
-from defrag.model.resources import DRAIN_TAINT_KEY, Node, Pod
+from defrag.model.resources import DRAIN_TAINT_KEY, Pod
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
@@ -72,7 +69,7 @@ class ExecutorSettings:
     poll_interval_s: float = 5.0
     untaint_attempts: int = 4
     """Tries to remove a drain taint within one drain (backoff doubling from ``untaint_backoff_s``);
-    a taint still on after them is retried every cycle (:meth:`Executor.maintain`)."""
+    a taint still on after them is retried every cycle (:mod:`defrag.execute.reconcile`)."""
     untaint_backoff_s: float = 0.5
 
 
@@ -157,7 +154,7 @@ class Executor:
                 if run.lost:  # not ours to write any more: the new leader's reconcile releases it
                     run.reserved.pop(res.node, None)
                     continue
-                self._release(res, ending, run)
+                self.release(res, ending, run)
         findings = self._findings(plan, run, outcomes_list)
         order = {s.pod: i for i, s in enumerate(plan.steps)}
         outcomes = tuple(sorted(outcomes_list, key=lambda o: order.get(o.pod, len(order))))
@@ -173,110 +170,6 @@ class Executor:
             tuple(run.problems),
             tuple(findings),
         )
-
-    def maintain(self, cluster: Cluster) -> list[Finding]:
-        """Once a cycle, before planning: what earlier runs left on the nodes.
-
-        Enforce mode (the leader): every leftover drain taint, journal or reservation is
-        reconciled (:meth:`reconcile`) — a taint whose removal failed is retried here every
-        cycle, and reported by a node finding (``DefragExecutionFailed``) for as long as it stays.
-        Dry run writes nothing: each leftover is reported (a warning finding per node).
-        """
-        leftovers = [n for n in cluster.nodes if read_journal(n) or read_reservation(n)]
-        if not leftovers:
-            return []
-        if not self.mode.reconciles:
-            return [
-                _leftover_finding(n.name, _leftover_parts(n), self.clock.now()) for n in leftovers
-            ]
-        findings = []
-        for outcome in self.reconcile(cluster):
-            if outcome.problem:
-                findings.append(_node_finding(outcome.node, outcome.problem, self.clock.now()))
-        return findings
-
-    def reconcile(self, cluster: Cluster | None = None) -> tuple[ReconcileOutcome, ...]:
-        """On start: every node with a drain taint or journal is finished or rolled back.
-
-        Journal pods no longer on the node were evicted: that drain is *finished*. Pods still
-        there were never evicted: the drain is *rolled back* (the next cycle plans afresh from
-        what the cluster is now). Either way the taint and journal come off; replacements still
-        Pending trip the circuit breaker. Every reservation defrag set is removed (the plan it
-        served is over; the next cycle plans afresh). A drain whose journal names another owner
-        that still holds the Lease is *deferred*: left alone, its owner is still at work.
-        """
-        if cluster is None:
-            cluster = self.source.snapshot()
-        results: list[ReconcileOutcome] = []
-        for node in cluster.nodes:
-            journal = read_journal(node)
-            reservation = read_reservation(node)
-            if journal is not None and self._owned_elsewhere(journal):
-                log.info(
-                    "reconcile %s: drain owned by %s, still held; left alone",
-                    node.name,
-                    journal.owner,
-                )
-                results.append(
-                    ReconcileOutcome(
-                        node.name,
-                        journal.plan_id,
-                        "deferred",
-                        problem="",
-                        owner=str(journal.owner),
-                    )
-                )
-                continue
-            held = ""
-            if reservation is not None:
-                held = self._release(reservation, "reconciled after a restart", None)
-            if journal is None:
-                if reservation is not None:
-                    results.append(
-                        ReconcileOutcome(
-                            node.name, "", "released", problem=held, reservation=reservation.pod
-                        )
-                    )
-                continue
-            on_node = {p.key for p in cluster.pods_on(node.name)}
-            remaining = tuple(s.pod for s in journal.steps if s.pod in on_node)
-            watched = tuple(s.owner or s.pod for s in journal.steps if s.pod not in on_node)
-            pending = pending_of(cluster, watched)
-            action: Literal["finished", "rolled-back"] = (
-                "finished" if journal.steps and not remaining else "rolled-back"
-            )
-            problem = held or journal.problem
-            failure = self._clear_drain(node.name, attempts=1)
-            if failure:
-                problem = failure
-                log.error("reconcile %s: %s", node.name, problem)
-            if pending:
-                self.breaker.trip(
-                    pending,
-                    f"replacements of plan {journal.plan_id} still Pending at start",
-                    self.clock.now(),
-                )
-            self._event(
-                EVENT_KIND_NODE,
-                "",
-                node.name,
-                "DefragReconciled",
-                f"plan {journal.plan_id or '?'} {action} after a restart"
-                + (f"; not evicted: {', '.join(remaining)}" if remaining else ""),
-                warning=bool(problem),
-            )
-            results.append(
-                ReconcileOutcome(
-                    node.name,
-                    journal.plan_id,
-                    action,
-                    remaining,
-                    pending,
-                    problem,
-                    reservation.pod if reservation else "",
-                )
-            )
-        return tuple(results)
 
     # --- steps -------------------------------------------------------------------------------
 
@@ -393,7 +286,7 @@ class Executor:
         ]
         if self.mode.writes_events:
             for node, steps in _by_source(admitted).items():
-                self._event(
+                self.event(
                     EVENT_KIND_NODE,
                     "",
                     node,
@@ -427,7 +320,7 @@ class Executor:
                 self.actuator.annotate_node(node, reservation.annotations())
                 run.reserved[node] = reservation
                 run.rooms[node] = [s.pod for s in steps if s.for_pod == room_for]
-                self._event(
+                self.event(
                     EVENT_KIND_NODE,
                     "",
                     node,
@@ -443,7 +336,7 @@ class Executor:
             run.problems.append(reason)
             self._untaint(node, run)
             return [self._skip(s, reason) for s in steps]
-        self._event(
+        self.event(
             EVENT_KIND_NODE,
             "",
             node,
@@ -481,7 +374,7 @@ class Executor:
                     )
         finally:
             self._untaint(node, run)
-        self._event(
+        self.event(
             EVENT_KIND_NODE,
             "",
             node,
@@ -592,7 +485,7 @@ class Executor:
         for node, res in list(run.reserved.items()):
             missed = [p for p in run.rooms.get(node, ()) if p not in freed]
             if missed:
-                self._release(res, f"room not made, not evicted: {', '.join(missed)}", run)
+                self.release(res, f"room not made, not evicted: {', '.join(missed)}", run)
         timeout = timedelta(seconds=self.settings.replacement_timeout_s)
         while run.reserved and not self.stop_requested.is_set():
             self.sleep(self.settings.poll_interval_s)
@@ -602,7 +495,7 @@ class Executor:
             for res in list(run.reserved.values()):
                 why = res.verdict(cluster, now, timeout)
                 if why:
-                    self._release(res, why, run)
+                    self.release(res, why, run)
 
     def _release_stale(self, cluster: Cluster) -> None:
         """Remove reservations left by an earlier run whose release failed, once they are done."""
@@ -613,10 +506,10 @@ class Executor:
             if res is not None:
                 why = res.verdict(cluster, now, timeout)
                 if why:
-                    self._release(res, why, None)
+                    self.release(res, why, None)
 
-    def _release(self, res: Reservation, why: str, run: _Run | None) -> str:
-        """Remove ``res`` from its node; the problem when that failed, else ""."""
+    def release(self, res: Reservation, why: str, run: _Run | None = None) -> str:
+        """Remove ``res`` from its node (fenced); the problem when that failed, else ""."""
         if run is not None:
             run.reserved.pop(res.node, None)
         try:
@@ -628,7 +521,7 @@ class Executor:
                 run.problems.append(problem)
             log.error(problem)
             return problem
-        self._event(
+        self.event(
             EVENT_KIND_NODE,
             "",
             res.node,
@@ -640,13 +533,13 @@ class Executor:
     def _untaint(self, node: str, run: _Run) -> None:
         if run.lost:
             return  # not ours any more: the new leader reconciles the node
-        problem = self._clear_drain(node, self.settings.untaint_attempts)
+        problem = self.clear_drain(node, self.settings.untaint_attempts)
         if problem:
             run.problems.append(problem)
             run.untaint_failed[node] = problem
             log.error(problem)
 
-    def _clear_drain(self, node: str, attempts: int) -> str:
+    def clear_drain(self, node: str, attempts: int) -> str:
         """Remove the drain taint and the journal, ``attempts`` tries with doubling backoff;
         the problem when the taint is still on (or the journal could not be cleared), else ""."""
         delay = self.settings.untaint_backoff_s
@@ -674,13 +567,6 @@ class Executor:
         if not self.fence.still_leader():
             raise LostLeadership(f"not the leader any more before {what}")
 
-    def _owned_elsewhere(self, journal: Journal) -> bool:
-        """Whether the journal's drain belongs to another replica that still holds the Lease."""
-        owner = journal.owner
-        if owner is None or owner == self.fence.tenure():
-            return False
-        return self.fence.holds(owner)
-
     # --- reporting -------------------------------------------------------------------------
 
     def _findings(self, plan: Plan, run: _Run, outcomes: list[StepOutcome]) -> list[Finding]:
@@ -695,8 +581,7 @@ class Executor:
             parts.append(f"{len(failed)} eviction(s) failed")
         parts += run.problems
         findings = [
-            _node_finding(node, problem, now)
-            for node, problem in sorted(run.untaint_failed.items())
+            node_finding(node, problem, now) for node, problem in sorted(run.untaint_failed.items())
         ]
         findings += [
             Finding(
@@ -725,13 +610,13 @@ class Executor:
 
     def _event_for(self, outcome: StepOutcome, reason: str, message: str) -> None:
         ns, name = _split(outcome.pod)
-        self._event(EVENT_KIND_POD, ns, name, reason, message)
+        self.event(EVENT_KIND_POD, ns, name, reason, message)
 
     def _pod_event(self, step: Step, reason: str, message: str, warning: bool = False) -> None:
         ns, name = _split(step.pod)
-        self._event(EVENT_KIND_POD, ns, name, reason, message, warning)
+        self.event(EVENT_KIND_POD, ns, name, reason, message, warning)
 
-    def _event(
+    def event(
         self,
         kind: str,
         namespace: str,
@@ -769,7 +654,7 @@ class _Run:
     """Node → why its drain taint could not be removed."""
 
 
-def _node_finding(node: str, problem: str, now: datetime) -> Finding:
+def node_finding(node: str, problem: str, now: datetime) -> Finding:
     """A node whose drain taint (or journal) would not come off: reported every cycle until it
     does, under one fingerprint, so its alert does not resolve while the node stays tainted."""
     return Finding(
@@ -778,34 +663,6 @@ def _node_finding(node: str, problem: str, now: datetime) -> Finding:
         severity="critical",
         summary=f"{node}: {problem}",
         evidence={"node": node, "problem": problem},
-        since=now,
-        labels={"detector": "executor", "node": node},
-    )
-
-
-def _leftover_parts(node: Node) -> list[str]:
-    parts = []
-    journal = read_journal(node)
-    if journal is not None:
-        what = f"taint {DRAIN_TAINT_KEY}" if journal.tainted else "drain journal"
-        owner = f", started by {journal.owner}" if journal.owner else ""
-        parts.append(f"{what} of plan {journal.plan_id or '?'}{owner}")
-    reservation = read_reservation(node)
-    if reservation is not None:
-        parts.append(f"reservation defrag.io/reserved-for={reservation.pod}")
-    return parts
-
-
-def _leftover_finding(node: str, parts: list[str], now: datetime) -> Finding:
-    return Finding(
-        kind="execution-failed",
-        subject=f"node/{node}",
-        severity="warning",
-        summary=(
-            f"{node} carries what an earlier defrag run left: {'; '.join(parts)}. Dry run does "
-            "not remove it: run in enforce mode (the leader reconciles it) or remove it by hand"
-        ),
-        evidence={"node": node, "leftovers": parts},
         since=now,
         labels={"detector": "executor", "node": node},
     )

@@ -24,6 +24,7 @@ from defrag.execute.executor import NOT_LEADER
 from defrag.execute.fence import Fence, NoFence, Tenure
 from defrag.execute.journal import OWNER_ANNOTATION, JournalStep, new_journal
 from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.reservation import Reservation
 from defrag.plan.model import Plan, Step
 from tests.support import kubeobjects as k
@@ -153,7 +154,7 @@ def test_a_leader_that_loses_the_lease_mid_plan_evicts_nothing_more(api: KubeApi
     assert taints(api, "gpu-1") == [DRAIN]  # not a write the old leader may make any more
     assert notes(api, "gpu-1")[OWNER_ANNOTATION] == "replica-a@0"
     # The new leader's reconcile rolls the drain back: its owner's generation is over.
-    outcomes = executor(api, fence=b).reconcile()
+    outcomes = Reconciler(executor(api, fence=b)).reconcile()
     assert [(o.node, o.action) for o in outcomes] == [("gpu-1", "rolled-back")]
     assert taints(api, "gpu-1") == []
 
@@ -182,14 +183,14 @@ def test_reconcile_leaves_alone_a_drain_whose_owner_still_holds_the_lease(api: K
     leave_a_drain(api, a.tenure())
     b_clock = Clock()
     b = elector(api, "replica-b", b_clock)
-    first = executor(api, fence=b).reconcile()
+    first = Reconciler(executor(api, fence=b)).reconcile()
     assert [(o.node, o.action, o.owner) for o in first] == [
         ("gpu-1", "deferred", "replica-a (lease generation 0)")
     ]
     assert taints(api, "gpu-1") == [DRAIN]
     b_clock.offset = timedelta(seconds=60)  # a stopped renewing: its hold lapses
     assert b.is_leader()
-    second = executor(api, fence=b).reconcile()
+    second = Reconciler(executor(api, fence=b)).reconcile()
     assert [(o.node, o.action) for o in second] == [("gpu-1", "rolled-back")]
     assert taints(api, "gpu-1") == []
 
@@ -299,7 +300,7 @@ def test_a_taint_that_will_not_come_off_is_retried_and_alerted_until_it_does(
     fingerprint = node_findings[0].fingerprint
     cycles = []
     for _ in range(3):
-        found = ex.maintain(source.snapshot())
+        found = Reconciler(ex).maintain(source.snapshot())
         cycles.append(([f.fingerprint for f in found], taints(api, "gpu-1")))
     assert cycles == [
         ([fingerprint], [DRAIN]),  # still failing: still reported
@@ -318,7 +319,7 @@ def test_dry_run_reports_a_crashed_runs_leftovers_and_writes_nothing(api: KubeAp
     leave_a_drain(api, Tenure("crashed-0", 3), reservation=True)
     api.clear_log()
     ex = executor(api, mode=RunMode())
-    found = ex.maintain(ex.source.snapshot())
+    found = Reconciler(ex).maintain(ex.source.snapshot())
     assert [(f.kind, f.subject, f.severity) for f in found] == [
         ("execution-failed", "node/gpu-1", "warning")
     ]
