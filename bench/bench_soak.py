@@ -926,13 +926,18 @@ class Soak:
         seen[("extender", "expired")] = len(
             re.findall(r"watching \S+: resourceVersion expired", ext_log)
         )
-        seen[("extender", "dropped")] = len(re.findall(r"watching \S+: .*; retrying in", ext_log))
+        seen[("extender", "dropped")] = len(
+            re.findall(r"watching \S+: .*(; retrying in|before its timeoutSeconds)", ext_log)
+        )
         shows = {
             "5xx": ('defrag_kube_api_transient_errors_total{reason="5xx"}', "5xx"),
             "429": ('defrag_kube_api_transient_errors_total{reason="429"}', "429"),
             "reset": ('defrag_kube_api_transient_errors_total{reason="connection"}', "connection"),
             "latency": ("defrag_kube_api_call_seconds, calls over 0.25 s", "slow"),
-            "watch-drop": ("extender log: 'watching …: …; retrying in'", "dropped"),
+            "watch-drop": (
+                "extender log: 'watching …: …; retrying in' or 'before its timeoutSeconds'",
+                "dropped",
+            ),
             "watch-410": ("extender log: 'watching …: resourceVersion expired'", "expired"),
         }
         injected: Counter[tuple[str, str]] = Counter()

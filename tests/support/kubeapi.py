@@ -328,6 +328,7 @@ class KubeApi:
         self._compacted = 0
         """Watches from a resourceVersion below this get 410 Gone (its events are gone)."""
         self._drops = 0
+        self._ends = 0
         self._stopping = False
         self.history = 100_000
         """Events kept for watches; older ones are compacted away."""
@@ -431,6 +432,13 @@ class KubeApi:
         """Cut every open watch stream mid-response (no end chunk), as a dying connection."""
         with self._lock:
             self._drops += 1
+            self._changed.notify_all()
+
+    def end_watches(self) -> None:
+        """End every open watch stream now, cleanly (the end chunk), long before its
+        ``timeoutSeconds``: as a proxy or load balancer that closes streams it holds."""
+        with self._lock:
+            self._ends += 1
             self._changed.notify_all()
 
     def fail(
@@ -556,7 +564,7 @@ class KubeApi:
         next_bookmark = time.monotonic() + self.bookmark_interval_s
         out: list[bytes] = []
         with self._lock:
-            drops = self._drops
+            drops, ends = self._drops, self._ends
             if since in ("", "0"):
                 current = [o for _, o in sorted(self._store[rt.resource].items())]
                 out = [line("ADDED", o) for o in current if selected(o)]
@@ -588,13 +596,14 @@ class KubeApi:
                     next_bookmark = now + self.bookmark_interval_s
                 with self._lock:
                     pending = self._after(sent_rv, rt.resource)
-                    if not pending and not self._stopping and self._drops == drops:
+                    quiet = self._drops == drops and self._ends == ends
+                    if not pending and not self._stopping and quiet:
                         wait = deadline - now
                         if bookmarks:
                             wait = min(wait, next_bookmark - now)
                         self._changed.wait(max(wait, 0.0))
                         pending = self._after(sent_rv, rt.resource)
-                    if self._stopping:
+                    if self._stopping or self._ends != ends:
                         break
                     if self._drops != drops:  # cut: no end chunk, the client sees a broken read
                         handler.close_connection = True
