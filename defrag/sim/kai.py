@@ -121,6 +121,15 @@ Seat = tuple[Pod, int, tuple[int, ...]]
 """A pod in a session's view: pod, row, GPU slots."""
 
 
+@dataclass(frozen=True, slots=True)
+class Consolidation:
+    """A session's outcome: the victims' moves, in an order the timeline can apply, and the
+    row each consolidated job was bound to (pipelined) in the session, by pod id."""
+
+    moves: tuple[Move, ...]
+    bound: dict[str, int]
+
+
 @dataclass
 class KaiConsolidation:
     max_preemptees: int = MAX_CONSOLIDATION_PREEMPTEES
@@ -145,13 +154,18 @@ class KaiConsolidation:
         return lambda p: (-self.priority_of(p), self.created(state, p), p.key)
 
     def session(self, state: SimState, pending: Sequence[Pod]) -> list[Move]:
+        """One scheduling session's consolidation over ``pending``: the victims' moves."""
+        return list(self.plan(state, pending).moves)
+
+    def plan(self, state: SimState, pending: Sequence[Pod]) -> Consolidation:
         """One scheduling session's consolidation over ``pending``, on a copy of the cluster:
         each committed scenario is seen by the jobs after it."""
         if self.max_preemptees == 0:
-            return []  # consolidation disabled (consolidation.go 36-39)
+            return Consolidation((), {})  # consolidation disabled (consolidation.go 36-39)
         order = self.job_order(state)
         view = _View(state, order)
         moves: list[Move] = []
+        bound: dict[str, int] = {}
         failed: list[Pod] = []
         for pod in sorted(pending, key=order):
             if not preemptible(self.priority_of(pod)):
@@ -163,7 +177,8 @@ class KaiConsolidation:
                 failed.append(pod)
             else:
                 moves.extend(found)
-        return moves
+                bound[pod.key] = view.seats[pod.key][1]
+        return Consolidation(tuple(moves), bound)
 
     def consolidate(self, view: _View, pod: Pod) -> list[Move] | None:
         """The first feasible scenario's moves, or None; on success ``view`` holds the result."""
@@ -194,7 +209,7 @@ class _View:
         cands = [
             s for k, s in self.seats.items() if k != pod.key and preemptible(priority_of(s[0]))
         ]
-        cands.sort(key=self.order, reverse=True)  # type: ignore[arg-type]
+        cands.sort(key=lambda s: self.order(s[0]), reverse=True)
         return cands[:limit]
 
     def simulate(self, pod: Pod, evicted: list[Seat]) -> list[Move] | None:
@@ -218,6 +233,7 @@ class _View:
         if not ok:
             self._undo(done, evicted)
             return None
+        done = self._keep_whole_seats(done, evicted)
         seat = {p.key: (row, gpus) for p, row, gpus in done}
         job_row = seat[pod.key][0]
         moves: list[Move] = []
@@ -236,10 +252,39 @@ class _View:
         if ordered is None:  # victims trading places: the simulator applies moves one by one
             self._undo(done, evicted)
             return None
-        for v, _, _ in evicted:
-            self.seats[v.key] = (v, *seat[v.key])
-        self.seats[pod.key] = (pod, *seat[pod.key])
+        for p, row, gpus in done:
+            self.seats[p.key] = (p, row, gpus)
         return ordered
+
+    def _keep_whole_seats(self, done: list[Seat], evicted: list[Seat]) -> list[Seat]:
+        """``done`` with each whole-GPU victim that was allocated to its own node on its own
+        GPUs again. KAI counts whole GPUs per node and does not track which, so such a victim
+        stays Running (consolidation_test.go 626-715): it trades slots with the whole-GPU
+        pods that took them, or takes them back where they are free."""
+        a = self.arrays
+        slots = {p.key: list(gpus) for p, _, gpus in done}
+        rows = {p.key: row for p, row, _ in done}
+        whole = {p.key for p, _, _ in done if p.gpu_milli >= GPU_MILLI}
+        for v, row, old in evicted:
+            new = slots[v.key]
+            if v.num_gpu == 0 or v.key not in whole or rows[v.key] != row:
+                continue
+            want = [g for g in old if g not in new]
+            spare = [g for g in new if g not in old]
+            for g, s in zip(want, spare, strict=True):
+                holder = next(
+                    (k for k, gs in slots.items() if k != v.key and rows[k] == row and g in gs),
+                    None,
+                )
+                if holder is None and a.gpu_free[row, g] >= GPU_MILLI:
+                    a.gpu_free[row, g] -= GPU_MILLI  # a free slot: take it back
+                    a.gpu_free[row, s] += GPU_MILLI
+                elif holder in whole:
+                    slots[holder][slots[holder].index(g)] = s  # trade whole GPUs
+                else:
+                    continue  # a share of it is taken: keep the new slot
+                new[new.index(s)] = g
+        return [(p, row, tuple(slots[p.key])) for p, row, _ in done]
 
     def _undo(self, done: list[Seat], evicted: list[Seat]) -> None:
         for p, row, gpus in reversed(done):
@@ -290,6 +335,7 @@ def _not_easier(pod: Pod, failed: Pod) -> bool:
 
 __all__ = [
     "KAI_PRIORITY_CLASSES",
+    "Consolidation",
     "KaiBinpack",
     "KaiConsolidation",
     "kai_priority",
