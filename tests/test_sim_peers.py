@@ -13,13 +13,13 @@ from defrag.model.resources import Node, OwnerRef, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.policies import make_policy
 from defrag.sim.defragmenters import DEFRAGMENTERS, make_defragmenter
-from defrag.sim.hooks import REQUEUE
 from defrag.sim.descheduler import (
     DefaultEvictor,
     HighNodeUtilization,
     LowNodeUtilization,
     eviction_order,
 )
+from defrag.sim.hooks import REQUEUE
 from defrag.sim.kai import KaiBinpack, KaiConsolidation, kai_priority, sim_priority
 from defrag.sim.state import SimState
 from defrag.sim.trace import QOS_PRIORITY

@@ -108,9 +108,9 @@ def local(name: str, cpu: int, node: str, mem: int = 0, **kw: object) -> P:
     return P(name, cpu, mem, node, mirror=True, **kw)  # type: ignore[arg-type]
 
 
-def critical(name: str, cpu: int, node: str, mem: int = 0, owner: str | None = "ReplicaSet", **kw: object) -> P:  # fmt: skip
+def critical(name: str, cpu: int, node: str, mem: int = 0, owner: str | None = "ReplicaSet") -> P:
     """kube-system, ``SystemCriticalPriority`` (upstream's ``withCriticalPod``)."""
-    return P(name, cpu, mem, node, owner=owner, priority=CRITICAL, namespace="kube-system", **kw)  # type: ignore[arg-type]
+    return P(name, cpu, mem, node, owner=owner, priority=CRITICAL, namespace="kube-system")
 
 
 @dataclass(frozen=True)
@@ -282,7 +282,8 @@ LNU_CASES: tuple[Case, ...] = (
     Case("without priorities, but only other node doesn't match pod node selector for p4 and p5",
          f"{LNU_TEST}:727", "lnu", CP, (N("n1", 4000, 3000, 9), N2_EAST),
          (rs("p1", 400, "n1"), rs("p2", 400, "n1"), rs("p3", 400, "n1"),
-          rs("p4", 400, "n1", selector=((KEY, WEST),)), rs("p5", 400, "n1", selector=((KEY, WEST),)),
+          rs("p4", 400, "n1", selector=((KEY, WEST),)),
+          rs("p5", 400, "n1", selector=((KEY, WEST),)),
           *_lnu_n1_tail()), 3, targets=CP50),
     Case("without priorities, but only other node doesn't match pod node affinity for p4 and p5",
          f"{LNU_TEST}:791", "lnu", CP, (N("n1", 4000, 3000, 9), N2_EAST),
@@ -331,7 +332,7 @@ LNU_CASES: tuple[Case, ...] = (
 )  # fmt: skip
 
 UNMAPPED: tuple[tuple[str, str], ...] = (
-    (f"{LNU_TEST}:1244 (each of the 17 TestLowNodeUtilization cases run again 'with metrics enabled')",
+    (f"{LNU_TEST}:1244 (the 17 TestLowNodeUtilization cases run again 'with metrics enabled')",
      "actual usage from metrics-server: the timeline knows requests only"),
     (f"{LNU_TEST}:1431, 1471, 1514, 1558 (TestLowNodeUtilizationWithPrometheusMetrics)",
      "usage from a Prometheus query (MetricResource): no such series in the timeline"),

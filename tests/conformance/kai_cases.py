@@ -51,7 +51,9 @@ class KaiCase:
     jobs: tuple[J, ...]
 
 
-def run(name: str, gpus: float, node: str, after: str, moved: bool | None = None, cls: str = TRAIN) -> J:  # fmt: skip
+def run(
+    name: str, gpus: float, node: str, after: str, moved: bool | None = None, cls: str = TRAIN
+) -> J:
     return J(name, gpus, node, after, moved, cls)
 
 
@@ -94,7 +96,8 @@ KAI_CASES: tuple[KaiCase, ...] = (
     KaiCase("2 jobs running on different nodes - verify build job allocation isn't handled by "
             "consolidation", f"{CONS}:795", FOUR,
             (run("running_job0", 1, "node0", "node0", False),
-             run("running_job1", 1, "node1", "node1", False), pend("pending_job0", 2, None, BUILD))),
+             run("running_job1", 1, "node1", "node1", False),
+             pend("pending_job0", 2, None, BUILD))),
     KaiCase("2 jobs of 1 task running on different GPUs, 1 task is preemptible interactive job, "
             "1 job of 2 gpus is pending - consolidate without killing the preemptible "
             "interactive", f"{CONS}:1061", FOUR,
