@@ -108,9 +108,13 @@ def local(name: str, cpu: int, node: str, mem: int = 0, **kw: object) -> P:
     return P(name, cpu, mem, node, mirror=True, **kw)  # type: ignore[arg-type]
 
 
-def critical(name: str, cpu: int, node: str, mem: int = 0, owner: str | None = "ReplicaSet") -> P:
+def critical(
+    name: str, cpu: int, node: str, mem: int = 0, owner: str | None = "ReplicaSet", gpus: int = 0
+) -> P:
     """kube-system, ``SystemCriticalPriority`` (upstream's ``withCriticalPod``)."""
-    return P(name, cpu, mem, node, owner=owner, priority=CRITICAL, namespace="kube-system")
+    return P(
+        name, cpu, mem, node, owner=owner, gpus=gpus, priority=CRITICAL, namespace="kube-system"
+    )
 
 
 @dataclass(frozen=True)
