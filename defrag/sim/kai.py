@@ -41,8 +41,9 @@ timeline's hook reads serving pods as Deployment pods and the rest as Job pods
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -134,6 +135,8 @@ class Consolidation:
 class KaiConsolidation:
     max_preemptees: int = MAX_CONSOLIDATION_PREEMPTEES
     priority_of: Callable[[Pod], int] = kai_priority
+    _order_cache: dict[str, tuple[int, float, str]] = field(default_factory=dict, repr=False)
+    """Each pod's job-order key, by pod id (a hook serves one run)."""
 
     name = "kai-consolidation"
 
@@ -151,7 +154,17 @@ class KaiConsolidation:
         return job.arrived if job is not None else 0.0
 
     def job_order(self, state: SimState) -> Callable[[Pod], tuple[int, float, str]]:
-        return lambda p: (-self.priority_of(p), self.created(state, p), p.key)
+        """Job order (``session_plugins.go`` ``JobOrderFn`` 227-242: priority high first, then
+        creation, then UID); each pod's priority and creation are read once per run."""
+        cache = self._order_cache
+
+        def key(p: Pod) -> tuple[int, float, str]:
+            got = cache.get(p.key)
+            if got is None:
+                got = cache[p.key] = (-self.priority_of(p), self.created(state, p), p.key)
+            return got
+
+        return key
 
     def session(self, state: SimState, pending: Sequence[Pod]) -> list[Move]:
         """One scheduling session's consolidation over ``pending``: the victims' moves."""
@@ -163,28 +176,33 @@ class KaiConsolidation:
         if self.max_preemptees == 0:
             return Consolidation((), {})  # consolidation disabled (consolidation.go 36-39)
         order = self.job_order(state)
-        view = _View(state, order)
+        view: _View | None = None
         moves: list[Move] = []
         bound: dict[str, int] = {}
         failed: list[Pod] = []
+        idle = float(state.arrays.free_share().sum())  # milli-GPUs; a bound job takes its part
         for pod in sorted(pending, key=order):
-            if not preemptible(self.priority_of(pod)):
-                continue
+            if order(pod)[0] <= -NON_PREEMPTIBLE_FROM:
+                continue  # not preemptible
             if any(_not_easier(pod, f) for f in failed):
                 continue
+            if idle < pod.gpu_demand_milli:
+                failed.append(pod)  # IsEnoughGPUsAllocatableForJob
+                continue
+            if view is None:
+                view = _View(state, order, self.max_preemptees + 1)
             found = self.consolidate(view, pod)
             if found is None:
                 failed.append(pod)
             else:
                 moves.extend(found)
-                bound[pod.key] = view.seats[pod.key][1]
+                bound[pod.key] = view.seat(pod.key)[1]
+                idle -= pod.gpu_demand_milli
         return Consolidation(tuple(moves), bound)
 
     def consolidate(self, view: _View, pod: Pod) -> list[Move] | None:
         """The first feasible scenario's moves, or None; on success ``view`` holds the result."""
-        if float(view.arrays.free_share().sum()) < pod.gpu_demand_milli:
-            return None  # IsEnoughGPUsAllocatableForJob
-        victims = view.victims(pod, self.max_preemptees + 1, self.priority_of)
+        victims = [view.seat(k) for k in view.candidates if k != pod.key]
         for k in range(1, len(victims) + 1):
             node = victims[k - 1][1]
             here = [v for v in victims[:k] if v[1] == node]
@@ -195,22 +213,32 @@ class KaiConsolidation:
 
 
 class _View:
-    """A session's copy of the cluster: free resources and where each pod runs."""
+    """A session's copy of the cluster: free resources, and where the pods it moved sit."""
 
-    def __init__(self, state: SimState, order: Callable[[Pod], tuple[int, float, str]]) -> None:
+    def __init__(
+        self, state: SimState, order: Callable[[Pod], tuple[int, float, str]], limit: int
+    ) -> None:
         self.arrays = state.arrays.copy()
         self.policy: Policy = state.policy
         self.order = order
         self.state = state
-        self.seats: dict[str, Seat] = {k: (p.pod, p.row, p.gpus) for k, p in state.placed.items()}
-
-    def victims(self, pod: Pod, limit: int, priority_of: Callable[[Pod], int]) -> list[Seat]:
-        """Running preemptible pods but ``pod``, in reverse job order, at most ``limit``."""
-        cands = [
-            s for k, s in self.seats.items() if k != pod.key and preemptible(priority_of(s[0]))
+        self.moved: dict[str, Seat] = {}
+        # the victims queue: running preemptible pods in reverse job order, the first `limit`
+        # (moving a victim does not change its place in the order)
+        running = (p.pod for p in state.placed.values())
+        self.candidates = [
+            p.key
+            for p in heapq.nlargest(
+                limit, (p for p in running if preemptible(-order(p)[0])), key=order
+            )
         ]
-        cands.sort(key=lambda s: self.order(s[0]), reverse=True)
-        return cands[:limit]
+
+    def seat(self, key: str) -> Seat:
+        got = self.moved.get(key)
+        if got is not None:
+            return got
+        p = self.state.placed[key]
+        return (p.pod, p.row, p.gpus)
 
     def simulate(self, pod: Pod, evicted: list[Seat]) -> list[Move] | None:
         """Evict ``evicted``; allocate ``pod`` and the victims in job order; all or nothing."""
@@ -253,7 +281,7 @@ class _View:
             self._undo(done, evicted)
             return None
         for p, row, gpus in done:
-            self.seats[p.key] = (p, row, gpus)
+            self.moved[p.key] = (p, row, gpus)
         return ordered
 
     def _keep_whole_seats(self, done: list[Seat], evicted: list[Seat]) -> list[Seat]:
