@@ -231,6 +231,12 @@ def _lnu_n1_tail(owner8: str | None = "ReplicaSet", mem: int = 0) -> tuple[P, ..
 LNU_NODES = (N("n1", 4000, 3000, 9), N("n2", 4000, 3000, 10),
              N("n3", 4000, 3000, 10, unschedulable=True))  # fmt: skip
 N2_EAST = N("n2", 4000, 3000, 10, labels=((KEY, EAST),))
+AFFINITY_PODS = (
+    rs("p1", 400, "n1"), rs("p2", 400, "n1"), rs("p3", 400, "n1"),
+    rs("p4", 400, "n1", affinity_in=(KEY, (WEST,))),
+    rs("p5", 400, "n1", affinity_in=(KEY, (WEST,))), *_lnu_n1_tail(), rs("p9", 0, "n2"),
+)  # fmt: skip
+"""lownodeutilization_test.go 808-869 and 1018-1079: p4 and p5 require datacenter=west."""
 
 LNU_CASES: tuple[Case, ...] = (
     Case("no evictable pods", f"{LNU_TEST}:71", "lnu", CP, LNU_NODES,
@@ -291,10 +297,7 @@ LNU_CASES: tuple[Case, ...] = (
           *_lnu_n1_tail()), 3, targets=CP50),
     Case("without priorities, but only other node doesn't match pod node affinity for p4 and p5",
          f"{LNU_TEST}:791", "lnu", CP, (N("n1", 4000, 3000, 9), N2_EAST),
-         (rs("p1", 400, "n1"), rs("p2", 400, "n1"), rs("p3", 400, "n1"),
-          rs("p4", 400, "n1", affinity_in=(KEY, (WEST,))),
-          rs("p5", 400, "n1", affinity_in=(KEY, (WEST,))), *_lnu_n1_tail(),
-          rs("p9", 0, "n2")), 3, targets=CP50),
+         AFFINITY_PODS, 3, targets=CP50),
     Case("deviation thresholds", f"{LNU_TEST}:884", "lnu", {"cpu": 5, "pods": 5}, LNU_NODES,
          (*(rs(f"p{i}", 400, "n1") for i in range(1, 6)), *_lnu_n1_tail(), rs("p9", 400, "n2")),
          2, targets={"cpu": 5, "pods": 5}, deviation=True),
@@ -306,10 +309,7 @@ LNU_CASES: tuple[Case, ...] = (
           rs("p9", 400, "n2", 3000)), 0, targets={"cpu": 5, "pods": 5}, deviation=True),
     Case("without priorities different evictions for requested and actual resources",
          f"{LNU_TEST}:1001", "lnu", CP, (N("n1", 4000, 3000, 9), N2_EAST),
-         (rs("p1", 400, "n1"), rs("p2", 400, "n1"), rs("p3", 400, "n1"),
-          rs("p4", 400, "n1", affinity_in=(KEY, (WEST,))),
-          rs("p5", 400, "n1", affinity_in=(KEY, (WEST,))), *_lnu_n1_tail(),
-          rs("p9", 0, "n2")), 3, targets=CP50),
+         AFFINITY_PODS, 3, targets=CP50),
     Case("without priorities with node eviction limit", f"{LNU_TEST}:1094", "lnu", CP, LNU_NODES,
          (*(rs(f"p{i}", 400, "n1") for i in range(1, 6)), *_lnu_n1_tail(None),
           rs("p9", 400, "n2")), 2, targets=CP50, per_node=2),

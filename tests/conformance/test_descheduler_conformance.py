@@ -60,16 +60,11 @@ def run(case: Case) -> list[str]:
     return [m.pod_id.split("/", 1)[1] for m in moves]
 
 
-@pytest.mark.parametrize("case", HNU_CASES, ids=[f"{c.where} {c.name}" for c in HNU_CASES])
-def test_high_node_utilization_case(case: Case) -> None:
-    evicted = run(case)
-    assert len(evicted) == case.expected
-    if case.evicted:
-        assert sorted(evicted) == sorted(case.evicted)
+CASES = (*HNU_CASES, *LNU_CASES)
 
 
-@pytest.mark.parametrize("case", LNU_CASES, ids=[f"{c.where} {c.name}" for c in LNU_CASES])
-def test_low_node_utilization_case(case: Case) -> None:
+@pytest.mark.parametrize("case", CASES, ids=[f"{c.where} {c.name}" for c in CASES])
+def test_upstream_case(case: Case) -> None:
     evicted = run(case)
     assert len(evicted) == case.expected
     if case.evicted:
