@@ -3,7 +3,9 @@
 Same arrivals, seeds and eviction costs for every row: no defragmenter, defrag (the daemon,
 scheduler unchanged), defrag with its extender's score installed, defrag with a
 checkpoint-blind cost, descheduler HighNodeUtilization (scheduler switched to MostAllocated),
-descheduler LowNodeUtilization (the control), KAI consolidation (KAI binpack).
+descheduler LowNodeUtilization (the control), KAI consolidation (KAI binpack); each peer in
+its own documented configuration (defrag.sim.peers), and HighNodeUtilization's sensitivity rows
+on request (``--defragmenters descheduler-hnu-gpu50,…``).
 
     .venv/bin/python -m bench.bench_peers                       # 90% load, 3 seeds, 2 policies
     .venv/bin/python -m bench.bench_peers --checkpoint-scale 2  # sensitivity
@@ -30,7 +32,7 @@ import numpy as np
 from bench import data
 from bench.bench_packing_limit import load_trace
 from defrag.model.resources import Node
-from defrag.sim.defragmenters import EXTENDER_POLICY
+from defrag.sim.defragmenters import DEFRAGMENTERS, EXTENDER_POLICY
 from defrag.sim.migration import MigrationCost
 from defrag.sim.report import markdown_table
 from defrag.sim.runner import Task, Workload, run_tasks
@@ -47,7 +49,17 @@ ROWS = (
     "defrag-blind",
     "defrag-extender",
 )
-FIXED_SCHEDULER = ("descheduler-hnu", "kai-consolidation", "defrag-blind", "defrag-extender")
+"""The default rows: each peer in its own documented configuration (docs/benchmarks.md, "Whose
+configuration"); the sensitivity rows are :data:`SENSITIVITY`."""
+SENSITIVITY = ("descheduler-hnu-readme", "descheduler-hnu-gpu50", "descheduler-hnu-lenient")
+"""HighNodeUtilization with each knob changed from its row (``--defragmenters`` picks them)."""
+FIXED_SCHEDULER = (
+    "descheduler-hnu",
+    *SENSITIVITY,
+    "kai-consolidation",
+    "defrag-blind",
+    "defrag-extender",
+)
 """Defragmenters that install their own scheduler score: the run does not depend on the
 policy the cluster had, so it is made once and shown under each policy."""
 
@@ -70,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--defragmenters", default=",".join(ROWS))
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--first-seed", type=int, default=42, help="42; 45 is the held-out seed")
     ap.add_argument("--load", type=float, default=0.9)
     ap.add_argument("--hours", type=float, default=36.0)
     ap.add_argument("--warmup", type=float, default=12.0)
@@ -103,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     policies = [p for p in args.policies.split(",") if p]
     names = [d for d in args.defragmenters.split(",") if d]
+    unknown = [d for d in names if d not in DEFRAGMENTERS]
+    if unknown:
+        ap.error(
+            f"--defragmenters: unknown {', '.join(unknown)}; known: {', '.join(DEFRAGMENTERS)}"
+        )
     hook_options = parse_hook_options(ap, args.hook_option)
     tasks = [
         Task(
@@ -117,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in names
         if not (p == EXTENDER_POLICY and d == "defrag-extender")  # the same run as "defrag"
         if not (i > 0 and d in FIXED_SCHEDULER)  # the same runs as under the first policy
-        for s in range(42, 42 + args.seeds)
+        for s in range(args.first_seed, args.first_seed + args.seeds)
     ]
     started = time.perf_counter()
 
@@ -220,6 +238,7 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         "max/pod",
     )
     loads = sorted({(r.seed, round(r.offered_load_pct, 1)) for r in runs})
+    first = getattr(args, "first_seed", 42)
     secs = list(getattr(args, "run_seconds", [r.seconds for r in runs]))
     sim_h = args.hours + args.warmup
     rss = max(
@@ -231,8 +250,8 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         f"Timeline, openb GPU nodes ×{args.scale} ({n_nodes:,} nodes), `{args.trace}` pod shapes, "
         f"offered load {args.load:.0%} (realised per seed: "
         + ", ".join(f"{s}: {x}%" for s, x in loads)
-        + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds 42–"
-        f"{41 + args.seeds}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
+        + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds {first}–"
+        f"{first + args.seeds - 1}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
         f"{args.window_every:g} h"
         + (
             f", hook options {getattr(args, 'hook_option', [])}"

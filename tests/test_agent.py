@@ -386,7 +386,7 @@ class _RefusingAnnotator:
     """An API server that refuses the patch (RBAC missing, say)."""
 
     def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
-        raise RuntimeError("nodes \"gpu-1\" is forbidden")
+        raise RuntimeError('nodes "gpu-1" is forbidden')
 
 
 def _get(url: str, path: str) -> tuple[int, str]:

@@ -63,8 +63,18 @@ def test_every_command_help_answers(child: dict[str, object]) -> None:
     codes = child["codes"]
     assert isinstance(codes, dict)
     # the root, every command and every command of a group (rules check, alerts test, data …)
-    for name in ("defrag", "detect", "run", "simulate", "plan", "report", "rules check",
-                 "alerts test", "data fetch", "--version"):
+    for name in (
+        "defrag",
+        "detect",
+        "run",
+        "simulate",
+        "plan",
+        "report",
+        "rules check",
+        "alerts test",
+        "data fetch",
+        "--version",
+    ):
         assert codes.get(name) == 0, (name, codes)
     assert all(code == 0 for code in codes.values()), codes
 

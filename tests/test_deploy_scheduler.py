@@ -548,4 +548,3 @@ def test_the_extender_reads_the_daemons_settings_file(objs: list[Obj]) -> None:
     volumes = {v["name"]: v for v in ext_pod["volumes"]}
     daemon_volumes = {v["name"]: v for v in daemon_pod["volumes"]}
     assert volumes[mount["name"]]["configMap"] == daemon_volumes["settings"]["configMap"]
-

@@ -71,6 +71,17 @@ def test_cpu_only_node_has_no_gpus_and_no_model() -> None:
     assert (node.num_gpu, node.gpu_model, node.domains) == (0, "", ())
 
 
+@pytest.mark.parametrize(("pods", "max_pods"), [("58", 58), ("250", 250), (None, 110)])
+def test_node_pod_capacity_is_read_from_allocatable(pods: str | None, max_pods: int) -> None:
+    # the descheduler's ``pods`` resource is allocatable pods (nodeutilization.go
+    # referencedResourceListForNodeCapacity); the kubelet's maxPods is 110 when not reported
+    raw = k.node("n", gpus=1)
+    raw["status"]["allocatable"].pop("pods", None)
+    if pods is not None:
+        raw["status"]["allocatable"]["pods"] = pods
+    assert node_from_json(raw).max_pods == max_pods
+
+
 def test_node_without_allocatable_falls_back_to_capacity() -> None:
     raw = k.node("n", gpus=4)
     del raw["status"]["allocatable"]

@@ -72,9 +72,7 @@ def test_lower_priority_pods_are_still_preempted_when_nothing_can_move() -> None
         ("n2", "default/b"),
     ],
 )
-def test_checkpoint_aware_choice_moves_the_pod_just_checkpointed(
-    fresh_on: str, moved: str
-) -> None:
+def test_checkpoint_aware_choice_moves_the_pod_just_checkpointed(fresh_on: str, moved: str) -> None:
     nodes = [gpu_node("n1"), gpu_node("n2"), gpu_node("n3")]
     hours = {"n1": 0.1, "n2": 3.0} if fresh_on == "n1" else {"n1": 3.0, "n2": 0.1}
     pods = [

@@ -122,5 +122,3 @@ def test_the_extender_process_scores_with_the_settings_file(tmp_path: Path) -> N
         app, ["place", "--snapshot", str(WORKED), "--settings", str(path), "-o", "json"]
     )
     assert top == [json.loads(placed.output)["node"]] == [EXPECTED["least-allocated"]]
-
-

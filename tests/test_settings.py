@@ -262,7 +262,8 @@ def test_run_refuses_contradicting_settings_with_one_line_and_exit_2(tmp_path: P
     from defrag.cli import app
 
     path = write(
-        tmp_path, "dry_run: false\ncluster: sim\ncycle_interval_s: 20\nready_max_age_s: 60\n"
+        tmp_path,
+        "dry_run: false\ncluster: sim\ncycle_interval_s: 20\nready_max_age_s: 60\n"
         "replacement_timeout_s: 65\n",
     )
     result = CliRunner().invoke(app, ["run", "--once", "--settings", str(path)])

@@ -1,7 +1,8 @@
-"""The peers' rules on hand-worked clusters: descheduler HighNodeUtilization / LowNodeUtilization
-(kubernetes-sigs/descheduler ``pkg/framework/plugins/nodeutilization/``) and KAI-Scheduler's
-consolidation (``pkg/scheduler/actions/consolidation/``) with its binpack score
-(``pkg/scheduler/plugins/nodeplacement/pack.go``)."""
+"""The peers' rules on hand-worked GPU clusters: descheduler HighNodeUtilization /
+LowNodeUtilization (kubernetes-sigs/descheduler ``pkg/framework/plugins/nodeutilization/``) and
+KAI-Scheduler's consolidation (``pkg/scheduler/actions/consolidation/``) with its binpack score
+(``pkg/scheduler/plugins/nodeplacement/pack.go``), as the timeline runs them. Upstream's own test
+tables are in ``tests/conformance/test_{descheduler,kai}_conformance.py``."""
 
 from __future__ import annotations
 
@@ -12,16 +13,14 @@ from defrag.model.resources import Node, OwnerRef, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.policies import make_policy
 from defrag.sim.defragmenters import DEFRAGMENTERS, make_defragmenter
-from defrag.sim.hooks import REQUEUE
-from defrag.sim.peers import (
+from defrag.sim.descheduler import (
+    DefaultEvictor,
     HighNodeUtilization,
-    KaiBinpack,
-    KaiConsolidation,
     LowNodeUtilization,
-    default_evictor,
     eviction_order,
-    kai_preemptible,
 )
+from defrag.sim.hooks import REQUEUE
+from defrag.sim.kai import KaiBinpack, KaiConsolidation, kai_priority, sim_priority
 from defrag.sim.state import SimState
 from defrag.sim.trace import QOS_PRIORITY
 
@@ -37,10 +36,13 @@ def cluster(names: str, gpus: int = 4, policy: str | None = None) -> SimState:
 
 def put(
     state: SimState, name: str, row: int, gpus: int, qos: str = "BE", *, mem: int = 1024,
-    since: float = 0.0, priority: int | None = None,
+    since: float = 0.0, priority: int | None = None, owner: str | None = "ReplicaSet",
 ) -> Pod:  # fmt: skip
     prio = QOS_PRIORITY[qos] if priority is None else priority
-    pod = Pod(name, num_gpu=gpus, cpu_milli=1000, memory_mib=mem, qos=qos, priority=prio)
+    pod = Pod(
+        name, num_gpu=gpus, cpu_milli=1000, memory_mib=mem, qos=qos, priority=prio,
+        owner=OwnerRef(owner, name) if owner else None,
+    )  # fmt: skip
     free = [
         g for g in range(int(state.arrays.gpu_total[row])) if state.arrays.gpu_free[row, g] == 1000
     ]
@@ -88,12 +90,30 @@ def test_hnu_does_nothing_when_its_conditions_say_so(
     assert bool(moves) is evicts
 
 
-def test_default_evictor_spares_daemonsets_mirror_and_system_critical_pods() -> None:
-    assert default_evictor(Pod("plain"))
-    assert not default_evictor(Pod("ds", owner=OwnerRef("DaemonSet", "agent")))
-    assert not default_evictor(Pod("mirror", annotations={"kubernetes.io/config.mirror": "x"}))
-    assert not default_evictor(Pod("crit", priority=2_000_000_000))
-    assert not default_evictor(Pod("crit2", priority_class="system-node-critical"))
+@pytest.mark.parametrize(
+    ("pod", "evictor", "ok"),
+    [
+        (Pod("owned", owner=OwnerRef("ReplicaSet", "r")), DefaultEvictor(), True),
+        # defaultevictor.go 238-243: no ownerRefs, protected (EvictFailedBarePods off)
+        (Pod("bare"), DefaultEvictor(), False),
+        (Pod("bare-failed", phase="Failed"), DefaultEvictor(evict_failed_bare_pods=True), True),
+        (Pod("bare-sim"), DefaultEvictor(bare_pods_owned=True), True),  # the timeline's reading
+        (Pod("ds", owner=OwnerRef("DaemonSet", "agent")), DefaultEvictor(), False),
+        (Pod("static", owner=OwnerRef("Node", "n1")), DefaultEvictor(), False),
+        (Pod("mirror", owner=OwnerRef("ReplicaSet", "r"),
+             annotations={"kubernetes.io/config.mirror": "x"}), DefaultEvictor(), False),
+        (Pod("crit", owner=OwnerRef("ReplicaSet", "r"), priority=2_000_000_000),
+         DefaultEvictor(), False),
+        (Pod("crit2", owner=OwnerRef("ReplicaSet", "r"), priority_class="system-node-critical"),
+         DefaultEvictor(), False),
+        # defaultevictor.go 470-472: the evict annotation wins over every protection
+        (Pod("forced", annotations={"descheduler.alpha.kubernetes.io/evict": ""}),
+         DefaultEvictor(), True),
+    ],
+)  # fmt: skip
+def test_default_evictor_filter(pod: Pod, evictor: DefaultEvictor, ok: bool) -> None:
+    status = evictor.filter(pod)
+    assert status.ok is ok and (ok or status.reasons)
 
 
 def test_eviction_order_is_priority_then_qos_tier() -> None:
@@ -133,19 +153,20 @@ def kai_cluster(n1_free: int) -> tuple[SimState, Pod]:
     """n0: "old" (since 0) and "young" (since 5), 1-GPU batch pods (preemptible); n1: serving
     pods (not preemptible) leaving ``n1_free`` GPUs. A 4-GPU training pod waits."""
     state = cluster("ab")
-    put(state, "old", 0, 1, "BE", since=0.0)
-    put(state, "young", 0, 1, "BE", since=5.0)
+    put(state, "old", 0, 1, "BE", since=0.0, owner=None)
+    put(state, "young", 0, 1, "BE", since=5.0, owner=None)
     for k in range(4 - n1_free):
-        put(state, f"serve{k}", 1, 1, "LS")
+        put(state, f"serve{k}", 1, 1, "LS", owner=None)
     return state, Pod("train", num_gpu=4, cpu_milli=1000, qos="Burstable", priority=1)
 
 
 def test_kai_accepts_the_first_victim_set_whose_victims_all_fit_again() -> None:
-    # Victims lowest priority first, newest first: young, then old. Scenario 1 {young}: n0 has
-    # 3 free — the 4-GPU job fits nowhere. Scenario 2 {young, old} (both on n0): n0 empty, the
-    # job goes there, young and old both fit on n1's 2 free GPUs: accepted, both held for train.
+    # Victims in reverse job order (all `train` 50, created together: by name, last first):
+    # young, then old. Scenario 1 {young}: n0 has 3 free — the 4-GPU job fits nowhere.
+    # Scenario 2 {young, old} (both on n0): allocated in job order — old → n1 (binpack: 2 free
+    # beats 4), train → n0, young → n1: accepted, both held for train.
     state, train = kai_cluster(n1_free=2)
-    moves = KaiConsolidation().session(state, [train])
+    moves = KaiConsolidation(priority_of=sim_priority).session(state, [train])
     assert [(m.pod_id, m.source_row, m.target_row, m.for_pod) for m in moves] == [
         ("default/young", 0, 1, train.key),
         ("default/old", 0, 1, train.key),
@@ -157,14 +178,14 @@ def test_kai_accepts_the_first_victim_set_whose_victims_all_fit_again() -> None:
 def test_kai_rejects_a_scenario_when_a_victim_cannot_be_placed_again() -> None:
     # n1 has 1 free GPU: 2 + 1 = 3 idle GPUs < 4: not enough allocatable GPUs, no scenario.
     state, train = kai_cluster(n1_free=1)
-    assert KaiConsolidation().session(state, [train]) == []
+    assert KaiConsolidation(priority_of=sim_priority).session(state, [train]) == []
     # n1 full, node c with 2 free GPUs but no free CPU: 2 + 2 = 4 idle GPUs, so scenarios are
     # tried; {young, old} empties n0 for the job, but neither victim fits anywhere again
     # (allPodsReallocated fails): rejected, nothing moves.
     state, train = kai_cluster(n1_free=0)
     state = _with_cpu_bound_node(state)
     assert int(state.arrays.free_whole_count().sum()) == 4
-    assert KaiConsolidation().session(state, [train]) == []
+    assert KaiConsolidation(priority_of=sim_priority).session(state, [train]) == []
 
 
 def _with_cpu_bound_node(state: SimState) -> SimState:
@@ -173,19 +194,42 @@ def _with_cpu_bound_node(state: SimState) -> SimState:
     fresh = SimState.new([*state.nodes, c], state.policy, "test", state.mix)
     for p in state.placed.values():
         fresh.place(p.pod, p.row, p.gpus, p.since)
-    put(fresh, "c-serve0", 2, 1, "LS")
-    put(fresh, "c-serve1", 2, 1, "LS")
+    put(fresh, "c-serve0", 2, 1, "LS", owner=None)
+    put(fresh, "c-serve1", 2, 1, "LS", owner=None)
     fresh.place(Pod("c-cpu", cpu_milli=30_000, qos="LS", priority=3), 2, ())
     return fresh
 
 
-def test_kai_consolidates_only_for_preemptible_jobs() -> None:
-    assert kai_preemptible(Pod("t", num_gpu=2, qos="LS"))  # training reads as `train`
-    assert kai_preemptible(Pod("b", num_gpu=1, qos="BE"))  # batch
-    assert not kai_preemptible(Pod("s", num_gpu=1, qos="LS"))  # serving: `inference`
+def test_kai_reads_trace_pods_as_the_pod_grouper_would() -> None:
+    # deployment_grouper.go 48: a Deployment's pods are `inference` (125, not preemptible);
+    # default_grouper.go 66: the rest `train` (50). Trace pods have no owner: serving pods
+    # (LS, at most one GPU) read as Deployment pods.
+    assert sim_priority(Pod("t", num_gpu=2, qos="LS")) == 50  # training
+    assert sim_priority(Pod("b", num_gpu=1, qos="BE")) == 50  # batch
+    assert sim_priority(Pod("s", num_gpu=1, qos="LS")) == 125  # serving
+    assert kai_priority(Pod("s", num_gpu=1, qos="LS")) == 50  # no owner, no class: train
+    assert sim_priority(Pod("c", num_gpu=1, qos="LS", priority_class="build", priority=7)) == 100
     state, _ = kai_cluster(n1_free=2)
     serving = Pod("serve-big", num_gpu=1, gpu_milli=1000, cpu_milli=40_000, qos="LS", priority=3)
-    assert KaiConsolidation().session(state, [serving]) == []
+    assert KaiConsolidation(priority_of=sim_priority).session(state, [serving]) == []
+
+
+def test_kai_counts_the_free_part_of_shared_gpus_as_idle() -> None:
+    # node_info.go 592-609: idle = whole idle GPUs + the free part of shared GPUs. Node a: two
+    # 0.5-GPU batch pods on GPUs 0 and 1 of a 2-GPU node → 0 whole idle GPUs, 0.5 + 0.5 = 1 idle
+    # GPU: a 1-GPU job is consolidated — one share joins the other, the job takes the GPU freed.
+    nodes = [Node("a", cpu_milli=32_000, memory_mib=65_536, num_gpu=2, gpu_model="G2")]
+    state = SimState.new(nodes, KaiBinpack(), "test", WorkloadMix.default())
+    for k in range(2):
+        state.place(Pod(f"half{k}", num_gpu=1, gpu_milli=500, cpu_milli=100, qos="BE"), 0, (k,))
+    moves = KaiConsolidation(priority_of=sim_priority).session(
+        state, [Pod("one", num_gpu=1, qos="BE")]
+    )
+    assert [(m.pod_id, m.source_row, m.target_row, m.gpus) for m in moves] == [
+        ("default/half1", 0, 0, (0,))
+    ]
+    state.apply_moves(moves)
+    assert list(state.arrays.gpu_free[0]) == [0, 1000]
 
 
 def test_every_defragmenter_has_its_scheduler() -> None:
@@ -196,6 +240,9 @@ def test_every_defragmenter_has_its_scheduler() -> None:
         "defrag-extender": "reserve-binpack",
         "defrag-proposed": "least-allocated",
         "descheduler-hnu": "most-allocated",
+        "descheduler-hnu-readme": "most-allocated",
+        "descheduler-hnu-gpu50": "most-allocated",
+        "descheduler-hnu-lenient": "most-allocated",
         "descheduler-lnu": "least-allocated",
         "kai-consolidation": "kai-binpack",
     }

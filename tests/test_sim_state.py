@@ -53,12 +53,23 @@ def test_moves_apply_in_order_and_count_as_migrations() -> None:
     assert s.placed["default/p"].row == 1
 
 
+def test_a_pod_moves_to_other_gpus_of_its_own_node() -> None:
+    # KAI moves a victim to another GPU of the same node (by_pod_solver.go): q leaves GPU 2
+    # of node a for GPU 3; GPU 2 is whole again (1000 free), GPU 3 keeps 700.
+    s = make_state()
+    assert s.apply_moves([Move("default/q", 0, 0, (3,))]) == 1 and s.migrations == 1
+    assert list(s.arrays.gpu_free[0]) == [0, 0, 1000, 700]
+    assert s.placed["default/q"].gpus == (3,) and sorted(s.rows[0]) == ["default/p", "default/q"]
+
+
 @pytest.mark.parametrize(
     ("moves", "reason"),
     [
         ([Move("default/nope", 0, 1, (0,))], "no such running pod"),
         ([Move("default/p", 1, 0, (0, 1))], "runs on row 0, not 1"),
-        ([Move("default/p", 0, 0, (2, 3))], "bad target row 0"),
+        ([Move("default/p", 0, 0, (1, 0))], "row 0 is its own, on the same GPUs"),
+        ([Move("default/p", 0, 2, (0, 1))], "bad target row 2"),
+        ([Move("default/p", 0, 0, (2, 3))], "without enough free"),  # GPU 2 holds q's 300
         ([Move("default/p", 0, 1, (0,))], "1 GPU slot(s) given, the pod asks 2"),
         # The first move fills b's GPUs 0 and 1; the second asks GPU 1 again for q.
         ([Move("default/p", 0, 1, (0, 1)), Move("default/q", 0, 1, (1,))], "without enough free"),

@@ -299,6 +299,9 @@ def node_from_json(
     annotations = _str_map(meta, "annotations", who)
     cpu = _quantity(alloc, "cpu", f"{alloc_path}.cpu", who, units.cpu_milli, required=True)
     mem = _quantity(alloc, "memory", f"{alloc_path}.memory", who, units.memory_mib, required=True)
+    pods = (
+        _quantity(alloc, "pods", f"{alloc_path}.pods", who, units.count) if "pods" in alloc else 110
+    )
     counts = {
         res: _quantity(alloc, res, f'{alloc_path}["{res}"]', who, units.count)
         for res in alloc
@@ -334,6 +337,7 @@ def node_from_json(
         labels=labels,
         annotations=annotations,
         pools=shape.pools,
+        max_pods=pods,
     )
 
 

@@ -28,6 +28,9 @@ DEFRAGMENTERS: tuple[str, ...] = (
     "defrag-blind",
     "defrag-proposed",
     "descheduler-hnu",
+    "descheduler-hnu-readme",
+    "descheduler-hnu-gpu50",
+    "descheduler-hnu-lenient",
     "descheduler-lnu",
     "kai-consolidation",
 )

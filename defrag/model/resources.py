@@ -84,6 +84,9 @@ class Node:
     profiles (``nvidia.com/mig-1g.10gb``), time-sliced replicas (``nvidia.com/gpu.shared``, or
     ``nvidia.com/gpu`` itself when the device plugin does not rename them — then ``num_gpu`` is
     0). Pool units never count toward whole-GPU jobs."""
+    max_pods: int = 110
+    """How many pods the node runs at most: ``status.allocatable.pods`` (the kubelet's
+    ``maxPods``, 110 by default and when not reported)."""
 
     @property
     def domains(self) -> tuple[tuple[int, ...], ...]:

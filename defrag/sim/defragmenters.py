@@ -12,10 +12,13 @@ name                   hook                                            scheduler
 ``defrag-proposed``    the daemon with the starvation rule's action     the run's policy
                        ``make-room-now`` (rooms at any cycle, not
                        only in windows; docs/simulator.md)
-``descheduler-hnu``    :class:`~defrag.sim.peers.HighNodeUtilization`  ``most-allocated``
-``descheduler-lnu``    :class:`~defrag.sim.peers.LowNodeUtilization`   the run's policy
-``kai-consolidation``  :class:`~defrag.sim.peers.KaiConsolidation`     KAI binpack
+``descheduler-hnu…``  :class:`~defrag.sim.descheduler.HighNodeUtilization`  ``most-allocated``
+``descheduler-lnu``    :class:`~defrag.sim.descheduler.LowNodeUtilization`   the run's policy
+``kai-consolidation``  :class:`~defrag.sim.kai.KaiConsolidation`             KAI binpack
 =====================  ==============================================  =====================
+
+The peers' configurations (``descheduler-hnu`` and its sensitivity rows) are
+:data:`defrag.sim.peers.PEER_CONFIGS`.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 from defrag.scoring.framework import Policy
 from defrag.sim.defrag_hook import make_defrag_hook
 from defrag.sim.hooks import DefragHook
-from defrag.sim.peers import HighNodeUtilization, KaiBinpack, KaiConsolidation, LowNodeUtilization
+from defrag.sim.peers import PEER_CONFIGS, PEERS, KaiBinpack, make_peer
 
 DEFRAGMENTERS = (
     "none",
@@ -34,9 +37,7 @@ DEFRAGMENTERS = (
     "defrag-extender",
     "defrag-blind",
     "defrag-proposed",
-    "descheduler-hnu",
-    "descheduler-lnu",
-    "kai-consolidation",
+    *PEERS,
 )
 EXTENDER_POLICY = "reserve-binpack"
 """The score the scheduler extender installs (docs/kubernetes.md: its default policy)."""
@@ -63,11 +64,11 @@ def make_defragmenter(
     if name == "defrag-proposed":
         opts.setdefault("make_room_now", True)
         return make_defrag_hook(policy, protocol, **opts), policy
-    if name == "descheduler-hnu":
-        return HighNodeUtilization(), "most-allocated"
-    if name == "descheduler-lnu":
-        return LowNodeUtilization(), policy
-    return KaiConsolidation(), KaiBinpack()
+    peer = make_peer(name)
+    sched = PEER_CONFIGS[name].scheduler
+    if sched == "kai-binpack":
+        return peer, KaiBinpack()
+    return peer, policy if sched == "policy" else sched
 
 
 __all__ = ["DEFRAGMENTERS", "EXTENDER_POLICY", "make_defragmenter"]

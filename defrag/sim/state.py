@@ -92,7 +92,8 @@ class SimState:
     def apply_moves_detailed(self, moves: Sequence[Move]) -> list[tuple[Placed, Placed | None]]:
         """Apply ``moves`` in order, all or nothing: (before, after) per move, ``after`` None
         for an eviction to the queue (:data:`~defrag.sim.hooks.REQUEUE`; the caller queues
-        the pod). Only moves with a new node count as migrations."""
+        the pod). Only moves with a new seat count as migrations: another node, or other GPUs
+        of the same node (KAI moves a victim to another GPU of its node)."""
         done: list[tuple[Placed, Placed | None]] = []
         try:
             for move in moves:
@@ -144,8 +145,14 @@ class SimState:
             )
         if move.target_row == REQUEUE:
             return placed
-        if not 0 <= move.target_row < len(self.nodes) or move.target_row == move.source_row:
+        if not 0 <= move.target_row < len(self.nodes):
             raise InvalidMove(f"move of {move.pod_id}: bad target row {move.target_row}")
+        if move.target_row == move.source_row and (
+            not move.gpus or set(move.gpus) == set(placed.gpus)
+        ):
+            raise InvalidMove(
+                f"move of {move.pod_id}: row {move.target_row} is its own, on the same GPUs"
+            )
         return placed
 
     def _move(self, move: Move) -> Placed:
