@@ -50,9 +50,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from defrag.model.resources import Pod, Taint
+from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.scoring.filters import R_TOPOLOGY, filter_masks
-from defrag.scoring.framework import Status
 from defrag.sim.hooks import REQUEUE, Move
 from defrag.sim.state import SimState
 
