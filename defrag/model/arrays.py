@@ -64,6 +64,20 @@ class NodeArrays:
     selector_cache: dict[tuple[object, ...], BoolArray] = field(default_factory=dict)
     """Per pod constraint key, the rows its nodeSelector and affinity admit (labels never change
     in one NodeArrays, so the mask is computed once per distinct constraint)."""
+    whole_count: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """[N] entirely free GPUs per node, kept up to date by ``allocate``/``release`` (every
+    filter and score reads it: no pass over ``gpu_free`` per pod)."""
+    share_free: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """[N] free milli-GPU summed over each node's GPUs, kept like ``whole_count``."""
+
+    def __post_init__(self) -> None:
+        if self.whole_count.shape != self.gpu_total.shape:
+            self.recount()
+
+    def recount(self) -> None:
+        """Recompute the kept per-node counts from ``gpu_free`` (after writing it directly)."""
+        self.whole_count = np.count_nonzero(self.gpu_free >= GPU_MILLI, axis=1).astype(np.int64)
+        self.share_free = np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeArrays:
@@ -153,6 +167,8 @@ class NodeArrays:
             pool_free=self.pool_free.copy(),
             labels=self.labels,
             selector_cache=self.selector_cache,
+            whole_count=self.whole_count.copy(),
+            share_free=self.share_free.copy(),
         )
 
     def row_view(self, row: int) -> NodeArrays:
@@ -182,12 +198,12 @@ class NodeArrays:
         return self.gpu_free >= GPU_MILLI
 
     def free_whole_count(self) -> IntArray:
-        """[N] entirely free GPUs per node."""
-        return np.asarray(self.whole_free().sum(axis=1), dtype=np.int64)
+        """[N] entirely free GPUs per node (a read-only view of the kept count)."""
+        return _read_only(self.whole_count)
 
     def free_share(self) -> IntArray:
-        """[N] free milli-GPU summed over each node's GPUs."""
-        return np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+        """[N] free milli-GPU summed over each node's GPUs (a read-only view)."""
+        return _read_only(self.share_free)
 
     def domain_free(self) -> IntArray:
         """[N, D] entirely free GPUs in each NVLink domain."""
@@ -277,6 +293,7 @@ class NodeArrays:
             self.pool_free[row, col] -= pool_units(pod)
         elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] -= pod.gpu_milli
+            self._recount_row(row)
 
     def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         self.cpu_free[row] += pod.cpu_milli
@@ -287,9 +304,21 @@ class NodeArrays:
             self.pool_free[row, col] += pool_units(pod)
         elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] += pod.gpu_milli
+            self._recount_row(row)
+
+    def _recount_row(self, row: int) -> None:
+        free = self.gpu_free[row]
+        self.whole_count[row] = np.count_nonzero(free >= GPU_MILLI)
+        self.share_free[row] = free.sum()
 
 
 _PER_ROW_TUPLES = frozenset({"names", "taints", "labels"})
+
+
+def _read_only(values: IntArray) -> IntArray:
+    view = values.view()
+    view.flags.writeable = False
+    return view
 
 
 def pool_units(pod: Pod) -> int:

@@ -44,7 +44,10 @@ def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
         enough = arrays.pool_free_for(pod) >= pod.pool_units
         return enough, enough
     enough = arrays.free_whole_count() >= pod.num_gpu
-    topo = enough & topology_fit(pod.num_gpu, arrays)
+    # One NVLink domain per node (the common NVSwitch case): any R free GPUs will do.
+    topo = (
+        enough if arrays.domain_size.shape[1] == 1 else enough & topology_fit(pod.num_gpu, arrays)
+    )
     if pooled is not None:
         _, rows = pooled
         in_pool = arrays.pool_free_for(pod) >= pod.num_gpu
@@ -124,10 +127,26 @@ def filter_masks(
 
 
 def feasible_mask(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None) -> BoolArray:
-    """Nodes that pass every filter."""
-    ok = np.ones(len(arrays), dtype=bool)
-    for _, mask in filter_masks(pod, arrays, exclude):
-        ok &= mask
+    """Nodes that pass every filter: the masks of :func:`filter_masks`, and-ed as they are
+    computed (no list of masks; the GPU and topology filters as one mask, since a node meeting
+    the topology has enough GPUs)."""
+    ok = arrays.cpu_free >= pod.cpu_milli
+    ok &= arrays.mem_free >= pod.memory_mib
+    ok &= schedulable_mask(pod, arrays)
+    if exclude is not None:
+        ok &= ~exclude
+    if pod.has_node_constraints:
+        ok &= arrays.selector_mask(pod)
+    if arrays.tainted_rows:
+        ok &= taint_mask(pod, arrays)
+    if pod.pool:
+        ok &= gpu_fit(pod, arrays)[0]
+    elif pod.num_gpu:
+        if pod.gpu_models:
+            ok &= arrays.model_allowed(pod)
+        if pod.gpu_memory_mib:
+            ok &= arrays.gpu_mem >= pod.gpu_memory_mib
+        ok &= gpu_fit(pod, arrays)[1]
     return ok
 
 

@@ -24,8 +24,12 @@ def schedule(
     policy: Policy,
     *,
     exclude: BoolArray | None = None,
+    why: bool = True,
 ) -> Placement | Unschedulable:
     """Where ``pod`` goes: the feasible node with the highest score, ties to the first name.
+
+    ``why``: when no node fits, count each filter's rejections (:func:`unschedulable`); a
+    caller that does not read them passes False and gets an ``Unschedulable`` without them.
 
     ``policy`` is a built score function — a :class:`~defrag.scoring.profile.ScoringProfile`'s
     ``policy``, never a name: the profile is built once per snapshot, so every caller scores
@@ -33,17 +37,23 @@ def schedule(
     ``NodeArrays.allocate`` or ``Cluster.with_pod_bound``.
     """
     arrays = _arrays(target)
-    pol = policy
     feasible = feasible_mask(pod, arrays, exclude)
     if not feasible.any():
-        return unschedulable(pod, arrays, exclude)
-    scores = node_scores(pod, arrays, pol, feasible)
-    masked = np.where(feasible & ~np.isnan(scores), scores, -np.inf)
+        return _no_fit(pod, arrays, exclude, why)
+    scores = node_scores(pod, arrays, policy, feasible)
+    masked = np.where(feasible, scores, -np.inf)
     row = int(np.argmax(masked))  # argmax returns the first maximum: rows are sorted by name
+    if np.isnan(masked[row]):  # argmax stops at a NaN: drop them (a policy's 0/0) and look again
+        masked = np.where(np.isnan(masked), -np.inf, masked)
+        row = int(np.argmax(masked))
     if masked[row] == -np.inf:
-        return unschedulable(pod, arrays, exclude)
-    gpus = () if arrays.pool_use(pod, row) is not None else pol.choose_gpus(pod, arrays, row)
+        return _no_fit(pod, arrays, exclude, why)
+    gpus = () if arrays.pool_use(pod, row) is not None else policy.choose_gpus(pod, arrays, row)
     return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
+
+
+def _no_fit(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None, why: bool) -> Unschedulable:
+    return unschedulable(pod, arrays, exclude) if why else Unschedulable(pod.key, {}, len(arrays))
 
 
 def node_scores(pod: Pod, arrays: NodeArrays, policy: Policy, feasible: BoolArray) -> FloatArray:
