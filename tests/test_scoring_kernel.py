@@ -33,6 +33,10 @@ def test_kept_counts_follow_every_allocate_and_release(cluster: Cluster, extra: 
         # Recomputed from gpu_free: whole GPUs and the summed free share of every node.
         assert arrays.free_whole_count().tolist() == (arrays.gpu_free >= GPU_MILLI).sum(1).tolist()
         assert arrays.free_share().tolist() == arrays.gpu_free.sum(1).tolist()
+        whole = arrays.gpu_free >= GPU_MILLI
+        for dom in range(arrays.domain_size.shape[1]):
+            in_dom = (whole & (arrays.gpu_domain == dom)).sum(1)
+            assert arrays.domain_free()[:, dom].tolist() == in_dom.tolist()
 
 
 def test_kept_counts_are_read_only_and_copied() -> None:

@@ -69,15 +69,24 @@ class NodeArrays:
     filter and score reads it: no pass over ``gpu_free`` per pod)."""
     share_free: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     """[N] free milli-GPU summed over each node's GPUs, kept like ``whole_count``."""
+    domain_whole: IntArray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    """[N, D] entirely free GPUs in each NVLink domain, kept like ``whole_count``."""
 
     def __post_init__(self) -> None:
-        if self.whole_count.shape != self.gpu_total.shape:
+        if (
+            self.whole_count.shape != self.gpu_total.shape
+            or self.domain_whole.shape != self.domain_size.shape
+        ):
             self.recount()
 
     def recount(self) -> None:
         """Recompute the kept per-node counts from ``gpu_free`` (after writing it directly)."""
-        self.whole_count = np.count_nonzero(self.gpu_free >= GPU_MILLI, axis=1).astype(np.int64)
+        whole = self.gpu_free >= GPU_MILLI
+        self.whole_count = np.count_nonzero(whole, axis=1).astype(np.int64)
         self.share_free = np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+        self.domain_whole = np.zeros(self.domain_size.shape, dtype=np.int64)
+        for dom in range(self.domain_size.shape[1]):
+            self.domain_whole[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeArrays:
@@ -169,6 +178,7 @@ class NodeArrays:
             selector_cache=self.selector_cache,
             whole_count=self.whole_count.copy(),
             share_free=self.share_free.copy(),
+            domain_whole=self.domain_whole.copy(),
         )
 
     def row_view(self, row: int) -> NodeArrays:
@@ -206,12 +216,8 @@ class NodeArrays:
         return _read_only(self.share_free)
 
     def domain_free(self) -> IntArray:
-        """[N, D] entirely free GPUs in each NVLink domain."""
-        whole = self.whole_free()
-        out = np.zeros(self.domain_size.shape, dtype=np.int64)
-        for dom in range(self.domain_size.shape[1]):
-            out[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
-        return out
+        """[N, D] entirely free GPUs in each NVLink domain (a read-only view of the kept count)."""
+        return _read_only(self.domain_whole)
 
     def largest_job(self) -> IntArray:
         """[N] the most whole GPUs one pod could get on each node, NVLink rules included."""
@@ -307,9 +313,19 @@ class NodeArrays:
             self._recount_row(row)
 
     def _recount_row(self, row: int) -> None:
-        free = self.gpu_free[row]
-        self.whole_count[row] = np.count_nonzero(free >= GPU_MILLI)
-        self.share_free[row] = free.sum()
+        # ≤ 8 GPUs: plain Python over the row beats numpy calls.
+        free: list[int] = self.gpu_free[row].tolist()
+        domain: list[int] = self.gpu_domain[row].tolist()
+        per = [0] * self.domain_whole.shape[1]
+        whole = 0
+        for f, d in zip(free, domain, strict=True):
+            if f >= GPU_MILLI:
+                whole += 1
+                if 0 <= d < len(per):
+                    per[d] += 1
+        self.whole_count[row] = whole
+        self.share_free[row] = sum(free)
+        self.domain_whole[row] = per
 
 
 _PER_ROW_TUPLES = frozenset({"names", "taints", "labels"})

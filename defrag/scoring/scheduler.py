@@ -41,15 +41,22 @@ def schedule(
     if not feasible.any():
         return _no_fit(pod, arrays, exclude, why)
     scores = node_scores(pod, arrays, policy, feasible)
-    masked = np.where(feasible, scores, -np.inf)
-    row = int(np.argmax(masked))  # argmax returns the first maximum: rows are sorted by name
-    if np.isnan(masked[row]):  # argmax stops at a NaN: drop them (a policy's 0/0) and look again
-        masked = np.where(np.isnan(masked), -np.inf, masked)
-        row = int(np.argmax(masked))
-    if masked[row] == -np.inf:
+    row = select(scores, feasible)
+    if row is None:
         return _no_fit(pod, arrays, exclude, why)
     gpus = () if arrays.pool_use(pod, row) is not None else policy.choose_gpus(pod, arrays, row)
     return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
+
+
+def select(scores: FloatArray, feasible: BoolArray) -> int | None:
+    """The row :func:`schedule` picks from computed scores: the feasible row with the highest
+    score (NaN never wins), the first of equals (rows are sorted by name); None when none."""
+    masked = np.where(feasible, scores, -np.inf)
+    row = int(np.argmax(masked))  # argmax returns the first maximum
+    if np.isnan(masked[row]):  # argmax stops at a NaN: drop them (a policy's 0/0) and look again
+        masked = np.where(np.isnan(masked), -np.inf, masked)
+        row = int(np.argmax(masked))
+    return None if masked[row] == -np.inf else row
 
 
 def _no_fit(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None, why: bool) -> Unschedulable:
@@ -107,4 +114,4 @@ def explain(
     ]
 
 
-__all__ = ["explain", "feasible_mask", "node_scores", "schedule", "unschedulable"]
+__all__ = ["explain", "feasible_mask", "node_scores", "schedule", "select", "unschedulable"]
