@@ -83,18 +83,20 @@ def build(settings: Settings) -> Wiring:
     sleep: Callable[[float], None] = time.sleep
     backend = _backend(settings)
     source: ClusterSource = backend.source
+    fresh: ClusterSource = source  # what the executor re-reads before and after it evicts
     if backend.sim is not None:
         sim = backend.sim
         actuator: Actuator = sim
         clock, time_scale, sleep = sim.clock, settings.sim_speedup, sim.clock.sleep
     else:
+        source = _watched(settings, backend.api)
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
 
     planner_config = settings.planner_config()
     executor = Executor(
         actuator,
-        source,
+        fresh,
         clock,
         ExecutorSettings(
             # the planner's budget, enforced again as evictions go out
@@ -161,6 +163,15 @@ def _backend(settings: Settings) -> Backend:
         return open_source(spec)
     except SourceError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _watched(settings: Settings, api: Any) -> ClusterSource:
+    """The cycle's cluster: the store list + watch keeps (converted once per change), refused
+    once a watch has been down longer than the daemon's readiness age."""
+    from defrag.adapters.kube_watch import KubeWatchSource
+    from defrag.adapters.watched_cluster import WatchedCluster
+
+    return WatchedCluster(KubeWatchSource(api), max_staleness_s=settings.ready_age_limit_s)
 
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
