@@ -294,12 +294,30 @@ class NodeArrays:
         self.cpu_free[row] -= pod.cpu_milli
         self.mem_free[row] -= pod.memory_mib
         self.class_count[row, demand_class(pod)] += 1
+        self.take_gpus(row, pod, gpus)
+        if pod.num_gpu:
+            self._recount_row(row)
+
+    def take_gpus(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
+        """Only the GPU part of :meth:`allocate` (its slots, or its pool's units), without the
+        kept counts: building a cluster pod by pod, then :meth:`charge` once."""
         col = self.pool_use(pod, row)
         if col is not None:
             self.pool_free[row, col] -= pool_units(pod)
         elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] -= pod.gpu_milli
-            self._recount_row(row)
+
+    def charge(self, bound: Sequence[tuple[int, Pod]]) -> None:
+        """The rest of :meth:`allocate` for many pods whose GPUs :meth:`take_gpus` took: CPU,
+        memory and demand classes added up per node in one step each; the kept counts
+        recomputed once."""
+        rows = np.fromiter((r for r, _ in bound), dtype=np.int64, count=len(bound))
+        pods = [p for _, p in bound]
+        np.subtract.at(self.cpu_free, rows, np.array([p.cpu_milli for p in pods], np.int64))
+        np.subtract.at(self.mem_free, rows, np.array([p.memory_mib for p in pods], np.int64))
+        classes = np.array([demand_class(p) for p in pods], dtype=np.int64)
+        np.add.at(self.class_count, (rows, classes), 1)
+        self.recount()
 
     def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         self.cpu_free[row] += pod.cpu_milli
