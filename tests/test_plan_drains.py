@@ -18,7 +18,7 @@ from defrag.plan.constraints import Ledger
 from defrag.plan.cost import DEFAULT_COST, CostModel
 from defrag.plan.drains import Drains, bounds, candidates, virtual_job
 from defrag.plan.repack import RepackResult, repack
-from defrag.plan.room import Context, Room, find_room
+from defrag.plan.room import Room, SearchContext, find_room
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fgd_model import FragModel
 from defrag.scoring.policies import make_policy
@@ -73,7 +73,7 @@ def _run(
     )
     ws = Workspace.from_cluster(c)
     mix = mix or WorkloadMix.from_pods(p for p in c.pods.values() if p.num_gpu)
-    ctx = Context(make_policy("fgd", mix=mix), Ledger(c.pdbs, constraints), constraints,
+    ctx = SearchContext(make_policy("fgd", mix=mix), Ledger(c.pdbs, constraints), constraints,
                   DEFAULT_COST, NOW)  # fmt: skip
     return repack(ws, ctx, mix, min_gain_per_cost=gain, exhaustive=exhaustive)
 
@@ -108,7 +108,7 @@ def test_the_bound_is_above_every_candidates_ratio(c: Cluster) -> None:
     a = ws.arrays
     frag_now = fm.node_frag(a.gpu_free, a.cpu_free, a.model_code) / 1000
     constraints = Constraints(min_age=timedelta(minutes=10))
-    ctx = Context(make_policy("fgd", mix=mix), Ledger(c.pdbs, constraints), constraints,
+    ctx = SearchContext(make_policy("fgd", mix=mix), Ledger(c.pdbs, constraints), constraints,
                   DEFAULT_COST, NOW)  # fmt: skip
     rows, ks = candidates(ws, mix)
     b = bounds(ws, rows, ks, frag_now, lambda pods: DEFAULT_COST.floors(pods, NOW))

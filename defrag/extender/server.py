@@ -24,8 +24,8 @@ from defrag.extender.wire import (
     BadRequest,
     parse_args,
 )
+from defrag.model.status import Status
 from defrag.ports import ClusterSource
-from defrag.scoring.framework import Status
 from defrag.scoring.profile import ProfileConfig
 
 log = logging.getLogger(__name__)

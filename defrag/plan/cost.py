@@ -18,13 +18,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 
 from defrag.model.arrays import FloatArray
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.model.units import GPU_MILLI
+from defrag.model.utc import utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,7 @@ class CostModel:
         since = last_checkpoint(pod)
         hours = 0.0
         if now is not None and since is not None:
-            hours = min(max((_aware(now) - _aware(since)).total_seconds() / 3600.0, 0.0),
+            hours = min(max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0),
                         self.max_hours)  # fmt: skip
         return round((self.per_eviction + gpus_held(pod) * hours) * weight, 6)
 
@@ -61,10 +62,10 @@ class CostModel:
         held = np.fromiter((p.gpu_demand_milli for p in pods), dtype=np.float64, count=n)
         hours = np.zeros(n)
         if now is not None:
-            stamp = _aware(now).timestamp()
+            stamp = utc(now).timestamp()
             created = np.fromiter(
                 (
-                    _aware(p.created_at).timestamp()
+                    utc(p.created_at).timestamp()
                     if p.created_at is not None and CHECKPOINT_ANNOTATION not in p.annotations
                     else stamp
                     for p in pods
@@ -86,7 +87,7 @@ class CostModel:
         since = last_checkpoint(pod) or pod.created_at
         if since is None:
             return 0.0
-        hours = (_aware(now) - _aware(since)).total_seconds() / 3600.0
+        hours = (utc(now) - utc(since)).total_seconds() / 3600.0
         return min(max(hours, 0.0), self.max_hours)
 
 
@@ -105,7 +106,3 @@ def last_checkpoint(pod: Pod) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -31,7 +31,7 @@ from defrag.model.arrays import FloatArray, IntArray
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
-from defrag.plan.room import Context, Room, VictimFilter, find_room
+from defrag.plan.room import Room, SearchContext, VictimFilter, find_room
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fgd_model import FragModel
 
@@ -161,7 +161,7 @@ class Drains:
     def __init__(
         self,
         ws: Workspace,
-        ctx: Context,
+        ctx: SearchContext,
         mix: WorkloadMix,
         fm: FragModel,
         frag_now: FloatArray,

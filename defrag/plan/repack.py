@@ -27,7 +27,7 @@ from defrag.model.workload import WorkloadMix
 from defrag.plan import constraints as c
 from defrag.plan.drains import Drains
 from defrag.plan.model import Blocked, Step
-from defrag.plan.room import Context, Relocation, relocate
+from defrag.plan.room import Relocation, SearchContext, relocate
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fgd_model import FragModel
 
@@ -45,7 +45,7 @@ class RepackResult:
 
 def repack(
     ws: Workspace,
-    ctx: Context,
+    ctx: SearchContext,
     mix: WorkloadMix,
     *,
     min_gain_per_cost: float = 0.25,

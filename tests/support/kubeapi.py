@@ -124,6 +124,9 @@ class Fault:
     delay_s: float
     message: str
     after: bool = False
+    dry_run: bool | None = None
+    """None: any matching request; False: only those that change something; True: only dry
+    runs (``?dryRun=All``)."""
 
 
 @dataclass(slots=True)
@@ -439,13 +442,16 @@ class KubeApi:
         delay_s: float = 0.0,
         message: str = "injected fault",
         after: bool = False,
+        dry_run: bool | None = None,
     ) -> None:
         """The next ``times`` requests matching ``method`` and the ``path`` regex (searched) wait
         ``delay_s`` and then fail with ``status`` (0 = answer normally after the delay);
-        ``after``: the request is carried out, then its answer replaced by the failure."""
+        ``after``: the request is carried out, then its answer replaced by the failure;
+        ``dry_run``: False matches only requests that are not dry runs (an eviction, not the
+        executor's server-side rehearsal of it), True only dry runs, None both."""
         with self._lock:
             self._faults.append(
-                Fault(method, re.compile(path), status, times, delay_s, message, after)
+                Fault(method, re.compile(path), status, times, delay_s, message, after, dry_run)
             )
 
     # --- internals ---------------------------------------------------------------------------
@@ -615,9 +621,11 @@ class KubeApi:
             self._raw[rt.resource][key] = raw
         return raw
 
-    def _take_fault(self, method: str, path: str) -> Fault | None:
+    def _take_fault(self, method: str, path: str, dry_run: bool = False) -> Fault | None:
         with self._lock:
             for fault in self._faults:
+                if fault.dry_run is not None and fault.dry_run != dry_run:
+                    continue
                 if fault.method in (method, "*") and fault.path.search(path) and fault.times > 0:
                     fault.times -= 1
                     return fault
@@ -640,7 +648,7 @@ class KubeApi:
                 parsed = body.decode(errors="replace")
         route = _route(path)
         verb, group, resource, namespace, name = _rbac(method, route, query)
-        fault = self._take_fault(method, path)
+        fault = self._take_fault(method, path, "All" in query.get("dryRun", []))
         status, payload = 0, b""
         late, fault = (fault, None) if fault is not None and fault.after else (None, fault)
         if fault is not None:
