@@ -57,6 +57,21 @@ def test_a_change_is_seen_without_a_relist(api: KubeApi, watched: WatchedCluster
     assert lists(api) == 1  # by the watch, not a relist
 
 
+def test_a_terminating_pod_is_seen_terminating(api: KubeApi, watched: WatchedCluster) -> None:
+    # Before: the store trimmed metadata.deletionTimestamp away, so the daemon's planner took a
+    # pod already going for a victim again (tests/e2e/test_daemon_makeroom.py caught it).
+    assert watched.snapshot().pods["default/seven"].deleting_since is None
+    pod = api.get("Pod", "seven", "default")
+    assert pod is not None
+    pod["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
+    api.put(pod)
+
+    def terminating() -> bool:
+        return watched.snapshot().pods["default/seven"].deleting_since is not None
+
+    within(2.0, terminating, "the pod seen terminating")
+
+
 def test_a_watch_down_past_the_bound_is_refused(api: KubeApi, watched: WatchedCluster) -> None:
     watched.snapshot()
     break_node_watch(api, watched)
