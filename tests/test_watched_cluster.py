@@ -129,3 +129,7 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     assert ports.executor is not None
     assert isinstance(ports.executor.source, KubeClusterSource)
     assert ports.source.max_staleness_s == settings.ready_age_limit_s
+    assert wiring.watching
+    # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.
+    once = build(settings, watch=False)
+    assert isinstance(once.daemon.ports.source, KubeClusterSource) and not once.watching
