@@ -23,7 +23,7 @@ import numpy as np
 from defrag.extender.server import serve, stop
 from defrag.extender.state import ClusterCache
 from defrag.extender.verbs import Extender
-from defrag.extender.wire import encode_priorities, parse_args
+from defrag.extender.wire import parse_args
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.scoring.profile import ProfileConfig
@@ -122,7 +122,7 @@ def main() -> None:
         body = bodies[i % len(bodies)]
         t0, c0 = time.perf_counter(), time.thread_time()
         args = parse_args(body)
-        encode_priorities(args.node_names, ext.scores(args))
+        ext.prioritize_body(args)
         direct.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
 

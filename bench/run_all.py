@@ -7,7 +7,12 @@ size that finishes in seconds (``make test`` smoke-runs it, so a benchmark canno
 
 Each bench runs as its own process (``python -m bench.<module> <args>``) so one that fails or
 leaks cannot spoil the others; the runner prints each one's output, then a summary table, and
-exits non-zero when any failed. Benches that need a real Prometheus say so and are run only when
+exits non-zero when any failed. The machine is calibrated before and after (``bench.calibrate``:
+one fixed reference workload timed in the same run), and a second table puts each target
+beside its figure, read from the bench's output, and the figure divided by the calibration, so
+that a figure from another machine, or under another load, compares as a ratio.
+
+Benches that need a real Prometheus say so and are run only when
 the ``prometheus`` binary is on PATH; benches that replay the openb trace run only when its files
 are in the data directory (``$DEFRAG_DATA_DIR``, else ``../shared/data``; ``make data`` fetches
 them). Under ``CI=true`` either absence is a failure, never a skip.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +30,23 @@ import time
 from dataclasses import dataclass
 
 from bench import data
+from bench.calibrate import calibrate
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One target of a full-size run: the figure is the first group of ``pattern`` in the
+    bench's output; met when it is at most ``limit``."""
+
+    label: str
+    pattern: str
+    limit: float
+    unit: str
+    """``s``/``ms`` (a time: divided by the calibration too) or ``x`` (a ratio: as it is)."""
+
+    def figure(self, output: str) -> float | None:
+        found = re.search(self.pattern, output)
+        return float(found.group(1)) if found else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +58,8 @@ class Bench:
     needs_prometheus: bool = False
     needs_data: tuple[str, ...] = ()
     """Reference files (relative to the data directory) the quick and full runs read."""
+    targets: tuple[Target, ...] = ()
+    """Issue 26's targets (full size; a quick run reports no target)."""
 
     @property
     def simulator(self) -> bool:
@@ -42,12 +67,40 @@ class Bench:
         return self.name in SIMULATOR_BENCHES
 
 
+NUMBER = r"([\d.]+)"
+SCORING = tuple(
+    Target(
+        f"schedule() at {n:,} nodes ÷ one numpy pass",
+        rf"schedule\(\) at {n} nodes: [\d.]+ ms, {NUMBER}x one pass",
+        2.0,
+        "x",
+    )
+    for n in (1000, 10000, 100000)
+)
+PLAN = (
+    Target("plan, openb 90%", rf"\| openb 90% \|(?:[^|]*\|){{5}}\s*{NUMBER}", 2.0, "s"),
+    Target("plan, 10,000 nodes", rf"\| synthetic 10000 \|(?:[^|]*\|){{5}}\s*{NUMBER}", 5.0, "s"),
+)
+CYCLE = (
+    Target("cycle, 5,000 nodes / 40,000 pods", rf"best cycle: {NUMBER} s", 3.0, "s"),
+    Target("its snapshot", rf"best snapshot: {NUMBER} s", 0.5, "s"),
+    Target("peak memory", rf"peak RSS: {NUMBER} MiB", 500.0, "MiB"),
+)
+EXTENDER = (
+    Target("prioritize p99, 5,000 nodes, HTTP", rf"HTTP keep-alive\s+[\d.]+\s+{NUMBER}", 5.0, "ms"),
+)
+EXTENDER_LOAD = (
+    Target("prioritize p99, 4 clients, 1,000 nodes",
+           rf"1\. 4 x \d+ prioritize at 1,000 nodes: p50 [\d.]+ ms, p99 {NUMBER} ms", 10.0, "ms"),
+)  # fmt: skip
+
 SIMULATOR_BENCHES = frozenset({"fill", "timeline", "defrag-sim", "peers", "packing-limit"})
 OPENB = tuple(data.trace_files(["default"]))
 
 
 BENCHES: tuple[Bench, ...] = (
-    Bench("scoring", "bench_scoring", (), ("--pods", "20"), needs_data=OPENB),
+    Bench("scoring", "bench_scoring", (), ("--pods", "20", "--sizes", "1000"), needs_data=OPENB,
+          targets=SCORING),
     Bench("fill", "bench_fill", (), ("--traces", "default", "--policies", "reserve-binpack",
                                      "--seeds", "1", "--jobs", "1"),
           needs_data=(*OPENB, "fgd/allo.csv")),
@@ -64,15 +117,19 @@ BENCHES: tuple[Bench, ...] = (
     Bench("packing-limit", "bench_packing_limit", (),
           ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online"),
           needs_data=OPENB),
-    Bench("plan", "bench_plan", (), ("--only", "synthetic", "--nodes", "200")),
+    Bench("plan", "bench_plan", (), ("--only", "synthetic", "--nodes", "200"),
+          targets=PLAN),
     Bench("exact-gap", "bench_exact_gap", (), ("--cases", "2")),
     Bench("cycle", "bench_cycle", ("--repeat", "3"),
-          ("--nodes", "50", "--pods", "300", "--repeat", "1")),
+          ("--nodes", "50", "--pods", "300", "--repeat", "1"),
+          targets=CYCLE),
     Bench("kube", "bench_kube", ("--plan",), ("--nodes", "50", "--pods", "300")),
-    Bench("extender", "bench_extender", (), ("--nodes", "50", "--calls", "50")),
+    Bench("extender", "bench_extender", ("--nodes", "5000"), ("--nodes", "50", "--calls", "50"),
+          targets=EXTENDER),
     Bench("watch", "bench_watch", (), ("--nodes", "50", "--pods", "300", "--repeat", "1")),
     Bench("extender-load", "bench_extender_load", (),
-          ("--calls", "50", "--clients", "2", "--skip-maximal")),
+          ("--calls", "50", "--clients", "2", "--skip-maximal"),
+          targets=EXTENDER_LOAD),
     # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.
     Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
           ("drain-to-bind", "--runs", "1")),
@@ -91,6 +148,7 @@ class Outcome:
     bench: Bench
     status: str
     seconds: float
+    output: str = ""
 
 
 def run(bench: Bench, quick: bool) -> Outcome:
@@ -111,9 +169,38 @@ def run(bench: Bench, quick: bool) -> Outcome:
     argv = [sys.executable, "-m", f"bench.{bench.module}", *(bench.quick if quick else bench.full)]
     print(f"== {bench.name}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
-    proc = subprocess.run(argv, check=False)
+    lines: list[str] = []
+    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # shown as it comes, kept for the targets table
+            print(line, end="", flush=True)
+            lines.append(line)
     took = time.monotonic() - started
-    return Outcome(bench, "ok" if proc.returncode == 0 else f"failed ({proc.returncode})", took)
+    status = "ok" if proc.returncode == 0 else f"failed ({proc.returncode})"
+    return Outcome(bench, status, took, "".join(lines))
+
+
+def targets_table(outcomes: list[Outcome], cal_s: float) -> list[str]:
+    """Each target beside its figure, and the figure ÷ the calibration (times only)."""
+    rows = [
+        f"\ncalibration (bench.calibrate, median of 5, before and after): {cal_s:.3f} s",
+        "| bench | figure | value | target | met | value ÷ calibration |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        for t in o.bench.targets:
+            value = t.figure(o.output)
+            if value is None:
+                rows.append(f"| {o.bench.name} | {t.label} | not found | ≤ {t.limit:g} {t.unit} |")
+                continue
+            seconds = {"s": value, "ms": value / 1e3}.get(t.unit)
+            ratio = f"{seconds / cal_s:.2f}" if seconds is not None else "—"
+            met = "yes" if value <= t.limit else "no"
+            rows.append(
+                f"| {o.bench.name} | {t.label} | {value:g} {t.unit} | ≤ {t.limit:g} {t.unit} "
+                f"| {met} | {ratio} |"
+            )
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,12 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     if names - known:
         ap.error(f"unknown bench(es) {', '.join(sorted(names - known))}; known: {', '.join(known)}")
     chosen = [b for b in BENCHES if not names or b.name in names]
+    runs = 1 if args.quick else 5
+    before = calibrate(runs)
+    print(f"calibration: {before:.3f} s (bench.calibrate, median of {runs})", flush=True)
     outcomes = [run(b, args.quick) for b in chosen]
+    after = calibrate(runs)
     print("\n| bench | command | result | seconds |\n|---|---|---|---|")
     for o in outcomes:
         used = o.bench.quick if args.quick else o.bench.full
         cmd = " ".join((f"bench.{o.bench.module}", *used))
         print(f"| {o.bench.name} | `{cmd}` | {o.status} | {o.seconds:.1f} |")
+    if not args.quick:
+        for row in targets_table(outcomes, (before + after) / 2):
+            print(row)
+        print(f"(calibration before {before:.3f} s, after {after:.3f} s; load {os.getloadavg()})")
     return 0 if all(o.status == "ok" or o.status.startswith("skipped") for o in outcomes) else 1
 
 

@@ -8,6 +8,7 @@ granted triple must have been used.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
+from defrag.adapters.kube_watch import KubeWatchSource
+from defrag.adapters.watched_cluster import WatchedCluster
 from defrag.cli.run import _kube
 from defrag.settings import Settings
 from tests.support.kubeapi import KubeApi, Request, running
@@ -80,7 +83,16 @@ class Clock:
 
 
 def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
-    KubeClusterSource(api.client(), page_size=5, retry=FAST).snapshot()
+    KubeClusterSource(api.client(), page_size=5, retry=FAST).snapshot()  # the executor's reads
+    # The cycle's cluster as the daemon wires it: listed, then every kind watched.
+    watched = WatchedCluster(KubeWatchSource(api.client(), page_size=5, retry=FAST))
+    try:
+        watched.snapshot()
+        deadline = time.monotonic() + 10
+        while watched.watch.stats.watches < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        watched.stop()
     # The actuator as the daemon wires it (defrag/cli/run.py), so its Events go where the
     # daemon's do.
     act, _ = _kube(Settings(dry_run=False, lease_namespace=lease_namespace), api.client())

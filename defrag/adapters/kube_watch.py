@@ -76,6 +76,7 @@ KEEP: Mapping[str, Spec] = {
             **_META,
             "uid": True,
             "creationTimestamp": True,
+            "deletionTimestamp": True,  # a terminating pod is never a victim again (the daemon)
             "ownerReferences": {"kind": True, "name": True, "controller": True},
         },
         "spec": {

@@ -57,10 +57,15 @@ class Wiring:
 
     daemon: Daemon
     sim: Any = None
+    watching: bool = False
+    """The cycle reads a watched store (its watch threads cannot be joined promptly at exit)."""
 
 
-def build(settings: Settings) -> Wiring:
-    """Every port the settings ask for, wired into a daemon. Bad settings → SettingsError."""
+def build(settings: Settings, *, watch: bool = True) -> Wiring:
+    """Every port the settings ask for, wired into a daemon. Bad settings → SettingsError.
+
+    ``watch``: on a live cluster the cycle reads the store list + watch keeps (a serving daemon);
+    False lists every cycle instead (``--once``: one list is all one cycle needs)."""
     from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
     from defrag.daemon.service import AlwaysLeader, Daemon
     from defrag.daemon.unmodelled import UnmodelledReporter
@@ -84,18 +89,21 @@ def build(settings: Settings) -> Wiring:
     sleep: Callable[[float], None] = time.sleep
     backend = _backend(settings)
     source: ClusterSource = backend.source
+    fresh: ClusterSource = source  # what the executor re-reads before and after it evicts
     if backend.sim is not None:
         sim = backend.sim
         actuator: Actuator = sim
         clock, time_scale, sleep = sim.clock, settings.sim_speedup, sim.clock.sleep
     else:
+        if watch:
+            source = _watched(settings, backend.api)
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
 
     planner_config = settings.planner_config()
     executor = Executor(
         actuator,
-        source,
+        fresh,
         clock,
         ExecutorSettings(
             # the planner's budget, enforced again as evictions go out
@@ -137,7 +145,7 @@ def build(settings: Settings) -> Wiring:
         cycle_deadline_s=settings.ready_age_limit_s,
     )
     skipped_to.append(daemon.metrics)
-    return Wiring(daemon, sim)
+    return Wiring(daemon, sim, watching=source is not fresh)
 
 
 def _window(w: WindowSetting) -> Window:
@@ -162,6 +170,15 @@ def _backend(settings: Settings) -> Backend:
         return open_source(spec)
     except SourceError as exc:
         raise SettingsError(str(exc)) from None
+
+
+def _watched(settings: Settings, api: Any) -> ClusterSource:
+    """The cycle's cluster: the store list + watch keeps (converted once per change), refused
+    once a watch has been down longer than the daemon's readiness age."""
+    from defrag.adapters.kube_watch import KubeWatchSource
+    from defrag.adapters.watched_cluster import WatchedCluster
+
+    return WatchedCluster(KubeWatchSource(api), max_staleness_s=settings.ready_age_limit_s)
 
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
@@ -289,11 +306,11 @@ def _settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
         raise UserError(redact_text(str(exc))) from None
 
 
-def _build(settings: Settings) -> Wiring:
+def _build(settings: Settings, *, watch: bool = True) -> Wiring:
     from defrag.settings import SettingsError
 
     try:
-        return build(settings)
+        return build(settings, watch=watch)
     except SettingsError as exc:
         raise UserError(redact_text(str(exc))) from None
 
@@ -341,11 +358,13 @@ def run(
         },
     )
     configure_logging(settings.log_format, settings.log_level if not once else "WARNING")
-    wiring = _build(settings)
+    wiring = _build(settings, watch=not once)
     daemon = wiring.daemon
     if not once:
         daemon.serve_forever()
-        if daemon.cycle_running:  # stuck past the grace period: its thread cannot be joined
+        # A cycle stuck past the grace period, or the watch threads (blocked reading their
+        # streams), cannot be joined promptly: leave without waiting for them.
+        if daemon.cycle_running or wiring.watching:
             logging.shutdown()
             os._exit(0)
         return

@@ -22,7 +22,6 @@ from defrag.extender.wire import (
     MAX_BODY_BYTES,
     VERBS,
     BadRequest,
-    encode_priorities,
     parse_args,
 )
 from defrag.model.status import Status
@@ -227,7 +226,7 @@ class _Handler(BoundedHandler):
             if verb == "filter":
                 body_out = json.dumps(extender.filter(args), separators=(",", ":")).encode()
             else:
-                body_out = encode_priorities(args.node_names, extender.scores(args))
+                body_out = extender.prioritize_body(args)
         except BadRequest as exc:
             self._json(400, {"Error": str(exc)})
             return 400

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from defrag.extender.wire import ObjectArray, host_prefixes
 from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.model.status import Status
@@ -54,6 +55,9 @@ class ClusterView:
     """``time.monotonic()`` when the relist (or the build) finished."""
     generation: int = 0
     """The watched source's change count this view reflects (0 for a relisted source)."""
+    hosts: ObjectArray | None = None
+    """Each row's ``{"Host":"NAME","Score":`` for the prioritize answer (None: a name needs
+    JSON escaping)."""
 
     @property
     def policy(self) -> Policy:
@@ -69,7 +73,8 @@ def make_view(
         for node in cluster.nodes
         if node.annotations.get(RESERVED_FOR_ANNOTATION, "").strip()
     }
-    return ClusterView(cluster, config.for_cluster(cluster), reserved, taken_at, generation)
+    hosts = host_prefixes(cluster.arrays.names)
+    return ClusterView(cluster, config.for_cluster(cluster), reserved, taken_at, generation, hosts)
 
 
 @dataclass(slots=True)
@@ -104,10 +109,14 @@ class ClusterCache:
     _current_at: float = -math.inf
     """When the view was last known to hold everything there was (``clock()``)."""
     _thread: threading.Thread | None = None
+    _watched: bool | None = None
+    """Whether the source is watched, asked once (a Protocol isinstance check is slow)."""
 
     @property
     def watched(self) -> bool:
-        return isinstance(self.source, WatchedClusterSource)
+        if self._watched is None:
+            self._watched = isinstance(self.source, WatchedClusterSource)
+        return self._watched
 
     def view(self) -> ClusterView | None:
         """The view to answer from. Watched: when the source holds changes the view lacks, wait

@@ -10,12 +10,16 @@ from typing import Any
 import numpy as np
 
 from defrag.extender.state import ClusterCache, ClusterView, StateUnavailable
-from defrag.extender.wire import ExtenderArgs, extender_scores
-from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
-from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod
+from defrag.extender.wire import (
+    ExtenderArgs,
+    encode_priorities,
+    encode_priorities_at,
+    extender_scores,
+)
+from defrag.model.arrays import BoolArray, IntArray
+from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.scoring.filters import filter_reasons
-from defrag.scoring.framework import Placement, Policy
-from defrag.scoring.scheduler import feasible_mask, node_scores, schedule
+from defrag.scoring.scheduler import feasible_mask, node_scores, select
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +44,9 @@ class Extender:
 
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
+        self._last_rows: tuple[ClusterView, tuple[str, ...], IntArray] | None = None
+        """The last request's node names and their rows: kube-scheduler asks about the same
+        nodes pod after pod, and comparing the names is cheaper than looking each one up."""
 
     def _view(self) -> ClusterView:
         view = self.cache.view()
@@ -51,7 +58,13 @@ class Extender:
         arrays = view.cluster.arrays
         get = arrays.index.get
         names = args.node_names
-        rows = np.fromiter(map(get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        last = self._last_rows
+        if last is not None and last[0] is view and last[1] == names:
+            rows = last[2]
+        else:
+            rows = np.fromiter(map(get, names, repeat(-1)), dtype=np.int64, count=len(names))
+            rows.flags.writeable = False
+            self._last_rows = (view, names, rows)
         known = rows >= 0
         unknown: tuple[str, ...] = ()
         if not known.all():
@@ -127,47 +140,43 @@ class Extender:
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         """A HostPriorityList: every requested node with a 0..10 score (see the module doc)."""
-        values = self.scores(args)
+        values = self.scores(args).tolist()
         return [
             {"Host": name, "Score": value}
             for name, value in zip(args.node_names, values, strict=True)
         ]
 
-    def scores(self, args: ExtenderArgs) -> list[int]:
+    def scores(self, args: ExtenderArgs) -> IntArray:
         """The 0..10 score of each requested node, in request order."""
+        return self._scored(args)[1]
+
+    def prioritize_body(self, args: ExtenderArgs) -> bytes:
+        """The HostPriorityList of :meth:`prioritize`, encoded (one vectorised step when the
+        view's node names need no JSON escaping)."""
+        view, values, rows = self._scored(args)
+        if view.hosts is None:
+            return encode_priorities(args.node_names, values.tolist())
+        return encode_priorities_at(view.hosts, rows, args.node_names, values)
+
+    def _scored(self, args: ExtenderArgs) -> tuple[ClusterView, IntArray, IntArray]:
+        """(the view, each requested node's 0..10 score, its row in the view or -1)."""
         view = self._view()
         if args.unmodelled:
-            return [0] * len(args.node_names)
+            get = view.cluster.arrays.index.get
+            at = np.fromiter((get(n, -1) for n in args.node_names), np.int64)
+            return view, np.zeros(len(args.node_names), dtype=np.int64), at
         cand = self._candidates(args, view)
         arrays = view.cluster.arrays
         feasible = feasible_mask(args.pod, arrays, cand.exclude)
-        scores = node_scores(args.pod, arrays, view.policy, feasible)
-        # The winner by the scheduler's own selection, over the very scores returned (a
-        # random policy scored twice would disagree with itself).
-        choice = schedule(args.pod, arrays, _Scored(view.policy, scores), exclude=cand.exclude)
+        scores = node_scores(args.pod, arrays, view.policy, feasible) if feasible.any() else None
         known = cand.rows >= 0
         rows = np.where(known, cand.rows, 0)
+        if scores is None:
+            return view, np.zeros(len(rows), dtype=np.int64), cand.rows
+        # The winner by the scheduler's own selection (scheduler.select, as schedule() picks),
+        # over the very scores returned (a random policy scored twice would disagree with itself).
+        choice = select(scores, feasible)
         ok = known & feasible[rows]
         per_node = np.where(ok, scores[rows], np.nan)
-        winner = np.zeros(len(rows), dtype=bool)
-        if isinstance(choice, Placement):
-            winner = ok & (rows == choice.row)
-        values: list[int] = extender_scores(per_node, winner).tolist()
-        return values
-
-
-class _Scored:
-    """A policy whose scores for this one pod are already computed."""
-
-    __slots__ = ("name", "policy", "scores")
-
-    def __init__(self, policy: Policy, scores: FloatArray) -> None:
-        self.name = policy.name
-        self.policy = policy
-        self.scores = scores
-
-    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        return self.scores
-
-    def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
-        return self.policy.choose_gpus(pod, arrays, row)
+        winner = ok & (rows == choice) if choice is not None else np.zeros(len(rows), dtype=bool)
+        return view, extender_scores(per_node, winner), cand.rows

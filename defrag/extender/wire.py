@@ -261,10 +261,13 @@ def extender_scores(scores: FloatArray, winner: BoolArray) -> IntArray:
 
     The winner gets 10; any other node ``min(9, floor(score / 10))``; NaN (not feasible) → 0.
     """
-    finite = np.isfinite(scores)
-    clipped = np.clip(np.where(finite, scores, 0.0), 0.0, None) // 10
-    values = np.minimum(MAX_EXTENDER_PRIORITY - 1, clipped).astype(np.int64)
-    return np.asarray(np.where(winner, MAX_EXTENDER_PRIORITY, values), dtype=np.int64)
+    tenths = np.where(np.isfinite(scores), scores, 0.0)
+    np.maximum(tenths, 0.0, out=tenths)
+    tenths //= 10
+    np.minimum(tenths, MAX_EXTENDER_PRIORITY - 1, out=tenths)
+    values = tenths.astype(np.int64)
+    values[winner] = MAX_EXTENDER_PRIORITY
+    return values
 
 
 def extender_score(score: float, winner: bool) -> int:
@@ -289,3 +292,38 @@ def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
         return f"[{body}]".encode()
     items = [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores, strict=True)]
     return json.dumps(items, separators=(",", ":")).encode()
+
+
+ObjectArray = np.ndarray[Any, np.dtype[np.object_]]
+_SCORE_ENDS: ObjectArray = np.array(
+    [f"{v}}},".encode() for v in range(MAX_EXTENDER_PRIORITY + 1)], dtype=object
+)
+"""``N},`` for each extender score N: a HostPriorityList entry's end."""
+
+
+def host_prefixes(names: Sequence[str]) -> ObjectArray | None:
+    """Each node's ``{"Host":"NAME","Score":`` as bytes, for :func:`encode_priorities_at`;
+    None when a name would need JSON escaping (then :func:`encode_priorities` answers)."""
+    if not _PLAIN_NAMES.fullmatch(",".join(names)):
+        return None
+    return np.array([f'{{"Host":"{n}","Score":'.encode() for n in names], dtype=object)
+
+
+def encode_priorities_at(
+    prefixes: ObjectArray, rows: IntArray, hosts: Sequence[str], scores: IntArray
+) -> bytes:
+    """:func:`encode_priorities`, byte for byte, from the hosts' precomputed prefixes (``rows``
+    index ``prefixes``; -1: a host without one) and 0..10 scores, in one vectorised step."""
+    missing = rows < 0
+    parts = prefixes[np.where(missing, 0, rows)] if len(prefixes) else np.empty(len(rows), object)
+    if missing.any():
+        odd = [hosts[i] for i in np.flatnonzero(missing).tolist()]
+        own = host_prefixes(odd)
+        if own is None:
+            return encode_priorities(hosts, scores.tolist())
+        parts[missing] = own
+    seq: list[bytes] = [b""] * (2 * len(rows))
+    seq[0::2] = parts.tolist()
+    seq[1::2] = _SCORE_ENDS[scores].tolist()
+    body = b"".join(seq)
+    return b"[" + body[:-1] + b"]"

@@ -64,6 +64,29 @@ class NodeArrays:
     selector_cache: dict[tuple[object, ...], BoolArray] = field(default_factory=dict)
     """Per pod constraint key, the rows its nodeSelector and affinity admit (labels never change
     in one NodeArrays, so the mask is computed once per distinct constraint)."""
+    whole_count: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """[N] entirely free GPUs per node, kept up to date by ``allocate``/``release`` (every
+    filter and score reads it: no pass over ``gpu_free`` per pod)."""
+    share_free: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """[N] free milli-GPU summed over each node's GPUs, kept like ``whole_count``."""
+    domain_whole: IntArray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
+    """[N, D] entirely free GPUs in each NVLink domain, kept like ``whole_count``."""
+
+    def __post_init__(self) -> None:
+        if (
+            self.whole_count.shape != self.gpu_total.shape
+            or self.domain_whole.shape != self.domain_size.shape
+        ):
+            self.recount()
+
+    def recount(self) -> None:
+        """Recompute the kept per-node counts from ``gpu_free`` (after writing it directly)."""
+        whole = self.gpu_free >= GPU_MILLI
+        self.whole_count = np.count_nonzero(whole, axis=1).astype(np.int64)
+        self.share_free = np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+        self.domain_whole = np.zeros(self.domain_size.shape, dtype=np.int64)
+        for dom in range(self.domain_size.shape[1]):
+            self.domain_whole[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
 
     @classmethod
     def from_nodes(cls, nodes: Sequence[Node]) -> NodeArrays:
@@ -153,6 +176,9 @@ class NodeArrays:
             pool_free=self.pool_free.copy(),
             labels=self.labels,
             selector_cache=self.selector_cache,
+            whole_count=self.whole_count.copy(),
+            share_free=self.share_free.copy(),
+            domain_whole=self.domain_whole.copy(),
         )
 
     def row_view(self, row: int) -> NodeArrays:
@@ -182,20 +208,16 @@ class NodeArrays:
         return self.gpu_free >= GPU_MILLI
 
     def free_whole_count(self) -> IntArray:
-        """[N] entirely free GPUs per node."""
-        return np.asarray(self.whole_free().sum(axis=1), dtype=np.int64)
+        """[N] entirely free GPUs per node (a read-only view of the kept count)."""
+        return _read_only(self.whole_count)
 
     def free_share(self) -> IntArray:
-        """[N] free milli-GPU summed over each node's GPUs."""
-        return np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+        """[N] free milli-GPU summed over each node's GPUs (a read-only view)."""
+        return _read_only(self.share_free)
 
     def domain_free(self) -> IntArray:
-        """[N, D] entirely free GPUs in each NVLink domain."""
-        whole = self.whole_free()
-        out = np.zeros(self.domain_size.shape, dtype=np.int64)
-        for dom in range(self.domain_size.shape[1]):
-            out[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
-        return out
+        """[N, D] entirely free GPUs in each NVLink domain (a read-only view of the kept count)."""
+        return _read_only(self.domain_whole)
 
     def largest_job(self) -> IntArray:
         """[N] the most whole GPUs one pod could get on each node, NVLink rules included."""
@@ -272,11 +294,30 @@ class NodeArrays:
         self.cpu_free[row] -= pod.cpu_milli
         self.mem_free[row] -= pod.memory_mib
         self.class_count[row, demand_class(pod)] += 1
+        self.take_gpus(row, pod, gpus)
+        if pod.num_gpu:
+            self._recount_row(row)
+
+    def take_gpus(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
+        """Only the GPU part of :meth:`allocate` (its slots, or its pool's units), without the
+        kept counts: building a cluster pod by pod, then :meth:`charge` once."""
         col = self.pool_use(pod, row)
         if col is not None:
             self.pool_free[row, col] -= pool_units(pod)
         elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] -= pod.gpu_milli
+
+    def charge(self, bound: Sequence[tuple[int, Pod]]) -> None:
+        """The rest of :meth:`allocate` for many pods whose GPUs :meth:`take_gpus` took: CPU,
+        memory and demand classes added up per node in one step each; the kept counts
+        recomputed once."""
+        rows = np.fromiter((r for r, _ in bound), dtype=np.int64, count=len(bound))
+        pods = [p for _, p in bound]
+        np.subtract.at(self.cpu_free, rows, np.array([p.cpu_milli for p in pods], np.int64))
+        np.subtract.at(self.mem_free, rows, np.array([p.memory_mib for p in pods], np.int64))
+        classes = np.array([demand_class(p) for p in pods], dtype=np.int64)
+        np.add.at(self.class_count, (rows, classes), 1)
+        self.recount()
 
     def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         self.cpu_free[row] += pod.cpu_milli
@@ -287,9 +328,31 @@ class NodeArrays:
             self.pool_free[row, col] += pool_units(pod)
         elif pod.num_gpu:
             self.gpu_free[row, list(gpus)] += pod.gpu_milli
+            self._recount_row(row)
+
+    def _recount_row(self, row: int) -> None:
+        # ≤ 8 GPUs: plain Python over the row beats numpy calls.
+        free: list[int] = self.gpu_free[row].tolist()
+        domain: list[int] = self.gpu_domain[row].tolist()
+        per = [0] * self.domain_whole.shape[1]
+        whole = 0
+        for f, d in zip(free, domain, strict=True):
+            if f >= GPU_MILLI:
+                whole += 1
+                if 0 <= d < len(per):
+                    per[d] += 1
+        self.whole_count[row] = whole
+        self.share_free[row] = sum(free)
+        self.domain_whole[row] = per
 
 
 _PER_ROW_TUPLES = frozenset({"names", "taints", "labels"})
+
+
+def _read_only(values: IntArray) -> IntArray:
+    view = values.view()
+    view.flags.writeable = False
+    return view
 
 
 def pool_units(pod: Pod) -> int:

@@ -76,6 +76,7 @@ class Cluster:
             raise ModelError(f"duplicate node names: {', '.join(dupes)}")
         arrays = NodeArrays.from_nodes(node_list)
         pod_map: dict[str, Pod] = {}
+        bound: list[tuple[int, Pod]] = []
         for pod in pods:
             if pod.key in pod_map:
                 raise ModelError(f"duplicate pod {pod.key}")
@@ -87,8 +88,11 @@ class Cluster:
                         raise
                     on_misfit(pod, exc)
                     continue
-                arrays.allocate(arrays.index[pod.node], pod, pod.gpu_indices)  # type: ignore[index]
+                row = arrays.index[pod.node]  # type: ignore[index]
+                arrays.take_gpus(row, pod, pod.gpu_indices)  # the next pod's slots depend on it
+                bound.append((row, pod))
             pod_map[pod.key] = pod
+        arrays.charge(bound)  # CPU, memory and the counts of every pod at once
         return cls(
             nodes=tuple(node_list),
             pods=MappingProxyType(pod_map),
@@ -183,7 +187,7 @@ def _assign_gpus(arrays: NodeArrays, pod: Pod) -> Pod:
         return pod if not pod.gpu_indices else replace(pod, gpu_indices=())
     if pod.num_gpu == 0:
         return pod if not pod.gpu_indices else replace(pod, gpu_indices=())
-    free = arrays.gpu_free[row]
+    free: list[int] = arrays.gpu_free[row].tolist()  # ≤ 8 GPUs: a list beats numpy scalars
     total = int(arrays.gpu_total[row])
     if pod.gpu_indices:
         if len(pod.gpu_indices) != pod.num_gpu or any(i < 0 or i >= total for i in pod.gpu_indices):

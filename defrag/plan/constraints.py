@@ -114,12 +114,14 @@ def check_filters(pod: Pod, constraints: Constraints) -> Status:
 
 def gang_of(pod: Pod) -> str | None:
     """The namespace-qualified job a pod belongs to (pods of one gang move together)."""
-    if pod.gang_key:
+    if pod.gang:
         return pod.gang_key
-    for label in GANG_LABELS:
-        value = pod.labels.get(label)
-        if value:
-            return f"{pod.namespace}/{value}"
+    labels = pod.labels
+    if labels:
+        for label in GANG_LABELS:
+            value = labels.get(label)
+            if value:
+                return f"{pod.namespace}/{value}"
     return None
 
 

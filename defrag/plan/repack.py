@@ -8,23 +8,26 @@ partly used node (k = its size frees the whole node), priced by the victim searc
 candidates are ranked by an optimistic gain (the drained node alone), the best one is tried
 for real (its pods re-placed by the scheduler), and kept if its true ratio still beats the
 next optimistic one. It stops when the budget or the gain runs out.
+
+The optimistic ranking is lazy (:mod:`defrag.plan.drains`): a vectorised bound orders the
+candidates, and a room is searched only when its bound could beat the best candidate found so
+far, so the drains tried are those of the exhaustive search, in the same order. A plan whose
+budget is spent before repack starts searches nothing.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from defrag.model.arrays import FloatArray, IntArray
-from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.plan import constraints as c
+from defrag.plan.drains import Drains
 from defrag.plan.model import Blocked, Step
-from defrag.plan.room import Relocation, Room, SearchContext, find_room, relocate
+from defrag.plan.room import Relocation, SearchContext, relocate
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fgd_model import FragModel
 
@@ -36,6 +39,8 @@ class RepackResult:
     drained: tuple[str, ...]
     gain: float
     """Drop in FGD-fragmented GPUs over the whole plan."""
+    searched: int = 0
+    """Candidates whose room was searched (the rest were ruled out by their bound)."""
 
 
 def repack(
@@ -46,8 +51,17 @@ def repack(
     min_gain_per_cost: float = 0.25,
     max_drains: int | None = None,
     max_tries: int = 200,
+    exhaustive: bool = False,
 ) -> RepackResult:
-    """Drains kept by gain per cost; ``max_tries`` bounds the drains simulated in full."""
+    """Drains kept by gain per cost; ``max_tries`` bounds the drains simulated in full.
+
+    Candidates come from :class:`~defrag.plan.drains.Drains` in the order of their optimistic
+    ratio, their rooms searched only when their bound could reach the best one left
+    (``exhaustive``: every room searched first; the plan is the same)."""
+    empty = RepackResult((), (), (), 0.0)
+    left = ctx.ledger.remaining()
+    if max_tries <= 0 or max_drains == 0 or (left is not None and left <= 0):
+        return empty  # the loop below would stop before its first try
     a = ws.arrays
     fm = FragModel.build(mix, a.models)
 
@@ -56,19 +70,9 @@ def repack(
 
     frag_now = frag(np.arange(len(a)))
     allowed = ctx.victim_filter(None)
-    heap: list[tuple[float, int, int, bool]] = []
-    rooms: dict[tuple[int, int], Room] = {}
-    for row in candidate_rows(ws):
-        for k in sizes_for(ws, int(row), mix):
-            found = find_room(ws, int(row), virtual_job(k), allowed, ctx.cost)
-            if not isinstance(found, Room) or not found.victims:
-                continue
-            gain = _gain_if_removed(ws, frag, int(row), found)
-            # Receivers may lose (or gain) a little too: keep candidates within 2× of the bar.
-            if gain <= 0 or gain / max(found.cost, 1e-9) < min_gain_per_cost / 2:
-                continue
-            rooms[(int(row), k)] = found
-            heapq.heappush(heap, (-gain / max(found.cost, 1e-9), int(row), k, False))
+    drains = Drains(
+        ws, ctx, mix, fm, frag_now, allowed, bar=min_gain_per_cost / 2, exhaustive=exhaustive
+    )
 
     steps: list[Step] = []
     blocked: dict[str, Blocked] = {}
@@ -76,16 +80,19 @@ def repack(
     received = np.zeros(len(a), dtype=bool)
     total_gain = 0.0
     tries = 0
-    while heap and tries < max_tries:
+    while tries < max_tries:
         if max_drains is not None and len(drained) >= max_drains:
             break
         left = ctx.ledger.remaining()
         if left is not None and left <= 0:
             break
-        _, row, k, evaluated = heapq.heappop(heap)
+        top = drains.pop()
+        if top is None:
+            break
+        _, row, k, evaluated = top
         if ws.no_target[row] or received[row]:
             continue
-        room = rooms[(row, k)]
+        room = drains.room(row, k)
         tries += 1
         mark, ledger_state = ws.mark(), ctx.ledger.snapshot()
         done = relocate(
@@ -111,66 +118,17 @@ def repack(
             ws.rollback(mark)
             ctx.ledger.restore(ledger_state)
             continue
-        if not evaluated and heap and ratio < -heap[0][0]:
+        best = None if evaluated else drains.best_ratio()
+        if best is not None and ratio < best:
             ws.rollback(mark)
             ctx.ledger.restore(ledger_state)
-            heapq.heappush(heap, (-ratio, row, k, True))
+            drains.push_evaluated(ratio, row, k)
             continue
         frag_now[touched] = after
         received[list(done.receivers)] = True
         steps.extend(done.steps)
         drained.append(ws.node(row))
         total_gain += gain
-    return RepackResult(tuple(steps), tuple(blocked.values()), tuple(drained), total_gain)
-
-
-def candidate_rows(ws: Workspace) -> IntArray:
-    """Partly used, schedulable GPU nodes the plan has not reserved."""
-    a = ws.arrays
-    share = a.free_share()
-    capacity = a.gpu_total * GPU_MILLI
-    ok = (a.gpu_total > 0) & (share > 0) & (share < capacity) & a.schedulable & ~ws.no_target
-    return np.flatnonzero(ok)
-
-
-def sizes_for(ws: Workspace, row: int, mix: WorkloadMix) -> list[int]:
-    """Whole-GPU job sizes worth freeing on ``row``: its full size and the mix's sizes."""
-    a = ws.arrays
-    total = int(a.gpu_total[row])
-    largest = _largest(ws, row)
-    wanted = {total}
-    for shape in mix.shapes:
-        if shape.num_gpu:
-            k = shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1
-            if largest < k <= total:
-                wanted.add(k)
-    return sorted(wanted)
-
-
-def virtual_job(k: int) -> Pod:
-    return Pod(name=f"repack-{k}-gpu", namespace="defrag", num_gpu=k, gpu_milli=GPU_MILLI)
-
-
-def _largest(ws: Workspace, row: int) -> int:
-    a = ws.arrays
-    total = int(a.gpu_total[row])
-    whole = a.gpu_free[row, :total] >= GPU_MILLI
-    dom = a.gpu_domain[row, :total]
-    sizes = a.domain_size[row]
-    per = [int((whole & (dom == d)).sum()) for d in range(len(sizes)) if sizes[d]]
-    spanning = sum(int(sizes[d]) for d in range(len(sizes)) if sizes[d] and per[d] == sizes[d])
-    return max(max(per, default=0), spanning)
-
-
-def _gain_if_removed(
-    ws: Workspace, frag: Callable[[IntArray], FloatArray], row: int, room: Room
-) -> float:
-    """Fragmentation drop on ``row`` alone once the room's victims are gone (optimistic)."""
-    rows = np.array([row], dtype=np.int64)
-    before = float(frag(rows)[0])
-    mark = ws.mark()
-    for key in room.victims:
-        ws.remove(key)
-    after = float(frag(rows)[0])
-    ws.rollback(mark)
-    return before - after
+    return RepackResult(
+        tuple(steps), tuple(blocked.values()), tuple(drained), total_gain, drains.searched
+    )

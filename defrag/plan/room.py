@@ -50,7 +50,8 @@ class SearchContext:
     """False in the simulator: trace pods have no owners, ages or PDBs, so only the operator's
     eviction filters (:func:`~defrag.plan.constraints.check_filters`) apply."""
     _checks: dict[str, Status] = field(default_factory=dict)
-    _costs: dict[str, float] = field(default_factory=dict)
+    _costs: dict[int, tuple[Pod, float]] = field(default_factory=dict)
+    """By the pod object's id (the pod is kept, so the id is not reused while cached)."""
 
     def check(self, pod: Pod) -> Status:
         status = self._checks.get(pod.key)
@@ -64,10 +65,11 @@ class SearchContext:
         return status
 
     def cost(self, pod: Pod) -> float:
-        value = self._costs.get(pod.key)
-        if value is None:
-            value = self.cost_model.eviction(pod, self.now)
-            self._costs[pod.key] = value
+        hit = self._costs.get(id(pod))
+        if hit is not None and hit[0] is pod:
+            return hit[1]
+        value = self.cost_model.eviction(pod, self.now)
+        self._costs[id(pod)] = (pod, value)
         return value
 
     def victim_filter(self, below_priority: int | None) -> VictimFilter:

@@ -69,12 +69,13 @@ class Workspace:
         arrays = cluster.arrays.copy()
         rows: list[dict[str, Occupant]] = [{} for _ in range(len(arrays))]
         gangs: dict[str, list[str]] = defaultdict(list)
-        for pod in sorted(cluster.bound_pods(), key=lambda p: p.key):
-            row = arrays.index[pod.node]  # type: ignore[index]
-            rows[row][pod.key] = Seat(pod, row, pod.gpu_indices)
+        index = arrays.index
+        for key, pod in sorted((p.key, p) for p in cluster.bound_pods()):
+            row = index[pod.node]  # type: ignore[index]
+            rows[row][key] = Seat(pod, row, pod.gpu_indices)
             gang = gang_of(pod)
             if gang:
-                gangs[gang].append(pod.key)
+                gangs[gang].append(key)
         for pod in cluster.pending_pods():
             gang = gang_of(pod)
             if gang:

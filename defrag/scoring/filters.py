@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from defrag.model.arrays import BoolArray, IntArray, NodeArrays
+from defrag.model.arrays import BoolArray, NodeArrays
 from defrag.model.resources import Pod, Taint
 from defrag.model.units import GPU_MILLI
 
@@ -44,7 +44,10 @@ def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
         enough = arrays.pool_free_for(pod) >= pod.pool_units
         return enough, enough
     enough = arrays.free_whole_count() >= pod.num_gpu
-    topo = enough & topology_fit(pod.num_gpu, arrays)
+    # One NVLink domain per node (the common NVSwitch case): any R free GPUs will do.
+    topo = (
+        enough if arrays.domain_size.shape[1] == 1 else enough & topology_fit(pod.num_gpu, arrays)
+    )
     if pooled is not None:
         _, rows = pooled
         in_pool = arrays.pool_free_for(pod) >= pod.num_gpu
@@ -54,16 +57,23 @@ def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
 
 
 def topology_fit(r: int, arrays: NodeArrays) -> BoolArray:
-    """NVLink rule: R ≤ largest domain → one domain holds R free GPUs; else enough free domains."""
+    """NVLink rule: R ≤ largest domain → one domain holds R free GPUs; else enough free domains.
+
+    Domain by domain over columns (a reduction along the short domain axis is slow)."""
     if arrays.domain_size.shape[1] == 1:
         # One domain per node (the common NVSwitch case): any R free GPUs will do.
         return np.asarray(arrays.free_whole_count() >= r)
     dom_free = arrays.domain_free()
-    max_dom: IntArray = arrays.domain_size.max(axis=1)
-    within = dom_free.max(axis=1) >= r
-    full = (dom_free == arrays.domain_size) & (arrays.domain_size > 0)
-    spanning = (full * arrays.domain_size).sum(axis=1) >= r
-    return np.asarray(np.where(r <= max_dom, within, spanning))
+    n = len(arrays)
+    within = np.zeros(n, dtype=bool)
+    spanning = np.zeros(n, dtype=np.int64)
+    max_dom = np.zeros(n, dtype=np.int64)
+    for d in range(arrays.domain_size.shape[1]):
+        free, size = dom_free[:, d], arrays.domain_size[:, d]
+        within |= free >= r
+        spanning += np.where((free == size) & (size > 0), size, 0)
+        np.maximum(max_dom, size, out=max_dom)
+    return np.asarray(np.where(r <= max_dom, within, spanning >= r))
 
 
 def taint_mask(pod: Pod, arrays: NodeArrays) -> BoolArray:
@@ -124,10 +134,26 @@ def filter_masks(
 
 
 def feasible_mask(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None = None) -> BoolArray:
-    """Nodes that pass every filter."""
-    ok = np.ones(len(arrays), dtype=bool)
-    for _, mask in filter_masks(pod, arrays, exclude):
-        ok &= mask
+    """Nodes that pass every filter: the masks of :func:`filter_masks`, and-ed as they are
+    computed (no list of masks; the GPU and topology filters as one mask, since a node meeting
+    the topology has enough GPUs)."""
+    ok = arrays.cpu_free >= pod.cpu_milli
+    ok &= arrays.mem_free >= pod.memory_mib
+    ok &= schedulable_mask(pod, arrays)
+    if exclude is not None:
+        ok &= ~exclude
+    if pod.has_node_constraints:
+        ok &= arrays.selector_mask(pod)
+    if arrays.tainted_rows:
+        ok &= taint_mask(pod, arrays)
+    if pod.pool:
+        ok &= gpu_fit(pod, arrays)[0]
+    elif pod.num_gpu:
+        if pod.gpu_models:
+            ok &= arrays.model_allowed(pod)
+        if pod.gpu_memory_mib:
+            ok &= arrays.gpu_mem >= pod.gpu_memory_mib
+        ok &= gpu_fit(pod, arrays)[1]
     return ok
 
 

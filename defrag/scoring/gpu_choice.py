@@ -7,8 +7,6 @@ still fits (best fit). Ties go to the lowest index.
 
 from __future__ import annotations
 
-import numpy as np
-
 from defrag.model.arrays import NodeArrays
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
@@ -21,37 +19,40 @@ class NoGpuFit(ValueError):
 def best_fit_gpus(pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
     if pod.num_gpu == 0:
         return ()
-    total = int(arrays.gpu_total[row])
-    free = arrays.gpu_free[row, :total]
     if pod.gpu_milli < GPU_MILLI:
-        fits = np.flatnonzero(free >= pod.gpu_milli)
+        total = int(arrays.gpu_total[row])
+        free: list[int] = arrays.gpu_free[row, :total].tolist()  # ≤ 8 GPUs: lists beat numpy
+        fits = [g for g in range(total) if free[g] >= pod.gpu_milli]
         if len(fits) < pod.num_gpu:
             raise NoGpuFit(f"{pod.key}: node {arrays.names[row]} has no GPU with enough free share")
-        order = fits[np.lexsort((fits, free[fits]))]
-        return tuple(sorted(int(i) for i in order[: pod.num_gpu]))
+        order = sorted(fits, key=lambda g: (free[g], g))
+        return tuple(sorted(order[: pod.num_gpu]))
     return whole_gpus(pod.num_gpu, arrays, row)
 
 
 def whole_gpus(k: int, arrays: NodeArrays, row: int) -> tuple[int, ...]:
     """k entirely free GPUs on ``row``, respecting NVLink domains (docs/concepts.md)."""
     total = int(arrays.gpu_total[row])
-    whole = arrays.gpu_free[row, :total] >= GPU_MILLI
-    domain = arrays.gpu_domain[row, :total]
-    sizes = arrays.domain_size[row]
-    n_dom = int((sizes > 0).sum())
-    free_in = [np.flatnonzero(whole & (domain == d)) for d in range(n_dom)]
-    if k <= int(sizes.max(initial=0)):
+    free: list[int] = arrays.gpu_free[row, :total].tolist()
+    domain: list[int] = arrays.gpu_domain[row, :total].tolist()
+    sizes: list[int] = arrays.domain_size[row].tolist()
+    n_dom = sum(1 for size in sizes if size > 0)
+    free_in: list[list[int]] = [[] for _ in range(n_dom)]
+    for g in range(total):
+        if free[g] >= GPU_MILLI and 0 <= domain[g] < n_dom:
+            free_in[domain[g]].append(g)
+    if k <= max(sizes, default=0):
         candidates = [d for d in range(n_dom) if len(free_in[d]) >= k]
         if not candidates:
             raise NoGpuFit(f"node {arrays.names[row]}: no NVLink domain with {k} free GPUs")
         best = min(candidates, key=lambda d: (len(free_in[d]), d))
-        return tuple(int(i) for i in free_in[best][:k])
+        return tuple(free_in[best][:k])
     full = [d for d in range(n_dom) if len(free_in[d]) == sizes[d]]
     chosen: list[int] = []
-    for d in sorted(full, key=lambda d: (-int(sizes[d]), d)):
+    for d in sorted(full, key=lambda d: (-sizes[d], d)):
         if len(chosen) >= k:
             break
-        chosen.extend(int(i) for i in free_in[d])
+        chosen.extend(free_in[d])
     if len(chosen) < k:
         raise NoGpuFit(f"node {arrays.names[row]}: not enough entirely free NVLink domains")
     return tuple(sorted(chosen[:k]))

@@ -24,8 +24,12 @@ def schedule(
     policy: Policy,
     *,
     exclude: BoolArray | None = None,
+    why: bool = True,
 ) -> Placement | Unschedulable:
     """Where ``pod`` goes: the feasible node with the highest score, ties to the first name.
+
+    ``why``: when no node fits, count each filter's rejections (:func:`unschedulable`); a
+    caller that does not read them passes False and gets an ``Unschedulable`` without them.
 
     ``policy`` is a built score function — a :class:`~defrag.scoring.profile.ScoringProfile`'s
     ``policy``, never a name: the profile is built once per snapshot, so every caller scores
@@ -33,17 +37,30 @@ def schedule(
     ``NodeArrays.allocate`` or ``Cluster.with_pod_bound``.
     """
     arrays = _arrays(target)
-    pol = policy
     feasible = feasible_mask(pod, arrays, exclude)
     if not feasible.any():
-        return unschedulable(pod, arrays, exclude)
-    scores = node_scores(pod, arrays, pol, feasible)
-    masked = np.where(feasible & ~np.isnan(scores), scores, -np.inf)
-    row = int(np.argmax(masked))  # argmax returns the first maximum: rows are sorted by name
-    if masked[row] == -np.inf:
-        return unschedulable(pod, arrays, exclude)
-    gpus = () if arrays.pool_use(pod, row) is not None else pol.choose_gpus(pod, arrays, row)
+        return _no_fit(pod, arrays, exclude, why)
+    scores = node_scores(pod, arrays, policy, feasible)
+    row = select(scores, feasible)
+    if row is None:
+        return _no_fit(pod, arrays, exclude, why)
+    gpus = () if arrays.pool_use(pod, row) is not None else policy.choose_gpus(pod, arrays, row)
     return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
+
+
+def select(scores: FloatArray, feasible: BoolArray) -> int | None:
+    """The row :func:`schedule` picks from computed scores: the feasible row with the highest
+    score (NaN never wins), the first of equals (rows are sorted by name); None when none."""
+    masked = np.where(feasible, scores, -np.inf)
+    row = int(np.argmax(masked))  # argmax returns the first maximum
+    if np.isnan(masked[row]):  # argmax stops at a NaN: drop them (a policy's 0/0) and look again
+        masked = np.where(np.isnan(masked), -np.inf, masked)
+        row = int(np.argmax(masked))
+    return None if masked[row] == -np.inf else row
+
+
+def _no_fit(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None, why: bool) -> Unschedulable:
+    return unschedulable(pod, arrays, exclude) if why else Unschedulable(pod.key, {}, len(arrays))
 
 
 def node_scores(pod: Pod, arrays: NodeArrays, policy: Policy, feasible: BoolArray) -> FloatArray:
@@ -97,4 +114,4 @@ def explain(
     ]
 
 
-__all__ = ["explain", "feasible_mask", "node_scores", "schedule", "unschedulable"]
+__all__ = ["explain", "feasible_mask", "node_scores", "schedule", "select", "unschedulable"]

@@ -35,8 +35,13 @@ def seed_score(r: int, t: IntArray, f: IntArray, node_free: BoolArray) -> FloatA
     the way its Go code does (``int((1 - (F - R) / T) * 100)``: 62.5 → 62). Computed exactly in
     integer arithmetic — ``100·(T − (F − R)) // T`` — so a share such as F = 0.8, R = 0.5 of one
     GPU scores 70, not the 69 a float rounding would give."""
+    # F ≤ T and R ≥ 0, so T − (F − R) ≥ 0: floor division is Go's truncation here.
+    num = t - f
+    num += r
+    num *= 100
+    small = np.minimum(num // np.maximum(t, 1), 100)
+    small[node_free] = 0
     whole_job = r >= t
-    num = 100 * (t - (f - r))
-    small = np.where(node_free, 0, num // np.where(t > 0, t, 1))
-    big = np.where(node_free, 100, 20)
-    return np.clip(np.where(whole_job, big, small), 0, 100).astype(np.float64)
+    if whole_job.any():
+        small = np.where(whole_job, np.where(node_free, 100, 20), small)
+    return small.astype(np.float64)

@@ -1,0 +1,96 @@
+"""The daemon's cluster from the store that list + watch keeps: one view, shared in kind with the
+extender's (:mod:`defrag.adapters.kube_watch`), instead of listing every object each cycle.
+
+:class:`WatchedCluster` is a :class:`~defrag.ports.ClusterSource`. The store converts each
+object once per change (watch events; a relist on start and after 410 Gone); a snapshot builds
+the cluster from the held conversions only when the store changed since the last build, and
+otherwise answers the cluster it built last (frozen, so sharing it is safe).
+
+It refuses to answer from a stale store: before every kind is listed, or once some kind's watch
+has been down (no event, no bookmark and no successful watch or relist) for longer than
+``max_staleness_s``, :meth:`WatchedCluster.snapshot` raises :class:`StaleCluster`, naming the
+kinds and why; the cycle fails saying so and plans nothing on it. A watch that the server keeps
+open but silent counts as down once it outlives its ``timeoutSeconds`` by the grace
+(:class:`~defrag.adapters.kube_watch.KubeWatchSource`).
+
+The executor does not read this view: before it evicts it re-reads the API itself (the lost
+answer and terminating-pod checks act on fresh state), so the daemon wires it a plain
+:class:`~defrag.adapters.kube.KubeClusterSource`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from defrag.adapters.kube import KubeError
+from defrag.adapters.kube_watch import KubeWatchSource
+from defrag.model.cluster import Cluster
+
+
+class StaleCluster(KubeError):
+    """The watched store cannot be trusted now (not listed yet, or a watch down too long)."""
+
+
+class WatchedCluster:
+    """The daemon's :class:`~defrag.ports.ClusterSource` over a :class:`KubeWatchSource`."""
+
+    def __init__(
+        self,
+        watch: KubeWatchSource,
+        *,
+        max_staleness_s: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.watch = watch
+        self.max_staleness_s = max_staleness_s
+        self.clock = clock
+        self.builds = 0
+        """Clusters built (a snapshot of an unchanged store builds none)."""
+        self._lock = threading.Lock()
+        self._started = False
+        self._last: tuple[int, Cluster] | None = None
+
+    def start(self) -> None:
+        """List every kind and start the watches (the first snapshot does it when not done)."""
+        with self._lock:
+            if not self._started:
+                self.watch.start(lambda: None)
+                self._started = True
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._started:
+                self.watch.stop()
+                self._started = False
+
+    def snapshot(self) -> Cluster:
+        """The cluster the store holds now; :class:`StaleCluster` when it cannot be trusted."""
+        self.start()
+        self.check()
+        generation = self.watch.generation()
+        last = self._last
+        if last is not None and last[0] == generation:
+            return last[1]
+        cluster, built_at = self.watch.build()
+        self.builds += 1
+        self._last = (built_at, cluster)
+        return cluster
+
+    def check(self) -> None:
+        """Raise :class:`StaleCluster` when the store is not listed, or a watch is down longer
+        than ``max_staleness_s``."""
+        health = self.watch.health()
+        if not health.synced:
+            why = "; ".join(health.reasons) or "the first list has not finished"
+            raise StaleCluster(f"the watched cluster is not listed yet: {why}")
+        if health.broken_since is None:
+            return
+        down = self.clock() - health.broken_since
+        if down > self.max_staleness_s:
+            raise StaleCluster(
+                f"the watched cluster is stale: a watch has been down for {down:.1f} s "
+                f"(more than {self.max_staleness_s:g} s): {'; '.join(health.reasons)}; "
+                "not planning on it"
+            )

@@ -1,0 +1,135 @@
+"""The daemon's cluster kept by list + watch (against the emulated API server, the real client's
+watch code running): built once per change, not per cycle; a change seen without a relist; a
+watch down longer than the bound makes the cycle fail saying so, with nothing planned; the
+executor still reads the API itself."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from defrag.adapters.kube import KubeClusterSource
+from defrag.adapters.watched_cluster import StaleCluster, WatchedCluster
+from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.model.cluster import Cluster
+from defrag.plan import make_plan
+from defrag.plan.model import Plan
+from defrag.scoring.profile import ScoringProfile
+from tests.support.kubeapi import KubeApi, running
+from tests.test_extender_watch import NODES, cluster_items, lists, watch_source, watches, within
+
+
+@pytest.fixture
+def api() -> Iterator[KubeApi]:
+    yield from running(cluster_items())
+
+
+@pytest.fixture
+def watched(api: KubeApi) -> Iterator[WatchedCluster]:
+    view = WatchedCluster(watch_source(api), max_staleness_s=0.3)
+    yield view
+    view.stop()
+
+
+def test_an_unchanged_store_is_built_once(api: KubeApi, watched: WatchedCluster) -> None:
+    first = watched.snapshot()
+    second = watched.snapshot()
+    assert second is first  # nothing changed: the same frozen cluster, no second build
+    assert watched.builds == 1
+    assert sorted(first.arrays.names) == ["node-1", "node-2", "node-3"]
+    assert lists(api) == 1
+
+
+def test_a_change_is_seen_without_a_relist(api: KubeApi, watched: WatchedCluster) -> None:
+    before = watched.snapshot()
+    assert before.node("node-2").taints  # drained: tainted
+    node = api.get("Node", "node-2")
+    assert node is not None
+    node["spec"]["taints"] = []
+    api.put(node)
+    within(2.0, lambda: not watched.snapshot().node("node-2").taints, "the untainted node")
+    assert watched.builds == 2  # one build per change, however many snapshots were asked
+    assert lists(api) == 1  # by the watch, not a relist
+
+
+def test_a_terminating_pod_is_seen_terminating(api: KubeApi, watched: WatchedCluster) -> None:
+    # Before: the store trimmed metadata.deletionTimestamp away, so the daemon's planner took a
+    # pod already going for a victim again (tests/e2e/test_daemon_makeroom.py caught it).
+    assert watched.snapshot().pods["default/seven"].deleting_since is None
+    pod = api.get("Pod", "seven", "default")
+    assert pod is not None
+    pod["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
+    api.put(pod)
+
+    def terminating() -> bool:
+        return watched.snapshot().pods["default/seven"].deleting_since is not None
+
+    within(2.0, terminating, "the pod seen terminating")
+
+
+def test_a_watch_down_past_the_bound_is_refused(api: KubeApi, watched: WatchedCluster) -> None:
+    watched.snapshot()
+    break_node_watch(api, watched)
+    time.sleep(0.4)  # past max_staleness_s (0.3 s)
+    with pytest.raises(
+        StaleCluster, match=r"stale: a watch has been down .*watching Nodes: HTTP 503"
+    ):
+        watched.snapshot()
+
+
+def break_node_watch(api: KubeApi, watched: WatchedCluster) -> None:
+    """Drop the open node watch and refuse every reconnect, until the store says it is down."""
+    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
+    api.fail("GET", f"^{NODES}$", status=503, times=10_000)
+    api.drop_watches()
+
+    def down() -> bool:
+        return any("Nodes" in reason for reason in watched.watch.health().reasons)
+
+    within(3.0, down, "the node watch down")
+
+
+def test_a_stale_cycle_says_so_and_plans_nothing(api: KubeApi, watched: WatchedCluster) -> None:
+    planned: list[Any] = []
+
+    def planner(
+        cluster: Cluster, goal: str, now: datetime, *, profile: ScoringProfile,
+        pods: frozenset[str] | None = None,
+    ) -> Plan:  # fmt: skip
+        planned.append(goal)
+        return make_plan(cluster, goal, now=now, profile=profile)
+
+    ports = CyclePorts(watched, SystemClock(), lambda c, now, p: [], planner)
+    run_cycle(ports, CycleConfig(goal="repack"))  # fresh: it plans
+    assert planned == ["repack"]
+    planned.clear()
+    break_node_watch(api, watched)
+    time.sleep(0.4)
+    with pytest.raises(StaleCluster, match="not planning on it"):
+        run_cycle(ports, CycleConfig(goal="repack"))
+    assert planned == []
+
+
+def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
+    api: KubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from defrag.cli.run import build
+    from defrag.settings import load_settings
+    from tests.test_daemon_cli import kubeconfig
+
+    settings = load_settings(None, {"kubeconfig": str(kubeconfig(tmp_path, api.url))})
+    wiring = build(settings)
+    ports = wiring.daemon.ports
+    assert isinstance(ports.source, WatchedCluster)
+    assert ports.executor is not None
+    assert isinstance(ports.executor.source, KubeClusterSource)
+    assert ports.source.max_staleness_s == settings.ready_age_limit_s
+    assert wiring.watching
+    # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.
+    once = build(settings, watch=False)
+    assert isinstance(once.daemon.ports.source, KubeClusterSource) and not once.watching
