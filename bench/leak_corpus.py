@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from defrag.detect.leak import GpuMemorySeries
+from defrag.detectors.leak.core import GpuMemorySeries
 
 HOUR = 3600.0
 STEP_S = 30.0

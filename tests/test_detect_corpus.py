@@ -14,8 +14,8 @@ import pytest
 
 from bench.bench_leak_corpus import evaluate
 from bench.leak_corpus import LEAK_FAMILIES, NON_LEAK_FAMILIES, corpus
-from defrag.detect.leak import LeakParams, assess_leak
 from defrag.detect.series import bin_medians, robust_noise, rolling_floor
+from defrag.detectors.leak.core import LeakParams, assess_leak
 
 PARAMS = LeakParams()
 CASES = corpus(seed=9, per_cell=1, noises=(0.0, 300.0, 600.0))

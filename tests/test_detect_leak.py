@@ -15,7 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.leak_corpus import Case, corpus
-from defrag.detect.leak import DcgmLabels, GpuMemorySeries, LeakParams, assess_leak, detect_leaks
+from defrag.detectors.leak.core import (
+    DcgmLabels,
+    GpuMemorySeries,
+    LeakParams,
+    assess_leak,
+    detect_leaks,
+)
 from tests.support.prometheus import (
     END,
     GPU_MEMORY_MIB,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from defrag.detection import DetectionError, detect, run_detection, with_dcgm_gpu_indices
-from defrag.detectors.leak import LeakRule, leak_range_query
+from defrag.detectors.leak.registration import LeakRule, leak_range_query
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample

@@ -24,8 +24,8 @@ from defrag.adapters.prometheus import (
     gpu_indices_by_pod,
 )
 from defrag.cli import app
-from defrag.detect.leak import DcgmLabels
 from defrag.detection import DetectionError, detect, idle_status, report_extras, run_detection
+from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.rules import load_rules

@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from defrag.adapters.prometheus import PrometheusSource
-from defrag.detection import cluster_from_kube_state, detect
-from defrag.detectors.starvation import StarvationRule
+from defrag.adapters.ksm_cluster import cluster_from_kube_state
+from defrag.detection import detect
+from defrag.detectors.starvation.registration import StarvationRule
 from defrag.model.workload import WorkloadMix
 from defrag.rules import load_rules
 from defrag.scoring.profile import ProfileConfig

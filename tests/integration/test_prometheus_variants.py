@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.cli import app
 from defrag.detection import run_detection
-from defrag.detectors.leak import LeakRule, leak_series
+from defrag.detectors.leak.registration import LeakRule, leak_series
 from defrag.rules import load_rules
 from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import END, HOUR, gauge_family, prometheus_server

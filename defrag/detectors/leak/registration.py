@@ -1,10 +1,10 @@
 """The leak detector's registration: GPU memory growing steadily towards exhaustion.
 
 Rule model: :class:`LeakRule` (``queries``, ``labels``, ``prefilter`` here; the settings are
-:class:`~defrag.detect.leak.LeakParams`). Queries: ``queries.used`` over the lookback (5-min
+:class:`~.core.LeakParams`). Queries: ``queries.used`` over the lookback (5-min
 medians computed by Prometheus, see :func:`leak_range_query`), ``queries.free`` and
 ``queries.reserved`` at the evaluation time. Pure function:
-:func:`~defrag.detect.leak.detect_leaks`. Alert: ``GPUMemoryLeakSuspected``. docs/rules.md,
+:func:`~.core.detect_leaks`. Alert: ``GPUMemoryLeakSuspected``. docs/rules.md,
 "leak".
 """
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from defrag.alerting import AlertSpec
 from defrag.detect.findings import Finding
-from defrag.detect.leak import DcgmLabels, GpuMemorySeries, LeakParams, detect_leaks
+from defrag.detectors.leak.core import DcgmLabels, GpuMemorySeries, LeakParams, detect_leaks
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
     Model,
@@ -31,7 +31,7 @@ from defrag.detectors.rulemodel import (
 from defrag.ports import MetricsSource, Sample
 
 DcgmLabelNames = settings_model(DcgmLabels)
-"""The ``labels:`` of a leak rule, generated from :class:`~defrag.detect.leak.DcgmLabels`."""
+"""The ``labels:`` of a leak rule, generated from :class:`~.core.DcgmLabels`."""
 
 
 class LeakQueries(Model):
