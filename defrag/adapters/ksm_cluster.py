@@ -8,7 +8,7 @@ per set of queries per cycle.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -19,7 +19,7 @@ from defrag.detectors.registry import MissingInput
 from defrag.detectors.rulemodel import KubeStateQueries
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import Node, Pod
-from defrag.ports import MetricsSource
+from defrag.ports import MetricsSource, Sample
 
 
 def cluster_from_kube_state(
@@ -45,7 +45,7 @@ def cluster_from_kube_state(
             "kube-state-metrics scraped?"
         )
     for s in allocatable:
-        name, res = s.labels.get("node", ""), s.labels.get("resource", KSM_GPU)
+        name, res = label(s.labels, "node"), label(s.labels, "resource") or KSM_GPU
         if not name or s.last is None or s.last <= 0:
             continue
         kind = ksm_kind(res)
@@ -67,12 +67,22 @@ def cluster_from_kube_state(
             f"queries.allocatable ({queries.allocatable}) returns {len(allocatable)} series, "
             "none with a node label and a GPU"
         )
+    requests_series = metrics.instant(queries.gpu_requests, now)
+    phase_series = metrics.instant(queries.phase, now)
+    info_series = metrics.instant(queries.info, now)
+    start = now - timedelta(seconds=queries.lookback)
+    pending_series = metrics.range(queries.pending, start, now, queries.step)
+    every = [requests_series, phase_series, info_series, pending_series]
+    targets = scrape_targets(
+        (s.labels for series in every for s in series), (s.labels for s in allocatable)
+    )
+    _check_attributable(queries, requests_series, targets)
     requests: dict[str, float] = {}
     pool_requests: dict[str, tuple[str, float]] = {}
     unmodelled: set[str] = set()
     req_node: dict[str, str] = {}
-    for s in metrics.instant(queries.gpu_requests, now):
-        key, res = _pod_key(s.labels), s.labels.get("resource", KSM_GPU)
+    for s in requests_series:
+        key, res = pod_key(s.labels, targets), label(s.labels, "resource") or KSM_GPU
         if not key or not s.last:
             continue
         kind = ksm_kind(res)
@@ -90,19 +100,20 @@ def cluster_from_kube_state(
             continue
         else:
             continue
-        req_node.setdefault(key, s.labels.get("node", ""))
+        req_node.setdefault(key, label(s.labels, "node"))
     phases = {
-        key: s.labels.get("phase", "")
-        for s in metrics.instant(queries.phase, now)
-        if (key := _pod_key(s.labels)) and s.last
+        key: label(s.labels, "phase")
+        for s in phase_series
+        if (key := pod_key(s.labels, targets)) and s.last
     }
     info = {
-        key: s.labels for s in metrics.instant(queries.info, now) if (key := _pod_key(s.labels))
+        key: {"node": label(s.labels, "node"), "priority_class": label(s.labels, "priority_class")}
+        for s in info_series
+        if (key := pod_key(s.labels, targets))
     }
     since: dict[str, datetime] = {}
-    start = now - timedelta(seconds=queries.lookback)
-    for s in metrics.range(queries.pending, start, now, queries.step):
-        key = _pod_key(s.labels)
+    for s in pending_series:
+        key = pod_key(s.labels, targets)
         points = np.asarray(s.points, dtype=float).reshape(-1, 2)
         if not key or len(points) == 0 or points[-1, 0] < now.timestamp() - 2 * queries.step:
             continue  # not pending any more
@@ -141,6 +152,85 @@ def cluster_from_kube_state(
     return cluster
 
 
-def _pod_key(labels: Mapping[str, str]) -> str:
+# --- label variants ------------------------------------------------------------------------------
+#
+# Behind a ServiceMonitor without ``honorLabels`` (the kube-state-metrics chart's default:
+# prometheus-community/helm-charts charts/kube-state-metrics/templates/servicemonitor.yaml
+# lines 28-30 at 0027117e write ``honorLabels: true`` only when the value is set), Prometheus
+# gives every scraped label that collides with a target label the prefix ``exported_``
+# (Prometheus docs/configuration/configuration.md, ``honor_labels``); prometheus-operator sets
+# the target labels ``namespace``, ``service``, ``pod`` and ``container`` of a ServiceMonitor
+# target (pkg/prometheus/promcfg.go lines 2135-2149 at 6adcebc5, generateServiceMonitorConfig).
+# So kube-state-metrics' own ``pod``/``namespace`` (docs/metrics/workload/pod-metrics.md: every
+# kube_pod_* family carries ``pod``, ``namespace`` and ``uid``) become ``exported_pod``/
+# ``exported_namespace``, and the plain pair names the kube-state-metrics pod. A node family
+# (kube_node_status_allocatable has no ``pod``) gets the plain pair of the target alone.
+
+
+def label(labels: Mapping[str, str], name: str) -> str:
+    """kube-state-metrics' own value of ``name``: ``exported_<name>`` when Prometheus renamed it
+    (it collided with a target label), else ``name``."""
+    return labels.get(f"exported_{name}") or labels.get(name, "")
+
+
+def scrape_targets(
+    pod_series: Iterable[Mapping[str, str]], node_series: Iterable[Mapping[str, str]] = ()
+) -> frozenset[str]:
+    """``namespace/pod`` of the scrape targets (the kube-state-metrics pods): the plain pair on a
+    pod family's series that also carries ``exported_pod``/``exported_namespace``, or on a node
+    family's series (``kube_node_*`` has no ``pod`` label of its own, so one there is the
+    target's)."""
+    out = set()
+    for labels in pod_series:
+        if labels.get("pod") and ("exported_pod" in labels or "exported_namespace" in labels):
+            out.add(f"{labels.get('namespace', '')}/{labels['pod']}")
+    for labels in node_series:
+        if labels.get("pod"):
+            out.add(f"{labels.get('namespace', '')}/{labels['pod']}")
+    return frozenset(out)
+
+
+def pod_key(labels: Mapping[str, str], targets: frozenset[str] = frozenset()) -> str:
+    """``namespace/pod`` of the pod a kube-state-metrics series is about, never a scrape
+    target's own pod ('' when it names none)."""
+    pod = labels.get("exported_pod", "")
+    if pod:
+        return f"{labels.get('exported_namespace', '')}/{pod}"
     pod = labels.get("pod", "")
-    return f"{labels.get('namespace', '')}/{pod}" if pod else ""
+    key = f"{labels.get('namespace', '')}/{pod}" if pod else ""
+    return "" if key in targets else key
+
+
+def _check_attributable(
+    queries: KubeStateQueries, requests: Sequence[Sample], targets: frozenset[str]
+) -> None:
+    """Raise :class:`MissingInput` when GPU requests exist but cannot be told apart by pod: every
+    series names only the scrape target (the ``exported_*`` labels dropped), or one pod name
+    carries several pod ``uid`` s (many pods collapsed into one name)."""
+    asking = [s for s in requests if s.last]
+    if not asking:
+        return
+    keys = [pod_key(s.labels, targets) for s in asking]
+    if not any(keys):
+        named = sorted(
+            {f"{s.labels.get('namespace', '')}/{s.labels.get('pod', '')}" for s in asking}
+        )
+        raise MissingInput(
+            f"queries.gpu_requests ({queries.gpu_requests}): no series names a pod other "
+            f"than the scrape target's own ({', '.join(named[:3])}), so no pod can be attributed: "
+            "scrape kube-state-metrics with honorLabels: true, or keep its exported_pod and "
+            "exported_namespace labels"
+        )
+    uids: dict[str, set[str]] = {}
+    for key, s in zip(keys, asking, strict=True):
+        uid = label(s.labels, "uid")
+        if key and uid:
+            uids.setdefault(key, set()).add(uid)
+    collapsed = sorted(k for k, u in uids.items() if len(u) > 1)
+    if collapsed:
+        raise MissingInput(
+            f"queries.gpu_requests ({queries.gpu_requests}): {len(uids[collapsed[0]])} pods "
+            f"(distinct uid) all carry the pod name {collapsed[0]}, so pods cannot be told "
+            "apart: is kube-state-metrics scraped with honorLabels: false and its exported_pod "
+            "label dropped? Scrape it with honorLabels: true"
+        )
