@@ -354,3 +354,27 @@ def test_steady_growth_is_a_leak_with_exhaustion_within_10_percent(
     assert verdict.exhaust_at is not None
     truth = END.timestamp() + 24 * HOUR
     assert abs(verdict.exhaust_at - truth) <= 0.10 * 24 * HOUR
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"gpu": "0"}, {"gpu": "1"}),  # two GPUs of one pod
+        ({"gpu": "2", "instance": "3"}, {"gpu": "2", "instance": "5"}),  # two MIG instances
+        ({"node": "", "gpu": "", "uuid": "GPU-a"}, {"node": "", "gpu": "", "uuid": "GPU-b"}),
+    ],
+)
+def test_each_leaking_gpu_of_one_pod_has_its_own_fingerprint_and_alert(
+    first: dict[str, str], second: dict[str, str]
+) -> None:
+    """Before, both findings were ``pod/ml/leak-0`` with one fingerprint, and the MIG pair had
+    the same alert labels: Alertmanager merged them into one alert."""
+    from defrag.alerting import AlertTemplate
+
+    base = series_of("leak")
+    found = detect_leaks([replace(base, **first), replace(base, **second)], PARAMS, END)  # type: ignore[arg-type]
+    assert [f.subject for f in found] == ["pod/ml/leak-0", "pod/ml/leak-0"]
+    assert found[0].fingerprint != found[1].fingerprint
+    alerts = [AlertTemplate().alert(f) for f in found]
+    assert alerts[0] is not None and alerts[1] is not None
+    assert alerts[0].key != alerts[1].key

@@ -396,6 +396,8 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
     labels = {"node": s.node, "detector": "leak", "rule": params.name, "gpu": s.gpu}
     if s.instance:
         labels["gpu_instance"] = s.instance
+    if not s.gpu and s.uuid:
+        labels["uuid"] = s.uuid  # no node/index label: the UUID tells the pod's GPUs apart
     rate = ev["slope_mib_per_h"]
     ci = verdict.evidence.get("slope_ci_mib_per_h", ["?", "?"])
     lo, hi = ci if isinstance(ci, list) else ("?", "?")
@@ -414,6 +416,7 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
             since=since,
             labels=labels,
             action=params.action,
+            part=s.subject,  # one finding per (pod, GPU or MIG instance)
         )
     if s.pods:
         holders = ", ".join(s.pods)

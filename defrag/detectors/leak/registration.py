@@ -71,7 +71,9 @@ LEAK: Detector[LeakRuleFields, LeakParams] = register(
         settings=LeakParams,
         needs=frozenset({"metrics"}),
         run=_run,
-        alerts={"leak": [AlertSpec("GPUMemoryLeakSuspected")]},
+        # gpu_instance and uuid (besides the routing node/gpu): one alert per GPU or MIG
+        # instance of a pod, never merged by Alertmanager
+        alerts={"leak": [AlertSpec("GPUMemoryLeakSuspected", labels=("gpu_instance", "uuid"))]},
         edge_settings=_edge,
     )
 )
