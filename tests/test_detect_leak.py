@@ -19,8 +19,11 @@ from defrag.detectors.leak.core import (
     DcgmLabels,
     GpuMemorySeries,
     LeakParams,
+    Occupancy,
     assess_leak,
     detect_leaks,
+    memory_of_model,
+    split_occupancy,
 )
 from tests.support.prometheus import (
     END,
@@ -378,3 +381,42 @@ def test_each_leaking_gpu_of_one_pod_has_its_own_fingerprint_and_alert(
     alerts = [AlertTemplate().alert(f) for f in found]
     assert alerts[0] is not None and alerts[1] is not None
     assert alerts[0].key != alerts[1].key
+
+
+@pytest.mark.parametrize(
+    ("model", "mib"),
+    [
+        ("NVIDIA H100 80GB HBM3", 80 * 1024.0),
+        ("NVIDIA A100-SXM4-40GB", 40 * 1024.0),
+        ("Tesla T4", None),  # no size in the name
+    ],
+)
+def test_memory_of_model(model: str, mib: float | None) -> None:
+    assert memory_of_model(model) == mib
+
+
+def test_a_leak_whose_capacity_is_unknown_is_still_reported() -> None:
+    """Capacity 0 (no free-memory reading, no model) used to read "never reaches the GPU's
+    memory": a leak became no leak."""
+    s = replace(series_of("leak"), total_mib=0.0, capacity_from="unknown")
+    [finding] = detect_leaks([s], PARAMS, END)
+    assert finding.evidence["capacity_from"] == "unknown"
+    assert "hours_to_exhaust" not in finding.evidence
+    assert "exhaustion time unknown" in finding.summary
+
+
+@pytest.mark.parametrize(
+    ("lasts", "current", "ended"),
+    [
+        ([100.0, 3000.0], ["b"], ["a"]),  # a ended, b holds the GPU now
+        ([3000.0, 2900.0], ["a", "b"], []),  # both within a bin of the last sample: shared
+        ([500.0, 100.0, 3000.0], ["c"], ["b", "a"]),  # ended ones oldest first
+    ],
+)
+def test_split_occupancy(lasts: list[float], current: list[str], ended: list[str]) -> None:
+    lives = [
+        Occupancy(name, np.array([0.0, last]), np.array([1.0, 2.0]))
+        for name, last in zip("abc", lasts, strict=False)
+    ]
+    now, gone = split_occupancy(lives, 300.0)
+    assert [o.pod for o in now] == current and [o.pod for o in gone] == ended

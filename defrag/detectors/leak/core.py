@@ -186,6 +186,13 @@ class GpuMemorySeries:
     reserved_mib: float = 0.0
     exporter_only: bool = False
     """DCGM named no workload, only the exporter's own pod (pod mapping off)."""
+    stale_s: float = 0.0
+    """How long the exporter has said nothing about this GPU at the evaluation time (its node's
+    exporter silent): the GPU is judged on what it last said, and a finding says how old."""
+    capacity_from: str = "used+free"
+    """Where ``total_mib`` comes from: ``used+free`` (now), ``last used+free`` (the last values
+    the exporter gave within the lookback), ``model`` (the GPU model's memory), or ``unknown``
+    (``total_mib`` 0: no verdict about exhaustion can be given)."""
 
     @property
     def subject(self) -> str:
@@ -195,6 +202,52 @@ class GpuMemorySeries:
     @property
     def usable_mib(self) -> float:
         return self.total_mib - self.reserved_mib
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Occupancy:
+    """The samples of one occupant of a GPU: a pod DCGM names (``pod`` ``namespace/name``) or
+    none (``pod`` ''), merged over the series that carry it (shared scrape jobs, exporter
+    restarts)."""
+
+    pod: str
+    times: FloatArray
+    used_mib: FloatArray
+
+    @property
+    def last(self) -> float:
+        return float(self.times[-1]) if len(self.times) else -np.inf
+
+
+def split_occupancy(
+    lives: Sequence[Occupancy], width_s: float
+) -> tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]:
+    """(current, ended): the current occupants are those whose last sample is within
+    ``width_s`` of the GPU's last sample (several when DCGM names several pods on a shared
+    GPU); every other occupant has ended (its pod is gone, or the GPU went to another pod or to
+    none) and is never judged as the GPU's present. Ended ones come oldest first."""
+    if not lives:
+        return (), ()
+    last = max(life.last for life in lives)
+    current = tuple(life for life in lives if life.last >= last - width_s)
+    ended = tuple(sorted((life for life in lives if life.last < last - width_s), key=_end))
+    return current, ended
+
+
+def _end(life: Occupancy) -> float:
+    return life.last
+
+
+_MODEL_GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+
+
+def memory_of_model(model: str) -> float | None:
+    """The memory (MiB) a GPU model name states (``NVIDIA H100 80GB HBM3`` → 80 × 1024), or None.
+
+    An upper bound (the driver reserves a little: an H100 80GB shows 81,559 MiB, not 81,920),
+    used only when the exporter gave no free-memory reading within the lookback."""
+    match = _MODEL_GB.search(model)
+    return float(match.group(1)) * 1024.0 if match else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,9 +367,16 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     level0 = float(np.median(bins.values - slope * bh))
     now_h = (end - t0) / HOUR_S
     exhaust_at: float | None = None
+    evidence["capacity_from"] = series.capacity_from
+    if series.stale_s > 0:
+        evidence["stale_s"] = round(series.stale_s)
     if series.usable_mib > 0 and slope > 0:
         exhaust_at = t0 + ((series.usable_mib - level0) / slope) * HOUR_S
-    if exhaust_at is None:
+    if series.usable_mib <= 0:
+        # never "no leak" for want of a capacity: a steady grower is reported, its exhaustion
+        # time unknown (the summary says why)
+        evidence["capacity_from"] = "unknown"
+    elif exhaust_at is None:
         reasons.append("never reaches the GPU's memory")
     else:
         evidence["exhaust_at"] = _iso(exhaust_at)
@@ -401,6 +461,15 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
     rate = ev["slope_mib_per_h"]
     ci = verdict.evidence.get("slope_ci_mib_per_h", ["?", "?"])
     lo, hi = ci if isinstance(ci, list) else ("?", "?")
+    eta = (
+        f"exhausted in {hours} h"
+        if "hours_to_exhaust" in ev
+        else "exhaustion time unknown (no capacity: no free-memory reading, no GPU model)"
+    )
+    if s.stale_s > 0:
+        eta += (
+            f"; the exporter has been silent {s.stale_s / 60:.0f} min: judged on what it last said"
+        )
     if len(s.pods) == 1:
         namespace, _, pod = s.pods[0].partition("/")
         labels |= {"namespace": namespace, "pod": pod}
@@ -410,7 +479,7 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
             severity=severity,
             summary=(
                 f"GPU memory of pod {s.pods[0]} on {s.subject} grows {rate} MiB/h "
-                f"(95% CI {lo}–{hi}); exhausted in {hours} h"
+                f"(95% CI {lo}–{hi}); {eta}"
             ),
             evidence=ev | {"pods": list(s.pods), "gpu_subject": s.subject},
             since=since,
@@ -429,8 +498,8 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
         subject=s.subject,
         severity=severity,
         summary=(
-            f"GPU memory on {s.subject} grows {rate} MiB/h (95% CI {lo}–{hi}), exhausted in "
-            f"{hours} h; unattributable: held by {holders}"
+            f"GPU memory on {s.subject} grows {rate} MiB/h (95% CI {lo}–{hi}), {eta}; "
+            f"unattributable: held by {holders}"
         ),
         evidence=ev | {"pods": list(s.pods), "attributable": False},
         since=since,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -19,7 +20,15 @@ import numpy as np
 
 from defrag.alerting import AlertSpec
 from defrag.detect.findings import Finding
-from defrag.detectors.leak.core import DcgmLabels, GpuMemorySeries, LeakParams, detect_leaks
+from defrag.detectors.leak.core import (
+    DcgmLabels,
+    GpuMemorySeries,
+    LeakParams,
+    Occupancy,
+    detect_leaks,
+    memory_of_model,
+    split_occupancy,
+)
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
     Model,
@@ -88,10 +97,13 @@ def leak_range_query(rule: LeakRuleFields) -> str:
 
     When ``queries.used`` is a plain selector, each point is the median of the samples of its
     ``step`` (``quantile_over_time(0.5, used[step])``): Prometheus does the first reduction, so
-    1,000 GPUs at 30 s come back as 72 points each over 6 h. With ``prefilter``, only GPUs whose
-    least-squares slope over the whole lookback (``deriv(...) @ end()``, evaluated once) is at
-    least half the minimum come back — a necessary condition in practice (the corpus property
-    test in tests/test_detect_corpus.py checks the results do not change).
+    1,000 GPUs at 30 s come back as 72 points each over 6 h. With ``prefilter``, only the GPUs
+    of which some series has a least-squares slope over the whole lookback (``deriv(...) @
+    end()``, evaluated once) of at least half the minimum come back — *every* series of such a
+    GPU (``and on(<the GPU's labels>)``), so the GPU's present occupant is seen beside a pod
+    that grew and ended. The detector judges the present occupant only, and a necessary
+    condition of its verdict is checked by the property test over the corpus
+    (tests/test_detect_corpus.py): the results are the same with the prefilter off.
     """
     params = LEAK.settings_of(rule)
     used = rule.queries.used
@@ -101,16 +113,40 @@ def leak_range_query(rule: LeakRuleFields) -> str:
     query = f"quantile_over_time(0.5, {sel}[{params.bin_s:.0f}s])"
     if not rule.prefilter:
         return query
+    names: DcgmLabels = settings_of(rule.labels)
+    # the labels that name one GPU whatever the series: not ``instance`` (a new exporter pod
+    # after a restart has a new one), nor the pod labels (a new occupant)
+    on = ", ".join(
+        dict.fromkeys(
+            [
+                *names.uuid,
+                *(n for n in names.node if n != "instance"),
+                names.gpu,
+                names.gpu_instance,
+            ]
+        )
+    )
     threshold = params.min_slope_mib_per_h / 2
-    return f"({query}) and (deriv({sel}[{params.lookback_s:.0f}s] @ end()) * 3600 > {threshold:g})"
+    return (
+        f"({query}) and on({on}) "
+        f"(deriv({sel}[{params.lookback_s:.0f}s] @ end()) * 3600 > {threshold:g})"
+    )
 
 
 def leak_series(
     rule: LeakRuleFields, metrics: MetricsSource, now: datetime
 ) -> list[GpuMemorySeries]:
-    """One memory series per GPU (per MIG instance) over the rule's lookback, with the pods
-    DCGM names on it. Raises :class:`MissingInput` when DCGM's series are absent, or when no
-    series carries labels that name a GPU."""
+    """One memory series per GPU (per MIG instance) over the rule's lookback: its present
+    occupant's (pods that ended are not its present), with the pods DCGM names on it. Raises
+    :class:`MissingInput` when DCGM's series are absent, or when no series carries labels that
+    name a GPU.
+
+    A GPU whose node's exporter has said nothing for more than a ``step`` (no fresh
+    ``queries.free`` on the node) is judged on what it last said, with its age (``stale_s``); a
+    GPU that went silent while its node's exporter still speaks has ended (gone, or its pod
+    gone without a successor series) and is not judged. Capacity is used + free now, else the
+    last used + free within the lookback, else the GPU model's memory (``modelName``), never 0
+    by default (``capacity_from`` says which)."""
     params = LEAK.settings_of(rule)
     start = now - timedelta(seconds=params.lookback_s)
     used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
@@ -128,14 +164,12 @@ def leak_series(
             f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
         )
     targets = names.target_pods(s.labels for s in [*used, *free])
-    # capacity = used + free (+ reserved) read at the same instant, per GPU / MIG instance
-    last_of: dict[str, dict[tuple[str, ...], float]] = {"free": {}, "reserved": {}, "used": {}}
+    last_of = {
+        kind: _last_by_key(samples, names)
+        for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now))
+    }
+    live_nodes = {names.node_of(s.labels) for s in free} - {""}
     unkeyed = 0
-    for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now)):
-        for s in samples:
-            key = names.key(s.labels)
-            if key is not None and s.last is not None:
-                last_of[kind][key] = s.last
     groups: dict[tuple[str, ...], list[Sample]] = {}
     for s in used:
         key = names.key(s.labels)
@@ -143,39 +177,89 @@ def leak_series(
             unkeyed += 1
             continue
         groups.setdefault(key, []).append(s)
-    keyed_free = bool(last_of["free"])
-    if not groups and (unkeyed or (free and not keyed_free)):
+    if not groups and (unkeyed or (free and not last_of["free"])):
         raise MissingInput(
             "no DCGM series carries a GPU UUID or a node and GPU label "
             f"(labels.uuid: {', '.join(names.uuid)}; labels.node: {', '.join(names.node)}; "
             f"labels.gpu: {names.gpu})"
         )
-    out = []
+    end = now.timestamp()
+    out: list[GpuMemorySeries] = []
+    silent: list[tuple[tuple[str, ...], GpuMemorySeries]] = []
     for key, samples in sorted(groups.items()):
-        times, values = _merge_points(samples)
-        latest = max(samples, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
-        pods = tuple(sorted({k for s in samples if (k := names.pod_key(s.labels, targets))}))
-        named = any(s.labels.get(p) for s in samples for p in names.pod)
-        last_used = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
-        free_now = last_of["free"].get(key)
-        reserved_now = last_of["reserved"].get(key, 0.0)
-        total = last_used + free_now + reserved_now if free_now is not None else 0.0
-        out.append(
-            GpuMemorySeries(
-                node=names.node_of(latest),
-                gpu=latest.get(names.gpu, ""),
-                times=times,
-                used_mib=values,
-                total_mib=total,
-                pods=pods,
-                uuid=names.uuid_of(latest),
-                instance=latest.get(names.gpu_instance, ""),
-                profile=latest.get(names.gpu_profile, ""),
-                reserved_mib=reserved_now,
-                exporter_only=named and not pods,
-            )
+        by_pod: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_pod.setdefault(names.pod_key(s.labels, targets) or "", []).append(s)
+        lives = [Occupancy(pod, *_merge_points(group)) for pod, group in by_pod.items()]
+        current, _ended = split_occupancy(lives, params.bin_s)
+        if not current:
+            continue
+        occupant = [s for life in current for s in by_pod[life.pod]]
+        times, values = _merge_points(occupant)
+        latest = max(occupant, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        node = names.node_of(latest)
+        # the last point is the bin ending at ``end`` when a sample came within the last bin
+        stale_s = end - float(times[-1]) if len(times) else 0.0
+        if stale_s > 0 and (key in last_of["free"] or node in live_nodes):
+            continue  # the exporter still speaks: this GPU's occupant has ended
+        pods = tuple(sorted(life.pod for life in current if life.pod))
+        named = any(s.labels.get(p) for s in occupant for p in names.pod)
+        series = GpuMemorySeries(
+            node=node,
+            gpu=latest.get(names.gpu, ""),
+            times=times,
+            used_mib=values,
+            total_mib=0.0,
+            pods=pods,
+            uuid=names.uuid_of(latest),
+            instance=latest.get(names.gpu_instance, ""),
+            profile=latest.get(names.gpu_profile, ""),
+            reserved_mib=last_of["reserved"].get(key, 0.0),
+            exporter_only=named and not pods,
+            stale_s=stale_s,
         )
+        free_now = last_of["free"].get(key)
+        if free_now is not None:
+            used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
+            total = used_at + free_now + series.reserved_mib
+            out.append(replace(series, total_mib=total, capacity_from="used+free"))
+        else:
+            silent.append((key, replace(series, **_model_capacity(latest))))
+    if silent:  # asked only when some GPU has no fresh reading: capacity from the last values
+        window = f"[{params.lookback_s:.0f}s]"
+        last_free = _last_by_key(metrics.instant(_last_over(rule.queries.free, window), now), names)
+        last_used = _last_by_key(metrics.instant(_last_over(rule.queries.used, window), now), names)
+        for key, series in silent:
+            if key in last_free and key in last_used:
+                total = last_used[key] + last_free[key] + series.reserved_mib
+                series = replace(series, total_mib=total, capacity_from="last used+free")
+            out.append(series)
+    return sorted(out, key=lambda s: (s.node, s.gpu, s.uuid, s.instance))
+
+
+def _last_by_key(samples: list[Sample], names: DcgmLabels) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for s in samples:
+        key = names.key(s.labels)
+        if key is not None and s.last is not None:
+            out[key] = s.last
     return out
+
+
+def _last_over(query: str, window: str) -> str:
+    """``last_over_time`` of a query over ``window`` (a subquery when it is not a selector)."""
+    if _SELECTOR.match(query):
+        return f"last_over_time({query.strip()}{window})"
+    return f"last_over_time(({query}){window[:-1]}:])"
+
+
+def _model_capacity(labels: Mapping[str, str]) -> dict[str, Any]:
+    """The GPU model's memory from dcgm-exporter's ``modelName`` label
+    (internal/pkg/rendermetrics/render_metrics.go writes it on every series), else unknown."""
+    mib = memory_of_model(labels.get("modelName", ""))
+    if mib is None:
+        return {"total_mib": 0.0, "capacity_from": "unknown"}
+    return {"total_mib": mib, "capacity_from": "model"}
 
 
 def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
