@@ -67,6 +67,8 @@ class Truth:
     rate_mib_per_h: float = 0.0
     leak_start: float = 0.0
     exhaust_at: float | None = None
+    flat_since: float | None = None
+    """``saturating``: when the growth stopped at its limit."""
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -291,7 +293,7 @@ def correlated_case(family: str, rng: np.random.Generator, name: str) -> Case:
         start = limit - rate * (hours - flat_h)
         clean = np.minimum(start + rate * h, limit)
         used = np.clip(clean + rng.normal(0.0, 200.0, len(t)), 0.0, GPU_MIB)
-        truth = Truth(family, False, 200.0, 0.0)
+        truth = Truth(family, False, 200.0, 0.0, flat_since=float(t[-1] - flat_h * HOUR))
         return Case(name, truth, _plain(name, t, used))
     noise = ar1_noise(t, sigma, tau, rng)
     if family == "ar1-flat":
@@ -504,3 +506,53 @@ def write_moving(cases: Sequence[MovingCase], out: TextIO, *, exported: bool = F
             )
             out.writelines(f"kube_pod_owner{{{labels}}} 1 {int(t)}\n" for t in _grid(start, stop))
     out.write("# EOF\n")
+
+
+# --- fast leaks: a leak that begins mid-history, a leak that OOM-kills its pod ------------------
+
+FAST_FAMILIES = ("onset", "oom")
+"""``onset``: a flat job whose memory starts to leak (256 MiB/h – 4 GiB/h) 3 h into an 8 h
+history (``Truth.leak_start``); ``oom``: a pod that loads its model in 5–15 min from nothing to
+2–16 GiB, then leaks to the GPU's memory in 3–8 h (``Truth.exhaust_at``: the OOM kill)."""
+
+
+def fast_case(family: str, rate: float, noise: float, rng: np.random.Generator, name: str) -> Case:
+    if family == "onset":
+        t = _times(8.0)
+        h = (t - t[0]) / HOUR
+        onset = 3.0
+        # exhaustion 2–36 h after the history's end (inside the 48 h horizon), ≥ 1 GiB at start
+        latest = (GPU_MIB - 1024.0) / rate - (8.0 - onset)
+        eta_h = float(rng.uniform(2.0, max(min(36.0, latest), 2.0)))
+        level = GPU_MIB - rate * (8.0 - onset + eta_h)
+        clean = level + rate * np.maximum(h - onset, 0.0)
+        exhaust = t[0] + (onset + (GPU_MIB - level) / rate) * HOUR
+        truth = Truth(family, True, noise, rate, float(t[0] + onset * HOUR), exhaust)
+        return Case(name, truth, _series(name, t, clean, noise, rng))
+    oom_h = float(rng.uniform(3.0, 8.0))
+    load_h = float(rng.uniform(5.0, 15.0)) / 60.0
+    level = float(rng.uniform(2000.0, 16000.0))
+    slope = (GPU_MIB - level) / oom_h
+    t = _times(oom_h + load_h)
+    h = (t - t[0]) / HOUR
+    ramp = 300.0 + (level - 300.0) * np.minimum(h / load_h, 1.0)
+    clean = ramp + slope * np.maximum(h - load_h, 0.0)
+    oom = float(t[0] + (load_h + oom_h) * HOUR)
+    truth = Truth(family, True, noise, slope, float(t[0] + load_h * HOUR), oom)
+    return Case(name, truth, _series(name, t, clean, noise, rng))
+
+
+def fast_corpus(
+    seed: int, per_cell: int = 5, noises: Sequence[float] = (0.0, 200.0, 400.0, 600.0)
+) -> list[Case]:
+    """``onset`` cases per (noise, rate) cell and ``oom`` cases per noise, for a seed."""
+    out = []
+    for family in FAST_FAMILIES:
+        fi = zlib.crc32(family.encode())
+        for noise in noises:
+            for rate in RATES if family == "onset" else (0.0,):
+                for i in range(per_cell * (1 if family == "onset" else 4)):
+                    rng = np.random.default_rng([seed, fi, int(noise), int(rate), i])
+                    tag = f"{family}-s{noise:g}" + (f"-r{rate:g}" if rate else "") + f"-{i}"
+                    out.append(fast_case(family, rate, noise, rng, tag))
+    return out

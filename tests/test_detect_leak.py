@@ -236,7 +236,8 @@ def test_critical_when_exhaustion_is_close() -> None:
 
 
 def test_too_little_history_is_not_a_leak() -> None:
-    verdict = assess_leak(series_of("leak", hours=1.0), PARAMS, END)
+    # 30 min: less than the 1 h fast window (an hour of a 2 GiB/h leak is found: item 2)
+    verdict = assess_leak(series_of("leak", hours=0.5), PARAMS, END)
     assert not verdict.leaking
     assert "too little history" in verdict.reasons[0]
 

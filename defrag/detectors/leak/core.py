@@ -42,17 +42,18 @@ from typing import Annotated
 
 import numpy as np
 from annotated_types import Ge, Gt, Le
-from scipy import stats
 
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.series import (
     Binned,
     FloatArray,
+    Trend,
     bin_medians,
     median_pairwise_slope,
     robust_noise,
     rolling_floor,
     rolling_mean,
+    sen_trend,
 )
 from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
 
@@ -82,6 +83,21 @@ class LeakParams:
     drawdown_noise: Annotated[float, Ge(0)] = 4.0
     cycle_noise: Annotated[float, Ge(0)] = 6.0
     min_coverage: Annotated[float, INTERNAL] = 0.5
+    short_window_s: Annotated[Seconds, Ge(0), RuleName("short_window")] = 2 * HOUR_S
+    """A leak is also judged over the last ``short_window`` (0: off), at ``min_slope``."""
+    fast_window_s: Annotated[Seconds, Ge(0), RuleName("fast_window")] = HOUR_S
+    """… and over the last ``fast_window`` (0: off), at ``fast_min_slope_mib_per_h``."""
+    fast_min_slope_mib_per_h: Annotated[float, Gt(0)] = 1024.0
+    short_max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.001
+    short_min_growth: Annotated[float, Ge(0)] = 6.0
+    """A short window's growth must be at least this × the noise."""
+    settle_s: Annotated[Seconds, RuleName("settle")] = HOUR_S
+    """Short windows judge a job only this long after its memory was near nothing (a load)."""
+    flat_for_s: Annotated[Seconds, Gt(0), RuleName("flat_for")] = 900.0
+    """Growth flat for this long below the GPU's memory has stopped: not a leak."""
+    recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
+    slice_z: Annotated[float, INTERNAL] = 1.0
+    short_persistence: Annotated[float, INTERNAL] = 0.7
 
 
 _PORT = re.compile(r":\d+$")
@@ -262,63 +278,117 @@ class LeakAssessment:
     evidence: dict[str, object] = field(default_factory=dict, hash=False)
 
 
-def _theil_sen(t_h: FloatArray, y: FloatArray) -> tuple[float, float, float]:
-    """Theil–Sen slope per hour with its 95% confidence interval (scipy)."""
-    if len(t_h) < 3:
-        return 0.0, -np.inf, np.inf
-    res = stats.theilslopes(y, t_h, alpha=0.95)
-    return float(res.slope), float(res.low_slope), float(res.high_slope)
-
-
 def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> LeakAssessment:
-    """Judge one GPU's memory over ``[now − lookback, now]``."""
+    """Judge one GPU's memory over ``[now − lookback, now]``: the whole lookback first, then
+    the short windows (a fast leak is found before the lookback fills)."""
     end = now.timestamp()
     start = end - params.lookback_s
     t, y = series.times, series.used_mib
     keep = (t > start) & (t <= end) & np.isfinite(y)
     t, y = t[keep], y[keep]
-    if len(t) < 3 or (t[-1] - t[0]) < params.min_coverage * params.lookback_s:
-        span_h = (t[-1] - t[0]) / HOUR_S if len(t) >= 2 else 0.0
-        return LeakAssessment(series, False, (f"too little history ({span_h:.1f} h)",))
+    if len(t) < 3:
+        return LeakAssessment(series, False, ("too little history (0.0 h)",))
     bins = bin_medians(t, y, params.bin_s, end)
     restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise)
+    restarted = restart is not None
     if restart is not None:
         # memory fell to near nothing: the job restarted (or a new one began); what came before
         # is another job's history, so only what follows is judged
         since = bins.times[restart] + params.bin_s / 2
         keep = t >= since
         t, y = t[keep], y[keep]
-        if len(t) < 3 or (t[-1] - t[0]) < params.min_coverage * params.lookback_s:
-            span_h = (t[-1] - t[0]) / HOUR_S if len(t) >= 2 else 0.0
-            return LeakAssessment(
-                series, False, (f"too little history since the job restarted ({span_h:.1f} h)",)
-            )
+        if len(t) < 3:
+            return LeakAssessment(series, False, ("too little history since the job restarted",))
         bins = bin_medians(t, y, params.bin_s, end)
-    floor = rolling_floor(bins, params.floor_window_s)
-    if len(floor.times) < 3 * params.segments:
+    span_h = (t[-1] - t[0]) / HOUR_S
+    verdict: LeakAssessment | None = None
+    if (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
+        verdict = _judge(series, bins, params, end, params.lookback_s, short=False)
+        if verdict.leaking:
+            return verdict
+    for window, min_slope in _short_windows(params):
+        if window <= 0 or window >= params.lookback_s or (t[-1] - t[0]) < 0.9 * window:
+            continue
+        if not _settled(bins, params, end, window):
+            continue  # the workload is still loading: a short window would call a warm-up
+        short = _judge(series, bins, params, end, window, short=True, min_slope=min_slope)
+        if short.leaking:
+            return short
+    if verdict is not None:
+        return verdict
+    where = " since the job restarted" if restarted else ""
+    return LeakAssessment(series, False, (f"too little history{where} ({span_h:.1f} h)",))
+
+
+def _short_windows(params: LeakParams) -> tuple[tuple[float, float], ...]:
+    """(window, minimum slope): the short window at the rule's minimum slope, the fast window at
+    its own (a fast leak is visible in less time)."""
+    return (
+        (params.short_window_s, params.min_slope_mib_per_h),
+        (params.fast_window_s, params.fast_min_slope_mib_per_h),
+    )
+
+
+def _settled(bins: Binned, params: LeakParams, end: float, window: float) -> bool:
+    """Whether the workload had finished loading before ``window``: no bin in the window or in
+    the ``settle`` before it lies below a tenth of the latest level (a job that starts from
+    nothing loads its model first: 0.5–2 h of fast, decelerating growth)."""
+    level = float(np.median(bins.values[-3:]))
+    recent = bins.values[bins.times > end - window - params.settle_s]
+    return bool(np.all(recent > 0.1 * level))
+
+
+def _judge(
+    series: GpuMemorySeries,
+    all_bins: Binned,
+    params: LeakParams,
+    end: float,
+    window: float,
+    *,
+    short: bool,
+    min_slope: float | None = None,
+) -> LeakAssessment:
+    """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
+    lookback, with its own false-positive guard (no cache drop in it or in the floor window
+    before it; growth of at least ``short_min_growth`` × the noise; a stricter trend p-value;
+    two halves that both rise)."""
+    min_slope = params.min_slope_mib_per_h if min_slope is None else min_slope
+    inside = all_bins.times > end - window
+    bins = Binned(all_bins.times[inside], all_bins.values[inside], all_bins.width)
+    noise = robust_noise(all_bins.values)
+    segments = 2 if short else params.segments
+    if len(bins.times) < 3 * segments:
         return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
-    noise = robust_noise(bins.values)
-    # Falls beyond the noise (a cache freed, a restart) call for the floor; without them the
-    # bins themselves are the least noisy series to judge.
-    cycles = _drawdown(bins.values) > params.cycle_noise * noise
-    judged = rolling_mean(floor, params.floor_window_s) if cycles else bins
+    if short:
+        near = all_bins.values[all_bins.times > end - window - params.floor_window_s]
+        cycles = False
+        if _drawdown(near) > params.cycle_noise * noise:
+            why = "a cache freed within the short window (judged on the lookback only)"
+            return LeakAssessment(series, False, (why,))
+        judged = bins
+    else:
+        floor = rolling_floor(bins, params.floor_window_s)
+        if len(floor.times) < 3 * params.segments:
+            return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
+        # Falls beyond the noise (a cache freed, a restart) call for the floor; without them
+        # the bins themselves are the least noisy series to judge.
+        cycles = _drawdown(bins.values) > params.cycle_noise * noise
+        judged = rolling_mean(floor, params.floor_window_s) if cycles else bins
     t0 = bins.times[0]
     fh = (judged.times - t0) / HOUR_S
     slope = median_pairwise_slope(fh, judged.values)
-    low = high = float("nan")
-    if slope >= params.min_slope_mib_per_h:  # only then is the interval worth scipy's time
-        slope, low, high = _theil_sen(fh, judged.values)
     evidence: dict[str, object] = {
         "query": params.query,
         "node": series.node,
         "gpu": series.gpu,
         "uuid": series.uuid,
-        "used_mib": round(float(bins.values[-1]), 1),
+        "used_mib": round(float(all_bins.values[-1]), 1),
         "total_mib": round(series.total_mib, 1),
         "slope_mib_per_h": round(slope, 1),
         "noise_mib": round(float(noise), 1),
         "judged_on": "floor" if cycles else "bins",
         "lookback_s": params.lookback_s,
+        "window_s": window,
         "bins": len(bins.times),
     }
     if series.instance:
@@ -326,35 +396,61 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     if series.reserved_mib:
         evidence["reserved_mib"] = round(series.reserved_mib, 1)
     reasons: list[str] = []
-    if slope < params.min_slope_mib_per_h:
-        reasons.append(f"slope {slope:.0f} MiB/h below {params.min_slope_mib_per_h:g}")
+    if slope < min_slope:
+        reasons.append(f"slope {slope:.0f} MiB/h below {min_slope:g}")
         return LeakAssessment(series, False, tuple(reasons), slope, None, evidence)
-    evidence["slope_ci_mib_per_h"] = [round(low, 1), round(high, 1)]
-    if low <= 0:
-        reasons.append(f"slope's 95% interval reaches {low:.0f} MiB/h (not above 0)")
-    tau, p = _mann_kendall(bins)
-    evidence |= {"trend_p": float(f"{p:.3g}"), "kendall_tau": round(tau, 3)}
-    if p > params.max_trend_p:
-        reasons.append(f"trend p-value {p:.2g} above {params.max_trend_p:g}")
-    slices = _slice_slopes(fh, judged.values, params.segments)
-    need = max(params.min_slope_mib_per_h / 2, params.min_persistence * slope)
+    fit = sen_trend(fh, judged.values)
+    slope, low, high = fit.slope, fit.low, fit.high
+    residual = judged.values - slope * fh
+    spread = max(float(noise), 1.4826 * float(np.median(np.abs(residual - np.median(residual)))))
+    evidence |= {
+        "slope_mib_per_h": round(slope, 1),
+        "slope_ci_mib_per_h": [round(low, 1), round(high, 1)],
+        "variance_ratio": round(fit.variance_ratio, 2),
+    }
+    floor_slope = min_slope / 2 if short else 0.0
+    if low <= floor_slope:
+        reasons.append(f"slope's 95% interval reaches {low:.0f} MiB/h (not above {floor_slope:g})")
+    trend = fit if judged is bins else sen_trend((bins.times - t0) / HOUR_S, bins.values)
+    max_p = params.short_max_trend_p if short else params.max_trend_p
+    evidence |= {"trend_p": float(f"{trend.p_rising:.3g}"), "kendall_tau": round(trend.tau, 3)}
+    if trend.p_rising > max_p:
+        reasons.append(f"trend p-value {trend.p_rising:.2g} above {max_p:g}")
+    # a short window's halves must both rise by their own slopes, by more than the lookback's
+    # slices (a warm-up still rising decelerates); the lookback's slices rise unless shown not to
+    slices = _slice_highs(
+        fh, judged.values, segments, 0.0 if short else params.slice_z, fit.variance_ratio
+    )
+    persistence = params.short_persistence if short else params.min_persistence
+    need = max(min_slope / 2, persistence * slope)
     rising = float(np.mean(slices >= need))
     evidence |= {
         "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
         "rising_fraction": round(rising, 3),
     }
+    if short and slices[-1] < params.short_persistence * slices[0]:
+        reasons.append(
+            f"the window's second half rises {slices[-1]:.0f} MiB/h, less than "
+            f"{params.short_persistence:g} × its first half's {slices[0]:.0f} (decelerating: "
+            "a warm-up)"
+        )
     if rising < params.min_rising_fraction:
         reasons.append(
             f"rises in {rising:.0%} of slices at {need:.0f} MiB/h or more, not steadily "
             "(a warm-up, a step or a restart)"
         )
     growth = max(slope * (fh[-1] - fh[0]), 0.0)
+    if short and growth < params.short_min_growth * spread:
+        reasons.append(
+            f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
+            f"{params.short_min_growth:g} × the noise ({spread:.0f} MiB)"
+        )
     # on the bins, no fall exceeds ``cycle_noise`` × noise (else the floor is judged); the
     # floor may fall back by noise or a small share of the growth, not by a restart
     drawdown = _drawdown(judged.values)
     allowed = max(
         params.max_drawdown_fraction * growth,
-        (params.drawdown_noise if cycles else params.cycle_noise) * noise,
+        (params.drawdown_noise if cycles else params.cycle_noise) * (noise if cycles else spread),
     )
     evidence |= {
         "drawdown_mib": round(drawdown, 1),
@@ -365,6 +461,13 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     # the level line: the floor's slope through the bins' median level
     bh = (bins.times - t0) / HOUR_S
     level0 = float(np.median(bins.values - slope * bh))
+    stalled = _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
+    if stalled is not None:
+        evidence["flat_since"] = _iso(stalled)
+        reasons.append(
+            f"growth has stopped: flat for {(end - stalled) / 60:.0f} min below the GPU's "
+            "memory (a cache at its limit)"
+        )
     now_h = (end - t0) / HOUR_S
     exhaust_at: float | None = None
     evidence["capacity_from"] = series.capacity_from
@@ -372,12 +475,18 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         evidence["stale_s"] = round(series.stale_s)
     if series.usable_mib > 0 and slope > 0:
         exhaust_at = t0 + ((series.usable_mib - level0) / slope) * HOUR_S
+        recent = _recent(all_bins, end, params, fit.variance_ratio)
+        exhaust_at = _no_sooner_than_recent(
+            all_bins, recent, series.usable_mib, end, exhaust_at, params.recent_s
+        )
+        evidence["recent_slope_mib_per_h"] = round(recent.slope, 1)
     if series.usable_mib <= 0:
         # never "no leak" for want of a capacity: a steady grower is reported, its exhaustion
         # time unknown (the summary says why)
         evidence["capacity_from"] = "unknown"
-    elif exhaust_at is None:
-        reasons.append("never reaches the GPU's memory")
+    elif exhaust_at is None or not np.isfinite(exhaust_at):
+        exhaust_at = None
+        reasons.append("never reaches the GPU's memory (the last hour does not grow)")
     else:
         evidence["exhaust_at"] = _iso(exhaust_at)
         evidence["hours_to_exhaust"] = round(float(max(exhaust_at - end, 0.0)) / HOUR_S, 2)
@@ -388,6 +497,66 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
                 f"{params.horizon_s / HOUR_S:g} h horizon"
             )
     return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+def _stalled_since(
+    bins: Binned, slope: float, noise: float, ratio: float, params: LeakParams
+) -> float | None:
+    """When growth stopped, if it did at least ``flat_for`` ago: the longest tail of bins (at
+    least ``flat_for``, at most half the window) whose own slope is less than
+    ``min_persistence`` × the slope of the bins before it, and which — as a whole and in its
+    last ``flat_for`` — lies below the line fitted to those bins by more than 3.5 standard
+    errors (their residuals' spread, inflated by the variance ratio). None when growth goes
+    on."""
+    need = max(int(np.ceil(params.flat_for_s / bins.width)), 3)
+    n = len(bins.times)
+    if n < 2 * need or slope <= 0:
+        return None
+    hours = (bins.times - bins.times[0]) / HOUR_S
+    found: float | None = None
+    for size in range(need, n // 2 + 1):
+        head_h, head_v = hours[:-size], bins.values[:-size]
+        before = median_pairwise_slope(head_h, head_v)
+        if before <= 0:
+            continue
+        residual = head_v - before * head_h
+        base = float(np.median(residual))
+        spread = max(noise, 1.4826 * float(np.median(np.abs(residual - base))))
+        gap = base + before * hours[-size:] - bins.values[-size:]
+        if float(np.mean(gap)) <= 3.5 * spread * np.sqrt(ratio / size):
+            continue
+        if float(np.mean(gap[-need:])) <= 3.5 * spread * np.sqrt(ratio / need):
+            continue
+        own = median_pairwise_slope(hours[-size:], bins.values[-size:])
+        if own < params.min_persistence * before:
+            found = float(bins.times[-size] - bins.width / 2)
+    return found
+
+
+def _recent(all_bins: Binned, end: float, params: LeakParams, ratio: float) -> Trend:
+    """Sen's slope of the last ``recent`` (1 h) of bins, its interval widened by the window's
+    variance ratio (12 points cannot estimate their own autocorrelation)."""
+    inside = all_bins.times > end - params.recent_s
+    t = all_bins.times[inside]
+    return sen_trend(
+        (t - t[0]) / HOUR_S if len(t) else t, all_bins.values[inside], variance_ratio=ratio
+    )
+
+
+def _no_sooner_than_recent(
+    all_bins: Binned, recent: Trend, usable: float, end: float, exhaust_at: float, window: float
+) -> float:
+    """The exhaustion time, never sooner than the last ``recent`` (1 h) supports: memory now
+    (the recent line's level at ``end``) growing at the upper end of the recent slope's 95%
+    interval; infinite when the recent hour does not grow at all."""
+    if not np.isfinite(recent.high):
+        return exhaust_at
+    if recent.high <= 0:
+        return np.inf
+    inside = all_bins.times > end - window
+    t_h = (all_bins.times[inside] - end) / HOUR_S  # hours before end (≤ 0)
+    level = float(np.median(all_bins.values[inside] - recent.slope * t_h))
+    return max(exhaust_at, end + max(usable - level, 0.0) / recent.high * HOUR_S)
 
 
 def _last_restart(bins: Binned, min_fall: float) -> int | None:
@@ -408,22 +577,23 @@ def _drawdown(values: FloatArray) -> float:
     return float((np.maximum.accumulate(values) - values).max()) if len(values) else 0.0
 
 
-def _mann_kendall(bins: Binned) -> tuple[float, float]:
-    """Kendall's τ of the bins against time and its one-sided p-value (rising)."""
-    res = stats.kendalltau(bins.times, bins.values, alternative="greater", method="asymptotic")
-    tau, p = float(res.statistic), float(res.pvalue)
-    return (0.0, 1.0) if np.isnan(tau) else (tau, p)
-
-
-def _slice_slopes(t_h: FloatArray, values: FloatArray, segments: int) -> FloatArray:
-    """Theil–Sen slope of each of ``segments`` equal time slices (−inf where < 3 points)."""
+def _slice_highs(
+    t_h: FloatArray, values: FloatArray, segments: int, z: float, ratio: float
+) -> FloatArray:
+    """Of each of ``segments`` equal time slices, the upper end of its Sen slope's interval at
+    normal quantile ``z`` (its slope itself when ``z`` is 0; −inf where < 3 points): a slice
+    fails to rise only when its slope is *shown* to be low, not when noise that lingers (serially
+    correlated) hides it."""
     edges = np.linspace(t_h[0], t_h[-1], segments + 1)
     which = np.clip(np.searchsorted(edges, t_h, side="right") - 1, 0, segments - 1)
     out = np.full(segments, -np.inf)
     for i in range(segments):
         mask = which == i
         if int(mask.sum()) >= 3:
-            out[i] = median_pairwise_slope(t_h[mask], values[mask])
+            if z > 0:
+                out[i] = sen_trend(t_h[mask], values[mask], z, ratio).high
+            else:
+                out[i] = median_pairwise_slope(t_h[mask], values[mask])
     return out
 
 
