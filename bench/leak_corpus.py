@@ -399,6 +399,16 @@ def moving_case(family: str, rng: np.random.Generator, name: str, node: str) -> 
         clean = level + slope * (t - start) / HOUR
         return Life(gpu, pod, t, np.clip(clean + rng.normal(0.0, noise, len(t)), 0.0, GPU_MIB))
 
+    def loading(
+        gpu: str, pod: str, begin: float, stop: float, load: float, level: float, rate: float
+    ) -> Life:
+        """A life that loads its model from nothing in ``load`` seconds, then grows."""
+        t = _grid(begin, stop)
+        x = t - begin
+        clean = 300.0 + (level - 300.0) * np.clip(x / load, 0.0, 1.0)
+        clean = clean + rate * np.maximum(x - load, 0.0) / HOUR
+        return Life(gpu, pod, t, np.clip(clean + rng.normal(0.0, noise, len(t)), 0.0, GPU_MIB))
+
     pod = f"ml/{name}"
     if family == "ended-leak":
         rate = float(rng.choice([1024.0, 2048.0, 4096.0]))
@@ -429,9 +439,11 @@ def moving_case(family: str, rng: np.random.Generator, name: str, node: str) -> 
         rate = (GPU_MIB - level) / oom_h
         start = END - (oom_h + float(rng.uniform(0.5, 1.5))) * HOUR
         oom = start + oom_h * HOUR
+        load = float(rng.uniform(5.0, 15.0)) * 60.0  # the model loads from nothing first
         lives = [
-            life("0", pod, start, oom, level, rate),
-            life("0", pod, oom + STEP_S, END, level, rate),  # restarted in the same pod
+            loading("0", pod, start - load, oom, load, level, rate),
+            # OOM-killed: the container restarts in the same pod and loads again
+            loading("0", pod, oom + STEP_S, END, load, level, rate),
         ]
         truth = MovingTruth(family, True, f"pod/{pod}", start, oom, oom, None, rate)
         return MovingCase(name, node, truth, tuple(lives))
@@ -440,11 +452,12 @@ def moving_case(family: str, rng: np.random.Generator, name: str, node: str) -> 
         t, lives_, owners, n = begin + float(rng.uniform(0.0, 1.0)) * HOUR, [], [], 0
         while t < END:
             span = float(rng.uniform(1.0, 2.0))
+            load = float(rng.uniform(5.0, 10.0)) * 60.0
             level = float(rng.uniform(2000.0, 12000.0))
-            rate = (GPU_MIB - level) / span
+            rate = (GPU_MIB - level) / (span - load / HOUR)
             stop = min(t + span * HOUR, END)
             p = f"ml/{owner}-{''.join(rng.choice(list('bcdfghjklmnpqrstvwxz2456789'), 5))}"
-            lives_.append(life("0", p, t, stop, level, rate))
+            lives_.append(loading("0", p, t, stop, load, level, rate))
             owners.append((p, "ReplicaSet", owner, t, stop))
             t, n = stop + 60.0, n + 1
         subject = f"workload/ml/ReplicaSet/{owner}"

@@ -79,7 +79,7 @@ def test_non_leaks_of_the_fleet_are_not_flagged_and_say_why(shape: str, reason: 
     ("family", "noise", "reason"),
     [
         ("warmup-exp", 400.0, "rises in"),  # levels off: the last slice does not keep rising
-        ("warmup-log", 600.0, "rises in"),
+        ("warmup-log", 600.0, "slope"),  # judged from an hour after it loaded: ~flat
         ("restart", 400.0, "rises in"),  # judged since the drop: a warm-up that levels off
         ("step", 600.0, "slope"),
         ("sawtooth", 600.0, "slope"),
@@ -99,9 +99,17 @@ def test_warmup_in_progress_is_rejected_as_levelling_off() -> None:
     t = END.timestamp() - 3.5 * HOUR + np.arange(30.0, 3.5 * HOUR + 1, 30.0)
     h = (t - t[0]) / HOUR
     used = 30000.0 * (1 - np.exp(-3 * h / 2.0))
+    # it loaded from nothing: judged only an hour (``settle``) after memory was last near zero
     verdict = assess_leak(GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",)), PARAMS, END)
     assert not verdict.leaking
-    assert any("rises in" in r for r in verdict.reasons), verdict.reasons
+    assert verdict.reasons == ("too little history since the job loaded (2.4 h)",)
+    # the slices reject it too when it is judged on the whole window (no settle)
+    whole = assess_leak(
+        GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",)),
+        replace(PARAMS, settle_s=0.0),
+        END,
+    )
+    assert not whole.leaking and any("rises in" in r for r in whole.reasons), whole.reasons
 
 
 def test_a_restart_starts_the_history_again() -> None:
@@ -113,8 +121,8 @@ def test_a_restart_starts_the_history_again() -> None:
     used = np.where(h < 4.0, 30000.0, 200.0 + 2000.0 * np.maximum(h - 4.0, 0.0))
     s = GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",))
     early = assess_leak(s, PARAMS, datetime.fromtimestamp(t[0] + 6 * HOUR, UTC))
-    # judged from the end of the 5-min bin the drop fell in: 2 h less that bin's part
-    assert early.reasons == ("too little history since the job restarted (1.9 h)",)
+    # a restart to nothing is a load: judged from ``settle`` (1 h) after the last near-zero bin
+    assert early.reasons == ("too little history since the job loaded (0.9 h)",)
     late = assess_leak(s, PARAMS, END)
     assert late.leaking, late.reasons
     assert late.evidence["slope_mib_per_h"] == pytest.approx(2000.0, rel=0.02)

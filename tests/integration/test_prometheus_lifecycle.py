@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.leak_corpus import END, HOUR, MovingCase, moving_corpus, write_moving
+from bench.leak_corpus import END, HISTORY_H, HOUR, MovingCase, moving_corpus, write_moving
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detect.findings import Finding
 from defrag.detection import run_detection
@@ -117,3 +117,40 @@ def test_the_prefilter_does_not_change_the_findings(prom: str, tmp_path: Path) -
         with_ = sorted((f.subject, f.part) for f in findings(prom, on, float(at)))
         without = sorted((f.subject, f.part) for f in findings(prom, off, float(at)))
         assert with_ == without, at
+
+
+def test_a_leak_that_oom_kills_its_pod_is_reported_before_the_oom(
+    prom: str, tmp_path: Path
+) -> None:
+    """Before: the first finding came 5.25 h after a leak began, so leaks that OOM their pod
+    within about 5 h were never reported. Each case OOMs 3–8 h after its load; evaluated every
+    15 min, it must be reported at least 30 min before the OOM."""
+    ruleset = rules(tmp_path)
+    oom = [c for c in CASES if c.truth.family == "oom-leak"]
+    warned: dict[str, float] = {}
+    for at in np.arange(END - HISTORY_H * HOUR, END + 1, 900.0):
+        found = findings(prom, ruleset, float(at))
+        for case in oom:
+            assert case.truth.end is not None
+            if case.name not in warned and at < case.truth.end and of(case, found):
+                warned[case.name] = (case.truth.end - at) / 60
+    late = {c.name: warned.get(c.name) for c in oom if warned.get(c.name, 0.0) < 30}
+    assert late == {}
+
+
+def test_a_workload_whose_pods_each_leak_and_die_is_one_finding(prom: str, tmp_path: Path) -> None:
+    """Before: a ReplicaSet whose pods each leak for 1–2 h and die (a new pod name each life)
+    was never reported. Now: one finding about the workload, with its lives and slopes."""
+    found = findings(prom, rules(tmp_path), END)
+    for case in [c for c in CASES if c.truth.family == "crashloop"]:
+        [workload] = [f for f in of_owner(case, found)]
+        assert workload.kind == "leak-restarts" and workload.subject == case.truth.subject
+        assert workload.severity == "critical"
+        assert workload.labels["owner_kind"] == "ReplicaSet"
+        died = [life for life in workload.evidence["lives"] if life["grew_to_memory"]]
+        assert workload.evidence["restarts"] == len(died) >= 2
+        assert all(s >= 256 for s in workload.evidence["slopes_mib_per_h"])
+
+
+def of_owner(case: MovingCase, found: list[Finding]) -> list[Finding]:
+    return [f for f in found if f.subject == case.truth.subject]

@@ -34,6 +34,7 @@ unattributable rather than guessed.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import numpy as np
+import numpy.typing as npt
 from annotated_types import Ge, Gt, Le
 
 from defrag.detect.findings import Finding, Severity
@@ -93,11 +95,15 @@ class LeakParams:
     """A short window's growth must be at least this × the noise."""
     settle_s: Annotated[Seconds, RuleName("settle")] = HOUR_S
     """Short windows judge a job only this long after its memory was near nothing (a load)."""
-    flat_for_s: Annotated[Seconds, Gt(0), RuleName("flat_for")] = 900.0
+    flat_for_s: Annotated[Seconds, Gt(0), RuleName("flat_for")] = 600.0
     """Growth flat for this long below the GPU's memory has stopped: not a leak."""
     recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
-    slice_z: Annotated[float, INTERNAL] = 1.0
+    slice_z: Annotated[float, INTERNAL] = 1.5
     short_persistence: Annotated[float, INTERNAL] = 0.7
+    max_step_share: Annotated[float, INTERNAL] = 0.4
+    min_lives: Annotated[int, Ge(2)] = 2
+    """A workload whose pods died this many times at their GPU's memory within the lookback,
+    each after growing steadily, is a leak across restarts."""
 
 
 _PORT = re.compile(r":\d+$")
@@ -289,8 +295,9 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     if len(t) < 3:
         return LeakAssessment(series, False, ("too little history (0.0 h)",))
     bins = bin_medians(t, y, params.bin_s, end)
-    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise)
+    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise, series.usable_mib)
     restarted = restart is not None
+    since = 0.0
     if restart is not None:
         # memory fell to near nothing: the job restarted (or a new one began); what came before
         # is another job's history, so only what follows is judged
@@ -302,14 +309,20 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         bins = bin_medians(t, y, params.bin_s, end)
     span_h = (t[-1] - t[0]) / HOUR_S
     verdict: LeakAssessment | None = None
-    if (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
-        verdict = _judge(series, bins, params, end, params.lookback_s, short=False)
+    loaded = _loaded_at(bins, params)
+    if loaded is not None and end - loaded < params.min_coverage * params.lookback_s:
+        # the job loaded from nothing inside the lookback: what came before is not its growth
+        why = f"too little history since the job loaded ({(end - loaded) / HOUR_S:.1f} h)"
+        verdict = LeakAssessment(series, False, (why,))
+    elif (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
+        judged = bins if loaded is None else _after(bins, loaded)
+        verdict = _judge(series, judged, params, end, params.lookback_s, short=False)
         if verdict.leaking:
             return verdict
     for window, min_slope in _short_windows(params):
         if window <= 0 or window >= params.lookback_s or (t[-1] - t[0]) < 0.9 * window:
             continue
-        if not _settled(bins, params, end, window):
+        if not _settled(bins, params, end, window, since if restart is not None else None):
             continue  # the workload is still loading: a short window would call a warm-up
         short = _judge(series, bins, params, end, window, short=True, min_slope=min_slope)
         if short.leaking:
@@ -329,13 +342,33 @@ def _short_windows(params: LeakParams) -> tuple[tuple[float, float], ...]:
     )
 
 
-def _settled(bins: Binned, params: LeakParams, end: float, window: float) -> bool:
-    """Whether the workload had finished loading before ``window``: no bin in the window or in
-    the ``settle`` before it lies below a tenth of the latest level (a job that starts from
-    nothing loads its model first: 0.5–2 h of fast, decelerating growth)."""
+def _loaded_at(bins: Binned, params: LeakParams) -> float | None:
+    """``settle`` after the last bin below a tenth of the latest level (the job loaded from
+    nothing there: a warm-up follows), or None when memory never was that low."""
     level = float(np.median(bins.values[-3:]))
-    recent = bins.values[bins.times > end - window - params.settle_s]
-    return bool(np.all(recent > 0.1 * level))
+    low = np.flatnonzero(bins.values <= 0.1 * level)
+    if len(low) == 0 or level <= 0:
+        return None
+    return float(bins.times[low[-1]] + bins.width / 2 + params.settle_s)
+
+
+def _after(bins: Binned, since: float) -> Binned:
+    keep = bins.times >= since
+    return Binned(bins.times[keep], bins.values[keep], bins.width)
+
+
+def _settled(
+    bins: Binned, params: LeakParams, end: float, window: float, restarted: float | None
+) -> bool:
+    """Whether the workload had finished loading before ``window``: it did not restart, and no
+    bin lies below a tenth of the latest level, in the window or in the ``settle`` before it (a
+    job that starts from nothing loads its model first: 0.5–2 h of fast, decelerating
+    growth)."""
+    horizon = end - window - params.settle_s
+    if restarted is not None and restarted > horizon:
+        return False
+    level = float(np.median(bins.values[-3:]))
+    return bool(np.all(bins.values[bins.times > horizon] > 0.1 * level))
 
 
 def _judge(
@@ -418,11 +451,11 @@ def _judge(
         reasons.append(f"trend p-value {trend.p_rising:.2g} above {max_p:g}")
     # a short window's halves must both rise by their own slopes, by more than the lookback's
     # slices (a warm-up still rising decelerates); the lookback's slices rise unless shown not to
-    slices = _slice_highs(
-        fh, judged.values, segments, 0.0 if short else params.slice_z, fit.variance_ratio
-    )
     persistence = params.short_persistence if short else params.min_persistence
     need = max(min_slope / 2, persistence * slope)
+    slices = _slice_highs(
+        fh, judged.values, segments, 0.0 if short else params.slice_z, fit.variance_ratio, need
+    )
     rising = float(np.mean(slices >= need))
     evidence |= {
         "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
@@ -440,6 +473,13 @@ def _judge(
             "(a warm-up, a step or a restart)"
         )
     growth = max(slope * (fh[-1] - fh[0]), 0.0)
+    jump = float(np.diff(bins.values).max()) if len(bins.values) > 1 else 0.0
+    evidence["largest_rise_mib"] = round(jump, 1)
+    if jump > params.cycle_noise * noise and jump > params.max_step_share * growth:
+        reasons.append(
+            f"one rise of {jump:.0f} MiB between two bins is {jump / max(growth, 1.0):.0%} of "
+            "the growth: a step (a larger batch, a second model), not a leak"
+        )
     if short and growth < params.short_min_growth * spread:
         reasons.append(
             f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
@@ -508,7 +548,7 @@ def _stalled_since(
     last ``flat_for`` — lies below the line fitted to those bins by more than 3.5 standard
     errors (their residuals' spread, inflated by the variance ratio). None when growth goes
     on."""
-    need = max(int(np.ceil(params.flat_for_s / bins.width)), 3)
+    need = max(int(np.ceil(params.flat_for_s / bins.width)), 2)
     n = len(bins.times)
     if n < 2 * need or slope <= 0:
         return None
@@ -559,17 +599,22 @@ def _no_sooner_than_recent(
     return max(exhaust_at, end + max(usable - level, 0.0) / recent.high * HOUR_S)
 
 
-def _last_restart(bins: Binned, min_fall: float) -> int | None:
+def _last_restart(bins: Binned, min_fall: float, usable: float = 0.0) -> int | None:
     """The bin where memory last fell to a tenth of its running peak or less, by more than
-    ``min_fall`` (a restart or a new job): the first bin of the last such low run; None when it
-    never did."""
-    v = bins.values
-    if len(v) < 2:
-        return None
-    peak = np.maximum.accumulate(v)
-    fell = (v <= 0.1 * peak) & (peak - v > max(min_fall, 0.0)) & (peak > 0)
-    starts = np.flatnonzero(fell & ~np.concatenate(([False], fell[:-1])))
+    ``min_fall`` (a restart or a new job), or — an OOM kill — from 90% of the usable memory or
+    more to half its peak or less: the first bin of the last such low run; None when it never
+    did."""
+    starts = _restarts(bins.values, min_fall, usable)
     return int(starts[-1]) if len(starts) else None
+
+
+def _restarts(v: FloatArray, min_fall: float, usable: float = 0.0) -> npt.NDArray[np.intp]:
+    if len(v) < 2:
+        return np.empty(0, dtype=np.intp)
+    peak = np.maximum.accumulate(v)
+    oom = (peak >= 0.9 * usable) & (v <= 0.5 * peak) if usable > 0 else np.zeros(len(v), bool)
+    fell = ((v <= 0.1 * peak) | oom) & (peak - v > max(min_fall, 0.0)) & (peak > 0)
+    return np.flatnonzero(fell & ~np.concatenate(([False], fell[:-1])))
 
 
 def _drawdown(values: FloatArray) -> float:
@@ -578,23 +623,171 @@ def _drawdown(values: FloatArray) -> float:
 
 
 def _slice_highs(
-    t_h: FloatArray, values: FloatArray, segments: int, z: float, ratio: float
+    t_h: FloatArray, values: FloatArray, segments: int, z: float, ratio: float, need: float
 ) -> FloatArray:
-    """Of each of ``segments`` equal time slices, the upper end of its Sen slope's interval at
-    normal quantile ``z`` (its slope itself when ``z`` is 0; −inf where < 3 points): a slice
-    fails to rise only when its slope is *shown* to be low, not when noise that lingers (serially
-    correlated) hides it."""
+    """Of each of ``segments`` equal time slices, what is compared with ``need``: the upper end
+    of its Sen slope's interval at normal quantile ``z`` (its slope alone when ``z`` is 0; −inf
+    where < 3 points) — a slice fails to rise when its slope is *shown* to be low, not when
+    noise that lingers (serially correlated) hides it. The last slice, where a warm-up levels
+    off, gets its interval only when its slope itself is at least half of ``need``."""
     edges = np.linspace(t_h[0], t_h[-1], segments + 1)
     which = np.clip(np.searchsorted(edges, t_h, side="right") - 1, 0, segments - 1)
     out = np.full(segments, -np.inf)
     for i in range(segments):
         mask = which == i
         if int(mask.sum()) >= 3:
-            if z > 0:
-                out[i] = sen_trend(t_h[mask], values[mask], z, ratio).high
-            else:
-                out[i] = median_pairwise_slope(t_h[mask], values[mask])
+            out[i] = median_pairwise_slope(t_h[mask], values[mask])
+            if z > 0 and (i < segments - 1 or out[i] >= need / 2):
+                out[i] = max(out[i], sen_trend(t_h[mask], values[mask], z, ratio).high)
     return out
+
+
+# --- leaks across restarts: a workload whose pods each grow to the GPU's memory and die ------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Life:
+    """One life of a workload on a GPU: a pod's occupancy, cut at each restart (memory falling
+    to a tenth of its peak, or an OOM kill), with the memory the GPU had."""
+
+    owner: str
+    """``<namespace>/<kind>/<name>`` (``kube_pod_owner``), ``<namespace>/Pod/<name>`` without."""
+    pod: str
+    gpu_subject: str
+    node: str
+    times: FloatArray
+    used_mib: FloatArray
+    usable_mib: float
+    ended: bool
+    """Over: a later run, a later pod or no pod holds the GPU (or the exporter forgot it)."""
+
+
+def split_lives(
+    owner: str,
+    pod: str,
+    gpu_subject: str,
+    node: str,
+    times: FloatArray,
+    values: FloatArray,
+    usable_mib: float,
+    current: bool,
+) -> list[Life]:
+    """A pod's samples on one GPU cut into its container's runs: a new run begins where memory
+    falls to a tenth of its running peak, or from 90% of ``usable_mib`` to half of it. Every run
+    but the last has ended; the last has when the pod is not the GPU's ``current`` occupant."""
+    cuts = [0, *(int(i) for i in _restarts(values, 0.0, usable_mib)), len(values)]
+    runs = list(itertools.pairwise(cuts))
+    out = []
+    for k, (a, b) in enumerate(runs):
+        ended = k < len(runs) - 1 or not current
+        if b - a >= 3:
+            out.append(
+                Life(owner, pod, gpu_subject, node, times[a:b], values[a:b], usable_mib, ended)
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LifeVerdict:
+    life: Life
+    grew: bool
+    slope_mib_per_h: float
+    peak_mib: float
+
+
+def _life_grew(life: Life, params: LeakParams) -> LifeVerdict:
+    """A life that grew steadily (Sen's slope ≥ the minimum, a rising trend at ``max_trend_p``)
+    and, when it ended, ended at 90% of its GPU's usable memory or more."""
+    t_h = (life.times - life.times[0]) / HOUR_S
+    bins = bin_medians(life.times, life.used_mib, params.bin_s, float(life.times[-1]))
+    peak = float(bins.values.max()) if len(bins.values) else 0.0
+    if len(bins.times) < 6:
+        return LifeVerdict(life, False, 0.0, peak)
+    fit = sen_trend((bins.times - bins.times[0]) / HOUR_S, bins.values)
+    full = life.usable_mib > 0 and peak >= 0.9 * life.usable_mib
+    grew = (
+        fit.slope >= params.min_slope_mib_per_h
+        and fit.p_rising <= params.max_trend_p
+        and (full or not life.ended)
+        and t_h[-1] > 0
+    )
+    return LifeVerdict(life, grew, fit.slope, peak)
+
+
+def detect_workload_leaks(
+    lives: Sequence[Life], params: LeakParams, now: datetime
+) -> list[Finding]:
+    """Findings for every workload of which at least ``min_lives`` lives that ended each grew
+    steadily to their GPU's memory within the lookback — the crash loop a leak causes, a new
+    pod (or container run) each life."""
+    end = now.timestamp()
+    by_owner: dict[str, list[Life]] = {}
+    for life in lives:
+        if len(life.times) and life.times[-1] > end - params.lookback_s:
+            by_owner.setdefault(life.owner, []).append(life)
+    out = []
+    for owner, group in sorted(by_owner.items()):
+        group.sort(key=lambda life: float(life.times[0]))
+        verdicts = [_life_grew(life, params) for life in group]
+        died = [v for v in verdicts if v.grew and v.life.ended]
+        if len(died) < params.min_lives:
+            continue
+        out.append(_workload_finding(owner, verdicts, died, params, now))
+    return out
+
+
+def _workload_finding(
+    owner: str,
+    verdicts: list[LifeVerdict],
+    died: list[LifeVerdict],
+    params: LeakParams,
+    now: datetime,
+) -> Finding:
+    namespace, kind, name = ([*owner.split("/", 2), "", ""])[:3]
+    slopes = [round(v.slope_mib_per_h, 1) for v in died]
+    lives = [
+        {
+            "pod": v.life.pod,
+            "gpu": v.life.gpu_subject,
+            "start": _iso(float(v.life.times[0])),
+            "end": _iso(float(v.life.times[-1])),
+            "slope_mib_per_h": round(v.slope_mib_per_h, 1),
+            "peak_mib": round(v.peak_mib, 1),
+            "usable_mib": round(v.life.usable_mib, 1),
+            "grew_to_memory": v in died,
+        }
+        for v in verdicts
+    ]
+    hours = [float(v.life.times[-1] - v.life.times[0]) / HOUR_S for v in died]
+    evidence: dict[str, object] = {
+        "query": params.query,
+        "owner_kind": kind,
+        "owner_name": name,
+        "restarts": len(died),
+        "lives": lives,
+        "slopes_mib_per_h": slopes,
+        "median_life_h": round(float(np.median(hours)), 2),
+    }
+    return Finding(
+        kind="leak-restarts",
+        subject=f"workload/{owner}",
+        severity="critical",
+        summary=(
+            f"{kind} {namespace}/{name}: {len(died)} lives grew to their GPU's memory and "
+            f"died (GPU memory growing {min(slopes):g}–{max(slopes):g} MiB/h, a life every "
+            f"{np.median(hours):.1f} h): a leak that crash-loops the workload"
+        ),
+        evidence=evidence,
+        since=datetime.fromtimestamp(float(died[0].life.times[0]), UTC),
+        labels={
+            "namespace": namespace,
+            "owner_kind": kind,
+            "owner_name": name,
+            "detector": "leak",
+            "rule": params.name,
+        },
+        action=params.action,
+    )
 
 
 def detect_leaks(

@@ -20,13 +20,17 @@ import numpy as np
 
 from defrag.alerting import AlertSpec
 from defrag.detect.findings import Finding
+from defrag.detect.kube_state import label, pod_key, scrape_targets
 from defrag.detectors.leak.core import (
     DcgmLabels,
     GpuMemorySeries,
     LeakParams,
+    Life,
     Occupancy,
     detect_leaks,
+    detect_workload_leaks,
     memory_of_model,
+    split_lives,
     split_occupancy,
 )
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
@@ -48,6 +52,9 @@ class LeakQueries(Model):
     free: PromQL
     reserved: PromQL | None = None
     """``DCGM_FI_DEV_FB_RESERVED`` where the exporter is configured to export it."""
+    owner: PromQL | None = "kube_pod_owner"
+    """kube-state-metrics' pod owners: the workload whose pods die one after another (asked
+    only when some pod's life ended at its GPU's memory; none: lives are grouped by pod)."""
 
 
 class LeakRuleFields(RuleModel):
@@ -62,11 +69,16 @@ class LeakRuleFields(RuleModel):
         out = {"queries.used": self.queries.used, "queries.free": self.queries.free}
         if self.queries.reserved:
             out["queries.reserved"] = self.queries.reserved
+        if self.queries.owner:
+            out["queries.owner"] = self.queries.owner
         return out
 
 
 def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Finding]:
-    return detect_leaks(leak_series(rule, inputs.prometheus, inputs.now), params, inputs.now)
+    lives: list[Life] = []
+    series = leak_series(rule, inputs.prometheus, inputs.now, lives)
+    found = detect_leaks(series, params, inputs.now)
+    return found + detect_workload_leaks(lives, params, inputs.now)
 
 
 def _edge(rule: LeakRuleFields) -> Mapping[str, Any]:
@@ -82,7 +94,12 @@ LEAK: Detector[LeakRuleFields, LeakParams] = register(
         run=_run,
         # gpu_instance and uuid (besides the routing node/gpu): one alert per GPU or MIG
         # instance of a pod, never merged by Alertmanager
-        alerts={"leak": [AlertSpec("GPUMemoryLeakSuspected", labels=("gpu_instance", "uuid"))]},
+        alerts={
+            "leak": [AlertSpec("GPUMemoryLeakSuspected", labels=("gpu_instance", "uuid"))],
+            "leak-restarts": [
+                AlertSpec("GPUMemoryLeakCrashLoop", labels=("owner_kind", "owner_name"))
+            ],
+        },
         edge_settings=_edge,
     )
 )
@@ -134,7 +151,10 @@ def leak_range_query(rule: LeakRuleFields) -> str:
 
 
 def leak_series(
-    rule: LeakRuleFields, metrics: MetricsSource, now: datetime
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    now: datetime,
+    lives: list[Life] | None = None,
 ) -> list[GpuMemorySeries]:
     """One memory series per GPU (per MIG instance) over the rule's lookback: its present
     occupant's (pods that ended are not its present), with the pods DCGM names on it. Raises
@@ -146,7 +166,11 @@ def leak_series(
     GPU that went silent while its node's exporter still speaks has ended (gone, or its pod
     gone without a successor series) and is not judged. Capacity is used + free now, else the
     last used + free within the lookback, else the GPU model's memory (``modelName``), never 0
-    by default (``capacity_from`` says which)."""
+    by default (``capacity_from`` says which).
+
+    ``lives``, when given, receives every pod's lives on the GPUs seen (cut at restarts, the
+    ended ones marked), each with its owner from ``queries.owner`` — asked only when some life
+    ended at its GPU's memory."""
     params = LEAK.settings_of(rule)
     start = now - timedelta(seconds=params.lookback_s)
     used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
@@ -184,14 +208,15 @@ def leak_series(
             f"labels.gpu: {names.gpu})"
         )
     end = now.timestamp()
-    out: list[GpuMemorySeries] = []
+    final: dict[tuple[str, ...], GpuMemorySeries] = {}
     silent: list[tuple[tuple[str, ...], GpuMemorySeries]] = []
+    occupied: dict[tuple[str, ...], tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]] = {}
     for key, samples in sorted(groups.items()):
         by_pod: dict[str, list[Sample]] = {}
         for s in samples:
             by_pod.setdefault(names.pod_key(s.labels, targets) or "", []).append(s)
-        lives = [Occupancy(pod, *_merge_points(group)) for pod, group in by_pod.items()]
-        current, _ended = split_occupancy(lives, params.bin_s)
+        occupancies = [Occupancy(pod, *_merge_points(group)) for pod, group in by_pod.items()]
+        current, ended = split_occupancy(occupancies, params.bin_s)
         if not current:
             continue
         occupant = [s for life in current for s in by_pod[life.pod]]
@@ -218,11 +243,12 @@ def leak_series(
             exporter_only=named and not pods,
             stale_s=stale_s,
         )
+        occupied[key] = (current, ended)
         free_now = last_of["free"].get(key)
         if free_now is not None:
             used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
             total = used_at + free_now + series.reserved_mib
-            out.append(replace(series, total_mib=total, capacity_from="used+free"))
+            final[key] = replace(series, total_mib=total, capacity_from="used+free")
         else:
             silent.append((key, replace(series, **_model_capacity(latest))))
     if silent:  # asked only when some GPU has no fresh reading: capacity from the last values
@@ -233,8 +259,65 @@ def leak_series(
             if key in last_free and key in last_used:
                 total = last_used[key] + last_free[key] + series.reserved_mib
                 series = replace(series, total_mib=total, capacity_from="last used+free")
-            out.append(series)
-    return sorted(out, key=lambda s: (s.node, s.gpu, s.uuid, s.instance))
+            final[key] = series
+    if lives is not None:
+        lives += _lives(rule, metrics, now, occupied, final)
+    return sorted(final.values(), key=lambda s: (s.node, s.gpu, s.uuid, s.instance))
+
+
+def _lives(
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    now: datetime,
+    occupied: Mapping[tuple[str, ...], tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]],
+    series: Mapping[tuple[str, ...], GpuMemorySeries],
+) -> list[Life]:
+    """Every pod's lives on the judged GPUs, with their owners (the pod itself without one)."""
+    runs: list[tuple[str, Life]] = []
+    for key, (current, ended) in occupied.items():
+        gpu = series.get(key)
+        if gpu is None:
+            continue
+        for occupancy, now_ in [(o, True) for o in current] + [(o, False) for o in ended]:
+            if not occupancy.pod:
+                continue
+            for life in split_lives(
+                "",
+                occupancy.pod,
+                gpu.subject,
+                gpu.node,
+                occupancy.times,
+                occupancy.used_mib,
+                gpu.usable_mib,
+                current=now_,
+            ):
+                runs.append((occupancy.pod, life))
+    full = [life for _, life in runs if life.ended and life.used_mib.max() >= 0.9 * life.usable_mib]
+    owners = _owners(rule, metrics, now) if len(full) >= 2 and rule.queries.owner else {}
+    out = []
+    for pod, life in runs:
+        namespace, _, name = pod.partition("/")
+        owner = owners.get(pod, f"{namespace}/Pod/{name}")
+        out.append(replace(life, owner=owner))
+    return out
+
+
+def _owners(rule: LeakRuleFields, metrics: MetricsSource, now: datetime) -> dict[str, str]:
+    """``namespace/pod`` → ``namespace/<owner_kind>/<owner_name>`` from kube_pod_owner over the
+    lookback (kube-state-metrics docs/metrics/workload/pod-metrics.md: ``pod``, ``namespace``,
+    ``owner_kind``, ``owner_name``; the ``exported_*`` variants read first)."""
+    assert rule.queries.owner
+    params = LEAK.settings_of(rule)
+    window = f"[{params.lookback_s:.0f}s]"
+    samples = metrics.instant(_last_over(rule.queries.owner, window), now)
+    targets = scrape_targets(s.labels for s in samples)
+    out = {}
+    for s in samples:
+        pod = pod_key(s.labels, targets)
+        kind, name = label(s.labels, "owner_kind"), label(s.labels, "owner_name")
+        if pod and kind and name and kind != "<none>":
+            out[pod] = f"{pod.partition('/')[0]}/{kind}/{name}"
+    return out
 
 
 def _last_by_key(samples: list[Sample], names: DcgmLabels) -> dict[tuple[str, ...], float]:
