@@ -545,7 +545,7 @@ def _stalled_since(
     """When growth stopped, if it did at least ``flat_for`` ago: the longest tail of bins (at
     least ``flat_for``, at most half the window) whose own slope is less than
     ``min_persistence`` × the slope of the bins before it, and which — as a whole and in its
-    last ``flat_for`` — lies below the line fitted to those bins by more than 3.5 standard
+    last ``flat_for`` — lies below the line fitted to those bins by more than 3 standard
     errors (their residuals' spread, inflated by the variance ratio). None when growth goes
     on."""
     need = max(int(np.ceil(params.flat_for_s / bins.width)), 2)
@@ -563,11 +563,16 @@ def _stalled_since(
         base = float(np.median(residual))
         spread = max(noise, 1.4826 * float(np.median(np.abs(residual - base))))
         gap = base + before * hours[-size:] - bins.values[-size:]
-        if float(np.mean(gap)) <= 3.5 * spread * np.sqrt(ratio / size):
+        # had growth stopped at the tail's start, the gap would grow like this; half of it at
+        # least must be missing, beside the noise test (a noiseless leak has no spread)
+        stopped = before * (hours[-size:] - hours[-size] + bins.width / 2 / HOUR_S)
+        if float(np.mean(gap)) <= max(3.5 * spread * np.sqrt(ratio / size), np.mean(stopped) / 2):
             continue
-        if float(np.mean(gap[-need:])) <= 3.5 * spread * np.sqrt(ratio / need):
+        last = float(np.mean(gap[-need:]))
+        if last <= max(3.5 * spread * np.sqrt(ratio / need), float(np.mean(stopped[-need:])) / 2):
             continue
-        own = median_pairwise_slope(hours[-size:], bins.values[-size:])
+        # a tail of a few bins has too noisy a slope of its own: its two gaps decide
+        own = median_pairwise_slope(hours[-size:], bins.values[-size:]) if size >= 6 else 0.0
         if own < params.min_persistence * before:
             found = float(bins.times[-size] - bins.width / 2)
     return found
