@@ -473,7 +473,10 @@ def _judge(
             "(a warm-up, a step or a restart)"
         )
     growth = max(slope * (fh[-1] - fh[0]), 0.0)
-    jump = float(np.diff(bins.values).max()) if len(bins.values) > 1 else 0.0
+    # the first ``settle`` of the window may be a job's load (it may have begun there), not a
+    # step; a step there leaves the later slices flat, which the slices reject
+    rises = np.diff(bins.values)[bins.times[1:] > bins.times[0] + params.settle_s]
+    jump = float(rises.max()) if len(rises) else 0.0
     evidence["largest_rise_mib"] = round(jump, 1)
     if jump > params.cycle_noise * noise and jump > params.max_step_share * growth:
         reasons.append(
