@@ -26,7 +26,6 @@ from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
 from defrag.detect.findings import Finding
 from defrag.execute import Executor
-from defrag.execute.mode import RunMode
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
 from defrag.rules import load_rules
@@ -129,7 +128,7 @@ def main() -> None:
         rows = []
         for i in range(args.repeat):
             t = time.perf_counter()
-            result = run_cycle(ports, CycleConfig(mode=RunMode()))
+            result = run_cycle(ports, CycleConfig())
             total = time.perf_counter() - t
             steps = len(result.plan.steps) if result.plan else 0
             rows.append(

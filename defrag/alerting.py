@@ -14,10 +14,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from defrag.detect.findings import Finding
+from defrag.model.utc import utc
 
 log = logging.getLogger(__name__)
 
@@ -184,13 +185,6 @@ def own_alert_names() -> frozenset[str]:
 
 AlertKey = tuple[tuple[str, str], ...]
 """An alert's identity: its labels, sorted."""
-
-
-def utc(moment: datetime) -> datetime:
-    """``moment`` as an aware UTC datetime (a naive one is taken to be UTC already)."""
-    if moment.tzinfo is None:
-        return moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC)
 
 
 def rfc3339(moment: datetime) -> str:

@@ -83,10 +83,14 @@ class MetricsSource(Protocol):
 
 
 class Actuator(Protocol):
-    def evict(
-        self, namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
-    ) -> EvictionResult:
+    def evict(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         """Evict one pod; ``uid``: only the pod with this UID (never a same-named replacement)."""
+        ...
+
+    def rehearse_eviction(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
+        """Ask, changing nothing, whether evicting one pod would be allowed now: ``evicted``
+        when it would be, ``blocked`` (with the reason) when its disruption budget refuses it.
+        The executor asks before it taints a node, so a drain a PDB would stop never starts."""
         ...
 
     def taint_node(self, node: str, key: str, value: str, effect: str) -> None: ...

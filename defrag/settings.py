@@ -338,7 +338,7 @@ class Settings(BaseSettings):
             )
         deadline, named = self.cycle_deadline()
         wait = self.replacement_timeout_s + self.poll_interval_s
-        if not self.dry_run and wait >= deadline:  # dry run waits for no replacement
+        if self.run_mode.evicts and wait >= deadline:  # dry run waits for no replacement
             raise Contradiction(
                 ("replacement_timeout_s", "poll_interval_s", named),
                 f"replacement_timeout_s ({self.replacement_timeout_s:g}) plus one "

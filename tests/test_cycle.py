@@ -41,10 +41,14 @@ class RecordingSink:
             raise ConnectionError("alertmanager unreachable")
 
 
+LIVE = RunMode.live()
+
+
 def ports(
     sink: RecordingSink | None = None,
     rules_dir: Path | None = None,
     cluster: Cluster | None = None,
+    mode: RunMode = RunMode(),
     **overrides: object,
 ) -> tuple[SimCluster, CyclePorts]:
     clock = SimClock(speedup=0)
@@ -55,6 +59,7 @@ def ports(
         sim,
         clock,
         ExecutorSettings(EvictionBudget(20, 8, 20), replacement_timeout_s=300, poll_interval_s=10),
+        mode=mode,
         sleep=clock.sleep,
     )
     rules = load_rules([rules_dir or default_rules_dir()])
@@ -64,7 +69,7 @@ def ports(
 def test_dry_run_plans_rehearses_and_expects_a_larger_job() -> None:
     sink = RecordingSink()
     sim, p = ports(sink)
-    result = run_cycle(p, CycleConfig(mode=RunMode(), windows=ALWAYS))
+    result = run_cycle(p, CycleConfig(windows=ALWAYS))
     assert result.plan is not None and result.plan.steps
     assert result.executed is not None and set(result.executed.counts) == {"planned"}
     assert sim.evictions == []
@@ -77,8 +82,8 @@ def test_dry_run_plans_rehearses_and_expects_a_larger_job() -> None:
 
 
 def test_live_cycle_in_an_open_window_moves_pods_and_verifies() -> None:
-    sim, p = ports()
-    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=ALWAYS))
+    sim, p = ports(mode=LIVE)
+    result = run_cycle(p, CycleConfig(windows=ALWAYS))
     assert result.executed is not None and result.executed.evicted
     assert result.after_source == "observed"
     # The starving 8-GPU job took the room the plan made: verified by the target placed, not
@@ -96,8 +101,8 @@ def test_no_execution_outside_windows_or_for_a_follower(
     windows: tuple[Window, ...], leader: bool, reason: str
 ) -> None:
     sink = RecordingSink()
-    sim, p = ports(sink)
-    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=windows), leader=leader)
+    sim, p = ports(sink, mode=LIVE)
+    result = run_cycle(p, CycleConfig(windows=windows), leader=leader)
     assert result.plan is not None and result.plan.steps  # it still plans and reports
     assert result.executed is None and sim.evictions == []
     assert sim.events == []
@@ -108,9 +113,9 @@ def test_no_execution_outside_windows_or_for_a_follower(
 
 
 def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
-    sim, p = ports()
+    sim, p = ports(mode=LIVE)
     # No metrics in the simulated cluster: the idle detector finds nothing, so the gate holds.
-    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=ALWAYS, idle_gate=True))
+    result = run_cycle(p, CycleConfig(windows=ALWAYS, idle_gate=True))
     assert not result.window.open and "idle gate" in result.window.reason
     assert result.executed is None and sim.evictions == []
     idle = Finding("idle", "cluster", "info", "quiet", action="alert")
@@ -122,24 +127,24 @@ def test_idle_gate_holds_execution_until_an_idle_finding() -> None:
         p.executor,
         None,
     )
-    run_cycle(gated, CycleConfig(mode=RunMode.live(), windows=ALWAYS, idle_gate=True))
+    run_cycle(gated, CycleConfig(windows=ALWAYS, idle_gate=True))
     assert sim.evictions
 
 
 def test_failed_alert_delivery_is_recorded_not_fatal() -> None:
     _, p = ports(RecordingSink(fail=True))
-    result = run_cycle(p, CycleConfig(mode=RunMode()))
+    result = run_cycle(p, CycleConfig())
     assert result.alert_error == "ConnectionError: alertmanager unreachable"
     assert result.plan is not None
 
 
 def test_open_breaker_blocks_execution_and_is_reported_every_cycle() -> None:
     sink = RecordingSink()
-    sim, p = ports(sink)
+    sim, p = ports(sink, mode=LIVE)
     assert p.executor is not None
     p.executor.breaker.trip(("research/train-llm-0",), "test: stuck", SIM_START)
     for _ in range(2):
-        result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=ALWAYS))
+        result = run_cycle(p, CycleConfig(windows=ALWAYS))
         assert result.executed is None and result.circuit["open"]
     assert all("circuit-open" in kinds for kinds in sink.calls) and len(sink.calls) == 2
     assert sim.evictions == []
@@ -224,10 +229,8 @@ def urgent_rules(tmp_path: Path) -> Path:
 
 
 def test_make_room_now_executes_outside_the_windows(tmp_path: Path) -> None:
-    sim, p = ports(rules_dir=urgent_rules(tmp_path))
-    result = run_cycle(
-        p, CycleConfig(mode=RunMode.live(), windows=NIGHTLY)
-    )  # 01:50, window at 02:00
+    sim, p = ports(rules_dir=urgent_rules(tmp_path), mode=LIVE)
+    result = run_cycle(p, CycleConfig(windows=NIGHTLY))  # 01:50, window at 02:00
     assert result.window.open
     assert "outside every execution window" in result.window.reason
     assert "make-room-now for 1 starved pod(s)" in result.window.reason
@@ -240,8 +243,8 @@ def test_make_room_now_executes_outside_the_windows(tmp_path: Path) -> None:
 
 def test_make_room_waits_for_the_window(tmp_path: Path) -> None:
     # The same cluster and rules but action make-room (the shipped one): nothing runs at 01:50.
-    sim, p = ports()
-    result = run_cycle(p, CycleConfig(mode=RunMode.live(), windows=NIGHTLY))
+    sim, p = ports(mode=LIVE)
+    result = run_cycle(p, CycleConfig(windows=NIGHTLY))
     assert not result.window.open and result.executed is None and sim.evictions == []
 
 
@@ -261,7 +264,7 @@ def test_room_is_made_only_for_pods_a_rule_found() -> None:
     )
     cluster = fragmented_cluster().with_pod_added(etl)
     _, p = ports(cluster=cluster)
-    result = run_cycle(p, CycleConfig(mode=RunMode(), windows=ALWAYS))
+    result = run_cycle(p, CycleConfig(windows=ALWAYS))
     assert result.plan is not None
     targets = " ".join(result.plan.targets)
     assert "research/train-llm-0" in targets and "batch/etl-0" not in targets

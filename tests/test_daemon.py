@@ -50,6 +50,7 @@ def sim_daemon(
         sim,
         use,
         ExecutorSettings(EvictionBudget(20, 8, 20), poll_interval_s=10),  # type: ignore[arg-type]
+        mode=RunMode(dry_run=dry_run),
         sleep=sim_clock.sleep,
     )
     ports = CyclePorts(
@@ -59,7 +60,7 @@ def sim_daemon(
         _planner(settings),
         ex,
     )
-    return sim, Daemon(ports, CycleConfig(mode=RunMode(dry_run=dry_run), windows=windows), **kw)  # type: ignore[arg-type]
+    return sim, Daemon(ports, CycleConfig(windows=windows), **kw)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -10,6 +10,8 @@ import pytest
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, PLAN_ANNOTATION, JournalStep, new_journal
+from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Node, OwnerRef, Pod
 from defrag.plan.model import Plan, Step
@@ -32,6 +34,9 @@ def movable_on(cluster: Cluster, node: str) -> list[Pod]:
     )
 
 
+LIVE = RunMode.live()
+
+
 def plan_for(pods: list[Pod], target: str | None = "gpu-01", gang: str | None = None) -> Plan:
     steps = tuple(
         Step("migrate" if target else "preempt", p.key, p.node or "", target, "repack", gang=gang)
@@ -41,7 +46,10 @@ def plan_for(pods: list[Pod], target: str | None = "gpu-01", gang: str | None = 
 
 
 def make(
-    cluster: Cluster | None = None, budgets: EvictionBudget | None = None, timeout_s: float = 120
+    cluster: Cluster | None = None,
+    budgets: EvictionBudget | None = None,
+    timeout_s: float = 120,
+    mode: RunMode = LIVE,
 ) -> tuple[SimCluster, Executor]:
     clock = SimClock(speedup=0)  # time moves only when the executor sleeps
     sim = SimCluster(cluster or fragmented_cluster(), clock)
@@ -50,16 +58,15 @@ def make(
         batch_size=2,
         replacement_timeout_s=timeout_s,
         poll_interval_s=10,
-        dry_run_events=True,
     )
-    return sim, Executor(sim, sim, clock, settings, sleep=clock.sleep)
+    return sim, Executor(sim, sim, clock, settings, mode=mode, sleep=clock.sleep)
 
 
 def test_dry_run_changes_nothing_and_marks_its_events() -> None:
-    sim, ex = make()
+    sim, ex = make(mode=RunMode(dry_run=True, events=True))
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00")
-    result = ex.execute(plan_for(pods), cluster, OPEN, dry_run=True)
+    result = ex.execute(plan_for(pods), cluster, OPEN)
     assert [o.result for o in result.outcomes] == ["planned"] * len(pods)
     assert sim.evictions == []
     assert sim.snapshot() is cluster  # not one change: the same object comes back
@@ -71,7 +78,7 @@ def test_drain_evicts_waits_for_replacements_and_untaints() -> None:
     sim, ex = make()
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-00")  # embed-001, embed-002 (2 GPUs), chat-004 (1 GPU)
-    result = ex.execute(plan_for(pods), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(pods), cluster, OPEN)
     assert result.counts == {"evicted": 3}
     after = sim.snapshot()
     node = after.node("gpu-00")
@@ -89,70 +96,85 @@ def test_journal_is_on_the_node_before_the_first_eviction() -> None:
     seen: list[Mapping[str, str]] = []
     evict = sim.evict
 
-    def spy(namespace: str, name: str, dry_run: bool = False, *, uid: str = "") -> EvictionResult:
+    def spy(namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         node = sim.snapshot().node("gpu-00")
         seen.append({**node.annotations, "taint": ",".join(t.value for t in node.taints)})
-        return evict(namespace, name, dry_run, uid=uid)
+        return evict(namespace, name, uid=uid)
 
     sim.evict = spy  # type: ignore[method-assign]
     cluster = sim.snapshot()
     plan = plan_for(movable_on(cluster, "gpu-00"))
-    ex.execute(plan, cluster, OPEN, dry_run=False)
+    ex.execute(plan, cluster, OPEN)
     assert seen and all(s[PLAN_ANNOTATION] == plan.id and s["taint"] == plan.id for s in seen)
     assert '"pod": "inference/embed-001"' in seen[0]["defrag.io/drain-steps"]
 
 
-def test_pdb_429_is_a_skip_with_its_reason_and_an_event() -> None:
+def test_a_pdb_refusal_found_before_the_drain_leaves_its_node_untouched() -> None:
+    """The preflight asks every eviction as a server dry run before the first taint: gpu-00's
+    ledger pod (PDB "ledger", disruptionsAllowed 0) is refused, so nothing on gpu-00 is touched
+    — no taint, no eviction of its three movable pods, their budget given back — while gpu-02,
+    whose pods all pass, is drained."""
     sim, ex = make()
     cluster = sim.snapshot()
-    ledger_pod = cluster.pods["inference/chat-003"]  # PDB "ledger", disruptionsAllowed 0
-    result = ex.execute(
-        plan_for([ledger_pod, *movable_on(cluster, "gpu-00")]), cluster, OPEN, dry_run=False
-    )
+    ledger_pod = cluster.pods["inference/chat-003"]  # on gpu-00
+    elsewhere = movable_on(cluster, "gpu-02")
+    plan = plan_for([ledger_pod, *movable_on(cluster, "gpu-00"), *elsewhere], target="gpu-05")
+    result = ex.execute(plan, cluster, OPEN)
     first = result.outcomes[0]
     assert (first.pod, first.result) == ("inference/chat-003", "blocked")
-    assert "disruption budget" in first.reason
-    assert result.counts == {"blocked": 1, "evicted": 3}  # the plan went on
+    assert "server dry run" in first.reason and "disruption budget" in first.reason
+    on_00 = [o for o in result.outcomes[1:] if o.source == "gpu-00"]
+    assert len(on_00) == 3 and {o.result for o in on_00} == {"skipped"}
+    assert all("drain of gpu-00 not started" in o.reason for o in on_00)
+    assert "inference/chat-003" in on_00[0].reason
+    assert {o.result for o in result.outcomes if o.source == "gpu-02"} == {"evicted"}
+    assert {e.pod.split("/")[1] for e in sim.evictions} == {p.name for p in elsewhere}
+    assert len(sim.rehearsals) == len(plan.steps)  # every pod asked once, nothing changed
+    assert not any(e.name == "gpu-00" and e.reason == "DefragDrainStarted" for e in sim.events)
+    assert sim.snapshot().node("gpu-00").taints == ()
+    # Budgets: only gpu-02's evictions are spent (gpu-00's four were given back).
+    assert ex.ledger.total == len(elsewhere)
     warning = [e for e in sim.events if e.name == "chat-003"]
     assert warning[0].reason == "DefragSkipped" and warning[0].warning
-    assert "inference/chat-003" in sim.snapshot().pods  # never deleted
 
 
-@pytest.mark.parametrize(
-    ("budgets", "evicted", "then"),
-    [
-        # 7 pods asked; the window allows 4, then nothing more in that window.
-        (EvictionBudget(total=4, per_node=50, per_namespace=50), 4, 0),
-        # 2 from each of gpu-00 and gpu-01; a later plan still gets 2 from gpu-02.
-        (EvictionBudget(total=50, per_node=2, per_namespace=50), 4, 2),
-        # namespace inference: 3, then nothing more.
-        (EvictionBudget(total=50, per_node=50, per_namespace=3), 3, 0),
-    ],
-)
-def test_evictions_never_exceed_the_budgets(
-    budgets: EvictionBudget, evicted: int, then: int
-) -> None:
-    sim, ex = make(budgets=budgets)
+def test_a_gang_with_a_pod_on_a_refused_node_stops_whole_and_so_do_its_nodes() -> None:
+    """gpu-00 is refused (its ledger pod); a gang has one pod there and one on gpu-01: the gang
+    cannot go whole, so gpu-01 would keep its pod and is not freed either — nothing on gpu-00 or
+    gpu-01 is evicted. gpu-02 has no part in it and is drained."""
+    sim, ex = make()
     cluster = sim.snapshot()
-    pods = movable_on(cluster, "gpu-00") + movable_on(cluster, "gpu-01")  # 3 + 4 pods
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN, dry_run=False)
-    assert len(result.evicted) == evicted
-    skipped = [o for o in result.outcomes if o.result == "skipped"]
-    assert len(skipped) == len(pods) - evicted and all("budget" in o.reason for o in skipped)
-    # The same window keeps counting: a second plan gets only what is left.
-    now = sim.snapshot()
-    again = ex.execute(
-        plan_for(movable_on(now, "gpu-02"), target="gpu-05"), now, OPEN, dry_run=False
+    on_00, on_01, on_02 = (movable_on(cluster, n) for n in ("gpu-00", "gpu-01", "gpu-02"))
+
+    def step(pod: Pod, gang: str | None = None) -> Step:
+        return Step("migrate", pod.key, pod.node or "", "gpu-05", "repack", gang=gang)
+
+    steps = (
+        step(cluster.pods["inference/chat-003"]),
+        step(on_00[0], gang="inference/pair"),
+        step(on_01[0], gang="inference/pair"),
+        *(step(p) for p in on_01[1:]),
+        *(step(p) for p in on_02),
     )
-    assert len(again.evicted) == then
-    assert len([e for e in sim.evictions if e.outcome == "evicted"]) == evicted + then
+    result = ex.execute(Plan("repack", "reserve-binpack", steps, ()), cluster, OPEN)
+    by_node: dict[str, set[str]] = {}
+    for o in result.outcomes:
+        by_node.setdefault(o.source, set()).add(o.result)
+    assert by_node == {
+        "gpu-00": {"blocked", "skipped"},
+        "gpu-01": {"skipped"},
+        "gpu-02": {"evicted"},
+    }
+    gang_on_01 = next(o for o in result.outcomes if o.pod == on_01[0].key)
+    assert "a gang with a pod here has one on a node a disruption budget stops" in gang_on_01.reason
+    assert {e.pod for e in sim.evictions} == {p.key for p in on_02}
 
 
 def test_a_gang_that_does_not_fit_the_budget_is_skipped_whole() -> None:
     sim, ex = make(budgets=EvictionBudget(total=3, per_node=50, per_namespace=50))
     cluster = sim.snapshot()
     gang = movable_on(cluster, "gpu-01")  # 4 pods > 3
-    result = ex.execute(plan_for(gang, gang="inference/job"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(gang, gang="inference/job"), cluster, OPEN)
     assert {o.result for o in result.outcomes} == {"skipped"} and sim.evictions == []
 
 
@@ -160,11 +182,11 @@ def test_closed_window_or_open_breaker_sends_nothing() -> None:
     sim, ex = make()
     cluster = sim.snapshot()
     plan = plan_for(movable_on(cluster, "gpu-00"))
-    closed = ex.execute(plan, cluster, WindowStatus(False, "outside"), dry_run=False)
+    closed = ex.execute(plan, cluster, WindowStatus(False, "outside"))
     assert {o.result for o in closed.outcomes} == {"skipped"}
     assert all(o.reason.startswith("window closed") for o in closed.outcomes)
     ex.breaker.trip(("x/ReplicaSet/y",), "test", SIM_START)
-    tripped = ex.execute(plan, cluster, OPEN, dry_run=False)
+    tripped = ex.execute(plan, cluster, OPEN)
     assert all(o.reason.startswith("circuit breaker open") for o in tripped.outcomes)
     assert sim.evictions == []
 
@@ -189,18 +211,14 @@ def tight_cluster() -> Cluster:
 def test_replacements_stuck_pending_open_the_breaker_until_they_run() -> None:
     sim, ex = make(tight_cluster(), timeout_s=60)
     cluster = sim.snapshot()
-    result = ex.execute(
-        plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN, dry_run=False
-    )
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN)
     assert result.stuck == ("ml/ReplicaSet/job-1",)
     assert ex.breaker.state.open and "Pending longer than 60 s" in ex.breaker.state.reason
     kinds = sorted(f.kind for f in result.findings)
     assert kinds == ["circuit-open", "execution-failed"]
     assert sim.snapshot().node("n1").taints == ()  # untainted even so
     # The breaker holds later plans back...
-    blocked = ex.execute(
-        plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN, dry_run=False
-    )
+    blocked = ex.execute(plan_for([cluster.pods["ml/job-2"]], target="n1"), sim.snapshot(), OPEN)
     assert blocked.counts == {"skipped": 1}
     # ...until the replacement is scheduled (n1 is free again, so the scheduler places it).
     assert not ex.breaker.refresh(sim.snapshot()).open
@@ -210,16 +228,14 @@ def test_stop_request_finishes_the_batch_untaints_and_sends_no_more() -> None:
     sim, ex = make()
     evict = sim.evict
 
-    def stop_after_first(
-        namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
-    ) -> EvictionResult:
+    def stop_after_first(namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         ex.stop_requested.set()  # SIGTERM arrives while the first batch is out
-        return evict(namespace, name, dry_run, uid=uid)
+        return evict(namespace, name, uid=uid)
 
     sim.evict = stop_after_first  # type: ignore[method-assign]
     cluster = sim.snapshot()
     pods = movable_on(cluster, "gpu-01") + movable_on(cluster, "gpu-02")
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, OPEN)
     assert result.stopped
     assert [o.result for o in result.outcomes[:2]] == ["evicted", "evicted"]  # batch of 2
     assert {o.result for o in result.outcomes[2:]} == {"skipped"}
@@ -235,7 +251,7 @@ def test_taint_failure_means_no_eviction_from_that_node() -> None:
 
     sim.taint_node = broken  # type: ignore[method-assign]
     cluster = sim.snapshot()
-    result = ex.execute(plan_for(movable_on(cluster, "gpu-00")), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_for(movable_on(cluster, "gpu-00")), cluster, OPEN)
     assert sim.evictions == [] and {o.result for o in result.outcomes} == {"skipped"}
     assert "could not taint" in result.outcomes[0].reason
     assert [f.kind for f in result.findings] == ["execution-failed"]
@@ -265,7 +281,7 @@ def test_restart_after_a_crash_reconciles_and_leaves_no_node_tainted(
     sim.clock.sleep(60)  # the scheduler places the replacements
     _, restarted = make()
     restarted.actuator = restarted.source = sim  # type: ignore[assignment]
-    outcomes = restarted.reconcile()
+    outcomes = Reconciler(restarted).reconcile()
     assert [(o.node, o.plan_id, o.action) for o in outcomes] == [("gpu-00", "plan-crashed", action)]
     assert outcomes[0].remaining == tuple(p.key for p in pods[evict_count:])
     after = sim.snapshot()
@@ -288,7 +304,7 @@ def test_reconcile_with_replacements_still_pending_trips_the_breaker() -> None:
     )
     sim.evict("ml", "job-1")
     sim.clock.sleep(60)  # n1 tainted, n2 full: the replacement stays Pending
-    outcomes = ex.reconcile()
+    outcomes = Reconciler(ex).reconcile()
     assert outcomes[0].action == "finished" and outcomes[0].pending == ("ml/ReplicaSet/job-1",)
     assert ex.breaker.state.open
     assert sim.snapshot().node("n1").taints == ()
@@ -305,7 +321,7 @@ def test_no_new_drain_starts_once_the_window_has_closed() -> None:
         + movable_on(cluster, "gpu-01")
         + movable_on(cluster, "gpu-02")
     )
-    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, window, dry_run=False)
+    result = ex.execute(plan_for(pods, target="gpu-05"), cluster, window)
     by_node = {o.source: o.result for o in result.outcomes}
     assert by_node == {"gpu-00": "evicted", "gpu-01": "evicted", "gpu-02": "skipped"}
     skipped = [o for o in result.outcomes if o.result == "skipped"]
@@ -323,9 +339,7 @@ def test_stop_during_the_wait_untaints_without_blaming_the_replacements() -> Non
 
     ex.sleep = sleep
     cluster = sim.snapshot()
-    result = ex.execute(
-        plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN, dry_run=False
-    )
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN)
     assert naps == [10]  # one poll, not the 600 s timeout
     assert result.counts == {"evicted": 1} and result.stuck == ()
     assert not ex.breaker.state.open

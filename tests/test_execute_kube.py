@@ -24,6 +24,7 @@ from defrag.daemon.service import Daemon
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
 from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.plan.model import Plan, Step
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -37,6 +38,13 @@ ALWAYS = (Window("* * * * *", 120),)
 OPEN = WindowStatus(True, "test", None)
 
 
+def ledger_pod(name: str) -> dict[str, Any]:
+    """A 1-GPU pod of StatefulSet ``ledger`` on gpu-1, selected by the ``ledger`` PDB."""
+    return k.pod(
+        name, "inf", 1, node_name="gpu-1", owner=("StatefulSet", "ledger"), labels={"app": "ledger"}
+    )
+
+
 def small_cluster() -> list[dict[str, Any]]:
     """gpu-1 runs three movable pods and one under a PDB with no disruption left."""
     items = [k.node(f"gpu-{i}") for i in (1, 2, 3)]
@@ -44,14 +52,7 @@ def small_cluster() -> list[dict[str, Any]]:
         k.pod("web-a", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-a")),
         k.pod("web-b", "inf", 2, node_name="gpu-1", owner=("ReplicaSet", "web-b")),
         k.pod("web-c", "inf", 1, node_name="gpu-1", owner=("ReplicaSet", "web-c")),
-        k.pod(
-            "ledger-0",
-            "inf",
-            1,
-            node_name="gpu-1",
-            owner=("StatefulSet", "ledger"),
-            labels={"app": "ledger"},
-        ),
+        ledger_pod("ledger-0"),
         k.pod("big-0", "inf", 6, node_name="gpu-2", owner=("ReplicaSet", "big")),
         k.pod("big-1", "inf", 6, node_name="gpu-3", owner=("ReplicaSet", "big")),
         k.pdb("ledger", "inf", match_labels={"app": "ledger"}, disruptions_allowed=0),
@@ -64,12 +65,17 @@ def api() -> Iterator[KubeApi]:
     yield from running(small_cluster())
 
 
-def executor(api: KubeApi, budgets: EvictionBudget | None = None, **kw: Any) -> Executor:
+def executor(
+    api: KubeApi,
+    budgets: EvictionBudget | None = None,
+    mode: RunMode = RunMode.live(),
+    **kw: Any,
+) -> Executor:
     client = api.client()
     settings = ExecutorSettings(
         budgets=budgets or EvictionBudget(20, 20, 20),
-        batch_size=2,
         replacement_timeout_s=kw.pop("timeout_s", 2.0),
+        batch_size=kw.pop("batch_size", 2),
         poll_interval_s=0.02,
         **kw,
     )
@@ -78,6 +84,7 @@ def executor(api: KubeApi, budgets: EvictionBudget | None = None, **kw: Any) -> 
         KubeClusterSource(client, retry=FAST),
         SystemClock(),
         settings,
+        mode=mode,
     )
 
 
@@ -87,7 +94,21 @@ def plan_of(*pods: str, source: str = "gpu-1", target: str = "gpu-2") -> Plan:
 
 
 def evictions(api: KubeApi) -> list[str]:
-    return [f"{r.namespace}/{r.name}" for r in api.requests if r.resource == "pods/eviction"]
+    """The Evictions sent (not their server-side rehearsals, ``dryRun=All``)."""
+    return [
+        f"{r.namespace}/{r.name}"
+        for r in api.requests
+        if r.resource == "pods/eviction" and not r.dry_run
+    ]
+
+
+def rehearsals(api: KubeApi) -> list[str]:
+    """The Evictions asked as a server-side dry run before any taint (the preflight)."""
+    return [
+        f"{r.namespace}/{r.name}"
+        for r in api.requests
+        if r.resource == "pods/eviction" and r.dry_run
+    ]
 
 
 def taints(api: KubeApi, node: str) -> list[dict[str, str]]:
@@ -107,9 +128,8 @@ def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
         actuator,
         source,
         SystemClock(),
-        ExecutorSettings(
-            dry_run_events=s.dry_run_events, poll_interval_s=0.02, replacement_timeout_s=2.0
-        ),
+        ExecutorSettings(poll_interval_s=0.02, replacement_timeout_s=2.0),
+        mode=s.run_mode,
     )
     return CyclePorts(
         source, SystemClock(), _detector(load_rules([default_rules_dir()]), None), _planner(s), ex
@@ -119,7 +139,7 @@ def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
 @pytest.mark.parametrize("events", [False, True])
 def test_dry_run_sends_no_write_request(events: bool) -> None:
     with KubeApi(scattered_20()["items"]) as server:
-        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig(mode=RunMode()))
+        result = run_cycle(cycle_ports(server, dry_run_events=events), CycleConfig())
         assert result.plan is not None and result.plan.steps  # there was something to do
         writes = server.writes()
         if not events:
@@ -129,14 +149,19 @@ def test_dry_run_sends_no_write_request(events: bool) -> None:
             assert all(w.body["message"].endswith("(dry run)") for w in writes)
 
 
-def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
+def test_drain_order_is_preflight_taint_journal_evictions_untaint(api: KubeApi) -> None:
     ex = executor(api)
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
-    result = ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan, ex.source.snapshot(), OPEN)
     assert result.counts == {"evicted": 3}
-    node_writes = [(r.method, r.resource) for r in api.writes() if r.resource != "events"]
+    writes = [r for r in api.writes() if r.resource != "events"]
+    # First every eviction as a server-side dry run (``?dryRun=All``), before anything changes.
+    assert [(r.resource, r.dry_run) for r in writes[:3]] == [("pods/eviction", True)] * 3
+    assert all(r.query["dryRun"] == ["All"] for r in writes[:3])
+    node_writes = [(r.method, r.resource) for r in writes[3:]]
     assert node_writes[:2] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # taint, journal
     assert node_writes[2:5] == [("POST", "pods/eviction")] * 3
+    assert not any(r.dry_run for r in writes[3:])
     assert node_writes[5:] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # untaint, clear
     assert taints(api, "gpu-1") == []
     assert not set(JOURNAL_ANNOTATIONS) & set(annotations(api, "gpu-1"))
@@ -144,33 +169,65 @@ def test_drain_order_is_taint_journal_evictions_untaint(api: KubeApi) -> None:
     assert not [r for r in api.requests if r.method == "DELETE"]
 
 
-def test_pdb_429_skips_that_pod_with_an_event_and_the_plan_goes_on(api: KubeApi) -> None:
+def test_a_pdb_refusal_in_the_preflight_writes_nothing_on_its_node(api: KubeApi) -> None:
+    """ledger-0's PDB allows no disruption: the server dry run answers 429 with the
+    DisruptionBudget cause, so gpu-1 is never tainted and web-a, beside it, is not evicted."""
     ex = executor(api)
-    result = ex.execute(
-        plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False
-    )
+    result = ex.execute(plan_of("inf/ledger-0", "inf/web-a"), ex.source.snapshot(), OPEN)
     assert [(o.pod, o.result) for o in result.outcomes] == [
         ("inf/ledger-0", "blocked"),
-        ("inf/web-a", "evicted"),
+        ("inf/web-a", "skipped"),
     ]
     assert "disruption budget" in result.outcomes[0].reason
-    assert api.get("Pod", "ledger-0", "inf") is not None  # never deleted
+    assert "drain of gpu-1 not started" in result.outcomes[1].reason
+    assert sorted(rehearsals(api)) == ["inf/ledger-0", "inf/web-a"] and evictions(api) == []
+    assert [r for r in api.writes() if r.resource not in ("events", "pods/eviction")] == []
+    assert api.get("Pod", "ledger-0", "inf") is not None and api.evicted == []
+    assert ex.ledger.total == 0  # both steps' budget given back
     events = [r.body for r in api.writes() if r.resource == "events"]
     skipped = [e for e in events if e["involvedObject"]["name"] == "ledger-0"]
     assert skipped and skipped[0]["type"] == "Warning" and skipped[0]["reason"] == "DefragSkipped"
     assert "disruption budget" in skipped[0]["message"]
 
 
+def test_a_429_at_eviction_time_still_skips_that_pod_and_the_drain_goes_on() -> None:
+    """Each pod is asked alone: with one disruption allowed, ledger-0 and ledger-1 both pass the
+    preflight; the first eviction spends it and the second is refused (429) — a skip with its
+    reason and a Warning Event, never a delete; the rest of the drain goes on."""
+    items = small_cluster()
+    items.append(ledger_pod("ledger-1"))
+    items = [
+        k.pdb("ledger", "inf", match_labels={"app": "ledger"}, disruptions_allowed=1)
+        if i["kind"] == "PodDisruptionBudget"
+        else i
+        for i in items
+    ]
+    with KubeApi(items) as server:
+        ex = executor(server, batch_size=1)  # one at a time: ledger-0 goes first
+        plan = plan_of("inf/ledger-0", "inf/ledger-1", "inf/web-a")
+        result = ex.execute(plan, ex.source.snapshot(), OPEN)
+        assert [(o.pod, o.result) for o in result.outcomes] == [
+            ("inf/ledger-0", "evicted"),
+            ("inf/ledger-1", "blocked"),
+            ("inf/web-a", "evicted"),
+        ]
+        assert "disruption budget" in result.outcomes[1].reason
+        assert sorted(rehearsals(server)) == ["inf/ledger-0", "inf/ledger-1", "inf/web-a"]
+        assert server.get("Pod", "ledger-1", "inf") is not None
+        events = [r.body for r in server.writes() if r.resource == "events"]
+        (warning,) = [e for e in events if e["involvedObject"]["name"] == "ledger-1"]
+        assert warning["type"] == "Warning" and warning["reason"] == "DefragSkipped"
+
+
 @pytest.mark.parametrize(("per_window", "per_node"), [(1, 20), (20, 2)])
 def test_evictions_never_exceed_the_budgets(api: KubeApi, per_window: int, per_node: int) -> None:
     ex = executor(api, EvictionBudget(per_window, per_node, 20))
     plan = plan_of("inf/web-a", "inf/web-b", "inf/web-c")
-    ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    ex.execute(plan, ex.source.snapshot(), OPEN)
     ex.execute(
         plan_of("inf/big-0", source="gpu-2", target="gpu-3"),
         ex.source.snapshot(),
         OPEN,
-        dry_run=False,
     )
     sent = evictions(api)
     assert len(sent) <= per_window
@@ -194,7 +251,7 @@ def test_crash_mid_drain_then_restart_reconciles_and_untaints(api: KubeApi) -> N
         actuator.evict("inf", p[4:])
     assert taints(api, "gpu-1")[0]["value"] == "plan-dead"
     restarted = executor(api)
-    outcomes = restarted.reconcile()
+    outcomes = Reconciler(restarted).reconcile()
     assert [(o.node, o.plan_id, o.action, o.remaining) for o in outcomes] == [
         ("gpu-1", "plan-dead", "rolled-back", ("inf/web-c",)),
     ]
@@ -211,12 +268,12 @@ def test_replacements_stuck_pending_open_the_breaker(api: KubeApi) -> None:
 
     api.on_eviction = controller
     ex = executor(api, timeout_s=0.2)
-    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN)
     assert result.stuck == ("inf/ReplicaSet/web-a",)
     assert ex.breaker.state.open
     assert sorted(f.kind for f in result.findings) == ["circuit-open", "execution-failed"]
     assert taints(api, "gpu-1") == []
-    again = ex.execute(plan_of("inf/web-b"), ex.source.snapshot(), OPEN, dry_run=False)
+    again = ex.execute(plan_of("inf/web-b"), ex.source.snapshot(), OPEN)
     assert again.counts == {"skipped": 1} and evictions(api) == ["inf/web-a"]
 
 
@@ -234,8 +291,8 @@ def test_only_the_lease_holder_executes() -> None:
             )
             daemons.append(
                 Daemon(
-                    cycle_ports(server),
-                    CycleConfig(mode=RunMode.live(), windows=ALWAYS),
+                    cycle_ports(server, dry_run=False),
+                    CycleConfig(windows=ALWAYS),
                     elector=elector,
                 )
             )
@@ -293,7 +350,8 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         def hold_second_eviction(
             method: str, raw_path: str, body: bytes, content_type: str
         ) -> tuple[int, bytes]:
-            if method == "POST" and raw_path.split("?")[0].endswith("/eviction"):
+            path, _, query = raw_path.partition("?")
+            if method == "POST" and path.endswith("/eviction") and "dryRun=All" not in query:
                 seen["evictions"] += 1
                 if seen["evictions"] >= 2:
                     second_arrived.set()
@@ -372,7 +430,7 @@ def test_a_terminating_pod_is_not_evicted_and_spends_no_budget(api: KubeApi) -> 
     ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1))
     cluster = ex.source.snapshot()
     threading.Timer(0.3, api.remove, ("Pod", "web-a", "inf")).start()  # its kubelet is done
-    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=False)
+    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN)
     assert evictions(api) == ["inf/web-b"]
     assert result.counts == {"evicted": 1, "gone": 1}
     (going,) = [o for o in result.outcomes if o.pod == "inf/web-a"]
@@ -387,7 +445,7 @@ def test_the_drain_waits_for_a_terminating_pod_at_most_the_replacement_timeout(
 ) -> None:
     mark_deleted(api, "web-a")  # stuck Terminating (a finalizer, a dead kubelet)
     ex = executor(api, timeout_s=0.3)
-    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan_of("inf/web-a"), ex.source.snapshot(), OPEN)
     assert evictions(api) == []
     assert result.counts == {"gone": 1}
     assert result.problems == ("still Terminating 0.3 s later: inf/web-a",)
@@ -417,7 +475,7 @@ def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_b
         ),
         (),
     )
-    result = ex.execute(plan, ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(plan, ex.source.snapshot(), OPEN)
     assert evictions(api) == ["inf/web-a"]
     assert result.counts == {"evicted": 1, "gone": 1}
     assert ex.ledger.total == 1
@@ -425,9 +483,9 @@ def test_a_pod_terminating_by_its_drain_is_not_evicted_and_its_budget_is_given_b
 
 def test_dry_run_shows_a_terminating_pod_as_gone_and_spends_nothing(api: KubeApi) -> None:
     mark_deleted(api, "web-a")
-    ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1))
+    ex = executor(api, EvictionBudget(total=20, per_node=20, per_namespace=1), RunMode())
     cluster = ex.source.snapshot()
-    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN, dry_run=True)
+    result = ex.execute(plan_of("inf/web-a", "inf/web-b"), cluster, OPEN)
     assert [(o.pod, o.result) for o in result.outcomes] == [
         ("inf/web-a", "gone"),
         ("inf/web-b", "planned"),

@@ -6,6 +6,7 @@ once more, a dropped connection is retried, and the store holds trimmed objects.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -155,6 +156,29 @@ def test_watch_that_ends_is_resumed_from_the_last_resource_version(api: KubeApi)
         versions = watches(api)
         assert int(versions[1]) >= int(changed)  # from where the first left off
         assert source.stats.expired == 0
+        assert source.stats.ended_early == 0  # ended by its own timeoutSeconds: not news
+    finally:
+        srv.shutdown()
+        stop(srv)
+
+
+def test_a_watch_ended_early_and_cleanly_is_resumed_and_said(
+    api: KubeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something between closes the stream with its end chunk long before timeoutSeconds
+    (300 s): no error to retry, so before this the watch resumed without a word (the chaos
+    soak injected such a cut and found it in no log)."""
+    source = watch_source(api)
+    srv = start(source)
+    try:
+        within(2.0, lambda: len(watches(api)) == 1, "the node watch open")
+        with caplog.at_level(logging.INFO, logger="defrag.adapters.kube_watch"):
+            api.end_watches()
+            within(2.0, lambda: len(watches(api)) >= 2, "the node watch reopened")
+        assert lists(api) == 1  # resumed, never relisted
+        assert source.stats.ended_early >= 1 and source.stats.retries == 0
+        said = [r.getMessage() for r in caplog.records if "before its timeoutSeconds" in r.message]
+        assert said and "watching Nodes: the stream ended after" in said[0], said
     finally:
         srv.shutdown()
         stop(srv)

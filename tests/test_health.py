@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
 from defrag.adapters.health import HealthServer, Probes, probe_answer
-from defrag.scoring.framework import Status
+from defrag.model.status import Status
 
 
 def _registry() -> CollectorRegistry:

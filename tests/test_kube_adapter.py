@@ -157,13 +157,13 @@ def test_eviction_timeout_is_retried_then_fails(api: KubeApi) -> None:
     assert "did not answer within 0.2 s (the whole request)" in result.reason
 
 
-def test_server_side_dry_run_eviction_changes_nothing(api: KubeApi) -> None:
-    result = actuator(api).evict("ml", "batch-01-0-0", dry_run=True)
+def test_a_rehearsed_eviction_is_a_server_side_dry_run_and_changes_nothing(api: KubeApi) -> None:
+    result = actuator(api).rehearse_eviction("ml", "batch-01-0-0")
     assert result.outcome == "evicted" and result.reason == "server dry run"
     (request,) = [r for r in api.requests if r.resource == "pods/eviction"]
     assert request.query["dryRun"] == ["All"]
     assert api.get("Pod", "batch-01-0-0", "ml") is not None
-    blocked = actuator(api).evict("serving", "serve-7d9f-07", dry_run=True)
+    blocked = actuator(api).rehearse_eviction("serving", "serve-7d9f-07")
     assert blocked.outcome == "blocked"  # the server still checks the PDB
 
 

@@ -46,7 +46,6 @@ from defrag.cli.report import placement
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.daemon.service import DaemonMetrics
-from defrag.execute.mode import RunMode
 from defrag.extender.state import ClusterCache
 from defrag.extender.verbs import Extender
 from defrag.extender.wire import parse_args
@@ -57,7 +56,7 @@ from defrag.plan.config import Constraints, MakeRoomMode, PlanOptions
 from defrag.plan.constraints import Ledger
 from defrag.plan.cost import DEFAULT_COST
 from defrag.plan.makeroom import make_room
-from defrag.plan.room import Context
+from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
 from defrag.rules import load_rules
 from defrag.scoring.fragmentation import fragmentation_report
@@ -188,7 +187,9 @@ def planner_room(cluster: Cluster, config: ProfileConfig) -> tuple[str | None, i
     profile = config.for_cluster(cluster)
     ws = Workspace.from_cluster(cluster)
     constraints = Constraints()
-    ctx = Context(profile.policy, Ledger(cluster.pdbs, constraints), constraints, DEFAULT_COST, NOW)
+    ctx = SearchContext(
+        profile.policy, Ledger(cluster.pdbs, constraints), constraints, DEFAULT_COST, NOW
+    )
     options = PlanOptions(room_worth=0.0)
     room = make_room(ws, ctx, cluster.pods[PENDING], options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
     return (ws.node(room.row) if room.row is not None else None), len(room.steps)
@@ -270,7 +271,7 @@ def one_cycle(cluster: Cluster, rules_dir: Path, policy: str) -> tuple[CycleResu
     sim = SimCluster(cluster, clock, profile=settings.profile_config())
     rules = load_rules([rules_dir])
     ports = CyclePorts(sim, clock, _detector(rules, None), _planner(settings))
-    result = run_cycle(ports, CycleConfig(mode=RunMode(), profile=settings.profile_config()))
+    result = run_cycle(ports, CycleConfig(profile=settings.profile_config()))
     return result, sim.snapshot()  # a dry run changed nothing: the snapshot the cycle saw
 
 

@@ -92,7 +92,7 @@ def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
     act.annotate_node("gpu-01", {"defrag.io/plan": "p1"})
     act.evict("ml", "batch-01-0-0")
     act.evict("serving", "serve-7d9f-01")  # blocked by its PDB
-    act.evict("ml", "batch-02-0-0", dry_run=True)
+    act.rehearse_eviction("ml", "batch-02-0-0")  # the executor's preflight (dryRun=All)
     act.event("Pod", "ml", "batch-01-0-0", "DefragEvicted", "moved")
     act.event("Node", "", "gpu-01", "DefragDraining", "plan p1")
     act.untaint_node("gpu-01", "defrag.io/draining")

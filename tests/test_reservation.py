@@ -17,6 +17,8 @@ import yaml
 
 from defrag.adapters.kube import KubeActuator
 from defrag.daemon.cycle import SystemClock
+from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.reservation import RESERVED_AT_ANNOTATION, Reservation
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.model.workload import WorkloadMix
@@ -64,7 +66,10 @@ def _patched_annotations(r: Request) -> dict[str, Any]:
 
 
 def first_eviction(api: KubeApi) -> int:
-    return next(i for i, r in enumerate(api.requests) if r.resource == "pods/eviction")
+    """Where the first Eviction sent is in the request log (its dry-run preflight not counted)."""
+    return next(
+        i for i, r in enumerate(api.requests) if r.resource == "pods/eviction" and not r.dry_run
+    )
 
 
 def released_events(api: KubeApi) -> list[str]:
@@ -137,9 +142,7 @@ def test_reserved_before_the_first_eviction_and_released_once_the_pod_runs_there
 
     api.on_eviction = scheduler
     ex = executor(api)
-    result = ex.execute(
-        room_plan("inf/web-a", "inf/web-b"), ex.source.snapshot(), OPEN, dry_run=False
-    )
+    result = ex.execute(room_plan("inf/web-a", "inf/web-b"), ex.source.snapshot(), OPEN)
     assert result.counts == {"evicted": 2} and not result.problems
     (set_at, set_to), (cleared_at, cleared_to) = reservation_patches(api, "gpu-1")
     assert set_to[RESERVED_FOR_ANNOTATION] == VIP and set_to[RESERVED_AT_ANNOTATION]
@@ -155,7 +158,7 @@ def test_reserved_before_the_first_eviction_and_released_once_the_pod_runs_there
 
 def test_released_when_the_pod_stays_pending_past_the_timeout(api: KubeApi) -> None:
     ex = executor(api, timeout_s=0.2)
-    result = ex.execute(room_plan("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    result = ex.execute(room_plan("inf/web-a"), ex.source.snapshot(), OPEN)
     assert result.counts == {"evicted": 1}
     assert len(reservation_patches(api, "gpu-1")) == 2  # set, then cleared
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-1")
@@ -165,23 +168,31 @@ def test_released_when_the_pod_stays_pending_past_the_timeout(api: KubeApi) -> N
 
 
 def test_released_at_once_when_the_room_was_not_made(api: KubeApi) -> None:
-    # ledger-0's PDB allows no disruption: the 429 leaves the room short, so nothing waits.
+    # web-b's eviction fails (500 on every try; its dry run passed): the room is short, so
+    # nothing waits.
+    api.fail("POST", "/pods/web-b/eviction$", 500, times=10, dry_run=False)
     ex = executor(api, timeout_s=60.0)
-    result = ex.execute(
-        room_plan("inf/web-a", "inf/ledger-0"), ex.source.snapshot(), OPEN, dry_run=False
-    )
-    assert result.counts == {"blocked": 1, "evicted": 1}
+    result = ex.execute(room_plan("inf/web-a", "inf/web-b"), ex.source.snapshot(), OPEN)
+    assert result.counts == {"evicted": 1, "failed": 1}
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-1")
     assert released_events(api) == [
-        f"room no longer kept for {VIP}: room not made, not evicted: inf/ledger-0"
+        f"room no longer kept for {VIP}: room not made, not evicted: inf/web-b"
     ]
 
 
+def test_never_reserved_when_the_preflight_finds_the_room_cannot_be_made(api: KubeApi) -> None:
+    # ledger-0's PDB allows no disruption: its server dry run answers 429 before anything is
+    # written, so gpu-1 is neither reserved nor tainted, and web-a stays.
+    ex = executor(api, timeout_s=60.0)
+    result = ex.execute(room_plan("inf/web-a", "inf/ledger-0"), ex.source.snapshot(), OPEN)
+    assert result.counts == {"blocked": 1, "skipped": 1}
+    assert reservation_patches(api, "gpu-1") == [] and released_events(api) == []
+    assert api.evicted == []
+
+
 def test_dry_run_never_writes_a_reservation(api: KubeApi) -> None:
-    ex = executor(api, dry_run_events=True)
-    result = ex.execute(
-        room_plan("inf/web-a", "inf/web-b"), ex.source.snapshot(), OPEN, dry_run=True
-    )
+    ex = executor(api, mode=RunMode(dry_run=True, events=True))
+    result = ex.execute(room_plan("inf/web-a", "inf/web-b"), ex.source.snapshot(), OPEN)
     assert result.counts == {"planned": 2}
     assert {(w.method, w.resource) for w in api.writes()} == {("POST", "events")}
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-1")
@@ -196,7 +207,7 @@ def test_reconcile_removes_defrags_reservations_only(api: KubeApi, with_journal:
     if with_journal:
         actuator.taint_node("gpu-1", "defrag.io/draining", "plan-dead", "NoSchedule")
     actuator.annotate_node("gpu-3", {RESERVED_FOR_ANNOTATION: "inf/manual"})
-    outcomes = executor(api).reconcile()
+    outcomes = Reconciler(executor(api)).reconcile()
     expected = ("rolled-back", "plan-dead") if with_journal else ("released", "")
     assert [(o.node, o.action, o.plan_id, o.reservation) for o in outcomes] == [
         ("gpu-1", *expected, VIP)
@@ -213,5 +224,5 @@ def test_a_leftover_reservation_whose_pod_is_bound_is_swept_on_the_next_executio
     actuator.annotate_node("gpu-3", Reservation("gpu-3", VIP, SystemClock().now()).annotations())
     api.put(k.pod("vip", "inf", 4, node_name="gpu-3", priority=1000))
     ex = executor(api)
-    ex.execute(room_plan("inf/web-a"), ex.source.snapshot(), OPEN, dry_run=False)
+    ex.execute(room_plan("inf/web-a"), ex.source.snapshot(), OPEN)
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-3")

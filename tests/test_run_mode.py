@@ -45,3 +45,24 @@ def test_what_each_mode_may_do(
 )
 def test_settings_build_the_one_mode(values: dict[str, bool], expected: RunMode) -> None:
     assert Settings(**values).run_mode == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"cluster": "sim"},
+        {"cluster": "sim", "dry_run": False, "leader_election": False},
+        {"cluster": "sim", "dry_run_events": True},
+    ],
+)
+def test_the_composition_root_hands_the_one_mode_to_whatever_writes(
+    values: dict[str, object],
+) -> None:
+    """Dry run is decided once, in ``defrag run``'s wiring: the executor and the unmodelled-object
+    reporter are built with the settings' mode, and the cycle reports the executor's."""
+    from defrag.cli.run import build
+
+    settings = Settings(**values)  # type: ignore[arg-type]
+    ports = build(settings).daemon.ports
+    assert ports.executor is not None and ports.unmodelled is not None
+    assert ports.executor.mode == ports.unmodelled.mode == ports.mode == settings.run_mode

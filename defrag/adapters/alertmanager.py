@@ -53,9 +53,9 @@ from defrag.alerting import (
     AlertTemplate,
     Transition,
     parse_rfc3339,
-    utc,
 )
 from defrag.detect.findings import Finding
+from defrag.model.utc import utc
 from defrag.redact import redact_text, redact_url
 
 __all__ = [

@@ -3,7 +3,7 @@ answered, for the daemon, the extender and the node agent alike.
 
 A process hands its :class:`Probes` (liveness, readiness, the metrics exposition) to
 :func:`probe_answer`; the answer is the same everywhere: ``200`` with ``ok`` or ``503`` with
-the reasons (:class:`~defrag.scoring.framework.Status`) as plain text, and the Prometheus text
+the reasons (:class:`~defrag.model.status.Status`) as plain text, and the Prometheus text
 format on ``/metrics``. :class:`HealthServer` serves only these three paths (the daemon and the
 agent listen with it); the extender answers them on its own bounded server through the same
 function, so its probes mean what the others' mean.
@@ -24,7 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from defrag import __version__
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
-from defrag.scoring.framework import Status
+from defrag.model.status import Status
 
 log = logging.getLogger(__name__)
 

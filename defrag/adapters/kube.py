@@ -47,6 +47,7 @@ from defrag.adapters.deadline import (
 from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
 from defrag.execute.fence import Tenure
 from defrag.model.cluster import Cluster, ModelError
+from defrag.model.utc import utc
 from defrag.ports import Clock, EvictionResult
 from defrag.redact import redact_url
 
@@ -415,8 +416,9 @@ class KubeActuator:
     """:class:`defrag.ports.Actuator` over the API.
 
     ``send_writes=False`` (client-side dry run) sends no write request at all: each intended
-    write is logged and kept in :attr:`intents`. ``evict(..., dry_run=True)`` instead asks the
-    API server for a server-side dry run (``dryRun=All``): the PDB is checked, nothing happens.
+    write is logged and kept in :attr:`intents`. :meth:`rehearse_eviction` instead asks the API
+    server for a server-side dry run of the Eviction (``dryRun=All``): the PDB is checked,
+    nothing happens.
     """
 
     def __init__(
@@ -453,9 +455,7 @@ class KubeActuator:
 
     # --- evictions ---------------------------------------------------------------------------
 
-    def evict(
-        self, namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
-    ) -> EvictionResult:
+    def evict(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         """A policy/v1 Eviction of ``namespace/name``.
 
         ``uid``: the pod's UID when it was planned, sent as ``deleteOptions.preconditions.uid``
@@ -465,9 +465,25 @@ class KubeActuator:
         A 429 with a ``DisruptionBudget`` cause is a PDB refusal (blocked); any other 429 is
         API throttling (priority and fairness), retried with backoff, then failed.
         """
+        return self._eviction(namespace, name, uid, rehearsal=False)
+
+    def rehearse_eviction(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
+        """The same Eviction as a server-side dry run: ``dryRun=All`` on the create (policy/v1
+        Eviction; the API server copies it into the Eviction's DeleteOptions).
+
+        Upstream, kubernetes/kubernetes pkg/registry/core/pod/storage/eviction.go (commit
+        01aa0f3f): ``propagateDryRun`` carries the request's ``CreateOptions.DryRun`` into the
+        Eviction's ``DeleteOptions``; ``checkAndDecrement`` refuses with the same 429 and
+        ``DisruptionBudget`` cause when ``disruptionsAllowed`` is 0 and returns before it writes
+        the PDB's status when it is a dry run; the pod's delete is a dry run too. So the answer
+        is the real one, and nothing changes: no pod deleted, no budget spent."""
+        return self._eviction(namespace, name, uid, rehearsal=True)
+
+    def _eviction(self, namespace: str, name: str, uid: str, *, rehearsal: bool) -> EvictionResult:
         key = f"{namespace}/{name}"
         if not self.send_writes:
-            self._intend("evict", key)
+            if not rehearsal:  # a rehearsal intends no write
+                self._intend("evict", key)
             return EvictionResult(key, "evicted", "dry run: not sent")
         body: dict[str, Any] = {
             "apiVersion": "policy/v1",
@@ -476,7 +492,8 @@ class KubeActuator:
         }
         if uid:
             body["deleteOptions"] = {"preconditions": {"uid": uid}}
-        extra: dict[str, Any] = {"dry_run": "All"} if dry_run else {}
+        # the client's name for the ``dryRun`` query parameter
+        extra: dict[str, Any] = {"dry_run": "All"} if rehearsal else {}
 
         def post() -> None:
             response = self.core.create_namespaced_pod_eviction(
@@ -491,7 +508,7 @@ class KubeActuator:
 
         attempts = max(1, self.call.policy.attempts)
         for attempt in range(attempts):
-            if self.send_guard is not None and not self.send_guard():
+            if not rehearsal and self.send_guard is not None and not self.send_guard():
                 return EvictionResult(
                     key,
                     "not-leader",
@@ -535,7 +552,7 @@ class KubeActuator:
             # was lost (a connection reset, a gateway's 5xx). A second eviction of a pod
             # already Terminating is answered 201 again, and skips the PDB check: look first.
             time.sleep(min(self.call.policy.backoff_s * 2**attempt, self.call.policy.max_backoff_s))
-            if dry_run:
+            if rehearsal:  # changed nothing: asking again is safe
                 continue
             outcome, why = self._eviction_outcome(namespace, name, uid)
             if outcome != "retry":
@@ -544,7 +561,7 @@ class KubeActuator:
                 return EvictionResult(
                     key, "not-leader", f"not retried: the Lease was lost ({_describe(last)})"
                 )
-        return EvictionResult(key, "evicted", "server dry run" if dry_run else "")
+        return EvictionResult(key, "evicted", "server dry run" if rehearsal else "")
 
     def _eviction_outcome(self, namespace: str, name: str, uid: str) -> tuple[str, str]:
         """What became of a pod whose eviction answer was lost: ``("evicted", why)`` when it
@@ -691,7 +708,7 @@ class KubeActuator:
         if not cluster_scoped:
             involved["namespace"] = namespace
         where = CLUSTER_EVENT_NAMESPACE if cluster_scoped else namespace
-        now = self._now().astimezone(UTC)
+        now = utc(self._now())
         stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
         body = {
             "apiVersion": "v1",
@@ -735,7 +752,7 @@ class LeaderStatus:
 
 
 def _micro(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return utc(t).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _parse_time(value: object) -> datetime | None:
@@ -745,7 +762,7 @@ def _parse_time(value: object) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return utc(parsed)
 
 
 class LeaseElector:

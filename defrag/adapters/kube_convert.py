@@ -29,7 +29,7 @@ import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
 from typing import Any, TypeGuard
@@ -68,6 +68,7 @@ from defrag.model.selectors import (
     Requirement,
 )
 from defrag.model.units import GPU_MILLI, QuantityError
+from defrag.model.utc import utc
 
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 GPU_MILLI_ANNOTATION = "defrag.io/gpu-milli"
@@ -885,7 +886,7 @@ def _time(value: object, path: str, who: str) -> datetime | None:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise ConversionError(who, path, f"{value!r} is not an RFC 3339 time") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return utc(parsed)
 
 
 def items_of(document: object, where: str) -> Sequence[object]:

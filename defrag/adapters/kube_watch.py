@@ -170,6 +170,11 @@ class Expired(Exception):
     """The watch's resourceVersion is gone (410): the kind must be listed again."""
 
 
+# A watch that ends cleanly before this share of its timeoutSeconds was ended by something
+# other than the API server's timer (which ends it at timeoutSeconds, never before).
+EARLY_END = 0.9
+
+
 class _RawWatch(watch.Watch):
     """A watch that hands out the raw JSON of each event (``raw_object``): no typed model is
     built (the adapter reads raw JSON, as ``KubeClusterSource`` does)."""
@@ -205,6 +210,7 @@ class WatchStats:
     bookmarks: int = 0
     expired: int = 0
     retries: int = 0
+    ended_early: int = 0
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -449,6 +455,7 @@ class KubeWatchSource:
             self._list(kind)
         if self._stop.is_set():
             return
+        opened = self.clock()
         try:
             for event in self._events(kind):
                 self._apply(kind, event)
@@ -463,6 +470,19 @@ class KubeWatchSource:
             self._expired(kind, str(exc))
             return
         self._healthy(kind)  # the server ended the watch (timeoutSeconds): resumed next
+        lasted = self.clock() - opened
+        if lasted < self.watch_timeout_s * EARLY_END:
+            # Not the server's timeoutSeconds: something between (a proxy, a load balancer)
+            # closed the stream cleanly. Harmless (resumed from the last resourceVersion), but
+            # an operator should be able to see a watch that keeps being cut.
+            with self._lock:
+                self.stats.ended_early += 1
+            log.info(
+                "watching %s: the stream ended after %.1fs, before its timeoutSeconds %g; resuming",
+                kind.plural,
+                lasted,
+                self.watch_timeout_s,
+            )
 
     def _events(self, kind: _Kind) -> Iterator[dict[str, Any]]:
         w = _RawWatch()

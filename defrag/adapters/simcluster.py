@@ -92,6 +92,8 @@ class SimCluster:
         self.schedule_delay_s = schedule_delay_s
         self.events: list[SimEvent] = []
         self.evictions: list[EvictionResult] = []
+        self.rehearsals: list[EvictionResult] = []
+        """Answers to :meth:`rehearse_eviction` (nothing changed)."""
         self._state = cluster
         self._due: list[_Due] = []
         self._serial = 0
@@ -107,9 +109,14 @@ class SimCluster:
 
     # --- Actuator ------------------------------------------------------------------------
 
-    def evict(
-        self, namespace: str, name: str, dry_run: bool = False, *, uid: str = ""
-    ) -> EvictionResult:
+    def evict(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
+        return self._eviction(namespace, name, uid, rehearsal=False)
+
+    def rehearse_eviction(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
+        """What :meth:`evict` would answer now, changing nothing (kept in :attr:`rehearsals`)."""
+        return self._eviction(namespace, name, uid, rehearsal=True)
+
+    def _eviction(self, namespace: str, name: str, uid: str, *, rehearsal: bool) -> EvictionResult:
         key = f"{namespace}/{name}"
         with self._lock:
             pod = self._state.pods.get(key)
@@ -118,8 +125,8 @@ class SimCluster:
             elif uid and pod.uid and pod.uid != uid:
                 result = EvictionResult(key, "gone", f"replaced (UID {pod.uid}, not {uid})")
             else:
-                result = self._evict(pod, dry_run)
-            self.evictions.append(result)
+                result = self._evict(pod, rehearsal)
+            (self.rehearsals if rehearsal else self.evictions).append(result)
             return result
 
     def taint_node(self, node: str, key: str, value: str, effect: str) -> None:
@@ -154,13 +161,13 @@ class SimCluster:
 
     # --- internals -----------------------------------------------------------------------
 
-    def _evict(self, pod: Pod, dry_run: bool) -> EvictionResult:
+    def _evict(self, pod: Pod, rehearsal: bool) -> EvictionResult:
         pdbs = [b for b in self._state.pdbs if b.selects(pod)]
         blocking = [b for b in pdbs if b.disruptions_allowed <= 0]
         if blocking:
             return EvictionResult(pod.key, "blocked", f"{PDB_MESSAGE} ({blocking[0].key})")
-        if dry_run:
-            return EvictionResult(pod.key, "evicted", "dry run")
+        if rehearsal:
+            return EvictionResult(pod.key, "evicted", "rehearsal: would be evicted")
         state = self._state.with_pod_removed(pod.key)
         if pdbs:
             state = _with_pdbs(state, {b.key: b.disruptions_allowed - 1 for b in pdbs})

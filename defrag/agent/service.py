@@ -27,7 +27,7 @@ from defrag.adapters.health import Probes
 from defrag.adapters.nvml import GpuDevice, NvmlInventory
 from defrag.agent.topology import Topology, nvlink_domains, read_topology
 from defrag.model.resources import NVLINK_DOMAINS_ANNOTATION
-from defrag.scoring.framework import Status
+from defrag.model.status import Status
 
 log = logging.getLogger(__name__)
 

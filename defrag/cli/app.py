@@ -221,7 +221,9 @@ def parse_time(text: str | None, flag: str = "--at") -> datetime:
         raise UserError(
             f"{flag}: cannot read {text!r}; use RFC 3339 (2026-03-02T12:00:00Z) or unix seconds"
         ) from None
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    from defrag.model.utc import utc  # here: defrag.model loads numpy, the help must not
+
+    return utc(value)
 
 
 def parse_duration(text: str, flag: str, bare_unit: str = "s") -> float:

@@ -1,7 +1,7 @@
 """Names the command line shows in its help, written out here so that building the app (and
 ``defrag --help``) imports neither the scoring policies (numpy) nor the simulator (scipy).
 
-``tests/test_cli_fast_start.py`` checks each against the registry it mirrors."""
+``tests/test_cli_lazy_imports.py`` checks each against the registry it mirrors."""
 
 from __future__ import annotations
 

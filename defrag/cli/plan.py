@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # the planner (numpy) is imported when the command runs
 
 class GoalChoice(StrEnum):
     """The plan goals (= :class:`defrag.plan.Goal`, spelt here so ``--help`` imports no numpy;
-    tests/test_cli_fast_start.py checks the two agree)."""
+    tests/test_cli_lazy_imports.py checks the two agree)."""
 
     repack = "repack"
     make_room = "make-room"

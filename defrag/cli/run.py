@@ -63,6 +63,7 @@ def build(settings: Settings) -> Wiring:
     """Every port the settings ask for, wired into a daemon. Bad settings → SettingsError."""
     from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
     from defrag.daemon.service import AlwaysLeader, Daemon
+    from defrag.daemon.unmodelled import UnmodelledReporter
     from defrag.execute.executor import Executor, ExecutorSettings
     from defrag.rules import RulesError, load_rules, rules_paths
     from defrag.settings import SettingsError
@@ -102,8 +103,8 @@ def build(settings: Settings) -> Wiring:
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,
-            dry_run_events=settings.run_mode.events,
         ),
+        mode=settings.run_mode,  # dry run is decided here, once: the executor owns it
         sleep=sleep,
     )
     ports = CyclePorts(
@@ -112,10 +113,10 @@ def build(settings: Settings) -> Wiring:
         detector=_detector(rules, metrics),
         planner=_planner(planner_config),
         executor=executor,
+        unmodelled=UnmodelledReporter(actuator, settings.run_mode),
         alerts=_alerts(settings),
     )
     config = CycleConfig(
-        mode=settings.run_mode,
         goal=settings.plan_goal,
         windows=tuple(_window(w) for w in settings.windows),
         idle_gate=settings.idle_gate,
@@ -363,10 +364,8 @@ def run(
 
 def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     """A cycle for people: window, findings, plan, execution, the figures before and after."""
-    from defrag.execute.mode import mode_name
-
     b, a = result.before, result.after
-    mode = mode_name(result.dry_run)
+    mode = result.mode.name
     print_line(
         f"[bold]{title}[/bold] {result.started:%Y-%m-%d %H:%M} ({mode}, "
         f"{'leader' if result.leader else 'follower'}): {result.window.reason}"

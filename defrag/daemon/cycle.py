@@ -20,12 +20,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from defrag.daemon.unmodelled import UnmodelledReporter
 from defrag.detect.findings import Finding
 from defrag.execute.executor import Executor
 from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
+from defrag.model.utc import utc
 from defrag.plan.config import Goal
 from defrag.plan.constraints import NOT_WORTH
 from defrag.plan.model import Blocked, Plan
@@ -93,16 +96,21 @@ class CyclePorts:
     detector: Detector
     planner: Planner
     executor: Executor | None = None
-    """None: this daemon never acts (nothing to evict with)."""
+    """None: this daemon never acts (nothing to evict with). Built with the run's mode."""
     alerts: AlertSink | None = None
     wall_clock: Clock = field(default_factory=SystemClock)
     """Alerts carry real time even when ``clock`` is simulated (Alertmanager expires by it)."""
+    unmodelled: UnmodelledReporter | None = None
+    """Tells the owners of objects the snapshot could not model (leader only)."""
+
+    @property
+    def mode(self) -> RunMode:
+        """The executor's mode; without an executor nothing is written: a dry run."""
+        return self.executor.mode if self.executor is not None else RunMode()
 
 
 @dataclass(frozen=True, slots=True)
 class CycleConfig:
-    mode: RunMode = field(default_factory=RunMode)
-    """Dry run (the default) or live, and what follows from it (defrag/execute/mode.py)."""
     goal: str = "auto"
     """auto: from the findings' actions; or always repack / make-room / all."""
     windows: tuple[Window, ...] = ()
@@ -119,7 +127,7 @@ class CycleResult:
     started: datetime
     finished: datetime
     leader: bool
-    dry_run: bool
+    mode: RunMode
     window: WindowStatus
     findings: tuple[Finding, ...]
     plan: Plan | None
@@ -153,7 +161,7 @@ class CycleResult:
             "started": self.started.isoformat(),
             "finished": self.finished.isoformat(),
             "leader": self.leader,
-            "dry_run": self.dry_run,
+            **self.mode.to_dict(),
             "window": self.window.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
             "plan": self.plan.to_dict() if self.plan else None,
@@ -194,7 +202,7 @@ def urgent_window(closed: WindowStatus, pods: frozenset[str], now: datetime) -> 
         open=True,
         reason=f"{closed.reason}; make-room-now for {len(pods)} starved pod(s)",
         next_open=closed.next_open,
-        budget_key=URGENT_BUDGET_KEY.format(day=now.astimezone(UTC).date().isoformat()),
+        budget_key=URGENT_BUDGET_KEY.format(day=utc(now).date().isoformat()),
     )
 
 
@@ -219,12 +227,12 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     breaker = ports.executor.breaker if ports.executor else None
     if breaker is not None:
         breaker.refresh(cluster)
-    if ports.executor is not None and (leader or not config.mode.reconciles):
+    if ports.executor is not None and (leader or not ports.mode.reconciles):
         # What earlier runs left (a crashed drain, a taint that would not come off, a stale
         # reservation): reconciled by the leader, reported in dry run.
-        findings += ports.executor.maintain(cluster, dry_run=not config.mode.reconciles)
-        if leader:
-            ports.executor.flag_unmodelled(cluster.warnings, dry_run=config.mode.dry_run)
+        findings += Reconciler(ports.executor).maintain(cluster)
+    if ports.unmodelled is not None and leader:
+        ports.unmodelled.report(cluster.warnings)
     idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
     window = window_status(config.windows, started, idle=idle)
 
@@ -244,10 +252,10 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
 
     executed: Execution | None = None
     if plan is not None and not plan.empty and ports.executor is not None and leader:
-        if not config.mode.evicts:
-            executed = ports.executor.execute(plan, cluster, window, dry_run=True)
+        if not ports.mode.evicts:  # a rehearsal, whatever the window
+            executed = ports.executor.execute(plan, cluster, window)
         elif window.open and not ports.executor.breaker.state.open:
-            executed = ports.executor.execute(plan, cluster, window, dry_run=False)
+            executed = ports.executor.execute(plan, cluster, window)
             findings += executed.findings
     if (
         breaker is not None
@@ -257,7 +265,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         findings.append(breaker.state.finding())
 
     after, after_source, verification = dict(before), "unchanged", None
-    if executed is not None and not executed.dry_run and executed.evicted:
+    if executed is not None and not executed.rehearsal and executed.evicted:
         observed = ports.source.snapshot()
         seen = config.profile.for_cluster(observed)  # a new snapshot, its own profile
         after = _summary(fragmentation_report(observed, seen.mix).to_dict(with_nodes=False))
@@ -282,7 +290,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         started=started,
         finished=ports.clock.now(),
         leader=leader,
-        dry_run=config.mode.dry_run,
+        mode=ports.mode,
         window=window,
         findings=tuple(findings),
         plan=plan,

@@ -35,10 +35,10 @@ from defrag.alerting import ALERTS
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.fence import Fence
-from defrag.execute.mode import mode_name
 from defrag.execute.outcome import ReconcileOutcome
+from defrag.execute.reconcile import Reconciler
+from defrag.model.status import Status
 from defrag.redact import redact_text
-from defrag.scoring.framework import Status
 
 log = logging.getLogger(__name__)
 
@@ -267,9 +267,12 @@ class Daemon:
         """Real seconds SIGTERM waits for a running cycle before the process goes anyway."""
         self._cycle_started: float | None = None  # time.monotonic() of the running cycle
         self._reconciled = False
-        if ports.executor is not None and isinstance(self.elector, Fence):
+        if isinstance(self.elector, Fence):
             # Leadership is re-checked before every write, not only once per cycle.
-            ports.executor.fence = self.elector
+            if ports.executor is not None:
+                ports.executor.fence = self.elector
+            if ports.unmodelled is not None:
+                ports.unmodelled.fence = self.elector
         self.on_cycle: Callable[[CycleResult], None] | None = None
 
     # --- one cycle -------------------------------------------------------------------------
@@ -326,12 +329,12 @@ class Daemon:
         the next one tries again).
         """
         executor = self.ports.executor
-        if executor is None or not self.config.mode.reconciles:
+        if executor is None or not executor.mode.reconciles:
             self._reconciled = True
             return ()
         if not self.elector.is_leader():
             return ()
-        outcomes = executor.reconcile()
+        outcomes = Reconciler(executor).reconcile()
         self._reconciled = True
         for o in outcomes:
             log.warning("reconciled node %s: plan %s %s", o.node, o.plan_id, o.action)
@@ -520,7 +523,7 @@ def cycle_summary(result: CycleResult) -> str:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
         executed = f"executed: {counts or 'nothing'}"
     role = "leader" if result.leader else "follower"
-    mode = mode_name(result.dry_run)
+    mode = result.mode.name
     return (
         f"cycle ({role}, {mode}): findings {findings}; {plan}; {executed}; "
         f"window: {result.window.reason}"

@@ -27,7 +27,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from defrag.alerting import ALERTS, AlertCatalogError, AlertSpec, NotAlerted
 from defrag.detect.findings import Finding
-from defrag.detectors.rulemodel import RuleModel, SettingsError, rule_model, settings_of
+from defrag.detectors.rulemodel import RuleModel, RuleModelError, rule_model, settings_of
 from defrag.model.cluster import Cluster
 from defrag.ports import MetricsSource
 from defrag.scoring.profile import ScoringProfile
@@ -101,7 +101,7 @@ class Detector(Generic[R, P]):
             )
         try:
             model = rule_model(self.rule, self.name, self.settings, self.edge_settings)
-        except SettingsError as exc:
+        except RuleModelError as exc:
             raise RegistryError(f"detector {self.name}: {exc}") from None
         object.__setattr__(self, "model", model)
 

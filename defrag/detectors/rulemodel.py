@@ -145,7 +145,7 @@ class ClusterRuleModel(RuleModel):
         return self.queries.promql("queries") if self.queries else {}
 
 
-class SettingsError(TypeError):
+class RuleModelError(TypeError):
     """A settings dataclass the generator cannot turn into a rule model."""
 
 
@@ -160,7 +160,7 @@ def rule_model(
 ) -> type[R]:
     """``edge`` extended with ``detector: Literal[detector]`` and one field per setting of the
     ``settings`` dataclass. ``edge_settings(rule)``: values of the INTERNAL settings the edge
-    fills in (the PromQL a finding quotes). Raises :class:`SettingsError` when a setting's
+    fills in (the PromQL a finding quotes). Raises :class:`RuleModelError` when a setting's
     name clashes with a field of ``edge``."""
     fields: dict[str, Any] = {"detector": (_literal(detector), ...)}
     fields.update(_setting_fields(settings, taken=set(edge.model_fields) - {"detector"}))
@@ -227,7 +227,7 @@ def setting_names(settings: type[Any]) -> dict[str, str]:
 
 def _setting_fields(settings: type[Any], taken: set[str]) -> dict[str, Any]:
     if not dataclasses.is_dataclass(settings):
-        raise SettingsError(f"{settings!r} is not a dataclass")
+        raise RuleModelError(f"{settings!r} is not a dataclass")
     hints = get_type_hints(settings, include_extras=True)
     rule_names = setting_names(settings)
     out: dict[str, Any] = {}
@@ -236,7 +236,7 @@ def _setting_fields(settings: type[Any], taken: set[str]) -> dict[str, Any]:
             continue
         alias = rule_names[f.name]
         if f.name in taken or alias in taken:
-            raise SettingsError(
+            raise RuleModelError(
                 f"{settings.__name__}.{f.name}: the rule model already has a field {alias!r}"
             )
         if f.default is not dataclasses.MISSING:
@@ -244,7 +244,7 @@ def _setting_fields(settings: type[Any], taken: set[str]) -> dict[str, Any]:
         elif f.default_factory is not dataclasses.MISSING:
             default = f.default_factory()
         else:
-            raise SettingsError(f"{settings.__name__}.{f.name}: a setting needs a default")
+            raise RuleModelError(f"{settings.__name__}.{f.name}: a setting needs a default")
         kind = _edge_type(hints[f.name])
         if dataclasses.is_dataclass(kind):
             nested = settings_model(kind)  # type: ignore[arg-type]
@@ -290,7 +290,7 @@ __all__ = [
     "Model",
     "PromQL",
     "RuleModel",
-    "SettingsError",
+    "RuleModelError",
     "parse_duration",
     "rule_model",
     "setting_names",

@@ -4,6 +4,7 @@ from defrag.execute.budgets import BudgetLedger
 from defrag.execute.circuit import CircuitBreaker, CircuitState
 from defrag.execute.executor import Executor, ExecutorSettings
 from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.windows import Window, WindowStatus, window_status
 from defrag.plan.config import EvictionBudget
 
@@ -16,6 +17,7 @@ __all__ = [
     "Executor",
     "ExecutorSettings",
     "ReconcileOutcome",
+    "Reconciler",
     "StepOutcome",
     "Window",
     "WindowStatus",

@@ -11,8 +11,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from defrag.model.status import Status
 from defrag.plan.config import EvictionBudget
-from defrag.scoring.framework import Status
 
 
 @dataclass(slots=True)

@@ -1,21 +1,25 @@
 """The executor: carries a plan out on the cluster, one draining node at a time, safely.
 
-Per source node: taint + journal, evictions in bounded concurrent batches through the
-Eviction API (a 429 is a skip with its reason, never a delete), wait until the replacements
-are scheduled, remove the taint and journal (retried with backoff; a taint that will not come off is
+Before anything is written, every eviction the budgets admit is asked as a server-side dry
+run (:meth:`Actuator.rehearse_eviction`): a node with a pod its disruption budget refuses now
+is not drained at all, rather than tainted and half-emptied for nothing.
+
+Per source node: taint + journal, evictions in bounded concurrent batches through the Eviction
+API (a 429 is a skip with its reason, never a delete), wait until the replacements are
+scheduled, remove the taint and journal (retried with backoff; a taint that will not come off is
 retried every cycle and reported until it does). A node a make-room plan frees for a pending pod
 is reserved for it (``defrag.io/reserved-for``, see :mod:`defrag.execute.reservation`) before
-its first eviction, until the pod is bound or the replacement timeout passes. Budgets are
-spent as steps are admitted; gangs are admitted whole or not at all. Replacements Pending past
-the timeout trip the circuit breaker, which stops this and later executions until they are
+its first eviction, until the pod is bound or the replacement timeout passes. Budgets are spent
+as steps are admitted; gangs are admitted whole or not at all. Replacements Pending past the
+timeout trip the circuit breaker, which stops this and later executions until they are
 scheduled.
 
 Fencing (:mod:`defrag.execute.fence`): before every write — taint, journal, reservation, each
 eviction, untaint — the executor asks its fence whether this replica still leads; a plan it no
 longer owns stops there, and what it left on the node is the new leader's to reconcile. The
 journal names the owner and its Lease generation, so a reconcile never undoes the drain of an
-owner that still holds the Lease. Every cycle the leader reconciles what earlier runs left
-(:meth:`Executor.maintain`); in dry run those leftovers are only reported.
+owner that still holds the Lease. What earlier runs left is reconciled by
+:mod:`defrag.execute.reconcile` with this executor's writes; in dry run it is only reported.
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import BudgetLedger
@@ -35,18 +38,16 @@ from defrag.execute.circuit import CircuitBreaker, controller_key, pending_of
 from defrag.execute.fence import Fence, LostLeadership, NoFence
 from defrag.execute.journal import (
     DRAIN_EFFECT,
-    Journal,
     JournalStep,
     cleared,
     new_journal,
-    read_journal,
 )
 from defrag.execute.mode import RunMode
-from defrag.execute.outcome import Execution, ReconcileOutcome, StepOutcome, StepResult
+from defrag.execute.outcome import Execution, StepOutcome, StepResult
 from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
-from defrag.model.resources import DRAIN_TAINT_KEY, Node, Pod
+from defrag.model.resources import DRAIN_TAINT_KEY, Pod
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
@@ -66,15 +67,17 @@ class ExecutorSettings:
     batch_size: int = 4
     replacement_timeout_s: float = 600.0
     poll_interval_s: float = 5.0
-    dry_run_events: bool = False
     untaint_attempts: int = 4
     """Tries to remove a drain taint within one drain (backoff doubling from ``untaint_backoff_s``);
-    a taint still on after them is retried every cycle (:meth:`Executor.maintain`)."""
+    a taint still on after them is retried every cycle (:mod:`defrag.execute.reconcile`)."""
     untaint_backoff_s: float = 0.5
 
 
 class Executor:
-    """Carries plans out; keeps the budget ledger and the circuit breaker between cycles."""
+    """Carries plans out; keeps the budget ledger and the circuit breaker between cycles.
+
+    Built with its :class:`RunMode` (dry run by default): in dry run :meth:`execute` rehearses
+    the plan (Events at most, when ``mode.writes_events``), live it evicts."""
 
     def __init__(
         self,
@@ -83,6 +86,7 @@ class Executor:
         clock: Clock,
         settings: ExecutorSettings | None = None,
         *,
+        mode: RunMode | None = None,
         sleep: Callable[[float], None] = time.sleep,
         breaker: CircuitBreaker | None = None,
         fence: Fence | None = None,
@@ -93,6 +97,7 @@ class Executor:
         self.source = source
         self.clock = clock
         self.settings = settings or ExecutorSettings()
+        self.mode = mode or RunMode()
         self.sleep = sleep
         self.breaker = breaker or CircuitBreaker()
         self.ledger = BudgetLedger(self.settings.budgets)
@@ -102,12 +107,10 @@ class Executor:
 
     # --- public ----------------------------------------------------------------------------
 
-    def execute(
-        self, plan: Plan, cluster: Cluster, window: WindowStatus, *, dry_run: bool
-    ) -> Execution:
-        """Carry ``plan`` out within ``window``; ``dry_run``: rehearse it (Events at most)."""
+    def execute(self, plan: Plan, cluster: Cluster, window: WindowStatus) -> Execution:
+        """Carry ``plan`` out within ``window`` (live), or rehearse it (dry run: Events at most)."""
         started = self.clock.now()
-        if dry_run:
+        if not self.mode.evicts:
             outcomes = self._rehearse(plan, cluster, window)
             return Execution(plan.id, True, window.key, started, self.clock.now(), outcomes)
         self._release_stale(cluster)
@@ -124,6 +127,8 @@ class Executor:
         admitted, outcomes_list = self._admit(plan.steps, self.ledger, going)
         for o in outcomes_list:
             self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
+        admitted, refused = self._preflight(admitted, run)
+        outcomes_list += refused
         try:
             for node, steps in _by_source(admitted).items():
                 if self.stop_requested.is_set():
@@ -149,7 +154,7 @@ class Executor:
                 if run.lost:  # not ours to write any more: the new leader's reconcile releases it
                     run.reserved.pop(res.node, None)
                     continue
-                self._release(res, ending, run)
+                self.release(res, ending, run)
         findings = self._findings(plan, run, outcomes_list)
         order = {s.pod: i for i, s in enumerate(plan.steps)}
         outcomes = tuple(sorted(outcomes_list, key=lambda o: order.get(o.pod, len(order))))
@@ -165,130 +170,6 @@ class Executor:
             tuple(run.problems),
             tuple(findings),
         )
-
-    def flag_unmodelled(self, warnings: Sequence[str], *, dry_run: bool) -> int:
-        """A Warning Event ``DefragNotModelled`` on each object the snapshot could not model
-        (``Cluster.warnings``: ``Pod ns/name: field: …`` or ``Node name: field: …``), once while
-        it lasts, so its owner sees why defrag leaves it out. In dry run only with
-        ``dry_run_events``. Returns the Events sent."""
-        current = set(warnings)
-        self._flagged &= current  # said again if it comes back after being fixed
-        if not RunMode(dry_run, self.settings.dry_run_events).writes_events:
-            return 0
-        sent = 0
-        for warning in sorted(current - self._flagged):
-            target = _warning_target(warning)
-            if target is None or not self.fence.still_leader():
-                continue
-            kind, namespace, name = target
-            self._event(kind, namespace, name, "DefragNotModelled", warning, warning=True)
-            self._flagged.add(warning)
-            sent += 1
-        return sent
-
-    def maintain(self, cluster: Cluster, *, dry_run: bool) -> list[Finding]:
-        """Once a cycle, before planning: what earlier runs left on the nodes.
-
-        Enforce mode (the leader): every leftover drain taint, journal or reservation is
-        reconciled (:meth:`reconcile`) — a taint whose removal failed is retried here every
-        cycle, and reported by a node finding (``DefragExecutionFailed``) for as long as it stays.
-        Dry run writes nothing: each leftover is reported (a warning finding per node).
-        """
-        leftovers = [n for n in cluster.nodes if read_journal(n) or read_reservation(n)]
-        if not leftovers:
-            return []
-        if dry_run:
-            return [
-                _leftover_finding(n.name, _leftover_parts(n), self.clock.now()) for n in leftovers
-            ]
-        findings = []
-        for outcome in self.reconcile(cluster):
-            if outcome.problem:
-                findings.append(_node_finding(outcome.node, outcome.problem, self.clock.now()))
-        return findings
-
-    def reconcile(self, cluster: Cluster | None = None) -> tuple[ReconcileOutcome, ...]:
-        """On start: every node with a drain taint or journal is finished or rolled back.
-
-        Journal pods no longer on the node were evicted: that drain is *finished*. Pods still
-        there were never evicted: the drain is *rolled back* (the next cycle plans afresh from
-        what the cluster is now). Either way the taint and journal come off; replacements still
-        Pending trip the circuit breaker. Every reservation defrag set is removed (the plan it
-        served is over; the next cycle plans afresh). A drain whose journal names another owner
-        that still holds the Lease is *deferred*: left alone, its owner is still at work.
-        """
-        if cluster is None:
-            cluster = self.source.snapshot()
-        results: list[ReconcileOutcome] = []
-        for node in cluster.nodes:
-            journal = read_journal(node)
-            reservation = read_reservation(node)
-            if journal is not None and self._owned_elsewhere(journal):
-                log.info(
-                    "reconcile %s: drain owned by %s, still held; left alone",
-                    node.name,
-                    journal.owner,
-                )
-                results.append(
-                    ReconcileOutcome(
-                        node.name,
-                        journal.plan_id,
-                        "deferred",
-                        problem="",
-                        owner=str(journal.owner),
-                    )
-                )
-                continue
-            held = ""
-            if reservation is not None:
-                held = self._release(reservation, "reconciled after a restart", None)
-            if journal is None:
-                if reservation is not None:
-                    results.append(
-                        ReconcileOutcome(
-                            node.name, "", "released", problem=held, reservation=reservation.pod
-                        )
-                    )
-                continue
-            on_node = {p.key for p in cluster.pods_on(node.name)}
-            remaining = tuple(s.pod for s in journal.steps if s.pod in on_node)
-            watched = tuple(s.owner or s.pod for s in journal.steps if s.pod not in on_node)
-            pending = pending_of(cluster, watched)
-            action: Literal["finished", "rolled-back"] = (
-                "finished" if journal.steps and not remaining else "rolled-back"
-            )
-            problem = held or journal.problem
-            failure = self._clear_drain(node.name, attempts=1)
-            if failure:
-                problem = failure
-                log.error("reconcile %s: %s", node.name, problem)
-            if pending:
-                self.breaker.trip(
-                    pending,
-                    f"replacements of plan {journal.plan_id} still Pending at start",
-                    self.clock.now(),
-                )
-            self._event(
-                EVENT_KIND_NODE,
-                "",
-                node.name,
-                "DefragReconciled",
-                f"plan {journal.plan_id or '?'} {action} after a restart"
-                + (f"; not evicted: {', '.join(remaining)}" if remaining else ""),
-                warning=bool(problem),
-            )
-            results.append(
-                ReconcileOutcome(
-                    node.name,
-                    journal.plan_id,
-                    action,
-                    remaining,
-                    pending,
-                    problem,
-                    reservation.pod if reservation else "",
-                )
-            )
-        return tuple(results)
 
     # --- steps -------------------------------------------------------------------------------
 
@@ -321,6 +202,75 @@ class Executor:
                 skipped += [_skipped(s, str(status)) for s in unit]
         return admitted, skipped
 
+    def _preflight(self, steps: list[Step], run: _Run) -> tuple[list[Step], list[StepOutcome]]:
+        """Before the first taint: every admitted eviction asked as a server-side dry run.
+
+        A pod whose disruption budget refuses it now would stop its node's drain half-way,
+        after the node was tainted and other pods evicted for nothing. So a node with a refused
+        pod is not started at all — nor any gang with a pod on it, nor the nodes of such a gang
+        (a node keeping one of its pods is not freed either). Their steps are skipped, with the
+        budget they spent given back. Returns the steps that go ahead and the outcomes of the
+        rest. Only a refusal (``blocked``) stops a node; any other answer is left to the
+        eviction itself. (Each pod is asked alone: two pods of one budget that allows one
+        disruption both pass here, and the second is refused when it is evicted.)"""
+        asked = [s for s in steps if s.pod not in run.going]
+        if not asked:
+            return steps, []
+        with ThreadPoolExecutor(max_workers=min(len(asked), self.settings.batch_size)) as pool:
+            answers = list(pool.map(lambda s: self._ask(s, run), asked))
+        refused = {
+            s.pod: a.reason for s, a in zip(asked, answers, strict=True) if a.outcome == "blocked"
+        }
+        if not refused:
+            return steps, []
+        refused_on: dict[str, list[str]] = {}
+        for s in steps:
+            if s.pod in refused:
+                refused_on.setdefault(s.source, []).append(s.pod)
+        stopped = set(refused_on)
+        units = _units(steps)
+        while True:  # a gang touching a stopped node stops whole, and so do its nodes
+            more = {s.source for u in units if any(s.source in stopped for s in u) for s in u}
+            if more <= stopped:
+                break
+            stopped |= more
+        kept = [s for s in steps if s.source not in stopped]
+        dropped = [s for s in steps if s.source in stopped]
+        self.ledger.refund(
+            [(_namespace(s.pod), s.source) for s in dropped if s.pod not in run.uncharged]
+        )
+        outcomes = []
+        for step in dropped:
+            if step.pod in run.going:  # already leaving: nothing was asked or spent
+                outcomes.append(
+                    StepOutcome(
+                        step.pod, step.source, step.target, step.kind, "gone", run.going[step.pod]
+                    )
+                )
+            elif step.pod in refused:
+                why = f"refused before anything was written (server dry run): {refused[step.pod]}"
+                outcomes.append(
+                    StepOutcome(step.pod, step.source, step.target, step.kind, "blocked", why)
+                )
+                self._pod_event(step, "DefragSkipped", f"not evicted: {why}", warning=True)
+            else:
+                blockers = refused_on.get(step.source)
+                why = f"drain of {step.source} not started: " + (
+                    f"the disruption budget of {', '.join(blockers)} refuses its eviction"
+                    if blockers
+                    else "a gang with a pod here has one on a node a disruption budget stops"
+                )
+                outcomes.append(self._skip(step, why))
+        return kept, outcomes
+
+    def _ask(self, step: Step, run: _Run) -> EvictionResult:
+        ns, name = _split(step.pod)
+        pod = run.cluster.pods.get(step.pod)
+        try:
+            return self.actuator.rehearse_eviction(ns, name, uid=pod.uid if pod is not None else "")
+        except Exception as exc:  # no answer: the eviction itself will tell
+            return EvictionResult(step.pod, "failed", str(exc) or type(exc).__name__)
+
     def _rehearse(
         self, plan: Plan, cluster: Cluster, window: WindowStatus
     ) -> tuple[StepOutcome, ...]:
@@ -334,9 +284,9 @@ class Executor:
             else StepOutcome(s.pod, s.source, s.target, s.kind, "planned", s.reason)
             for s in admitted
         ]
-        if self.settings.dry_run_events:
+        if self.mode.writes_events:
             for node, steps in _by_source(admitted).items():
-                self._event(
+                self.event(
                     EVENT_KIND_NODE,
                     "",
                     node,
@@ -370,7 +320,7 @@ class Executor:
                 self.actuator.annotate_node(node, reservation.annotations())
                 run.reserved[node] = reservation
                 run.rooms[node] = [s.pod for s in steps if s.for_pod == room_for]
-                self._event(
+                self.event(
                     EVENT_KIND_NODE,
                     "",
                     node,
@@ -386,7 +336,7 @@ class Executor:
             run.problems.append(reason)
             self._untaint(node, run)
             return [self._skip(s, reason) for s in steps]
-        self._event(
+        self.event(
             EVENT_KIND_NODE,
             "",
             node,
@@ -424,7 +374,7 @@ class Executor:
                     )
         finally:
             self._untaint(node, run)
-        self._event(
+        self.event(
             EVENT_KIND_NODE,
             "",
             node,
@@ -535,7 +485,7 @@ class Executor:
         for node, res in list(run.reserved.items()):
             missed = [p for p in run.rooms.get(node, ()) if p not in freed]
             if missed:
-                self._release(res, f"room not made, not evicted: {', '.join(missed)}", run)
+                self.release(res, f"room not made, not evicted: {', '.join(missed)}", run)
         timeout = timedelta(seconds=self.settings.replacement_timeout_s)
         while run.reserved and not self.stop_requested.is_set():
             self.sleep(self.settings.poll_interval_s)
@@ -545,7 +495,7 @@ class Executor:
             for res in list(run.reserved.values()):
                 why = res.verdict(cluster, now, timeout)
                 if why:
-                    self._release(res, why, run)
+                    self.release(res, why, run)
 
     def _release_stale(self, cluster: Cluster) -> None:
         """Remove reservations left by an earlier run whose release failed, once they are done."""
@@ -556,10 +506,10 @@ class Executor:
             if res is not None:
                 why = res.verdict(cluster, now, timeout)
                 if why:
-                    self._release(res, why, None)
+                    self.release(res, why, None)
 
-    def _release(self, res: Reservation, why: str, run: _Run | None) -> str:
-        """Remove ``res`` from its node; the problem when that failed, else ""."""
+    def release(self, res: Reservation, why: str, run: _Run | None = None) -> str:
+        """Remove ``res`` from its node (fenced); the problem when that failed, else ""."""
         if run is not None:
             run.reserved.pop(res.node, None)
         try:
@@ -571,7 +521,7 @@ class Executor:
                 run.problems.append(problem)
             log.error(problem)
             return problem
-        self._event(
+        self.event(
             EVENT_KIND_NODE,
             "",
             res.node,
@@ -583,13 +533,13 @@ class Executor:
     def _untaint(self, node: str, run: _Run) -> None:
         if run.lost:
             return  # not ours any more: the new leader reconciles the node
-        problem = self._clear_drain(node, self.settings.untaint_attempts)
+        problem = self.clear_drain(node, self.settings.untaint_attempts)
         if problem:
             run.problems.append(problem)
             run.untaint_failed[node] = problem
             log.error(problem)
 
-    def _clear_drain(self, node: str, attempts: int) -> str:
+    def clear_drain(self, node: str, attempts: int) -> str:
         """Remove the drain taint and the journal, ``attempts`` tries with doubling backoff;
         the problem when the taint is still on (or the journal could not be cleared), else ""."""
         delay = self.settings.untaint_backoff_s
@@ -617,13 +567,6 @@ class Executor:
         if not self.fence.still_leader():
             raise LostLeadership(f"not the leader any more before {what}")
 
-    def _owned_elsewhere(self, journal: Journal) -> bool:
-        """Whether the journal's drain belongs to another replica that still holds the Lease."""
-        owner = journal.owner
-        if owner is None or owner == self.fence.tenure():
-            return False
-        return self.fence.holds(owner)
-
     # --- reporting -------------------------------------------------------------------------
 
     def _findings(self, plan: Plan, run: _Run, outcomes: list[StepOutcome]) -> list[Finding]:
@@ -638,8 +581,7 @@ class Executor:
             parts.append(f"{len(failed)} eviction(s) failed")
         parts += run.problems
         findings = [
-            _node_finding(node, problem, now)
-            for node, problem in sorted(run.untaint_failed.items())
+            node_finding(node, problem, now) for node, problem in sorted(run.untaint_failed.items())
         ]
         findings += [
             Finding(
@@ -668,13 +610,13 @@ class Executor:
 
     def _event_for(self, outcome: StepOutcome, reason: str, message: str) -> None:
         ns, name = _split(outcome.pod)
-        self._event(EVENT_KIND_POD, ns, name, reason, message)
+        self.event(EVENT_KIND_POD, ns, name, reason, message)
 
     def _pod_event(self, step: Step, reason: str, message: str, warning: bool = False) -> None:
         ns, name = _split(step.pod)
-        self._event(EVENT_KIND_POD, ns, name, reason, message, warning)
+        self.event(EVENT_KIND_POD, ns, name, reason, message, warning)
 
-    def _event(
+    def event(
         self,
         kind: str,
         namespace: str,
@@ -687,18 +629,6 @@ class Executor:
             self.actuator.event(kind, namespace, name, reason, message, warning)
         except Exception as exc:
             log.warning("event %s on %s %s/%s not sent: %s", reason, kind, namespace, name, exc)
-
-
-def _warning_target(warning: str) -> tuple[str, str, str] | None:
-    """(kind, namespace, name) of the object a conversion warning names, if it names one."""
-    head = warning.split(":", 1)[0]
-    kind, _, ident = head.partition(" ")
-    if kind == EVENT_KIND_POD and "/" in ident:
-        namespace, _, name = ident.partition("/")
-        return kind, namespace, name
-    if kind == "Node" and ident and "/" not in ident:
-        return kind, "", ident
-    return None
 
 
 @dataclass(slots=True)
@@ -724,7 +654,7 @@ class _Run:
     """Node → why its drain taint could not be removed."""
 
 
-def _node_finding(node: str, problem: str, now: datetime) -> Finding:
+def node_finding(node: str, problem: str, now: datetime) -> Finding:
     """A node whose drain taint (or journal) would not come off: reported every cycle until it
     does, under one fingerprint, so its alert does not resolve while the node stays tainted."""
     return Finding(
@@ -733,34 +663,6 @@ def _node_finding(node: str, problem: str, now: datetime) -> Finding:
         severity="critical",
         summary=f"{node}: {problem}",
         evidence={"node": node, "problem": problem},
-        since=now,
-        labels={"detector": "executor", "node": node},
-    )
-
-
-def _leftover_parts(node: Node) -> list[str]:
-    parts = []
-    journal = read_journal(node)
-    if journal is not None:
-        what = f"taint {DRAIN_TAINT_KEY}" if journal.tainted else "drain journal"
-        owner = f", started by {journal.owner}" if journal.owner else ""
-        parts.append(f"{what} of plan {journal.plan_id or '?'}{owner}")
-    reservation = read_reservation(node)
-    if reservation is not None:
-        parts.append(f"reservation defrag.io/reserved-for={reservation.pod}")
-    return parts
-
-
-def _leftover_finding(node: str, parts: list[str], now: datetime) -> Finding:
-    return Finding(
-        kind="execution-failed",
-        subject=f"node/{node}",
-        severity="warning",
-        summary=(
-            f"{node} carries what an earlier defrag run left: {'; '.join(parts)}. Dry run does "
-            "not remove it: run in enforce mode (the leader reconciles it) or remove it by hand"
-        ),
-        evidence={"node": node, "leftovers": parts},
         since=now,
         labels={"detector": "executor", "node": node},
     )

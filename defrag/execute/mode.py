@@ -2,10 +2,13 @@
 
 Dry run (the default) writes nothing to the cluster: no eviction, no taint, no annotation, no
 Lease (every replica plans and reports), no reconciliation of what an earlier live run left
-(it is reported instead); with ``dry_run_events`` it writes Events only, each marked as a
-rehearsal. Live evicts through the Eviction API within budgets and windows, takes the Lease
-when leader election is on, and reconciles leftovers. The wiring (``defrag run``), the cycle,
-the daemon and the executor each ask a :class:`RunMode` rather than test the flag themselves.
+(it is reported instead); with ``events`` (the setting ``dry_run_events``) it writes Events
+only, each marked as a rehearsal. Live evicts through the Eviction API within budgets and
+windows, takes the Lease when leader election is on, and reconciles leftovers.
+
+The composition root (``defrag run``: defrag/cli/run.py) reads the settings into one
+:class:`RunMode` and hands it to the executor, the unmodelled-object reporter and the cycle;
+each asks it what it may do. No function below the root takes a dry-run flag.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from dataclasses import dataclass
 class RunMode:
     dry_run: bool = True
     events: bool = False
-    """``dry_run_events``: in dry run, still post the Events a live run would (marked)."""
+    """In dry run, still post the Events a live run would (marked); the setting
+    ``dry_run_events``."""
     leader_election: bool = True
 
     @classmethod
@@ -46,12 +50,12 @@ class RunMode:
 
     @property
     def name(self) -> str:
-        return mode_name(self.dry_run)
+        """How a run is named in logs and tables."""
+        return "dry run" if self.dry_run else "live"
+
+    def to_dict(self) -> dict[str, object]:
+        """The mode in a cycle's JSON (``dry_run`` as the setting spells it)."""
+        return {"dry_run": self.dry_run, "mode": self.name}
 
 
-def mode_name(dry_run: bool) -> str:
-    """How a run is named in logs and tables."""
-    return "dry run" if dry_run else "live"
-
-
-__all__ = ["RunMode", "mode_name"]
+__all__ = ["RunMode"]

@@ -37,10 +37,10 @@ class StepOutcome:
 
 @dataclass(frozen=True, slots=True)
 class Execution:
-    """One plan carried out (or rehearsed, ``dry_run``)."""
+    """One plan carried out, or rehearsed (``rehearsal``: the executor's mode is dry run)."""
 
     plan_id: str
-    dry_run: bool
+    rehearsal: bool
     window: str
     started: datetime
     finished: datetime
@@ -62,7 +62,7 @@ class Execution:
     def to_dict(self) -> dict[str, Any]:
         return {
             "plan_id": self.plan_id,
-            "dry_run": self.dry_run,
+            "rehearsal": self.rehearsal,
             "window": self.window,
             "started": self.started.isoformat(),
             "finished": self.finished.isoformat(),

@@ -12,10 +12,11 @@ set by hand is left alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, Node
+from defrag.model.utc import utc
 
 RESERVED_AT_ANNOTATION = "defrag.io/reserved-at"
 RESERVATION_ANNOTATIONS = (RESERVED_FOR_ANNOTATION, RESERVED_AT_ANNOTATION)
@@ -47,7 +48,7 @@ class Reservation:
             return f"{self.pod} was bound to {pod.node} instead"
         if self.since is None:
             return f"annotation {RESERVED_AT_ANNOTATION} unreadable"
-        if _aware(now) - _aware(self.since) >= timeout:
+        if utc(now) - utc(self.since) >= timeout:
             return f"{self.pod} still Pending after {timeout.total_seconds():g} s"
         return ""
 
@@ -67,7 +68,3 @@ def read_reservation(node: Node) -> Reservation | None:
     except ValueError:
         since = None
     return Reservation(node.name, notes.get(RESERVED_FOR_ANNOTATION, "").strip(), since)
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from apscheduler.triggers.cron import CronTrigger
+
+from defrag.model.utc import utc
 
 DAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
 
@@ -116,8 +118,7 @@ def window_status(
     windows: Sequence[Window], now: datetime, *, idle: bool | None = None
 ) -> WindowStatus:
     """The status at ``now``. ``idle``: None = no idle gate; else whether the cluster is idle."""
-    if now.tzinfo is None:
-        now = now.replace(tzinfo=UTC)
+    now = utc(now)
     if not windows:
         return WindowStatus(False, "no execution window configured")
     for window in windows:

@@ -25,8 +25,8 @@ from defrag.extender.wire import (
     encode_priorities,
     parse_args,
 )
+from defrag.model.status import Status
 from defrag.ports import ClusterSource
-from defrag.scoring.framework import Status
 from defrag.scoring.profile import ProfileConfig
 
 log = logging.getLogger(__name__)

@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
+from defrag.model.status import Status
 from defrag.ports import ClusterSource, WatchedClusterSource
-from defrag.scoring.framework import Policy, Status
+from defrag.scoring.framework import Policy
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 log = logging.getLogger(__name__)

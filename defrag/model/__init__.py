@@ -3,6 +3,7 @@
 from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget, occupies
 from defrag.model.resources import Gpu, Node, OwnerRef, Pod, Taint, Toleration
+from defrag.model.status import Status
 from defrag.model.workload import Shape, WorkloadMix
 
 __all__ = [
@@ -15,6 +16,7 @@ __all__ = [
     "Pod",
     "PodDisruptionBudget",
     "Shape",
+    "Status",
     "Taint",
     "Toleration",
     "WorkloadMix",

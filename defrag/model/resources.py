@@ -192,10 +192,6 @@ class Pod:
         return self.affinity is None or self.affinity.matches(labels, name)
 
     @property
-    def is_bound(self) -> bool:
-        return self.node is not None
-
-    @property
     def is_daemonset(self) -> bool:
         return self.owner is not None and self.owner.kind == "DaemonSet"
 

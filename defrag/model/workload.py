@@ -25,15 +25,6 @@ class Shape:
     def of(cls, pod: Pod) -> Shape:
         return cls(pod.cpu_milli, pod.num_gpu, pod.gpu_milli if pod.num_gpu else 0, pod.gpu_models)
 
-    def as_pod(self, name: str = "shape") -> Pod:
-        return Pod(
-            name=name,
-            num_gpu=self.num_gpu,
-            gpu_milli=self.gpu_milli if self.num_gpu else GPU_MILLI,
-            cpu_milli=self.cpu_milli,
-            gpu_models=self.gpu_models,
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class WorkloadMix:

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from defrag.model.cluster import PodDisruptionBudget
 from defrag.model.resources import EVICTABLE_ANNOTATION, GANG_LABELS, Pod
+from defrag.model.status import Status
+from defrag.model.utc import utc
 from defrag.plan.config import Constraints
 from defrag.plan.model import Blocked
-from defrag.scoring.framework import Status
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 SYSTEM_CRITICAL_CLASSES = frozenset({"system-node-critical", "system-cluster-critical"})
@@ -63,7 +64,7 @@ CONSTRAINT_NAMES = (
 def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Status:
     """Whether ``pod`` may be evicted at all; the first constraint that forbids it."""
     if pod.deleting_since is not None:
-        since = _aware(pod.deleting_since).strftime("%Y-%m-%dT%H:%M:%SZ")
+        since = utc(pod.deleting_since).strftime("%Y-%m-%dT%H:%M:%SZ")
         return Status.fail(f"{TERMINATING}: being deleted since {since}, already going")
     if pod.annotations.get(EVICTABLE_ANNOTATION, "").strip().lower() == "false":
         return Status.fail(f"{OPT_OUT}: annotation {EVICTABLE_ANNOTATION}=false")
@@ -78,7 +79,7 @@ def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Statu
     if not filtered.ok:
         return filtered
     if now is not None and pod.created_at is not None:
-        age = _aware(now) - _aware(pod.created_at)
+        age = utc(now) - utc(pod.created_at)
         if age < constraints.min_age:
             return Status.fail(
                 f"{MIN_AGE}: {_minutes(age)} old, younger than {_minutes(constraints.min_age)}"
@@ -206,10 +207,6 @@ def blocked_from(pod: str, status: Status) -> Blocked:
     reason = status.reasons[0] if status.reasons else "unknown"
     name, _, detail = reason.partition(": ")
     return Blocked(pod=pod, constraint=name, detail=detail)
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _minutes(delta: timedelta) -> str:

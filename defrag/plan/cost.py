@@ -17,10 +17,11 @@ Make-room weighs a room by it against the pod's wait (``PlanOptions.room_worth``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.model.units import GPU_MILLI
+from defrag.model.utc import utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +46,7 @@ class CostModel:
         since = last_checkpoint(pod)
         hours = 0.0
         if now is not None and since is not None:
-            hours = min(max((_aware(now) - _aware(since)).total_seconds() / 3600.0, 0.0),
+            hours = min(max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0),
                         self.max_hours)  # fmt: skip
         return round((self.per_eviction + gpus_held(pod) * hours) * weight, 6)
 
@@ -58,7 +59,7 @@ class CostModel:
         since = last_checkpoint(pod) or pod.created_at
         if since is None:
             return 0.0
-        hours = (_aware(now) - _aware(since)).total_seconds() / 3600.0
+        hours = (utc(now) - utc(since)).total_seconds() / 3600.0
         return min(max(hours, 0.0), self.max_hours)
 
 
@@ -77,7 +78,3 @@ def last_checkpoint(pod: Pod) -> datetime | None:
         return datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

@@ -21,30 +21,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import numpy as np
 
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
+from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
+from defrag.model.utc import utc
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.config import MakeRoomMode, PlanOptions
 from defrag.plan.model import Blocked, Step
 from defrag.plan.room import (
-    Context,
     Nest,
     Preemptable,
     Relocation,
     Room,
+    SearchContext,
     VictimFilter,
     find_room,
     relocate,
 )
 from defrag.plan.workspace import Workspace
 from defrag.scoring.filters import feasible_mask, node_mask
-from defrag.scoring.framework import Placement, Status
+from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
 
 
@@ -72,7 +74,7 @@ class _Pass:
 
 
 def make_room(
-    ws: Workspace, ctx: Context, pod: Pod, options: PlanOptions, mode: MakeRoomMode
+    ws: Workspace, ctx: SearchContext, pod: Pod, options: PlanOptions, mode: MakeRoomMode
 ) -> RoomResult:
     """Room for ``pod`` on the cheapest node; the workspace keeps the pod reserved there.
 
@@ -99,7 +101,7 @@ def make_room(
 
 def _make_room(
     ws: Workspace,
-    ctx: Context,
+    ctx: SearchContext,
     pod: Pod,
     *,
     preempt: bool,
@@ -200,7 +202,7 @@ def _make_room(
     return RoomResult(pod.key, (), tuple(blocked.values()), None)
 
 
-def known_cost(ctx: Context, done: Relocation, ws: Workspace) -> float:
+def known_cost(ctx: SearchContext, done: Relocation, ws: Workspace) -> float:
     """The room's evictions (chained migrations included) priced by
     :meth:`~defrag.plan.cost.CostModel.known`; a preemption ``preempt_factor`` times a move."""
     pods = {pod.key: pod for pod, _ in done.evictions}
@@ -225,12 +227,8 @@ def room_value(pod: Pod, now: datetime | None) -> float | None:
     since = pod.pending_since or pod.created_at
     if now is None or since is None or pod.gpu_demand_milli == 0:
         return None
-    hours = (_aware(now) - _aware(since)).total_seconds() / 3600.0
+    hours = (utc(now) - utc(since)).total_seconds() / 3600.0
     return max(hours, 0.0) * pod.gpu_demand_milli / GPU_MILLI
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def is_swap(pod: Pod, steps: tuple[Step, ...], ws: Workspace) -> bool:
@@ -270,7 +268,12 @@ def _lower_or_movable(
 
 
 def _nest(
-    ws: Workspace, ctx: Context, allowed: VictimFilter, depth: int, candidates: int, tries: int
+    ws: Workspace,
+    ctx: SearchContext,
+    allowed: VictimFilter,
+    depth: int,
+    candidates: int,
+    tries: int,
 ) -> Nest:
     def chain(victim: Pod) -> tuple[tuple[Step, ...], int, tuple[int, ...]] | None:
         result = _make_room(

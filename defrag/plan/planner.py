@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
+from defrag.model.utc import utc
 from defrag.plan import constraints as c
 from defrag.plan.config import (
     Constraints,
@@ -25,7 +26,7 @@ from defrag.plan.constraints import Ledger, gang_of
 from defrag.plan.makeroom import describe, make_room
 from defrag.plan.model import Blocked, Plan, Step
 from defrag.plan.repack import repack
-from defrag.plan.room import Context
+from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
@@ -64,7 +65,7 @@ def make_plan(
     profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
-    ctx = Context(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
+    ctx = SearchContext(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
     before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)
     steps: list[Step] = []
     blocked: dict[tuple[str, str], Blocked] = {}
@@ -108,7 +109,7 @@ class Rooms:
 
 
 def make_rooms(
-    ws: Workspace, ctx: Context, groups: Iterable[Sequence[Pod]], options: PlanOptions
+    ws: Workspace, ctx: SearchContext, groups: Iterable[Sequence[Pod]], options: PlanOptions
 ) -> Rooms:
     """Room for each group (a gang whole, or nothing of it), in order, on ``ws``.
 
@@ -169,7 +170,7 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
             continue  # a gated pod (Kueue admission, …) is not the scheduler's to place yet
         since = pod.pending_since or pod.created_at
         if options.starved_after > timedelta(0) and (
-            since is None or _aware(now) - _aware(since) < options.starved_after
+            since is None or utc(now) - utc(since) < options.starved_after
         ):
             continue
         groups[gang_of(pod) or pod.key].append(pod)
@@ -180,11 +181,7 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     def urgency(group: list[Pod]) -> tuple[int, datetime, str]:
         first = min(group, key=lambda p: p.key)
         since = first.pending_since or first.created_at or now
-        return (-max(p.priority for p in group), _aware(since), first.key)
+        return (-max(p.priority for p in group), utc(since), first.key)
 
     ordered = sorted(groups.values(), key=urgency)
     return [sorted(g, key=lambda p: (-p.gpu_demand_milli, p.key)) for g in ordered]
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

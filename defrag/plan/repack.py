@@ -24,7 +24,7 @@ from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.plan import constraints as c
 from defrag.plan.model import Blocked, Step
-from defrag.plan.room import Context, Relocation, Room, find_room, relocate
+from defrag.plan.room import Relocation, Room, SearchContext, find_room, relocate
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fgd_model import FragModel
 
@@ -40,7 +40,7 @@ class RepackResult:
 
 def repack(
     ws: Workspace,
-    ctx: Context,
+    ctx: SearchContext,
     mix: WorkloadMix,
     *,
     min_gain_per_cost: float = 0.25,

@@ -21,6 +21,7 @@ from datetime import datetime
 import numpy as np
 
 from defrag.model.resources import Pod
+from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.plan import constraints as c
 from defrag.plan.config import Constraints
@@ -28,7 +29,7 @@ from defrag.plan.constraints import Ledger, blocked_from, check_filters, check_p
 from defrag.plan.cost import CostModel, gpus_held
 from defrag.plan.model import Blocked, Step
 from defrag.plan.workspace import Occupant, Workspace
-from defrag.scoring.framework import Placement, Policy, Status
+from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.scheduler import schedule
 
 VictimFilter = Callable[[Pod], Status]
@@ -37,7 +38,7 @@ Preemptable = bool | Callable[[Pod], bool]
 
 
 @dataclass(slots=True)
-class Context:
+class SearchContext:
     """What every room search of one plan shares: policy, budgets, costs and their caches."""
 
     policy: Policy
@@ -337,7 +338,7 @@ class _Search:
 
 def relocate(
     ws: Workspace,
-    ctx: Context,
+    ctx: SearchContext,
     room: Room,
     pod: Pod | None,
     *,
@@ -470,7 +471,7 @@ def _step(
     gpus: tuple[int, ...],
     reason: str,
     gang: str | None,
-    ctx: Context,
+    ctx: SearchContext,
 ) -> Step:
     pod = seat.pod
     price = ctx.cost(pod) if kind == "migrate" else ctx.cost_model.preemption(pod, ctx.now)

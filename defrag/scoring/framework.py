@@ -1,4 +1,5 @@
-"""The scheduling framework's value types: a Status with reasons, placements, verdicts, policies."""
+"""The scheduling framework's value types: placements, verdicts, policies (checks answer with
+:class:`defrag.model.status.Status`)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,6 @@ from typing import Protocol
 
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """The outcome of a check: ``ok`` and, when not ok, the reasons."""
-
-    ok: bool
-    reasons: tuple[str, ...] = ()
-
-    @classmethod
-    def success(cls) -> Status:
-        return cls(True)
-
-    @classmethod
-    def fail(cls, *reasons: str) -> Status:
-        return cls(False, tuple(reasons))
-
-    def __str__(self) -> str:
-        return "ok" if self.ok else "; ".join(self.reasons)
 
 
 @dataclass(frozen=True, slots=True)

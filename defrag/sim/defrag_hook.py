@@ -52,7 +52,7 @@ from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
 from defrag.plan.planner import make_rooms
 from defrag.plan.repack import repack
-from defrag.plan.room import Context
+from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
 from defrag.sim.hooks import REQUEUE, DefragHook, Move
 from defrag.sim.state import Placed, SimState
@@ -82,7 +82,7 @@ they change; docs/benchmarks.md): the daemon's defaults but
 * repack keeps a drain only if it frees 0.5 fragmented GPUs per unit of cost.
 
 Trace pods have no owners, PDBs or ages, so only the eviction filters of ``constraints`` apply
-(:class:`~defrag.plan.room.Context` ``enforce=False``); the fill protocol also drops the worth
+(:class:`~defrag.plan.room.SearchContext` ``enforce=False``); the fill protocol also drops the worth
 check, swaps and the moves-per-room limit (nothing is lost there)."""
 
 
@@ -236,7 +236,7 @@ class PlannerHook:
             steps.extend(packed.steps)
         return self._spend(ws, steps)
 
-    def _make_room(self, ws: Workspace, ctx: Context, starved: Sequence[Pod]) -> list[Step]:
+    def _make_room(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> list[Step]:
         groups = [[pod] for pod in starved[: self.options.window_pending]]
         return list(make_rooms(ws, ctx, groups, self.options.planner.options).steps)
 
@@ -254,7 +254,7 @@ class PlannerHook:
 
     def _workspace(
         self, state: SimState, *, max_evictions: int | None, now: float | None
-    ) -> tuple[Workspace, Context]:
+    ) -> tuple[Workspace, SearchContext]:
         aware = now is not None and self.options.checkpoint_aware
         if aware and state.jobs:
             assert now is not None
@@ -270,7 +270,7 @@ class PlannerHook:
         # or checkpointed, so every eviction costs the per-eviction constant.
         moment = EPOCH + timedelta(hours=now) if now is not None else None
         cost = self.options.planner.options.cost
-        ctx = Context(
+        ctx = SearchContext(
             state.policy, Ledger((), constraints), constraints, cost, moment, enforce=False
         )
         return ws, ctx

@@ -44,11 +44,6 @@ class FragTracker:
         self.total += float(values.sum() - self.node_frag[changed].sum())
         self.node_frag[changed] = values
 
-    def resync(self) -> None:
-        """Recompute every row (and the total, free of rounding drift)."""
-        self.node_frag = self._rows(slice(None))
-        self.total = float(self.node_frag.sum())
-
 
 def capacity_milli(arrays: NodeArrays) -> int:
     return int(arrays.gpu_total.sum()) * GPU_MILLI

@@ -50,7 +50,6 @@ from defrag.adapters.snapshot import load_snapshot
 from defrag.cli import app
 from defrag.cli.run import _detector, _planner
 from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
-from defrag.execute.mode import RunMode
 from defrag.extender.server import serve, stop
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
@@ -257,7 +256,7 @@ def test_daemon_cycle_survives_on_the_live_path(name: str, serving: KubeApi) -> 
         detector=_detector(load_rules([ROOT / "rules"]), None),
         planner=_planner(load_settings(None, {})),
     )
-    result = run_cycle(ports, CycleConfig(mode=RunMode(), goal="all"))
+    result = run_cycle(ports, CycleConfig(goal="all"))
     starving = {f.subject.removeprefix("pod/") for f in result.findings if f.kind == "starvation"}
     assert starving == set(expect(name).get("starving") or {})
     if result.plan is not None:

@@ -226,8 +226,9 @@ class FaultProxy:
             self.requests[caller] += 1
         eviction = h.command == "POST" and h.path.split("?")[0].endswith("/eviction")
         fault = self._draw(watch, caller, eviction)
-        if fault is not None:
-            self._count(fault, caller, f"{h.command} {h.path.split('?')[0]}")
+        what = f"{h.command} {h.path.split('?')[0]}"
+        if fault is not None and fault != "watch-drop":  # a drop counts when it is done
+            self._count(fault, caller, what)
         if fault == "5xx":
             code = self._choice([500, 503, 504])
             reasons = {500: "InternalError", 503: "ServiceUnavailable", 504: "Timeout"}
@@ -253,9 +254,8 @@ class FaultProxy:
             conn.request(h.command, h.path, body=body or None, headers=headers)
             upstream = conn.getresponse()
             if watch:
-                self._stream(
-                    h, upstream, caller, drop_after=(self._uniform(0.5, 5.0) if fault else None)
-                )
+                drop_after = self._uniform(0.5, 5.0) if fault == "watch-drop" else None
+                self._stream(h, upstream, caller, drop_after, what)
                 return None
             data = upstream.read()
             out = {k: v for k, v in upstream.getheaders() if k.lower() not in HOP_BY_HOP}
@@ -326,9 +326,12 @@ class FaultProxy:
         upstream: http.client.HTTPResponse,
         caller: str,
         drop_after: float | None,
+        what: str = "",
     ) -> None:
         """Relay a watch, chunk by chunk; closed after ``drop_after`` seconds when given, and
-        every 5 s of a long watch, dropped with the ``watch_drop`` chance (while enabled)."""
+        every 5 s of a long watch, dropped with the ``watch_drop`` chance (while enabled).
+        A drop is counted when it is done, not when drawn: a stream that ended first, or
+        whose client died first, was never dropped."""
         h.send_response(upstream.status)
         for key, value in upstream.getheaders():
             if key.lower() not in HOP_BY_HOP:
@@ -354,8 +357,16 @@ class FaultProxy:
                 return True
 
         if drop_after is not None:
+
+            def drop_on_time() -> None:
+                if stopped.is_set() or client_gone():  # over already, or nobody to tell
+                    drop()
+                    return
+                self._count("watch-drop", caller, what)
+                drop()
+
             # a watch is idle most of the time: a timer drops it on time
-            timer = threading.Timer(drop_after, drop)
+            timer = threading.Timer(drop_after, drop_on_time)
         else:
 
             def maybe_drop() -> None:

@@ -86,6 +86,14 @@ class Stage:
         return found[0]
 
     def evictions(self, since: int = 0) -> list[dict[str, Any]]:
+        """The daemon's Evictions in this namespace (not their server-side dry runs)."""
+        return [e for e in self._eviction_requests(since) if not _dry_run(e)]
+
+    def rehearsals(self, since: int = 0) -> list[dict[str, Any]]:
+        """The executor's preflight: Evictions asked with ``dryRun=All`` before any taint."""
+        return [e for e in self._eviction_requests(since) if _dry_run(e)]
+
+    def _eviction_requests(self, since: int) -> list[dict[str, Any]]:
         return [
             e
             for e in self.plane.audit_events()[since:]
@@ -94,6 +102,12 @@ class Stage:
             and e.get("objectRef", {}).get("subresource") == "eviction"
             and e.get("objectRef", {}).get("namespace") == self.ns
         ]
+
+
+def _dry_run(event: dict[str, Any]) -> bool:
+    """Whether an audit event (audit.k8s.io/v1 ``Event``) records a dry-run request: its
+    ``requestURI`` carries the ``dryRun=All`` query parameter as the client sent it."""
+    return "dryRun=All" in event.get("requestURI", "")
 
 
 def _unschedulable(pod: dict[str, Any]) -> bool:

@@ -17,7 +17,11 @@ from typing import Any
 
 import pytest
 
-from defrag.adapters.kube import KubeActuator, connect
+from defrag.adapters.kube import KubeActuator, KubeClusterSource, connect
+from defrag.daemon.cycle import SystemClock
+from defrag.execute import Executor, ExecutorSettings, WindowStatus
+from defrag.execute.mode import RunMode
+from defrag.plan.model import Plan, Step
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubelet import Kubelet
@@ -89,6 +93,15 @@ def test_make_room_end_to_end(stage: Stage) -> None:
     assert c.node_of(bound) == f"{stage.ns}-{source}", "train bound on the freed node"
     evictions = stage.evictions(mark)
     assert [e["responseStatus"]["code"] for e in evictions] == [201]
+    # The preflight: the same Eviction asked first with dryRun=All, before the node's taint.
+    assert [e["responseStatus"]["code"] for e in stage.rehearsals(mark)] == [201]
+    log = [e for e in stage.plane.audit_events()[mark:] if e["user"]["username"] == DAEMON]
+    asked = next(i for i, e in enumerate(log) if "dryRun=All" in e.get("requestURI", ""))
+    tainted = next(
+        i for i, e in enumerate(log)
+        if e["verb"] == "patch" and e.get("objectRef", {}).get("resource") == "nodes"
+    )  # fmt: skip
+    assert asked < tainted, (asked, tainted)
     replacement = c.wait_pods(stage.plane.admin, stage.ns, f"app={moved}", c.running(1), 30)[0]
     assert c.node_of(replacement) == step["to"], (step, c.node_of(replacement))
     # Drain to bind: the extender sees the freed node at kube-scheduler's next attempt. (With
@@ -146,18 +159,42 @@ def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
     after = {p["metadata"]["name"]: c.node_of(p) for p in c.pods(stage.plane.admin, stage.ns)}
     assert {k: v for k, v in after.items() if not k.startswith("train")} == before
     _wait_clean_nodes(stage)
-    # The Eviction API itself, through defrag's adapter as the daemon's ServiceAccount: the real
-    # 429 with its DisruptionBudget cause is a refusal with the API server's reason, never a
-    # delete, for a real eviction and for a server-side dry run alike.
-    actuator = KubeActuator(connect(str(stage.kubeconfig)))
+    # The executor itself, as the daemon's ServiceAccount, given a plan that ignores the budget
+    # (as a planner that had not seen it would): its preflight asks the Eviction API with
+    # dryRun=All, gets the real 429 with its DisruptionBudget cause, and writes nothing on the
+    # node — no taint, no journal, no eviction.
+    api = connect(str(stage.kubeconfig))
+    source = KubeClusterSource(api)
+    snapshot = source.snapshot()
     victim = next(n for n in after if n.startswith("a-"))
+    key = f"{stage.ns}/{victim}"
+    node = snapshot.pods[key].node or ""
+    target = next(n.name for n in snapshot.nodes if n.name.startswith(stage.ns) and n.name != node)
+    ex = Executor(
+        KubeActuator(api),
+        source,
+        SystemClock(),
+        ExecutorSettings(replacement_timeout_s=5, poll_interval_s=0.5),
+        mode=RunMode.live(leader_election=False),
+    )
     mark = len(stage.plane.audit_events())
-    for dry_run in (True, False):
-        result = actuator.evict(stage.ns, victim, dry_run=dry_run)
-        assert result.outcome == "blocked", result
-        assert "disruption budget" in result.reason.lower(), result
-    codes = [e["responseStatus"]["code"] for e in stage.evictions(mark)]
-    assert codes == [429, 429], codes
+    plan = Plan("make-room", "e2e", (Step("migrate", key, node, target, "e2e"),), ())
+    executed = ex.execute(plan, snapshot, WindowStatus(True, "e2e"))
+    assert [(o.pod, o.result) for o in executed.outcomes] == [(key, "blocked")], executed
+    assert "disruption budget" in executed.outcomes[0].reason.lower(), executed
+    assert [e["responseStatus"]["code"] for e in stage.rehearsals(mark)] == [429]
+    assert stage.evictions(mark) == []
+    touched = [
+        e for e in c.audit_writes(stage.plane, DAEMON, since=mark)
+        if e.get("objectRef", {}).get("resource") == "nodes"
+    ]  # fmt: skip
+    assert touched == [], [(w["verb"], w["requestURI"]) for w in touched]
+    # And the Eviction itself gets the same refusal with the API server's reason, never a delete.
+    mark = len(stage.plane.audit_events())
+    result = KubeActuator(api).evict(stage.ns, victim)
+    assert result.outcome == "blocked", result
+    assert "disruption budget" in result.reason.lower(), result
+    assert [e["responseStatus"]["code"] for e in stage.evictions(mark)] == [429]
     assert victim in {p["metadata"]["name"] for p in c.pods(stage.plane.admin, stage.ns)}
 
 

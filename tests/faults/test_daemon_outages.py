@@ -30,7 +30,6 @@ from defrag.cli.app import load_cluster
 from defrag.cli.run import _detector, _planner
 from defrag.daemon.cycle import CycleConfig, CyclePorts
 from defrag.daemon.service import Daemon, configure_logging
-from defrag.execute.mode import RunMode
 from defrag.model.cluster import Cluster
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -115,7 +114,7 @@ def test_an_outage_neither_resolves_nor_refires_a_live_alert(prom: str) -> None:
                 planner=_planner(load_settings(None, {"cluster": "sim"})),
                 alerts=sink,
             )
-            daemon = Daemon(ports, CycleConfig(mode=RunMode()), ready_age_limit_s=1e9)
+            daemon = Daemon(ports, CycleConfig(), ready_age_limit_s=1e9)
 
             first = daemon.run_once()
             assert [f.subject for f in first.findings] == ["pod/ml/leak-0"]

@@ -24,6 +24,7 @@ from defrag.execute.executor import NOT_LEADER
 from defrag.execute.fence import Fence, NoFence, Tenure
 from defrag.execute.journal import OWNER_ANNOTATION, JournalStep, new_journal
 from defrag.execute.mode import RunMode
+from defrag.execute.reconcile import Reconciler
 from defrag.execute.reservation import Reservation
 from defrag.plan.model import Plan, Step
 from tests.support import kubeobjects as k
@@ -67,7 +68,9 @@ def elector(api: KubeApi, who: str, clock: Clock | None = None) -> LeaseElector:
     )
 
 
-def executor(api: KubeApi, fence: Fence | None = None, **settings: Any) -> Executor:
+def executor(
+    api: KubeApi, fence: Fence | None = None, mode: RunMode = RunMode.live(), **settings: Any
+) -> Executor:
     client = api.client()
     return Executor(
         KubeActuator(client, retry=FAST),
@@ -81,6 +84,7 @@ def executor(api: KubeApi, fence: Fence | None = None, **settings: Any) -> Execu
             untaint_backoff_s=0.0,
             **settings,
         ),
+        mode=mode,
         fence=fence,
     )
 
@@ -92,7 +96,8 @@ def plan_of(*pods: str) -> Plan:
 
 
 def evictions(api: KubeApi) -> list[str]:
-    return [r.name for r in api.requests if r.resource == "pods/eviction"]
+    """The Evictions sent, not their server-side dry runs (the executor's preflight)."""
+    return [r.name for r in api.requests if r.resource == "pods/eviction" and not r.dry_run]
 
 
 def taints(api: KubeApi, node: str) -> list[str]:
@@ -137,7 +142,6 @@ def test_a_leader_that_loses_the_lease_mid_plan_evicts_nothing_more(api: KubeApi
         plan_of("inf/web-a", "inf/web-b", "inf/web-c"),
         KubeClusterSource(api.client()).snapshot(),
         OPEN,
-        dry_run=False,
     )
     assert evictions(api) == ["web-a"]
     assert [(o.pod, o.result) for o in result.outcomes] == [
@@ -150,7 +154,7 @@ def test_a_leader_that_loses_the_lease_mid_plan_evicts_nothing_more(api: KubeApi
     assert taints(api, "gpu-1") == [DRAIN]  # not a write the old leader may make any more
     assert notes(api, "gpu-1")[OWNER_ANNOTATION] == "replica-a@0"
     # The new leader's reconcile rolls the drain back: its owner's generation is over.
-    outcomes = executor(api, fence=b).reconcile()
+    outcomes = Reconciler(executor(api, fence=b)).reconcile()
     assert [(o.node, o.action) for o in outcomes] == [("gpu-1", "rolled-back")]
     assert taints(api, "gpu-1") == []
 
@@ -163,7 +167,7 @@ def test_a_leader_that_cannot_confirm_the_lease_writes_nothing(api: KubeApi) -> 
     api.clear_log()
     api.fail("GET", "/leases/defrag$", 503, times=100)
     result = executor(api, fence=a).execute(
-        plan_of("inf/web-a"), KubeClusterSource(api.client()).snapshot(), OPEN, dry_run=False
+        plan_of("inf/web-a"), KubeClusterSource(api.client()).snapshot(), OPEN
     )
     assert result.counts == {"skipped": 1}
     assert [r for r in api.writes() if r.resource != "events"] == []
@@ -179,14 +183,14 @@ def test_reconcile_leaves_alone_a_drain_whose_owner_still_holds_the_lease(api: K
     leave_a_drain(api, a.tenure())
     b_clock = Clock()
     b = elector(api, "replica-b", b_clock)
-    first = executor(api, fence=b).reconcile()
+    first = Reconciler(executor(api, fence=b)).reconcile()
     assert [(o.node, o.action, o.owner) for o in first] == [
         ("gpu-1", "deferred", "replica-a (lease generation 0)")
     ]
     assert taints(api, "gpu-1") == [DRAIN]
     b_clock.offset = timedelta(seconds=60)  # a stopped renewing: its hold lapses
     assert b.is_leader()
-    second = executor(api, fence=b).reconcile()
+    second = Reconciler(executor(api, fence=b)).reconcile()
     assert [(o.node, o.action) for o in second] == [("gpu-1", "rolled-back")]
     assert taints(api, "gpu-1") == []
 
@@ -224,13 +228,13 @@ def test_a_retried_eviction_never_evicts_the_same_named_replacement(api: KubeApi
         server.put(replacement)
 
     api.on_eviction = recreate
-    api.fail("POST", "/pods/ledger-0/eviction$", 503, after=True)
+    api.fail("POST", "/pods/ledger-0/eviction$", 503, after=True, dry_run=False)
     planned = KubeClusterSource(api.client()).snapshot()
-    result = executor(api).execute(plan_of("inf/ledger-0"), planned, OPEN, dry_run=False)
+    result = executor(api).execute(plan_of("inf/ledger-0"), planned, OPEN)
     assert api.evicted == [("inf", "ledger-0")]  # once: the original
     assert [(o.pod, o.result) for o in result.outcomes] == [("inf/ledger-0", "gone")]
     assert "replacement" in result.outcomes[0].reason
-    sent = [r.body for r in api.requests if r.resource == "pods/eviction"]
+    sent = [r.body for r in api.requests if r.resource == "pods/eviction" and not r.dry_run]
     # Since the chaos soak, the adapter reads the pod before trying again: the name is a
     # replacement's (another UID), so no second Eviction is sent at all.
     assert len(sent) == 1
@@ -254,9 +258,16 @@ def test_api_throttling_is_retried_and_never_reported_as_a_pdb_block(
     """Before: a 429 without a DisruptionBudget cause (API priority and fairness) that outlasted
     the retries came back "blocked" with the PDB wording, and no alert. After: it is "failed",
     named as throttling, and the execution reports an ``execution-failed`` finding."""
-    api.fail("POST", "/pods/web-a/eviction$", 429, times=throttled, message="too many requests")
+    api.fail(
+        "POST",
+        "/pods/web-a/eviction$",
+        429,
+        times=throttled,
+        message="too many requests",
+        dry_run=False,
+    )
     out = executor(api).execute(
-        plan_of("inf/web-a"), KubeClusterSource(api.client()).snapshot(), OPEN, dry_run=False
+        plan_of("inf/web-a"), KubeClusterSource(api.client()).snapshot(), OPEN
     )
     assert [o.result for o in out.outcomes] == [result]
     assert len(evictions(api)) == tries
@@ -282,14 +293,14 @@ def test_a_taint_that_will_not_come_off_is_retried_and_alerted_until_it_does(
     api.on_eviction = lambda server, pod: server.fail("PATCH", "/nodes/gpu-1$", 500, times=9)
     ex = executor(api, untaint_attempts=2)
     source = KubeClusterSource(api.client())
-    run = ex.execute(plan_of("inf/web-a"), source.snapshot(), OPEN, dry_run=False)
+    run = ex.execute(plan_of("inf/web-a"), source.snapshot(), OPEN)
     assert taints(api, "gpu-1") == [DRAIN]
     node_findings = [f for f in run.findings if f.subject == "node/gpu-1"]
     assert len(node_findings) == 1 and node_findings[0].severity == "critical"
     fingerprint = node_findings[0].fingerprint
     cycles = []
     for _ in range(3):
-        found = ex.maintain(source.snapshot(), dry_run=False)
+        found = Reconciler(ex).maintain(source.snapshot())
         cycles.append(([f.fingerprint for f in found], taints(api, "gpu-1")))
     assert cycles == [
         ([fingerprint], [DRAIN]),  # still failing: still reported
@@ -307,8 +318,8 @@ def test_dry_run_reports_a_crashed_runs_leftovers_and_writes_nothing(api: KubeAp
     (a warning finding naming what is left), and dry run still writes nothing."""
     leave_a_drain(api, Tenure("crashed-0", 3), reservation=True)
     api.clear_log()
-    ex = executor(api)
-    found = ex.maintain(ex.source.snapshot(), dry_run=True)
+    ex = executor(api, mode=RunMode())
+    found = Reconciler(ex).maintain(ex.source.snapshot())
     assert [(f.kind, f.subject, f.severity) for f in found] == [
         ("execution-failed", "node/gpu-1", "warning")
     ]
@@ -323,9 +334,9 @@ def test_the_leader_cleans_a_crashed_runs_leftovers_every_cycle(api: KubeApi) ->
     leader's cycle reconciles them (here a cycle in enforce mode with every window closed)."""
     ex = executor(api)
     ports = _ports(api, ex)
-    run_cycle(ports, CycleConfig(mode=RunMode.live()))  # started clean
+    run_cycle(ports, CycleConfig())  # started clean
     leave_a_drain(api, Tenure("crashed-0", 3), reservation=True)
-    run_cycle(ports, CycleConfig(mode=RunMode.live()))
+    run_cycle(ports, CycleConfig())
     assert taints(api, "gpu-1") == []
     assert not {k for k in notes(api, "gpu-1") if k.startswith("defrag.io/")}
 

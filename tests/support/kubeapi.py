@@ -124,6 +124,9 @@ class Fault:
     delay_s: float
     message: str
     after: bool = False
+    dry_run: bool | None = None
+    """None: any matching request; False: only those that change something; True: only dry
+    runs (``?dryRun=All``)."""
 
 
 @dataclass(slots=True)
@@ -325,6 +328,7 @@ class KubeApi:
         self._compacted = 0
         """Watches from a resourceVersion below this get 410 Gone (its events are gone)."""
         self._drops = 0
+        self._ends = 0
         self._stopping = False
         self.history = 100_000
         """Events kept for watches; older ones are compacted away."""
@@ -430,6 +434,13 @@ class KubeApi:
             self._drops += 1
             self._changed.notify_all()
 
+    def end_watches(self) -> None:
+        """End every open watch stream now, cleanly (the end chunk), long before its
+        ``timeoutSeconds``: as a proxy or load balancer that closes streams it holds."""
+        with self._lock:
+            self._ends += 1
+            self._changed.notify_all()
+
     def fail(
         self,
         method: str,
@@ -439,13 +450,16 @@ class KubeApi:
         delay_s: float = 0.0,
         message: str = "injected fault",
         after: bool = False,
+        dry_run: bool | None = None,
     ) -> None:
         """The next ``times`` requests matching ``method`` and the ``path`` regex (searched) wait
         ``delay_s`` and then fail with ``status`` (0 = answer normally after the delay);
-        ``after``: the request is carried out, then its answer replaced by the failure."""
+        ``after``: the request is carried out, then its answer replaced by the failure;
+        ``dry_run``: False matches only requests that are not dry runs (an eviction, not the
+        executor's server-side rehearsal of it), True only dry runs, None both."""
         with self._lock:
             self._faults.append(
-                Fault(method, re.compile(path), status, times, delay_s, message, after)
+                Fault(method, re.compile(path), status, times, delay_s, message, after, dry_run)
             )
 
     # --- internals ---------------------------------------------------------------------------
@@ -550,7 +564,7 @@ class KubeApi:
         next_bookmark = time.monotonic() + self.bookmark_interval_s
         out: list[bytes] = []
         with self._lock:
-            drops = self._drops
+            drops, ends = self._drops, self._ends
             if since in ("", "0"):
                 current = [o for _, o in sorted(self._store[rt.resource].items())]
                 out = [line("ADDED", o) for o in current if selected(o)]
@@ -582,13 +596,14 @@ class KubeApi:
                     next_bookmark = now + self.bookmark_interval_s
                 with self._lock:
                     pending = self._after(sent_rv, rt.resource)
-                    if not pending and not self._stopping and self._drops == drops:
+                    quiet = self._drops == drops and self._ends == ends
+                    if not pending and not self._stopping and quiet:
                         wait = deadline - now
                         if bookmarks:
                             wait = min(wait, next_bookmark - now)
                         self._changed.wait(max(wait, 0.0))
                         pending = self._after(sent_rv, rt.resource)
-                    if self._stopping:
+                    if self._stopping or self._ends != ends:
                         break
                     if self._drops != drops:  # cut: no end chunk, the client sees a broken read
                         handler.close_connection = True
@@ -615,9 +630,11 @@ class KubeApi:
             self._raw[rt.resource][key] = raw
         return raw
 
-    def _take_fault(self, method: str, path: str) -> Fault | None:
+    def _take_fault(self, method: str, path: str, dry_run: bool = False) -> Fault | None:
         with self._lock:
             for fault in self._faults:
+                if fault.dry_run is not None and fault.dry_run != dry_run:
+                    continue
                 if fault.method in (method, "*") and fault.path.search(path) and fault.times > 0:
                     fault.times -= 1
                     return fault
@@ -640,7 +657,7 @@ class KubeApi:
                 parsed = body.decode(errors="replace")
         route = _route(path)
         verb, group, resource, namespace, name = _rbac(method, route, query)
-        fault = self._take_fault(method, path)
+        fault = self._take_fault(method, path, "All" in query.get("dryRun", []))
         status, payload = 0, b""
         late, fault = (fault, None) if fault is not None and fault.after else (None, fault)
         if fault is not None:

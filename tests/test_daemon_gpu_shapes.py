@@ -18,6 +18,7 @@ from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
 from defrag.daemon.service import DaemonMetrics
+from defrag.daemon.unmodelled import UnmodelledReporter
 from defrag.execute.mode import RunMode
 from defrag.extender.state import ClusterCache
 from defrag.rules import load_rules
@@ -89,7 +90,7 @@ def test_a_daemon_cycle_and_the_extender_survive_every_shape(api: KubeApi) -> No
     settings = load_settings(None, {})
     sink = RecordingSink()
     ports = CyclePorts(source, _clock(), _detector(rules, None), _planner(settings), None, sink)
-    result = run_cycle(ports, CycleConfig(mode=RunMode()))
+    result = run_cycle(ports, CycleConfig())
     assert sorted(w.split(":")[0] for w in result.warnings) == said
     metrics = DaemonMetrics()
     metrics.record(result, 0.1)
@@ -109,16 +110,18 @@ def _clock() -> Any:
 def test_the_leader_puts_one_warning_event_on_each_object_it_cannot_model(api: KubeApi) -> None:
     from tests.test_execute_kube import executor
 
-    ex = executor(api)
     rules = load_rules([default_rules_dir()])
-    ports = CyclePorts(
-        ex.source, _clock(), _detector(rules, None), _planner(load_settings(None, {})), ex, None
-    )
-    run_cycle(ports, CycleConfig(mode=RunMode()))  # dry run: no Event (nothing written)
+
+    def ports(mode: RunMode) -> CyclePorts:
+        ex = executor(api, mode=mode)
+        detector, planner = _detector(rules, None), _planner(load_settings(None, {}))
+        reporter = UnmodelledReporter(ex.actuator, mode)
+        return CyclePorts(ex.source, _clock(), detector, planner, ex, unmodelled=reporter)
+
+    run_cycle(ports(RunMode()), CycleConfig())  # dry run: no Event (nothing written)
     assert api.writes() == []
-    run_cycle(
-        ports, CycleConfig(mode=RunMode.live())
-    )  # no window open: only the Events are written
+    live = ports(RunMode.live())
+    run_cycle(live, CycleConfig())  # no window open: only the Events are written
     events = [o for o in api.objects("Event") if o["reason"] == "DefragNotModelled"]
     on = sorted(
         f"{e['involvedObject']['kind']} {e['involvedObject'].get('namespace', '')}/"
@@ -127,5 +130,5 @@ def test_the_leader_puts_one_warning_event_on_each_object_it_cannot_model(api: K
     )
     assert on == ["Node /amd-1", "Pod ml/bad", "Pod ml/dra"]
     assert all(e["type"] == "Warning" for e in events)
-    run_cycle(ports, CycleConfig(mode=RunMode.live()))  # said once while it lasts
+    run_cycle(live, CycleConfig())  # said once while it lasts
     assert len([o for o in api.objects("Event") if o["reason"] == "DefragNotModelled"]) == 3

@@ -10,7 +10,6 @@ from __future__ import annotations
 from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
-from defrag.execute.mode import RunMode
 from defrag.model.workload import WorkloadMix
 from defrag.rules import load_rules
 from defrag.scoring.fragmentation import fragmentation_report
@@ -24,7 +23,7 @@ def test_cycle_report_and_alert_evidence_give_one_fgd_figure() -> None:
     sim = SimCluster(cluster, clock)
     rules = load_rules([default_rules_dir()])
     ports = CyclePorts(sim, clock, _detector(rules, None), _planner(load_settings(None, {})))
-    result = run_cycle(ports, CycleConfig(mode=RunMode()))
+    result = run_cycle(ports, CycleConfig())
     on_metrics = result.before["fgd_frag_pct_of_idle"]  # what /metrics exports
     mix = ProfileConfig().for_cluster(cluster).mix
     in_report = fragmentation_report(cluster, mix).fgd_frag_pct_of_idle
