@@ -283,7 +283,7 @@ def test_skipped_rules_travel_in_the_cycle_result_to_the_daemon_metrics() -> Non
     from defrag.detection import NO_METRICS_SOURCE
 
     _, p = ports()
-    result = run_cycle(p, CycleConfig(mode=RunMode(), windows=ALWAYS))
+    result = run_cycle(p, CycleConfig(windows=ALWAYS))
     rules = load_rules([default_rules_dir()])
     metric_rules = {r.rule.name for r in rules.enabled() if r.rule.detector in ("leak", "idle")}
     assert metric_rules and dict(result.rules_skipped) == dict.fromkeys(
