@@ -388,6 +388,10 @@ def _judge(
     min_slope = params.min_slope_mib_per_h if min_slope is None else min_slope
     inside = all_bins.times > end - window
     bins = Binned(all_bins.times[inside], all_bins.values[inside], all_bins.width)
+    if short and len(bins.times) >= 2:  # most GPUs do not grow: say so before anything else
+        quick = median_pairwise_slope((bins.times - bins.times[0]) / HOUR_S, bins.values)
+        if quick < min_slope:
+            return LeakAssessment(series, False, (f"slope {quick:.0f} MiB/h below {min_slope:g}",))
     noise = robust_noise(all_bins.values)
     segments = 2 if short else params.segments
     if len(bins.times) < 3 * segments:
@@ -504,7 +508,10 @@ def _judge(
     # the level line: the floor's slope through the bins' median level
     bh = (bins.times - t0) / HOUR_S
     level0 = float(np.median(bins.values - slope * bh))
-    stalled = _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
+    # only a would-be leak needs the saturation test (it refits the growth per tail length)
+    stalled = (
+        None if reasons else _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
+    )
     if stalled is not None:
         evidence["flat_since"] = _iso(stalled)
         reasons.append(
@@ -645,7 +652,7 @@ def _slice_highs(
         mask = which == i
         if int(mask.sum()) >= 3:
             out[i] = median_pairwise_slope(t_h[mask], values[mask])
-            if z > 0 and (i < segments - 1 or out[i] >= need / 2):
+            if z > 0 and out[i] < need and (i < segments - 1 or out[i] >= need / 2):
                 out[i] = max(out[i], sen_trend(t_h[mask], values[mask], z, ratio).high)
     return out
 
