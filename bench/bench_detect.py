@@ -27,7 +27,7 @@ import numpy as np
 from bench.leak_corpus import corpus, random_mix
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detection import detect
-from defrag.detectors.leak import LEAK, LeakRuleFields, leak_range_query
+from defrag.detectors.leak.registration import LEAK, LeakRuleFields, leak_range_query
 from defrag.rules import load_rules
 from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import END, make_fleet, prometheus_server

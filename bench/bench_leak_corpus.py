@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from bench.leak_corpus import LEAK_FAMILIES, NOISES, Case, corpus, random_mix
-from defrag.detect.leak import LeakParams, assess_leak
+from defrag.detectors.leak.core import LeakParams, assess_leak
 
 HOUR = 3600.0
 PARAMS = LeakParams()

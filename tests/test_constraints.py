@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from defrag.detect.starvation import StarvationParams, detect_starvation
+from defrag.detectors.starvation.core import StarvationParams, detect_starvation
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod, Taint, Toleration
 from defrag.model.selectors import NodeSelector, NodeSelectorTerm, Requirement

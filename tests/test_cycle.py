@@ -274,3 +274,23 @@ def test_room_is_made_only_for_pods_a_rule_found() -> None:
     profile = ProfileConfig().for_cluster(cluster)
     everyone = p.planner(cluster, "make-room", SIM_START, profile=profile, pods=None)
     assert any(b.pod == "batch/etl-0" and b.constraint == "not-worth-it" for b in everyone.blocked)
+
+
+def test_skipped_rules_travel_in_the_cycle_result_to_the_daemon_metrics() -> None:
+    """Without Prometheus the shipped metric rules (leak, idle) are skipped: the reason is in
+    the cycle's result, and recording the result sets their gauge (no side channel)."""
+    from defrag.daemon.service import DaemonMetrics
+    from defrag.detection import NO_METRICS_SOURCE
+
+    _, p = ports()
+    result = run_cycle(p, CycleConfig(windows=ALWAYS))
+    rules = load_rules([default_rules_dir()])
+    metric_rules = {r.rule.name for r in rules.enabled() if r.rule.detector in ("leak", "idle")}
+    assert metric_rules and dict(result.rules_skipped) == dict.fromkeys(
+        metric_rules, NO_METRICS_SOURCE
+    )
+    metrics = DaemonMetrics()
+    metrics.record(result, 0.1)
+    text = metrics.exposition().decode()
+    for name in metric_rules:
+        assert f'defrag_rule_skipped{{rule="{name}"}} 1.0' in text

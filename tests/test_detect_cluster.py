@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from defrag.detect.fragmentation import FragmentationParams, detect_fragmentation
-from defrag.detect.starvation import StarvationParams, detect_starvation, diagnose
+from defrag.detectors.fragmentation.core import FragmentationParams, detect_fragmentation
+from defrag.detectors.starvation.core import StarvationParams, detect_starvation, diagnose
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.scoring.policies.reserve_binpack import ReserveBinpack

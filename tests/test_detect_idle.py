@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from defrag.detect.idle import IdleParams, assess_idle, detect_idle
+from defrag.detectors.idle.core import IdleParams, assess_idle, detect_idle
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 PARAMS = IdleParams(query="avg(DCGM_FI_DEV_GPU_UTIL)", threshold_pct=20, for_s=1800, max_gap_s=300)

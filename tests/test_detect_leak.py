@@ -15,7 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.leak_corpus import Case, corpus
-from defrag.detect.leak import DcgmLabels, GpuMemorySeries, LeakParams, assess_leak, detect_leaks
+from defrag.detectors.leak.core import (
+    DcgmLabels,
+    GpuMemorySeries,
+    LeakParams,
+    Occupancy,
+    assess_leak,
+    detect_leaks,
+    memory_of_model,
+    split_occupancy,
+)
 from tests.support.prometheus import (
     END,
     GPU_MEMORY_MIB,
@@ -70,7 +79,7 @@ def test_non_leaks_of_the_fleet_are_not_flagged_and_say_why(shape: str, reason: 
     ("family", "noise", "reason"),
     [
         ("warmup-exp", 400.0, "rises in"),  # levels off: the last slice does not keep rising
-        ("warmup-log", 600.0, "rises in"),
+        ("warmup-log", 600.0, "slope"),  # judged from an hour after it loaded: ~flat
         ("restart", 400.0, "rises in"),  # judged since the drop: a warm-up that levels off
         ("step", 600.0, "slope"),
         ("sawtooth", 600.0, "slope"),
@@ -90,9 +99,17 @@ def test_warmup_in_progress_is_rejected_as_levelling_off() -> None:
     t = END.timestamp() - 3.5 * HOUR + np.arange(30.0, 3.5 * HOUR + 1, 30.0)
     h = (t - t[0]) / HOUR
     used = 30000.0 * (1 - np.exp(-3 * h / 2.0))
+    # it loaded from nothing: judged only an hour (``settle``) after memory was last near zero
     verdict = assess_leak(GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",)), PARAMS, END)
     assert not verdict.leaking
-    assert any("rises in" in r for r in verdict.reasons), verdict.reasons
+    assert verdict.reasons == ("too little history since the job loaded (2.4 h)",)
+    # the slices reject it too when it is judged on the whole window (no settle)
+    whole = assess_leak(
+        GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",)),
+        replace(PARAMS, settle_s=0.0),
+        END,
+    )
+    assert not whole.leaking and any("rises in" in r for r in whole.reasons), whole.reasons
 
 
 def test_a_restart_starts_the_history_again() -> None:
@@ -104,8 +121,8 @@ def test_a_restart_starts_the_history_again() -> None:
     used = np.where(h < 4.0, 30000.0, 200.0 + 2000.0 * np.maximum(h - 4.0, 0.0))
     s = GpuMemorySeries("n", "0", t, used, GPU_MEMORY_MIB, ("a/b",))
     early = assess_leak(s, PARAMS, datetime.fromtimestamp(t[0] + 6 * HOUR, UTC))
-    # judged from the end of the 5-min bin the drop fell in: 2 h less that bin's part
-    assert early.reasons == ("too little history since the job restarted (1.9 h)",)
+    # a restart to nothing is a load: judged from ``settle`` (1 h) after the last near-zero bin
+    assert early.reasons == ("too little history since the job loaded (0.9 h)",)
     late = assess_leak(s, PARAMS, END)
     assert late.leaking, late.reasons
     assert late.evidence["slope_mib_per_h"] == pytest.approx(2000.0, rel=0.02)
@@ -227,7 +244,8 @@ def test_critical_when_exhaustion_is_close() -> None:
 
 
 def test_too_little_history_is_not_a_leak() -> None:
-    verdict = assess_leak(series_of("leak", hours=1.0), PARAMS, END)
+    # 30 min: less than the 1 h fast window (an hour of a 2 GiB/h leak is found: item 2)
+    verdict = assess_leak(series_of("leak", hours=0.5), PARAMS, END)
     assert not verdict.leaking
     assert "too little history" in verdict.reasons[0]
 
@@ -348,3 +366,66 @@ def test_steady_growth_is_a_leak_with_exhaustion_within_10_percent(
     assert verdict.exhaust_at is not None
     truth = END.timestamp() + 24 * HOUR
     assert abs(verdict.exhaust_at - truth) <= 0.10 * 24 * HOUR
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"gpu": "0"}, {"gpu": "1"}),  # two GPUs of one pod
+        ({"gpu": "2", "instance": "3"}, {"gpu": "2", "instance": "5"}),  # two MIG instances
+        ({"node": "", "gpu": "", "uuid": "GPU-a"}, {"node": "", "gpu": "", "uuid": "GPU-b"}),
+    ],
+)
+def test_each_leaking_gpu_of_one_pod_has_its_own_fingerprint_and_alert(
+    first: dict[str, str], second: dict[str, str]
+) -> None:
+    """Before, both findings were ``pod/ml/leak-0`` with one fingerprint, and the MIG pair had
+    the same alert labels: Alertmanager merged them into one alert."""
+    from defrag.alerting import AlertTemplate
+
+    base = series_of("leak")
+    found = detect_leaks([replace(base, **first), replace(base, **second)], PARAMS, END)  # type: ignore[arg-type]
+    assert [f.subject for f in found] == ["pod/ml/leak-0", "pod/ml/leak-0"]
+    assert found[0].fingerprint != found[1].fingerprint
+    alerts = [AlertTemplate().alert(f) for f in found]
+    assert alerts[0] is not None and alerts[1] is not None
+    assert alerts[0].key != alerts[1].key
+
+
+@pytest.mark.parametrize(
+    ("model", "mib"),
+    [
+        ("NVIDIA H100 80GB HBM3", 80 * 1024.0),
+        ("NVIDIA A100-SXM4-40GB", 40 * 1024.0),
+        ("Tesla T4", None),  # no size in the name
+    ],
+)
+def test_memory_of_model(model: str, mib: float | None) -> None:
+    assert memory_of_model(model) == mib
+
+
+def test_a_leak_whose_capacity_is_unknown_is_still_reported() -> None:
+    """Capacity 0 (no free-memory reading, no model) used to read "never reaches the GPU's
+    memory": a leak became no leak."""
+    s = replace(series_of("leak"), total_mib=0.0, capacity_from="unknown")
+    [finding] = detect_leaks([s], PARAMS, END)
+    assert finding.evidence["capacity_from"] == "unknown"
+    assert "hours_to_exhaust" not in finding.evidence
+    assert "exhaustion time unknown" in finding.summary
+
+
+@pytest.mark.parametrize(
+    ("lasts", "current", "ended"),
+    [
+        ([100.0, 3000.0], ["b"], ["a"]),  # a ended, b holds the GPU now
+        ([3000.0, 2900.0], ["a", "b"], []),  # both within a bin of the last sample: shared
+        ([500.0, 100.0, 3000.0], ["c"], ["b", "a"]),  # ended ones oldest first
+    ],
+)
+def test_split_occupancy(lasts: list[float], current: list[str], ended: list[str]) -> None:
+    lives = [
+        Occupancy(name, np.array([0.0, last]), np.array([1.0, 2.0]))
+        for name, last in zip("abc", lasts, strict=False)
+    ]
+    now, gone = split_occupancy(lives, 300.0)
+    assert [o.pod for o in now] == current and [o.pod for o in gone] == ended

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from defrag.detection import DetectionError, detect, run_detection, with_dcgm_gpu_indices
-from defrag.detectors.leak import LeakRule, leak_range_query
+from defrag.detectors.leak.registration import LeakRule, leak_range_query
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample
@@ -118,21 +118,26 @@ def test_idle_query_with_several_series_fails_that_rule_only() -> None:
         detect(RULES, metrics, None, NOW, profile=PROFILE)
 
 
+ON = "UUID, uuid, Hostname, hostname, node, kubernetes_node, gpu, GPU_I_ID"
+
+
 @pytest.mark.parametrize(
     ("used", "prefilter", "query"),
     [
         (
             "DCGM_FI_DEV_FB_USED",
             True,
-            # 5-min medians, kept for GPUs whose slope is at least half of 256 MiB/h over the 6 h
-            # lookback (evaluated once at the end of the range)
-            "(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and "
+            # 5-min medians, every series of the GPUs one of whose series has a slope of at
+            # least half of 256 MiB/h over the 6 h lookback (evaluated once at the end of the
+            # range); on() the labels that name a GPU, not instance nor the pod labels
+            f"(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and on({ON}) "
             "(deriv(DCGM_FI_DEV_FB_USED[21600s] @ end()) * 3600 > 128)",
         ),
         (
             'DCGM_FI_DEV_FB_USED{job="dcgm"}',
             True,
             '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED{job="dcgm"}[300s])) and '
+            f"on({ON}) "
             '(deriv(DCGM_FI_DEV_FB_USED{job="dcgm"}[21600s] @ end()) * 3600 > 128)',
         ),
         (

@@ -48,3 +48,16 @@ def test_no_module_imports_itself_back() -> None:
         }
     )
     assert cycles == []
+
+
+def test_a_detector_is_one_folder_with_a_pure_core_and_a_registration() -> None:
+    """``defrag/detectors/<name>/`` holds ``core.py`` (in the pure-core contract by the
+    ``defrag.detectors.*.core`` pattern) and ``registration.py``; importing ``defrag.detectors``
+    registers every folder's detector (one import line each)."""
+    from defrag.detectors import registry
+
+    folders = {p.name for p in (ROOT / "detectors").iterdir() if (p / "__init__.py").is_file()}
+    for name in folders:
+        assert (ROOT / "detectors" / name / "core.py").is_file(), name
+        assert (ROOT / "detectors" / name / "registration.py").is_file(), name
+    assert folders == set(registry.names())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from defrag.detectors.leak import LeakRuleFields
+from defrag.detectors.leak.registration import LeakRuleFields
 from defrag.detectors.rulemodel import settings_of
 from defrag.rules import RulesError, load_rules
 

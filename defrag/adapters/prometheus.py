@@ -7,8 +7,8 @@ itself said.
 
 It also reads which GPU indices each pod holds from DCGM's per-GPU pod labels
 (:func:`gpu_indices_by_pod`), with every label variant dcgm-exporter and a ServiceMonitor
-without ``honorLabels`` produce (:class:`~defrag.detect.leak.DcgmLabels`), and applies them to
-a cluster's pods (:func:`apply_gpu_indices`).
+without ``honorLabels`` produce (:class:`~defrag.detectors.leak.core.DcgmLabels`), and applies
+them to a cluster's pods (:func:`apply_gpu_indices`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from prometheus_api_client import PrometheusApiClientException, PrometheusConnec
 from urllib3.util.retry import Retry
 
 from defrag.adapters.deadline import Deadline, DeadlineAdapter, request_deadline
-from defrag.detect.leak import DcgmLabels
+from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import GPU_INDICES_ANNOTATION
 from defrag.ports import Sample

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -26,7 +26,7 @@ from defrag.redact import redact_text
 if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
     from defrag.adapters.sources import Backend
     from defrag.daemon.cycle import CycleResult, Detected, Planner
-    from defrag.daemon.service import Daemon, DaemonMetrics, Elector
+    from defrag.daemon.service import Daemon, Elector
     from defrag.execute.windows import Window
     from defrag.model.cluster import Cluster
     from defrag.plan.config import PlannerConfig
@@ -115,11 +115,10 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         mode=settings.run_mode,  # dry run is decided here, once: the executor owns it
         sleep=sleep,
     )
-    skipped_to: list[DaemonMetrics] = []  # the daemon's metrics, once it exists
     ports = CyclePorts(
         source=source,
         clock=clock,
-        detector=_detector(rules, metrics, skipped_to),
+        detector=_detector(rules, metrics),
         planner=_planner(planner_config),
         executor=executor,
         unmodelled=UnmodelledReporter(actuator, settings.run_mode),
@@ -144,7 +143,6 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         # a cycle still running when a good one should have been seen is wedged
         cycle_deadline_s=settings.ready_age_limit_s,
     )
-    skipped_to.append(daemon.metrics)
     return Wiring(daemon, sim, watching=source is not fresh)
 
 
@@ -245,11 +243,7 @@ def _alerts(settings: Settings) -> AlertSink | None:
         raise SettingsError(f"setting alertmanager_urls: {exc}") from None
 
 
-def _detector(
-    rules: Any,
-    metrics: MetricsSource | None,
-    skipped_to: Sequence[DaemonMetrics] = (),
-) -> Any:
+def _detector(rules: Any, metrics: MetricsSource | None) -> Any:
     from defrag.daemon.cycle import Detected
     from defrag.detection import run_detection
 
@@ -258,9 +252,8 @@ def _detector(
         # One broken rule never stops the others; the daemon logs, counts and alerts on the
         # failed ones, and holds their alerts as they were.
         failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}
-        for sink in skipped_to:  # missing inputs: a gauge and a log line
-            sink.record_skipped(report.skipped)
-        return Detected(report.findings, failed)
+        # missing inputs travel in the cycle's result (the daemon's gauge and log line)
+        return Detected(report.findings, failed, report.skipped)
 
     return detect
 

@@ -41,10 +41,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Detected:
-    """What a detector found, and the rules it could not evaluate (rule → why)."""
+    """What a detector found, the rules it could not evaluate (rule → why) and the rules it
+    skipped because their inputs are missing (rule → why)."""
 
     findings: tuple[Finding, ...]
     failed: Mapping[str, str] = field(default_factory=dict, hash=False)
+    skipped: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     def __iter__(self) -> Iterator[Finding]:
         return iter(self.findings)
@@ -142,6 +144,8 @@ class CycleResult:
     rule_failures: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Rules that could not be evaluated (Prometheus down, too slow, a wrong answer) → why.
     Their alerts were held as they were; each has a ``rule-failed`` finding."""
+    rules_skipped: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Rules skipped because their inputs are missing (no series, no metrics source) → why."""
 
     @property
     def degraded(self) -> bool:
@@ -212,8 +216,9 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     before = _summary(fragmentation_report(cluster, profile.mix).to_dict(with_nodes=False))
     detected = ports.detector(cluster, started, profile)
     failed: dict[str, str] = {}
+    skipped: dict[str, str] = {}
     if isinstance(detected, Detected):
-        failed = dict(detected.failed)
+        failed, skipped = dict(detected.failed), dict(detected.skipped)
         findings = list(detected.findings)
     else:
         findings = list(detected)
@@ -298,6 +303,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         circuit=breaker.state.to_dict() if breaker else {},
         warnings=cluster.warnings,
         rule_failures=failed,
+        rules_skipped=skipped,
     )
 
 

@@ -167,6 +167,7 @@ class DaemonMetrics:
             for outcome in result.executed.outcomes:
                 self.evictions.labels(result=outcome.result).inc()
         self.record_rule_failures(result.rule_failures)
+        self.record_skipped(result.rules_skipped)
         self.cycles.labels(outcome="degraded" if result.degraded else "success").inc()
         self.cycle_seconds.observe(wall_s)
         if not result.degraded:

@@ -28,8 +28,8 @@ class Finding:
     ``subject`` names what it is about: ``cluster``, ``node/<name>``, ``pod/<ns>/<name>``,
     ``gpu/<node>/<index>``, ``gpu/<node>/<index>/mig-<GPU_I_ID>`` (a MIG instance) or
     ``gpu/<uuid>`` (no node label). ``labels`` carries the routing labels an alert needs (``node``,
-    ``namespace``, ``pod``, ``detector``). The fingerprint depends on kind and subject only,
-    so the same condition seen in the next cycle keeps its identity.
+    ``namespace``, ``pod``, ``detector``). The fingerprint depends on kind, subject and
+    ``part`` only, so the same condition seen in the next cycle keeps its identity.
     """
 
     kind: FindingKind
@@ -40,10 +40,14 @@ class Finding:
     since: datetime | None = None
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     action: str = "alert"
+    part: str = ""
+    """Which part of the subject, when one subject can have several findings of a kind (one
+    GPU or MIG instance of a pod: ``gpu/<node>/<index>[/mig-<id>]``); part of the identity."""
 
     @property
     def fingerprint(self) -> str:
-        return hashlib.sha256(f"{self.kind}\0{self.subject}".encode()).hexdigest()[:16]
+        key = f"{self.kind}\0{self.subject}" + (f"\0{self.part}" if self.part else "")
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -56,4 +60,4 @@ class Finding:
             "since": self.since.isoformat() if self.since else None,
             "labels": dict(self.labels),
             "action": self.action,
-        }
+        } | ({"part": self.part} if self.part else {})

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from defrag.detect.starvation import StarvationParams
+from defrag.detectors.starvation.core import StarvationParams
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.plan.config import (
     UNLIMITED,

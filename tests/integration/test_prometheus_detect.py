@@ -24,8 +24,8 @@ from defrag.adapters.prometheus import (
     gpu_indices_by_pod,
 )
 from defrag.cli import app
-from defrag.detect.leak import DcgmLabels
 from defrag.detection import DetectionError, detect, idle_status, report_extras, run_detection
+from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.rules import load_rules
@@ -224,7 +224,7 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         f"rule gpu-memory-leak ({ROOT / 'rules' / 'leak.yaml'}:4): Prometheus at {url} "
         "is unreachable" in result.stderr
     )
-    assert "query '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and (deriv(" in (
+    assert "query '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and on(" in (
         result.stderr
     )
     # leak, idle, and the two from kube-state-metrics, named

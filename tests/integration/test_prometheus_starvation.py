@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from defrag.adapters.ksm_cluster import cluster_from_kube_state
 from defrag.adapters.prometheus import PrometheusSource
-from defrag.detection import cluster_from_kube_state, detect
-from defrag.detectors.starvation import StarvationRule
+from defrag.detection import detect
+from defrag.detectors.starvation.registration import StarvationRule
 from defrag.model.workload import WorkloadMix
 from defrag.rules import load_rules
 from defrag.scoring.profile import ProfileConfig
@@ -40,7 +41,37 @@ def since(minutes: float) -> np.ndarray:
     return TIMES[first <= TIMES]
 
 
-def history() -> str:
+# What a ServiceMonitor target adds (prometheus-operator pkg/prometheus/promcfg.go lines
+# 2135-2149 at 6adcebc5: namespace, service, pod, container; Prometheus adds job and instance).
+# With honorLabels false (the kube-state-metrics chart's default: charts/kube-state-metrics/
+# templates/servicemonitor.yaml lines 28-30 at 0027117e) a scraped label that collides becomes
+# exported_<name> (Prometheus docs/configuration/configuration.md, honor_labels).
+TARGET = {
+    "namespace": "monitoring",
+    "pod": "kube-state-metrics-6d5f8-x2x9q",
+    "container": "kube-state-metrics",
+    "service": "kube-state-metrics",
+    "endpoint": "http",
+    "job": "kube-state-metrics",
+    "instance": "10.0.3.7:8080",
+}
+UIDS: dict[str, str] = {}
+
+
+def scraped(labels: dict[str, str], mode: str) -> dict[str, str]:
+    """The series as stored: ``honor`` (honorLabels true), ``exported`` (honorLabels false),
+    ``dropped`` (honorLabels false and a metricRelabeling that drops exported_*)."""
+    if labels.get("pod"):  # every kube_pod_* family carries the pod's uid
+        labels = {**labels, "uid": UIDS.setdefault(labels["pod"], f"uid-{len(UIDS)}")}
+    if mode == "honor":
+        return labels
+    out = {(f"exported_{k}" if k in TARGET else k): v for k, v in labels.items()} | TARGET
+    if mode == "dropped":
+        out = {k: v for k, v in out.items() if not k.startswith("exported_")}
+    return out
+
+
+def history(mode: str = "honor") -> str:
     ones = np.ones(len(TIMES))
     alloc = [
         ({"node": n, "resource": "nvidia_com_gpu", "unit": "integer"}, TIMES, ones * 8)
@@ -92,19 +123,25 @@ def history() -> str:
         )
         phase.append(({**base, "phase": "Pending"}, t, np.ones(len(t))))
         info.append(({**base, "node": "", "priority_class": cls}, t, np.ones(len(t))))
+    families = (
+        ("kube_node_status_allocatable", alloc),
+        ("kube_pod_container_resource_requests", requests),
+        ("kube_pod_status_phase", phase),
+        ("kube_pod_info", info),
+    )
     return (
-        gauge_family("kube_node_status_allocatable", alloc)
-        + gauge_family("kube_pod_container_resource_requests", requests)
-        + gauge_family("kube_pod_status_phase", phase)
-        + gauge_family("kube_pod_info", info)
+        "".join(
+            gauge_family(name, [(scraped(labels, mode), t, v) for labels, t, v in series])
+            for name, series in families
+        )
         + "# EOF\n"
     )
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["honor", "exported"])
+def prom(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     path = tmp_path_factory.mktemp("ksm") / "ksm.om"
-    path.write_text(history())
+    path.write_text(history(request.param))
     with prometheus_server(path) as server:
         yield server.url
 
@@ -144,3 +181,24 @@ def test_starvation_from_prometheus_alone_says_fragmented(prom: str, policy: str
     assert starving[0].evidence["policy"] == policy
     frag = {f.subject for f in findings if f.kind == "fragmentation"}
     assert frag == {"cluster", "node/n1", "node/n2", "node/n3"}
+
+
+def test_pods_that_cannot_be_told_apart_make_the_rules_skipped(tmp_path: Path) -> None:
+    """honorLabels false with exported_* dropped: every pod series names the kube-state-metrics
+    pod. Before, starvation found nothing and fragmentation measured a cluster whose pods had
+    collapsed into one; now both rules are skipped, saying why."""
+    from defrag.detection import run_detection
+
+    path = tmp_path / "ksm.om"
+    path.write_text(history("dropped"))
+    rules = load_rules([ROOT / "rules" / "starvation.yaml", ROOT / "rules" / "fragmentation.yaml"])
+    profile = ProfileConfig().with_mix(WorkloadMix.default())
+    with prometheus_server(path) as server:
+        report = run_detection(
+            rules, PrometheusSource(server.url, retries=0), None, END, profile=profile
+        )
+    assert report.findings == () and report.failures == ()
+    assert set(report.skipped) == {r.rule.name for r in rules.enabled()}
+    for why in report.skipped.values():
+        assert "no series names a pod other than the scrape target" in why, why
+        assert "monitoring/kube-state-metrics-6d5f8-x2x9q" in why and "honorLabels: true" in why

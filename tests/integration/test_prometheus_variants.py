@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.cli import app
 from defrag.detection import run_detection
-from defrag.detectors.leak import LeakRule, leak_series
+from defrag.detectors.leak.registration import LeakRule, leak_series
 from defrag.rules import load_rules
 from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import END, HOUR, gauge_family, prometheus_server
@@ -301,12 +301,14 @@ def test_daemon_detector_sets_the_skipped_gauge_and_logs_once(
 
     metrics = DaemonMetrics()
     rules = load_rules([rule_file(tmp_path, "absent", name="leak-absent")])
-    detect = _detector(rules, source(prom), [metrics])
+    detect = _detector(rules, source(prom))
     with caplog.at_level("INFO", logger="defrag.daemon"):
         empty = Cluster.build([])
         profile = ScoringProfile.default(empty)
-        assert list(detect(empty, END, profile)) == []
-        assert list(detect(empty, END, profile)) == []  # still skipped: no second line
+        for _ in range(2):  # still skipped the second time: no second line
+            detected = detect(empty, END, profile)
+            assert list(detected) == [] and set(detected.skipped) == {"leak-absent"}
+            metrics.record_skipped(detected.skipped)  # as DaemonMetrics.record does
     text = metrics.exposition().decode()
     assert 'defrag_rule_skipped{rule="leak-absent"} 1.0' in text
     lines = [r.getMessage() for r in caplog.records if "leak-absent" in r.getMessage()]

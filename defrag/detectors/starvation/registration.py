@@ -1,8 +1,8 @@
 """The starvation detector's registration: high-priority pods pending too long, and why.
 
 Rule model: :class:`StarvationRule` (kube-state-metrics ``queries`` for a cluster built from
-Prometheus; the settings are :class:`~defrag.detect.starvation.StarvationParams`). Needs the
-cluster. Pure function: :func:`~defrag.detect.starvation.detect_starvation`, with the scoring
+Prometheus; the settings are :class:`~.core.StarvationParams`). Needs the
+cluster. Pure function: :func:`~.core.detect_starvation`, with the scoring
 profile of the snapshot (the policy is configured once, in the settings: a rule's ``policy:``
 is an error that says so). Alert: ``GPUJobStarved``. docs/rules.md, "starvation".
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from defrag.alerting import AlertSpec
 from defrag.detect.findings import Finding
-from defrag.detect.starvation import StarvationParams, detect_starvation
 from defrag.detectors.registry import Detector, Inputs, register
 from defrag.detectors.rulemodel import ClusterRuleModel
+from defrag.detectors.starvation.core import StarvationParams, detect_starvation
 
 POLICY_MOVED = (
     "the scheduler policy is no longer a rule field: it is configured once, in the settings "

@@ -1,8 +1,8 @@
 """The fragmentation detector's registration: free GPUs stranded on nodes and in the cluster.
 
 Rule model: :class:`FragmentationRule` (kube-state-metrics ``queries`` for a cluster built from
-Prometheus; the settings are :class:`~defrag.detect.fragmentation.FragmentationParams`). Needs
-the cluster. Pure function: :func:`~defrag.detect.fragmentation.detect_fragmentation`, measured
+Prometheus; the settings are :class:`~.core.FragmentationParams`). Needs
+the cluster. Pure function: :func:`~.core.detect_fragmentation`, measured
 against the snapshot's scoring profile (its workload mix). Alerts: ``GPUNodeFragmented`` for a
 node's finding, ``GPUClusterFragmented`` for the cluster's. docs/rules.md, "fragmentation".
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from defrag.alerting import AlertSpec
 from defrag.detect.findings import Finding
-from defrag.detect.fragmentation import FragmentationParams, detect_fragmentation
+from defrag.detectors.fragmentation.core import FragmentationParams, detect_fragmentation
 from defrag.detectors.registry import Detector, Inputs, register
 from defrag.detectors.rulemodel import ClusterRuleModel
 

@@ -1,8 +1,8 @@
 """The idle detector's registration: the cluster's GPUs quiet for a while (the window gate).
 
 Rule model: :class:`IdleRule` (``query``, ``per_gpu_query`` here; the settings are
-:class:`~defrag.detect.idle.IdleParams`). Query: ``query`` over twice ``for``
-(:func:`idle_curve`). Pure function: :func:`~defrag.detect.idle.detect_idle`. Never alerted: it
+:class:`~.core.IdleParams`). Query: ``query`` over twice ``for``
+(:func:`idle_curve`). Pure function: :func:`~.core.detect_idle`. Never alerted: it
 gates execution windows (docs/daemon.md), it is not a problem. docs/rules.md, "idle".
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from defrag.alerting import NotAlerted
 from defrag.detect.findings import Finding
-from defrag.detect.idle import IdleParams, detect_idle
+from defrag.detectors.idle.core import IdleParams, detect_idle
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import PromQL, RuleModel
 from defrag.ports import MetricsSource

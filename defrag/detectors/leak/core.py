@@ -1,0 +1,890 @@
+"""GPU memory leak detection: steady growth of a GPU's used memory, heading for exhaustion.
+
+Real ``DCGM_FI_DEV_FB_USED`` jitters by hundreds of MiB between scrapes (allocator caches,
+activations), so nothing here is judged on raw samples. The series is reduced first:
+
+1. **bins** — the median of each ``bin_s`` bin (5 min: ten 30 s scrapes); a short spike or a
+   missed scrape does not move it;
+2. **restart** — a fall to a tenth of the running peak (by more than ``cycle_noise`` × noise) is
+   a job restarting or a new one: only what follows the last such fall is judged;
+3. **floor** — when the bins fall back by more than ``cycle_noise`` × their noise (a cache freed),
+   the minimum of every ``floor_window_s`` run of bins (1 h), averaged again over that window (a
+   rolling minimum is a staircase): an allocator cache freed and refilled within the hour leaves
+   it flat, while the floor of a leak rises with the leak.
+
+A GPU (or MIG instance) is *leaking* when, over the lookback,
+
+* the Theil–Sen slope of the judged series (bins, or floor) is at least ``min_slope_mib_per_h``
+  and the lower end of its 95% confidence interval is above zero;
+* the bins rise by Mann–Kendall's test (Kendall's τ of value against time, one-sided) with
+  p-value at most ``max_trend_p``;
+* the growth is steady: ``min_rising_fraction`` of ``segments`` equal slices rise at least
+  max(half the minimum slope, ``min_persistence`` × the overall slope) — a warm-up that
+  decelerates towards its plateau fails here, as does a single step;
+* the judged series never falls back from its running peak by more than the larger of
+  ``max_drawdown_fraction`` of the growth and ``drawdown_noise`` × the bins' noise (a robust
+  standard deviation from successive differences; ``cycle_noise`` × on the bins);
+* and the level line (the Theil–Sen slope through the bins' median) reaches the memory the
+  workload can use (used + free) within ``horizon_s``.
+
+A leaking GPU held by exactly one pod is that pod's finding; a GPU shared by several pods, held
+by none that DCGM names, or labelled only with the exporter's own pod, is reported as
+unattributable rather than guessed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Annotated
+
+import numpy as np
+import numpy.typing as npt
+from annotated_types import Ge, Gt, Le
+
+from defrag.detect.findings import Finding, Severity
+from defrag.detect.series import (
+    Binned,
+    FloatArray,
+    Trend,
+    bin_medians,
+    median_pairwise_slope,
+    robust_noise,
+    rolling_floor,
+    rolling_mean,
+    sen_trend,
+)
+from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
+
+HOUR_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class LeakParams:
+    """The leak detector's settings (rule-file names and meaning: docs/rules.md)."""
+
+    name: Annotated[str, INTERNAL] = "gpu-memory-leak"
+    severity: Severity = "warning"
+    action: Action = "alert"
+    query: Annotated[str, INTERNAL] = ""
+    """``queries.used`` of the rule (for the evidence)."""
+    lookback_s: Annotated[Seconds, RuleName("lookback")] = 6 * HOUR_S
+    bin_s: Annotated[Seconds, Gt(0), RuleName("step")] = 300.0
+    floor_window_s: Annotated[Seconds, RuleName("floor_window")] = HOUR_S
+    min_slope_mib_per_h: Annotated[float, Gt(0)] = 256.0
+    max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.01
+    horizon_s: Annotated[Seconds, RuleName("horizon")] = 48 * HOUR_S
+    critical_within_s: Annotated[Seconds | None, RuleName("critical_within")] = None
+    segments: Annotated[int, Ge(2), Le(12)] = 3
+    min_rising_fraction: Annotated[float, Ge(0), Le(1)] = 1.0
+    min_persistence: Annotated[float, Ge(0), Le(1)] = 0.5
+    max_drawdown_fraction: Annotated[float, Ge(0)] = 0.1
+    drawdown_noise: Annotated[float, Ge(0)] = 4.0
+    cycle_noise: Annotated[float, Ge(0)] = 6.0
+    min_coverage: Annotated[float, INTERNAL] = 0.5
+    short_window_s: Annotated[Seconds, Ge(0), RuleName("short_window")] = 2 * HOUR_S
+    """A leak is also judged over the last ``short_window`` (0: off), at ``min_slope``."""
+    fast_window_s: Annotated[Seconds, Ge(0), RuleName("fast_window")] = HOUR_S
+    """… and over the last ``fast_window`` (0: off), at ``fast_min_slope_mib_per_h``."""
+    fast_min_slope_mib_per_h: Annotated[float, Gt(0)] = 1024.0
+    short_max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.001
+    short_min_growth: Annotated[float, Ge(0)] = 6.0
+    """A short window's growth must be at least this × the noise."""
+    settle_s: Annotated[Seconds, RuleName("settle")] = HOUR_S
+    """Short windows judge a job only this long after its memory was near nothing (a load)."""
+    flat_for_s: Annotated[Seconds, Gt(0), RuleName("flat_for")] = 600.0
+    """Growth flat for this long below the GPU's memory has stopped: not a leak."""
+    recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
+    slice_z: Annotated[float, INTERNAL] = 1.5
+    short_persistence: Annotated[float, INTERNAL] = 0.7
+    max_step_share: Annotated[float, INTERNAL] = 0.4
+    min_lives: Annotated[int, Ge(2)] = 2
+    """A workload whose pods died this many times at their GPU's memory within the lookback,
+    each after growing steadily, is a leak across restarts."""
+
+
+_PORT = re.compile(r":\d+$")
+
+
+@dataclass(frozen=True, slots=True)
+class DcgmLabels:
+    """DCGM exporter label names; each tuple lists the names to try, in order.
+
+    Sources (NVIDIA/dcgm-exporter): ``internal/pkg/rendermetrics/render_metrics.go`` writes
+    ``gpu``, ``UUID`` (``uuid`` with ``--use-old-namespace``), ``GPU_I_PROFILE``/``GPU_I_ID`` on
+    MIG instances and the host label — ``Hostname``, renamed ``hostname`` by commit d5e5f51
+    ("Rename Hostname label to hostname"), absent with ``--no-hostname``;
+    ``internal/pkg/transformation/const.go`` names the pod labels ``pod``/``namespace``, or
+    ``pod_name``/``pod_namespace`` with ``--use-old-namespace``. Behind the chart's ServiceMonitor
+    (``honorLabels: false``) a clashing ``pod``/``namespace`` becomes ``exported_pod``/
+    ``exported_namespace`` and the plain pair names the exporter's own pod; the GPU operator's
+    values suggest relabelling the node name into ``instance`` (otherwise ``host:port``).
+    """
+
+    node: tuple[str, ...] = ("Hostname", "hostname", "node", "kubernetes_node", "instance")
+    gpu: str = "gpu"
+    uuid: tuple[str, ...] = ("UUID", "uuid")
+    pod: tuple[str, ...] = ("exported_pod", "pod_name", "pod")
+    namespace: tuple[str, ...] = ("exported_namespace", "pod_namespace", "namespace")
+    gpu_instance: str = "GPU_I_ID"
+    gpu_profile: str = "GPU_I_PROFILE"
+    exporter_pod: Regex = r"^(nvidia-)?dcgm-exporter(-.*)?$"
+    """Pods whose name matches are the exporter itself (never a workload)."""
+
+    def first(self, labels: Mapping[str, str], names: Sequence[str]) -> str:
+        return next((labels[n] for n in names if labels.get(n)), "")
+
+    def node_of(self, labels: Mapping[str, str]) -> str:
+        for name in self.node:
+            value = labels.get(name, "")
+            if value:
+                return _PORT.sub("", value) if name == "instance" else value
+        return ""
+
+    def uuid_of(self, labels: Mapping[str, str]) -> str:
+        return self.first(labels, self.uuid)
+
+    def key(self, labels: Mapping[str, str]) -> tuple[str, ...] | None:
+        """Which GPU (MIG instance) a series is about: its UUID when it has one, so GPUs of
+        different nodes never merge; else (node, gpu). None when the labels name neither."""
+        instance = labels.get(self.gpu_instance, "")
+        uuid = self.uuid_of(labels)
+        if uuid:
+            return ("uuid", uuid, instance)
+        node, gpu = self.node_of(labels), labels.get(self.gpu, "")
+        if node and gpu:
+            return ("node", node, gpu, instance)
+        return None
+
+    def target_pods(self, series_labels: Iterable[Mapping[str, str]]) -> frozenset[str]:
+        """``namespace/pod`` of the scrape targets: the plain pair on any series that also
+        carries an ``exported_`` pair (Prometheus renamed the exporter's clashing labels)."""
+        out = set()
+        for labels in series_labels:
+            if any(k.startswith("exported_") for k in labels) and labels.get("pod"):
+                out.add(f"{labels.get('namespace', '')}/{labels['pod']}")
+        return frozenset(out)
+
+    def is_exporter(self, key: str, targets: frozenset[str] = frozenset()) -> bool:
+        name = key.partition("/")[2]
+        return key in targets or bool(self.exporter_pod and re.match(self.exporter_pod, name))
+
+    def pod_key(
+        self, labels: Mapping[str, str], targets: frozenset[str] = frozenset()
+    ) -> str | None:
+        """``namespace/pod`` of the workload the series is about; never the exporter's own.
+
+        The pairs are tried in order (``exported_*``, then ``pod_name``/``pod_namespace``, then
+        ``pod``/``namespace``) and the namespace comes from the same pair as the pod.
+        """
+        for pod_name, ns_name in zip(self.pod, self.namespace, strict=False):
+            if labels.get(pod_name):
+                key = f"{labels.get(ns_name, '')}/{labels[pod_name]}"
+                if not self.is_exporter(key, targets):
+                    return key
+        return None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class GpuMemorySeries:
+    """One GPU's (or MIG instance's) used memory over time and the pods DCGM says hold it.
+
+    ``total_mib`` is its memory (used + free + reserved); ``reserved_mib`` the part no workload
+    can use, so memory runs out at ``total_mib − reserved_mib``.
+    """
+
+    node: str
+    gpu: str
+    times: FloatArray
+    used_mib: FloatArray
+    total_mib: float
+    pods: tuple[str, ...] = ()
+    uuid: str = ""
+    instance: str = ""
+    profile: str = ""
+    reserved_mib: float = 0.0
+    exporter_only: bool = False
+    """DCGM named no workload, only the exporter's own pod (pod mapping off)."""
+    stale_s: float = 0.0
+    """How long the exporter has said nothing about this GPU at the evaluation time (its node's
+    exporter silent): the GPU is judged on what it last said, and a finding says how old."""
+    capacity_from: str = "used+free"
+    """Where ``total_mib`` comes from: ``used+free`` (now), ``last used+free`` (the last values
+    the exporter gave within the lookback), ``model`` (the GPU model's memory), or ``unknown``
+    (``total_mib`` 0: no verdict about exhaustion can be given)."""
+
+    @property
+    def subject(self) -> str:
+        base = f"gpu/{self.node}/{self.gpu}" if self.node and self.gpu else f"gpu/{self.uuid}"
+        return f"{base}/mig-{self.instance}" if self.instance else base
+
+    @property
+    def usable_mib(self) -> float:
+        return self.total_mib - self.reserved_mib
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Occupancy:
+    """The samples of one occupant of a GPU: a pod DCGM names (``pod`` ``namespace/name``) or
+    none (``pod`` ''), merged over the series that carry it (shared scrape jobs, exporter
+    restarts)."""
+
+    pod: str
+    times: FloatArray
+    used_mib: FloatArray
+
+    @property
+    def last(self) -> float:
+        return float(self.times[-1]) if len(self.times) else -np.inf
+
+
+def split_occupancy(
+    lives: Sequence[Occupancy], width_s: float
+) -> tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]:
+    """(current, ended): the current occupants are those whose last sample is within
+    ``width_s`` of the GPU's last sample (several when DCGM names several pods on a shared
+    GPU); every other occupant has ended (its pod is gone, or the GPU went to another pod or to
+    none) and is never judged as the GPU's present. Ended ones come oldest first."""
+    if not lives:
+        return (), ()
+    last = max(life.last for life in lives)
+    current = tuple(life for life in lives if life.last >= last - width_s)
+    ended = tuple(sorted((life for life in lives if life.last < last - width_s), key=_end))
+    return current, ended
+
+
+def _end(life: Occupancy) -> float:
+    return life.last
+
+
+_MODEL_GB = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+
+
+def memory_of_model(model: str) -> float | None:
+    """The memory (MiB) a GPU model name states (``NVIDIA H100 80GB HBM3`` → 80 × 1024), or None.
+
+    An upper bound (the driver reserves a little: an H100 80GB shows 81,559 MiB, not 81,920),
+    used only when the exporter gave no free-memory reading within the lookback."""
+    match = _MODEL_GB.search(model)
+    return float(match.group(1)) * 1024.0 if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class LeakAssessment:
+    """Whether one GPU leaks, with the numbers and the reasons it does not."""
+
+    series: GpuMemorySeries
+    leaking: bool
+    reasons: tuple[str, ...]
+    slope_mib_per_h: float = 0.0
+    exhaust_at: float | None = None
+    evidence: dict[str, object] = field(default_factory=dict, hash=False)
+
+
+def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> LeakAssessment:
+    """Judge one GPU's memory over ``[now − lookback, now]``: the whole lookback first, then
+    the short windows (a fast leak is found before the lookback fills)."""
+    end = now.timestamp()
+    start = end - params.lookback_s
+    t, y = series.times, series.used_mib
+    keep = (t > start) & (t <= end) & np.isfinite(y)
+    t, y = t[keep], y[keep]
+    if len(t) < 3:
+        return LeakAssessment(series, False, ("too little history (0.0 h)",))
+    bins = bin_medians(t, y, params.bin_s, end)
+    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise, series.usable_mib)
+    restarted = restart is not None
+    since = 0.0
+    if restart is not None:
+        # memory fell to near nothing: the job restarted (or a new one began); what came before
+        # is another job's history, so only what follows is judged
+        since = bins.times[restart] + params.bin_s / 2
+        keep = t >= since
+        t, y = t[keep], y[keep]
+        if len(t) < 3:
+            return LeakAssessment(series, False, ("too little history since the job restarted",))
+        bins = bin_medians(t, y, params.bin_s, end)
+    span_h = (t[-1] - t[0]) / HOUR_S
+    verdict: LeakAssessment | None = None
+    loaded = _loaded_at(bins, params)
+    if loaded is not None and end - loaded < params.min_coverage * params.lookback_s:
+        # the job loaded from nothing inside the lookback: what came before is not its growth
+        why = f"too little history since the job loaded ({(end - loaded) / HOUR_S:.1f} h)"
+        verdict = LeakAssessment(series, False, (why,))
+    elif (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
+        judged = bins if loaded is None else _after(bins, loaded)
+        verdict = _judge(series, judged, params, end, params.lookback_s, short=False)
+        if verdict.leaking:
+            return verdict
+    for window, min_slope in _short_windows(params):
+        if window <= 0 or window >= params.lookback_s or (t[-1] - t[0]) < 0.9 * window:
+            continue
+        if not _settled(bins, params, end, window, since if restart is not None else None):
+            continue  # the workload is still loading: a short window would call a warm-up
+        short = _judge(series, bins, params, end, window, short=True, min_slope=min_slope)
+        if short.leaking:
+            return short
+    if verdict is not None:
+        return verdict
+    where = " since the job restarted" if restarted else ""
+    return LeakAssessment(series, False, (f"too little history{where} ({span_h:.1f} h)",))
+
+
+def _short_windows(params: LeakParams) -> tuple[tuple[float, float], ...]:
+    """(window, minimum slope): the short window at the rule's minimum slope, the fast window at
+    its own (a fast leak is visible in less time)."""
+    return (
+        (params.short_window_s, params.min_slope_mib_per_h),
+        (params.fast_window_s, params.fast_min_slope_mib_per_h),
+    )
+
+
+def _loaded_at(bins: Binned, params: LeakParams) -> float | None:
+    """``settle`` after the last bin below a tenth of the latest level (the job loaded from
+    nothing there: a warm-up follows), or None when memory never was that low."""
+    level = float(np.median(bins.values[-3:]))
+    low = np.flatnonzero(bins.values <= 0.1 * level)
+    if len(low) == 0 or level <= 0:
+        return None
+    return float(bins.times[low[-1]] + bins.width / 2 + params.settle_s)
+
+
+def _after(bins: Binned, since: float) -> Binned:
+    keep = bins.times >= since
+    return Binned(bins.times[keep], bins.values[keep], bins.width)
+
+
+def _settled(
+    bins: Binned, params: LeakParams, end: float, window: float, restarted: float | None
+) -> bool:
+    """Whether the workload had finished loading before ``window``: it did not restart, and no
+    bin lies below a tenth of the latest level, in the window or in the ``settle`` before it (a
+    job that starts from nothing loads its model first: 0.5–2 h of fast, decelerating
+    growth)."""
+    horizon = end - window - params.settle_s
+    if restarted is not None and restarted > horizon:
+        return False
+    level = float(np.median(bins.values[-3:]))
+    return bool(np.all(bins.values[bins.times > horizon] > 0.1 * level))
+
+
+def _judge(
+    series: GpuMemorySeries,
+    all_bins: Binned,
+    params: LeakParams,
+    end: float,
+    window: float,
+    *,
+    short: bool,
+    min_slope: float | None = None,
+) -> LeakAssessment:
+    """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
+    lookback, with its own false-positive guard (no cache drop in it or in the floor window
+    before it; growth of at least ``short_min_growth`` × the noise; a stricter trend p-value;
+    two halves that both rise)."""
+    min_slope = params.min_slope_mib_per_h if min_slope is None else min_slope
+    inside = all_bins.times > end - window
+    bins = Binned(all_bins.times[inside], all_bins.values[inside], all_bins.width)
+    if short and len(bins.times) >= 2:  # most GPUs do not grow: say so before anything else
+        quick = median_pairwise_slope((bins.times - bins.times[0]) / HOUR_S, bins.values)
+        if quick < min_slope:
+            return LeakAssessment(series, False, (f"slope {quick:.0f} MiB/h below {min_slope:g}",))
+    noise = robust_noise(all_bins.values)
+    segments = 2 if short else params.segments
+    if len(bins.times) < 3 * segments:
+        return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
+    if short:
+        near = all_bins.values[all_bins.times > end - window - params.floor_window_s]
+        cycles = False
+        if _drawdown(near) > params.cycle_noise * noise:
+            why = "a cache freed within the short window (judged on the lookback only)"
+            return LeakAssessment(series, False, (why,))
+        judged = bins
+    else:
+        floor = rolling_floor(bins, params.floor_window_s)
+        if len(floor.times) < 3 * params.segments:
+            return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
+        # Falls beyond the noise (a cache freed, a restart) call for the floor; without them
+        # the bins themselves are the least noisy series to judge.
+        cycles = _drawdown(bins.values) > params.cycle_noise * noise
+        judged = rolling_mean(floor, params.floor_window_s) if cycles else bins
+    t0 = bins.times[0]
+    fh = (judged.times - t0) / HOUR_S
+    slope = median_pairwise_slope(fh, judged.values)
+    evidence: dict[str, object] = {
+        "query": params.query,
+        "node": series.node,
+        "gpu": series.gpu,
+        "uuid": series.uuid,
+        "used_mib": round(float(all_bins.values[-1]), 1),
+        "total_mib": round(series.total_mib, 1),
+        "slope_mib_per_h": round(slope, 1),
+        "noise_mib": round(float(noise), 1),
+        "judged_on": "floor" if cycles else "bins",
+        "lookback_s": params.lookback_s,
+        "window_s": window,
+        "bins": len(bins.times),
+    }
+    if series.instance:
+        evidence |= {"gpu_instance": series.instance, "mig_profile": series.profile}
+    if series.reserved_mib:
+        evidence["reserved_mib"] = round(series.reserved_mib, 1)
+    reasons: list[str] = []
+    if slope < min_slope:
+        reasons.append(f"slope {slope:.0f} MiB/h below {min_slope:g}")
+        return LeakAssessment(series, False, tuple(reasons), slope, None, evidence)
+    fit = sen_trend(fh, judged.values)
+    slope, low, high = fit.slope, fit.low, fit.high
+    residual = judged.values - slope * fh
+    spread = max(float(noise), 1.4826 * float(np.median(np.abs(residual - np.median(residual)))))
+    evidence |= {
+        "slope_mib_per_h": round(slope, 1),
+        "slope_ci_mib_per_h": [round(low, 1), round(high, 1)],
+        "variance_ratio": round(fit.variance_ratio, 2),
+    }
+    floor_slope = min_slope / 2 if short else 0.0
+    if low <= floor_slope:
+        reasons.append(f"slope's 95% interval reaches {low:.0f} MiB/h (not above {floor_slope:g})")
+    trend = fit if judged is bins else sen_trend((bins.times - t0) / HOUR_S, bins.values)
+    max_p = params.short_max_trend_p if short else params.max_trend_p
+    evidence |= {"trend_p": float(f"{trend.p_rising:.3g}"), "kendall_tau": round(trend.tau, 3)}
+    if trend.p_rising > max_p:
+        reasons.append(f"trend p-value {trend.p_rising:.2g} above {max_p:g}")
+    # a short window's halves must both rise by their own slopes, by more than the lookback's
+    # slices (a warm-up still rising decelerates); the lookback's slices rise unless shown not to
+    persistence = params.short_persistence if short else params.min_persistence
+    need = max(min_slope / 2, persistence * slope)
+    slices = _slice_highs(
+        fh, judged.values, segments, 0.0 if short else params.slice_z, fit.variance_ratio, need
+    )
+    rising = float(np.mean(slices >= need))
+    evidence |= {
+        "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
+        "rising_fraction": round(rising, 3),
+    }
+    if short and slices[-1] < params.short_persistence * slices[0]:
+        reasons.append(
+            f"the window's second half rises {slices[-1]:.0f} MiB/h, less than "
+            f"{params.short_persistence:g} × its first half's {slices[0]:.0f} (decelerating: "
+            "a warm-up)"
+        )
+    if rising < params.min_rising_fraction:
+        reasons.append(
+            f"rises in {rising:.0%} of slices at {need:.0f} MiB/h or more, not steadily "
+            "(a warm-up, a step or a restart)"
+        )
+    growth = max(slope * (fh[-1] - fh[0]), 0.0)
+    # the first ``settle`` of the window may be a job's load (it may have begun there), not a
+    # step; a step there leaves the later slices flat, which the slices reject
+    rises = np.diff(bins.values)[bins.times[1:] > bins.times[0] + params.settle_s]
+    jump = float(rises.max()) if len(rises) else 0.0
+    evidence["largest_rise_mib"] = round(jump, 1)
+    if jump > params.cycle_noise * noise and jump > params.max_step_share * growth:
+        reasons.append(
+            f"one rise of {jump:.0f} MiB between two bins is {jump / max(growth, 1.0):.0%} of "
+            "the growth: a step (a larger batch, a second model), not a leak"
+        )
+    if short and growth < params.short_min_growth * spread:
+        reasons.append(
+            f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
+            f"{params.short_min_growth:g} × the noise ({spread:.0f} MiB)"
+        )
+    # on the bins, no fall exceeds ``cycle_noise`` × noise (else the floor is judged); the
+    # floor may fall back by noise or a small share of the growth, not by a restart
+    drawdown = _drawdown(judged.values)
+    allowed = max(
+        params.max_drawdown_fraction * growth,
+        (params.drawdown_noise if cycles else params.cycle_noise) * (noise if cycles else spread),
+    )
+    evidence |= {
+        "drawdown_mib": round(drawdown, 1),
+        "drawdown_allowed_mib": round(float(allowed), 1),
+    }
+    if drawdown > allowed:
+        reasons.append(f"falls back {drawdown:.0f} MiB (more than {allowed:.0f} allowed)")
+    # the level line: the floor's slope through the bins' median level
+    bh = (bins.times - t0) / HOUR_S
+    level0 = float(np.median(bins.values - slope * bh))
+    # only a would-be leak needs the saturation test (it refits the growth per tail length)
+    stalled = (
+        None if reasons else _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
+    )
+    if stalled is not None:
+        evidence["flat_since"] = _iso(stalled)
+        reasons.append(
+            f"growth has stopped: flat for {(end - stalled) / 60:.0f} min below the GPU's "
+            "memory (a cache at its limit)"
+        )
+    now_h = (end - t0) / HOUR_S
+    exhaust_at: float | None = None
+    evidence["capacity_from"] = series.capacity_from
+    if series.stale_s > 0:
+        evidence["stale_s"] = round(series.stale_s)
+    if series.usable_mib > 0 and slope > 0:
+        exhaust_at = t0 + ((series.usable_mib - level0) / slope) * HOUR_S
+        recent = _recent(all_bins, end, params, fit.variance_ratio)
+        exhaust_at = _no_sooner_than_recent(
+            all_bins, recent, series.usable_mib, end, exhaust_at, params.recent_s
+        )
+        evidence["recent_slope_mib_per_h"] = round(recent.slope, 1)
+    if series.usable_mib <= 0:
+        # never "no leak" for want of a capacity: a steady grower is reported, its exhaustion
+        # time unknown (the summary says why)
+        evidence["capacity_from"] = "unknown"
+    elif exhaust_at is None or not np.isfinite(exhaust_at):
+        exhaust_at = None
+        reasons.append("never reaches the GPU's memory (the last hour does not grow)")
+    else:
+        evidence["exhaust_at"] = _iso(exhaust_at)
+        evidence["hours_to_exhaust"] = round(float(max(exhaust_at - end, 0.0)) / HOUR_S, 2)
+        evidence["level_mib"] = round(float(level0 + slope * now_h), 1)
+        if exhaust_at - end > params.horizon_s:
+            reasons.append(
+                f"exhaustion in {(exhaust_at - end) / HOUR_S:.1f} h, beyond the "
+                f"{params.horizon_s / HOUR_S:g} h horizon"
+            )
+    return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+def _stalled_since(
+    bins: Binned, slope: float, noise: float, ratio: float, params: LeakParams
+) -> float | None:
+    """When growth stopped, if it did at least ``flat_for`` ago: the longest tail of bins (at
+    least ``flat_for``, at most half the window) whose own slope is less than
+    ``min_persistence`` × the slope of the bins before it, and which — as a whole and in its
+    last ``flat_for`` — lies below the line fitted to those bins by more than 3 standard
+    errors (their residuals' spread, inflated by the variance ratio). None when growth goes
+    on."""
+    need = max(int(np.ceil(params.flat_for_s / bins.width)), 2)
+    n = len(bins.times)
+    if n < 2 * need or slope <= 0:
+        return None
+    hours = (bins.times - bins.times[0]) / HOUR_S
+    found: float | None = None
+    for size in range(need, n // 2 + 1):
+        head_h, head_v = hours[:-size], bins.values[:-size]
+        before = median_pairwise_slope(head_h, head_v)
+        if before <= 0:
+            continue
+        residual = head_v - before * head_h
+        base = float(np.median(residual))
+        spread = max(noise, 1.4826 * float(np.median(np.abs(residual - base))))
+        gap = base + before * hours[-size:] - bins.values[-size:]
+        # had growth stopped at the tail's start, the gap would grow like this; half of it at
+        # least must be missing, beside the noise test (a noiseless leak has no spread)
+        stopped = before * (hours[-size:] - hours[-size] + bins.width / 2 / HOUR_S)
+        if float(np.mean(gap)) <= max(3.5 * spread * np.sqrt(ratio / size), np.mean(stopped) / 2):
+            continue
+        last = float(np.mean(gap[-need:]))
+        if last <= max(3.5 * spread * np.sqrt(ratio / need), float(np.mean(stopped[-need:])) / 2):
+            continue
+        # a tail of a few bins has too noisy a slope of its own: its two gaps decide
+        own = median_pairwise_slope(hours[-size:], bins.values[-size:]) if size >= 6 else 0.0
+        if own < params.min_persistence * before:
+            found = float(bins.times[-size] - bins.width / 2)
+    return found
+
+
+def _recent(all_bins: Binned, end: float, params: LeakParams, ratio: float) -> Trend:
+    """Sen's slope of the last ``recent`` (1 h) of bins, its interval widened by the window's
+    variance ratio (12 points cannot estimate their own autocorrelation)."""
+    inside = all_bins.times > end - params.recent_s
+    t = all_bins.times[inside]
+    return sen_trend(
+        (t - t[0]) / HOUR_S if len(t) else t, all_bins.values[inside], variance_ratio=ratio
+    )
+
+
+def _no_sooner_than_recent(
+    all_bins: Binned, recent: Trend, usable: float, end: float, exhaust_at: float, window: float
+) -> float:
+    """The exhaustion time, never sooner than the last ``recent`` (1 h) supports: memory now
+    (the recent line's level at ``end``) growing at the upper end of the recent slope's 95%
+    interval; infinite when the recent hour does not grow at all."""
+    if not np.isfinite(recent.high):
+        return exhaust_at
+    if recent.high <= 0:
+        return np.inf
+    inside = all_bins.times > end - window
+    t_h = (all_bins.times[inside] - end) / HOUR_S  # hours before end (≤ 0)
+    level = float(np.median(all_bins.values[inside] - recent.slope * t_h))
+    return max(exhaust_at, end + max(usable - level, 0.0) / recent.high * HOUR_S)
+
+
+def _last_restart(bins: Binned, min_fall: float, usable: float = 0.0) -> int | None:
+    """The bin where memory last fell to a tenth of its running peak or less, by more than
+    ``min_fall`` (a restart or a new job), or — an OOM kill — from 90% of the usable memory or
+    more to half its peak or less: the first bin of the last such low run; None when it never
+    did."""
+    starts = _restarts(bins.values, min_fall, usable)
+    return int(starts[-1]) if len(starts) else None
+
+
+def _restarts(v: FloatArray, min_fall: float, usable: float = 0.0) -> npt.NDArray[np.intp]:
+    if len(v) < 2:
+        return np.empty(0, dtype=np.intp)
+    peak = np.maximum.accumulate(v)
+    oom = (peak >= 0.9 * usable) & (v <= 0.5 * peak) if usable > 0 else np.zeros(len(v), bool)
+    fell = ((v <= 0.1 * peak) | oom) & (peak - v > max(min_fall, 0.0)) & (peak > 0)
+    return np.flatnonzero(fell & ~np.concatenate(([False], fell[:-1])))
+
+
+def _drawdown(values: FloatArray) -> float:
+    """The largest fall from a running peak to a later value."""
+    return float((np.maximum.accumulate(values) - values).max()) if len(values) else 0.0
+
+
+def _slice_highs(
+    t_h: FloatArray, values: FloatArray, segments: int, z: float, ratio: float, need: float
+) -> FloatArray:
+    """Of each of ``segments`` equal time slices, what is compared with ``need``: the upper end
+    of its Sen slope's interval at normal quantile ``z`` (its slope alone when ``z`` is 0; −inf
+    where < 3 points) — a slice fails to rise when its slope is *shown* to be low, not when
+    noise that lingers (serially correlated) hides it. The last slice, where a warm-up levels
+    off, gets its interval only when its slope itself is at least half of ``need``."""
+    edges = np.linspace(t_h[0], t_h[-1], segments + 1)
+    which = np.clip(np.searchsorted(edges, t_h, side="right") - 1, 0, segments - 1)
+    out = np.full(segments, -np.inf)
+    for i in range(segments):
+        mask = which == i
+        if int(mask.sum()) >= 3:
+            out[i] = median_pairwise_slope(t_h[mask], values[mask])
+            if z > 0 and out[i] < need and (i < segments - 1 or out[i] >= need / 2):
+                out[i] = max(out[i], sen_trend(t_h[mask], values[mask], z, ratio).high)
+    return out
+
+
+# --- leaks across restarts: a workload whose pods each grow to the GPU's memory and die ------
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Life:
+    """One life of a workload on a GPU: a pod's occupancy, cut at each restart (memory falling
+    to a tenth of its peak, or an OOM kill), with the memory the GPU had."""
+
+    owner: str
+    """``<namespace>/<kind>/<name>`` (``kube_pod_owner``), ``<namespace>/Pod/<name>`` without."""
+    pod: str
+    gpu_subject: str
+    node: str
+    times: FloatArray
+    used_mib: FloatArray
+    usable_mib: float
+    ended: bool
+    """Over: a later run, a later pod or no pod holds the GPU (or the exporter forgot it)."""
+
+
+def split_lives(
+    owner: str,
+    pod: str,
+    gpu_subject: str,
+    node: str,
+    times: FloatArray,
+    values: FloatArray,
+    usable_mib: float,
+    current: bool,
+) -> list[Life]:
+    """A pod's samples on one GPU cut into its container's runs: a new run begins where memory
+    falls to a tenth of its running peak, or from 90% of ``usable_mib`` to half of it. Every run
+    but the last has ended; the last has when the pod is not the GPU's ``current`` occupant."""
+    cuts = [0, *(int(i) for i in _restarts(values, 0.0, usable_mib)), len(values)]
+    runs = list(itertools.pairwise(cuts))
+    out = []
+    for k, (a, b) in enumerate(runs):
+        ended = k < len(runs) - 1 or not current
+        if b - a >= 3:
+            out.append(
+                Life(owner, pod, gpu_subject, node, times[a:b], values[a:b], usable_mib, ended)
+            )
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class LifeVerdict:
+    life: Life
+    grew: bool
+    slope_mib_per_h: float
+    peak_mib: float
+
+
+def _life_grew(life: Life, params: LeakParams) -> LifeVerdict:
+    """A life that grew steadily (Sen's slope ≥ the minimum, a rising trend at ``max_trend_p``)
+    and, when it ended, ended at 90% of its GPU's usable memory or more."""
+    t_h = (life.times - life.times[0]) / HOUR_S
+    bins = bin_medians(life.times, life.used_mib, params.bin_s, float(life.times[-1]))
+    peak = float(bins.values.max()) if len(bins.values) else 0.0
+    if len(bins.times) < 6:
+        return LifeVerdict(life, False, 0.0, peak)
+    fit = sen_trend((bins.times - bins.times[0]) / HOUR_S, bins.values)
+    full = life.usable_mib > 0 and peak >= 0.9 * life.usable_mib
+    grew = (
+        fit.slope >= params.min_slope_mib_per_h
+        and fit.p_rising <= params.max_trend_p
+        and (full or not life.ended)
+        and t_h[-1] > 0
+    )
+    return LifeVerdict(life, grew, fit.slope, peak)
+
+
+def detect_workload_leaks(
+    lives: Sequence[Life], params: LeakParams, now: datetime
+) -> list[Finding]:
+    """Findings for every workload of which at least ``min_lives`` lives that ended each grew
+    steadily to their GPU's memory within the lookback — the crash loop a leak causes, a new
+    pod (or container run) each life."""
+    end = now.timestamp()
+    by_owner: dict[str, list[Life]] = {}
+    for life in lives:
+        if len(life.times) and life.times[-1] > end - params.lookback_s:
+            by_owner.setdefault(life.owner, []).append(life)
+    out = []
+    for owner, group in sorted(by_owner.items()):
+        group.sort(key=lambda life: float(life.times[0]))
+        verdicts = [_life_grew(life, params) for life in group]
+        died = [v for v in verdicts if v.grew and v.life.ended]
+        if len(died) < params.min_lives:
+            continue
+        out.append(_workload_finding(owner, verdicts, died, params, now))
+    return out
+
+
+def _workload_finding(
+    owner: str,
+    verdicts: list[LifeVerdict],
+    died: list[LifeVerdict],
+    params: LeakParams,
+    now: datetime,
+) -> Finding:
+    namespace, kind, name = ([*owner.split("/", 2), "", ""])[:3]
+    slopes = [round(v.slope_mib_per_h, 1) for v in died]
+    lives = [
+        {
+            "pod": v.life.pod,
+            "gpu": v.life.gpu_subject,
+            "start": _iso(float(v.life.times[0])),
+            "end": _iso(float(v.life.times[-1])),
+            "slope_mib_per_h": round(v.slope_mib_per_h, 1),
+            "peak_mib": round(v.peak_mib, 1),
+            "usable_mib": round(v.life.usable_mib, 1),
+            "grew_to_memory": v in died,
+        }
+        for v in verdicts
+    ]
+    hours = [float(v.life.times[-1] - v.life.times[0]) / HOUR_S for v in died]
+    evidence: dict[str, object] = {
+        "query": params.query,
+        "owner_kind": kind,
+        "owner_name": name,
+        "restarts": len(died),
+        "lives": lives,
+        "slopes_mib_per_h": slopes,
+        "median_life_h": round(float(np.median(hours)), 2),
+    }
+    return Finding(
+        kind="leak-restarts",
+        subject=f"workload/{owner}",
+        severity="critical",
+        summary=(
+            f"{kind} {namespace}/{name}: {len(died)} lives grew to their GPU's memory and "
+            f"died (GPU memory growing {min(slopes):g}–{max(slopes):g} MiB/h, a life every "
+            f"{np.median(hours):.1f} h): a leak that crash-loops the workload"
+        ),
+        evidence=evidence,
+        since=datetime.fromtimestamp(float(died[0].life.times[0]), UTC),
+        labels={
+            "namespace": namespace,
+            "owner_kind": kind,
+            "owner_name": name,
+            "detector": "leak",
+            "rule": params.name,
+        },
+        action=params.action,
+    )
+
+
+def detect_leaks(
+    series: Sequence[GpuMemorySeries], params: LeakParams, now: datetime
+) -> list[Finding]:
+    """Findings for every leaking GPU: per pod when one pod holds it, else unattributable."""
+    findings = []
+    for one in series:
+        verdict = assess_leak(one, params, now)
+        if verdict.leaking:
+            findings.append(_finding(verdict, params, now))
+    return sorted(findings, key=lambda f: f.subject)
+
+
+def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Finding:
+    s = verdict.series
+    ev = dict(verdict.evidence)
+    hours = ev.get("hours_to_exhaust", 0.0)
+    severity = params.severity
+    end = now.timestamp()
+    if (
+        params.critical_within_s is not None
+        and verdict.exhaust_at is not None
+        and verdict.exhaust_at - end <= params.critical_within_s
+    ):
+        severity = "critical"
+    since = datetime.fromtimestamp(float(s.times[0]), UTC) if len(s.times) else None
+    since = max(since, datetime.fromtimestamp(end - params.lookback_s, UTC)) if since else None
+    labels = {"node": s.node, "detector": "leak", "rule": params.name, "gpu": s.gpu}
+    if s.instance:
+        labels["gpu_instance"] = s.instance
+    if not s.gpu and s.uuid:
+        labels["uuid"] = s.uuid  # no node/index label: the UUID tells the pod's GPUs apart
+    rate = ev["slope_mib_per_h"]
+    ci = verdict.evidence.get("slope_ci_mib_per_h", ["?", "?"])
+    lo, hi = ci if isinstance(ci, list) else ("?", "?")
+    eta = (
+        f"exhausted in {hours} h"
+        if "hours_to_exhaust" in ev
+        else "exhaustion time unknown (no capacity: no free-memory reading, no GPU model)"
+    )
+    if s.stale_s > 0:
+        eta += (
+            f"; the exporter has been silent {s.stale_s / 60:.0f} min: judged on what it last said"
+        )
+    if len(s.pods) == 1:
+        namespace, _, pod = s.pods[0].partition("/")
+        labels |= {"namespace": namespace, "pod": pod}
+        return Finding(
+            kind="leak",
+            subject=f"pod/{s.pods[0]}",
+            severity=severity,
+            summary=(
+                f"GPU memory of pod {s.pods[0]} on {s.subject} grows {rate} MiB/h "
+                f"(95% CI {lo}–{hi}); {eta}"
+            ),
+            evidence=ev | {"pods": list(s.pods), "gpu_subject": s.subject},
+            since=since,
+            labels=labels,
+            action=params.action,
+            part=s.subject,  # one finding per (pod, GPU or MIG instance)
+        )
+    if s.pods:
+        holders = ", ".join(s.pods)
+    elif s.exporter_only:
+        holders = "no pod: DCGM names only the exporter's own pod (pod mapping off?)"
+    else:
+        holders = "no pod DCGM names"
+    return Finding(
+        kind="leak",
+        subject=s.subject,
+        severity=severity,
+        summary=(
+            f"GPU memory on {s.subject} grows {rate} MiB/h (95% CI {lo}–{hi}), {eta}; "
+            f"unattributable: held by {holders}"
+        ),
+        evidence=ev | {"pods": list(s.pods), "attributable": False},
+        since=since,
+        labels=labels,
+        action=params.action,
+    )
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat()

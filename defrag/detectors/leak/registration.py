@@ -1,0 +1,357 @@
+"""The leak detector's registration: GPU memory growing steadily towards exhaustion.
+
+Rule model: :class:`LeakRule` (``queries``, ``labels``, ``prefilter`` here; the settings are
+:class:`~.core.LeakParams`). Queries: ``queries.used`` over the lookback (5-min
+medians computed by Prometheus, see :func:`leak_range_query`), ``queries.free`` and
+``queries.reserved`` at the evaluation time. Pure function:
+:func:`~.core.detect_leaks`. Alert: ``GPUMemoryLeakSuspected``. docs/rules.md,
+"leak".
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+from defrag.alerting import AlertSpec
+from defrag.detect.findings import Finding
+from defrag.detect.kube_state import label, pod_key, scrape_targets
+from defrag.detectors.leak.core import (
+    DcgmLabels,
+    GpuMemorySeries,
+    LeakParams,
+    Life,
+    Occupancy,
+    detect_leaks,
+    detect_workload_leaks,
+    memory_of_model,
+    split_lives,
+    split_occupancy,
+)
+from defrag.detectors.registry import Detector, Inputs, MissingInput, register
+from defrag.detectors.rulemodel import (
+    Model,
+    PromQL,
+    RuleModel,
+    settings_model,
+    settings_of,
+)
+from defrag.ports import MetricsSource, Sample
+
+DcgmLabelNames = settings_model(DcgmLabels)
+"""The ``labels:`` of a leak rule, generated from :class:`~.core.DcgmLabels`."""
+
+
+class LeakQueries(Model):
+    used: PromQL
+    free: PromQL
+    reserved: PromQL | None = None
+    """``DCGM_FI_DEV_FB_RESERVED`` where the exporter is configured to export it."""
+    owner: PromQL | None = "kube_pod_owner"
+    """kube-state-metrics' pod owners: the workload whose pods die one after another (asked
+    only when some pod's life ended at its GPU's memory; none: lives are grouped by pod)."""
+
+
+class LeakRuleFields(RuleModel):
+    """What only the edge reads; the settings come from :class:`LeakParams`."""
+
+    queries: LeakQueries
+    labels: DcgmLabelNames = DcgmLabelNames()  # type: ignore[valid-type]
+    prefilter: bool = True
+    """Ask Prometheus only for GPUs whose least-squares slope is at least half the minimum."""
+
+    def promql(self) -> dict[str, str]:
+        out = {"queries.used": self.queries.used, "queries.free": self.queries.free}
+        if self.queries.reserved:
+            out["queries.reserved"] = self.queries.reserved
+        if self.queries.owner:
+            out["queries.owner"] = self.queries.owner
+        return out
+
+
+def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Finding]:
+    lives: list[Life] = []
+    series = leak_series(rule, inputs.prometheus, inputs.now, lives)
+    found = detect_leaks(series, params, inputs.now)
+    return found + detect_workload_leaks(lives, params, inputs.now)
+
+
+def _edge(rule: LeakRuleFields) -> Mapping[str, Any]:
+    return {"query": rule.queries.used}
+
+
+LEAK: Detector[LeakRuleFields, LeakParams] = register(
+    Detector(
+        name="leak",
+        rule=LeakRuleFields,
+        settings=LeakParams,
+        needs=frozenset({"metrics"}),
+        run=_run,
+        # gpu_instance and uuid (besides the routing node/gpu): one alert per GPU or MIG
+        # instance of a pod, never merged by Alertmanager
+        alerts={
+            "leak": [AlertSpec("GPUMemoryLeakSuspected", labels=("gpu_instance", "uuid"))],
+            "leak-restarts": [
+                AlertSpec("GPUMemoryLeakCrashLoop", labels=("owner_kind", "owner_name"))
+            ],
+        },
+        edge_settings=_edge,
+    )
+)
+LeakRule = LEAK.model
+"""The leak rule model (edge fields and settings)."""
+
+_SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
+
+
+def leak_range_query(rule: LeakRuleFields) -> str:
+    """The range query for the leak rule.
+
+    When ``queries.used`` is a plain selector, each point is the median of the samples of its
+    ``step`` (``quantile_over_time(0.5, used[step])``): Prometheus does the first reduction, so
+    1,000 GPUs at 30 s come back as 72 points each over 6 h. With ``prefilter``, only the GPUs
+    of which some series has a least-squares slope over the whole lookback (``deriv(...) @
+    end()``, evaluated once) of at least half the minimum come back — *every* series of such a
+    GPU (``and on(<the GPU's labels>)``), so the GPU's present occupant is seen beside a pod
+    that grew and ended. The detector judges the present occupant only, and a necessary
+    condition of its verdict is checked by the property test over the corpus
+    (tests/test_detect_corpus.py): the results are the same with the prefilter off.
+    """
+    params = LEAK.settings_of(rule)
+    used = rule.queries.used
+    if not _SELECTOR.match(used):
+        return used
+    sel = used.strip()
+    query = f"quantile_over_time(0.5, {sel}[{params.bin_s:.0f}s])"
+    if not rule.prefilter:
+        return query
+    names: DcgmLabels = settings_of(rule.labels)
+    # the labels that name one GPU whatever the series: not ``instance`` (a new exporter pod
+    # after a restart has a new one), nor the pod labels (a new occupant)
+    on = ", ".join(
+        dict.fromkeys(
+            [
+                *names.uuid,
+                *(n for n in names.node if n != "instance"),
+                names.gpu,
+                names.gpu_instance,
+            ]
+        )
+    )
+    threshold = params.min_slope_mib_per_h / 2
+    return (
+        f"({query}) and on({on}) "
+        f"(deriv({sel}[{params.lookback_s:.0f}s] @ end()) * 3600 > {threshold:g})"
+    )
+
+
+def leak_series(
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    now: datetime,
+    lives: list[Life] | None = None,
+) -> list[GpuMemorySeries]:
+    """One memory series per GPU (per MIG instance) over the rule's lookback: its present
+    occupant's (pods that ended are not its present), with the pods DCGM names on it. Raises
+    :class:`MissingInput` when DCGM's series are absent, or when no series carries labels that
+    name a GPU.
+
+    A GPU whose node's exporter has said nothing for more than a ``step`` (no fresh
+    ``queries.free`` on the node) is judged on what it last said, with its age (``stale_s``); a
+    GPU that went silent while its node's exporter still speaks has ended (gone, or its pod
+    gone without a successor series) and is not judged. Capacity is used + free now, else the
+    last used + free within the lookback, else the GPU model's memory (``modelName``), never 0
+    by default (``capacity_from`` says which).
+
+    ``lives``, when given, receives every pod's lives on the GPUs seen (cut at restarts, the
+    ended ones marked), each with its owner from ``queries.owner`` — asked only when some life
+    ended at its GPU's memory."""
+    params = LEAK.settings_of(rule)
+    start = now - timedelta(seconds=params.lookback_s)
+    used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
+    free = metrics.instant(rule.queries.free, now)
+    reserved = metrics.instant(rule.queries.reserved, now) if rule.queries.reserved else []
+    used_now = metrics.instant(rule.queries.used, now) if used else []
+    names: DcgmLabels = settings_of(rule.labels)
+    if not used and not free:
+        raise MissingInput(
+            f"queries.used ({rule.queries.used}) and queries.free ({rule.queries.free}) return "
+            "no series: is the DCGM exporter scraped?"
+        )
+    if used and not free:
+        raise MissingInput(
+            f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
+        )
+    targets = names.target_pods(s.labels for s in [*used, *free])
+    last_of = {
+        kind: _last_by_key(samples, names)
+        for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now))
+    }
+    live_nodes = {names.node_of(s.labels) for s in free} - {""}
+    unkeyed = 0
+    groups: dict[tuple[str, ...], list[Sample]] = {}
+    for s in used:
+        key = names.key(s.labels)
+        if key is None:
+            unkeyed += 1
+            continue
+        groups.setdefault(key, []).append(s)
+    if not groups and (unkeyed or (free and not last_of["free"])):
+        raise MissingInput(
+            "no DCGM series carries a GPU UUID or a node and GPU label "
+            f"(labels.uuid: {', '.join(names.uuid)}; labels.node: {', '.join(names.node)}; "
+            f"labels.gpu: {names.gpu})"
+        )
+    end = now.timestamp()
+    final: dict[tuple[str, ...], GpuMemorySeries] = {}
+    silent: list[tuple[tuple[str, ...], GpuMemorySeries]] = []
+    occupied: dict[tuple[str, ...], tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]] = {}
+    for key, samples in sorted(groups.items()):
+        by_pod: dict[str, list[Sample]] = {}
+        for s in samples:
+            by_pod.setdefault(names.pod_key(s.labels, targets) or "", []).append(s)
+        occupancies = [Occupancy(pod, *_merge_points(group)) for pod, group in by_pod.items()]
+        current, ended = split_occupancy(occupancies, params.bin_s)
+        if not current:
+            continue
+        occupant = [s for life in current for s in by_pod[life.pod]]
+        times, values = _merge_points(occupant)
+        latest = max(occupant, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        node = names.node_of(latest)
+        # the last point is the bin ending at ``end`` when a sample came within the last bin
+        stale_s = end - float(times[-1]) if len(times) else 0.0
+        if stale_s > 0 and (key in last_of["free"] or node in live_nodes):
+            continue  # the exporter still speaks: this GPU's occupant has ended
+        pods = tuple(sorted(life.pod for life in current if life.pod))
+        named = any(s.labels.get(p) for s in occupant for p in names.pod)
+        series = GpuMemorySeries(
+            node=node,
+            gpu=latest.get(names.gpu, ""),
+            times=times,
+            used_mib=values,
+            total_mib=0.0,
+            pods=pods,
+            uuid=names.uuid_of(latest),
+            instance=latest.get(names.gpu_instance, ""),
+            profile=latest.get(names.gpu_profile, ""),
+            reserved_mib=last_of["reserved"].get(key, 0.0),
+            exporter_only=named and not pods,
+            stale_s=stale_s,
+        )
+        occupied[key] = (current, ended)
+        free_now = last_of["free"].get(key)
+        if free_now is not None:
+            used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
+            total = used_at + free_now + series.reserved_mib
+            final[key] = replace(series, total_mib=total, capacity_from="used+free")
+        else:
+            silent.append((key, replace(series, **_model_capacity(latest))))
+    if silent:  # asked only when some GPU has no fresh reading: capacity from the last values
+        window = f"[{params.lookback_s:.0f}s]"
+        last_free = _last_by_key(metrics.instant(_last_over(rule.queries.free, window), now), names)
+        last_used = _last_by_key(metrics.instant(_last_over(rule.queries.used, window), now), names)
+        for key, series in silent:
+            if key in last_free and key in last_used:
+                total = last_used[key] + last_free[key] + series.reserved_mib
+                series = replace(series, total_mib=total, capacity_from="last used+free")
+            final[key] = series
+    if lives is not None:
+        lives += _lives(rule, metrics, now, occupied, final)
+    return sorted(final.values(), key=lambda s: (s.node, s.gpu, s.uuid, s.instance))
+
+
+def _lives(
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    now: datetime,
+    occupied: Mapping[tuple[str, ...], tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]],
+    series: Mapping[tuple[str, ...], GpuMemorySeries],
+) -> list[Life]:
+    """Every pod's lives on the judged GPUs, with their owners (the pod itself without one)."""
+    runs: list[tuple[str, Life]] = []
+    for key, (current, ended) in occupied.items():
+        gpu = series.get(key)
+        if gpu is None:
+            continue
+        for occupancy, now_ in [(o, True) for o in current] + [(o, False) for o in ended]:
+            if not occupancy.pod:
+                continue
+            for life in split_lives(
+                "",
+                occupancy.pod,
+                gpu.subject,
+                gpu.node,
+                occupancy.times,
+                occupancy.used_mib,
+                gpu.usable_mib,
+                current=now_,
+            ):
+                runs.append((occupancy.pod, life))
+    full = [life for _, life in runs if life.ended and life.used_mib.max() >= 0.9 * life.usable_mib]
+    owners = _owners(rule, metrics, now) if len(full) >= 2 and rule.queries.owner else {}
+    out = []
+    for pod, life in runs:
+        namespace, _, name = pod.partition("/")
+        owner = owners.get(pod, f"{namespace}/Pod/{name}")
+        out.append(replace(life, owner=owner))
+    return out
+
+
+def _owners(rule: LeakRuleFields, metrics: MetricsSource, now: datetime) -> dict[str, str]:
+    """``namespace/pod`` → ``namespace/<owner_kind>/<owner_name>`` from kube_pod_owner over the
+    lookback (kube-state-metrics docs/metrics/workload/pod-metrics.md: ``pod``, ``namespace``,
+    ``owner_kind``, ``owner_name``; the ``exported_*`` variants read first)."""
+    assert rule.queries.owner
+    params = LEAK.settings_of(rule)
+    window = f"[{params.lookback_s:.0f}s]"
+    samples = metrics.instant(_last_over(rule.queries.owner, window), now)
+    targets = scrape_targets(s.labels for s in samples)
+    out = {}
+    for s in samples:
+        pod = pod_key(s.labels, targets)
+        kind, name = label(s.labels, "owner_kind"), label(s.labels, "owner_name")
+        if pod and kind and name and kind != "<none>":
+            out[pod] = f"{pod.partition('/')[0]}/{kind}/{name}"
+    return out
+
+
+def _last_by_key(samples: list[Sample], names: DcgmLabels) -> dict[tuple[str, ...], float]:
+    out: dict[tuple[str, ...], float] = {}
+    for s in samples:
+        key = names.key(s.labels)
+        if key is not None and s.last is not None:
+            out[key] = s.last
+    return out
+
+
+def _last_over(query: str, window: str) -> str:
+    """``last_over_time`` of a query over ``window`` (a subquery when it is not a selector)."""
+    if _SELECTOR.match(query):
+        return f"last_over_time({query.strip()}{window})"
+    return f"last_over_time(({query}){window[:-1]}:])"
+
+
+def _model_capacity(labels: Mapping[str, str]) -> dict[str, Any]:
+    """The GPU model's memory from dcgm-exporter's ``modelName`` label
+    (internal/pkg/rendermetrics/render_metrics.go writes it on every series), else unknown."""
+    mib = memory_of_model(labels.get("modelName", ""))
+    if mib is None:
+        return {"total_mib": 0.0, "capacity_from": "unknown"}
+    return {"total_mib": mib, "capacity_from": "model"}
+
+
+def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
+    """One time-ordered series from several: DCGM exports one series per pod on a shared GPU
+    (the same values), and an exporter restart behind a ServiceMonitor starts a new series (a
+    new exporter pod label). Values at the same time are averaged."""
+    points = np.concatenate([np.asarray(s.points, dtype=float).reshape(-1, 2) for s in samples])
+    if len(samples) == 1 or len(points) == 0:
+        return points[:, 0], points[:, 1]
+    times, inverse, counts = np.unique(points[:, 0], return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=points[:, 1], minlength=len(times))
+    return times, sums / counts
