@@ -59,27 +59,6 @@ def fit_line(times: FloatArray, values: FloatArray) -> LineFit:
     return LineFit(slope, intercept, t0, r2)
 
 
-def segment_slopes(times: FloatArray, values: FloatArray, segments: int) -> FloatArray:
-    """Least-squares slope of each of ``segments`` equal time slices (NaN where < 2 points)."""
-    out = np.full(segments, np.nan)
-    if len(times) < 2 or segments < 1:
-        return out
-    edges = np.linspace(times[0], times[-1], segments + 1)
-    which = np.clip(np.searchsorted(edges, times, side="right") - 1, 0, segments - 1)
-    for i in range(segments):
-        mask = which == i
-        if int(mask.sum()) >= 2:
-            out[i] = fit_line(times[mask], values[mask]).slope
-    return out
-
-
-def max_drawdown(values: FloatArray) -> float:
-    """The largest fall from a running maximum to a later value (0 for a non-decreasing series)."""
-    if len(values) == 0:
-        return 0.0
-    return float((np.maximum.accumulate(values) - values).max())
-
-
 def trailing_run_start(times: FloatArray, condition: npt.NDArray[np.bool_]) -> float | None:
     """The time the trailing run of ``condition`` began; None when the last point fails it."""
     if len(times) == 0 or not bool(condition[-1]):
