@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The timeline benchmarks at their smallest settings that still exercise every event kind and
+# every defragmenter, plus one table docs/benchmarks.md quotes in full (the eviction budget,
+# 3 seeds). `bench/timeline_golden.sh record` writes bench/golden/timeline/*; with no argument
+# it runs the same commands into a temporary folder and diffs them against the golden files
+# (wall times and memory are stripped first: only results are compared).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+mode=${1:-check}
+golden=bench/golden/timeline
+out=$golden
+if [ "$mode" != record ]; then out=$(mktemp -d); fi
+mkdir -p "$out"
+strip() {  # drop wall times, memory and the per-run seconds: results only
+  grep -v -E '^\(?[0-9.]+ s per run|s per run on average|^wall ' "$1" \
+    | sed -E 's/"seconds": [0-9.]+/"seconds": 0/' > "$1.tmp" && mv "$1.tmp" "$1"
+}
+$PY -m bench.bench_timeline --policies reserve-binpack,least-allocated,best-fit,fgd --seeds 1 \
+  --hours 6 --warmup 2 --defrag --jobs 1 --out "$out/bench_timeline_6h.md" > /dev/null
+$PY -m bench.bench_peers --seeds 1 --hours 6 --warmup 2 --jobs 1 \
+  --out "$out/bench_peers_6h.md" --json "$out/bench_peers_6h.json" > /dev/null
+$PY -m bench.bench_peers --seeds 3 --jobs 1 --policies least-allocated --defragmenters defrag \
+  --hook-option window_evictions=256 --out "$out/bench_peers_budget256.md" \
+  --json "$out/bench_peers_budget256.json" > /dev/null
+$PY -m bench.bench_defrag_sim timeline --seeds 1 --policies reserve-binpack \
+  > "$out/bench_defrag_sim_timeline.md"
+for f in "$out"/*.md "$out"/*.json; do strip "$f"; done
+if [ "$mode" != record ]; then
+  diff -r "$golden" "$out" && echo "timeline goldens: identical"
+fi
