@@ -110,4 +110,6 @@ def test_the_slice_exercises_queueing_and_every_defragmenter() -> None:
     assert base["mean_queue"] > 0
     moved = {k: v["report"]["evictions"] for k, v in data.items()}
     assert moved["least-allocated+none"] == 0
-    assert all(n > 0 for k, n in moved.items() if k.startswith("least-allocated+") and "none" not in k)
+    assert all(
+        n > 0 for k, n in moved.items() if k.startswith("least-allocated+") and "none" not in k
+    )
