@@ -5,9 +5,10 @@
     .venv/bin/python -m bench.bench_timeline_speed --defragmenter defrag --runs 3
     .venv/bin/python -m bench.bench_timeline_speed --profile prof.out --runs 1
 
-Prints min / median / max wall seconds of ``--runs`` runs (one process, one after the other),
-the 1-minute load average before and after (the machine is shared), and a digest of each
-run's result so a speed-up can be seen to keep the results.
+Prints min / median / max wall and CPU seconds (the process's own, which the other work on a
+shared machine inflates less than the wall time) of ``--runs`` runs (one process, one after the
+other), the 1-minute load average before and after, and a digest of each run's whole result
+(every reported figure and series but the wall time), so a speed-up can be seen to keep it.
 """
 
 from __future__ import annotations
@@ -59,22 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     profiler = cProfile.Profile() if args.profile else None
     walls: list[float] = []
+    cpus: list[float] = []
     digests: set[str] = set()
     for _ in range(args.runs):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         if profiler is not None:
             profiler.enable()
         run = run_task(workload, task)
         if profiler is not None:
             profiler.disable()
         walls.append(time.perf_counter() - started)
+        cpus.append(time.process_time() - cpu)
         assert isinstance(run, TimelineRun)
         digests.add(digest(run))
     load_after = os.getloadavg()[0]
     print(
         f"{task.label} seed {args.seed}, {args.warmup:g} h + {args.hours:g} h: "
         f"wall s min {min(walls):.1f} / median {statistics.median(walls):.1f} / "
-        f"max {max(walls):.1f} over {len(walls)} runs; load average {load_before:.2f} → "
+        f"max {max(walls):.1f}; CPU s min {min(cpus):.1f} / median {statistics.median(cpus):.1f}"
+        f" / max {max(cpus):.1f} over {len(walls)} runs; load average {load_before:.2f} → "
         f"{load_after:.2f}; result digest {', '.join(sorted(digests))}"
     )
     if profiler is not None:

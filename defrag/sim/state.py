@@ -9,14 +9,15 @@ and ``rows`` consistent. Planners that want the immutable model call :meth:`to_c
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from defrag.model.arrays import NodeArrays
+from defrag.model.arrays import IntArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
+from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Placement
 from defrag.scoring.scheduler import schedule
@@ -25,6 +26,44 @@ from defrag.sim.moves import REQUEUE, Move
 if TYPE_CHECKING:
     from defrag.scoring.framework import Policy
     from defrag.sim.migration import Job
+
+
+class TrackedArrays(NodeArrays):
+    """The simulator's node arrays: the per-node GPU sums the filters and scores ask for on
+    every pod (:meth:`free_share`, :meth:`free_whole_count`) are kept up to date as pods are
+    placed and removed, one row at a time, instead of being summed over every node per pod.
+    They come back read-only: a caller that tried to change one in place would raise."""
+
+    __slots__ = ("_share", "_share_ro", "_whole", "_whole_ro")
+
+    @classmethod
+    def track(cls, arrays: NodeArrays) -> TrackedArrays:
+        tracked = cls(**{f.name: getattr(arrays, f.name) for f in fields(arrays)})
+        tracked._share = NodeArrays.free_share(tracked).copy()
+        tracked._whole = NodeArrays.free_whole_count(tracked).copy()
+        tracked._share_ro, tracked._whole_ro = tracked._share.view(), tracked._whole.view()
+        tracked._share_ro.flags.writeable = False
+        tracked._whole_ro.flags.writeable = False
+        return tracked
+
+    def free_share(self) -> IntArray:
+        return self._share_ro
+
+    def free_whole_count(self) -> IntArray:
+        return self._whole_ro
+
+    def allocate(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
+        super().allocate(row, pod, gpus)
+        self._resum(row)
+
+    def release(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
+        super().release(row, pod, gpus)
+        self._resum(row)
+
+    def _resum(self, row: int) -> None:
+        free = self.gpu_free[row]
+        self._share[row] = free.sum()
+        self._whole[row] = (free >= GPU_MILLI).sum()
 
 
 class InvalidMove(ValueError):
@@ -66,7 +105,7 @@ class SimState:
         cls, nodes: Iterable[Node], policy: Policy, policy_name: str, mix: WorkloadMix
     ) -> SimState:
         ordered = tuple(sorted(nodes, key=lambda n: n.name))
-        arrays = NodeArrays.from_nodes(ordered)
+        arrays = TrackedArrays.track(NodeArrays.from_nodes(ordered))
         return cls(ordered, arrays, policy, policy_name, mix, rows=[{} for _ in ordered])
 
     # --- changes -----------------------------------------------------------------------------
