@@ -154,19 +154,23 @@ class Timeline:
 
     def _next_event(self) -> tuple[Handler, float] | None:
         """The earliest event before the end, and its handler (ties in the order below)."""
-        n = len(self.arrivals)
-        t_arr = self.arrivals[self.next_arrival].time_h if self.next_arrival < n else math.inf
-        candidates: tuple[tuple[float, Handler], ...] = (
-            (self._first_departure(), self.on_departures),
-            (self.next_window if self.hook is not None else math.inf, self.on_window),
-            (self.next_tick if self.on_tick is not None else math.inf, self.on_tick_event),
-            (t_arr, self.on_arrival),
-            (self.next_sample, self.on_sample),
-        )
-        now = min(t for t, _ in candidates)
+        a = self.next_arrival
+        t_dep = self._first_departure()
+        t_win = self.next_window if self.hook is not None else math.inf
+        t_tick = self.next_tick if self.on_tick is not None else math.inf
+        t_arr = self.arrivals[a].time_h if a < len(self.arrivals) else math.inf
+        now = min(t_dep, t_win, t_tick, t_arr, self.next_sample)
         if now > self.end:
             return None
-        return next(h for t, h in candidates if t == now), now
+        if now == t_dep:
+            return self.on_departures, now
+        if now == t_win:
+            return self.on_window, now
+        if now == t_tick:
+            return self.on_tick_event, now
+        if now == t_arr:
+            return self.on_arrival, now
+        return self.on_sample, now
 
     def _first_departure(self) -> float:
         jobs, deps = self.state.jobs, self.departures
