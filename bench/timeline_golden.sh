@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 mode=${1:-check}
 golden=bench/golden/timeline
-out=$golden
+out=${OUT:-$golden}  # record: OUT=DIR writes elsewhere
 if [ "$mode" != record ]; then out=$(mktemp -d); fi
 mkdir -p "$out"
 strip() {  # drop wall times, memory and the per-run seconds: results only
