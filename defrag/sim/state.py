@@ -35,6 +35,10 @@ class TrackedArrays(NodeArrays):
     They come back read-only: a caller that tried to change one in place would raise."""
 
     __slots__ = ("_share", "_share_ro", "_whole", "_whole_ro")
+    _share: IntArray
+    _whole: IntArray
+    _share_ro: IntArray
+    _whole_ro: IntArray
 
     @classmethod
     def track(cls, arrays: NodeArrays) -> TrackedArrays:
