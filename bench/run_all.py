@@ -42,7 +42,9 @@ class Bench:
         return self.name in SIMULATOR_BENCHES
 
 
-SIMULATOR_BENCHES = frozenset({"fill", "timeline", "defrag-sim", "peers", "packing-limit"})
+SIMULATOR_BENCHES = frozenset(
+    {"fill", "timeline", "timeline-speed", "defrag-sim", "peers", "packing-limit"}
+)
 OPENB = tuple(data.trace_files(["default"]))
 
 
@@ -54,6 +56,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("timeline", "bench_timeline", ("--defrag",),
           ("--policies", "reserve-binpack", "--seeds", "1", "--hours", "2", "--warmup", "1",
            "--jobs", "1"), needs_data=OPENB),
+    Bench("timeline-speed", "bench_timeline_speed", ("--runs", "3"),
+          ("--hours", "1", "--warmup", "0.5", "--runs", "1"), needs_data=OPENB),
     Bench("defrag-sim", "bench_defrag_sim", ("fill", "--seeds", "10"),
           ("timeline", "--seeds", "1", "--policies", "reserve-binpack", "--jobs", "1"),
           needs_data=OPENB),
