@@ -16,8 +16,8 @@ golden=bench/golden/timeline
 out=${OUT:-$golden}  # record: OUT=DIR writes elsewhere
 if [ "$mode" != record ]; then out=$(mktemp -d); fi
 mkdir -p "$out"
-strip() {  # drop wall times, memory and the per-run seconds: results only
-  grep -v -E '^\(?[0-9.]+ s per run|s per run on average|^wall ' "$1" \
+strip() {  # drop wall times, memory, the per-run seconds and the command (its --out): results only
+  grep -v -E '^\(?[0-9.]+ s per run|s per run on average|^wall |^Command: ' "$1" \
     | sed -E 's/"seconds": [0-9.]+/"seconds": 0/' > "$1.tmp" && mv "$1.tmp" "$1"
 }
 $PY -m bench.bench_timeline --policies reserve-binpack,least-allocated,best-fit,fgd --seeds 1 \
