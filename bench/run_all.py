@@ -94,7 +94,9 @@ EXTENDER_LOAD = (
            rf"1\. 4 x \d+ prioritize at 1,000 nodes: p50 [\d.]+ ms, p99 {NUMBER} ms", 10.0, "ms"),
 )  # fmt: skip
 
-SIMULATOR_BENCHES = frozenset({"fill", "timeline", "defrag-sim", "peers", "packing-limit"})
+SIMULATOR_BENCHES = frozenset(
+    {"fill", "timeline", "timeline-speed", "defrag-sim", "peers", "packing-limit"}
+)
 OPENB = tuple(data.trace_files(["default"]))
 
 
@@ -107,6 +109,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("timeline", "bench_timeline", ("--defrag",),
           ("--policies", "reserve-binpack", "--seeds", "1", "--hours", "2", "--warmup", "1",
            "--jobs", "1"), needs_data=OPENB),
+    Bench("timeline-speed", "bench_timeline_speed", ("--runs", "3"),
+          ("--hours", "1", "--warmup", "0.5", "--runs", "1"), needs_data=OPENB),
     Bench("defrag-sim", "bench_defrag_sim", ("fill", "--seeds", "10"),
           ("timeline", "--seeds", "1", "--policies", "reserve-binpack", "--jobs", "1"),
           needs_data=OPENB),

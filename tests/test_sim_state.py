@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from defrag.model.resources import Node, Pod
+from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.fragmentation import fgd_node_fragmentation
 from defrag.scoring.framework import Placement
@@ -18,6 +20,8 @@ from defrag.sim.hooks import Move, NoDefrag
 from defrag.sim.state import InvalidMove, SimState
 from defrag.sim.synthetic import WorkloadParams, synthetic_nodes, synthetic_pods
 from defrag.sim.tracker import FragTracker
+
+MIX = WorkloadMix.default()
 
 
 def make_state() -> SimState:
@@ -156,3 +160,26 @@ def test_frag_tracker_matches_a_full_recomputation() -> None:
     full = fgd_node_fragmentation(state.arrays, mix)
     assert np.allclose(tracker.node_frag, full)
     assert tracker.total == pytest.approx(float(full.sum()))
+
+
+def test_kept_sums_follow_every_place_and_remove() -> None:
+    # The node arrays keep each node's free share and whole free GPUs as the simulator places
+    # and removes pods; after any sequence they equal the sums computed from gpu_free.
+    nodes = synthetic_nodes(0.1)
+    state = SimState.new(nodes, make_policy("least-allocated"), "least-allocated", MIX)
+    rng = np.random.default_rng(3)
+    running: list[str] = []
+    for i, shape in enumerate(synthetic_pods(300, seed=4)):
+        if running and rng.random() < 0.4:
+            state.remove(running.pop(int(rng.integers(len(running)))))
+        pod = replace(shape, name=f"p{i}")
+        placed = state.schedule(pod)
+        if placed is not None:
+            state.place(pod, placed.row, placed.gpus)
+            running.append(pod.key)
+        a = state.arrays
+        assert (a.free_share() == a.gpu_free.sum(axis=1)).all()
+        assert (a.free_whole_count() == (a.gpu_free >= GPU_MILLI).sum(axis=1)).all()
+    assert 0 < len(running) < 300
+    with pytest.raises(ValueError, match="read-only"):
+        state.arrays.free_share()[0] = 0

@@ -10,7 +10,8 @@ from typing import Any
 
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
-from defrag.sim.defragmenters import make_defragmenter
+from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
+from defrag.sim.defragmenters import check_defragmenter, make_defragmenter
 from defrag.sim.fill import FILL_RATIO, FillRun, Progress, run_fill
 from defrag.sim.timeline import TimelineConfig, TimelineRun, run_timeline
 
@@ -47,6 +48,10 @@ class Task:
             raise ValueError(f"unknown protocol {self.protocol!r}; known: {', '.join(PROTOCOLS)}")
         if self.defrag and self.defragmenter == "none":
             object.__setattr__(self, "defragmenter", "defrag")
+        # Names are checked when the task is made, before any run starts (or any process).
+        if self.policy not in POLICY_NAMES:
+            raise UnknownPolicy(self.policy)
+        check_defragmenter(self.defragmenter, self.protocol)
 
     @property
     def label(self) -> str:

@@ -18,6 +18,8 @@ from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
+from defrag.scoring.framework import Placement
+from defrag.scoring.scheduler import schedule
 from defrag.sim.moves import REQUEUE, Move
 
 if TYPE_CHECKING:
@@ -124,6 +126,11 @@ class SimState:
         for row in gone:
             del self.reserved[row]
         return gone
+
+    def schedule(self, pod: Pod) -> Placement | None:
+        """Where the scheduler puts ``pod`` now (rows held for other pods excluded), or None."""
+        result = schedule(pod, self.arrays, self.policy, exclude=self.excluded_for(pod.key))
+        return result if isinstance(result, Placement) else None
 
     def excluded_for(self, pod_id: str) -> np.ndarray | None:
         """Rows a pod may not use: those held for another pod (None: no hold anywhere)."""

@@ -1,0 +1,106 @@
+"""The timeline's waiting pods, as numpy columns: a freed node is checked against all at once.
+
+Queue order is kube-scheduler's active queue as the simulator models it: higher priority first,
+then first come, first served (a sequence number taken at :meth:`WaitQueue.push`). Removed
+entries are dropped from the columns (compacted) at the next :meth:`WaitQueue.may_fit` once they
+outnumber the live ones, so the capacity prefilter scans the pods waiting now, not every pod
+ever queued. Indices are valid from one :meth:`~WaitQueue.may_fit` to the next.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from defrag.model.arrays import NodeArrays
+from defrag.model.resources import Pod
+
+_COLUMNS = ("_cpu", "_mem", "_k", "_milli", "_prio", "_seq", "_alive")
+
+
+class WaitQueue:
+    """Waiting pods with numpy columns, so one freed node is checked against all at once."""
+
+    def __init__(self, models: tuple[str, ...]) -> None:
+        self.models = models
+        self.pods: list[Pod] = []
+        cap = 256
+        self._cpu = np.zeros(cap, np.int64)
+        self._mem = np.zeros(cap, np.int64)
+        self._k = np.zeros(cap, np.int64)
+        self._milli = np.zeros(cap, np.int64)
+        self._prio = np.zeros(cap, np.int64)
+        self._seq = np.zeros(cap, np.int64)
+        self._model_ok = np.zeros((cap, len(models) + 1), bool)  # last column: node w/o GPU
+        self._alive = np.zeros(cap, bool)
+        self._pushed = 0
+        self.count = 0
+        """Pods waiting now."""
+
+    def push(self, pod: Pod) -> None:
+        i = len(self.pods)
+        if i == len(self._alive):
+            self._resize(2 * len(self._alive))
+        self.pods.append(pod)
+        self._cpu[i], self._mem[i] = pod.cpu_milli, pod.memory_mib
+        self._k[i] = pod.num_gpu
+        self._milli[i] = pod.gpu_milli if pod.num_gpu else 0
+        self._prio[i] = pod.priority
+        self._seq[i] = self._pushed
+        self._pushed += 1
+        if pod.num_gpu == 0:
+            self._model_ok[i, :] = True
+        else:
+            self._model_ok[i, :-1] = [
+                not pod.gpu_models or m in pod.gpu_models for m in self.models
+            ]
+            self._model_ok[i, -1] = False
+        self._alive[i] = True
+        self.count += 1
+
+    def remove(self, i: int) -> None:
+        self._alive[i] = False
+        self.count -= 1
+
+    def may_fit(self, arrays: NodeArrays, rows: set[int]) -> list[int]:
+        """Waiting pods that may fit on one of ``rows`` by capacity alone, in queue order."""
+        if not self.count or not rows:
+            return []
+        if len(self.pods) > 2 * self.count + 64:
+            self._compact()
+        n = len(self.pods)
+        alive = self._alive[:n]
+        k, milli = self._k[:n], self._milli[:n]
+        ok = np.zeros(n, dtype=bool)
+        for row in sorted(rows):
+            total = int(arrays.gpu_total[row])
+            free = np.sort(arrays.gpu_free[row, :total])
+            # GPUs with at least the pod's share free, for each pod (free is sorted ascending).
+            enough = total - np.searchsorted(free, np.maximum(milli, 1), side="left")
+            ok |= (
+                ((k == 0) | (enough >= k))
+                & (self._cpu[:n] <= arrays.cpu_free[row])
+                & (self._mem[:n] <= arrays.mem_free[row])
+                & self._model_ok[:n, int(arrays.model_code[row])]
+            )
+        idx = np.flatnonzero(ok & alive)
+        return [int(i) for i in idx[np.lexsort((self._seq[idx], -self._prio[idx]))]]
+
+    def _compact(self) -> None:
+        """Move the live entries to the front, in their order; drop the removed ones."""
+        keep = np.flatnonzero(self._alive[: len(self.pods)])
+        self.pods = [self.pods[int(i)] for i in keep]
+        m = len(keep)
+        for name in (*_COLUMNS, "_model_ok"):
+            column = getattr(self, name)
+            column[:m] = column[keep]
+        self._alive[m:] = False
+
+    def _resize(self, n: int) -> None:
+        for name in _COLUMNS:
+            old = getattr(self, name)
+            new = np.zeros(n, old.dtype)
+            new[: len(old)] = old
+            setattr(self, name, new)
+        ok = np.zeros((n, self._model_ok.shape[1]), bool)
+        ok[: len(self._model_ok)] = self._model_ok
+        self._model_ok = ok
