@@ -5,7 +5,9 @@ through :meth:`SimState.place` / :meth:`SimState.remove`; the test records that 
 run per defragmenter (and the scores whose caching differs: fgd, random) and compares it, and
 the run's whole report, with ``tests/fixtures/timeline_events.json`` — recorded before the
 timeline became an event-driven class with incremental scores (issues 23 and 26), so a refactor
-or a speed-up that changes any decision fails here with the first event that differs.
+or a speed-up that changes any decision fails here with the first event that differs. The peers'
+rows were recorded again at 20fbf78, with their ports made faithful (issue 25) and the old
+timeline; every other row is as first recorded.
 
 Regenerate (only for a deliberate change of results, said in the commit):
 ``DEFRAG_RECORD_TIMELINE_EVENTS=1 .venv/bin/python -m pytest tests/test_timeline_events.py``.
@@ -110,6 +112,9 @@ def test_the_slice_exercises_queueing_and_every_defragmenter() -> None:
     assert base["mean_queue"] > 0
     moved = {k: v["report"]["evictions"] for k, v in data.items()}
     assert moved["least-allocated+none"] == 0
-    assert all(
-        n > 0 for k, n in moved.items() if k.startswith("least-allocated+") and "none" not in k
-    )
+    runs = [k.split("+") for k, n in moved.items() if n == 0]
+    still = {defragmenter for policy, defragmenter in runs if policy == "least-allocated"}
+    # Three peers in their upstream configurations (issue 25) find nothing to move on this
+    # 45-node slice offered 110% of its GPUs (their sensitivity rows do move); their move paths
+    # are pinned case by case in tests/conformance/.
+    assert still == {"none", "descheduler-hnu", "descheduler-hnu-lenient", "kai-consolidation"}
