@@ -920,25 +920,25 @@ class Soak:
                     s.get("defrag_kube_api_call_seconds_count", 0)
                     - s.get('defrag_kube_api_call_seconds_bucket{le="0.25"}', 0)
                 )
-        ext_log = "".join(
-            p.read_text(errors="replace") for p in self.plane.folder.glob("defrag-extender*.log")
-        )
-        seen[("extender", "expired")] = len(
-            re.findall(r"watching \S+: resourceVersion expired", ext_log)
-        )
-        seen[("extender", "dropped")] = len(
-            re.findall(r"watching \S+: .*(; retrying in|before its timeoutSeconds)", ext_log)
-        )
+        # The extender and (since the daemon keeps its cluster by watch) each replica log what
+        # became of their watches: one line per expired or broken watch.
+        logs = {"extender": "defrag-extender*.log", **{n: f"daemon-{n}.log" for n in self.replicas}}
+        for who, pattern in logs.items():
+            text = "".join(p.read_text(errors="replace") for p in self.plane.folder.glob(pattern))
+            seen[(who, "expired")] = len(re.findall(r"watching \S+: resourceVersion expired", text))
+            seen[(who, "dropped")] = len(
+                re.findall(r"watching \S+: .*?(; retrying in|before its timeoutSeconds)", text)
+            )
         shows = {
             "5xx": ('defrag_kube_api_transient_errors_total{reason="5xx"}', "5xx"),
             "429": ('defrag_kube_api_transient_errors_total{reason="429"}', "429"),
             "reset": ('defrag_kube_api_transient_errors_total{reason="connection"}', "connection"),
             "latency": ("defrag_kube_api_call_seconds, calls over 0.25 s", "slow"),
             "watch-drop": (
-                "extender log: 'watching …: …; retrying in' or 'before its timeoutSeconds'",
+                "the watcher's log: 'watching …: …; retrying in' or 'before its timeoutSeconds'",
                 "dropped",
             ),
-            "watch-410": ("extender log: 'watching …: resourceVersion expired'", "expired"),
+            "watch-410": ("the watcher's log: 'watching …: resourceVersion expired'", "expired"),
         }
         injected: Counter[tuple[str, str]] = Counter()
         lost: Counter[str] = Counter()

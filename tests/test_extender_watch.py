@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from defrag.adapters.kube import RetryPolicy
 from defrag.adapters.kube_convert import ClusterParts
@@ -27,6 +28,13 @@ from tests.support import kubeobjects as k
 from tests.support.extender_http import post_ok as post
 from tests.support.kubeapi import KubeApi, running
 from tests.test_extender import v1_node, v1_pod
+
+
+def five_xx() -> float:
+    """5xx answers counted on defrag_kube_api_transient_errors_total so far (this process)."""
+    found = REGISTRY.get_sample_value("defrag_kube_api_transient_errors_total", {"reason": "5xx"})
+    return found or 0.0
+
 
 FAST = RetryPolicy(attempts=1, backoff_s=0.0, timeout_s=2.0)
 NAMES = ["node-1", "node-2", "node-3"]
@@ -212,9 +220,12 @@ def test_dropped_connection_is_retried_and_resumed(api: KubeApi, live: ExtenderH
     source = live.extender.cache.source
     assert isinstance(source, KubeWatchSource)
     within(2.0, lambda: len(watches(api)) == 1, "the node watch open")
+    counted = five_xx()
     api.fail("GET", f"^{NODES}$", status=503, times=2)  # the reconnects fail twice, too
     api.drop_watches()
     within(3.0, lambda: refused(api) == 2, "the two refused reconnects")
+    # the refused watch requests are on /metrics as every other call's 5xx
+    assert five_xx() - counted == 2
     within(3.0, lambda: len(watches(api, ok=True)) >= 2, "the node watch reopened")
     node = api.get("Node", "node-2")
     assert node is not None

@@ -36,11 +36,15 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from defrag.adapters.deadline import request_deadline
 from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.kube import (
+    API_RETRIES,
+    API_SECONDS,
     KubeClusterSource,
     KubeError,
     RetryPolicy,
     _Caller,
     _describe,
+    _retry_reason,
+    _transient,
     plural,
 )
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
@@ -490,7 +494,17 @@ class KubeWatchSource:
         kind.watch = w
 
         def call(**kwargs: Any) -> Any:
-            response = kind.lister(**kwargs)
+            # A watch request is an API call too: the time to its answer and a transient
+            # failure of it count where every other call's do (/metrics).
+            started = time.monotonic()
+            try:
+                response = kind.lister(**kwargs)
+            except Exception as exc:
+                if _transient(exc):
+                    API_RETRIES.labels(reason=_retry_reason(exc)).inc()
+                raise
+            finally:
+                API_SECONDS.observe(time.monotonic() - started)
             if 200 <= int(getattr(response, "status", 200)) < 300:
                 self._healthy(kind)
             return response
