@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,7 +16,10 @@ from pathlib import Path
 import pytest
 from freezegun import freeze_time
 
+from defrag.adapters.kube import KubeError
+from defrag.adapters.prometheus import MetricsError
 from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
+from defrag.adapters.watched_cluster import StaleCluster
 from defrag.cli.run import _detector, _planner, build, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
 from defrag.daemon.service import Daemon
@@ -113,6 +117,35 @@ def test_a_failed_cycle_is_counted_and_readiness_says_why() -> None:
         daemon.run_once()
     assert "last error: ConnectionError: API server unreachable" in str(daemon.ready())
     assert b'defrag_cycles_total{outcome="failure"} 1.0' in daemon.metrics.exposition()
+
+
+@pytest.mark.parametrize(
+    ("error", "traceback"),
+    [
+        (StaleCluster("the watched cluster is stale: a watch has been down for 31 s"), False),
+        (KubeError("cannot list Pods: HTTP 503"), False),
+        (MetricsError("Prometheus at http://p:9090 is unreachable"), False),
+        (TimeoutError("the cycle's deadline of 6 s"), False),
+        (KeyError("a defect"), True),
+    ],
+    ids=["stale view", "API server", "Prometheus", "deadline", "defect"],
+)
+def test_a_failed_cycle_is_one_line_unless_it_is_a_defect(
+    error: Exception, traceback: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The outside failing (the chaos soak: a watch down past the staleness limit) is an error
+    line with the reason, not a traceback every second; a defect keeps its traceback."""
+    sim, daemon = sim_daemon()
+
+    def broken() -> object:
+        raise error
+
+    sim.snapshot = broken  # type: ignore[method-assign,assignment]
+    with caplog.at_level(logging.ERROR, logger="defrag.daemon.service"):
+        daemon._safe_cycle()
+    [record] = [r for r in caplog.records if r.getMessage().startswith("cycle failed")]
+    assert (record.exc_info is not None) is traceback
+    assert str(error).strip("'") in record.getMessage() or traceback
 
 
 def test_make_room_now_outside_the_window_leaves_the_window_gauge_at_0(tmp_path: Path) -> None:

@@ -237,6 +237,35 @@ def test_dropped_connection_is_retried_and_resumed(api: KubeApi, live: ExtenderH
     assert source.health().broken_since is None
 
 
+def test_the_backoff_starts_again_once_a_watch_was_healthy(
+    api: KubeApi, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Backoff doubles over failures in a row and starts again at its base once the watch is
+    back. Before: it grew over the thread's whole life, so after a few faults any later drop of
+    a healthy watch waited the maximum (30 s in the chaos soak: longer than the daemon's
+    staleness limit)."""
+    source = KubeWatchSource(api.client(), retry=FAST, backoff_s=0.1, max_backoff_s=5.0)
+    srv = start(source)
+    try:
+        within(2.0, lambda: len(watches(api)) == 1, "the node watch open")
+        with caplog.at_level(logging.WARNING, logger="defrag.adapters.kube_watch"):
+            api.fail("GET", f"^{NODES}$", status=503, times=3)
+            api.drop_watches()  # 1 drop + 3 refused reconnects: 0.1, 0.2, 0.4, 0.8 s
+            within(5.0, lambda: len(watches(api, ok=True)) >= 2, "the node watch reopened")
+            time.sleep(0.3)
+            api.drop_watches()  # healthy since: back to 0.1 s (before: 1.6 s)
+            within(3.0, lambda: len(watches(api, ok=True)) >= 3, "the node watch reopened")
+        waits = [
+            r.getMessage().rsplit("retrying in ", 1)[1]
+            for r in caplog.records
+            if r.getMessage().startswith("watching Nodes:")
+        ]
+        assert waits == ["0.1s", "0.2s", "0.4s", "0.8s", "0.1s"], waits
+    finally:
+        srv.shutdown()
+        stop(srv)
+
+
 def test_the_extender_opens_the_live_api_as_a_watch(api: KubeApi, tmp_path: Any) -> None:
     from tests.test_daemon_cli import kubeconfig
 

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from defrag.adapters.deadline import request_deadline
 from defrag.adapters.gpu_shapes import ShapeWarning
@@ -197,6 +197,7 @@ class _Kind:
     resource_version: str = ""
     listed: bool = False
     broken_since: float | None = None
+    failures: int = 0  # in a row since the watch was last healthy (the backoff's exponent)
     reason: str = "not listed yet"
     watch: watch.Watch | None = None
 
@@ -440,7 +441,7 @@ class KubeWatchSource:
     def _run(self, kind: _Kind) -> None:
         """List (when needed) and watch ``kind`` until stopped; errors are retried with backoff."""
         retrying = Retrying(
-            wait=wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s),
+            wait=lambda _state: self._backoff(kind),
             retry=retry_if_exception_type(Exception),
             stop=lambda _state: self._stop.is_set(),
             sleep=self._pause,
@@ -587,6 +588,15 @@ class KubeWatchSource:
         with self._lock:
             kind.broken_since = None
             kind.reason = ""
+            kind.failures = 0
+
+    def _backoff(self, kind: _Kind) -> float:
+        """Exponential in the failures since the watch was last healthy — not since the thread
+        began: a watch that ran for minutes and then broke starts again at ``backoff_s``."""
+        with self._lock:
+            failures = kind.failures
+            kind.failures += 1
+        return float(min(self.max_backoff_s, self.backoff_s * 2.0**failures))
 
     def _broken(self, kind: _Kind, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None

@@ -176,7 +176,11 @@ def _watched(settings: Settings, api: Any) -> ClusterSource:
     from defrag.adapters.kube_watch import KubeWatchSource
     from defrag.adapters.watched_cluster import WatchedCluster
 
-    return WatchedCluster(KubeWatchSource(api), max_staleness_s=settings.ready_age_limit_s)
+    # A broken watch is retried well within the staleness limit (the chaos soak saw a 30 s
+    # backoff hold the view stale past a 30 s limit after a few faults in a row).
+    limit = settings.ready_age_limit_s
+    source = KubeWatchSource(api, max_backoff_s=max(1.0, min(30.0, limit / 4)))
+    return WatchedCluster(source, max_staleness_s=limit)
 
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:

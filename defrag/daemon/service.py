@@ -31,6 +31,8 @@ from prometheus_client.exposition import generate_latest
 
 from defrag.adapters.deadline import time_budget
 from defrag.adapters.health import HealthServer, Probes
+from defrag.adapters.kube import KubeError
+from defrag.adapters.prometheus import MetricsError
 from defrag.alerting import ALERTS
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detection import NO_METRICS_SOURCE
@@ -477,12 +479,19 @@ class Daemon:
     def _safe_cycle(self) -> None:
         try:
             self.run_once()
-        except Exception:
+        except EXPECTED_FAILURES as exc:  # the outside failed: one line with the reason
+            log.error("cycle failed: %s", redact_text(f"{type(exc).__name__}: {exc}"))
+        except Exception:  # a defect: the traceback is what a bug report needs
             log.exception("cycle failed")
 
     def _serve_http(self) -> None:
         probes = Probes(self.metrics.exposition, live=self.live, ready=self.ready)
         self._server = HealthServer(self._http, probes, logger=log).start("defrag-http")
+
+
+EXPECTED_FAILURES: tuple[type[BaseException], ...] = (KubeError, MetricsError, TimeoutError)
+"""What a cycle may fail with when the outside fails — the API server (its errors after the
+retries, a stale watched view), Prometheus, a deadline — as opposed to a defect."""
 
 
 def _suffix(error: str) -> str:
