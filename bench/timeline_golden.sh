@@ -5,7 +5,8 @@
 # bench/golden/timeline/* (OUT=DIR: elsewhere); with no argument it runs the same commands into a
 # temporary folder and diffs them against the golden files (wall times and memory are stripped
 # first: only results are compared). The golden files were recorded before the timeline became
-# a class and its node sums were tracked (issues 23 and 26); the full-size tables the docs quote
+# a class and its node sums were tracked (issues 23 and 26), the peers' files again at 20fbf78 with
+# their ports made faithful (issue 25) on the old timeline; the full-size tables the docs quote
 # are compared with the docs themselves (docs/benchmarks.md § Simulator speed). ~12 min on the
 # shared 2-core machine.
 set -euo pipefail
