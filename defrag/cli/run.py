@@ -103,9 +103,12 @@ def build(settings: Settings) -> Wiring:
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,
+            checkpoint_wait_s=settings.checkpoint_wait_s,
+            checkpoint_max_wait_s=settings.checkpoint_max_wait_s,
         ),
         mode=settings.run_mode,  # dry run is decided here, once: the executor owns it
         sleep=sleep,
+        time_left=lambda: _cycle_time_left(time_scale),
     )
     skipped_to: list[DaemonMetrics] = []  # the daemon's metrics, once it exists
     ports = CyclePorts(
@@ -138,6 +141,15 @@ def build(settings: Settings) -> Wiring:
     )
     skipped_to.append(daemon.metrics)
     return Wiring(daemon, sim)
+
+
+def _cycle_time_left(time_scale: float) -> float | None:
+    """Seconds on the executor's clock before the running cycle's deadline (the daemon's
+    ``time_budget``: real seconds, sped up by ``time_scale`` on a simulated clock)."""
+    from defrag.adapters.deadline import current_budget
+
+    budget = current_budget()
+    return None if budget is None else budget.remaining() * time_scale
 
 
 def _window(w: WindowSetting) -> Window:

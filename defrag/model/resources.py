@@ -12,6 +12,10 @@ from defrag.model.units import GPU_MILLI
 
 EVICTABLE_ANNOTATION = "defrag.io/evictable"
 CHECKPOINT_ANNOTATION = "defrag.io/last-checkpoint"
+CHECKPOINT_SUPPORT_ANNOTATION = "defrag.io/checkpoint"
+"""Set by a workload (on its pod template) to ``supported``: defrag asks it for a checkpoint
+before evicting it and waits for ``defrag.io/last-checkpoint`` (docs/daemon.md)."""
+CHECKPOINT_SUPPORTED = "supported"
 GPU_INDICES_ANNOTATION = "defrag.io/gpu-indices"
 NVLINK_DOMAINS_ANNOTATION = "defrag.io/nvlink-domains"
 RESERVED_FOR_ANNOTATION = "defrag.io/reserved-for"
@@ -149,6 +153,12 @@ class Pod:
     """``metadata.deletionTimestamp``: set by the API server on a graceful delete (or an
     eviction); the pod is Terminating. It still holds its node's resources until it is gone,
     but it is already going: never a victim, never evicted, never pending."""
+
+    @property
+    def checkpoints_on_request(self) -> bool:
+        """The workload answers a checkpoint request (``defrag.io/checkpoint: supported``)."""
+        value = self.annotations.get(CHECKPOINT_SUPPORT_ANNOTATION, "")
+        return value.strip().lower() == CHECKPOINT_SUPPORTED
 
     @property
     def terminating(self) -> bool:
