@@ -69,7 +69,7 @@ def setup(
     vanish: frozenset[str] = frozenset(),
     mode: RunMode | None = None,
     time_left: Callable[[], float | None] | None = None,
-) -> tuple[SimCluster, Workload, Executor, list[Pod]]:
+) -> tuple[SimCluster, Executor, list[Pod]]:
     """The fragmented cluster's three movable pods on gpu-00; ``supported``: pod name → the
     annotations it carries (its template's)."""
     clock = SimClock(speedup=0)  # time moves only when the executor sleeps
@@ -99,7 +99,7 @@ def setup(
         (p for p in cluster.pods_on("gpu-00") if p.name in ("embed-001", "embed-002", "chat-004")),
         key=lambda p: p.key,
     )
-    return sim, workload, ex, pods
+    return sim, ex, pods
 
 
 def plan_for(pods: list[Pod]) -> Plan:
@@ -107,20 +107,20 @@ def plan_for(pods: list[Pod]) -> Plan:
     return Plan("repack", "reserve-binpack", steps, ())
 
 
-def eviction_times(sim: SimCluster, ex: Executor) -> dict[str, datetime]:
+def eviction_times(sim: SimCluster) -> dict[str, datetime]:
     """When each pod was evicted, read from the executor's DefragEvicted Events."""
     return {e.name: e.at for e in sim.events if e.reason == "DefragEvicted"}
 
 
 def test_an_unsupported_pod_is_evicted_as_before_nothing_asked() -> None:
-    sim, workload, ex, pods = setup({})
+    sim, ex, pods = setup({})
     result = ex.execute(plan_for(pods), sim.snapshot(), OPEN)
     assert result.counts == {"evicted": 3}
     assert all(o.checkpoint == "" for o in result.outcomes)
     assert "checkpoint" not in result.outcomes[0].to_dict()
     assert not any("Checkpoint" in e.reason for e in sim.events)
     # No wait before the evictions: they go out at the start time.
-    assert set(eviction_times(sim, ex).values()) == {SIM_START}
+    assert set(eviction_times(sim).values()) == {SIM_START}
 
 
 @pytest.mark.parametrize(
@@ -140,7 +140,7 @@ def test_an_unsupported_pod_is_evicted_as_before_nothing_asked() -> None:
 def test_a_supporting_pod_is_asked_then_evicted_when_checkpointed_or_at_its_deadline(
     answer_after_s: float | None, notes: dict[str, str], result: str, evicted_after_s: int
 ) -> None:
-    sim, workload, ex, pods = setup({"embed-001": notes}, answer_after_s=answer_after_s)
+    sim, ex, pods = setup({"embed-001": notes}, answer_after_s=answer_after_s)
     out = ex.execute(plan_for(pods), sim.snapshot(), OPEN)
     assert out.counts == {"evicted": 3}
     by_pod = {o.pod: o for o in out.outcomes}
@@ -149,7 +149,7 @@ def test_a_supporting_pod_is_asked_then_evicted_when_checkpointed_or_at_its_dead
     assert {o.checkpoint for o in out.outcomes if o is not asked} == {""}
     steps = {step["pod"]: step for step in out.to_dict()["steps"]}
     assert steps["inference/embed-001"]["checkpoint"] == result
-    when = eviction_times(sim, ex)
+    when = eviction_times(sim)
     assert when["embed-001"] == SIM_START + timedelta(seconds=evicted_after_s)
     requested = next(e for e in sim.events if e.reason == "DefragCheckpointRequested")
     assert (requested.name, requested.at) == ("embed-001", SIM_START)
@@ -160,7 +160,7 @@ def test_a_supporting_pod_is_asked_then_evicted_when_checkpointed_or_at_its_dead
 
 
 def test_the_request_carries_its_time_and_deadline_before_the_eviction() -> None:
-    sim, workload, ex, pods = setup({"embed-001": SUPPORTED}, answer_after_s=30.0)
+    sim, ex, pods = setup({"embed-001": SUPPORTED}, answer_after_s=30.0)
     seen: dict[str, str] = {}
     evict = sim.evict
 
@@ -191,18 +191,18 @@ def test_the_request_carries_its_time_and_deadline_before_the_eviction() -> None
 def test_the_wait_counts_against_the_window_and_the_cycle_deadline(
     window_end_s: int | None, time_left_s: float | None, limit: str, evicted_after_s: int
 ) -> None:
-    sim, workload, ex, pods = setup(
+    sim, ex, pods = setup(
         {"embed-001": SUPPORTED}, answer_after_s=None, time_left=lambda: time_left_s
     )
     end = SIM_START + timedelta(seconds=window_end_s) if window_end_s is not None else None
     out = ex.execute(plan_for(pods), sim.snapshot(), WindowStatus(True, "w", SIM_START, end))
     asked = next(o for o in out.outcomes if o.pod == "inference/embed-001")
     assert asked.checkpoint == "deadline-passed" and limit in asked.checkpoint_detail
-    assert eviction_times(sim, ex)["embed-001"] == SIM_START + timedelta(seconds=evicted_after_s)
+    assert eviction_times(sim)["embed-001"] == SIM_START + timedelta(seconds=evicted_after_s)
 
 
 def test_a_pod_gone_while_it_was_awaited_is_not_evicted_and_spends_no_budget() -> None:
-    sim, workload, ex, pods = setup(
+    sim, ex, pods = setup(
         {"embed-001": SUPPORTED}, answer_after_s=None, vanish=frozenset({"inference/embed-001"})
     )
     out = ex.execute(plan_for(pods), sim.snapshot(), OPEN)
@@ -210,15 +210,13 @@ def test_a_pod_gone_while_it_was_awaited_is_not_evicted_and_spends_no_budget() -
     assert (asked.result, asked.checkpoint) == ("gone", "gone")
     assert "while its checkpoint was awaited" in asked.reason
     executor_evictions = {"embed-002", "chat-004"}
-    assert set(eviction_times(sim, ex)) == executor_evictions
+    assert set(eviction_times(sim)) == executor_evictions
     # Two evictions spent: the gone pod's admission was given back (3 admitted - 1).
     assert ex.ledger.total == 2
 
 
 def test_dry_run_asks_nothing_and_says_who_would_be_asked() -> None:
-    sim, workload, ex, pods = setup(
-        {"embed-001": SUPPORTED}, mode=RunMode(dry_run=True, events=True)
-    )
+    sim, ex, pods = setup({"embed-001": SUPPORTED}, mode=RunMode(dry_run=True, events=True))
     before = sim.snapshot()
     out = ex.execute(plan_for(pods), before, OPEN)
     by_pod = {o.pod: o for o in out.outcomes}
@@ -247,7 +245,7 @@ class LosesLeadOnFirstAsk:
 
 
 def test_the_request_is_fenced_a_deposed_replica_asks_nothing_and_evicts_nothing() -> None:
-    sim, workload, ex, pods = setup({"embed-001": SUPPORTED})
+    sim, ex, pods = setup({"embed-001": SUPPORTED})
     fence = LosesLeadOnFirstAsk()
     ex.fence = fence
     annotate = sim.annotate_pod
@@ -270,7 +268,7 @@ def test_the_request_is_fenced_a_deposed_replica_asks_nothing_and_evicts_nothing
 
 
 def test_a_request_left_on_a_pod_that_was_not_evicted_is_withdrawn() -> None:
-    sim, workload, ex, pods = setup({"embed-001": SUPPORTED}, answer_after_s=10.0)
+    sim, ex, pods = setup({"embed-001": SUPPORTED}, answer_after_s=10.0)
     evict = sim.evict
 
     def refuse_embed_001(namespace: str, name: str, *, uid: str = "") -> EvictionResult:
@@ -330,8 +328,6 @@ def test_a_checkpoint_stamped_within_the_request_second_counts() -> None:
         annotations={CHECKPOINT_ANNOTATION: "2026-01-05T01:50:00Z"},
     )
     cluster = fragmented_cluster()
-    cluster = cluster.with_pod_added(
-        Pod("p", uid="u1", annotations=dict(stamped.annotations))
-    )
+    cluster = cluster.with_pod_added(Pod("p", uid="u1", annotations=dict(stamped.annotations)))
     verdict = req.verdict(cluster, now)
     assert verdict is not None and verdict[0] == "checkpointed"
