@@ -491,3 +491,64 @@ def test_dry_run_shows_a_terminating_pod_as_gone_and_spends_nothing(api: KubeApi
         ("inf/web-b", "planned"),
     ]
     assert api.writes() == []
+
+
+class CheckpointingWorkload(threading.Thread):
+    """Plays a workload that honours the checkpoint handshake (docs/daemon.md): once its pod
+    carries ``defrag.io/checkpoint-requested``, it writes ``defrag.io/last-checkpoint`` (the
+    time now, RFC 3339) through its own client, as a sidecar with ``patch`` on its pod would."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
+        super().__init__(daemon=True)
+        self.api, self.namespace, self.name = api, namespace, name
+        self.stop = threading.Event()
+        self.wrote = ""
+
+    def run(self) -> None:
+        from datetime import UTC, datetime
+
+        writer = KubeActuator(self.api.client(), retry=FAST)
+        while not self.stop.wait(0.02):
+            pod = self.api.get("Pod", self.name, self.namespace) or {}
+            notes = pod.get("metadata", {}).get("annotations") or {}
+            if "defrag.io/checkpoint-requested" in notes and not self.wrote:
+                self.wrote = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                writer.annotate_pod(
+                    self.namespace, self.name, {"defrag.io/last-checkpoint": self.wrote}
+                )
+
+
+def test_a_supporting_pod_is_asked_by_a_pod_patch_after_the_taint_and_before_its_eviction() -> None:
+    items = small_cluster()
+    (web_a,) = [i for i in items if i["metadata"]["name"] == "web-a"]
+    web_a["metadata"].setdefault("annotations", {})["defrag.io/checkpoint"] = "supported"
+    with KubeApi(items) as server:
+        workload = CheckpointingWorkload(server, "inf", "web-a")
+        workload.start()
+        try:
+            ex = executor(server, checkpoint_wait_s=30.0)
+            plan = plan_of("inf/web-a", "inf/web-b")
+            result = ex.execute(plan, ex.source.snapshot(), OPEN)
+        finally:
+            workload.stop.set()
+            workload.join()
+        by_pod = {o.pod: o for o in result.outcomes}
+        assert by_pod["inf/web-a"].checkpoint == "checkpointed"
+        assert by_pod["inf/web-b"].checkpoint == ""  # never asked: no annotation
+        assert result.counts == {"evicted": 2}
+        writes = [
+            (r.method, r.resource, r.name)
+            for r in server.writes()
+            if r.resource != "events" and not r.dry_run
+        ]
+        request = writes.index(("PATCH", "pods", "web-a"))  # defrag's request, then the answer
+        assert writes[:request] == [("PATCH", "nodes", "gpu-1")] * 2  # taint, journal first
+        answer = writes.index(("PATCH", "pods", "web-a"), request + 1)
+        assert writes.index(("POST", "pods/eviction", "web-a")) > answer
+        (asked,) = [r.body for r in server.writes() if r.resource == "pods" and r.name == "web-a"][
+            :1
+        ]
+        notes = asked["metadata"]["annotations"]
+        assert set(notes) == {"defrag.io/checkpoint-requested", "defrag.io/checkpoint-deadline"}
+        events = [e["reason"] for e in server.objects("Event")]
+        assert "DefragCheckpointRequested" in events and "DefragCheckpointed" in events
