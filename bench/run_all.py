@@ -42,7 +42,9 @@ class Bench:
         return self.name in SIMULATOR_BENCHES
 
 
-SIMULATOR_BENCHES = frozenset({"fill", "timeline", "defrag-sim", "peers", "packing-limit"})
+SIMULATOR_BENCHES = frozenset(
+    {"fill", "timeline", "defrag-sim", "peers", "checkpoint", "packing-limit"}
+)
 OPENB = tuple(data.trace_files(["default"]))
 
 
@@ -61,6 +63,9 @@ BENCHES: tuple[Bench, ...] = (
           ("--policies", "least-allocated",
            "--defragmenters", "none,defrag-extender,kai-consolidation",
            "--seeds", "1", "--hours", "2", "--warmup", "1", "--jobs", "1"), needs_data=OPENB),
+    Bench("checkpoint", "bench_checkpoint", ("--jobs", "2"),
+          ("--shares", "1.0", "--seeds", "1", "--no-held-out", "--hours", "2", "--warmup", "1",
+           "--jobs", "1"), needs_data=OPENB),
     Bench("packing-limit", "bench_packing_limit", (),
           ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online"),
           needs_data=OPENB),
