@@ -12,7 +12,7 @@ import numpy as np
 from defrag.extender.state import ClusterCache, ClusterView, StateUnavailable
 from defrag.extender.wire import ExtenderArgs, extender_scores
 from defrag.model.arrays import BoolArray, FloatArray, IntArray, NodeArrays
-from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod
+from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod, reservation_admits
 from defrag.scoring.filters import filter_reasons
 from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.scheduler import feasible_mask, node_scores, schedule
@@ -70,11 +70,10 @@ class Extender:
                     reserved_for[meta["name"]] = value.strip()
                 else:
                     reserved_for.pop(meta["name"], None)
-        pod_key = args.pod.key
         reserved: dict[str, str] = {}
         for name, key in reserved_for.items():
             row = get(name)
-            if key != pod_key and row is not None and not exclude[row]:
+            if not reservation_admits(key, args.pod) and row is not None and not exclude[row]:
                 reserved[name] = key
         for name in reserved:
             exclude[arrays.index[name]] = True
