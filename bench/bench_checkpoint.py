@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--seeds", type=int, default=len(SEEDS), help="from 42; 45 is held out")
     ap.add_argument("--no-held-out", action="store_true")
+    ap.add_argument(
+        "--only-seeds", default="", help="run just these seeds (comma-separated), e.g. 45"
+    )
     ap.add_argument("--hours", type=float, default=36.0)
     ap.add_argument("--warmup", type=float, default=12.0)
     ap.add_argument("--jobs", type=int, default=2)
@@ -61,6 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     nodes, shapes = load_trace(args.data, args.trace)
     workload = Workload(args.trace, nodes, shapes)
     seeds = [*range(42, 42 + args.seeds), *(() if args.no_held_out else (HELD_OUT,))]
+    if args.only_seeds:
+        try:
+            seeds = [int(s) for s in args.only_seeds.split(",") if s]
+        except ValueError:
+            ap.error(f"--only-seeds: expected seeds separated by commas, got {args.only_seeds!r}")
     tasks = [
         Task(
             "timeline",
@@ -97,7 +105,7 @@ def render(
     args: argparse.Namespace,
     wall: float,
 ) -> str:
-    tuned = [s for s in seeds if s != HELD_OUT]
+    tuned = [s for s in seeds if s != HELD_OUT] or seeds
     lines = [
         f"defrag, scheduler {args.policy}, trace {args.trace}: lost work per run, GPU·h "
         f"(seeds {', '.join(map(str, tuned))}; held-out {HELD_OUT} apart)",

@@ -158,11 +158,14 @@ def test_drain_order_is_preflight_taint_journal_evictions_untaint(api: KubeApi) 
     # First every eviction as a server-side dry run (``?dryRun=All``), before anything changes.
     assert [(r.resource, r.dry_run) for r in writes[:3]] == [("pods/eviction", True)] * 3
     assert all(r.query["dryRun"] == ["All"] for r in writes[:3])
-    node_writes = [(r.method, r.resource) for r in writes[3:]]
-    assert node_writes[:2] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # taint, journal
-    assert node_writes[2:5] == [("POST", "pods/eviction")] * 3
+    node_writes = [(r.method, r.resource, r.name) for r in writes[3:]]
+    taint_journal = [("PATCH", "nodes", "gpu-1")] * 2
+    seat = [("PATCH", "nodes", "gpu-2")]  # the target kept for the replacements (item 4)
+    assert node_writes[:3] == taint_journal + seat
+    assert [w[:2] for w in node_writes[3:6]] == [("POST", "pods/eviction")] * 3
     assert not any(r.dry_run for r in writes[3:])
-    assert node_writes[5:] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # untaint, clear
+    # untaint, clear the journal; then the seat goes (no scheduler here: at the timeout)
+    assert node_writes[6:] == [("PATCH", "nodes", "gpu-1")] * 2 + seat
     assert taints(api, "gpu-1") == []
     assert not set(JOURNAL_ANNOTATIONS) & set(annotations(api, "gpu-1"))
     # Evictions use the policy/v1 Eviction subresource; nothing is deleted directly.
@@ -542,7 +545,8 @@ def test_a_supporting_pod_is_asked_by_a_pod_patch_after_the_taint_and_before_its
             if r.resource != "events" and not r.dry_run
         ]
         request = writes.index(("PATCH", "pods", "web-a"))  # defrag's request, then the answer
-        assert writes[:request] == [("PATCH", "nodes", "gpu-1")] * 2  # taint, journal first
+        # taint, journal and the target's seat first
+        assert writes[:request] == [("PATCH", "nodes", "gpu-1")] * 2 + [("PATCH", "nodes", "gpu-2")]
         answer = writes.index(("PATCH", "pods", "web-a"), request + 1)
         assert writes.index(("POST", "pods/eviction", "web-a")) > answer
         (asked,) = [r.body for r in server.writes() if r.resource == "pods" and r.name == "web-a"][

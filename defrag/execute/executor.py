@@ -60,7 +60,14 @@ from defrag.execute.outcome import Execution, StepOutcome, StepResult
 from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
-from defrag.model.resources import CHECKPOINT_ANNOTATION, DRAIN_TAINT_KEY, Pod
+from defrag.model.resources import (
+    CHECKPOINT_ANNOTATION,
+    DRAIN_TAINT_KEY,
+    RESERVED_FOR_ANNOTATION,
+    Node,
+    Pod,
+    owner_holder,
+)
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
@@ -352,6 +359,20 @@ class Executor:
                     "DefragReserved",
                     f"plan {run.plan_id}: room kept for {room_for} while {node} drains",
                 )
+            for target, owners in _seats(node, steps, run).items():
+                seat = Reservation(target, ",".join(owners), self.clock.now())
+                self._guard(f"reserving {target} for the replacements")
+                self.actuator.annotate_node(target, seat.annotations())
+                run.reserved[target] = seat
+                run.rooms[target] = [s.pod for s in steps if s.target == target]
+                self.event(
+                    EVENT_KIND_NODE,
+                    "",
+                    target,
+                    "DefragReserved",
+                    f"plan {run.plan_id}: kept for the replacement of {', '.join(owners)} "
+                    f"moving from {node}",
+                )
         except LostLeadership as exc:
             run.lost = True
             run.problems.append(f"{exc}; the drain of {node} is left to the new leader")
@@ -405,6 +426,7 @@ class Executor:
                     )
         finally:
             self._untaint(node, run)
+            self._release_seats(run, outcomes)
         self.event(
             EVENT_KIND_NODE,
             "",
@@ -639,6 +661,29 @@ class Executor:
                 if why:
                     self.release(res, why, run)
 
+    def _release_seats(self, run: _Run, outcomes: Sequence[StepOutcome]) -> None:
+        """After a drain: the seats whose moves did not go through, or whose replacements are
+        bound (in the latest snapshot), are released now, so the next drain can seat its own
+        replacements there; the others wait in :meth:`_await_reservations`. Not ours any more
+        once the Lease is lost: the new leader's reconcile releases them."""
+        if run.lost or not self.fence.still_leader():
+            return
+        freed = {o.pod for o in outcomes if o.result in ("evicted", "gone")}
+        timeout = timedelta(seconds=self.settings.replacement_timeout_s)
+        now = self.clock.now()
+        for target, seat in list(run.reserved.items()):
+            moved_here = [o.pod for o in outcomes if o.target == target]
+            if not seat.owners or not moved_here:
+                continue
+            missed = [p for p in moved_here if p not in freed]
+            why = (
+                f"move not made, not evicted: {', '.join(missed)}"
+                if missed
+                else seat.verdict(run.latest, now, timeout)
+            )
+            if why:
+                self.release(seat, why, run)
+
     def _release_stale(self, cluster: Cluster) -> None:
         """Remove reservations left by an earlier run whose release failed, once they are done."""
         timeout = timedelta(seconds=self.settings.replacement_timeout_s)
@@ -817,6 +862,35 @@ def node_finding(node: str, problem: str, now: datetime) -> Finding:
         since=now,
         labels={"detector": "executor", "node": node},
     )
+
+
+def _seats(node: str, steps: Iterable[Step], run: _Run) -> dict[str, tuple[str, ...]]:
+    """Target node → the owners whose replacements a seat there keeps room for: the moves of
+    ``steps`` (a migration to another node, of a pod with a controller that makes a
+    replacement) to a node nobody has reserved (this run, another pod, a person)."""
+    seats: dict[str, set[str]] = {}
+    for step in steps:
+        pod = run.cluster.pods.get(step.pod)
+        if (
+            step.kind != "migrate"
+            or not step.target
+            or step.target == node
+            or step.target in run.reserved
+            or pod is None
+            or pod.owner is None
+            or pod.owner.kind in ("Node", "DaemonSet")
+        ):
+            continue
+        target = _node(run.latest, step.target)
+        if target is None or target.annotations.get(RESERVED_FOR_ANNOTATION, "").strip():
+            continue
+        seats.setdefault(step.target, set()).add(owner_holder(pod.namespace, pod.owner))
+    return {target: tuple(sorted(owners)) for target, owners in seats.items()}
+
+
+def _node(cluster: Cluster, name: str) -> Node | None:
+    row = cluster.arrays.index.get(name)
+    return cluster.nodes[row] if row is not None else None
 
 
 def _terminating(cluster: Cluster, steps: Iterable[Step]) -> dict[str, str]:
