@@ -347,31 +347,18 @@ class Executor:
             self._guard(f"writing the journal on {node}")
             self.actuator.annotate_node(node, journal.annotations())
             if room_for:
-                reservation = Reservation(node, room_for, self.clock.now())
-                self._guard(f"reserving {node}")
-                self.actuator.annotate_node(node, reservation.annotations())
-                run.reserved[node] = reservation
-                run.rooms[node] = [s.pod for s in steps if s.for_pod == room_for]
-                self.event(
-                    EVENT_KIND_NODE,
-                    "",
-                    node,
-                    "DefragReserved",
-                    f"plan {run.plan_id}: room kept for {room_for} while {node} drains",
+                self._reserve(
+                    Reservation(node, room_for, self.clock.now()),
+                    [s.pod for s in steps if s.for_pod == room_for],
+                    f"room kept for {room_for} while {node} drains",
+                    run,
                 )
             for target, owners in _seats(node, steps, run).items():
-                seat = Reservation(target, ",".join(owners), self.clock.now())
-                self._guard(f"reserving {target} for the replacements")
-                self.actuator.annotate_node(target, seat.annotations())
-                run.reserved[target] = seat
-                run.rooms[target] = [s.pod for s in steps if s.target == target]
-                self.event(
-                    EVENT_KIND_NODE,
-                    "",
-                    target,
-                    "DefragReserved",
-                    f"plan {run.plan_id}: kept for the replacement of {', '.join(owners)} "
-                    f"moving from {node}",
+                self._reserve(
+                    Reservation(target, ",".join(owners), self.clock.now()),
+                    [s.pod for s in steps if s.target == target],
+                    f"kept for the replacement of {', '.join(owners)} moving from {node}",
+                    run,
                 )
         except LostLeadership as exc:
             run.lost = True
@@ -660,6 +647,14 @@ class Executor:
                 why = res.verdict(cluster, now, timeout)
                 if why:
                     self.release(res, why, run)
+
+    def _reserve(self, res: Reservation, pods: list[str], why: str, run: _Run) -> None:
+        """Write ``res`` (fenced), kept until released; ``pods``: the evictions it depends on."""
+        self._guard(f"reserving {res.node}")
+        self.actuator.annotate_node(res.node, res.annotations())
+        run.reserved[res.node] = res
+        run.rooms[res.node] = pods
+        self.event(EVENT_KIND_NODE, "", res.node, "DefragReserved", f"plan {run.plan_id}: {why}")
 
     def _release_seats(self, run: _Run, outcomes: Sequence[StepOutcome]) -> None:
         """After a drain: the seats whose moves did not go through, or whose replacements are
