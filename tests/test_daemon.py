@@ -267,3 +267,26 @@ def test_checkpoint_handshakes_are_counted_on_metrics_by_result() -> None:
     assert 'defrag_checkpoint_requests_total{result="checkpointed"} 2.0' in text
     assert 'defrag_checkpoint_requests_total{result="deadline-passed"} 1.0' in text
     assert 'defrag_checkpoint_requests_total{result="gone"} 0.0' in text
+
+
+def test_the_cycle_report_names_the_pods_asked_or_that_would_be_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dataclasses import replace
+
+    from defrag.cli.run import print_cycle
+    from defrag.execute.outcome import Execution, StepOutcome
+
+    sim, daemon = sim_daemon()
+    cycle = daemon.run_once()
+    now = sim.clock.now()
+    steps = (
+        StepOutcome("ml/a", "n1", "n2", "migrate", "planned", checkpoint="would-ask"),
+        StepOutcome("ml/b", "n1", "n2", "migrate", "planned", checkpoint="would-ask"),
+        StepOutcome("ml/c", "n1", "n2", "migrate", "planned"),
+    )
+    capsys.readouterr()
+    print_cycle(replace(cycle, executed=Execution("p", True, "w", now, now, steps)))
+    out = capsys.readouterr().out
+    assert "checkpoint would ask: ml/a, ml/b" in out
+    assert "ml/c" not in out

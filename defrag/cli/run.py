@@ -404,6 +404,13 @@ def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     if result.executed is not None:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
         print_line(f"  executed: {counts or 'nothing'}")
+        asked: dict[str, list[str]] = {}
+        for o in result.executed.outcomes:
+            if o.checkpoint:
+                asked.setdefault(o.checkpoint, []).append(o.pod)
+        for outcome, pods in sorted(asked.items()):
+            verb = "would ask" if outcome == "would-ask" else outcome
+            print_line(f"  checkpoint {escape(verb)}: {escape(', '.join(pods))}")
     print_line(
         f"  largest placeable job {b.get('largest_placeable_job')} → "
         f"{a.get('largest_placeable_job')} GPUs ({result.after_source}); whole free nodes "
