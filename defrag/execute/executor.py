@@ -35,12 +35,8 @@ from datetime import datetime, timedelta
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import BudgetLedger
 from defrag.execute.checkpoint import (
-    CHECKPOINT_DEADLINE_ANNOTATION as DEADLINE,
-)
-from defrag.execute.checkpoint import (
-    CHECKPOINT_REQUESTED_ANNOTATION as REQUESTED,
-)
-from defrag.execute.checkpoint import (
+    CHECKPOINT_DEADLINE_ANNOTATION,
+    CHECKPOINT_REQUESTED_ANNOTATION,
     CheckpointRequest,
     earliest,
     pod_wait,
@@ -455,12 +451,14 @@ class Executor:
             run.asked.add(step.pod)
             waiting[step.pod] = request
             note = f" ({wait.note})" if wait.note else ""
+            written = request.annotations()
             self._pod_event(
                 step,
                 "DefragCheckpointRequested",
                 f"plan {run.plan_id}: checkpoint requested before eviction from {step.source}: "
-                f"write {CHECKPOINT_ANNOTATION} at or after {request.annotations()[REQUESTED]}; "
-                f"evicted at {request.annotations()[DEADLINE]} at the latest ({limit}){note}",
+                f"write {CHECKPOINT_ANNOTATION} at or after "
+                f"{written[CHECKPOINT_REQUESTED_ANNOTATION]}; evicted at "
+                f"{written[CHECKPOINT_DEADLINE_ANNOTATION]} at the latest ({limit}){note}",
             )
         while waiting:
             cluster = self.source.snapshot()
