@@ -110,9 +110,10 @@ def render(
         f"defrag, scheduler {args.policy}, trace {args.trace}: lost work per run, GPU·h "
         f"(seeds {', '.join(map(str, tuned))}; held-out {HELD_OUT} apart)",
         "",
-        "| handshake | share of training/batch pods | lost GPU·h (mean; per seed) | restart "
-        "GPU·h | goodput % | multi p95 h | evictions | held-out lost GPU·h |",
-        "|---|---|---|---|---|---|---|---|",
+        "| handshake | share of training/batch pods | lost work GPU·h (mean; per seed) | restart "
+        "GPU·h | lost + restart GPU·h | goodput % | multi p95 h | evictions "
+        "| held-out lost work GPU·h |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for share in shares:
         rows = [by[(share, s)] for s in tuned]
@@ -122,6 +123,7 @@ def render(
             f"| {'on' if share else 'off'} | {share:.0%} | {statistics.mean(lost):.1f}; "
             + " / ".join(f"{x:.1f}" for x in lost)
             + f" | {statistics.mean(r.overhead_gpu_hours for r in rows):.1f}"
+            f" | {statistics.mean(r.lost_work_gpu_hours + r.overhead_gpu_hours for r in rows):.1f}"
             f" | {statistics.mean(r.goodput_pct for r in rows):.2f}"
             f" | {statistics.mean(_p95(r) for r in rows):.2f}"
             f" | {statistics.mean(r.evictions for r in rows):.0f}"
