@@ -669,13 +669,15 @@ class Executor:
             if not seat.owners or not moved_here:
                 continue
             missed = [p for p in moved_here if p not in freed]
+            # The drain has waited for its replacements (scheduled, or the breaker tripped): the
+            # seat has served either way, whatever the clocks of creationTimestamp say.
             why = (
                 f"move not made, not evicted: {', '.join(missed)}"
                 if missed
                 else seat.verdict(run.latest, now, timeout)
+                or "the drain's replacements were waited for"
             )
-            if why:
-                self.release(seat, why, run)
+            self.release(seat, why, run)
 
     def _release_stale(self, cluster: Cluster) -> None:
         """Remove reservations left by an earlier run whose release failed, once they are done."""
