@@ -95,7 +95,7 @@ EXTENDER_LOAD = (
 )  # fmt: skip
 
 SIMULATOR_BENCHES = frozenset(
-    {"fill", "timeline", "timeline-speed", "defrag-sim", "peers", "packing-limit"}
+    {"fill", "timeline", "timeline-speed", "defrag-sim", "peers", "checkpoint", "packing-limit"}
 )
 OPENB = tuple(data.trace_files(["default"]))
 
@@ -118,6 +118,9 @@ BENCHES: tuple[Bench, ...] = (
           ("--policies", "least-allocated",
            "--defragmenters", "none,defrag-extender,kai-consolidation",
            "--seeds", "1", "--hours", "2", "--warmup", "1", "--jobs", "1"), needs_data=OPENB),
+    Bench("checkpoint", "bench_checkpoint", ("--jobs", "2"),
+          ("--shares", "1.0", "--seeds", "1", "--no-held-out", "--hours", "2", "--warmup", "1",
+           "--jobs", "1"), needs_data=OPENB),
     Bench("packing-limit", "bench_packing_limit", (),
           ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online"),
           needs_data=OPENB),

@@ -99,6 +99,12 @@ class Actuator(Protocol):
 
     def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None: ...
 
+    def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Set annotations on one pod (None removes one): the checkpoint request."""
+        ...
+
     def event(
         self, kind: str, namespace: str, name: str, reason: str, message: str, warning: bool = False
     ) -> None: ...

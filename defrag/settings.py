@@ -256,6 +256,11 @@ class Settings(BaseSettings):
     eviction_batch_size: int = Field(4, ge=1, le=64)
     replacement_timeout_s: float = Field(600.0, gt=0)
     poll_interval_s: float = Field(5.0, gt=0)
+    checkpoint_wait_s: float = Field(120.0, ge=0)
+    """How long a pod with ``defrag.io/checkpoint: supported`` is waited for before its eviction
+    when it names no ``defrag.io/checkpoint-max-wait`` (docs/daemon.md, the handshake)."""
+    checkpoint_max_wait_s: float = Field(600.0, ge=0)
+    """The longest checkpoint wait a pod may ask for."""
     dry_run_events: bool = False
 
     # --- leader election ----------------------------------------------------------------

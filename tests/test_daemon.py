@@ -272,3 +272,54 @@ def test_a_replica_reconciles_when_it_becomes_leader() -> None:
     daemon.run_once()
     assert sim.snapshot().node("gpu-00").taints == ()
     assert next(e.reason for e in sim.events if e.kind == "Node") == "DefragReconciled"
+
+
+def test_checkpoint_handshakes_are_counted_on_metrics_by_result() -> None:
+    """Every result is on /metrics from the start at 0; an execution's outcomes add to theirs
+    (an outcome with no handshake adds to none)."""
+    from dataclasses import replace
+
+    from prometheus_client import generate_latest
+
+    from defrag.execute.outcome import Execution, StepOutcome
+
+    sim, daemon = sim_daemon()
+    text = generate_latest(daemon.metrics.registry).decode()
+    for result in ("checkpointed", "deadline-passed", "gone", "request-failed", "would-ask"):
+        assert f'defrag_checkpoint_requests_total{{result="{result}"}} 0.0' in text, result
+    cycle = daemon.run_once()
+    now = sim.clock.now()
+    steps = (
+        StepOutcome("ml/a", "n1", "n2", "migrate", "evicted", checkpoint="checkpointed"),
+        StepOutcome("ml/b", "n1", "n2", "migrate", "evicted", checkpoint="checkpointed"),
+        StepOutcome("ml/c", "n1", "n2", "migrate", "evicted", checkpoint="deadline-passed"),
+        StepOutcome("ml/d", "n1", "n2", "migrate", "evicted"),
+    )
+    daemon.metrics.record(replace(cycle, executed=Execution("p", False, "w", now, now, steps)), 0.1)
+    text = generate_latest(daemon.metrics.registry).decode()
+    assert 'defrag_checkpoint_requests_total{result="checkpointed"} 2.0' in text
+    assert 'defrag_checkpoint_requests_total{result="deadline-passed"} 1.0' in text
+    assert 'defrag_checkpoint_requests_total{result="gone"} 0.0' in text
+
+
+def test_the_cycle_report_names_the_pods_asked_or_that_would_be_asked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dataclasses import replace
+
+    from defrag.cli.run import print_cycle
+    from defrag.execute.outcome import Execution, StepOutcome
+
+    sim, daemon = sim_daemon()
+    cycle = daemon.run_once()
+    now = sim.clock.now()
+    steps = (
+        StepOutcome("ml/a", "n1", "n2", "migrate", "planned", checkpoint="would-ask"),
+        StepOutcome("ml/b", "n1", "n2", "migrate", "planned", checkpoint="would-ask"),
+        StepOutcome("ml/c", "n1", "n2", "migrate", "planned"),
+    )
+    capsys.readouterr()
+    print_cycle(replace(cycle, executed=Execution("p", True, "w", now, now, steps)))
+    out = capsys.readouterr().out
+    assert "checkpoint would ask: ml/a, ml/b" in out
+    assert "ml/c" not in out

@@ -158,11 +158,14 @@ def test_drain_order_is_preflight_taint_journal_evictions_untaint(api: KubeApi) 
     # First every eviction as a server-side dry run (``?dryRun=All``), before anything changes.
     assert [(r.resource, r.dry_run) for r in writes[:3]] == [("pods/eviction", True)] * 3
     assert all(r.query["dryRun"] == ["All"] for r in writes[:3])
-    node_writes = [(r.method, r.resource) for r in writes[3:]]
-    assert node_writes[:2] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # taint, journal
-    assert node_writes[2:5] == [("POST", "pods/eviction")] * 3
+    node_writes = [(r.method, r.resource, r.name) for r in writes[3:]]
+    taint_journal = [("PATCH", "nodes", "gpu-1")] * 2
+    seat = [("PATCH", "nodes", "gpu-2")]  # the target kept for the replacements (item 4)
+    assert node_writes[:3] == taint_journal + seat
+    assert [w[:2] for w in node_writes[3:6]] == [("POST", "pods/eviction")] * 3
     assert not any(r.dry_run for r in writes[3:])
-    assert node_writes[5:] == [("PATCH", "nodes"), ("PATCH", "nodes")]  # untaint, clear
+    # untaint, clear the journal; then the seat goes (no scheduler here: at the timeout)
+    assert node_writes[6:] == [("PATCH", "nodes", "gpu-1")] * 2 + seat
     assert taints(api, "gpu-1") == []
     assert not set(JOURNAL_ANNOTATIONS) & set(annotations(api, "gpu-1"))
     # Evictions use the policy/v1 Eviction subresource; nothing is deleted directly.
@@ -491,3 +494,65 @@ def test_dry_run_shows_a_terminating_pod_as_gone_and_spends_nothing(api: KubeApi
         ("inf/web-b", "planned"),
     ]
     assert api.writes() == []
+
+
+class CheckpointingWorkload(threading.Thread):
+    """Plays a workload that honours the checkpoint handshake (docs/daemon.md): once its pod
+    carries ``defrag.io/checkpoint-requested``, it writes ``defrag.io/last-checkpoint`` (the
+    time now, RFC 3339) through its own client, as a sidecar with ``patch`` on its pod would."""
+
+    def __init__(self, api: KubeApi, namespace: str, name: str) -> None:
+        super().__init__(daemon=True)
+        self.api, self.namespace, self.name = api, namespace, name
+        self.stop = threading.Event()
+        self.wrote = ""
+
+    def run(self) -> None:
+        from datetime import UTC, datetime
+
+        writer = KubeActuator(self.api.client(), retry=FAST)
+        while not self.stop.wait(0.02):
+            pod = self.api.get("Pod", self.name, self.namespace) or {}
+            notes = pod.get("metadata", {}).get("annotations") or {}
+            if "defrag.io/checkpoint-requested" in notes and not self.wrote:
+                self.wrote = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+                writer.annotate_pod(
+                    self.namespace, self.name, {"defrag.io/last-checkpoint": self.wrote}
+                )
+
+
+def test_a_supporting_pod_is_asked_by_a_pod_patch_after_the_taint_and_before_its_eviction() -> None:
+    items = small_cluster()
+    (web_a,) = [i for i in items if i["metadata"]["name"] == "web-a"]
+    web_a["metadata"].setdefault("annotations", {})["defrag.io/checkpoint"] = "supported"
+    with KubeApi(items) as server:
+        workload = CheckpointingWorkload(server, "inf", "web-a")
+        workload.start()
+        try:
+            ex = executor(server, checkpoint_wait_s=30.0)
+            plan = plan_of("inf/web-a", "inf/web-b")
+            result = ex.execute(plan, ex.source.snapshot(), OPEN)
+        finally:
+            workload.stop.set()
+            workload.join()
+        by_pod = {o.pod: o for o in result.outcomes}
+        assert by_pod["inf/web-a"].checkpoint == "checkpointed"
+        assert by_pod["inf/web-b"].checkpoint == ""  # never asked: no annotation
+        assert result.counts == {"evicted": 2}
+        writes = [
+            (r.method, r.resource, r.name)
+            for r in server.writes()
+            if r.resource != "events" and not r.dry_run
+        ]
+        request = writes.index(("PATCH", "pods", "web-a"))  # defrag's request, then the answer
+        # taint, journal and the target's seat first
+        assert writes[:request] == [("PATCH", "nodes", "gpu-1")] * 2 + [("PATCH", "nodes", "gpu-2")]
+        answer = writes.index(("PATCH", "pods", "web-a"), request + 1)
+        assert writes.index(("POST", "pods/eviction", "web-a")) > answer
+        (asked,) = [r.body for r in server.writes() if r.resource == "pods" and r.name == "web-a"][
+            :1
+        ]
+        notes = asked["metadata"]["annotations"]
+        assert set(notes) == {"defrag.io/checkpoint-requested", "defrag.io/checkpoint-deadline"}
+        events = [e["reason"] for e in server.objects("Event")]
+        assert "DefragCheckpointRequested" in events and "DefragCheckpointed" in events

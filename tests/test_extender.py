@@ -214,6 +214,50 @@ def test_reserved_node_only_admits_its_pod(
     assert max(scores, key=lambda h: scores[h]) == winner and scores[winner] == 10
 
 
+def owned(pod: dict[str, Any], kind: str, name: str) -> dict[str, Any]:
+    """``pod`` with a controlling ownerReference (core/v1 ``metadata.ownerReferences``)."""
+    ref = {"apiVersion": "apps/v1", "kind": kind, "name": name, "uid": f"uid-{name}",
+           "controller": True}  # fmt: skip
+    pod["metadata"]["ownerReferences"] = [ref]
+    return pod
+
+
+OWNER_RESERVED = {
+    "node-1": {"defrag.io/reserved-for": "owner:team-a/ReplicaSet/train-7d9f, team-a/vip"}
+}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "owner", "name", "passes_node1"),
+    [
+        ("team-a", ("ReplicaSet", "train-7d9f"), "train-7d9f-x2k4", True),  # the replacement
+        ("team-a", None, "vip", True),  # the other holder of the same node, named as a pod
+        ("team-a", ("ReplicaSet", "other-5c6b"), "other-5c6b-q1", False),  # another owner
+        ("team-a", ("StatefulSet", "train-7d9f"), "train-7d9f-0", False),  # same name, kind
+        ("default", ("ReplicaSet", "train-7d9f"), "train-7d9f-x2k4", False),  # other namespace
+        ("team-a", None, "train-7d9f-x2k4", False),  # a bare pod of that name
+    ],
+)
+def test_an_owner_reservation_admits_any_pod_of_that_owner_only(
+    namespace: str, owner: tuple[str, str] | None, name: str, passes_node1: bool
+) -> None:
+    """``defrag.io/reserved-for: owner:<ns>/<Kind>/<name>`` (a repack's target, kept for the
+    moved pod's replacement, whose name nobody knows before its controller creates it)."""
+    ext = make_extender(worked_example(OWNER_RESERVED))
+    pod = v1_pod(name, 1, namespace=namespace)
+    body = args_body(owned(pod, *owner) if owner else pod, NAMES)
+    result = ext.filter(parse_args(body))
+    assert ("node-1" in result["NodeNames"]) is passes_node1
+    if not passes_node1:
+        assert (
+            "owner:team-a/ReplicaSet/train-7d9f" in result["FailedAndUnresolvableNodes"]["node-1"]
+        )
+    scores = {h["Host"]: h["Score"] for h in ext.prioritize(parse_args(body))}
+    # node-1 (1 GPU free of 8) wins for a 1-GPU pod that may use it; node-3 otherwise.
+    winner = "node-1" if passes_node1 else "node-3"
+    assert max(scores, key=lambda h: scores[h]) == winner and scores[winner] == 10
+
+
 def test_reservation_in_request_node_objects_beats_the_stale_cache() -> None:
     """In nodes mode the node objects are fresher than the last relist."""
     ext = make_extender(worked_example())  # the cache knows no reservation

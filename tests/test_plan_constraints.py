@@ -136,10 +136,17 @@ def test_gang_from_field_or_label() -> None:
         (running("a", "n", 1, hours=1000), 169.0),
         # CPU-only: just the constant
         (running("a", "n", 0, hours=5), 1.0),
+        # answers the checkpoint handshake: asked first, loses no work → the constant, 1
+        (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported"}), 1.0),
+        # ... even with an old checkpoint (10 h ago): still 1 (known() too, below)
+        (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported",
+                                                      CHECKPOINT: "2026-11-29T02:00:00Z"}), 1.0),
     ],
 )  # fmt: skip
 def test_cost_formula(pod: Pod, expected: float) -> None:
     assert CostModel().eviction(pod, NOW) == pytest.approx(expected)
+    if pod.checkpoints_on_request:
+        assert CostModel().known(pod, NOW) == pytest.approx(expected)
 
 
 def test_preemption_costs_more_and_unknown_time_costs_the_constant() -> None:

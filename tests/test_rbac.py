@@ -105,6 +105,10 @@ def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
     act.evict("ml", "batch-01-0-0")
     act.evict("serving", "serve-7d9f-01")  # blocked by its PDB
     act.rehearse_eviction("ml", "batch-02-0-0")  # the executor's preflight (dryRun=All)
+    # the checkpoint request before an eviction (defrag/execute/checkpoint.py)
+    act.annotate_pod(
+        "ml", "batch-02-0-0", {"defrag.io/checkpoint-requested": "2026-11-29T12:00:00Z"}
+    )
     act.event("Pod", "ml", "batch-01-0-0", "DefragEvicted", "moved")
     act.event("Node", "", "gpu-01", "DefragDraining", "plan p1")
     act.untaint_node("gpu-01", "defrag.io/draining")

@@ -72,11 +72,14 @@ def first_eviction(api: KubeApi) -> int:
     )
 
 
-def released_events(api: KubeApi) -> list[str]:
+def released_events(api: KubeApi, holder: str = VIP) -> list[str]:
+    """The release Events of the reservations for ``holder`` (not the targets' seats)."""
     return [
         r.body["message"]
         for r in api.writes()
-        if r.resource == "events" and r.body.get("reason") == "DefragReservationReleased"
+        if r.resource == "events"
+        and r.body.get("reason") == "DefragReservationReleased"
+        and r.body["message"].startswith(f"room no longer kept for {holder}:")
     ]
 
 
@@ -152,8 +155,15 @@ def test_reserved_before_the_first_eviction_and_released_once_the_pod_runs_there
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-1")
     assert RESERVED_AT_ANNOTATION not in annotations(api, "gpu-1")
     assert released_events(api) == [f"room no longer kept for {VIP}: {VIP} is bound to gpu-1"]
-    # Only the room's node was reserved; the target of the migrations was not.
-    assert reservation_patches(api, "gpu-2") == []
+    # The migrations' target is seated for the victims' owners before the first eviction (the
+    # seat before the move), and released: here no scheduler binds their replacements, so at
+    # the replacement timeout.
+    (seat_at, seat_to), (_, seat_cleared) = reservation_patches(api, "gpu-2")
+    assert seat_to[RESERVED_FOR_ANNOTATION] == (
+        "owner:inf/ReplicaSet/web-a,owner:inf/ReplicaSet/web-b"
+    )
+    assert seat_at < first_eviction(api)
+    assert seat_cleared == {RESERVED_FOR_ANNOTATION: None, RESERVED_AT_ANNOTATION: None}
 
 
 def test_released_when_the_pod_stays_pending_past_the_timeout(api: KubeApi) -> None:

@@ -162,3 +162,46 @@ def test_defaults_draw_within_their_ranges_and_scale() -> None:
     double = cost.scaled(interval=2.0)
     assert double.kinds["training"].interval_hi_h == 2.0
     assert double.kinds["training"].overhead_h == cost.kinds["training"].overhead_h
+
+
+@pytest.mark.parametrize(
+    ("share", "lost_work", "probe_wait"),
+    [
+        # Off: as above, 20 min of 2 GPUs lost; "train" ends at 3:30.
+        (0.0, 2 * 20 / 60, 3.5 - 1.5),
+        # On, every training pod answers: asked at 1:20, it checkpoints, loses nothing, and
+        # pays only its 10-min restart: it ends at 1:20 + 0:10 + 1:40 left = 3:10.
+        (1.0, 0.0, 3 + 10 / 60 - 1.5),
+    ],
+)
+def test_with_the_handshake_an_evicted_pod_loses_only_its_restart(
+    share: float, lost_work: float, probe_wait: float
+) -> None:
+    cost = MigrationCost(kinds=HOURLY.kinds, handshake_share=share)
+    moved = run(cost, EvictAt("train", 4 / 3))
+    assert moved["lost_work"] == pytest.approx(lost_work)
+    assert moved["overhead"] == pytest.approx(2 * 10 / 60)  # the restart is paid either way
+    assert moved["probe_wait"] == pytest.approx(probe_wait)
+
+
+def test_which_pods_answer_is_fixed_and_the_draws_do_not_move() -> None:
+    """The handshake share picks pods by name (no draw), only of the kinds with state, and
+    the rng stream is the same on and off: the runs of one seed differ by the handshake alone."""
+    from defrag.sim.migration import answers_handshake
+
+    pods = [pod(f"p{i}", 2) for i in range(2000)] + [pod(f"s{i}", 1, qos="LS") for i in range(50)]
+    on, off = MigrationCost(handshake_share=0.3), MigrationCost()
+    rng_on, rng_off = np.random.default_rng(7), np.random.default_rng(7)
+    answered = 0
+    for p in pods:
+        drawn_on, drawn_off = on.draw(p, rng_on), off.draw(p, rng_off)
+        if kind_of(p) == "training" and answers_handshake(p, 0.3):
+            answered += 1
+            assert drawn_on == (0.0, drawn_off[1])  # nothing to lose, the same restart
+        else:
+            assert drawn_on == drawn_off
+    # About 30% of the 2,000 training pods (CRC-32 spreads names evenly): 600 ± 3 sigma (61).
+    assert 539 <= answered <= 661
+    assert answers_handshake(pods[0], 1.0) and not answers_handshake(pods[0], 0.0)
+    with pytest.raises(ValueError, match="handshake_share"):
+        MigrationCost(handshake_share=1.5)

@@ -658,6 +658,37 @@ class KubeActuator:
         except ApiException as exc:
             raise KubeError(f"cannot annotate node {node}: {_describe(exc)}") from None
 
+    def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Set annotations on a pod (None removes one): a strategic-merge patch of
+        ``metadata.annotations`` (core/v1 ``PATCH /api/v1/namespaces/{ns}/pods/{name}``, verb
+        ``patch`` on ``pods``); without a ``resourceVersion`` it never conflicts."""
+        if not annotations:
+            return
+        key = f"{namespace}/{name}"
+        if not self.send_writes:
+            self._intend("annotate", f"pod/{key}", json.dumps(dict(annotations)))
+            return
+        patch = {"metadata": {"annotations": dict(annotations)}}
+        try:
+            self.call(
+                lambda: _whole(
+                    self.core.patch_namespaced_pod(
+                        name,
+                        namespace,
+                        patch,
+                        _content_type="application/strategic-merge-patch+json",
+                        _preload_content=False,
+                        _request_timeout=self.call.timeout,
+                    )
+                )
+            )
+        except ApiException as exc:
+            raise KubeError(f"cannot annotate pod {key}: {_describe(exc)}") from None
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            raise KubeError(f"cannot annotate pod {key}: {_describe(exc)}") from None
+
     def _get_node(self, node: str) -> dict[str, Any]:
         try:
             response = self.call(

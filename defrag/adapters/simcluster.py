@@ -16,6 +16,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from types import MappingProxyType
 
 from defrag.model.cluster import Cluster, PodDisruptionBudget
 from defrag.model.resources import EVICTABLE_ANNOTATION, Node, OwnerRef, Pod, Taint
@@ -143,13 +144,20 @@ class SimCluster:
     def annotate_node(self, node: str, annotations: Mapping[str, str | None]) -> None:
         with self._lock:
             old = self._node(node)
-            merged = dict(old.annotations)
-            for k, v in annotations.items():
-                if v is None:
-                    merged.pop(k, None)
-                else:
-                    merged[k] = v
-            self._replace_node(replace(old, annotations=merged))
+            self._replace_node(replace(old, annotations=_merged(old.annotations, annotations)))
+
+    def annotate_pod(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        key = f"{namespace}/{name}"
+        with self._lock:
+            pod = self._state.pods.get(key)
+            if pod is None:
+                raise KeyError(f"pod {key} not found")
+            # Annotations hold no resources: the pod is swapped in place, the arrays kept.
+            pods = dict(self._state.pods)
+            pods[key] = replace(pod, annotations=_merged(pod.annotations, annotations))
+            self._state = replace(self._state, pods=MappingProxyType(pods))
 
     def event(
         self, kind: str, namespace: str, name: str, reason: str, message: str, warning: bool = False
@@ -359,3 +367,14 @@ def fragmented_cluster(now: datetime = SIM_START) -> Cluster:
     )
     pdbs = [PodDisruptionBudget("inference", "ledger", {"app": "ledger"}, disruptions_allowed=0)]
     return Cluster.build(nodes, pods, pdbs, {"research-high": 1000})
+
+
+def _merged(old: Mapping[str, str], patch: Mapping[str, str | None]) -> dict[str, str]:
+    """``old`` with ``patch`` applied (None removes a key)."""
+    merged = dict(old)
+    for k, v in patch.items():
+        if v is None:
+            merged.pop(k, None)
+        else:
+            merged[k] = v
+    return merged

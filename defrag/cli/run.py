@@ -111,9 +111,12 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,
+            checkpoint_wait_s=settings.checkpoint_wait_s,
+            checkpoint_max_wait_s=settings.checkpoint_max_wait_s,
         ),
         mode=settings.run_mode,  # dry run is decided here, once: the executor owns it
         sleep=sleep,
+        time_left=lambda: _cycle_time_left(time_scale),
     )
     ports = CyclePorts(
         source=source,
@@ -144,6 +147,15 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         cycle_deadline_s=settings.ready_age_limit_s,
     )
     return Wiring(daemon, sim, watching=source is not fresh)
+
+
+def _cycle_time_left(time_scale: float) -> float | None:
+    """Seconds on the executor's clock before the running cycle's deadline (the daemon's
+    ``time_budget``: real seconds, sped up by ``time_scale`` on a simulated clock)."""
+    from defrag.adapters.deadline import current_budget
+
+    budget = current_budget()
+    return None if budget is None else budget.remaining() * time_scale
 
 
 def _window(w: WindowSetting) -> Window:
@@ -408,6 +420,13 @@ def print_cycle(result: CycleResult, title: str = "cycle") -> None:
     if result.executed is not None:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
         print_line(f"  executed: {counts or 'nothing'}")
+        asked: dict[str, list[str]] = {}
+        for o in result.executed.outcomes:
+            if o.checkpoint:
+                asked.setdefault(o.checkpoint, []).append(o.pod)
+        for outcome, pods in sorted(asked.items()):
+            verb = "would ask" if outcome == "would-ask" else outcome
+            print_line(f"  checkpoint {escape(verb)}: {escape(', '.join(pods))}")
     print_line(
         f"  largest placeable job {b.get('largest_placeable_job')} → "
         f"{a.get('largest_placeable_job')} GPUs ({result.after_source}); whole free nodes "

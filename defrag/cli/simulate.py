@@ -308,13 +308,17 @@ def cost_caption(cost: dict[str, object]) -> str:
         return "free (no work lost, no restart overhead)"
     parts = []
     for kind, c in cost.items():
-        assert isinstance(c, dict)
+        if not isinstance(c, dict):  # checkpoint_handshake_share: said last
+            continue
         lo, hi = c["checkpoint_every_h"]
         never = float(c["never_checkpoint"])
         every = "no state" if hi == 0 else f"checkpoint every {lo * 60:g}–{hi * 60:g} min"
         if never:
             every += f" ({never:.0%} never)"
         parts.append(f"{kind}: {every}, restart {float(c['restart_overhead_h']) * 60:.0f} min")
+    share = cost.get("checkpoint_handshake_share")
+    if isinstance(share, float) and share:
+        parts.append(f"checkpoint handshake: {share:.0%} of training and batch pods")
     return "; ".join(parts)
 
 

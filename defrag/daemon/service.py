@@ -36,6 +36,7 @@ from defrag.adapters.prometheus import MetricsError
 from defrag.alerting import ALERTS
 from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
 from defrag.detection import NO_METRICS_SOURCE
+from defrag.execute.checkpoint import CHECKPOINT_RESULTS
 from defrag.execute.fence import Fence
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.execute.reconcile import Reconciler
@@ -93,6 +94,13 @@ class DaemonMetrics:
         self.evictions = Counter(
             "defrag_evictions", "Evictions by result (planned = dry run).", ["result"], registry=r
         )
+        self.checkpoints = Counter(
+            "defrag_checkpoint_requests",
+            "Checkpoint handshakes before an eviction, by result (checkpointed, "
+            "deadline-passed, gone, request-failed; would-ask = dry run).",
+            ["result"],
+            registry=r,
+        )
         self.cycles = Counter("defrag_cycles", "Cycles run, by outcome.", ["outcome"], registry=r)
         self.cycle_seconds = Histogram(
             "defrag_cycle_duration_seconds",
@@ -147,6 +155,8 @@ class DaemonMetrics:
             self.findings.labels(kind=finding_kind).set(0)
         for step_kind in ("migrate", "preempt"):
             self.plan_steps.labels(kind=step_kind).set(0)
+        for checkpoint in CHECKPOINT_RESULTS:  # each result on /metrics from the start, at 0
+            self.checkpoints.labels(result=checkpoint)
 
     def record(self, result: CycleResult, wall_s: float) -> None:
         before = result.before
@@ -168,6 +178,8 @@ class DaemonMetrics:
         if result.executed is not None:
             for outcome in result.executed.outcomes:
                 self.evictions.labels(result=outcome.result).inc()
+                if outcome.checkpoint:
+                    self.checkpoints.labels(result=outcome.checkpoint).inc()
         self.record_rule_failures(result.rule_failures)
         self.record_skipped(result.rules_skipped)
         self.cycles.labels(outcome="degraded" if result.degraded else "success").inc()

@@ -29,11 +29,20 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import BudgetLedger
+from defrag.execute.checkpoint import (
+    CHECKPOINT_DEADLINE_ANNOTATION,
+    CHECKPOINT_REQUESTED_ANNOTATION,
+    CheckpointRequest,
+    earliest,
+    pod_wait,
+    seconds_from,
+    withdrawn,
+)
 from defrag.execute.circuit import CircuitBreaker, controller_key, pending_of
 from defrag.execute.fence import Fence, LostLeadership, NoFence
 from defrag.execute.journal import (
@@ -47,7 +56,14 @@ from defrag.execute.outcome import Execution, StepOutcome, StepResult
 from defrag.execute.reservation import Reservation, read_reservation, released
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
-from defrag.model.resources import DRAIN_TAINT_KEY, Pod
+from defrag.model.resources import (
+    CHECKPOINT_ANNOTATION,
+    DRAIN_TAINT_KEY,
+    RESERVED_FOR_ANNOTATION,
+    Node,
+    Pod,
+    owner_holder,
+)
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
@@ -71,6 +87,11 @@ class ExecutorSettings:
     """Tries to remove a drain taint within one drain (backoff doubling from ``untaint_backoff_s``);
     a taint still on after them is retried every cycle (:mod:`defrag.execute.reconcile`)."""
     untaint_backoff_s: float = 0.5
+    checkpoint_wait_s: float = 120.0
+    """How long a pod that supports the checkpoint handshake is waited for when it names no
+    ``defrag.io/checkpoint-max-wait`` of its own (:mod:`defrag.execute.checkpoint`)."""
+    checkpoint_max_wait_s: float = 600.0
+    """The longest wait any pod may ask for."""
 
 
 class Executor:
@@ -90,8 +111,12 @@ class Executor:
         sleep: Callable[[float], None] = time.sleep,
         breaker: CircuitBreaker | None = None,
         fence: Fence | None = None,
+        time_left: Callable[[], float | None] | None = None,
     ) -> None:
         self.actuator = actuator
+        self.time_left = time_left or _no_deadline
+        """Seconds (on ``clock``) left before the cycle's deadline, None when it has none: a
+        checkpoint wait ends early enough for one replacement wait after it."""
         self.fence: Fence = fence or NoFence()
         """Asked before every write; the daemon sets its LeaseElector here."""
         self.source = source
@@ -120,7 +145,7 @@ class Executor:
             return Execution(plan.id, False, window.key, started, self.clock.now(), outcomes)
 
         self.ledger = self.ledger.for_window(window.key)
-        run = _Run(plan.id, cluster, cluster)
+        run = _Run(plan.id, cluster, cluster, window_end=window.end)
         going = _terminating(cluster, plan.steps)
         run.going.update(going)
         run.uncharged.update(going)
@@ -284,6 +309,7 @@ class Executor:
             else StepOutcome(s.pod, s.source, s.target, s.kind, "planned", s.reason)
             for s in admitted
         ]
+        outcomes = [self._would_ask(o, cluster) for o in outcomes]
         if self.mode.writes_events:
             for node, steps in _by_source(admitted).items():
                 self.event(
@@ -293,8 +319,10 @@ class Executor:
                     "DefragPlanned",
                     f"plan {plan.id} would drain {len(steps)} pod(s){DRY_RUN_MARK}",
                 )
+            asked = {o.pod for o in outcomes if o.checkpoint}
             for s in admitted:
-                self._pod_event(s, "DefragPlanned", f"would {_describe(s)}{DRY_RUN_MARK}")
+                first = "ask for a checkpoint, then " if s.pod in asked else ""
+                self._pod_event(s, "DefragPlanned", f"would {first}{_describe(s)}{DRY_RUN_MARK}")
             for o in skipped:
                 self._event_for(o, "DefragSkipped", f"would skip: {o.reason}{DRY_RUN_MARK}")
         order = {s.pod: i for i, s in enumerate(plan.steps)}
@@ -315,17 +343,18 @@ class Executor:
             self._guard(f"writing the journal on {node}")
             self.actuator.annotate_node(node, journal.annotations())
             if room_for:
-                reservation = Reservation(node, room_for, self.clock.now())
-                self._guard(f"reserving {node}")
-                self.actuator.annotate_node(node, reservation.annotations())
-                run.reserved[node] = reservation
-                run.rooms[node] = [s.pod for s in steps if s.for_pod == room_for]
-                self.event(
-                    EVENT_KIND_NODE,
-                    "",
-                    node,
-                    "DefragReserved",
-                    f"plan {run.plan_id}: room kept for {room_for} while {node} drains",
+                self._reserve(
+                    Reservation(node, room_for, self.clock.now()),
+                    [s.pod for s in steps if s.for_pod == room_for],
+                    f"room kept for {room_for} while {node} drains",
+                    run,
+                )
+            for target, owners in _seats(node, steps, run).items():
+                self._reserve(
+                    Reservation(target, ",".join(owners), self.clock.now()),
+                    [s.pod for s in steps if s.target == target],
+                    f"kept for the replacement of {', '.join(owners)} moving from {node}",
+                    run,
                 )
         except LostLeadership as exc:
             run.lost = True
@@ -345,6 +374,11 @@ class Executor:
         )
         outcomes: list[StepOutcome] = []
         try:
+            try:
+                self._handshake(steps, run)
+            except LostLeadership as exc:
+                run.lost = True
+                run.problems.append(f"{exc}; the drain of {node} is left to the new leader")
             for batch in _batches(steps, self.settings.batch_size):
                 if self.stop_requested.is_set():
                     outcomes += [self._skip(s, STOPPED) for s in batch]
@@ -354,6 +388,7 @@ class Executor:
                     outcomes += [self._skip(s, NOT_LEADER) for s in batch]
                     continue
                 outcomes += self._evict_batch(batch, run)
+            outcomes = self._checkpointed(outcomes, run)
             migrated = [
                 o
                 for o in outcomes
@@ -374,6 +409,7 @@ class Executor:
                     )
         finally:
             self._untaint(node, run)
+            self._release_seats(run, outcomes)
         self.event(
             EVENT_KIND_NODE,
             "",
@@ -383,6 +419,119 @@ class Executor:
             + ", ".join(f"{n} {r}" for r, n in sorted(_count(outcomes).items())),
         )
         return outcomes
+
+    # --- the checkpoint handshake (defrag.execute.checkpoint) --------------------------------
+
+    def _handshake(self, steps: list[Step], run: _Run) -> None:
+        """Ask each of ``steps``' pods that supports it for a checkpoint and wait until each has
+        written one, is gone, or its deadline passed. Pods gone meanwhile join ``run.going``
+        (not evicted). Raises :class:`LostLeadership` (caught by the drain) before a request
+        this replica no longer owns."""
+        waiting: dict[str, CheckpointRequest] = {}
+        for step in steps:
+            pod = run.latest.pods.get(step.pod)
+            if step.pod in run.going or pod is None or not pod.checkpoints_on_request:
+                continue
+            wait = pod_wait(
+                pod, self.settings.checkpoint_wait_s, self.settings.checkpoint_max_wait_s
+            )
+            now = self.clock.now()
+            deadline, limit = self._checkpoint_deadline(now, wait.seconds, run)
+            request = CheckpointRequest.at(pod, now, deadline, limit)
+            self._guard(f"asking {step.pod} for a checkpoint")
+            ns, name = _split(step.pod)
+            try:
+                self.actuator.annotate_pod(ns, name, request.annotations())
+            except Exception as exc:
+                run.checkpoints[step.pod] = (
+                    "request-failed",
+                    f"the request could not be written ({exc}); evicted without waiting",
+                )
+                continue
+            run.asked.add(step.pod)
+            waiting[step.pod] = request
+            note = f" ({wait.note})" if wait.note else ""
+            written = request.annotations()
+            self._pod_event(
+                step,
+                "DefragCheckpointRequested",
+                f"plan {run.plan_id}: checkpoint requested before eviction from {step.source}: "
+                f"write {CHECKPOINT_ANNOTATION} at or after "
+                f"{written[CHECKPOINT_REQUESTED_ANNOTATION]}; evicted at "
+                f"{written[CHECKPOINT_DEADLINE_ANNOTATION]} at the latest ({limit}){note}",
+            )
+        while waiting:
+            cluster = self.source.snapshot()
+            run.latest = cluster
+            now = self.clock.now()
+            for key, request in list(waiting.items()):
+                verdict = request.verdict(cluster, now)
+                if verdict is None:
+                    continue
+                del waiting[key]
+                run.checkpoints[key] = verdict
+                result, why = verdict
+                if result == "gone":
+                    run.going[key] = f"{why}; not evicted"
+                step = next(s for s in steps if s.pod == key)
+                self._pod_event(
+                    step,
+                    "DefragCheckpointed" if result == "checkpointed" else "DefragCheckpointMissed",
+                    f"plan {run.plan_id}: {why}",
+                    warning=result != "checkpointed",
+                )
+            if not waiting or self.stop_requested.is_set():
+                break
+            nearest = min(r.deadline for r in waiting.values())
+            self.sleep(
+                min(self.settings.poll_interval_s, max(0.001, (nearest - now).total_seconds()))
+            )
+
+    def _checkpoint_deadline(self, now: datetime, wait_s: float, run: _Run) -> tuple[datetime, str]:
+        """The earliest of the pod's wait, the window's end, and the cycle's deadline less one
+        replacement wait (so the drain can still wait for its replacements in the cycle)."""
+        limits: list[tuple[datetime | None, str]] = [
+            (seconds_from(now, wait_s), f"its wait of {wait_s:g} s"),
+            (run.window_end, "the window's end"),
+        ]
+        left = self.time_left()
+        if left is not None:
+            reserve = self.settings.replacement_timeout_s + self.settings.poll_interval_s
+            limits.append(
+                (seconds_from(now, left - reserve), "the cycle's deadline less a replacement wait")
+            )
+        return earliest(now, limits)
+
+    def _checkpointed(self, outcomes: list[StepOutcome], run: _Run) -> list[StepOutcome]:
+        """``outcomes`` with each pod's handshake result; a request left on a pod that was not
+        evicted after all (blocked, failed, skipped) is withdrawn."""
+        out = []
+        for o in outcomes:
+            found = run.checkpoints.get(o.pod)
+            if found is not None:
+                o = replace(o, checkpoint=found[0], checkpoint_detail=found[1])
+            if o.pod in run.asked and o.result not in ("evicted", "gone") and not run.lost:
+                ns, name = _split(o.pod)
+                try:
+                    self._guard(f"withdrawing the checkpoint request of {o.pod}")
+                    self.actuator.annotate_pod(ns, name, withdrawn())
+                except Exception as exc:
+                    log.warning("checkpoint request on %s not withdrawn: %s", o.pod, exc)
+            out.append(o)
+        return out
+
+    def _would_ask(self, outcome: StepOutcome, cluster: Cluster) -> StepOutcome:
+        """Dry run: a planned step whose pod supports the handshake says it would be asked."""
+        pod = cluster.pods.get(outcome.pod)
+        if outcome.result != "planned" or pod is None or not pod.checkpoints_on_request:
+            return outcome
+        wait = pod_wait(pod, self.settings.checkpoint_wait_s, self.settings.checkpoint_max_wait_s)
+        detail = f"would ask for a checkpoint first and wait up to {wait.seconds:g} s"
+        return replace(
+            outcome,
+            checkpoint="would-ask",
+            checkpoint_detail=detail + (f" ({wait.note})" if wait.note else ""),
+        )
 
     def _evict_batch(self, batch: list[Step], run: _Run) -> list[StepOutcome]:
         # Pods Terminating by now (in the latest snapshot this run read) are not evicted again:
@@ -496,6 +645,39 @@ class Executor:
                 why = res.verdict(cluster, now, timeout)
                 if why:
                     self.release(res, why, run)
+
+    def _reserve(self, res: Reservation, pods: list[str], why: str, run: _Run) -> None:
+        """Write ``res`` (fenced), kept until released; ``pods``: the evictions it depends on."""
+        self._guard(f"reserving {res.node}")
+        self.actuator.annotate_node(res.node, res.annotations())
+        run.reserved[res.node] = res
+        run.rooms[res.node] = pods
+        self.event(EVENT_KIND_NODE, "", res.node, "DefragReserved", f"plan {run.plan_id}: {why}")
+
+    def _release_seats(self, run: _Run, outcomes: Sequence[StepOutcome]) -> None:
+        """After a drain: the seats whose moves did not go through, or whose replacements are
+        bound (in the latest snapshot), are released now, so the next drain can seat its own
+        replacements there; the others wait in :meth:`_await_reservations`. Not ours any more
+        once the Lease is lost: the new leader's reconcile releases them."""
+        if run.lost or not self.fence.still_leader():
+            return
+        freed = {o.pod for o in outcomes if o.result in ("evicted", "gone")}
+        timeout = timedelta(seconds=self.settings.replacement_timeout_s)
+        now = self.clock.now()
+        for target, seat in list(run.reserved.items()):
+            moved_here = [o.pod for o in outcomes if o.target == target]
+            if not seat.owners or not moved_here:
+                continue
+            missed = [p for p in moved_here if p not in freed]
+            # The drain has waited for its replacements (scheduled, or the breaker tripped): the
+            # seat has served either way, whatever the clocks of creationTimestamp say.
+            why = (
+                f"move not made, not evicted: {', '.join(missed)}"
+                if missed
+                else seat.verdict(run.latest, now, timeout)
+                or "the drain's replacements were waited for"
+            )
+            self.release(seat, why, run)
 
     def _release_stale(self, cluster: Cluster) -> None:
         """Remove reservations left by an earlier run whose release failed, once they are done."""
@@ -652,6 +834,15 @@ class _Run:
     """The fence said this replica no longer leads: nothing more is written."""
     untaint_failed: dict[str, str] = field(default_factory=dict)
     """Node → why its drain taint could not be removed."""
+    window_end: datetime | None = None
+    checkpoints: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """Pod → how its checkpoint handshake ended (result, why)."""
+    asked: set[str] = field(default_factory=set)
+    """Pods carrying a checkpoint request this run wrote."""
+
+
+def _no_deadline() -> float | None:
+    return None
 
 
 def node_finding(node: str, problem: str, now: datetime) -> Finding:
@@ -666,6 +857,35 @@ def node_finding(node: str, problem: str, now: datetime) -> Finding:
         since=now,
         labels={"detector": "executor", "node": node},
     )
+
+
+def _seats(node: str, steps: Iterable[Step], run: _Run) -> dict[str, tuple[str, ...]]:
+    """Target node → the owners whose replacements a seat there keeps room for: the moves of
+    ``steps`` (a migration to another node, of a pod with a controller that makes a
+    replacement) to a node nobody has reserved (this run, another pod, a person)."""
+    seats: dict[str, set[str]] = {}
+    for step in steps:
+        pod = run.cluster.pods.get(step.pod)
+        if (
+            step.kind != "migrate"
+            or not step.target
+            or step.target == node
+            or step.target in run.reserved
+            or pod is None
+            or pod.owner is None
+            or pod.owner.kind in ("Node", "DaemonSet")
+        ):
+            continue
+        target = _node(run.latest, step.target)
+        if target is None or target.annotations.get(RESERVED_FOR_ANNOTATION, "").strip():
+            continue
+        seats.setdefault(step.target, set()).add(owner_holder(pod.namespace, pod.owner))
+    return {target: tuple(sorted(owners)) for target, owners in seats.items()}
+
+
+def _node(cluster: Cluster, name: str) -> Node | None:
+    row = cluster.arrays.index.get(name)
+    return cluster.nodes[row] if row is not None else None
 
 
 def _terminating(cluster: Cluster, steps: Iterable[Step]) -> dict[str, str]:

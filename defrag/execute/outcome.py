@@ -23,9 +23,13 @@ class StepOutcome:
     kind: str
     result: StepResult
     reason: str = ""
+    checkpoint: str = ""
+    """The checkpoint handshake's result (:mod:`defrag.execute.checkpoint`): checkpointed,
+    deadline-passed, gone, request-failed, would-ask (dry run); "" when the pod was not asked."""
+    checkpoint_detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "pod": self.pod,
             "from": self.source,
             "to": self.target,
@@ -33,6 +37,10 @@ class StepOutcome:
             "result": self.result,
             "reason": self.reason,
         }
+        if self.checkpoint:
+            out["checkpoint"] = self.checkpoint
+            out["checkpoint_detail"] = self.checkpoint_detail
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,8 +19,10 @@ would tie the winner with near-winners (95 and 100 both → 10) and let kube-sch
 tie-break undo the packing; reserving 10 for the winner keeps defrag's choice on top.
 
 Reservations: a node annotated ``defrag.io/reserved-for: <namespace>/<pod>`` (set by make-room
-plans) is filtered out for every other pod, in ``FailedAndUnresolvableNodes`` so kube-scheduler
-does not preempt its way onto the room made for someone else.
+plans) or ``owner:<namespace>/<Kind>/<name>`` (a migration's target, kept for the replacement:
+any pod of that controlling owner; holders comma-separated) is filtered out for every other pod,
+in ``FailedAndUnresolvableNodes`` so kube-scheduler does not preempt its way onto the room made
+for someone else.
 
 Hardening (any client that reaches the port is served by the same process as kube-scheduler):
 a body is at most :data:`MAX_BODY_BYTES` (sized from a 5,000-node ``Nodes``-mode request, see

@@ -17,7 +17,7 @@ from defrag.extender.wire import (
     extender_scores,
 )
 from defrag.model.arrays import BoolArray, IntArray
-from defrag.model.resources import RESERVED_FOR_ANNOTATION
+from defrag.model.resources import RESERVED_FOR_ANNOTATION, reservation_admits
 from defrag.scoring.filters import filter_reasons
 from defrag.scoring.scheduler import feasible_mask, node_scores, select
 
@@ -83,11 +83,10 @@ class Extender:
                     reserved_for[meta["name"]] = value.strip()
                 else:
                     reserved_for.pop(meta["name"], None)
-        pod_key = args.pod.key
         reserved: dict[str, str] = {}
         for name, key in reserved_for.items():
             row = get(name)
-            if key != pod_key and row is not None and not exclude[row]:
+            if not reservation_admits(key, args.pod) and row is not None and not exclude[row]:
                 reserved[name] = key
         for name in reserved:
             exclude[arrays.index[name]] = True

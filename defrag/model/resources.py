@@ -12,9 +12,17 @@ from defrag.model.units import GPU_MILLI
 
 EVICTABLE_ANNOTATION = "defrag.io/evictable"
 CHECKPOINT_ANNOTATION = "defrag.io/last-checkpoint"
+CHECKPOINT_SUPPORT_ANNOTATION = "defrag.io/checkpoint"
+"""Set by a workload (on its pod template) to ``supported``: defrag asks it for a checkpoint
+before evicting it and waits for ``defrag.io/last-checkpoint`` (docs/daemon.md)."""
+CHECKPOINT_SUPPORTED = "supported"
 GPU_INDICES_ANNOTATION = "defrag.io/gpu-indices"
 NVLINK_DOMAINS_ANNOTATION = "defrag.io/nvlink-domains"
 RESERVED_FOR_ANNOTATION = "defrag.io/reserved-for"
+"""On a node: who may be scheduled there. Comma-separated holders, each ``<namespace>/<pod>``
+(the pod a make-room plan freed the node for) or ``owner:<namespace>/<Kind>/<name>`` (any pod of
+that controller: the replacement of a pod a repack moves there). See :func:`reservation_admits`."""
+OWNER_HOLDER_PREFIX = "owner:"
 DRAIN_TAINT_KEY = "defrag.io/draining"
 GPU_RESOURCE = "nvidia.com/gpu"
 """The extended resource of whole NVIDIA GPUs (NVIDIA k8s-device-plugin)."""
@@ -154,6 +162,12 @@ class Pod:
     but it is already going: never a victim, never evicted, never pending."""
 
     @property
+    def checkpoints_on_request(self) -> bool:
+        """The workload answers a checkpoint request (``defrag.io/checkpoint: supported``)."""
+        value = self.annotations.get(CHECKPOINT_SUPPORT_ANNOTATION, "")
+        return value.strip().lower() == CHECKPOINT_SUPPORTED
+
+    @property
     def terminating(self) -> bool:
         """Being deleted (``metadata.deletionTimestamp`` set): on its way out."""
         return self.deleting_since is not None
@@ -210,3 +224,25 @@ class Pod:
             taint.effect == "PreferNoSchedule" or any(t.tolerates(taint) for t in self.tolerations)
             for taint in taints
         )
+
+
+def owner_holder(namespace: str, owner: OwnerRef) -> str:
+    """The ``defrag.io/reserved-for`` holder naming every pod of ``owner`` in ``namespace``."""
+    return f"{OWNER_HOLDER_PREFIX}{namespace}/{owner.kind}/{owner.name}"
+
+
+def reservation_holders(value: str) -> tuple[str, ...]:
+    """The holders a ``defrag.io/reserved-for`` value names (comma-separated, blanks dropped)."""
+    return tuple(h for h in (part.strip() for part in value.split(",")) if h)
+
+
+def reservation_admits(value: str, pod: Pod) -> bool:
+    """Whether a node reserved with ``value`` admits ``pod``: it is a named pod, or its
+    controlling owner is a named owner (same namespace, kind and name)."""
+    for holder in reservation_holders(value):
+        if holder.startswith(OWNER_HOLDER_PREFIX):
+            if pod.owner is not None and holder == owner_holder(pod.namespace, pod.owner):
+                return True
+        elif holder == pod.key:
+            return True
+    return False

@@ -12,6 +12,10 @@ A preemption (the pod waits instead of moving) costs ``preempt_factor`` times as
 lost: since ``defrag.io/last-checkpoint``; a pod without the annotation counts its restart alone
 (its lost work is unknown: a stateless server loses none, a batch job all since it started).
 Make-room weighs a room by it against the pod's wait (``PlanOptions.room_worth``).
+
+A pod that answers the checkpoint handshake (``defrag.io/checkpoint: supported``: the executor
+asks it to checkpoint before the eviction, docs/daemon.md) loses no work: both prices count its
+restart alone.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ class CostModel:
         weight = 1.0 + max(pod.priority, 0) / self.priority_scale
         since = last_checkpoint(pod)
         hours = 0.0
-        if now is not None and since is not None:
+        if now is not None and since is not None and not pod.checkpoints_on_request:
             hours = min(max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0),
                         self.max_hours)  # fmt: skip
         return round((self.per_eviction + gpus_held(pod) * hours) * weight, 6)
@@ -82,7 +86,7 @@ class CostModel:
         return round(self.eviction(pod, now) * self.preempt_factor, 6)
 
     def hours_lost(self, pod: Pod, now: datetime | None) -> float:
-        if now is None:
+        if now is None or pod.checkpoints_on_request:  # asked to checkpoint first: none lost
             return 0.0
         since = last_checkpoint(pod) or pod.created_at
         if since is None:

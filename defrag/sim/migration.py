@@ -24,6 +24,14 @@ Defaults and why (``MigrationCost()``):
   (lose everything), the others every 30–120 min; restart ~5 min.
 * ``cpu`` — pods without GPU: stateless helpers, restart ~1 min (no GPU time is lost).
 
+The checkpoint handshake (docs/daemon.md; ``defrag.execute.checkpoint``): a share
+``handshake_share`` of the pods of the kinds with state to lose (``training``, ``batch``)
+declares ``defrag.io/checkpoint: supported``; the daemon asks such a pod to checkpoint before it
+evicts it, so its eviction loses no work — only the restart overhead. Which pods support it is a
+fixed function of the pod's name (not a draw), and the draws are the same with the handshake on
+or off, so the two runs of one seed differ only by the handshake. Only defrag has it: a peer's
+run uses ``handshake_share = 0``.
+
 The first start of a pod also pays no overhead: the overhead is the *extra* time an eviction
 costs, so a run without evictions is the baseline every defragmenter is compared with.
 """
@@ -31,6 +39,7 @@ costs, so a run without evictions is the baseline every defragmenter is compared
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -39,6 +48,8 @@ from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 
 KINDS = ("training", "serving", "batch", "cpu")
+HANDSHAKE_KINDS = ("training", "batch")
+"""The kinds with state to lose: those whose workloads may answer a checkpoint request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,17 +82,30 @@ class MigrationCost:
     kinds: dict[str, KindCost] = field(default_factory=_defaults, hash=False)
     free: bool = False
     """Migrations cost nothing (the simulator before issue 17): no work lost, no overhead."""
+    handshake_share: float = 0.0
+    """Share of the ``training`` and ``batch`` pods that answer defrag's checkpoint request
+    before an eviction (they lose only the restart overhead); 0: the handshake is off."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.handshake_share <= 1:
+            raise ValueError(f"handshake_share must be in [0, 1], got {self.handshake_share}")
 
     def draw(self, pod: Pod, rng: np.random.Generator) -> tuple[float | None, float]:
         """(checkpoint interval in hours — None: never, 0: nothing to lose —, overhead h)."""
         if self.free:
             return 0.0, 0.0
-        k = self.kinds[kind_of(pod)]
+        kind = kind_of(pod)
+        k = self.kinds[kind]
+        interval: float | None
         if k.never_fraction and rng.random() < k.never_fraction:
-            return None, k.overhead_h
-        if k.interval_hi_h == 0:
-            return 0.0, k.overhead_h
-        return float(rng.uniform(k.interval_lo_h, k.interval_hi_h)), k.overhead_h
+            interval = None
+        elif k.interval_hi_h == 0:
+            interval = 0.0
+        else:
+            interval = float(rng.uniform(k.interval_lo_h, k.interval_hi_h))
+        if kind in HANDSHAKE_KINDS and answers_handshake(pod, self.handshake_share):
+            return 0.0, k.overhead_h  # checkpointed on request: nothing lost at an eviction
+        return interval, k.overhead_h
 
     def scaled(self, interval: float = 1.0, overhead: float = 1.0) -> MigrationCost:
         """Every checkpoint interval × ``interval``, every overhead × ``overhead``."""
@@ -103,7 +127,10 @@ class MigrationCost:
     def describe(self) -> dict[str, object]:
         if self.free:
             return {"free": True}
-        return {
+        handshake: dict[str, object] = (
+            {"checkpoint_handshake_share": self.handshake_share} if self.handshake_share else {}
+        )
+        return handshake | {
             name: {
                 "checkpoint_every_h": [round(k.interval_lo_h, 3), round(k.interval_hi_h, 3)],
                 "never_checkpoint": k.never_fraction,
@@ -111,6 +138,12 @@ class MigrationCost:
             }
             for name, k in self.kinds.items()
         }
+
+
+def answers_handshake(pod: Pod, share: float) -> bool:
+    """Whether ``pod`` is among the ``share`` of pods that answer a checkpoint request: a fixed
+    function of its name (CRC-32 of ``namespace/name`` below ``share`` of 2³²), no draw."""
+    return share > 0 and zlib.crc32(pod.key.encode()) < share * 2**32
 
 
 def kind_of(pod: Pod) -> str:

@@ -104,6 +104,19 @@ def test_make_room_end_to_end(stage: Stage) -> None:
     assert asked < tainted, (asked, tainted)
     replacement = c.wait_pods(stage.plane.admin, stage.ns, f"app={moved}", c.running(1), 30)[0]
     assert c.node_of(replacement) == step["to"], (step, c.node_of(replacement))
+    # The seat before the move: the target was patched by the daemon before the eviction (the
+    # owner reservation, defrag.io/reserved-for: owner:<ns>/ReplicaSet/<name>), and says so.
+    evicted_at = next(
+        i for i, e in enumerate(log)
+        if e["verb"] == "create" and e.get("objectRef", {}).get("subresource") == "eviction"
+        and "dryRun=All" not in e.get("requestURI", "")
+    )  # fmt: skip
+    seated = [
+        i for i, e in enumerate(log)
+        if e["verb"] == "patch" and e.get("objectRef", {}).get("name") == step["to"]
+    ]  # fmt: skip
+    assert seated and seated[0] < evicted_at, (seated, evicted_at)
+    _wait_event(stage, "default", "Node", lambda name: name == step["to"])
     # Drain to bind: the extender sees the freed node at kube-scheduler's next attempt. (With
     # a view relisted every 10 s it was 45-58 s, or kube-scheduler's 5-minute flush; the
     # figures over 20 runs are bench/bench_controlplane.py's.)

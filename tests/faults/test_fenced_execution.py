@@ -153,10 +153,15 @@ def test_a_leader_that_loses_the_lease_mid_plan_evicts_nothing_more(api: KubeApi
     assert any("lost the Lease while draining gpu-1" in p for p in result.problems)
     assert taints(api, "gpu-1") == [DRAIN]  # not a write the old leader may make any more
     assert notes(api, "gpu-1")[OWNER_ANNOTATION] == "replica-a@0"
-    # The new leader's reconcile rolls the drain back: its owner's generation is over.
+    # The new leader's reconcile rolls the drain back: its owner's generation is over; and it
+    # releases the seat the old leader left on the target (gpu-2) for the replacements.
     outcomes = Reconciler(executor(api, fence=b)).reconcile()
-    assert [(o.node, o.action) for o in outcomes] == [("gpu-1", "rolled-back")]
+    assert [(o.node, o.action) for o in outcomes] == [
+        ("gpu-1", "rolled-back"),
+        ("gpu-2", "released"),
+    ]
     assert taints(api, "gpu-1") == []
+    assert "defrag.io/reserved-for" not in notes(api, "gpu-2")
 
 
 def test_a_leader_that_cannot_confirm_the_lease_writes_nothing(api: KubeApi) -> None:
