@@ -34,9 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
-    )
+    data.add_data_option(ap)
     ap.add_argument("--trace", default="default")
     ap.add_argument("--policy", default="reserve-binpack", help="the cluster's scheduler")
     ap.add_argument(

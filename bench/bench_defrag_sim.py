@@ -200,9 +200,7 @@ def timeline_table(shared: Path, policies: list[str], seeds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("protocol", choices=("fill", "timeline", "jam"))
-    parser.add_argument(
-        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
-    )
+    data.add_data_option(parser)
     parser.add_argument("--seeds", type=int, default=None)
     parser.add_argument("--policies", nargs="*", default=None)
     parser.add_argument("--traces", nargs="*", default=["default"], choices=TRACES)

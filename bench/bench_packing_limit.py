@@ -81,9 +81,7 @@ def seed_limits(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
-    )
+    data.add_data_option(parser)
     parser.add_argument("--traces", nargs="*", default=list(TRACES))
     parser.add_argument("--seeds", type=int, default=len(PAPER_SEEDS))
     parser.add_argument("--jobs", type=int, default=2)

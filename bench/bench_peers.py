@@ -75,9 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument(
-        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
-    )
+    data.add_data_option(ap)
     ap.add_argument("--trace", default="default")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--defragmenters", default=",".join(ROWS))

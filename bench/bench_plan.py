@@ -140,9 +140,7 @@ def measure(name: str, cluster: Cluster, target_s: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
-    )
+    data.add_data_option(parser)
     parser.add_argument("--only", choices=("openb", "synthetic"))
     parser.add_argument("--nodes", type=int, default=10_000)
     args = parser.parse_args()

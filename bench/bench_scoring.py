@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
@@ -35,9 +34,7 @@ from defrag.sim.trace import load_nodes, load_pods
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--data", type=Path, default=data.DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
-    )
+    data.add_data_option(parser)
     parser.add_argument("--pods", type=int, default=500)
     parser.add_argument("--fill", type=float, default=0.70)
     parser.add_argument("--sizes", default="1000,10000,100000")

@@ -4,6 +4,7 @@ given a directory without the files it reads stops with one line, not a tracebac
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -35,3 +36,10 @@ def require(data: Path, names: list[str] | tuple[str, ...]) -> Path:
         print(f"{prog}: {missing_message(data, absent)}", file=sys.stderr)
         raise SystemExit(2)
     return data
+
+
+def add_data_option(parser: argparse.ArgumentParser) -> None:
+    """The ``--data`` option every trace benchmark takes: the folder of the openb files."""
+    parser.add_argument(
+        "--data", type=Path, default=DEFAULT, help="$DEFRAG_DATA_DIR, else ../shared/data"
+    )
