@@ -201,7 +201,8 @@ class FaultProxy:
                 ("reset", r.reset),
             ):
                 if x < p:
-                    return kind
+                    # a reset of a watch is its drop (above): only the non-watch path resets
+                    return None if watch and kind == "reset" else kind
                 x -= p
         return None
 
