@@ -197,10 +197,19 @@ def _whole(response: Any) -> Any:
     return response
 
 
-def _count_failure(exc: BaseException) -> None:
-    """A transient failure: counted, and one INFO line naming it (retried with backoff)."""
+def count_transient(exc: BaseException) -> str:
+    """Count ``exc`` on ``defrag_kube_api_transient_errors_total`` when it is transient (a
+    retried call's failure, or a watch request's); its reason, or "" when it is not."""
+    if not _transient(exc):
+        return ""
     reason = _retry_reason(exc)
     API_RETRIES.labels(reason=reason).inc()
+    return reason
+
+
+def _count_failure(exc: BaseException) -> None:
+    """A transient failure: counted, and one INFO line naming it (retried with backoff)."""
+    reason = count_transient(exc)
     log.info("Kubernetes API call failed (%s, %s); retrying with backoff", reason, _describe(exc))
 
 

@@ -36,15 +36,13 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type
 from defrag.adapters.deadline import request_deadline
 from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.kube import (
-    API_RETRIES,
     API_SECONDS,
     KubeClusterSource,
     KubeError,
     RetryPolicy,
     _Caller,
     _describe,
-    _retry_reason,
-    _transient,
+    count_transient,
     plural,
 )
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
@@ -501,8 +499,7 @@ class KubeWatchSource:
             try:
                 response = kind.lister(**kwargs)
             except Exception as exc:
-                if _transient(exc):
-                    API_RETRIES.labels(reason=_retry_reason(exc)).inc()
+                count_transient(exc)
                 raise
             finally:
                 API_SECONDS.observe(time.monotonic() - started)
