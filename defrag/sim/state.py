@@ -129,7 +129,8 @@ class SimState:
 
     def schedule(self, pod: Pod) -> Placement | None:
         """Where the scheduler puts ``pod`` now (rows held for other pods excluded), or None."""
-        result = schedule(pod, self.arrays, self.policy, exclude=self.excluded_for(pod.key))
+        exclude = self.excluded_for(pod.key)
+        result = schedule(pod, self.arrays, self.policy, exclude=exclude, why=False)
         return result if isinstance(result, Placement) else None
 
     def excluded_for(self, pod_id: str) -> np.ndarray | None:
