@@ -71,10 +71,14 @@ class NodeArrays:
     """[N] free milli-GPU summed over each node's GPUs, kept like ``whole_count``."""
     domain_whole: IntArray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     """[N, D] entirely free GPUs in each NVLink domain, kept like ``whole_count``."""
+    share_max: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """[N] the most free milli-GPU on any one GPU of each node, kept like ``whole_count`` (a
+    GPU-sharing pod fits a node's GPUs iff its share is at most this)."""
 
     def __post_init__(self) -> None:
         if (
             self.whole_count.shape != self.gpu_total.shape
+            or self.share_max.shape != self.gpu_total.shape
             or self.domain_whole.shape != self.domain_size.shape
         ):
             self.recount()
@@ -84,6 +88,7 @@ class NodeArrays:
         whole = self.gpu_free >= GPU_MILLI
         self.whole_count = np.count_nonzero(whole, axis=1).astype(np.int64)
         self.share_free = np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+        self.share_max = np.asarray(self.gpu_free.max(axis=1, initial=0), dtype=np.int64)
         self.domain_whole = np.zeros(self.domain_size.shape, dtype=np.int64)
         for dom in range(self.domain_size.shape[1]):
             self.domain_whole[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
@@ -179,6 +184,7 @@ class NodeArrays:
             whole_count=self.whole_count.copy(),
             share_free=self.share_free.copy(),
             domain_whole=self.domain_whole.copy(),
+            share_max=self.share_max.copy(),
         )
 
     def row_view(self, row: int) -> NodeArrays:
@@ -343,6 +349,7 @@ class NodeArrays:
                     per[d] += 1
         self.whole_count[row] = whole
         self.share_free[row] = sum(free)
+        self.share_max[row] = max(free, default=0)
         self.domain_whole[row] = per
 
 

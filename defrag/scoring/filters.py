@@ -38,7 +38,10 @@ def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
         ones = np.ones(n, dtype=bool)
         return ones, ones
     if pod.gpu_milli < GPU_MILLI:
-        enough = (arrays.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+        if pod.num_gpu == 1:  # one GPU with the share free: the kept per-node maximum
+            enough = arrays.share_max >= pod.gpu_milli
+        else:
+            enough = (arrays.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
         return enough, enough
     if pod.pool:
         enough = arrays.pool_free_for(pod) >= pod.pool_units

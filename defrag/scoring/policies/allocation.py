@@ -84,7 +84,7 @@ class LeastAllocated(_AllocationScore):
         free, counted = self._free_fractions_after(pod, arrays)
         free /= counted
         free *= 100.0
-        return np.clip(free, 0.0, 100.0, out=free)
+        return _clip_percent(free)
 
 
 class MostAllocated(_AllocationScore):
@@ -95,4 +95,10 @@ class MostAllocated(_AllocationScore):
         used = np.subtract(counted, free, out=free)
         used /= counted
         used *= 100.0
-        return np.clip(used, 0.0, 100.0, out=used)
+        return _clip_percent(used)
+
+
+def _clip_percent(values: FloatArray) -> FloatArray:
+    """``np.clip(values, 0, 100)`` in place (NaN stays NaN), without its wrapper's cost."""
+    np.maximum(values, 0.0, out=values)
+    return np.minimum(values, 100.0, out=values)
