@@ -300,9 +300,7 @@ class NodeArrays:
         self.cpu_free[row] -= pod.cpu_milli
         self.mem_free[row] -= pod.memory_mib
         self.class_count[row, demand_class(pod)] += 1
-        self.take_gpus(row, pod, gpus)
-        if pod.num_gpu:
-            self._recount_row(row)
+        self._shift_gpus(row, pod, gpus, -1)
 
     def take_gpus(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         """Only the GPU part of :meth:`allocate` (its slots, or its pool's units), without the
@@ -329,16 +327,25 @@ class NodeArrays:
         self.cpu_free[row] += pod.cpu_milli
         self.mem_free[row] += pod.memory_mib
         self.class_count[row, demand_class(pod)] -= 1
+        self._shift_gpus(row, pod, gpus, 1)
+
+    def _shift_gpus(self, row: int, pod: Pod, gpus: Sequence[int], sign: int) -> None:
+        """Give back (``sign`` 1) or take (-1) the pod's GPU share on ``gpus`` (each slot once,
+        as numpy's indexed update does), or its pool's units; then the row's kept counts."""
         col = self.pool_use(pod, row)
         if col is not None:
-            self.pool_free[row, col] += pool_units(pod)
+            self.pool_free[row, col] += sign * pool_units(pod)
         elif pod.num_gpu:
-            self.gpu_free[row, list(gpus)] += pod.gpu_milli
-            self._recount_row(row)
+            # ≤ 8 GPUs: plain Python over the row beats numpy calls.
+            free: list[int] = self.gpu_free[row].tolist()
+            delta = sign * pod.gpu_milli
+            for g in set(gpus):
+                free[g] += delta
+                self.gpu_free[row, g] = free[g]
+            self._count_row(row, free)
 
-    def _recount_row(self, row: int) -> None:
-        # ≤ 8 GPUs: plain Python over the row beats numpy calls.
-        free: list[int] = self.gpu_free[row].tolist()
+    def _count_row(self, row: int, free: list[int]) -> None:
+        """The kept counts of ``row`` from its free share per slot, ``free``."""
         domain: list[int] = self.gpu_domain[row].tolist()
         per = [0] * self.domain_whole.shape[1]
         whole = 0
@@ -350,7 +357,10 @@ class NodeArrays:
         self.whole_count[row] = whole
         self.share_free[row] = sum(free)
         self.share_max[row] = max(free, default=0)
-        self.domain_whole[row] = per
+        if len(per) == 1:
+            self.domain_whole[row, 0] = per[0]
+        else:
+            self.domain_whole[row] = per
 
 
 _PER_ROW_TUPLES = frozenset({"names", "taints", "labels"})
