@@ -5,9 +5,15 @@ then first come, first served (a sequence number taken at :meth:`WaitQueue.push`
 entries are dropped from the columns (compacted) at the next :meth:`WaitQueue.may_fit` once they
 outnumber the live ones, so the capacity prefilter scans the pods waiting now, not every pod
 ever queued. Indices are valid from one :meth:`~WaitQueue.may_fit` to the next.
+
+The queue also counts the distinct GPU asks (GPUs × share each) of its pods: a freed node on
+which none of them fits is dismissed in plain Python, before any pass over the columns (on openb
+the queue holds hundreds of 8-GPU pods, and almost every departure frees fewer GPUs than that).
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
@@ -37,6 +43,8 @@ class WaitQueue:
         self._model_ok = np.zeros((cap, len(models) + 1), bool)  # last column: node w/o GPU
         self._alive = np.zeros(cap, bool)
         self._pushed = 0
+        self._asks: Counter[tuple[int, int]] = Counter()
+        """(GPUs, share each) the waiting pods ask, with how many ask it."""
         self.count = 0
         """Pods waiting now."""
 
@@ -61,10 +69,15 @@ class WaitQueue:
             self._model_ok[i, -1] = False
         self._alive[i] = True
         self.count += 1
+        self._asks[int(self._k[i]), int(self._need[i])] += 1
 
     def remove(self, i: int) -> None:
         self._alive[i] = False
         self.count -= 1
+        ask = int(self._k[i]), int(self._need[i])
+        self._asks[ask] -= 1
+        if not self._asks[ask]:
+            del self._asks[ask]
 
     def may_fit(self, arrays: NodeArrays, rows: set[int]) -> list[int]:
         """Waiting pods that may fit on one of ``rows`` by capacity alone, in queue order."""
@@ -72,15 +85,22 @@ class WaitQueue:
             return []
         if len(self.pods) > 2 * self.count + 64:
             self._compact()
+        # kth[j]: the j-th most free GPU's share on a row (kth[0]: any pod without GPUs
+        # passes); a pod asking k GPUs of `need` each fits iff kth[k] >= need. Rows where no
+        # waiting pod's (k, need) fits are skipped before any pass over the queue.
+        kths: list[tuple[int, list[int]]] = []
+        for row in sorted(rows):
+            free = sorted(arrays.gpu_free[row, : int(arrays.gpu_total[row])].tolist(), reverse=True)
+            kth = [GPU_MILLI, *free, *[0] * (self._k_max - len(free))]
+            if any(kth[k] >= need for k, need in self._asks):
+                kths.append((row, kth))
+        if not kths:
+            return []
         n = len(self.pods)
         k, need = self._k[:n], self._need[:n]
         ok: BoolArray | None = None
-        for row in sorted(rows):
-            # kth[j]: the j-th most free GPU's share on the row (kth[0]: any pod without GPUs
-            # passes); a pod asking k GPUs of `need` each fits iff kth[k] >= need.
-            free = sorted(arrays.gpu_free[row, : int(arrays.gpu_total[row])].tolist(), reverse=True)
-            kth = np.array([GPU_MILLI, *free, *[0] * (self._k_max - len(free))], np.int64)
-            fits = kth[k] >= need
+        for row, kth in kths:
+            fits = np.array(kth, np.int64)[k] >= need
             fits &= self._cpu[:n] <= arrays.cpu_free[row]
             fits &= self._mem[:n] <= arrays.mem_free[row]
             fits &= self._model_ok[:n, int(arrays.model_code[row])]
