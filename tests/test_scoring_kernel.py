@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from defrag.model.arrays import NodeArrays
 from defrag.model.units import GPU_MILLI
 from defrag.scoring.filters import feasible_mask, filter_masks
 from defrag.scoring.framework import Placement, Unschedulable
+from defrag.scoring.gpu_choice import NoGpuFit, whole_gpus
 from defrag.scoring.policies import POLICY_NAMES, make_policy
 from defrag.scoring.policies.base import safe_ratio
 from defrag.scoring.scheduler import schedule
@@ -127,3 +129,27 @@ def test_a_sharing_pod_fits_by_the_most_free_gpu() -> None:
     half, most = Pod("h", num_gpu=1, gpu_milli=500), Pod("m", num_gpu=1, gpu_milli=700)
     assert feasible_mask(half, arrays).tolist() == [True, True]
     assert feasible_mask(most, arrays).tolist() == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("taken", "k", "expected"),
+    [
+        ((), 2, (0, 1)),  # all free: the lowest indices
+        ((0, 2), 3, (1, 3, 4)),  # around the taken ones
+        ((0, 1, 2, 3, 4, 5), 2, (6, 7)),  # exactly enough
+        ((0, 1, 2, 3, 4, 5), 3, "no NVLink domain with 3 free GPUs"),  # 2 free < 3
+        ((), 9, "not enough entirely free NVLink domains"),  # more than the node has
+    ],
+)
+def test_one_domain_nodes_give_the_first_free_gpus(
+    taken: tuple[int, ...], k: int, expected: tuple[int, ...] | str
+) -> None:
+    # One 8-GPU node (one NVLink domain): whole_gpus' single-domain path.
+    arrays = Cluster.build([Node("a", 64000, 10**6, 8, "A100")]).arrays.copy()
+    if taken:
+        arrays.allocate(0, Pod("t", num_gpu=len(taken)), taken)
+    if isinstance(expected, str):
+        with pytest.raises(NoGpuFit, match=expected):
+            whole_gpus(k, arrays, 0)
+    else:
+        assert whole_gpus(k, arrays, 0) == expected

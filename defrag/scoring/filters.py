@@ -46,7 +46,7 @@ def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
     if pod.pool:
         enough = arrays.pool_free_for(pod) >= pod.pool_units
         return enough, enough
-    enough = arrays.free_whole_count() >= pod.num_gpu
+    enough = arrays.whole_count >= pod.num_gpu  # the kept count, read (no view)
     # One NVLink domain per node (the common NVSwitch case): any R free GPUs will do.
     topo = (
         enough if arrays.domain_size.shape[1] == 1 else enough & topology_fit(pod.num_gpu, arrays)
