@@ -213,54 +213,94 @@ class ClusterParts:
         """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods
         bound to a node the node list did not have (recorded in :attr:`dropped`), and when the
         ``defrag.io/gpu-indices`` annotations conflict, ignores them all (slots assumed)."""
-        values = {pc.name: pc.value for pc in self.priority_classes}
-        default = next((pc.value for pc in self.priority_classes if pc.global_default), 0)
+        values, default = priority_values(self.priority_classes)
         gpu_memory = {n.name: n.gpu_memory_mib for n in self.nodes}
         largest = max(gpu_memory.values(), default=0)
-        pods = []
-        for pod, explicit in self.pods:
-            if not explicit:
-                value = values.get(pod.priority_class, default) if pod.priority_class else default
-                if value != pod.priority:
-                    pod = replace(pod, priority=value)
-            memory = self.share_memory.get(pod.key)
-            if memory:
-                # A share asked in GPU memory: sized against its node's GPUs, or (pending)
-                # against the largest GPUs, where it is smallest; the gpu-memory filter still
-                # demands the memory.
-                of = gpu_memory.get(pod.node, 0) if pod.node else largest
-                pod = replace(pod, gpu_milli=share_for_memory(memory, of, pod.gpu_milli))
-            pods.append(pod)
+        pods = [
+            resolve_pod(
+                pod, explicit, self.share_memory.get(pod.key), values, default, gpu_memory, largest
+            )
+            for pod, explicit in self.pods
+        ]
         self.dropped = []
         warnings = [str(w) for w in self.warnings]
         for pod in [p for p in pods if p.node in self.skipped_nodes]:
-            warnings.append(f"Pod {pod.key}: spec.nodeName: node {pod.node} was left out; so is it")
+            warnings.append(skipped_warning(pod))
         pods = [p for p in pods if p.node not in self.skipped_nodes]
         nodes = [
             replace(n, taints=(*n.taints, UNREADABLE_TAINT)) if n.name in self.hidden_usage else n
             for n in self.nodes
         ]
-        if lenient:
-            names = {n.name for n in self.nodes}
-            self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
-            pods = [p for p in pods if p.node is None or p.node in names]
-            warnings += [f"Pod {k}: spec.nodeName: no such node; left out" for k in self.dropped]
         if not lenient:
             return Cluster.build(nodes, pods, self.pdbs, values, warnings=warnings)
-        try:
-            return Cluster.build(nodes, pods, self.pdbs, values, warnings=warnings)
-        except ModelError:
-            # Conflicting ``defrag.io/gpu-indices`` annotations: ignore them all (slots assumed);
-            # a pod that still does not fit its node is left out and recorded.
-            pods = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
+        names = {n.name for n in self.nodes}
+        self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
+        pods = [p for p in pods if p.node is None or p.node in names]
+        warnings += [dropped_warning(k) for k in self.dropped]
+        cluster, _assumed = build_lenient(nodes, pods, self.pdbs, values, warnings, self.dropped)
+        return cluster
 
-            def misfit(pod: Pod, exc: ModelError) -> None:
-                self.dropped.append(f"{pod.key}: {exc}")
-                warnings.append(f"Pod {pod.key}: spec.nodeName: {exc}; left out")
 
-            return Cluster.build(
-                nodes, pods, self.pdbs, values, on_misfit=misfit, warnings=warnings
-            )
+def priority_values(classes: Iterable[PriorityClass]) -> tuple[dict[str, int], int]:
+    """PriorityClass name → value, and the global default's value (0 without one)."""
+    listed = list(classes)
+    values = {pc.name: pc.value for pc in listed}
+    return values, next((pc.value for pc in listed if pc.global_default), 0)
+
+
+def resolve_pod(
+    pod: Pod,
+    explicit: bool,
+    memory: int | None,
+    values: Mapping[str, int],
+    default: int,
+    gpu_memory: Mapping[str, int],
+    largest: int,
+) -> Pod:
+    """The pod with its priority resolved from its class (unless ``spec.priority`` was set) and
+    a share asked in GPU memory (``memory``, MiB) sized against its GPUs."""
+    if not explicit:
+        value = values.get(pod.priority_class, default) if pod.priority_class else default
+        if value != pod.priority:
+            pod = replace(pod, priority=value)
+    if memory:
+        # A share asked in GPU memory: sized against its node's GPUs, or (pending) against the
+        # largest GPUs, where it is smallest; the gpu-memory filter still demands the memory.
+        of = gpu_memory.get(pod.node, 0) if pod.node else largest
+        pod = replace(pod, gpu_milli=share_for_memory(memory, of, pod.gpu_milli))
+    return pod
+
+
+def skipped_warning(pod: Pod) -> str:
+    return f"Pod {pod.key}: spec.nodeName: node {pod.node} was left out; so is it"
+
+
+def dropped_warning(key: str) -> str:
+    return f"Pod {key}: spec.nodeName: no such node; left out"
+
+
+def build_lenient(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    pdbs: Sequence[PodDisruptionBudget],
+    values: Mapping[str, int],
+    warnings: list[str],
+    dropped: list[str],
+) -> tuple[Cluster, bool]:
+    """``Cluster.build``; when ``defrag.io/gpu-indices`` annotations conflict, again with them
+    all ignored (slots assumed), leaving out (into ``dropped`` and ``warnings``) a pod that
+    still does not fit its node. The flag says whether the slots were assumed."""
+    try:
+        return Cluster.build(nodes, pods, pdbs, values, warnings=warnings), False
+    except ModelError:
+        assumed = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
+
+        def misfit(pod: Pod, exc: ModelError) -> None:
+            dropped.append(f"{pod.key}: {exc}")
+            warnings.append(f"Pod {pod.key}: spec.nodeName: {exc}; left out")
+
+        cluster = Cluster.build(nodes, assumed, pdbs, values, on_misfit=misfit, warnings=warnings)
+        return cluster, True
 
 
 def cluster_from_items(

@@ -46,6 +46,7 @@ from defrag.adapters.kube import (
     plural,
 )
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
+from defrag.adapters.store_build import StoreBuild
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
 from defrag.model.resources import Node, Pod
 from defrag.ports import WatchHealth
@@ -270,6 +271,8 @@ class KubeWatchSource:
         self._threads: list[threading.Thread] = []
         self._on_change: Callable[[], None] | None = None
         self._said: set[str] = set()
+        self._build_lock = threading.Lock()  # one build at a time: each reuses the last
+        self._builder = StoreBuild()
 
     # --- the port --------------------------------------------------------------------------
 
@@ -319,37 +322,30 @@ class KubeWatchSource:
         return self.build()[0]
 
     def build(self) -> tuple[Cluster, int]:
-        """A Cluster from what is held, and the generation it reflects."""
-        with self._lock:
-            generation = self._generation
-            pieces = [
-                [piece for _key, (_obj, piece) in sorted(k.objects.items())] for k in self._kinds
-            ]
-        parts = ClusterParts()
-        with paused_gc():
-            for of_kind in pieces:
-                for piece in of_kind:
-                    parts.nodes += piece.nodes
-                    parts.pods += piece.pods
-                    parts.pdbs += piece.pdbs
-                    parts.priority_classes += piece.priority_classes
-                    parts.warnings += piece.warnings
-                    parts.share_memory.update(piece.share_memory)
-                    parts.skipped_nodes.update(piece.skipped_nodes)
-                    parts.hidden_usage.update(piece.hidden_usage)
-            try:
-                cluster = parts.build(lenient=True)
-            except ModelError as exc:
-                raise KubeError(f"inconsistent cluster state: {exc}") from exc
-        if parts.dropped:
-            log.info(
-                "left out %d pod(s) bound to nodes not (yet) seen: %s",
-                len(parts.dropped),
-                ", ".join(parts.dropped[:5]),
-            )
-        for warning in [w for w in cluster.warnings if w not in self._said]:
-            log.warning("not modelled fully: %s", warning)
-        self._said = set(cluster.warnings)
+        """A Cluster from what is held, and the generation it reflects. Only what changed since
+        the last build is done again (:class:`~defrag.adapters.store_build.StoreBuild`)."""
+        with self._build_lock:
+            with self._lock:
+                generation = self._generation
+                kinds = [
+                    (k.name, {key: piece for key, (_obj, piece) in k.objects.items()})
+                    for k in self._kinds
+                ]
+            with paused_gc():
+                try:
+                    built = self._builder.build(kinds)
+                except ModelError as exc:
+                    raise KubeError(f"inconsistent cluster state: {exc}") from exc
+            cluster = built.cluster
+            if built.dropped:
+                log.info(
+                    "left out %d pod(s) bound to nodes not (yet) seen: %s",
+                    len(built.dropped),
+                    ", ".join(built.dropped[:5]),
+                )
+            for warning in [w for w in cluster.warnings if w not in self._said]:
+                log.warning("not modelled fully: %s", warning)
+            self._said = set(cluster.warnings)
         return cluster, generation
 
     # --- for tests and the benchmark ---------------------------------------------------------
