@@ -46,7 +46,7 @@ from defrag.adapters.kube import (
     plural,
 )
 from defrag.adapters.kube_convert import ClusterParts, paused_gc
-from defrag.adapters.store_build import StoreBuild
+from defrag.adapters.store_build import Built, StoreBuild
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
 from defrag.model.resources import Node, Pod
 from defrag.ports import WatchHealth
@@ -273,6 +273,8 @@ class KubeWatchSource:
         self._said: set[str] = set()
         self._build_lock = threading.Lock()  # one build at a time: each reuses the last
         self._builder = StoreBuild()
+        self._changes: dict[tuple[str, str], None] = {}
+        """(kind, store key) of each object changed since the last build, for the next."""
 
     # --- the port --------------------------------------------------------------------------
 
@@ -325,17 +327,8 @@ class KubeWatchSource:
         """A Cluster from what is held, and the generation it reflects. Only what changed since
         the last build is done again (:class:`~defrag.adapters.store_build.StoreBuild`)."""
         with self._build_lock:
-            with self._lock:
-                generation = self._generation
-                kinds = [
-                    (k.name, {key: piece for key, (_obj, piece) in k.objects.items()})
-                    for k in self._kinds
-                ]
             with paused_gc():
-                try:
-                    built = self._builder.build(kinds)
-                except ModelError as exc:
-                    raise KubeError(f"inconsistent cluster state: {exc}") from exc
+                built, generation = self._build()
             cluster = built.cluster
             if built.dropped:
                 log.info(
@@ -347,6 +340,34 @@ class KubeWatchSource:
                 log.warning("not modelled fully: %s", warning)
             self._said = set(cluster.warnings)
         return cluster, generation
+
+    def _build(self) -> tuple[Built, int]:
+        """From the objects changed since the last build when it can (``StoreBuild.update``),
+        else from every object."""
+        with self._lock:
+            generation = self._generation
+            changes, self._changes = self._changes, {}
+            changed = None
+            if self._builder.ready:
+                by_kind = {k.name: k.objects for k in self._kinds}
+                changed = {}
+                for kind, key in changes:
+                    entry = by_kind[kind].get(key)
+                    changed[kind, key] = entry[1] if entry is not None else None
+        built = self._builder.update(changed) if changed is not None else None
+        if built is not None:
+            return built, generation
+        with self._lock:
+            generation = self._generation
+            self._changes = {}
+            kinds = [
+                (k.name, {key: piece for key, (_obj, piece) in k.objects.items()})
+                for k in self._kinds
+            ]
+        try:
+            return self._builder.full(kinds), generation
+        except ModelError as exc:
+            raise KubeError(f"inconsistent cluster state: {exc}") from exc
 
     # --- for tests and the benchmark ---------------------------------------------------------
 
@@ -379,6 +400,8 @@ class KubeWatchSource:
                     continue
                 raise KubeError(f"cannot list {kind.plural}: {_describe(exc)}") from None
             with self._lock:
+                for key in kind.objects.keys() | objects.keys():
+                    self._changes[kind.name, key] = None
                 kind.objects = objects
                 kind.resource_version = version
                 kind.listed = True
@@ -556,9 +579,11 @@ class KubeWatchSource:
             entry = self._entry(kind.name, obj)
             with self._lock:
                 kind.objects[key] = entry
+                self._changes[kind.name, key] = None
         elif what == "DELETED":
             with self._lock:
                 kind.objects.pop(key, None)
+                self._changes[kind.name, key] = None
         else:
             log.warning("watching %s: unknown event type %r ignored", kind.plural, what)
             return

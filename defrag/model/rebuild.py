@@ -35,47 +35,42 @@ HOLDING_PHASES = frozenset({"Pending", "Running", "Unknown"})
 def rebuilt(
     previous: Cluster,
     nodes: Sequence[Node],
-    pods: Sequence[tuple[str, Pod]],
-    dirty: Set[str],
+    on_dirty: Mapping[str, Sequence[tuple[str, Pod]]],
+    pods: dict[str, Pod],
     pdbs: Iterable[PodDisruptionBudget],
     priority_classes: Mapping[str, int],
     warnings: Iterable[str],
 ) -> Cluster | None:
-    """``Cluster.build(nodes, [pod for _key, pod in pods], pdbs, priority_classes,
-    warnings=warnings)``, redoing only the ``dirty`` nodes; None where it cannot (see the module
-    doc). ``nodes`` are sorted by name; ``pods`` pairs each pod with its ``Pod.key``."""
-    arrays = _arrays(previous, nodes, dirty)
+    """The cluster ``Cluster.build`` makes of ``nodes`` and the pods, redoing only the dirty
+    nodes; None where it cannot (see the module doc).
+
+    ``nodes``: sorted by name. ``on_dirty``: each dirty node → the pods bound to it (with their
+    ``Pod.key``), in the full build's order. ``pods``: every pod by ``Pod.key`` in the full
+    build's order, those on clean nodes as ``previous`` holds them; the dirty nodes' holding pods
+    are replaced in it (in place: their slots assigned), so it becomes the cluster's.
+    """
+    arrays = _arrays(previous, nodes, on_dirty.keys())
     if arrays is None:
         return None
-    before = previous.pods
-    index = arrays.index
-    pod_map: dict[str, Pod] = {}
     bound: list[tuple[int, Pod]] = []
     try:
-        for key, pod in pods:
-            if key in pod_map:
-                return None  # the full build names the duplicate
-            node = pod.node
-            if node is not None and pod.phase in HOLDING_PHASES:
-                if node not in index:
+        for node, on_node in on_dirty.items():
+            row = arrays.index.get(node)
+            for key, pod in on_node:
+                if pod.phase not in HOLDING_PHASES:
+                    continue
+                if row is None:
                     return None  # the full build names the unknown node
-                if node not in dirty:
-                    kept = before.get(key)
-                    if kept is None or kept.node != node:
-                        return None  # not what the caller vouched for
-                    pod = kept
-                else:
-                    pod = assign_gpus(arrays, pod)
-                    row = index[node]
-                    arrays.take_gpus(row, pod, pod.gpu_indices)
-                    bound.append((row, pod))
-            pod_map[key] = pod
+                pod = assign_gpus(arrays, pod)
+                arrays.take_gpus(row, pod, pod.gpu_indices)
+                bound.append((row, pod))
+                pods[key] = pod
     except ModelError:
         return None
     arrays.charge(bound)
     return Cluster(
         nodes=tuple(nodes),
-        pods=MappingProxyType(pod_map),
+        pods=MappingProxyType(pods),
         pdbs=tuple(pdbs),
         arrays=arrays,
         priority_classes=MappingProxyType(dict(priority_classes)),
