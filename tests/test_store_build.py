@@ -192,8 +192,8 @@ def test_pod_churn_is_always_built_from_the_changes() -> None:
     rng = random.Random(26)
     store = seeded()
     store.build()
-    for build in range(60):
-        for _ in range(rng.randint(1, 4)):
+    for _ in range(60):
+        for _event in range(rng.randint(1, 4)):
             what = rng.choice(("ADDED", "MODIFIED", "DELETED"))
             name = rng.choice(PODS[:8])
             variant = rng.choice((0, 1, 2, 4, 5, 6, 7, 9))
@@ -240,3 +240,28 @@ def test_a_change_to_the_whole_cluster_is_a_full_build(
     got, _ = store.build()
     assert store._builder.full_builds == 2, why
     assert_same(got, full_build(store)[0])
+
+
+def test_an_event_that_changes_nothing_kept_changes_no_build() -> None:
+    """A node's heartbeat (status.conditions, not kept) or a pod's new IP moves the
+    resourceVersion only: the store's generation stays, so no cluster is built for it."""
+    store = seeded()
+    first, generation = store.build()
+    node = node_obj("node-1", 0)
+    node["metadata"]["resourceVersion"] = "5001"
+    node["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-11-29T12:05:00Z"
+    apply(store, "MODIFIED", node)
+    pod = pod_obj(PODS[0], 0, 1, 2)
+    pod["metadata"]["resourceVersion"] = "5002"
+    pod["status"]["podIP"] = "10.244.9.9"
+    apply(store, "MODIFIED", pod)
+    assert store.generation() == generation
+    assert store.stats.unchanged == 2
+    assert store.objects("Node")["node-1"]["metadata"]["resourceVersion"] == "5001"
+    assert store.resource_version("Pod") == "5002"
+    node["spec"]["unschedulable"] = True  # kept: a change
+    apply(store, "MODIFIED", node)
+    assert store.generation() == generation + 1
+    got, _ = store.build()
+    assert_same(got, full_build(store)[0])
+    assert got.node("node-1").unschedulable and not first.node("node-1").unschedulable

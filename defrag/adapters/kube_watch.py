@@ -216,6 +216,8 @@ class WatchStats:
     expired: int = 0
     retries: int = 0
     ended_early: int = 0
+    unchanged: int = 0
+    """MODIFIED events that changed nothing the store keeps but the resourceVersion."""
 
 
 def _key(obj: Mapping[str, Any]) -> str:
@@ -223,6 +225,20 @@ def _key(obj: Mapping[str, Any]) -> str:
     meta = meta if isinstance(meta, dict) else {}
     name, namespace = str(meta.get("name") or ""), meta.get("namespace")
     return f"{namespace}/{name}" if namespace else name
+
+
+def _same_but_version(held: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Two trimmed objects equal but for ``metadata.resourceVersion``."""
+    if held.keys() != new.keys():
+        return False
+    for field_name, value in new.items():
+        before = held[field_name]
+        if field_name == "metadata" and isinstance(value, dict) and isinstance(before, dict):
+            if {**before, "resourceVersion": ""} != {**value, "resourceVersion": ""}:
+                return False
+        elif before != value:
+            return False
+    return True
 
 
 def _rv(obj: Mapping[str, Any]) -> str:
@@ -576,7 +592,20 @@ class KubeWatchSource:
             return
         key = _key(obj)
         if what in ("ADDED", "MODIFIED"):
-            entry = self._entry(kind.name, obj)
+            trimmed = trim(obj, KEEP[kind.name])
+            with self._lock:
+                held = kind.objects.get(key)
+            if held is not None and _same_but_version(held[0], trimmed):
+                # Nothing defrag reads changed (a node's heartbeat, a pod's IP): the version
+                # moves on, the conversion and the cluster built from it stay.
+                with self._lock:
+                    kind.objects[key] = (trimmed, held[1])
+                    kind.resource_version = version or kind.resource_version
+                    self.stats.events += 1
+                    self.stats.unchanged += 1
+                self._healthy(kind)
+                return
+            entry = trimmed, convert(kind.name, trimmed, f"{kind.name} {key}")
             with self._lock:
                 kind.objects[key] = entry
                 self._changes[kind.name, key] = None
