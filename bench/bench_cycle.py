@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import multiprocessing as mp
 import random
 import resource
@@ -176,6 +177,7 @@ def main() -> None:
 
         ports = CyclePorts(Source(), SystemClock(), detector, planner, executor)
         builder = source.watch._builder
+        pauses = GcPauses()
         rows = []
         for i in range(args.repeat):
             full = builder.full_builds
@@ -188,8 +190,10 @@ def main() -> None:
                         raise SystemExit("the watch did not deliver the churn within 60 s")
                     time.sleep(0.01)
             t = time.perf_counter()
+            paused = pauses.total_s
             result = run_cycle(ports, CycleConfig())
             total = time.perf_counter() - t
+            paused = pauses.total_s - paused
             steps = len(result.plan.steps) if result.plan else 0
             kind = "list" if i == 0 else "full" if builder.full_builds > full else "changes"
             rows.append(
@@ -200,6 +204,7 @@ def main() -> None:
                     detect.last_s,
                     plan.last_s,
                     total,
+                    paused,
                     len(result.findings),
                     steps,
                 )
@@ -210,12 +215,12 @@ def main() -> None:
         api.stop()
     print(
         f"{'run':>3} {'built from':>10} {'snapshot s':>10} {'detect s':>9} {'plan s':>7} "
-        f"{'cycle s':>8} {'findings':>8} {'steps':>6}"
+        f"{'cycle s':>8} {'gc s':>5} {'findings':>8} {'steps':>6}"
     )
-    for run, kind, snap, det, pl, total, findings, steps in rows:
+    for run, kind, snap, det, pl, total, gc_s, findings, steps in rows:
         print(
             f"{run:>3} {kind:>10} {snap:>10.2f} {det:>9.2f} {pl:>7.2f} {total:>8.2f} "
-            f"{findings:>8} {steps:>6}"
+            f"{gc_s:>5.2f} {findings:>8} {steps:>6}"
         )
     later = rows[1:]
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -232,6 +237,21 @@ def main() -> None:
             f"{'PASS' if max(snaps) <= 0.5 else 'FAIL'}"
         )
     print(f"peak RSS: {peak:.0f} MiB (target ≤ 500 MiB; this process, the API server apart)")
+
+
+class GcPauses:
+    """The time the cyclic garbage collector runs (``gc.callbacks``), summed."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on)
+
+    def _on(self, phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.total_s += time.perf_counter() - self._started
 
 
 def _spread(values: Sequence[float]) -> str:

@@ -21,6 +21,7 @@ a MODIFIED object replaces what was held.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import threading
@@ -168,6 +169,19 @@ def convert(kind: str, obj: Mapping[str, Any], where: str) -> Piece:
         tuple(parts.skipped_nodes),
         tuple(parts.hidden_usage),
     )
+
+
+def settle() -> None:
+    """Take every object alive now out of the cyclic garbage collector's sight (``gc.freeze``).
+
+    A list or a full build leaves millions of long-lived, acyclic objects (the store's trimmed
+    JSON, the conversions, the cluster). The collector would walk all of them again at each
+    full collection — seconds at 40,000 pods, in the middle of a cycle. Frozen, they are still
+    freed by reference counting when replaced or deleted; only a reference cycle that was alive
+    at the freeze and dies later is not reclaimed. Called after a list or a full build only
+    (at start, after 410 Gone, after a change to the whole cluster), not per event.
+    """
+    gc.freeze()
 
 
 class Expired(Exception):
@@ -381,9 +395,11 @@ class KubeWatchSource:
                 for k in self._kinds
             ]
         try:
-            return self._builder.full(kinds), generation
+            built = self._builder.full(kinds)
         except ModelError as exc:
             raise KubeError(f"inconsistent cluster state: {exc}") from exc
+        settle()
+        return built, generation
 
     # --- for tests and the benchmark ---------------------------------------------------------
 
@@ -448,6 +464,7 @@ class KubeWatchSource:
                 version = str(meta.get("resourceVersion") or version)
                 token = meta.get("continue") or None
                 if not token:
+                    settle()  # before the collector is back: it would walk them all first
                     return objects, version
 
     def _page(self, kind: _Kind, token: str | None) -> dict[str, Any]:
