@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from defrag.adapters.gpu_shapes import (
     GPU_COUNT_LABEL,
@@ -456,33 +456,8 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
     node = spec.get("nodeName") or None
     if node is not None and not isinstance(node, str):
         raise ConversionError(who, "spec.nodeName", f"expected a string, got {node!r}")
-
-    requests = _pod_requests(spec, who)
-    gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
-    if gpu_request != gpu_request.to_integral_value():
-        raise ConversionError(
-            who,
-            "spec.containers[*].resources",
-            f"{GPU_RESOURCE} request {gpu_request} is fractional",
-        )
-    claims = _list(spec.get("resourceClaims"), who, "spec.resourceClaims")
-    shape = pod_gpus(who, namespace, requests, annotations, bool(claims), node is not None, warn)
-    num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
-    if GPU_MILLI_ANNOTATION in annotations:
-        path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
-        gpu_milli = _int_text(annotations[GPU_MILLI_ANNOTATION], path, who)
-        if not 1 <= gpu_milli <= GPU_MILLI:
-            raise ConversionError(who, path, f"{gpu_milli} is outside 1..{GPU_MILLI}")
-        if gpu_milli < GPU_MILLI:
-            if num_gpu > 1:
-                raise ConversionError(
-                    who, path, f"a GPU share needs one GPU, but the pod requests {num_gpu}"
-                )
-            num_gpu = 1
-    gpu_memory = shape.gpu_memory_mib
-    if GPU_MEMORY_ANNOTATION in annotations:
-        path = f'metadata.annotations["{GPU_MEMORY_ANNOTATION}"]'
-        gpu_memory = _convert(annotations[GPU_MEMORY_ANNOTATION], units.memory_mib, path, who)
+    shape = _shape(spec, namespace, annotations, node is not None, who, warn)
+    num_gpu, gpu_milli, gpu_memory = shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib
 
     priority = spec.get("priority")
     explicit = priority is not None
@@ -509,10 +484,6 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
     pending_since, pending_reason = _pending(status, who)
     if pending_since is None and node is None and phase == "Pending":
         pending_since = created
-    gates = tuple(
-        str(g.get("name") or "") if isinstance(g, dict) else str(g)
-        for g in _list(spec.get("schedulingGates"), who, "spec.schedulingGates")
-    )
     if namespace == KAI_RESERVATION_NAMESPACE and EVICTABLE_ANNOTATION not in annotations:
         # KAI's GPU reservation pods hold GPUs for fractional pods: never defrag's to move.
         annotations = {**annotations, EVICTABLE_ANNOTATION: "false"}
@@ -522,9 +493,9 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         namespace=namespace,
         num_gpu=num_gpu,
         gpu_milli=gpu_milli,
-        cpu_milli=_ceil(requests["cpu"] * 1000),
-        memory_mib=_ceil(requests["memory"] / 2**20),
-        gpu_models=_gpu_models(spec, who),
+        cpu_milli=shape.cpu_milli,
+        memory_mib=shape.memory_mib,
+        gpu_models=shape.gpu_models,
         gpu_memory_mib=gpu_memory,
         priority=priority if isinstance(priority, int) else 0,
         priority_class=str(spec.get("priorityClassName") or labels.get(PRIORITY_CLASS_LABEL) or ""),
@@ -537,18 +508,131 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         created_at=created,
         pending_since=pending_since,
         pending_reason=pending_reason,
-        tolerations=_tolerations(spec.get("tolerations"), who),
+        tolerations=shape.tolerations,
         uid=str(meta.get("uid") or ""),
         labels=labels,
         annotations=annotations,
-        node_selector=_str_map(spec, "nodeSelector", who, "spec.nodeSelector"),
-        affinity=_node_affinity(spec, who),
-        scheduling_gates=gates,
+        node_selector=shape.node_selector,
+        affinity=shape.affinity,
+        scheduling_gates=shape.gates,
         pool=shape.pool,
         pool_units=shape.pool_units,
         deleting_since=deleting,
     )
-    return pod, explicit, shape.share_memory_mib if GPU_MILLI_ANNOTATION not in annotations else 0
+    return pod, explicit, shape.share_memory_mib
+
+
+class _Shape(NamedTuple):
+    """What a pod's spec and annotations say it asks for and where it may run: the same for
+    every pod of one template (a Job's, a ReplicaSet's), so made once per template."""
+
+    num_gpu: int
+    gpu_milli: int
+    gpu_memory_mib: int
+    share_memory_mib: int
+    cpu_milli: int
+    memory_mib: int
+    pool: str
+    pool_units: int
+    gpu_models: frozenset[str]
+    tolerations: tuple[Toleration, ...]
+    node_selector: Mapping[str, str]
+    affinity: NodeSelector | None
+    gates: tuple[str, ...]
+
+
+_SPEC_FIELDS = (
+    "containers",
+    "initContainers",
+    "overhead",
+    "resourceClaims",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "schedulingGates",
+)
+"""The ``spec`` fields :class:`_Shape` is made of."""
+SHAPES_KEPT = 4096
+_shapes: dict[str, _Shape] = {}
+
+
+def _shape(
+    spec: JsonObj,
+    namespace: str,
+    annotations: Mapping[str, str],
+    bound: bool,
+    who: str,
+    warn: list[ShapeWarning],
+) -> _Shape:
+    """The pod's :class:`_Shape`: looked up by the JSON it is made of, else made. One that
+    warned (the warning names the pod) is made for each pod and not kept."""
+    key = repr((namespace, bound, annotations, [spec.get(f) for f in _SPEC_FIELDS]))
+    shape = _shapes.get(key)
+    if shape is not None:
+        return shape
+    found: list[ShapeWarning] = []
+    shape = _make_shape(spec, namespace, annotations, bound, who, found)
+    warn += found
+    if not found:
+        if len(_shapes) >= SHAPES_KEPT:
+            _shapes.clear()
+        _shapes[key] = shape
+    return shape
+
+
+def _make_shape(
+    spec: JsonObj,
+    namespace: str,
+    annotations: Mapping[str, str],
+    bound: bool,
+    who: str,
+    warn: list[ShapeWarning],
+) -> _Shape:
+    requests = _pod_requests(spec, who)
+    gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
+    if gpu_request != gpu_request.to_integral_value():
+        raise ConversionError(
+            who,
+            "spec.containers[*].resources",
+            f"{GPU_RESOURCE} request {gpu_request} is fractional",
+        )
+    claims = _list(spec.get("resourceClaims"), who, "spec.resourceClaims")
+    gpus = pod_gpus(who, namespace, requests, annotations, bool(claims), bound, warn)
+    num_gpu, gpu_milli = gpus.num_gpu, gpus.gpu_milli
+    if GPU_MILLI_ANNOTATION in annotations:
+        path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
+        gpu_milli = _int_text(annotations[GPU_MILLI_ANNOTATION], path, who)
+        if not 1 <= gpu_milli <= GPU_MILLI:
+            raise ConversionError(who, path, f"{gpu_milli} is outside 1..{GPU_MILLI}")
+        if gpu_milli < GPU_MILLI:
+            if num_gpu > 1:
+                raise ConversionError(
+                    who, path, f"a GPU share needs one GPU, but the pod requests {num_gpu}"
+                )
+            num_gpu = 1
+    gpu_memory = gpus.gpu_memory_mib
+    if GPU_MEMORY_ANNOTATION in annotations:
+        path = f'metadata.annotations["{GPU_MEMORY_ANNOTATION}"]'
+        gpu_memory = _convert(annotations[GPU_MEMORY_ANNOTATION], units.memory_mib, path, who)
+    gates = tuple(
+        str(g.get("name") or "") if isinstance(g, dict) else str(g)
+        for g in _list(spec.get("schedulingGates"), who, "spec.schedulingGates")
+    )
+    return _Shape(
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory,
+        share_memory_mib=gpus.share_memory_mib if GPU_MILLI_ANNOTATION not in annotations else 0,
+        cpu_milli=_ceil(requests["cpu"] * 1000),
+        memory_mib=_ceil(requests["memory"] / 2**20),
+        pool=gpus.pool,
+        pool_units=gpus.pool_units,
+        gpu_models=_gpu_models(spec, who),
+        tolerations=_tolerations(spec.get("tolerations"), who),
+        node_selector=_str_map(spec, "nodeSelector", who, "spec.nodeSelector"),
+        affinity=_node_affinity(spec, who),
+        gates=gates,
+    )
 
 
 _POD_RESOURCES = ("cpu", "memory")
