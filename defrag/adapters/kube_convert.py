@@ -303,6 +303,36 @@ def build_lenient(
         return cluster, True
 
 
+class Piece(NamedTuple):
+    """What one object adds to a :class:`ClusterParts` (one object's conversion)."""
+
+    nodes: tuple[Node, ...] = ()
+    pods: tuple[tuple[Pod, bool], ...] = ()
+    pdbs: tuple[PodDisruptionBudget, ...] = ()
+    priority_classes: tuple[Any, ...] = ()
+    warnings: tuple[ShapeWarning, ...] = ()
+    share_memory: tuple[tuple[str, int], ...] = ()
+    skipped_nodes: tuple[str, ...] = ()
+    hidden_usage: tuple[str, ...] = ()
+
+
+def convert(kind: str, obj: Mapping[str, Any], where: str) -> Piece:
+    """One object as :meth:`ClusterParts.add` converts it (leniently: an unreadable object is
+    a warning, as in a snapshot)."""
+    parts = ClusterParts()
+    parts.add(obj, where, kind=kind)
+    return Piece(
+        tuple(parts.nodes),
+        tuple(parts.pods),
+        tuple(parts.pdbs),
+        tuple(parts.priority_classes),
+        tuple(parts.warnings),
+        tuple(parts.share_memory.items()),
+        tuple(parts.skipped_nodes),
+        tuple(parts.hidden_usage),
+    )
+
+
 def cluster_from_items(
     items: Iterable[object], source: str = "items", strict: bool = False
 ) -> Cluster:

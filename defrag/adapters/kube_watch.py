@@ -28,14 +28,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from defrag.adapters.deadline import request_deadline
-from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.kube import (
     API_SECONDS,
     KubeClusterSource,
@@ -46,10 +45,9 @@ from defrag.adapters.kube import (
     count_transient,
     plural,
 )
-from defrag.adapters.kube_convert import ClusterParts, paused_gc
+from defrag.adapters.kube_convert import Piece, convert, paused_gc
 from defrag.adapters.store_build import Built, StoreBuild
-from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
-from defrag.model.resources import Node, Pod
+from defrag.model.cluster import Cluster, ModelError
 from defrag.ports import WatchHealth
 
 log = logging.getLogger(__name__)
@@ -139,36 +137,6 @@ def trim(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
         if isinstance(annotations, dict) and LAST_APPLIED in annotations:
             meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
     return out
-
-
-class Piece(NamedTuple):
-    """What one object adds to a :class:`ClusterParts` (one object's conversion)."""
-
-    nodes: tuple[Node, ...] = ()
-    pods: tuple[tuple[Pod, bool], ...] = ()
-    pdbs: tuple[PodDisruptionBudget, ...] = ()
-    priority_classes: tuple[Any, ...] = ()
-    warnings: tuple[ShapeWarning, ...] = ()
-    share_memory: tuple[tuple[str, int], ...] = ()
-    skipped_nodes: tuple[str, ...] = ()
-    hidden_usage: tuple[str, ...] = ()
-
-
-def convert(kind: str, obj: Mapping[str, Any], where: str) -> Piece:
-    """One object as :meth:`ClusterParts.add` converts it (leniently: an unreadable object is
-    a warning, as in a snapshot)."""
-    parts = ClusterParts()
-    parts.add(obj, where, kind=kind)
-    return Piece(
-        tuple(parts.nodes),
-        tuple(parts.pods),
-        tuple(parts.pdbs),
-        tuple(parts.priority_classes),
-        tuple(parts.warnings),
-        tuple(parts.share_memory.items()),
-        tuple(parts.skipped_nodes),
-        tuple(parts.hidden_usage),
-    )
 
 
 def settle() -> None:

@@ -3,7 +3,7 @@ last build.
 
 :class:`StoreBuild` is what :meth:`KubeWatchSource.build
 <defrag.adapters.kube_watch.KubeWatchSource.build>` runs. Every object in the store carries its
-conversion (a :class:`~defrag.adapters.kube_watch.Piece`, made once per change). The store
+conversion (a :class:`~defrag.adapters.kube_convert.Piece`, made once per change). The store
 tells the builder which objects changed since its last build (:meth:`StoreBuild.update`); the
 builder keeps, from build to build, each pod's resolved form (priority from its class, a share
 sized against its GPUs), which pods each node holds, and the warnings and left-out pods by
@@ -27,10 +27,10 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from defrag.adapters.kube_convert import (
     UNREADABLE_TAINT,
+    Piece,
     PriorityClass,
     build_lenient,
     dropped_warning,
@@ -41,9 +41,6 @@ from defrag.adapters.kube_convert import (
 from defrag.model.cluster import Cluster, PodDisruptionBudget
 from defrag.model.rebuild import rebuilt
 from defrag.model.resources import Node, Pod
-
-if TYPE_CHECKING:
-    from defrag.adapters.kube_watch import Piece
 
 NODE, POD, PRIORITY_CLASS = "Node", "Pod", "PriorityClass"
 
