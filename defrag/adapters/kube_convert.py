@@ -601,23 +601,6 @@ def _shape(
     if shape is not None:
         return shape
     found: list[ShapeWarning] = []
-    shape = _make_shape(spec, namespace, annotations, bound, who, found)
-    warn += found
-    if not found:
-        if len(_shapes) >= SHAPES_KEPT:
-            _shapes.clear()
-        _shapes[key] = shape
-    return shape
-
-
-def _make_shape(
-    spec: JsonObj,
-    namespace: str,
-    annotations: Mapping[str, str],
-    bound: bool,
-    who: str,
-    warn: list[ShapeWarning],
-) -> _Shape:
     requests = _pod_requests(spec, who)
     gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
     if gpu_request != gpu_request.to_integral_value():
@@ -627,7 +610,7 @@ def _make_shape(
             f"{GPU_RESOURCE} request {gpu_request} is fractional",
         )
     claims = _list(spec.get("resourceClaims"), who, "spec.resourceClaims")
-    gpus = pod_gpus(who, namespace, requests, annotations, bool(claims), bound, warn)
+    gpus = pod_gpus(who, namespace, requests, annotations, bool(claims), bound, found)
     num_gpu, gpu_milli = gpus.num_gpu, gpus.gpu_milli
     if GPU_MILLI_ANNOTATION in annotations:
         path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
@@ -648,7 +631,7 @@ def _make_shape(
         str(g.get("name") or "") if isinstance(g, dict) else str(g)
         for g in _list(spec.get("schedulingGates"), who, "spec.schedulingGates")
     )
-    return _Shape(
+    shape = _Shape(
         num_gpu=num_gpu,
         gpu_milli=gpu_milli,
         gpu_memory_mib=gpu_memory,
@@ -663,6 +646,12 @@ def _make_shape(
         affinity=_node_affinity(spec, who),
         gates=gates,
     )
+    warn += found
+    if not found:
+        if len(_shapes) >= SHAPES_KEPT:
+            _shapes.clear()
+        _shapes[key] = shape
+    return shape
 
 
 _POD_RESOURCES = ("cpu", "memory")
