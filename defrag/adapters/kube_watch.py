@@ -139,17 +139,24 @@ def trim(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
     return out
 
 
-def settle() -> None:
-    """Take every object alive now out of the cyclic garbage collector's sight (``gc.freeze``).
+SETTLE_FROM = 20_000
+"""Objects listed or built from which :func:`settle` freezes (below, a collection is cheap)."""
+
+
+def settle(objects: int) -> None:
+    """Take every object alive now out of the cyclic garbage collector's sight (``gc.freeze``)
+    after ``objects`` Kubernetes objects were listed or built, when they are that many.
 
     A list or a full build leaves millions of long-lived, acyclic objects (the store's trimmed
     JSON, the conversions, the cluster). The collector would walk all of them again at each
     full collection — seconds at 40,000 pods, in the middle of a cycle. Frozen, they are still
     freed by reference counting when replaced or deleted; only a reference cycle that was alive
     at the freeze and dies later is not reclaimed. Called after a list or a full build only
-    (at start, after 410 Gone, after a change to the whole cluster), not per event.
+    (at start, after 410 Gone, after a change to the whole cluster), not per event, and only
+    for a large cluster (:data:`SETTLE_FROM`).
     """
-    gc.freeze()
+    if objects >= SETTLE_FROM:
+        gc.freeze()
 
 
 class Expired(Exception):
@@ -352,7 +359,12 @@ class KubeWatchSource:
                 for kind, key in changes:
                     entry = by_kind[kind].get(key)
                     changed[kind, key] = entry[1] if entry is not None else None
-        built = self._builder.update(changed) if changed is not None else None
+        built = None
+        if changed is not None:
+            try:
+                built = self._builder.update(changed)
+            except Exception:  # a full build is always right: never fail a cycle for this
+                log.exception("building the cluster from the changes failed; building it whole")
         if built is not None:
             return built, generation
         with self._lock:
@@ -366,7 +378,7 @@ class KubeWatchSource:
             built = self._builder.full(kinds)
         except ModelError as exc:
             raise KubeError(f"inconsistent cluster state: {exc}") from exc
-        settle()
+        settle(sum(len(pieces) for _kind, pieces in kinds))
         return built, generation
 
     # --- for tests and the benchmark ---------------------------------------------------------
@@ -432,7 +444,7 @@ class KubeWatchSource:
                 version = str(meta.get("resourceVersion") or version)
                 token = meta.get("continue") or None
                 if not token:
-                    settle()  # before the collector is back: it would walk them all first
+                    settle(len(objects))  # before the collector is back: it would walk them
                     return objects, version
 
     def _page(self, kind: _Kind, token: str | None) -> dict[str, Any]:
