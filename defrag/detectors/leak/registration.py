@@ -78,7 +78,22 @@ def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Findi
     lives: list[Life] = []
     series = leak_series(rule, inputs.prometheus, inputs.now, lives)
     found = detect_leaks(series, params, inputs.now)
-    return found + detect_workload_leaks(lives, params, inputs.now)
+    return found + detect_workload_leaks(
+        _may_crash_loop(lives, params, inputs.now), params, inputs.now
+    )
+
+
+def _may_crash_loop(lives: list[Life], params: LeakParams, now: datetime) -> list[Life]:
+    """The lives of the workloads that have at least ``min_lives`` ended lives within the
+    lookback — the only ones :func:`~.core.detect_workload_leaks` can report (a finding needs
+    that many lives that *ended* grown) — so no other life's growth is fitted. Its findings are
+    the same: it groups lives by owner over the same lookback and reads only these groups."""
+    since = now.timestamp() - params.lookback_s
+    ended: dict[str, int] = {}
+    for life in lives:
+        if life.ended and len(life.times) and life.times[-1] > since:
+            ended[life.owner] = ended.get(life.owner, 0) + 1
+    return [life for life in lives if ended.get(life.owner, 0) >= params.min_lives]
 
 
 def _edge(rule: LeakRuleFields) -> Mapping[str, Any]:
