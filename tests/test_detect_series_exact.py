@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from defrag.detect.series import Trend, median, median_pairwise_slope, sen_trend
-from defrag.detectors.leak.core import Life, LeakParams, detect_workload_leaks
+from defrag.detectors.leak.core import LeakParams, Life, detect_workload_leaks
 from defrag.detectors.leak.registration import _may_crash_loop
 
 Z = 1.959963984540054
@@ -97,9 +97,7 @@ def test_pairwise_slope_and_sen_trend_are_the_plain_formulations() -> None:
         assert repr(median_pairwise_slope(x, y)) == repr(oracle_slope(x, y))
         if len(x) >= 3 and (np.diff(x) > 0).any():
             for ratio in (1.0, 1.7):
-                assert repr(sen_trend(x, y, variance_ratio=ratio)) == repr(
-                    oracle_sen(x, y, ratio)
-                )
+                assert repr(sen_trend(x, y, variance_ratio=ratio)) == repr(oracle_sen(x, y, ratio))
                 checked += 1
     assert checked > 500
 
