@@ -18,7 +18,8 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -28,11 +29,17 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from defrag.adapters.deadline import Deadline, DeadlineAdapter, request_deadline
+from defrag.adapters.deadline import (
+    Deadline,
+    DeadlineAdapter,
+    current_budget,
+    request_deadline,
+    time_budget,
+)
 from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import GPU_INDICES_ANNOTATION
-from defrag.ports import Sample
+from defrag.ports import Query, Sample, ask
 from defrag.redact import redact_text, redact_url
 
 
@@ -61,6 +68,9 @@ class PromQLError(MetricsError):
 
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+CONCURRENT_QUERIES = 4
+"""At most this many of :meth:`PrometheusSource.ask_all`'s queries in flight at once."""
 
 
 class PrometheusSource:
@@ -137,6 +147,27 @@ class PrometheusSource:
                 query, start, end, step=f"{step_s:g}", timeout=t
             ),
         )
+
+    def ask_all(self, queries: Sequence[Query]) -> list[list[Sample]]:
+        """Every query at once, one thread each (at most :data:`CONCURRENT_QUERIES`): the server
+        evaluates them on its cores while the answers already back are decoded. Each query has
+        its own deadline; the caller's :func:`~defrag.adapters.deadline.time_budget` bounds
+        them all. Answers in the order asked; the first query of that order that failed
+        raises."""
+        if len(queries) <= 1:
+            return [ask(self, q) for q in queries]
+        budget = current_budget()
+
+        def one(query: Query) -> list[Sample]:
+            if budget is None:
+                return ask(self, query)
+            with time_budget(budget.remaining(), budget.what):
+                return ask(self, query)
+
+        workers = min(len(queries), CONCURRENT_QUERIES)
+        with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
+            futures = [pool.submit(one, q) for q in queries]
+            return [f.result() for f in futures]
 
     # --- internals -----------------------------------------------------------------------------
 

@@ -224,7 +224,8 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         f"rule gpu-memory-leak ({ROOT / 'rules' / 'leak.yaml'}:4): Prometheus at {url} "
         "is unreachable" in result.stderr
     )
-    assert "query '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and on(" in (
+    # the first shard of the range query (GPUs 0-3), asked first
+    assert 'query \'(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED{gpu=~"[0-3]"}[300s])) and on(' in (
         result.stderr
     )
     # leak, idle, and the two from kube-state-metrics, named

@@ -41,7 +41,7 @@ from defrag.detectors.rulemodel import (
     settings_model,
     settings_of,
 )
-from defrag.ports import MetricsSource, Sample
+from defrag.ports import ConcurrentMetricsSource, MetricsSource, Query, Sample
 
 DcgmLabelNames = settings_model(DcgmLabels)
 """The ``labels:`` of a leak rule, generated from :class:`~.core.DcgmLabels`."""
@@ -124,8 +124,9 @@ LeakRule = LEAK.model
 _SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
 
 
-def leak_range_query(rule: LeakRuleFields) -> str:
-    """The range query for the leak rule.
+def leak_range_query(rule: LeakRuleFields, matcher: str = "") -> str:
+    """The range query for the leak rule (``matcher``, e.g. ``gpu=~"[0-3]"``, added to the
+    selector: one shard of it, see :func:`leak_range_shards`).
 
     When ``queries.used`` is a plain selector, each point is the median of the samples of its
     ``step`` (``quantile_over_time(0.5, used[step])``): Prometheus does the first reduction, so
@@ -141,7 +142,7 @@ def leak_range_query(rule: LeakRuleFields) -> str:
     used = rule.queries.used
     if not _SELECTOR.match(used):
         return used
-    sel = used.strip()
+    sel = _with_matcher(used.strip(), matcher) if matcher else used.strip()
     query = f"quantile_over_time(0.5, {sel}[{params.bin_s:.0f}s])"
     if not rule.prefilter:
         return query
@@ -163,6 +164,63 @@ def leak_range_query(rule: LeakRuleFields) -> str:
         f"({query}) and on({on}) "
         f"(deriv({sel}[{params.lookback_s:.0f}s] @ end()) * 3600 > {threshold:g})"
     )
+
+
+SHARDS = ('=~"[0-3]"', '!~"[0-3]"')
+"""How :func:`leak_range_shards` splits the range query: by GPU index, GPUs 0–3 and the rest
+(a series without the label is in the rest)."""
+
+
+def leak_range_shards(rule: LeakRuleFields) -> list[str]:
+    """The range query of :func:`leak_range_query` as queries that a server can evaluate at
+    once, on several cores. Their answers together are the one query's answer: the shards
+    split the series by the GPU index label, which every series is in exactly one of; and the
+    prefilter's ``and on(...)`` matches series whose GPU index labels are equal, so its two
+    sides meet within one shard. One query when ``queries.used`` is not a plain selector."""
+    if not _SELECTOR.match(rule.queries.used):
+        return [leak_range_query(rule)]
+    label = settings_of(rule.labels).gpu
+    return [leak_range_query(rule, f"{label}{match}") for match in SHARDS]
+
+
+def _with_matcher(selector: str, matcher: str) -> str:
+    """``name{a="b"}`` and ``x="y"`` → ``name{a="b", x="y"}``."""
+    name, brace, rest = selector.partition("{")
+    inner = rest.rstrip()[:-1].strip().rstrip(",") if brace else ""
+    return f"{name.strip()}{{{inner + ', ' if inner else ''}{matcher}}}"
+
+
+def _in_answer_order(samples: list[Sample]) -> list[Sample]:
+    """The series in the order Prometheus answers a range query: sorted by their label sets
+    (promql's Matrix sort, labels.Compare: (name, value) pairs by name, shorter first on a
+    tie), so several shards read as the one query's answer."""
+    return sorted(samples, key=lambda s: sorted(s.labels.items()))
+
+
+def _ask_leak_queries(
+    rule: LeakRuleFields, metrics: MetricsSource, start: datetime, now: datetime
+) -> tuple[list[Sample], list[Sample], list[Sample], list[Sample]]:
+    """``queries.used`` over the lookback, and ``free``, ``reserved`` and ``used`` now: all at
+    once (the range in its shards) where the source can, else one after another (``used`` now
+    only when the range has series)."""
+    params = LEAK.settings_of(rule)
+    reserved_q = rule.queries.reserved
+    if not isinstance(metrics, ConcurrentMetricsSource):
+        used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
+        free = metrics.instant(rule.queries.free, now)
+        reserved = metrics.instant(reserved_q, now) if reserved_q else []
+        used_now = metrics.instant(rule.queries.used, now) if used else []
+        return used, free, reserved, used_now
+    shards = [Query(q, now, start, params.bin_s) for q in leak_range_shards(rule)]
+    instants = [Query(rule.queries.free, now), Query(rule.queries.used, now)]
+    answers = metrics.ask_all(
+        [*shards, *instants, *([Query(reserved_q, now)] if reserved_q else [])]
+    )
+    parts = answers[: len(shards)]
+    used = parts[0] if len(parts) == 1 else _in_answer_order([s for p in parts for s in p])
+    free, used_now = answers[len(shards)], answers[len(shards) + 1]
+    reserved = answers[len(shards) + 2] if reserved_q else []
+    return used, free, reserved, used_now if used else []
 
 
 def leak_series(
@@ -188,10 +246,7 @@ def leak_series(
     ended at its GPU's memory."""
     params = LEAK.settings_of(rule)
     start = now - timedelta(seconds=params.lookback_s)
-    used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
-    free = metrics.instant(rule.queries.free, now)
-    reserved = metrics.instant(rule.queries.reserved, now) if rule.queries.reserved else []
-    used_now = metrics.instant(rule.queries.used, now) if used else []
+    used, free, reserved, used_now = _ask_leak_queries(rule, metrics, start, now)
     names: DcgmLabels = settings_of(rule.labels)
     if not used and not free:
         raise MissingInput(
