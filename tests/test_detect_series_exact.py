@@ -14,7 +14,14 @@ from datetime import UTC, datetime
 import numpy as np
 import pytest
 
-from defrag.detect.series import Trend, median, median_pairwise_slope, sen_trend
+from defrag.detect.series import (
+    Binned,
+    Trend,
+    median,
+    median_pairwise_slope,
+    rolling_floor,
+    sen_trend,
+)
 from defrag.detectors.leak.core import LeakParams, Life, detect_workload_leaks
 from defrag.detectors.leak.registration import _may_crash_loop
 
@@ -144,3 +151,29 @@ def test_only_workloads_that_can_crash_loop_are_fitted(
     findings = detect_workload_leaks(lives, params, NOW)
     assert len(findings) == found
     assert detect_workload_leaks(narrowed, params, NOW) == findings
+
+
+def oracle_floor_values(binned: Binned, window: float) -> np.ndarray:
+    """rolling_floor's values through numpy's sliding_window_view (the formulation it had)."""
+    n = max(round(window / binned.width), 1)
+    idx = np.round((binned.times - binned.times[0]) / binned.width).astype(np.int64)
+    size = int(idx[-1]) + 1
+    if n <= 1 or size < 2 * n:
+        return binned.values
+    grid = np.full(size, np.nan)
+    grid[idx] = binned.values
+    windows = np.lib.stride_tricks.sliding_window_view(grid, n)
+    keep = np.sum(~np.isnan(windows), axis=1) * 2 >= n
+    return np.where(np.isnan(windows), np.inf, windows).min(axis=1)[keep]
+
+
+def test_rolling_floor_is_the_sliding_window_minimum() -> None:
+    rng = np.random.default_rng(5)
+    for k in range(300):
+        n = int(rng.integers(1, 90))
+        times = np.sort(rng.choice(100, n, replace=False)).astype(float) * 300 + 1e9  # gaps
+        values = rng.normal(0, 100, n).round(1) * (k % 3) + (k % 5) * 10
+        binned = Binned(times, values, 300.0)
+        for window in (600.0, 3600.0, 7200.0):
+            got = rolling_floor(binned, window).values
+            assert repr(got.tolist()) == repr(oracle_floor_values(binned, window).tolist())

@@ -132,10 +132,13 @@ def rolling_floor(binned: Binned, window: float) -> Binned:
         return binned
     grid = np.full(size, np.nan)
     grid[idx] = binned.values
-    windows = np.lib.stride_tricks.sliding_window_view(grid, n)
-    present = np.sum(~np.isnan(windows), axis=1)
+    # sliding_window_view(grid, n), built directly (its checks cost more than the minimum)
+    step = grid.strides[0]
+    windows = np.ndarray((size - n + 1, n), grid.dtype, grid, strides=(step, step))
+    missing = np.isnan(windows)
+    present = np.sum(~missing, axis=1)
     keep = present * 2 >= n
-    filled = np.where(np.isnan(windows), np.inf, windows)
+    filled = np.where(missing, np.inf, windows)
     floor = filled.min(axis=1)
     centres = binned.times[0] + (np.arange(len(floor)) + (n - 1) / 2) * w
     return Binned(centres[keep], floor[keep], w)
