@@ -72,6 +72,10 @@ RETRY_STATUSES = frozenset({429, 502, 503, 504})
 CONCURRENT_QUERIES = 4
 """At most this many of :meth:`PrometheusSource.ask_all`'s queries in flight at once."""
 
+POST_ABOVE_CHARS = 4000
+"""Longer queries go in a POST body: proxies in front of Prometheus commonly refuse request
+lines of 4–8 KiB, and the leak rule's range names the GPUs it wants (hundreds of KiB)."""
+
 
 class PrometheusSource:
     """Queries one Prometheus server. Plain constructor arguments; settings live elsewhere.
@@ -115,6 +119,7 @@ class PrometheusSource:
         self._headers = dict(headers or {})
         session = requests.Session()
         session.verify = str(ca_bundle) if ca_bundle else verify_tls
+        self._session = session
         self._client = PrometheusConnect(
             url=self.url,
             headers=self._headers,
@@ -133,6 +138,9 @@ class PrometheusSource:
 
     def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
         params = {"time": f"{at.timestamp():.3f}"} if at is not None else None
+        if len(query) > POST_ABOVE_CHARS:
+            form = {"query": query, **(params or {})}
+            return self._call(query, lambda t: self._post("/api/v1/query", form, t))
         return self._call(
             query, lambda t: self._client.custom_query(query, params=params, timeout=t)
         )
@@ -140,6 +148,14 @@ class PrometheusSource:
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
         if end < start:
             raise ValueError(f"range end {end} before start {start}")
+        if len(query) > POST_ABOVE_CHARS:
+            form = {
+                "query": query,
+                "start": str(round(start.timestamp())),  # whole seconds, as the client's GET
+                "end": str(round(end.timestamp())),
+                "step": f"{step_s:g}",
+            }
+            return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
         # The client rounds start/end to whole seconds itself; step in seconds as a float.
         return self._call(
             query,
@@ -170,6 +186,21 @@ class PrometheusSource:
             return [f.result() for f in futures]
 
     # --- internals -----------------------------------------------------------------------------
+
+    def _post(self, path: str, form: Mapping[str, str], timeout: Any) -> Any:
+        """A query form-encoded in a POST body, as Prometheus's API takes ``/api/v1/query`` and
+        ``/api/v1/query_range`` for queries that may breach a URL length limit
+        (prometheus/prometheus docs/querying/api.md, "Instant queries" and "Range queries").
+        Answered and failing as the client's GET: ``data.result``; a non-200 raises the
+        client's exception with the text :func:`_prometheus_error` reads."""
+        response = self._session.post(
+            f"{self.url}{path}", data=dict(form), headers=self._client.headers, timeout=timeout
+        )
+        if response.status_code != 200:
+            raise PrometheusApiClientException(
+                f"HTTP Status Code {response.status_code} ({response.content!r})"
+            )
+        return response.json()["data"]["result"]
 
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""
