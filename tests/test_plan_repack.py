@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from defrag.model.workload import WorkloadMix
 from defrag.plan import Constraints, EvictionBudget, make_plan
 from defrag.plan.exact import exact_room
