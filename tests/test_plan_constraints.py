@@ -130,7 +130,8 @@ def test_gang_from_field_or_label() -> None:
         # 0.5 GPU (batch) × (5/60 + 4 h) × 1 = 2.041667
         (running("a", "n", 1, gpu_milli=500, hours=4), 2.041667),
         # checkpoint 1 h ago: 4 × (10/60 + 1) = 4.666667
-        (running("a", "n", 4, hours=10, annotations={CHECKPOINT: "2026-11-29T11:00:00Z"}), 4.666667),
+        (running("a", "n", 4, hours=10, annotations={CHECKPOINT: "2026-11-29T11:00:00Z"}),
+         4.666667),
         # unreadable checkpoint → since start (10 h): 1 × (5/60 + 10) = 10.083333
         (running("a", "n", 1, hours=10, annotations={CHECKPOINT: "yesterday"}), 10.083333),
         # capped at a week: 1 × (5/60 + 168) = 168.083333
