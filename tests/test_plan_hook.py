@@ -200,3 +200,27 @@ def test_eviction_budgets_per_window_opening_and_per_day_outside_windows() -> No
     assert hook._budget(6.5, True) == 2  # a window opening has its own budget
     assert hook._budget(8.0, False) == 0  # back outside it: day 0 stays spent
     assert hook._budget(25.0, False) == 2  # a new day
+
+
+@pytest.mark.parametrize(
+    ("on_demand", "starved", "repacks"),
+    [
+        # Four 0.3-GPU shares, one per GPU of two 2-GPU nodes: a window's repack packs them.
+        # On demand (the default), nobody waits for the GPUs it would free: no drain.
+        (True, False, False),
+        (False, False, True),  # every window repacks (the hook before issue 25)
+        # A 4-GPU LS pod starved for an hour cannot get room on 2-GPU nodes: demand is
+        # unmet, the window repacks.
+        (True, True, True),
+    ],
+)
+def test_a_window_repacks_only_for_starved_pods_left_without_room(
+    on_demand: bool, starved: bool, repacks: bool
+) -> None:
+    state = shared_state("reserve-binpack")
+    if starved:
+        wait(state, "huge", 4, "LS", NOW - 1.0)
+    hook = make_defrag_hook("reserve-binpack", "timeline", repack_on_demand=on_demand)
+    moves = hook.on_window(state, NOW)
+    assert all(m.for_pod is None for m in moves)  # no room could be made: only drains
+    assert bool(moves) is repacks

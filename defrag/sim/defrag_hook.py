@@ -50,7 +50,7 @@ from defrag.plan.config import (
 from defrag.plan.constraints import Ledger
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
-from defrag.plan.planner import make_rooms
+from defrag.plan.planner import Rooms, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
@@ -96,6 +96,10 @@ class HookOptions:
     window_pending: int = 32
     """Starved pods given room per cycle (timeline), most urgent first."""
     repack: bool = True
+    repack_on_demand: bool = True
+    """Timeline: a window repacks only when the rule found starved pods that make-room left
+    without room (a drain no pending pod waits for is paid for now and mostly never used:
+    bench/bench_lost_work.py; False: every window repacks)."""
     checkpoint_aware: bool = True
     """Timeline: the planner prices lost work from ``defrag.io/last-checkpoint``."""
     rule: str | None = None
@@ -229,16 +233,27 @@ class PlannerHook:
         self.open_until = now + self.options.window_length_h
         budget = self._budget(now, True)
         ws, ctx = self._workspace(state, max_evictions=budget, now=now)
-        steps = self._make_room(ws, ctx, self.starved(state, now))
-        if self.options.repack:
+        starved = self.starved(state, now)
+        rooms = self._rooms(ws, ctx, starved)
+        steps = list(rooms.steps)
+        if self.options.repack and self._repack_wanted(starved, rooms):
             gain = self.options.planner.options.min_gain_per_cost
             packed = repack(ws, ctx, state.mix, min_gain_per_cost=gain)
             steps.extend(packed.steps)
         return self._spend(ws, steps)
 
     def _make_room(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> list[Step]:
+        return list(self._rooms(ws, ctx, starved).steps)
+
+    def _rooms(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> Rooms:
         groups = [[pod] for pod in starved[: self.options.window_pending]]
-        return list(make_rooms(ws, ctx, groups, self.options.planner.options).steps)
+        return make_rooms(ws, ctx, groups, self.options.planner.options)
+
+    def _repack_wanted(self, starved: Sequence[Pod], rooms: Rooms) -> bool:
+        """Whether the window's repack serves a waiting pod: always unless
+        ``repack_on_demand``; else when some starved pod got no room (each pod given room is
+        one of ``rooms.targets``)."""
+        return not self.options.repack_on_demand or len(starved) > len(rooms.targets)
 
     def _budget(self, now: float, in_window: bool) -> int:
         key = ("window", int(self.open_until * 1e6)) if in_window else ("day", int(now // 24))
