@@ -20,7 +20,7 @@
   - the planner sees each running pod's last checkpoint as ``defrag.io/last-checkpoint`` and
     its (re)start as its creation time, with the cycle's time as ``now``, so its cost prices
     the work an eviction would lose (``checkpoint_aware=False``: no pod shows when it started
-    or checkpointed, and every eviction costs the same);
+    or checkpointed, and every eviction costs its restart alone);
   - make-room weighs each room against the pod's wait so far (``room_worth``): its lost work
     and restarts must not exceed the pod's GPUs × hours pending.
 
@@ -282,7 +282,7 @@ class PlannerHook:
         budget = UNLIMITED if max_evictions is None else replace(config.budget, total=max_evictions)
         constraints = replace(config, budget=budget)
         # Blind: the cycle's time is known (pods' waits too), but no pod shows when it started
-        # or checkpointed, so every eviction costs the per-eviction constant.
+        # or checkpointed, so every eviction costs its restart alone (GPUs × kind's overhead).
         moment = EPOCH + timedelta(hours=now) if now is not None else None
         cost = self.options.planner.options.cost
         ctx = SearchContext(
