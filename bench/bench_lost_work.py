@@ -51,6 +51,8 @@ class Recorder:
     price: dict[tuple[str, str, str], float] = field(default_factory=lambda: defaultdict(float))
     count: dict[tuple[str, str, str], int] = field(default_factory=lambda: defaultdict(int))
     open_rooms: list[_Room] = field(default_factory=list)
+    rooms_for: set[str] = field(default_factory=set)
+    """The pods rooms were made for (a room of several evictions counts once)."""
 
     def on_unschedulable(self, state: SimState, pod: Pod, now: float) -> Sequence[Move]:
         return self._record(state, now, self.hook.on_unschedulable(state, pod, now))
@@ -74,6 +76,7 @@ class Recorder:
                 self._add(("repack", kind, "-"), price)
             else:
                 self.open_rooms.append(_Room(m.for_pod, m.source_row, kind, price))
+                self.rooms_for.add(m.for_pod)
         return moves
 
     def _add(self, key: tuple[str, str, str], price: float) -> None:
@@ -116,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                             cost=MigrationCost(), window_every_h=6.0)  # fmt: skip
     total_price: dict[tuple[str, str, str], float] = defaultdict(float)
     total_count: dict[tuple[str, str, str], int] = defaultdict(int)
-    billed = 0.0
+    billed, rooms = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         hook, scheduler = make_defragmenter(args.defragmenter, args.policy, "timeline", {})
         assert hook is not None, "no hook: nothing is evicted"
@@ -124,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         run = run_timeline(nodes, shapes, args.policy, seed, config=config, hook=rec,
                            defragmenter=args.defragmenter, scheduler=scheduler)  # fmt: skip
         rec.finish()
+        rooms += len(rec.rooms_for)
         billed += run.lost_work_gpu_hours + run.overhead_gpu_hours
         for k, v in rec.price.items():
             total_price[k] += v
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"{args.defragmenter} under {args.policy}, `{args.trace}` shapes, seeds "
           f"{args.first_seed}–{args.first_seed + n - 1} (means per run); billed by the "
-          f"timeline: {billed / n:.2f} GPU·h lost (work + restarts)\n")  # fmt: skip
+          f"timeline: {billed / n:.2f} GPU·h lost (work + restarts); rooms made for "
+          f"{rooms / n:.1f} pods\n")  # fmt: skip
     print(markdown_table(("move", "victim kind", "outcome", "evictions", "GPU·h"), rows))
     return 0
 
