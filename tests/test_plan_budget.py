@@ -77,4 +77,4 @@ def test_a_ceiling_below_the_fixed_budget_is_refused_naming_both() -> None:
     )
     assert fixed.planner_config().demand is None
     assert fixed.planner_config().window_budget().total == 20
-    assert Settings().planner_config().window_budget().total == 256  # the ceiling
+    assert Settings().planner_config().window_budget().total == 512  # the ceiling

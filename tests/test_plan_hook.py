@@ -205,10 +205,10 @@ def test_eviction_budgets_per_window_opening_and_per_day_outside_windows() -> No
 @pytest.mark.parametrize(
     ("follow", "starved_gpus", "budget"),
     [
-        # the backlog's GPUs × 1 eviction per GPU, at least the fixed 10, at most 256:
+        # the backlog's GPUs × 1 eviction per GPU, at least the fixed 10, at most 512:
         (True, [8, 8, 4], 20),  # 8 + 8 + 4 = 20 GPUs asked: 20 evictions
         (True, [2], 10),  # 2 GPUs: the floor, 10
-        (True, [8] * 40, 256),  # 320 GPUs: the ceiling, 256
+        (True, [8] * 70, 512),  # 560 GPUs: the ceiling, 512
         (False, [8, 8, 4], 10),  # the fixed budget
     ],
 )

@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 
-DEFAULT_CEILING = 256
+DEFAULT_CEILING = 512
 """The most evictions of one window however large the backlog (a ~1,000-node cluster: one
-eviction per four nodes at most)."""
+eviction per two nodes at most; 256 held the spreading scheduler's p95 at 24.9 h on seed 42
+where 512 gives 4.9 h, docs/benchmarks.md)."""
 DEFAULT_PER_GPU = 1.0
 """Evictions budgeted per GPU a starved pod asks (a spreading scheduler leaves about one pod
 per GPU on the nodes a room would empty)."""

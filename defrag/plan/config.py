@@ -176,7 +176,7 @@ class PlanOptions:
 
 DEFAULT_OPTIONS = PlanOptions()
 DEFAULT_DEMAND = DemandBudget(DEFAULT_MAX_EVICTIONS)
-"""The daemon's default: a window's budget follows its backlog from 10 up to 256."""
+"""The daemon's default: a window's budget follows its backlog from 10 up to 512."""
 
 
 @dataclass(frozen=True, slots=True)
