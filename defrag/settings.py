@@ -34,6 +34,7 @@ from defrag.execute.mode import RunMode
 from defrag.model.selectors import SelectorSyntaxError, parse_label_selector
 from defrag.model.units import DURATION_FORM as DURATION_FORM
 from defrag.model.units import duration_seconds as duration_seconds
+from defrag.plan.budget import DEFAULT_CEILING, DEFAULT_PER_GPU
 from defrag.plan.config import (
     DEFAULT_MAX_EVICTIONS,
     DEFAULT_MAX_PER_NAMESPACE,
@@ -253,6 +254,16 @@ class Settings(BaseSettings):
     max_evictions_per_window: int = Field(DEFAULT_MAX_EVICTIONS, ge=0, le=1_000_000)
     max_evictions_per_node: int = Field(DEFAULT_MAX_PER_NODE, ge=0, le=1_000_000)
     max_evictions_per_namespace: int = Field(DEFAULT_MAX_PER_NAMESPACE, ge=0, le=1_000_000)
+    eviction_budget_follows_demand: bool = True
+    """A make-room plan may evict up to ``evictions_per_starved_gpu`` × the GPUs its starved
+    pods ask (at least ``max_evictions_per_window``, at most
+    ``max_evictions_per_window_ceiling``; per node and per namespace as ever): a window
+    serves its backlog under a spreading scheduler too (defrag/plan/budget.py)."""
+    max_evictions_per_window_ceiling: int = Field(DEFAULT_CEILING, ge=0, le=1_000_000)
+    """The most evictions of one window when the budget follows demand."""
+    evictions_per_starved_gpu: float = Field(DEFAULT_PER_GPU, ge=0, le=64)
+    """Evictions budgeted per GPU a starved pod asks (1: a spreading scheduler's one pod per
+    GPU)."""
     eviction_batch_size: int = Field(4, ge=1, le=64)
     replacement_timeout_s: float = Field(600.0, gt=0)
     poll_interval_s: float = Field(5.0, gt=0)
@@ -341,6 +352,18 @@ class Settings(BaseSettings):
                 f"({self.cycle_interval_s:g}): the last good cycle is that old before the next "
                 "one ends, so /readyz would fail between every two cycles",
             )
+        if (
+            self.eviction_budget_follows_demand
+            and self.max_evictions_per_window_ceiling < self.max_evictions_per_window
+        ):
+            raise Contradiction(
+                ("max_evictions_per_window_ceiling", "max_evictions_per_window"),
+                "max_evictions_per_window_ceiling "
+                f"({self.max_evictions_per_window_ceiling}) is below max_evictions_per_window "
+                f"({self.max_evictions_per_window}): the budget that follows demand starts at "
+                "the fixed one and may only grow to the ceiling (or set "
+                "eviction_budget_follows_demand: false)",
+            )
         deadline, named = self.cycle_deadline()
         wait = self.replacement_timeout_s + self.poll_interval_s
         if self.run_mode.evicts and wait >= deadline:  # dry run waits for no replacement
@@ -387,6 +410,7 @@ class Settings(BaseSettings):
         settings given as flags). Every planner knob of the settings lands here."""
         from datetime import timedelta
 
+        from defrag.plan.budget import DemandBudget
         from defrag.plan.config import (
             Constraints,
             EvictionBudget,
@@ -416,7 +440,16 @@ class Settings(BaseSettings):
             swaps=self.make_room_swaps,
             room_worth=self.make_room_worth,
         )
-        return PlannerConfig(constraints, options)
+        demand = (
+            DemandBudget(
+                self.max_evictions_per_window,
+                self.max_evictions_per_window_ceiling,
+                self.evictions_per_starved_gpu,
+            )
+            if self.eviction_budget_follows_demand
+            else None
+        )
+        return PlannerConfig(constraints, options, demand)
 
     @property
     def run_mode(self) -> RunMode:

@@ -65,8 +65,8 @@ def test_lower_priority_pods_are_still_preempted_when_nothing_can_move() -> None
 @pytest.mark.parametrize(
     ("fresh_on", "moved"),
     [
-        # n1's pod checkpointed 6 min ago costs 1 + 1 GPU × 0.1 h = 1.1; n2's, 3 h ago,
-        # 1 + 1 × 3 = 4: room is made on n1 by moving the fresh pod …
+        # n1's pod checkpointed 6 min ago costs 1 GPU × (5/60 restart + 0.1 h) = 0.1833; n2's,
+        # 3 h ago, 1 × (5/60 + 3) = 3.083: room is made on n1 by moving the fresh pod …
         ("n1", "default/a"),
         # … and on n2 when the fresh one sits there (the checkpoint decides, not row order).
         ("n2", "default/b"),
@@ -83,19 +83,20 @@ def test_checkpoint_aware_choice_moves_the_pod_just_checkpointed(fresh_on: str, 
     ]
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
     assert [(s.kind, s.pod, s.target) for s in plan.steps] == [("migrate", moved, "n3")]
-    assert plan.steps[0].cost == pytest.approx(1.1)
+    assert plan.steps[0].cost == pytest.approx(0.183333)
 
 
 @pytest.mark.parametrize(
     ("pending_h", "checkpoint_h", "made"),
     [
-        # A 4-GPU pod pending 15 min: its wait is worth 4 × 0.25 = 1 GPU-hour. Moving one
-        # 1-GPU pod checkpointed 30 min ago costs 1 + 1 × 0.5 = 1.5 > 1: not worth it yet.
-        (0.25, 0.5, False),
-        # Pending 1 h: worth 4 × 1 = 4 ≥ 1.5: the room is made.
+        # A 4-GPU pod pending 6 min: its wait is worth 4 × 0.1 = 0.4 GPU-hour. Moving one
+        # 1-GPU pod checkpointed 30 min ago costs 1 × (5/60 restart + 0.5) = 0.583 > 0.4: not
+        # worth it yet.
+        (0.1, 0.5, False),
+        # Pending 1 h: worth 4 × 1 = 4 ≥ 0.583: the room is made.
         (1.0, 0.5, True),
-        # Pending 15 min, the pod to move checkpointed just now: 1 + 0 = 1 ≤ 1: made.
-        (0.25, 0.0, True),
+        # Pending 6 min, the pod to move checkpointed just now: 1 × (5/60 + 0) = 0.083 ≤ 0.4.
+        (0.1, 0.0, True),
     ],
 )
 def test_a_room_is_made_only_when_the_wait_outweighs_its_lost_work(
@@ -123,11 +124,12 @@ def test_a_room_is_made_only_when_the_wait_outweighs_its_lost_work(
 def test_a_repack_move_is_refused_when_its_lost_work_outweighs_the_gain(
     checkpoint_h: float, drained: bool
 ) -> None:
-    # n1 holds one 1-GPU pod, n2 seven (created 2 h ago, no checkpoint: 1 + 2 = 3 each).
-    # Draining n1 frees a whole node and fills n2: a fragmentation gain g (measured below
-    # with the bar at 0). With the bar at g / 5, the drain passes when n1's pod checkpointed
-    # just now (cost 1 + 1 × 0 = 1: ratio g ≥ g / 5) and is refused when it checkpointed 10 h
-    # ago (cost 1 + 1 × 10 = 11: ratio g / 11 < g / 5). Draining n2 instead costs 7 × 3 = 21.
+    # n1 holds one 1-GPU pod, n2 seven (created 2 h ago, no checkpoint: 1 GPU × (5/60
+    # restart + 2) = 2.083 each). Draining n1 frees a whole node and fills n2: a
+    # fragmentation gain g (measured below with the bar at 0). With the bar at g / 5, the
+    # drain passes when n1's pod checkpointed just now (cost 5/60 + 0 = 0.083: ratio 12 g ≥
+    # g / 5) and is refused when it checkpointed 10 h ago (cost 5/60 + 10 = 10.083: ratio
+    # g / 10.083 < g / 5). Draining n2 instead costs 7 × 2.083 = 14.58.
     nodes = [gpu_node("n1"), gpu_node("n2")]
     pods = [running("solo", "n1", hours=12, annotations=_checkpointed(checkpoint_h)),
             *fill("n2", 7)]  # fmt: skip
@@ -145,11 +147,11 @@ def test_a_repack_move_is_refused_when_its_lost_work_outweighs_the_gain(
     ("annotated", "ranking", "known"),
     [
         # docs/planning.md's example: 2 GPUs, priority 1000, checkpoint 3 h ago:
-        # (1 + 2 × 3) × (1 + 1000/1000) = 14 for both prices.
-        (True, 14.0, 14.0),
-        # No annotation, created 3 h ago: ranked as if 3 h were lost (14), but the worth check
-        # counts the restart alone: (1 + 2 × 0) × 2 = 2.
-        (False, 14.0, 2.0),
+        # 2 GPUs (training, restart 10 min) × (10/60 + 3) × (1 + 1000/1000) = 12.667 for both.
+        (True, 12.666667, 12.666667),
+        # No annotation, created 3 h ago: ranked as if 3 h were lost (12.667), but the worth
+        # check counts the restart alone: 2 × (10/60 + 0) × 2 = 0.667.
+        (False, 12.666667, 0.666667),
     ],
 )
 def test_known_cost_counts_lost_work_only_from_the_annotation(

@@ -124,23 +124,28 @@ def test_gang_from_field_or_label() -> None:
 @pytest.mark.parametrize(
     "pod,expected",
     [
-        # (1 + 2 GPUs × 3 h) × (1 + 1000/1000) = 7 × 2 = 14
-        (running("a", "n", 2, priority=1000, hours=3), 14.0),
-        # (1 + 0.5 GPU × 4 h) × 1 = 3
-        (running("a", "n", 1, gpu_milli=500, hours=4), 3.0),
-        # checkpoint 1 h ago: (1 + 4 × 1) × 1 = 5
-        (running("a", "n", 4, hours=10, annotations={CHECKPOINT: "2026-11-29T11:00:00Z"}), 5.0),
-        # unreadable checkpoint → since start (10 h): 1 + 1 × 10 = 11
-        (running("a", "n", 1, hours=10, annotations={CHECKPOINT: "yesterday"}), 11.0),
-        # capped at a week: 1 + 1 × 168 = 169
-        (running("a", "n", 1, hours=1000), 169.0),
-        # CPU-only: just the constant
-        (running("a", "n", 0, hours=5), 1.0),
-        # answers the checkpoint handshake: asked first, loses no work → the constant, 1
-        (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported"}), 1.0),
-        # ... even with an old checkpoint (10 h ago): still 1 (known() too, below)
+        # restart = GPUs × the kind's overhead (RESTART_HOURS): training 10 min, batch 5 min
+        # 2 GPUs (training) × (10/60 + 3 h) × (1 + 1000/1000) = 2 × 3.1667 × 2 = 12.6667
+        (running("a", "n", 2, priority=1000, hours=3), 12.666667),
+        # 0.5 GPU (batch) × (5/60 + 4 h) × 1 = 2.041667
+        (running("a", "n", 1, gpu_milli=500, hours=4), 2.041667),
+        # checkpoint 1 h ago: 4 × (10/60 + 1) = 4.666667
+        (running("a", "n", 4, hours=10, annotations={CHECKPOINT: "2026-11-29T11:00:00Z"}),
+         4.666667),
+        # unreadable checkpoint → since start (10 h): 1 × (5/60 + 10) = 10.083333
+        (running("a", "n", 1, hours=10, annotations={CHECKPOINT: "yesterday"}), 10.083333),
+        # capped at a week: 1 × (5/60 + 168) = 168.083333
+        (running("a", "n", 1, hours=1000), 168.083333),
+        # CPU-only: no GPU held, no GPU time lost: 0
+        (running("a", "n", 0, hours=5), 0.0),
+        # answers the checkpoint handshake: asked first, loses no work → its restart,
+        # 4 × 10/60 = 0.666667
+        (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported"}),
+         0.666667),
+        # ... even with an old checkpoint (10 h ago): still 0.666667 (known() too, below)
         (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported",
-                                                      CHECKPOINT: "2026-11-29T02:00:00Z"}), 1.0),
+                                                      CHECKPOINT: "2026-11-29T02:00:00Z"}),
+         0.666667),
     ],
 )  # fmt: skip
 def test_cost_formula(pod: Pod, expected: float) -> None:
@@ -149,10 +154,33 @@ def test_cost_formula(pod: Pod, expected: float) -> None:
         assert CostModel().known(pod, NOW) == pytest.approx(expected)
 
 
-def test_preemption_costs_more_and_unknown_time_costs_the_constant() -> None:
-    pod = running("a", "n", 2, hours=3)  # (1 + 2 × 3) = 7
-    assert CostModel().preemption(pod, NOW) == pytest.approx(14.0)
-    assert CostModel().eviction(pod, None) == pytest.approx(1.0)
+@pytest.mark.parametrize(
+    ("gpus", "milli", "qos", "kind", "restart"),
+    [
+        # the restart alone (no time known): GPUs held × RESTART_HOURS[kind]
+        (8, 1000, "", "training", 8 * 10 / 60),  # 1.333: an 8-GPU move is not cheap
+        (1, 300, "", "batch", 0.3 * 5 / 60),  # 0.025: a 0.3-GPU share is cheap
+        (1, 1000, "LS", "serving", 1 * 3 / 60),  # 0.05
+        (2, 500, "", "batch", 0.083333),  # two half GPUs are no training job: 0.0833
+        (0, 1000, "", "cpu", 0.0),  # holds no GPU
+    ],
+)
+def test_restart_is_priced_by_gpus_held_times_the_kinds_overhead(
+    gpus: int, milli: int, qos: str, kind: str, restart: float
+) -> None:
+    from dataclasses import replace
+
+    from defrag.plan.cost import workload_kind
+
+    pod = replace(running("a", "n", gpus, gpu_milli=milli), qos=qos)
+    assert workload_kind(pod) == kind
+    assert CostModel().eviction(pod, None) == pytest.approx(restart)
+
+
+def test_preemption_costs_more_and_unknown_time_costs_the_restart() -> None:
+    pod = running("a", "n", 2, hours=3)  # 2 × (10/60 + 3) = 6.3333
+    assert CostModel().preemption(pod, NOW) == pytest.approx(12.666667)
+    assert CostModel().eviction(pod, None) == pytest.approx(2 * 10 / 60)
 
 
 def test_terminating_reason_names_when_the_delete_began() -> None:

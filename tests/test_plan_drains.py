@@ -7,6 +7,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -123,9 +124,11 @@ def test_the_bound_is_above_every_candidates_ratio(c: Cluster) -> None:
 
 def test_cost_floors_are_below_each_eviction_cost() -> None:
     # Three pods, each priced by CostModel.eviction at NOW:
-    #   young: (1 + 1 GPU × 2 h) × (1 + 0/1000)      = 3
-    #   high:  (1 + 2 GPU × 5 h) × (1 + 1000/1000)   = 22
-    #   saved: (1 + 1 GPU × 0.5 h) × 1 (checkpoint 30 min ago), floor counts 0 h: 1
+    # (restart: batch 5 min, training 10 min; RESTART_HOURS)
+    #   young: 1 GPU × (5/60 + 2 h) × (1 + 0/1000)      = 2.083333
+    #   high:  2 GPU × (10/60 + 5 h) × (1 + 1000/1000)  = 20.666667
+    #   saved: 1 GPU × (5/60 + 0.5 h) × 1 (checkpoint 30 min ago) = 0.583333; floor counts
+    #          the restart alone: 0.083333
     pods = [
         running("young", "n1", 1, hours=2.0),
         running("high", "n1", 2, hours=5.0, priority=1000),
@@ -134,9 +137,9 @@ def test_cost_floors_are_below_each_eviction_cost() -> None:
     ]  # fmt: skip
     model = CostModel()
     exact = [model.eviction(p, NOW) for p in pods]
-    assert exact == [3.0, 22.0, 1.5]
+    assert exact == pytest.approx([2.083333, 20.666667, 0.583333])
     floors = model.floors(pods, NOW)
-    assert np.allclose(floors, [3.0, 22.0, 1.0], atol=1e-5)
+    assert np.allclose(floors, [2.083333, 20.666667, 0.083333], atol=1e-5)
     assert all(f <= e for f, e in zip(floors.tolist(), exact, strict=True))
 
 

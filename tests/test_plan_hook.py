@@ -194,9 +194,57 @@ def test_migrations_of_any_priority_make_room_where_strict_victims_cannot() -> N
 def test_eviction_budgets_per_window_opening_and_per_day_outside_windows() -> None:
     hook = make_defrag_hook("reserve-binpack", "timeline", window_evictions=2)
     assert isinstance(hook, PlannerHook)
-    assert hook._budget(1.0, False) == 2
+    assert hook._budget(1.0, False, ()) == 2
     hook.spent[hook.budget_key] = 2  # day 0 spent outside windows
     hook.open_until = 7.0
-    assert hook._budget(6.5, True) == 2  # a window opening has its own budget
-    assert hook._budget(8.0, False) == 0  # back outside it: day 0 stays spent
-    assert hook._budget(25.0, False) == 2  # a new day
+    assert hook._budget(6.5, True, ()) == 2  # a window opening has its own budget
+    assert hook._budget(8.0, False, ()) == 0  # back outside it: day 0 stays spent
+    assert hook._budget(25.0, False, ()) == 2  # a new day
+
+
+@pytest.mark.parametrize(
+    ("follow", "starved_gpus", "budget"),
+    [
+        # the backlog's GPUs × 1 eviction per GPU, at least the fixed 10, at most 512:
+        (True, [8, 8, 4], 20),  # 8 + 8 + 4 = 20 GPUs asked: 20 evictions
+        (True, [2], 10),  # 2 GPUs: the floor, 10
+        (True, [8] * 70, 512),  # 560 GPUs: the ceiling, 512
+        (False, [8, 8, 4], 10),  # the fixed budget
+    ],
+)
+def test_a_window_budget_follows_its_backlog(
+    follow: bool, starved_gpus: list[int], budget: int
+) -> None:
+    hook = make_defrag_hook("least-allocated", "timeline", follow_demand=follow)
+    assert isinstance(hook, PlannerHook)
+    starved = [Pod(f"p{i}", num_gpu=g, qos="LS") for i, g in enumerate(starved_gpus)]
+    hook.open_until = 7.0
+    assert hook._budget(6.5, True, starved) == budget
+    hook.spent[hook.budget_key] = 3
+    # fixed when the window opens: a smaller backlog later in it does not shrink it
+    assert hook._budget(6.8, True, starved[:1]) == budget - 3
+    assert hook._budget(8.0, False, starved) == 10  # outside windows: the fixed budget
+
+
+@pytest.mark.parametrize(
+    ("on_demand", "starved", "repacks"),
+    [
+        # Four 0.3-GPU shares, one per GPU of two 2-GPU nodes: a window's repack packs them.
+        # On demand (the default), nobody waits for the GPUs it would free: no drain.
+        (True, False, False),
+        (False, False, True),  # every window repacks (the hook before issue 25)
+        # A 4-GPU LS pod starved for an hour cannot get room on 2-GPU nodes: demand is
+        # unmet, the window repacks.
+        (True, True, True),
+    ],
+)
+def test_a_window_repacks_only_for_starved_pods_left_without_room(
+    on_demand: bool, starved: bool, repacks: bool
+) -> None:
+    state = shared_state("reserve-binpack")
+    if starved:
+        wait(state, "huge", 4, "LS", NOW - 1.0)
+    hook = make_defrag_hook("reserve-binpack", "timeline", repack_on_demand=on_demand)
+    moves = hook.on_window(state, NOW)
+    assert all(m.for_pod is None for m in moves)  # no room could be made: only drains
+    assert bool(moves) is repacks

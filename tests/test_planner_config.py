@@ -71,6 +71,9 @@ KNOBS: list[tuple[str, object, Any, object]] = [
     ("evict_label_selector", "app=batch,tier!=db", lambda c: c.constraints.label_selector,
      parse_label_selector("app=batch,tier!=db")),
     ("evict_priority_threshold", 1000, lambda c: c.constraints.priority_threshold, 1000),
+    ("eviction_budget_follows_demand", False, lambda c: c.demand, None),
+    ("max_evictions_per_window_ceiling", 40, lambda c: c.demand.ceiling, 40),
+    ("evictions_per_starved_gpu", 2.0, lambda c: c.demand.per_gpu, 2.0),
 ]  # fmt: skip
 
 
@@ -87,7 +90,16 @@ def test_every_planner_setting_is_in_the_table() -> None:
     planner_fields = {
         f
         for f in Settings.model_fields
-        if f.startswith(("min_pod_age", "max_evictions_", "make_room_", "evict_"))
+        if f.startswith(
+            (
+                "min_pod_age",
+                "max_evictions_",
+                "make_room_",
+                "evict_",
+                "eviction_budget_",
+                "evictions_per_starved",
+            )
+        )
     }
     assert planner_fields == {name for name, *_ in KNOBS}
 

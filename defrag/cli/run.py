@@ -107,7 +107,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         clock,
         ExecutorSettings(
             # the planner's budget, enforced again as evictions go out
-            budgets=planner_config.constraints.budget,
+            budgets=planner_config.window_budget(),
             batch_size=settings.eviction_batch_size,
             replacement_timeout_s=settings.replacement_timeout_s,
             poll_interval_s=settings.poll_interval_s,

@@ -23,6 +23,7 @@ from datetime import timedelta
 from enum import StrEnum
 
 from defrag.model.selectors import LabelSelector
+from defrag.plan.budget import DemandBudget
 from defrag.plan.cost import DEFAULT_COST, CostModel
 
 
@@ -174,6 +175,8 @@ class PlanOptions:
 
 
 DEFAULT_OPTIONS = PlanOptions()
+DEFAULT_DEMAND = DemandBudget(DEFAULT_MAX_EVICTIONS)
+"""The daemon's default: a window's budget follows its backlog from 10 up to 512."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +186,16 @@ class PlannerConfig:
 
     constraints: Constraints = field(default_factory=Constraints)
     options: PlanOptions = DEFAULT_OPTIONS
+    demand: DemandBudget | None = field(default_factory=lambda: DEFAULT_DEMAND)
+    """A make-room plan's eviction total follows its backlog (the starved pods' GPUs,
+    :class:`~defrag.plan.budget.DemandBudget`; ``constraints.budget.total`` is its floor, as
+    ``demand.floor`` should be); None: the fixed ``constraints.budget``."""
+
+    def window_budget(self) -> EvictionBudget:
+        """The budget the executor enforces across a window's plans: the fixed one, or with
+        a demand budget its ceiling (each plan is sized by its own backlog within it)."""
+        budget = self.constraints.budget
+        return budget if self.demand is None else replace(budget, total=self.demand.ceiling)
 
     def with_budget(self, budget: EvictionBudget) -> PlannerConfig:
         return replace(self, constraints=replace(self.constraints, budget=budget))
@@ -195,6 +208,7 @@ class PlannerConfig:
 
 
 __all__ = [
+    "DEFAULT_DEMAND",
     "DEFAULT_MAX_EVICTIONS",
     "DEFAULT_MAX_PER_NAMESPACE",
     "DEFAULT_MAX_PER_NODE",

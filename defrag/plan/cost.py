@@ -1,11 +1,18 @@
-"""The cost of evicting a pod: work lost, weighted by priority, plus a constant per eviction.
+"""The cost of evicting a pod: the GPU time its restart and its lost work take, by priority.
 
-    cost = (per_eviction + gpus_held × hours_since_checkpoint)
+    cost = (per_eviction + gpus_held × (restart_hours[kind] + hours_since_checkpoint))
            × (1 + max(priority, 0) / priority_scale)
 
-``gpus_held`` counts GPU shares (a 300-milli pod holds 0.3 GPU). ``hours_since_checkpoint`` is
-the time since the RFC 3339 annotation ``defrag.io/last-checkpoint``, or since the pod was
-created when it has none (or an unreadable one); it is 0 when the time is unknown.
+``gpus_held`` counts GPU shares (a 300-milli pod holds 0.3 GPU). A restart costs the GPUs the
+pod holds × its kind's restart overhead (:data:`RESTART_HOURS`, :func:`workload_kind`): an
+8-GPU training pod's restart costs 8 × 10 min = 1.33 GPU·h, a 0.3-GPU share's 0.3 × 5 min =
+0.025 GPU·h. The simulator charges an eviction the same overheads (``defrag.sim.migration``
+reads this table), so the planner's price and the simulator's bill agree. ``per_eviction`` is
+a fixed price added to every eviction (0 by default: the restart is priced by its GPU time).
+
+``hours_since_checkpoint`` is the time since the RFC 3339 annotation
+``defrag.io/last-checkpoint``, or since the pod was created when it has none (or an unreadable
+one); it is 0 when the time is unknown.
 A preemption (the pod waits instead of moving) costs ``preempt_factor`` times as much.
 
 :meth:`CostModel.known` is the same price counting only the work the cluster *shows* will be
@@ -20,9 +27,10 @@ restart alone.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
+from types import MappingProxyType
 
 import numpy as np
 
@@ -31,11 +39,33 @@ from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.utc import utc
 
+RESTART_HOURS: Mapping[str, float] = MappingProxyType(
+    {"training": 10 / 60, "serving": 3 / 60, "batch": 5 / 60, "cpu": 1 / 60}
+)
+"""Hours a pod of each kind holds its resources after a restart without making progress
+(image pull mostly cached, model or dataset load, warm-up; docs/simulator.md, "Eviction
+costs"). The one source of the planner's restart price and the simulator's restart overhead."""
+
+KINDS = tuple(RESTART_HOURS)
+
+
+def workload_kind(pod: Pod) -> str:
+    """``training`` (two or more whole GPUs), ``serving`` (QoS class ``LS``), ``batch`` (any
+    other GPU pod) or ``cpu`` (no GPU)."""
+    if pod.num_gpu == 0:
+        return "cpu"
+    if pod.num_gpu >= 2 and pod.gpu_milli >= GPU_MILLI:
+        return "training"
+    return "serving" if pod.qos == "LS" else "batch"
+
 
 @dataclass(frozen=True, slots=True)
 class CostModel:
-    per_eviction: float = 1.0
-    """The fixed price of one eviction (restart, image pull, warm-up), in GPU-hours."""
+    per_eviction: float = 0.0
+    """A fixed price added to every eviction, in GPU-hours (the restart itself is priced by
+    ``restart_hours``)."""
+    restart_hours: Mapping[str, float] = field(default_factory=lambda: RESTART_HOURS, hash=False)
+    """Restart overhead per workload kind (:func:`workload_kind`), hours; × the GPUs held."""
     priority_scale: float = 1000.0
     """Priority that doubles the cost; priority classes in the thousands weigh more."""
     preempt_factor: float = 2.0
@@ -46,7 +76,12 @@ class CostModel:
     def eviction(self, pod: Pod, now: datetime | None) -> float:
         held = gpus_held(pod)
         weight = 1.0 + max(pod.priority, 0) / self.priority_scale
-        return round((self.per_eviction + held * self.hours_lost(pod, now)) * weight, 6)
+        hours = self.restart(pod) + self.hours_lost(pod, now)
+        return round((self.per_eviction + held * hours) * weight, 6)
+
+    def restart(self, pod: Pod) -> float:
+        """The restart overhead of ``pod``'s kind, hours (0 for a kind the table lacks)."""
+        return self.restart_hours.get(workload_kind(pod), 0.0)
 
     def known(self, pod: Pod, now: datetime | None) -> float:
         """The eviction's price with the lost work counted only from a checkpoint annotation."""
@@ -56,7 +91,7 @@ class CostModel:
         if now is not None and since is not None and not pod.checkpoints_on_request:
             hours = min(max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0),
                         self.max_hours)  # fmt: skip
-        return round((self.per_eviction + gpus_held(pod) * hours) * weight, 6)
+        return round((self.per_eviction + gpus_held(pod) * (self.restart(pod) + hours)) * weight, 6)
 
     def floors(self, pods: Sequence[Pod], now: datetime | None) -> FloatArray:
         """A lower bound of :meth:`eviction` for each pod, computed over all at once (a pod
@@ -64,6 +99,7 @@ class CostModel:
         n = len(pods)
         priority = np.fromiter((p.priority for p in pods), dtype=np.float64, count=n)
         held = np.fromiter((p.gpu_demand_milli for p in pods), dtype=np.float64, count=n)
+        restart = np.fromiter((self.restart(p) for p in pods), dtype=np.float64, count=n)
         hours = np.zeros(n)
         if now is not None:
             stamp = utc(now).timestamp()
@@ -79,7 +115,7 @@ class CostModel:
             )
             hours = np.clip((stamp - created) / 3600.0, 0.0, self.max_hours)
         weight = 1.0 + np.maximum(priority, 0) / self.priority_scale
-        floor = (self.per_eviction + held / GPU_MILLI * hours) * weight
+        floor = (self.per_eviction + held / GPU_MILLI * (restart + hours)) * weight
         return np.asarray(floor - 1e-6, dtype=np.float64)  # eviction() rounds to 6 decimals
 
     def preemption(self, pod: Pod, now: datetime | None) -> float:

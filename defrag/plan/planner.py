@@ -60,8 +60,15 @@ def make_plan(
         known = ", ".join(g.value for g in Goal)
         raise PlanError(f"unknown goal {goal!r}; known: {known}") from None
     config = config if config is not None else PlannerConfig()
+    given = constraints is not None  # the caller's budget, exactly
     constraints = constraints if constraints is not None else config.constraints
     options = options if options is not None else config.options
+    groups = starved_groups(cluster, now, options) if goal.makes_room else []
+    fixed = constraints.budget.total
+    if config.demand is not None and not given and fixed:  # 0: no evictions, whatever waits
+        wanted = config.demand.total(p for g in groups for p in g)  # the backlog's budget
+        total = max(fixed, min(wanted, config.demand.ceiling))
+        constraints = replace(constraints, budget=replace(constraints.budget, total=total))
     profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
@@ -76,7 +83,7 @@ def make_plan(
             blocked.setdefault((b.pod, b.constraint), b)
 
     if goal.makes_room:
-        made = make_rooms(ws, ctx, starved_groups(cluster, now, options), options)
+        made = make_rooms(ws, ctx, groups, options)
         steps.extend(made.steps)
         note(made.blocked)
         targets.extend(made.targets)

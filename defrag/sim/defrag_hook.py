@@ -20,7 +20,7 @@
   - the planner sees each running pod's last checkpoint as ``defrag.io/last-checkpoint`` and
     its (re)start as its creation time, with the cycle's time as ``now``, so its cost prices
     the work an eviction would lose (``checkpoint_aware=False``: no pod shows when it started
-    or checkpointed, and every eviction costs the same);
+    or checkpointed, and every eviction costs its restart alone);
   - make-room weighs each room against the pod's wait so far (``room_worth``): its lost work
     and restarts must not exceed the pod's GPUs × hours pending.
 
@@ -39,7 +39,9 @@ from typing import Any
 
 from defrag.detectors.starvation.core import StarvationParams
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
+from defrag.plan.budget import DEFAULT_CEILING, DEFAULT_PER_GPU, DemandBudget
 from defrag.plan.config import (
+    DEFAULT_MAX_EVICTIONS,
     UNLIMITED,
     Constraints,
     EvictionBudget,
@@ -50,7 +52,7 @@ from defrag.plan.config import (
 from defrag.plan.constraints import Ledger
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
-from defrag.plan.planner import make_rooms
+from defrag.plan.planner import Rooms, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
@@ -68,15 +70,20 @@ PROTOCOLS = ("fill", "timeline")
 
 
 SIM_PLANNER = PlannerConfig(
-    Constraints(budget=EvictionBudget(total=64, per_node=None, per_namespace=None)),
+    Constraints(
+        budget=EvictionBudget(total=DEFAULT_MAX_EVICTIONS, per_node=None, per_namespace=None)
+    ),
     PlanOptions(depth=0, min_gain_per_cost=0.5),
 )
 """The planner configuration of the simulator's runs (the benchmark figures' — change it and
 they change; docs/benchmarks.md): the daemon's defaults but
 
-* 64 evictions per window opening, no per-node or per-namespace limit (the daemon's
-  ``max_evictions_per_window``, sized for a cluster of ~1,000 nodes; make-room-now plans
-  outside windows share one such budget per simulated day);
+* the daemon's ``max_evictions_per_window`` (10) as each window's least budget, raised to the
+  window's demand (:class:`~defrag.plan.budget.DemandBudget`, ``HookOptions.follow_demand``:
+  the daemon's ``eviction_budget_follows_demand``); no per-node or per-namespace limit (trace
+  pods have no namespaces, and a room empties one node of at most its own pods); make-room-now
+  plans outside windows share 10 evictions per simulated day (64 fixed per window before
+  issue 25);
 * ``depth=0``: no chains of migrations for victims that fit nowhere (1: ~5x the time, +0.01
   pt on openb);
 * repack keeps a drain only if it frees 0.5 fragmented GPUs per unit of cost.
@@ -96,6 +103,10 @@ class HookOptions:
     window_pending: int = 32
     """Starved pods given room per cycle (timeline), most urgent first."""
     repack: bool = True
+    repack_on_demand: bool = True
+    """Timeline: a window repacks only when the rule found starved pods that make-room left
+    without room (a drain no pending pod waits for is paid for now and mostly never used:
+    bench/bench_lost_work.py; False: every window repacks)."""
     checkpoint_aware: bool = True
     """Timeline: the planner prices lost work from ``defrag.io/last-checkpoint``."""
     rule: str | None = None
@@ -104,6 +115,12 @@ class HookOptions:
     """Timeline: make room outside windows too (None: as the rule's ``action`` says)."""
     window_length_h: float = 1.0
     """Timeline: how long each execution window stays open."""
+    follow_demand: bool = True
+    """Timeline: each window's budget follows its backlog (:class:`DemandBudget`: the starved
+    pods' GPUs × ``evictions_per_gpu``, at least ``constraints.budget.total``, at most
+    ``window_ceiling``); False: the fixed budget."""
+    window_ceiling: int = DEFAULT_CEILING
+    evictions_per_gpu: float = DEFAULT_PER_GPU
 
 
 PLANNER_OPTIONS = {
@@ -173,6 +190,14 @@ class PlannerHook:
         self.spent: dict[tuple[str, int], int] = {}
         """Evictions per budget key: a window opening, or a day outside windows."""
         self.budget_key: tuple[str, int] = ("", 0)
+        self.totals: dict[tuple[str, int], int] = {}
+        """Each window opening's budget, fixed when it opens."""
+        floor = options.planner.constraints.budget.total
+        self.demand = (
+            DemandBudget(floor, max(options.window_ceiling, floor), options.evictions_per_gpu)
+            if options.follow_demand and floor is not None
+            else None
+        )
 
     # --- fill --------------------------------------------------------------------------------
 
@@ -217,7 +242,7 @@ class PlannerHook:
         starved = self.starved(state, now)
         if not starved:
             return ()
-        budget = self._budget(now, in_window)
+        budget = self._budget(now, in_window, starved)
         if budget <= 0:
             return ()
         ws, ctx = self._workspace(state, max_evictions=budget, now=now)
@@ -227,24 +252,39 @@ class PlannerHook:
         if self.protocol != "timeline":
             return ()
         self.open_until = now + self.options.window_length_h
-        budget = self._budget(now, True)
+        starved = self.starved(state, now)
+        budget = self._budget(now, True, starved)
         ws, ctx = self._workspace(state, max_evictions=budget, now=now)
-        steps = self._make_room(ws, ctx, self.starved(state, now))
-        if self.options.repack:
+        rooms = self._rooms(ws, ctx, starved)
+        steps = list(rooms.steps)
+        if self.options.repack and self._repack_wanted(starved, rooms):
             gain = self.options.planner.options.min_gain_per_cost
             packed = repack(ws, ctx, state.mix, min_gain_per_cost=gain)
             steps.extend(packed.steps)
         return self._spend(ws, steps)
 
     def _make_room(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> list[Step]:
-        groups = [[pod] for pod in starved[: self.options.window_pending]]
-        return list(make_rooms(ws, ctx, groups, self.options.planner.options).steps)
+        return list(self._rooms(ws, ctx, starved).steps)
 
-    def _budget(self, now: float, in_window: bool) -> int:
+    def _rooms(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> Rooms:
+        groups = [[pod] for pod in starved[: self.options.window_pending]]
+        return make_rooms(ws, ctx, groups, self.options.planner.options)
+
+    def _repack_wanted(self, starved: Sequence[Pod], rooms: Rooms) -> bool:
+        """Whether the window's repack serves a waiting pod: always unless
+        ``repack_on_demand``; else when some starved pod got no room (each pod given room is
+        one of ``rooms.targets``)."""
+        return not self.options.repack_on_demand or len(starved) > len(rooms.targets)
+
+    def _budget(self, now: float, in_window: bool, starved: Sequence[Pod]) -> int:
+        """Evictions left under the current budget: a window opening's (its demand when it
+        opened, with ``follow_demand``), else the day's outside windows."""
         key = ("window", int(self.open_until * 1e6)) if in_window else ("day", int(now // 24))
         self.budget_key = key
         total = self.options.planner.constraints.budget.total
         assert total is not None, "the simulator's windows need an eviction budget"
+        if in_window and self.demand is not None:
+            total = self.totals.setdefault(key, self.demand.total(starved))
         return total - self.spent.get(key, 0)
 
     def _spend(self, ws: Workspace, steps: Sequence[Step]) -> tuple[Move, ...]:
@@ -267,7 +307,7 @@ class PlannerHook:
         budget = UNLIMITED if max_evictions is None else replace(config.budget, total=max_evictions)
         constraints = replace(config, budget=budget)
         # Blind: the cycle's time is known (pods' waits too), but no pod shows when it started
-        # or checkpointed, so every eviction costs the per-eviction constant.
+        # or checkpointed, so every eviction costs its restart alone (GPUs × kind's overhead).
         moment = EPOCH + timedelta(hours=now) if now is not None else None
         cost = self.options.planner.options.cost
         ctx = SearchContext(

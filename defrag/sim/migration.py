@@ -46,8 +46,9 @@ import numpy as np
 
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
+from defrag.plan.cost import KINDS, RESTART_HOURS
+from defrag.plan.cost import workload_kind as kind_of
 
-KINDS = ("training", "serving", "batch", "cpu")
 HANDSHAKE_KINDS = ("training", "batch")
 """The kinds with state to lose: those whose workloads may answer a checkpoint request."""
 
@@ -69,11 +70,13 @@ class KindCost:
 
 
 def _defaults() -> dict[str, KindCost]:
+    """Checkpoint intervals per kind; the restart overheads are the planner's own
+    (:data:`defrag.plan.cost.RESTART_HOURS`), so its price and the simulator's bill agree."""
     return {
-        "training": KindCost(0.5, 1.0, 0.0, 10 / 60),
-        "serving": KindCost(0.0, 0.0, 0.0, 3 / 60),
-        "batch": KindCost(0.5, 2.0, 0.5, 5 / 60),
-        "cpu": KindCost(0.0, 0.0, 0.0, 1 / 60),
+        "training": KindCost(0.5, 1.0, 0.0, RESTART_HOURS["training"]),
+        "serving": KindCost(0.0, 0.0, 0.0, RESTART_HOURS["serving"]),
+        "batch": KindCost(0.5, 2.0, 0.5, RESTART_HOURS["batch"]),
+        "cpu": KindCost(0.0, 0.0, 0.0, RESTART_HOURS["cpu"]),
     }
 
 
@@ -144,14 +147,6 @@ def answers_handshake(pod: Pod, share: float) -> bool:
     """Whether ``pod`` is among the ``share`` of pods that answer a checkpoint request: a fixed
     function of its name (CRC-32 of ``namespace/name`` below ``share`` of 2³²), no draw."""
     return share > 0 and zlib.crc32(pod.key.encode()) < share * 2**32
-
-
-def kind_of(pod: Pod) -> str:
-    if pod.num_gpu == 0:
-        return "cpu"
-    if pod.num_gpu >= 2 and pod.gpu_milli >= GPU_MILLI:
-        return "training"
-    return "serving" if pod.qos == "LS" else "batch"
 
 
 @dataclass(slots=True)
