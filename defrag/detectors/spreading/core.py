@@ -1,0 +1,319 @@
+"""Spreading: does the cluster's scheduler spread GPU pods over nodes instead of packing them?
+
+The answer is read from the placements the scheduler made, never guessed from its config:
+
+1. **The window**: GPU pods bound in the last ``window`` (the bind time is the ``PodScheduled``
+   condition's ``lastTransitionTime``, else the pod's creation), the latest
+   ``max_placements``. Pods without either time are left out and counted.
+2. **The replay**: from the cluster as it is, minus the window's pods (the state before the
+   first of them), the window's pods are bound again in bind order, each on the node it
+   really got. Before each bind, the scheduler's own score functions (:mod:`defrag.scoring`)
+   name their top nodes among the feasible ones: ``least-allocated`` (the kube-scheduler
+   default: it spreads) and the packing scores — ``most-allocated`` and the profile's policy
+   (defrag's score) when that is not ``least-allocated``. A placement is *informative* when
+   the spreading score's top nodes and the packing scores' top nodes are disjoint (on an empty
+   or uniform cluster they agree, and the placement says nothing); an informative placement
+   matches the spreading score, a packing score, or neither.
+3. **The state**: whole free GPUs on partly used GPU nodes now, against the same pods bound
+   from the same start by ``most-allocated`` (the packed counterfactual): the GPUs the
+   spreading stranded.
+
+A finding when at least ``min_placements`` placements are informative, at least
+``min_spread_share`` of them match the spreading score, and the spreading stranded at least
+``min_stranded_gpus`` GPUs more than packing would have. Fewer informative placements is thin
+evidence: no finding, and the verdict says why (the rule is listed as skipped).
+
+What the replay cannot see: pods that left since they were bound (in the window or before it)
+are absent from the replayed states, so a node looks emptier in the replay than the scheduler
+saw it. The shares are therefore evidence, not proof; the bench (bench/bench_spreading.py,
+docs/benchmarks.md) measures them on simulated clusters whose scheduler is known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Annotated, Literal
+
+import numpy as np
+from annotated_types import Ge, Gt, Le
+
+from defrag.detect.findings import Finding, Severity
+from defrag.detect.settings import INTERNAL, RuleName, Seconds
+from defrag.model.arrays import NodeArrays
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Pod
+from defrag.model.status import Status
+from defrag.model.units import GPU_MILLI
+from defrag.scoring.filters import feasible_mask
+from defrag.scoring.framework import Placement, Policy
+from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ScoringProfile
+from defrag.scoring.scheduler import node_scores, schedule
+
+SPREADING_POLICY = "least-allocated"
+PACKING_POLICY = "most-allocated"
+EXTENDER_DOCS = "docs/kubernetes.md#the-scheduler-extender"
+MOST_ALLOCATED_DOCS = "docs/kubernetes.md#mostallocated-for-gpus-without-the-extender"
+MOST_ALLOCATED_COMPONENT = "deploy/components/most-allocated"
+
+Match = Literal["spreading", "packing", "neither", "uninformative"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadingParams:
+    """The spreading detector's settings (rule-file names and meaning: docs/rules.md)."""
+
+    name: Annotated[str, INTERNAL] = "gpu-pods-spread"
+    severity: Severity = "info"
+    action: Literal["alert"] = "alert"
+    window_s: Annotated[Seconds, RuleName("window"), Gt(0)] = 86400.0
+    max_placements: Annotated[int, Ge(1)] = 300
+    min_placements: Annotated[int, Ge(1)] = 20
+    min_spread_share: Annotated[float, Gt(0), Le(1)] = 0.6
+    min_stranded_gpus: Annotated[float, Ge(0)] = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class Stranded:
+    """Whole free GPUs on partly used GPU nodes, and how many such nodes."""
+
+    gpus: int
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What replaying the window's placements found (the module's docstring)."""
+
+    placements: int
+    """GPU pods bound in the window, replayed."""
+    undated: int
+    """Bound GPU pods with neither a bind time nor a creation time (left out)."""
+    informative: int
+    spreading: int
+    packing: int
+    stranded: Stranded
+    packed: Stranded
+    """The same pods bound from the same start by ``most-allocated``."""
+    unplaced_packed: int
+    """Window pods ``most-allocated`` found no node for in the counterfactual."""
+    packing_policies: tuple[str, ...]
+
+    @property
+    def neither(self) -> int:
+        return self.informative - self.spreading - self.packing
+
+    @property
+    def spread_share(self) -> float:
+        return self.spreading / self.informative if self.informative else 0.0
+
+    @property
+    def pack_share(self) -> float:
+        return self.packing / self.informative if self.informative else 0.0
+
+    @property
+    def excess_stranded(self) -> int:
+        return self.stranded.gpus - self.packed.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The replay, whether it is enough evidence (``evidence``: the reasons when not), and the
+    findings (one at most)."""
+
+    replay: Replay
+    evidence: Status
+    findings: tuple[Finding, ...]
+
+
+def bind_time(pod: Pod) -> datetime | None:
+    """When ``pod`` was bound: its ``PodScheduled`` time, else its creation."""
+    return pod.scheduled_at or pod.created_at
+
+
+def window_pods(cluster: Cluster, params: SpreadingParams, now: datetime) -> tuple[list[Pod], int]:
+    """The bound GPU pods of the window in bind order (ties by name), and how many bound GPU
+    pods have no time at all."""
+    since = now - timedelta(seconds=params.window_s)
+    dated: list[tuple[datetime, str, Pod]] = []
+    undated = 0
+    for pod in cluster.bound_pods():
+        if not pod.uses_gpu:
+            continue
+        at = bind_time(pod)
+        if at is None:
+            undated += 1
+        elif since <= at <= now:
+            dated.append((at, pod.key, pod))
+    dated.sort(key=lambda t: (t[0], t[1]))
+    return [p for _, _, p in dated[-params.max_placements :]], undated
+
+
+def stranded(arrays: NodeArrays) -> Stranded:
+    """Whole free GPUs on GPU nodes that are partly used (some share in use, some free)."""
+    capacity = arrays.gpu_total.astype(np.int64) * GPU_MILLI
+    free = arrays.free_share()
+    partly = (capacity > 0) & (free > 0) & (free < capacity)
+    return Stranded(int(arrays.free_whole_count()[partly].sum()), int(partly.sum()))
+
+
+def top_rows(pod: Pod, arrays: NodeArrays, policy: Policy, feasible: np.ndarray) -> frozenset[int]:
+    """Every feasible row with the highest score (kube-scheduler picks among equals at random,
+    so each of them is the policy's choice)."""
+    scores = np.where(feasible, node_scores(pod, arrays, policy, feasible), -np.inf)
+    best = float(np.nanmax(scores))
+    return frozenset(int(r) for r in np.flatnonzero(scores == best))
+
+
+def classify(
+    pod: Pod, row: int, arrays: NodeArrays, spread: Policy, packing: Sequence[Policy]
+) -> Match:
+    """Which score's top choice the bind of ``pod`` on ``row`` matches, on ``arrays`` (the state
+    just before it)."""
+    feasible = feasible_mask(pod, arrays)
+    if not feasible.any():
+        return "uninformative"
+    spreading_top = top_rows(pod, arrays, spread, feasible)
+    packing_top = frozenset().union(*(top_rows(pod, arrays, p, feasible) for p in packing))
+    if spreading_top & packing_top:
+        return "uninformative"
+    if row in spreading_top:
+        return "spreading"
+    if row in packing_top:
+        return "packing"
+    return "neither"
+
+
+def packing_policies(profile: ScoringProfile) -> tuple[str, ...]:
+    names = [PACKING_POLICY]
+    if profile.name not in (SPREADING_POLICY, PACKING_POLICY):
+        names.append(profile.name)
+    return tuple(names)
+
+
+def replay(
+    cluster: Cluster, params: SpreadingParams, now: datetime, profile: ScoringProfile
+) -> Replay:
+    """Replay the window's placements (the module's docstring, steps 1–3)."""
+    pods, undated = window_pods(cluster, params, now)
+    start = cluster.arrays.copy()
+    rows = [start.index[p.node] for p in pods if p.node is not None]
+    for pod, row in zip(pods, rows, strict=True):
+        start.release(row, pod, pod.gpu_indices)
+    names = packing_policies(profile)
+    spread = make_policy(SPREADING_POLICY)
+    packers = [profile.policy if n == profile.name else make_policy(n) for n in names]
+    counts = {"spreading": 0, "packing": 0, "neither": 0, "uninformative": 0}
+    actual = start.copy()
+    for pod, row in zip(pods, rows, strict=True):
+        counts[classify(pod, row, actual, spread, packers)] += 1
+        actual.allocate(row, pod, pod.gpu_indices)
+    packed, unplaced = _packed(pods, start)
+    return Replay(
+        placements=len(pods),
+        undated=undated,
+        informative=len(pods) - counts["uninformative"],
+        spreading=counts["spreading"],
+        packing=counts["packing"],
+        stranded=stranded(actual),
+        packed=packed,
+        unplaced_packed=unplaced,
+        packing_policies=names,
+    )
+
+
+def _packed(pods: Sequence[Pod], start: NodeArrays) -> tuple[Stranded, int]:
+    """``pods`` bound in order from ``start`` by ``most-allocated``: what it strands, and how
+    many found no node."""
+    arrays, policy, unplaced = start.copy(), make_policy(PACKING_POLICY), 0
+    for pod in pods:
+        free = replace(pod, node=None, gpu_indices=(), phase="Pending")
+        placed = schedule(free, arrays, policy, why=False)
+        if isinstance(placed, Placement):
+            arrays.allocate(placed.row, free, placed.gpus)
+        else:
+            unplaced += 1
+    return stranded(arrays), unplaced
+
+
+def judge(rep: Replay, params: SpreadingParams) -> Status:
+    """Whether the replay is enough evidence to decide: ok, or why not."""
+    if rep.informative >= params.min_placements:
+        return Status.success()
+    window = _human(params.window_s)
+    why = (
+        f"insufficient evidence: {rep.informative} informative placement(s) of "
+        f"{rep.placements} GPU pod(s) bound in the last {window} (spreading and packing scores "
+        f"agree on the rest); the rule needs {params.min_placements}"
+    )
+    if rep.undated:
+        why += f"; {rep.undated} bound GPU pod(s) have no bind or creation time"
+    return Status.fail(why)
+
+
+def detect_spreading(
+    cluster: Cluster, params: SpreadingParams, now: datetime, *, profile: ScoringProfile
+) -> Verdict:
+    """The verdict on the cluster's scheduler (see the module's docstring)."""
+    rep = replay(cluster, params, now, profile)
+    evidence = judge(rep, params)
+    spreads = (
+        evidence.ok
+        and rep.spread_share >= params.min_spread_share
+        and rep.excess_stranded >= params.min_stranded_gpus
+    )
+    findings = (_finding(rep, params, now),) if spreads else ()
+    return Verdict(rep, evidence, findings)
+
+
+def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
+    packers = " / ".join(rep.packing_policies)
+    summary = (
+        f"the scheduler spreads GPU pods: {rep.spreading} of {rep.informative} informative "
+        f"placement(s) in the last {_human(params.window_s)} ({rep.spread_share:.0%}) went to "
+        f"{SPREADING_POLICY}'s top node, {rep.packing} ({rep.pack_share:.0%}) to {packers}'s; "
+        f"{rep.stranded.gpus} whole free GPU(s) stranded on {rep.stranded.nodes} partly used "
+        f"node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed. "
+        f"Remedies: install defrag's scheduler extender ({EXTENDER_DOCS}), or set MostAllocated "
+        f"weights for nvidia.com/gpu in the default profile ({MOST_ALLOCATED_COMPONENT}, "
+        f"{MOST_ALLOCATED_DOCS})"
+    )
+    return Finding(
+        kind="spreading",
+        subject="cluster",
+        severity=params.severity,
+        summary=summary,
+        evidence={
+            "placements": rep.placements,
+            "informative": rep.informative,
+            "spreading": rep.spreading,
+            "packing": rep.packing,
+            "neither": rep.neither,
+            "spread_share": round(rep.spread_share, 3),
+            "pack_share": round(rep.pack_share, 3),
+            "spreading_policy": SPREADING_POLICY,
+            "packing_policies": list(rep.packing_policies),
+            "stranded_gpus": rep.stranded.gpus,
+            "partly_used_nodes": rep.stranded.nodes,
+            "packed_stranded_gpus": rep.packed.gpus,
+            "packed_partly_used_nodes": rep.packed.nodes,
+            "unplaced_packed": rep.unplaced_packed,
+            "window_s": params.window_s,
+            "remedies": [
+                f"install defrag's scheduler extender: {EXTENDER_DOCS}",
+                "set MostAllocated weights for nvidia.com/gpu in the default profile: "
+                f"{MOST_ALLOCATED_COMPONENT} ({MOST_ALLOCATED_DOCS})",
+            ],
+        },
+        since=now,
+        labels={"detector": "spreading", "rule": params.name},
+        action=params.action,
+    )
+
+
+def _human(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min"
