@@ -62,27 +62,30 @@ PACKED = [("n0", 1), ("n0", 1), ("n0", 1), ("n0", 1)]
 @pytest.mark.parametrize(
     ("layout", "old", "policy", "counts", "stranded_now", "packed"),
     [
-        # Spread: p00 lands on an empty cluster (every node scores alike: uninformative). For
-        # p01, n0 holds 1 GPU: least-allocated n0 = (1 + 1 + 6/8)/3 × 100 = 91, others
-        # (1 + 1 + 7/8)/3 × 100 = 95 → top {n1, n2, n3}; most-allocated n0 = 100 - 91.7 = 8,
-        # others 4 → top {n0}: disjoint, p01 on n1 matches the spreading score. Likewise p02
-        # (top {n2, n3} vs {n0, n1}) and p03 ({n3} vs {n0, n1, n2}): 3 informative, 3 spread.
+        # Spread. A node's rank by a score: the share of the other feasible nodes scoring
+        # higher, equals counted half; it matches a score when its rank is < 0.5 (top_share).
+        # p00 lands on an empty cluster: every node scores alike, rank 0.5 by every score:
+        # uninformative. For p01, n0 holds 1 GPU: least-allocated n0 = (1 + 1 + 6/8)/3 × 100
+        # = 91, the others (1 + 1 + 7/8)/3 × 100 = 95 → n1's rank (0 + 2 × 0.5)/3 = 0.33:
+        # spreading; most-allocated n0 = 8, the others 4 → n1's rank (1 + 1)/3 = 0.67: not
+        # packing. p02 on n2: ranks 0.5/3 = 0.17 vs 2.5/3 = 0.83; p03 on n3: 0 vs 1.
         # Now 4 partly used nodes × 7 free = 28 stranded; packed (ties to the first name) all
         # four go to n0: 1 node × 4 free = 4.
         (SPREAD, [], "reserve-binpack", (4, 3, 3, 0), Stranded(28, 4), Stranded(4, 1)),
         (SPREAD, [], "least-allocated", (4, 3, 3, 0), Stranded(28, 4), Stranded(4, 1)),
-        # Packed: p01..p03 go to n0, most-allocated's only top node → 3 informative, 3 packing;
-        # n0 alone is partly used with 4 free, as in the counterfactual.
+        # Packed: p01..p03 go to n0, the only fullest node: rank 0 by most-allocated, 1 by
+        # least-allocated → 3 informative, 3 packing; n0 alone is partly used with 4 free, as
+        # in the counterfactual.
         (PACKED, [], "reserve-binpack", (4, 3, 0, 3), Stranded(4, 1), Stranded(4, 1)),
-        # Neither: before the window n0 holds 4 GPUs and n1 2; p00 (1 GPU) on n1: least-allocated
-        # top {n2, n3} (empty), most-allocated top {n0} (fullest) → informative, matching
-        # neither. p01 on n2: least-allocated top {n2, n3} (both empty: a tie, either is its
-        # choice), most-allocated {n0} → spreading.
+        # Before the window n0 holds 4 GPUs and n1 2. p00 (1 GPU) on n1: least-allocated n0 79,
+        # n1 87, n2 = n3 = 95 → rank 2/3; most-allocated n0 20, n1 12, n2 = n3 4 → rank 1/3:
+        # packing (a fuller node than most). p01 on n2 (n1 now 3): least-allocated rank
+        # 0.5/3 = 0.17, most-allocated 2.5/3 = 0.83: spreading.
         (
             [("n1", 1), ("n2", 1)],
             [("n0", 4), ("n1", 2)],
             "reserve-binpack",
-            (2, 2, 1, 0),
+            (2, 2, 1, 1),
             # n0 4 + n1 5 + n2 7 = 16; packed: both on n0 → n0 2 + n1 6 = 8
             Stranded(16, 3),
             Stranded(8, 2),
@@ -137,8 +140,10 @@ def test_finding_names_the_evidence_and_both_remedies() -> None:
     assert (ev["informative"], ev["spreading"], ev["packing"], ev["spread_share"]) == (3, 3, 0, 1.0)
     assert (ev["stranded_gpus"], ev["packed_stranded_gpus"]) == (28, 4)
     assert ev["packing_policies"] == ["most-allocated", "reserve-binpack"]
-    assert "3 of 3 informative placement(s)" in finding.summary
-    assert "28 whole free GPU(s) stranded on 4 partly used node(s), 4 on 1" in finding.summary
+    assert "of 3 informative placement(s) in the last 24 h, 3 (100%) went to a node in " in (
+        finding.summary
+    )
+    assert "28 free GPU(s) stranded on 4 partly used node(s), 4 on 1" in finding.summary
     assert "scheduler extender" in finding.summary
     assert "deploy/components/most-allocated" in finding.summary
     assert len(ev["remedies"]) == 2
@@ -158,6 +163,15 @@ def test_thin_evidence_says_why_and_the_rule_is_skipped() -> None:
         SPREADING.evaluate(rule, inputs)
 
 
+def test_a_node_cordoned_since_is_infeasible_not_evidence() -> None:
+    cluster = build(SPREAD)
+    ns = [replace(n, unschedulable=n.name == "n1") for n in cluster.nodes]
+    cordoned = Cluster.build(ns, cluster.pods.values())
+    rep = replay(cordoned, LOOSE, NOW, profile(cordoned))
+    # p01 sits on n1, cordoned since: the replay cannot rank it; p02 and p03 still spread
+    assert (rep.informative, rep.spreading, rep.infeasible) == (2, 2, 1)
+
+
 def test_bind_time_falls_back_to_creation_and_undated_pods_are_counted() -> None:
     ns = [Node(f"n{i}", 64000, 512 * 1024, 8, "A100") for i in range(2)]
     created = Pod("c", num_gpu=1, node="n0", phase="Running", created_at=NOW - timedelta(hours=1))
@@ -175,7 +189,7 @@ def test_bind_time_falls_back_to_creation_and_undated_pods_are_counted() -> None
 @pytest.mark.parametrize(
     ("used", "expected"),
     [
-        # n0 3 of 8 used → 5 whole free; n1 empty and n2 full are not partly used
+        # n0 3 of 8 used → 5 free; n1 empty and n2 full are not partly used
         ({"n0": 3, "n2": 8}, Stranded(5, 1)),
         # n0 1 used, n1 7 used → 7 + 1
         ({"n0": 1, "n1": 7}, Stranded(8, 2)),

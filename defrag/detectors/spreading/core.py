@@ -8,13 +8,15 @@ The answer is read from the placements the scheduler made, never guessed from it
 2. **The replay**: from the cluster as it is, minus the window's pods (the state before the
    first of them), the window's pods are bound again in bind order, each on the node it
    really got. Before each bind, the scheduler's own score functions (:mod:`defrag.scoring`)
-   name their top nodes among the feasible ones: ``least-allocated`` (the kube-scheduler
-   default: it spreads) and the packing scores — ``most-allocated`` and the profile's policy
-   (defrag's score) when that is not ``least-allocated``. A placement is *informative* when
-   the spreading score's top nodes and the packing scores' top nodes are disjoint (on an empty
-   or uniform cluster they agree, and the placement says nothing); an informative placement
-   matches the spreading score, a packing score, or neither.
-3. **The state**: whole free GPUs on partly used GPU nodes now, against the same pods bound
+   rank the feasible nodes: ``least-allocated`` (the kube-scheduler default: it spreads) and
+   the packing scores — ``most-allocated``, and the profile's policy (defrag's score) when
+   that is not ``least-allocated``. The node the pod got *matches* a score when it ranks in
+   that score's best ``top_share`` of the feasible nodes (its rank: the share of the other
+   feasible nodes scoring higher, equals counted half). A placement is *informative* when it
+   matches the spreading score or a packing score but not both (on an empty or uniform
+   cluster every node ranks 0.5 and the placement says nothing); ``infeasible`` counts the
+   placements whose node the replay finds infeasible (cordoned or changed since).
+3. **The state**: free GPUs on partly used GPU nodes now, against the same pods bound
    from the same start by ``most-allocated`` (the packed counterfactual): the GPUs the
    spreading stranded.
 
@@ -25,7 +27,9 @@ evidence: no finding, and the verdict says why (the rule is listed as skipped).
 
 What the replay cannot see: pods that left since they were bound (in the window or before it)
 are absent from the replayed states, so a node looks emptier in the replay than the scheduler
-saw it. The shares are therefore evidence, not proof; the bench (bench/bench_spreading.py,
+saw it. That is why a placement is judged by its node's rank, not by whether it was exactly a
+score's top node: departures since move the top, rarely the half a node was in. The shares
+are evidence, not proof; the bench (bench/bench_spreading.py,
 docs/benchmarks.md) measures them on simulated clusters whose scheduler is known.
 """
 
@@ -58,7 +62,7 @@ EXTENDER_DOCS = "docs/kubernetes.md#the-scheduler-extender"
 MOST_ALLOCATED_DOCS = "docs/kubernetes.md#mostallocated-for-gpus-without-the-extender"
 MOST_ALLOCATED_COMPONENT = "deploy/components/most-allocated"
 
-Match = Literal["spreading", "packing", "neither", "uninformative"]
+Match = Literal["spreading", "packing", "infeasible", "uninformative"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +77,13 @@ class SpreadingParams:
     min_placements: Annotated[int, Ge(1)] = 20
     min_spread_share: Annotated[float, Gt(0), Le(1)] = 0.6
     min_stranded_gpus: Annotated[float, Ge(0)] = 4.0
+    top_share: Annotated[float, Gt(0), Le(0.5)] = 0.5
+    """A placement matches a score when its node ranks in the score's best ``top_share``."""
 
 
 @dataclass(frozen=True, slots=True)
 class Stranded:
-    """Whole free GPUs on partly used GPU nodes, and how many such nodes."""
+    """Free GPUs on partly used GPU nodes, and how many such nodes."""
 
     gpus: int
     nodes: int
@@ -92,18 +98,17 @@ class Replay:
     undated: int
     """Bound GPU pods with neither a bind time nor a creation time (left out)."""
     informative: int
+    """Placements that match the spreading score or a packing score, not both."""
     spreading: int
     packing: int
+    infeasible: int
+    """Placements on a node the replay finds infeasible (cordoned or changed since)."""
     stranded: Stranded
     packed: Stranded
     """The same pods bound from the same start by ``most-allocated``."""
     unplaced_packed: int
     """Window pods ``most-allocated`` found no node for in the counterfactual."""
     packing_policies: tuple[str, ...]
-
-    @property
-    def neither(self) -> int:
-        return self.informative - self.spreading - self.packing
 
     @property
     def spread_share(self) -> float:
@@ -152,38 +157,49 @@ def window_pods(cluster: Cluster, params: SpreadingParams, now: datetime) -> tup
 
 
 def stranded(arrays: NodeArrays) -> Stranded:
-    """Whole free GPUs on GPU nodes that are partly used (some share in use, some free)."""
+    """Free GPUs (shares summed, rounded down) on GPU nodes that are partly used (some share in
+    use, some free): capacity no job that needs a whole node can use."""
     capacity = arrays.gpu_total.astype(np.int64) * GPU_MILLI
     free = arrays.free_share()
     partly = (capacity > 0) & (free > 0) & (free < capacity)
-    return Stranded(int(arrays.free_whole_count()[partly].sum()), int(partly.sum()))
+    return Stranded(int(free[partly].sum()) // GPU_MILLI, int(partly.sum()))
 
 
-def top_rows(pod: Pod, arrays: NodeArrays, policy: Policy, feasible: np.ndarray) -> frozenset[int]:
-    """Every feasible row with the highest score (kube-scheduler picks among equals at random,
-    so each of them is the policy's choice)."""
-    scores = np.where(feasible, node_scores(pod, arrays, policy, feasible), -np.inf)
-    best = float(np.nanmax(scores))
-    return frozenset(int(r) for r in np.flatnonzero(scores == best))
+def rank(pod: Pod, row: int, arrays: NodeArrays, policy: Policy, feasible: np.ndarray) -> float:
+    """Where ``row`` stands among the feasible nodes by ``policy``'s score: the share of the
+    other feasible nodes that score higher, those that score the same counted half (0: its
+    top node; 1: its last; 0.5: all equal — kube-scheduler picks among equals at random)."""
+    scores = node_scores(pod, arrays, policy, feasible)
+    others = feasible.copy()
+    others[row] = False
+    n = int(others.sum())
+    if n == 0:
+        return 0.5
+    mine = scores[row]
+    higher = int((scores[others] > mine).sum())
+    equal = int((scores[others] == mine).sum())
+    return (higher + 0.5 * equal) / n
 
 
 def classify(
-    pod: Pod, row: int, arrays: NodeArrays, spread: Policy, packing: Sequence[Policy]
+    pod: Pod,
+    row: int,
+    arrays: NodeArrays,
+    spread: Policy,
+    packing: Sequence[Policy],
+    share: float,
 ) -> Match:
-    """Which score's top choice the bind of ``pod`` on ``row`` matches, on ``arrays`` (the state
-    just before it)."""
+    """Which score the bind of ``pod`` on ``row`` matches, on ``arrays`` (the state just before
+    it): the node ranks in the best ``share`` of the feasible nodes by that score (strictly)
+    and not by the other kind; uninformative when it does for both or neither kind."""
     feasible = feasible_mask(pod, arrays)
-    if not feasible.any():
+    if not feasible[row]:
+        return "infeasible"
+    spreads = rank(pod, row, arrays, spread, feasible) < share
+    packs = any(rank(pod, row, arrays, p, feasible) < share for p in packing)
+    if spreads == packs:
         return "uninformative"
-    spreading_top = top_rows(pod, arrays, spread, feasible)
-    packing_top = frozenset().union(*(top_rows(pod, arrays, p, feasible) for p in packing))
-    if spreading_top & packing_top:
-        return "uninformative"
-    if row in spreading_top:
-        return "spreading"
-    if row in packing_top:
-        return "packing"
-    return "neither"
+    return "spreading" if spreads else "packing"
 
 
 def packing_policies(profile: ScoringProfile) -> tuple[str, ...]:
@@ -205,18 +221,19 @@ def replay(
     names = packing_policies(profile)
     spread = make_policy(SPREADING_POLICY)
     packers = [profile.policy if n == profile.name else make_policy(n) for n in names]
-    counts = {"spreading": 0, "packing": 0, "neither": 0, "uninformative": 0}
+    counts = {"spreading": 0, "packing": 0, "infeasible": 0, "uninformative": 0}
     actual = start.copy()
     for pod, row in zip(pods, rows, strict=True):
-        counts[classify(pod, row, actual, spread, packers)] += 1
+        counts[classify(pod, row, actual, spread, packers, params.top_share)] += 1
         actual.allocate(row, pod, pod.gpu_indices)
     packed, unplaced = _packed(pods, start)
     return Replay(
         placements=len(pods),
         undated=undated,
-        informative=len(pods) - counts["uninformative"],
+        informative=counts["spreading"] + counts["packing"],
         spreading=counts["spreading"],
         packing=counts["packing"],
+        infeasible=counts["infeasible"],
         stranded=stranded(actual),
         packed=packed,
         unplaced_packed=unplaced,
@@ -270,15 +287,16 @@ def detect_spreading(
 
 def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
     packers = " / ".join(rep.packing_policies)
+    best = f"best {params.top_share:.0%} of the feasible nodes"
     summary = (
-        f"the scheduler spreads GPU pods: {rep.spreading} of {rep.informative} informative "
-        f"placement(s) in the last {_human(params.window_s)} ({rep.spread_share:.0%}) went to "
-        f"{SPREADING_POLICY}'s top node, {rep.packing} ({rep.pack_share:.0%}) to {packers}'s; "
-        f"{rep.stranded.gpus} whole free GPU(s) stranded on {rep.stranded.nodes} partly used "
-        f"node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed. "
-        f"Remedies: install defrag's scheduler extender ({EXTENDER_DOCS}), or set MostAllocated "
-        f"weights for nvidia.com/gpu in the default profile ({MOST_ALLOCATED_COMPONENT}, "
-        f"{MOST_ALLOCATED_DOCS})"
+        f"the scheduler spreads GPU pods: of {rep.informative} informative placement(s) in the "
+        f"last {_human(params.window_s)}, {rep.spreading} ({rep.spread_share:.0%}) went to a "
+        f"node in {SPREADING_POLICY}'s {best}, {rep.packing} ({rep.pack_share:.0%}) to one in "
+        f"{packers}'s; {rep.stranded.gpus} free GPU(s) stranded on {rep.stranded.nodes} partly "
+        f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed "
+        f"({PACKING_POLICY}). Remedies: install defrag's scheduler extender ({EXTENDER_DOCS}), "
+        f"or set MostAllocated weights for nvidia.com/gpu in the default profile "
+        f"({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
     )
     return Finding(
         kind="spreading",
@@ -290,7 +308,7 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
             "informative": rep.informative,
             "spreading": rep.spreading,
             "packing": rep.packing,
-            "neither": rep.neither,
+            "infeasible": rep.infeasible,
             "spread_share": round(rep.spread_share, 3),
             "pack_share": round(rep.pack_share, 3),
             "spreading_policy": SPREADING_POLICY,
