@@ -69,8 +69,8 @@ PACKED = [("n0", 1), ("n0", 1), ("n0", 1), ("n0", 1)]
         # = 91, the others (1 + 1 + 7/8)/3 × 100 = 95 → n1's rank (0 + 2 × 0.5)/3 = 0.33:
         # spreading; most-allocated n0 = 8, the others 4 → n1's rank (1 + 1)/3 = 0.67: not
         # packing. p02 on n2: ranks 0.5/3 = 0.17 vs 2.5/3 = 0.83; p03 on n3: 0 vs 1.
-        # Now 4 partly used nodes × 7 free = 28 stranded; packed (ties to the first name) all
-        # four go to n0: 1 node × 4 free = 4.
+        # Now 4 partly used nodes × 7 free = 28 stranded; every GPU pod packed again in bind
+        # order (ties to the first name): all four on n0, 1 node × 4 free = 4.
         (SPREAD, [], "reserve-binpack", (4, 3, 3, 0), Stranded(28, 4), Stranded(4, 1)),
         (SPREAD, [], "least-allocated", (4, 3, 3, 0), Stranded(28, 4), Stranded(4, 1)),
         # Packed: p01..p03 go to n0, the only fullest node: rank 0 by most-allocated, 1 by
@@ -86,9 +86,10 @@ PACKED = [("n0", 1), ("n0", 1), ("n0", 1), ("n0", 1)]
             [("n0", 4), ("n1", 2)],
             "reserve-binpack",
             (2, 2, 1, 1),
-            # n0 4 + n1 5 + n2 7 = 16; packed: both on n0 → n0 2 + n1 6 = 8
+            # n0 4 + n1 5 + n2 7 = 16 free on partly used nodes; packed in bind order, old0 (4),
+            # old1 (2), p00 and p01 all go to the fullest node n0: 8 of 8, nothing stranded
             Stranded(16, 3),
-            Stranded(8, 2),
+            Stranded(0, 0),
         ),
     ],
 )

@@ -16,9 +16,9 @@ The answer is read from the placements the scheduler made, never guessed from it
    matches the spreading score or a packing score but not both (on an empty or uniform
    cluster every node ranks 0.5 and the placement says nothing); ``infeasible`` counts the
    placements whose node the replay finds infeasible (cordoned or changed since).
-3. **The state**: free GPUs on partly used GPU nodes now, against the same pods bound
-   from the same start by ``most-allocated`` (the packed counterfactual): the GPUs the
-   spreading stranded.
+3. **The state**: free GPUs on partly used GPU nodes now, against every bound GPU pod bound
+   again in bind order by ``most-allocated`` onto the same nodes (the packed counterfactual):
+   the GPUs the scheduler's placements strand beyond what packing would.
 
 A finding when at least ``min_placements`` placements are informative, at least
 ``min_spread_share`` of them match the spreading score, and the spreading stranded at least
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
 import numpy as np
@@ -61,6 +61,8 @@ PACKING_POLICY = "most-allocated"
 EXTENDER_DOCS = "docs/kubernetes.md#the-scheduler-extender"
 MOST_ALLOCATED_DOCS = "docs/kubernetes.md#mostallocated-for-gpus-without-the-extender"
 MOST_ALLOCATED_COMPONENT = "deploy/components/most-allocated"
+
+_NEVER = datetime.min.replace(tzinfo=UTC)
 
 Match = Literal["spreading", "packing", "infeasible", "uninformative"]
 
@@ -105,9 +107,9 @@ class Replay:
     """Placements on a node the replay finds infeasible (cordoned or changed since)."""
     stranded: Stranded
     packed: Stranded
-    """The same pods bound from the same start by ``most-allocated``."""
+    """Every bound GPU pod bound again in bind order by ``most-allocated``."""
     unplaced_packed: int
-    """Window pods ``most-allocated`` found no node for in the counterfactual."""
+    """Pods ``most-allocated`` found no node for in the counterfactual."""
     packing_policies: tuple[str, ...]
 
     @property
@@ -226,7 +228,7 @@ def replay(
     for pod, row in zip(pods, rows, strict=True):
         counts[classify(pod, row, actual, spread, packers, params.top_share)] += 1
         actual.allocate(row, pod, pod.gpu_indices)
-    packed, unplaced = _packed(pods, start)
+    packed, unplaced = _packed(cluster)
     return Replay(
         placements=len(pods),
         undated=undated,
@@ -241,11 +243,16 @@ def replay(
     )
 
 
-def _packed(pods: Sequence[Pod], start: NodeArrays) -> tuple[Stranded, int]:
-    """``pods`` bound in order from ``start`` by ``most-allocated``: what it strands, and how
-    many found no node."""
-    arrays, policy, unplaced = start.copy(), make_policy(PACKING_POLICY), 0
-    for pod in pods:
+def _packed(cluster: Cluster) -> tuple[Stranded, int]:
+    """Every bound GPU pod bound again by ``most-allocated``, in bind order (pods without a
+    time first), onto the cluster without them (pods that ask no GPU stay where they are): what
+    it strands, and how many pods found no node."""
+    gpu_pods = [p for p in cluster.bound_pods() if p.uses_gpu]
+    arrays, policy, unplaced = cluster.arrays.copy(), make_policy(PACKING_POLICY), 0
+    for pod in gpu_pods:
+        arrays.release(arrays.index[pod.node], pod, pod.gpu_indices)  # type: ignore[index]
+    gpu_pods.sort(key=lambda p: (bind_time(p) is not None, bind_time(p) or _NEVER, p.key))
+    for pod in gpu_pods:
         free = replace(pod, node=None, gpu_indices=(), phase="Pending")
         placed = schedule(free, arrays, policy, why=False)
         if isinstance(placed, Placement):
@@ -294,7 +301,7 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
         f"node in {SPREADING_POLICY}'s {best}, {rep.packing} ({rep.pack_share:.0%}) to one in "
         f"{packers}'s; {rep.stranded.gpus} free GPU(s) stranded on {rep.stranded.nodes} partly "
         f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed "
-        f"({PACKING_POLICY}). Remedies: install defrag's scheduler extender ({EXTENDER_DOCS}), "
+        f"in bind order ({PACKING_POLICY}). Remedies: install defrag's scheduler extender ({EXTENDER_DOCS}), "
         f"or set MostAllocated weights for nvidia.com/gpu in the default profile "
         f"({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
     )
