@@ -301,8 +301,8 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
         f"node in {SPREADING_POLICY}'s {best}, {rep.packing} ({rep.pack_share:.0%}) to one in "
         f"{packers}'s; {rep.stranded.gpus} free GPU(s) stranded on {rep.stranded.nodes} partly "
         f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed "
-        f"in bind order ({PACKING_POLICY}). Remedies: install defrag's scheduler extender ({EXTENDER_DOCS}), "
-        f"or set MostAllocated weights for nvidia.com/gpu in the default profile "
+        f"in bind order ({PACKING_POLICY}). Remedies: install defrag's scheduler extender "
+        f"({EXTENDER_DOCS}), or set MostAllocated weights for nvidia.com/gpu in the default profile "
         f"({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
     )
     return Finding(
