@@ -302,8 +302,8 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
         f"{packers}'s; {rep.stranded.gpus} free GPU(s) stranded on {rep.stranded.nodes} partly "
         f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed "
         f"in bind order ({PACKING_POLICY}). Remedies: install defrag's scheduler extender "
-        f"({EXTENDER_DOCS}), or set MostAllocated weights for nvidia.com/gpu in the default profile "
-        f"({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
+        f"({EXTENDER_DOCS}), or set MostAllocated weights for nvidia.com/gpu in the default "
+        f"profile ({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
     )
     return Finding(
         kind="spreading",
