@@ -3,7 +3,8 @@
 Timeline runs (defrag.sim.timeline: Poisson arrivals with the trace's shapes, log-normal run
 times, no defragmenter) under a scheduler that is known: ``least-allocated`` (spreads: the
 detector must fire), ``most-allocated`` and ``reserve-binpack`` (defrag's score; both pack: it
-must not). Every ``--every`` simulated hours after the warm-up, the simulator's state becomes a
+must not). Every ``--every`` simulated hours from the warm-up on (3 h: the run starts in steady
+state, and 3 h of arrivals are more than the rule's 300 placements), the simulator's state becomes a
 cluster whose bound pods carry their bind time, and the shipped rule (rules/spreading.yaml) is
 run on it, with the scoring profile of the daemon's default settings. Each cell counts the
 snapshots that produced the finding, and the evidence's means.
@@ -169,9 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--first-seed", type=int, default=42, help="42; 45 is the held-out seed")
     ap.add_argument("--load", type=float, default=0.9)
-    ap.add_argument("--hours", type=float, default=12.0, help="measured hours after warm-up")
-    ap.add_argument("--warmup", type=float, default=12.0)
-    ap.add_argument("--every", type=float, default=6.0, help="hours between snapshots")
+    ap.add_argument("--hours", type=float, default=6.0, help="hours after the warm-up")
+    ap.add_argument(
+        "--warmup", type=float, default=3.0,
+        help="hours before the first snapshot (the run starts in steady state: prefill)",
+    )  # fmt: skip
+    ap.add_argument("--every", type=float, default=3.0, help="hours between snapshots")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument(
         "--set", action="append", default=[], metavar="FIELD=NUMBER",

@@ -58,7 +58,7 @@ from defrag.scoring.scheduler import node_scores, schedule
 
 SPREADING_POLICY = "least-allocated"
 PACKING_POLICY = "most-allocated"
-EXTENDER_DOCS = "docs/kubernetes.md#the-scheduler-extender"
+EXTENDER_DOCS = "docs/operations.md#scheduling-through-defrags-extender"
 MOST_ALLOCATED_DOCS = "docs/kubernetes.md#mostallocated-for-gpus-without-the-extender"
 MOST_ALLOCATED_COMPONENT = "deploy/components/most-allocated"
 
