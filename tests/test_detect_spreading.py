@@ -19,6 +19,7 @@ from defrag.detectors.spreading.core import (
     SpreadingParams,
     Stranded,
     detect_spreading,
+    packed_bound,
     replay,
     stranded,
 )
@@ -69,13 +70,13 @@ PACKED = [("n0", 1), ("n0", 1), ("n0", 1), ("n0", 1)]
         # = 91, the others (1 + 1 + 7/8)/3 × 100 = 95 → n1's rank (0 + 2 × 0.5)/3 = 0.33:
         # spreading; most-allocated n0 = 8, the others 4 → n1's rank (1 + 1)/3 = 0.67: not
         # packing. p02 on n2: ranks 0.5/3 = 0.17 vs 2.5/3 = 0.83; p03 on n3: 0 vs 1.
-        # Now 4 partly used nodes × 7 free = 28 stranded; every GPU pod packed again in bind
-        # order (ties to the first name): all four on n0, 1 node × 4 free = 4.
+        # Now 4 partly used nodes × 7 free = 28 stranded; the 28 free GPUs ideally packed fill
+        # 3 whole nodes and leave 28 mod 8 = 4 on one.
         (SPREAD, [], "reserve-binpack", (4, 3, 3, 0), Stranded(28, 4), Stranded(4, 1)),
         (SPREAD, [], "least-allocated", (4, 3, 3, 0), Stranded(28, 4), Stranded(4, 1)),
         # Packed: p01..p03 go to n0, the only fullest node: rank 0 by most-allocated, 1 by
-        # least-allocated → 3 informative, 3 packing; n0 alone is partly used with 4 free, as
-        # in the counterfactual.
+        # least-allocated → 3 informative, 3 packing; n0 alone is partly used with 4 free: as
+        # ideal a packing as 28 free GPUs allow.
         (PACKED, [], "reserve-binpack", (4, 3, 0, 3), Stranded(4, 1), Stranded(4, 1)),
         # Before the window n0 holds 4 GPUs and n1 2. p00 (1 GPU) on n1: least-allocated n0 79,
         # n1 87, n2 = n3 = 95 → rank 2/3; most-allocated n0 20, n1 12, n2 = n3 4 → rank 1/3:
@@ -86,8 +87,8 @@ PACKED = [("n0", 1), ("n0", 1), ("n0", 1), ("n0", 1)]
             [("n0", 4), ("n1", 2)],
             "reserve-binpack",
             (2, 2, 1, 1),
-            # n0 4 + n1 5 + n2 7 = 16 free on partly used nodes; packed in bind order, old0 (4),
-            # old1 (2), p00 and p01 all go to the fullest node n0: 8 of 8, nothing stranded
+            # n0 4 + n1 5 + n2 7 = 16 free on partly used nodes; with n3's 8, 24 free GPUs
+            # ideally fill 3 whole nodes: 24 mod 8 = 0 stranded
             Stranded(16, 3),
             Stranded(0, 0),
         ),
@@ -106,7 +107,6 @@ def test_replay_counts_each_placement_against_both_scores(
     assert (rep.placements, rep.informative, rep.spreading, rep.packing) == counts
     assert rep.stranded == stranded_now
     assert rep.packed == packed
-    assert rep.unplaced_packed == 0
 
 
 @pytest.mark.parametrize(
@@ -144,7 +144,9 @@ def test_finding_names_the_evidence_and_both_remedies() -> None:
     assert "of 3 informative placement(s) in the last 24 h, 3 (100%) went to a node in " in (
         finding.summary
     )
-    assert "28 free GPU(s) stranded on 4 partly used node(s), 4 on 1" in finding.summary
+    assert "28 free GPU(s) stranded on 4 partly used node(s), 4 on 1 were the free " in (
+        finding.summary
+    )
     assert "scheduler extender" in finding.summary
     assert "deploy/components/most-allocated" in finding.summary
     assert len(ev["remedies"]) == 2
@@ -203,6 +205,27 @@ def test_stranded_counts_whole_free_gpus_on_partly_used_nodes(
     ns = [Node(f"n{i}", 64000, 512 * 1024, 8, "A100") for i in range(3)]
     pods = [Pod(f"on-{n}", num_gpu=g, node=n, phase="Running") for n, g in used.items()]
     assert stranded(Cluster.build(ns, pods).arrays) == expected
+
+
+@pytest.mark.parametrize(
+    ("sizes", "used", "expected"),
+    [
+        # 8-GPU nodes with 3 and 0 used, a 4-GPU node with 1 used: free 5 + 8 = 13 on the
+        # 8-GPU nodes → 13 mod 8 = 5 on one node; 3 on the 4-GPU node → 3 mod 4 = 3 on one
+        ((8, 8, 4), (3, 0, 1), Stranded(8, 2)),
+        # 16 free on 8-GPU nodes fill two: nothing left over
+        ((8, 8, 8), (4, 4, 8), Stranded(0, 0)),
+        ((8, 8), (8, 8), Stranded(0, 0)),
+    ],
+)
+def test_packed_bound_leaves_one_remainder_per_node_size(
+    sizes: tuple[int, ...], used: tuple[int, ...], expected: Stranded
+) -> None:
+    ns = [Node(f"n{i}", 64000, 512 * 1024, g, "A100") for i, g in enumerate(sizes)]
+    pods = [
+        Pod(f"on-{i}", num_gpu=u, node=f"n{i}", phase="Running") for i, u in enumerate(used) if u
+    ]
+    assert packed_bound(Cluster.build(ns, pods).arrays) == expected
 
 
 @pytest.mark.parametrize(

@@ -123,8 +123,8 @@ def test_most_allocated_packs_where_the_defaults_spread_and_the_detector_tells(
 
     spread, pack = verdicts["spread"], verdicts["pack"]
     # spread: p0 on an empty cluster and p4 on four equal nodes say nothing; the 6 others went
-    # to a node emptier than the rest: 6 of 6 spreading. 4 nodes × 6 free = 24 stranded; packed,
-    # the 8 fill one node: 0.
+    # to a node emptier than the rest: 6 of 6 spreading. 4 nodes × 6 free = 24 stranded; the
+    # same 24 free GPUs ideally packed fill 3 whole nodes: 0.
     assert (spread.replay.informative, spread.replay.spreading) == (6, 6)
     assert (spread.replay.stranded.gpus, spread.replay.packed.gpus) == (24, 0)
     assert [f.kind for f in spread.findings] == ["spreading"]

@@ -16,13 +16,14 @@ The answer is read from the placements the scheduler made, never guessed from it
    matches the spreading score or a packing score but not both (on an empty or uniform
    cluster every node ranks 0.5 and the placement says nothing); ``infeasible`` counts the
    placements whose node the replay finds infeasible (cordoned or changed since).
-3. **The state**: free GPUs on partly used GPU nodes now, against every bound GPU pod bound
-   again in bind order by ``most-allocated`` onto the same nodes (the packed counterfactual):
-   the GPUs the scheduler's placements strand beyond what packing would.
+3. **The state**: free GPUs on partly used GPU nodes now, against the same free capacity
+   ideally packed (at most one partly free node per node size, :func:`packed_bound`): the GPUs
+   the placements strand beyond what packing could. O(nodes), like the replay's O(window ×
+   nodes): the detector runs every cycle.
 
 A finding when at least ``min_placements`` placements are informative, at least
-``min_spread_share`` of them match the spreading score, and the spreading stranded at least
-``min_stranded_gpus`` GPUs more than packing would have. Fewer informative placements is thin
+``min_spread_share`` of them match the spreading score, and the cluster strands at least
+``min_stranded_gpus`` GPUs more than the ideal packing. Fewer informative placements is thin
 evidence: no finding, and the verdict says why (the rule is listed as skipped).
 
 What the replay cannot see: pods that left since they were bound (in the window or before it)
@@ -35,9 +36,10 @@ docs/benchmarks.md) measures them on simulated clusters whose scheduler is known
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
 import numpy as np
@@ -46,23 +48,21 @@ from annotated_types import Ge, Gt, Le
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.settings import INTERNAL, RuleName, Seconds
 from defrag.model.arrays import NodeArrays
-from defrag.model.cluster import Cluster
+from defrag.model.cluster import Cluster, occupies
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.scoring.filters import feasible_mask
-from defrag.scoring.framework import Placement, Policy
+from defrag.scoring.framework import Policy
 from defrag.scoring.policies import make_policy
 from defrag.scoring.profile import ScoringProfile
-from defrag.scoring.scheduler import node_scores, schedule
+from defrag.scoring.scheduler import node_scores
 
 SPREADING_POLICY = "least-allocated"
 PACKING_POLICY = "most-allocated"
 EXTENDER_DOCS = "docs/operations.md#scheduling-through-defrags-extender"
 MOST_ALLOCATED_DOCS = "docs/kubernetes.md#mostallocated-for-gpus-without-the-extender"
 MOST_ALLOCATED_COMPONENT = "deploy/components/most-allocated"
-
-_NEVER = datetime.min.replace(tzinfo=UTC)
 
 Match = Literal["spreading", "packing", "infeasible", "uninformative"]
 
@@ -107,9 +107,7 @@ class Replay:
     """Placements on a node the replay finds infeasible (cordoned or changed since)."""
     stranded: Stranded
     packed: Stranded
-    """Every bound GPU pod bound again in bind order by ``most-allocated``."""
-    unplaced_packed: int
-    """Pods ``most-allocated`` found no node for in the counterfactual."""
+    """The same free capacity ideally packed (:func:`packed_bound`)."""
     packing_policies: tuple[str, ...]
 
     @property
@@ -142,20 +140,24 @@ def bind_time(pod: Pod) -> datetime | None:
 
 def window_pods(cluster: Cluster, params: SpreadingParams, now: datetime) -> tuple[list[Pod], int]:
     """The bound GPU pods of the window in bind order (ties by name), and how many bound GPU
-    pods have no time at all."""
+    pods have no time at all (one pass over the pods: the daemon runs this every cycle)."""
     since = now - timedelta(seconds=params.window_s)
     dated: list[tuple[datetime, str, Pod]] = []
     undated = 0
-    for pod in cluster.bound_pods():
-        if not pod.uses_gpu:
+    for pod in cluster.pods.values():
+        if pod.node is None or not (pod.num_gpu or pod.pool_units) or not occupies(pod):
             continue
         at = bind_time(pod)
         if at is None:
             undated += 1
         elif since <= at <= now:
-            dated.append((at, pod.key, pod))
-    dated.sort(key=lambda t: (t[0], t[1]))
-    return [p for _, _, p in dated[-params.max_placements :]], undated
+            dated.append((at, pod.name, pod))
+    latest = heapq.nlargest(params.max_placements, dated, key=_bind_order)
+    return [p for _, _, p in reversed(latest)], undated
+
+
+def _bind_order(entry: tuple[datetime, str, Pod]) -> tuple[datetime, str, str]:
+    return entry[0], entry[2].namespace, entry[1]
 
 
 def stranded(arrays: NodeArrays) -> Stranded:
@@ -228,7 +230,6 @@ def replay(
     for pod, row in zip(pods, rows, strict=True):
         counts[classify(pod, row, actual, spread, packers, params.top_share)] += 1
         actual.allocate(row, pod, pod.gpu_indices)
-    packed, unplaced = _packed(cluster)
     return Replay(
         placements=len(pods),
         undated=undated,
@@ -237,29 +238,24 @@ def replay(
         packing=counts["packing"],
         infeasible=counts["infeasible"],
         stranded=stranded(actual),
-        packed=packed,
-        unplaced_packed=unplaced,
+        packed=packed_bound(actual),
         packing_policies=names,
     )
 
 
-def _packed(cluster: Cluster) -> tuple[Stranded, int]:
-    """Every bound GPU pod bound again by ``most-allocated``, in bind order (pods without a
-    time first), onto the cluster without them (pods that ask no GPU stay where they are): what
-    it strands, and how many pods found no node."""
-    gpu_pods = [p for p in cluster.bound_pods() if p.uses_gpu]
-    arrays, policy, unplaced = cluster.arrays.copy(), make_policy(PACKING_POLICY), 0
-    for pod in gpu_pods:
-        arrays.release(arrays.index[pod.node], pod, pod.gpu_indices)  # type: ignore[index]
-    gpu_pods.sort(key=lambda p: (bind_time(p) is not None, bind_time(p) or _NEVER, p.key))
-    for pod in gpu_pods:
-        free = replace(pod, node=None, gpu_indices=(), phase="Pending")
-        placed = schedule(free, arrays, policy, why=False)
-        if isinstance(placed, Placement):
-            arrays.allocate(placed.row, free, placed.gpus)
-        else:
-            unplaced += 1
-    return stranded(arrays), unplaced
+def packed_bound(arrays: NodeArrays) -> Stranded:
+    """The same free capacity ideally packed: for each node size, the free GPU shares of its
+    nodes filled into as few nodes as they make, so at most one node of each size is partly
+    free (the remainder). A bound no scheduler beats; the constraints (models, taints) and the
+    pods' shapes it ignores only make real packing strand more."""
+    gpus, nodes = 0, 0
+    capacity = arrays.gpu_total.astype(np.int64)
+    free = arrays.free_share()
+    for size in np.unique(capacity[capacity > 0]):
+        rest = int(free[capacity == size].sum()) % (int(size) * GPU_MILLI)
+        gpus += rest // GPU_MILLI
+        nodes += rest > 0
+    return Stranded(gpus, nodes)
 
 
 def judge(rep: Replay, params: SpreadingParams) -> Status:
@@ -300,8 +296,8 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
         f"last {_human(params.window_s)}, {rep.spreading} ({rep.spread_share:.0%}) went to a "
         f"node in {SPREADING_POLICY}'s {best}, {rep.packing} ({rep.pack_share:.0%}) to one in "
         f"{packers}'s; {rep.stranded.gpus} free GPU(s) stranded on {rep.stranded.nodes} partly "
-        f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} had the same pods been packed "
-        f"in bind order ({PACKING_POLICY}). Remedies: install defrag's scheduler extender "
+        f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} were the free capacity ideally "
+        f"packed. Remedies: install defrag's scheduler extender "
         f"({EXTENDER_DOCS}), or set MostAllocated weights for nvidia.com/gpu in the default "
         f"profile ({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
     )
@@ -324,7 +320,6 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
             "partly_used_nodes": rep.stranded.nodes,
             "packed_stranded_gpus": rep.packed.gpus,
             "packed_partly_used_nodes": rep.packed.nodes,
-            "unplaced_packed": rep.unplaced_packed,
             "window_s": params.window_s,
             "remedies": [
                 f"install defrag's scheduler extender: {EXTENDER_DOCS}",
