@@ -224,7 +224,9 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         f"rule gpu-memory-leak ({ROOT / 'rules' / 'leak.yaml'}:4): Prometheus at {url} "
         "is unreachable" in result.stderr
     )
-    assert "query '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and on(" in (result.stderr)
+    assert "query '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and on(" in (
+        result.stderr
+    )
     # leak, idle, and the two from kube-state-metrics, named
     assert (
         "4 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "
