@@ -89,6 +89,12 @@ CYCLE = (
 EXTENDER = (
     Target("prioritize p99, 5,000 nodes, HTTP", rf"HTTP keep-alive\s+[\d.]+\s+{NUMBER}", 5.0, "ms"),
 )
+DETECT_1K = (
+    Target("detection, 1,000 GPUs, median", rf"detect, median of \d+ \(s\)\s+{NUMBER}", 2.0, "s"),
+)
+DETECT_10K = (
+    Target("detection, 10,000 GPUs, median", rf"detect, median of \d+ \(s\)\s+{NUMBER}", 5.0, "s"),
+)
 EXTENDER_LOAD = (
     Target("prioritize p99, 4 clients, 1,000 nodes",
            rf"1\. 4 x \d+ prioritize at 1,000 nodes: p50 [\d.]+ ms, p99 {NUMBER} ms", 10.0, "ms"),
@@ -153,7 +159,11 @@ BENCHES: tuple[Bench, ...] = (
     Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
           ("drain-to-bind", "--runs", "1")),
     Bench("detect", "bench_detect", ("--runs", "5"),
-          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True),
+          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True,
+          targets=DETECT_1K),
+    Bench("detect-10k", "bench_detect", ("--gpus", "10000", "--runs", "3"),
+          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True,
+          targets=DETECT_10K),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
     # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).

@@ -82,6 +82,33 @@ class MetricsSource(Protocol):
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Query:
+    """One question for a :class:`MetricsSource`: instant at ``at`` or, with ``start``, a range
+    from ``start`` to ``at`` every ``step_s`` seconds."""
+
+    query: str
+    at: datetime
+    start: datetime | None = None
+    step_s: float = 0.0
+
+
+@runtime_checkable
+class ConcurrentMetricsSource(MetricsSource, Protocol):
+    """A source that answers several queries at once (the server works on them together while
+    the answers already back are decoded). Answers in the order asked; the first query of that
+    order that failed raises."""
+
+    def ask_all(self, queries: Sequence[Query]) -> list[list[Sample]]: ...
+
+
+def ask(metrics: MetricsSource, query: Query) -> list[Sample]:
+    """One :class:`Query` through the plain methods."""
+    if query.start is None:
+        return metrics.instant(query.query, query.at)
+    return metrics.range(query.query, query.start, query.at, query.step_s)
+
+
 class Actuator(Protocol):
     def evict(self, namespace: str, name: str, *, uid: str = "") -> EvictionResult:
         """Evict one pod; ``uid``: only the pod with this UID (never a same-named replacement)."""

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from defrag.detection import DetectionError, detect, run_detection, with_dcgm_gpu_indices
-from defrag.detectors.leak.registration import LeakRule, leak_range_query
+from defrag.detectors.leak.registration import LeakRule, leak_range_query, leak_range_shards
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
 from defrag.ports import Sample
@@ -200,3 +200,33 @@ def test_dcgm_gpu_indices_are_written_into_the_cluster() -> None:
     assert updated.pods["ml/two"].gpu_indices == (2, 3)
     assert updated.pods["ml/one"].gpu_indices == (0,)
     assert updated.arrays.free_whole_count().tolist() == [1]  # GPU 1 left
+
+
+@pytest.mark.parametrize(
+    ("used", "selectors"),
+    [
+        (
+            "DCGM_FI_DEV_FB_USED",
+            ['DCGM_FI_DEV_FB_USED{gpu=~"[0-3]"}', 'DCGM_FI_DEV_FB_USED{gpu!~"[0-3]"}'],
+        ),
+        (
+            ' DCGM_FI_DEV_FB_USED{job="dcgm",} ',  # PromQL allows the trailing comma
+            [
+                'DCGM_FI_DEV_FB_USED{job="dcgm", gpu=~"[0-3]"}',
+                'DCGM_FI_DEV_FB_USED{job="dcgm", gpu!~"[0-3]"}',
+            ],
+        ),
+        # not a plain selector: one query, unsplit
+        ("sum by (gpu) (DCGM_FI_DEV_FB_USED)", ["sum by (gpu) (DCGM_FI_DEV_FB_USED)"]),
+    ],
+)
+def test_leak_range_shards_split_both_sides_of_the_prefilter(
+    used: str, selectors: list[str]
+) -> None:
+    # the same matcher on the medians and on the slope: the join on the GPU's labels (gpu
+    # among them) pairs series within one shard, and each series is in exactly one
+    rule = LeakRule.model_validate(
+        {"name": "l", "detector": "leak", "queries": {"used": used, "free": "F"}}
+    )
+    whole = leak_range_query(rule)
+    assert leak_range_shards(rule) == [whole.replace(used.strip(), s) for s in selectors]

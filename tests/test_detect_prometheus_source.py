@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -12,12 +14,14 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from defrag.adapters.deadline import time_budget
 from defrag.adapters.prometheus import (
     MetricsError,
     PrometheusSource,
     PrometheusUnreachable,
     PromQLError,
 )
+from defrag.ports import ConcurrentMetricsSource, Query
 
 AT = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
 
@@ -28,6 +32,8 @@ class Script:
     def __init__(self) -> None:
         self.answers: list[tuple[int, object]] = []
         self.requests: list[tuple[str, dict[str, list[str]], str | None]] = []
+        self.by_query: Callable[[str], tuple[int, object]] | None = None
+        """Answers by the query asked instead (requests in flight together)."""
 
 
 @pytest.fixture
@@ -40,13 +46,17 @@ def server() -> Iterator[tuple[str, Script]]:
             script.requests.append(
                 (url.path, parse_qs(url.query), self.headers.get("Authorization"))
             )
-            status, body = script.answers.pop(0) if script.answers else (200, {})
+            if script.by_query is not None:
+                status, body = script.by_query(parse_qs(url.query)["query"][0])
+            else:
+                status, body = script.answers.pop(0) if script.answers else (200, {})
             data = json.dumps(body).encode() if not isinstance(body, bytes) else body
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # shut at a deadline
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
 
         def log_message(self, *args: object) -> None:
             pass
@@ -133,3 +143,59 @@ def test_missing_token_file_is_named(server: tuple[str, Script], tmp_path: Path)
 def test_url_must_be_http() -> None:
     with pytest.raises(ValueError, match="must start with http"):
         PrometheusSource("prometheus:9090")
+
+
+# --- ask_all: several queries in flight at once, answered in the order asked --------------------
+
+
+def by_query(meet: threading.Barrier) -> Callable[[str], tuple[int, object]]:
+    """``n<k>``: a vector of value k; ``meet<k>``: the same, once another ``meet`` query is in
+    flight too; ``bad<k>``: Prometheus's 400 for bad PromQL (web/api/v1/api.go: status error,
+    errorType bad_data); ``sleep``: after 2 s."""
+
+    def answer(query: str) -> tuple[int, object]:
+        if query.startswith("meet"):
+            meet.wait()
+        if query == "sleep":
+            time.sleep(2)
+        if query.startswith("bad"):
+            return 400, {"status": "error", "errorType": "bad_data", "error": f"{query} is bad"}
+        vector = [{"metric": {"q": query}, "value": [AT.timestamp(), query.lstrip("nmetslp")]}]
+        return 200, {"status": "success", "data": {"resultType": "vector", "result": vector}}
+
+    return answer
+
+
+def test_ask_all_has_queries_in_flight_together_answered_in_the_order_asked(
+    server: tuple[str, Script],
+) -> None:
+    url, script = server
+    script.by_query = by_query(threading.Barrier(2, timeout=5))
+    source = PrometheusSource(url, retries=0, timeout_s=10)
+    assert isinstance(source, ConcurrentMetricsSource)
+    # meet1 and meet2 are answered only while both are in flight: asked one after another,
+    # the first would wait on the barrier until it broke
+    answers = source.ask_all([Query(q, AT) for q in ("n3", "meet1", "meet2", "n4")])
+    assert [a[0].labels["q"] for a in answers] == ["n3", "meet1", "meet2", "n4"]
+    assert [a[0].last for a in answers] == [3.0, 1.0, 2.0, 4.0]
+
+
+def test_ask_all_raises_the_first_failure_in_the_order_asked(server: tuple[str, Script]) -> None:
+    url, script = server
+    script.by_query = by_query(threading.Barrier(2, timeout=5))
+    source = PrometheusSource(url, retries=0, timeout_s=10)
+    with pytest.raises(PromQLError, match="bad1 is bad"):
+        source.ask_all([Query("n1", AT), Query("bad1", AT), Query("bad2", AT)])
+
+
+def test_ask_all_runs_every_query_under_the_callers_budget(server: tuple[str, Script]) -> None:
+    # a worker thread has no budget of its own: ask_all carries the caller's into it, so the
+    # budget (0.5 s), not the query's own 10 s, is what ends the slow query
+    url, script = server
+    script.by_query = by_query(threading.Barrier(2, timeout=5))
+    source = PrometheusSource(url, retries=0, timeout_s=10)
+    with (
+        time_budget(0.5, "the detection cycle's budget"),
+        pytest.raises(PrometheusUnreachable, match="before the detection cycle's budget"),
+    ):
+        source.ask_all([Query("n1", AT), Query("sleep", AT)])

@@ -502,3 +502,20 @@ def test_deletion_timestamp_is_read_and_the_pod_still_holds_its_gpus() -> None:
 def test_a_bad_deletion_timestamp_names_the_field() -> None:
     with pytest.raises(ConversionError, match=r"metadata\.deletionTimestamp"):
         pod_from_json(_deleted(k.pod("p", "ml", 1), at="yesterday"))
+
+
+def test_pods_of_one_template_share_their_shape_and_each_warns_by_name() -> None:
+    """A pod's shape (requests, GPUs, tolerations, selectors) is made once per template and
+    shared; one whose shape warned is made per pod, so each warning names its own pod."""
+    parts = ClusterParts()
+    for name in ("a", "b"):
+        parts.add(k.pod(name, "ml", 2, node_name="n1"), name, kind="Pod")
+    (a, _), (b, _) = parts.pods
+    assert (a.name, b.name) == ("a", "b")
+    assert a.tolerations is b.tolerations and (a.num_gpu, a.cpu_milli) == (b.num_gpu, 4000)
+    claimed = ClusterParts()
+    for name in ("c", "d"):
+        obj = k.pod(name, "ml", 1, node_name="n1")
+        obj["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one"}]
+        claimed.add(obj, name, kind="Pod")
+    assert [w.obj for w in claimed.warnings] == ["Pod ml/c", "Pod ml/d"]

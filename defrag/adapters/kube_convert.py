@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
 from functools import lru_cache
-from typing import Any, TypeGuard
+from typing import Any, NamedTuple, TypeGuard
 
 from defrag.adapters.gpu_shapes import (
     GPU_COUNT_LABEL,
@@ -213,54 +213,124 @@ class ClusterParts:
         """The Cluster. ``lenient`` (the live API, listed kind by kind, so not atomic) drops pods
         bound to a node the node list did not have (recorded in :attr:`dropped`), and when the
         ``defrag.io/gpu-indices`` annotations conflict, ignores them all (slots assumed)."""
-        values = {pc.name: pc.value for pc in self.priority_classes}
-        default = next((pc.value for pc in self.priority_classes if pc.global_default), 0)
+        values, default = priority_values(self.priority_classes)
         gpu_memory = {n.name: n.gpu_memory_mib for n in self.nodes}
         largest = max(gpu_memory.values(), default=0)
-        pods = []
-        for pod, explicit in self.pods:
-            if not explicit:
-                value = values.get(pod.priority_class, default) if pod.priority_class else default
-                if value != pod.priority:
-                    pod = replace(pod, priority=value)
-            memory = self.share_memory.get(pod.key)
-            if memory:
-                # A share asked in GPU memory: sized against its node's GPUs, or (pending)
-                # against the largest GPUs, where it is smallest; the gpu-memory filter still
-                # demands the memory.
-                of = gpu_memory.get(pod.node, 0) if pod.node else largest
-                pod = replace(pod, gpu_milli=share_for_memory(memory, of, pod.gpu_milli))
-            pods.append(pod)
+        pods = [
+            resolve_pod(
+                pod, explicit, self.share_memory.get(pod.key), values, default, gpu_memory, largest
+            )
+            for pod, explicit in self.pods
+        ]
         self.dropped = []
         warnings = [str(w) for w in self.warnings]
         for pod in [p for p in pods if p.node in self.skipped_nodes]:
-            warnings.append(f"Pod {pod.key}: spec.nodeName: node {pod.node} was left out; so is it")
+            warnings.append(skipped_warning(pod))
         pods = [p for p in pods if p.node not in self.skipped_nodes]
         nodes = [
             replace(n, taints=(*n.taints, UNREADABLE_TAINT)) if n.name in self.hidden_usage else n
             for n in self.nodes
         ]
-        if lenient:
-            names = {n.name for n in self.nodes}
-            self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
-            pods = [p for p in pods if p.node is None or p.node in names]
-            warnings += [f"Pod {k}: spec.nodeName: no such node; left out" for k in self.dropped]
         if not lenient:
             return Cluster.build(nodes, pods, self.pdbs, values, warnings=warnings)
-        try:
-            return Cluster.build(nodes, pods, self.pdbs, values, warnings=warnings)
-        except ModelError:
-            # Conflicting ``defrag.io/gpu-indices`` annotations: ignore them all (slots assumed);
-            # a pod that still does not fit its node is left out and recorded.
-            pods = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
+        names = {n.name for n in self.nodes}
+        self.dropped = [p.key for p in pods if p.node is not None and p.node not in names]
+        pods = [p for p in pods if p.node is None or p.node in names]
+        warnings += [dropped_warning(k) for k in self.dropped]
+        cluster, _assumed = build_lenient(nodes, pods, self.pdbs, values, warnings, self.dropped)
+        return cluster
 
-            def misfit(pod: Pod, exc: ModelError) -> None:
-                self.dropped.append(f"{pod.key}: {exc}")
-                warnings.append(f"Pod {pod.key}: spec.nodeName: {exc}; left out")
 
-            return Cluster.build(
-                nodes, pods, self.pdbs, values, on_misfit=misfit, warnings=warnings
-            )
+def priority_values(classes: Iterable[PriorityClass]) -> tuple[dict[str, int], int]:
+    """PriorityClass name → value, and the global default's value (0 without one)."""
+    listed = list(classes)
+    values = {pc.name: pc.value for pc in listed}
+    return values, next((pc.value for pc in listed if pc.global_default), 0)
+
+
+def resolve_pod(
+    pod: Pod,
+    explicit: bool,
+    memory: int | None,
+    values: Mapping[str, int],
+    default: int,
+    gpu_memory: Mapping[str, int],
+    largest: int,
+) -> Pod:
+    """The pod with its priority resolved from its class (unless ``spec.priority`` was set) and
+    a share asked in GPU memory (``memory``, MiB) sized against its GPUs."""
+    if not explicit:
+        value = values.get(pod.priority_class, default) if pod.priority_class else default
+        if value != pod.priority:
+            pod = replace(pod, priority=value)
+    if memory:
+        # A share asked in GPU memory: sized against its node's GPUs, or (pending) against the
+        # largest GPUs, where it is smallest; the gpu-memory filter still demands the memory.
+        of = gpu_memory.get(pod.node, 0) if pod.node else largest
+        pod = replace(pod, gpu_milli=share_for_memory(memory, of, pod.gpu_milli))
+    return pod
+
+
+def skipped_warning(pod: Pod) -> str:
+    return f"Pod {pod.key}: spec.nodeName: node {pod.node} was left out; so is it"
+
+
+def dropped_warning(key: str) -> str:
+    return f"Pod {key}: spec.nodeName: no such node; left out"
+
+
+def build_lenient(
+    nodes: Sequence[Node],
+    pods: Sequence[Pod],
+    pdbs: Sequence[PodDisruptionBudget],
+    values: Mapping[str, int],
+    warnings: list[str],
+    dropped: list[str],
+) -> tuple[Cluster, bool]:
+    """``Cluster.build``; when ``defrag.io/gpu-indices`` annotations conflict, again with them
+    all ignored (slots assumed), leaving out (into ``dropped`` and ``warnings``) a pod that
+    still does not fit its node. The flag says whether the slots were assumed."""
+    try:
+        return Cluster.build(nodes, pods, pdbs, values, warnings=warnings), False
+    except ModelError:
+        assumed = [replace(p, gpu_indices=()) if p.gpu_indices else p for p in pods]
+
+        def misfit(pod: Pod, exc: ModelError) -> None:
+            dropped.append(f"{pod.key}: {exc}")
+            warnings.append(f"Pod {pod.key}: spec.nodeName: {exc}; left out")
+
+        cluster = Cluster.build(nodes, assumed, pdbs, values, on_misfit=misfit, warnings=warnings)
+        return cluster, True
+
+
+class Piece(NamedTuple):
+    """What one object adds to a :class:`ClusterParts` (one object's conversion)."""
+
+    nodes: tuple[Node, ...] = ()
+    pods: tuple[tuple[Pod, bool], ...] = ()
+    pdbs: tuple[PodDisruptionBudget, ...] = ()
+    priority_classes: tuple[Any, ...] = ()
+    warnings: tuple[ShapeWarning, ...] = ()
+    share_memory: tuple[tuple[str, int], ...] = ()
+    skipped_nodes: tuple[str, ...] = ()
+    hidden_usage: tuple[str, ...] = ()
+
+
+def convert(kind: str, obj: Mapping[str, Any], where: str) -> Piece:
+    """One object as :meth:`ClusterParts.add` converts it (leniently: an unreadable object is
+    a warning, as in a snapshot)."""
+    parts = ClusterParts()
+    parts.add(obj, where, kind=kind)
+    return Piece(
+        tuple(parts.nodes),
+        tuple(parts.pods),
+        tuple(parts.pdbs),
+        tuple(parts.priority_classes),
+        tuple(parts.warnings),
+        tuple(parts.share_memory.items()),
+        tuple(parts.skipped_nodes),
+        tuple(parts.hidden_usage),
+    )
 
 
 def cluster_from_items(
@@ -416,33 +486,8 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
     node = spec.get("nodeName") or None
     if node is not None and not isinstance(node, str):
         raise ConversionError(who, "spec.nodeName", f"expected a string, got {node!r}")
-
-    requests = _pod_requests(spec, who)
-    gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
-    if gpu_request != gpu_request.to_integral_value():
-        raise ConversionError(
-            who,
-            "spec.containers[*].resources",
-            f"{GPU_RESOURCE} request {gpu_request} is fractional",
-        )
-    claims = _list(spec.get("resourceClaims"), who, "spec.resourceClaims")
-    shape = pod_gpus(who, namespace, requests, annotations, bool(claims), node is not None, warn)
-    num_gpu, gpu_milli = shape.num_gpu, shape.gpu_milli
-    if GPU_MILLI_ANNOTATION in annotations:
-        path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
-        gpu_milli = _int_text(annotations[GPU_MILLI_ANNOTATION], path, who)
-        if not 1 <= gpu_milli <= GPU_MILLI:
-            raise ConversionError(who, path, f"{gpu_milli} is outside 1..{GPU_MILLI}")
-        if gpu_milli < GPU_MILLI:
-            if num_gpu > 1:
-                raise ConversionError(
-                    who, path, f"a GPU share needs one GPU, but the pod requests {num_gpu}"
-                )
-            num_gpu = 1
-    gpu_memory = shape.gpu_memory_mib
-    if GPU_MEMORY_ANNOTATION in annotations:
-        path = f'metadata.annotations["{GPU_MEMORY_ANNOTATION}"]'
-        gpu_memory = _convert(annotations[GPU_MEMORY_ANNOTATION], units.memory_mib, path, who)
+    shape = _shape(spec, namespace, annotations, node is not None, who, warn)
+    num_gpu, gpu_milli, gpu_memory = shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib
 
     priority = spec.get("priority")
     explicit = priority is not None
@@ -470,10 +515,6 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
     scheduled_at = _scheduled(status, who) if node is not None else None
     if pending_since is None and node is None and phase == "Pending":
         pending_since = created
-    gates = tuple(
-        str(g.get("name") or "") if isinstance(g, dict) else str(g)
-        for g in _list(spec.get("schedulingGates"), who, "spec.schedulingGates")
-    )
     if namespace == KAI_RESERVATION_NAMESPACE and EVICTABLE_ANNOTATION not in annotations:
         # KAI's GPU reservation pods hold GPUs for fractional pods: never defrag's to move.
         annotations = {**annotations, EVICTABLE_ANNOTATION: "false"}
@@ -483,9 +524,9 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         namespace=namespace,
         num_gpu=num_gpu,
         gpu_milli=gpu_milli,
-        cpu_milli=_ceil(requests["cpu"] * 1000),
-        memory_mib=_ceil(requests["memory"] / 2**20),
-        gpu_models=_gpu_models(spec, who),
+        cpu_milli=shape.cpu_milli,
+        memory_mib=shape.memory_mib,
+        gpu_models=shape.gpu_models,
         gpu_memory_mib=gpu_memory,
         priority=priority if isinstance(priority, int) else 0,
         priority_class=str(spec.get("priorityClassName") or labels.get(PRIORITY_CLASS_LABEL) or ""),
@@ -499,18 +540,120 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         pending_since=pending_since,
         pending_reason=pending_reason,
         scheduled_at=scheduled_at,
-        tolerations=_tolerations(spec.get("tolerations"), who),
+        tolerations=shape.tolerations,
         uid=str(meta.get("uid") or ""),
         labels=labels,
         annotations=annotations,
-        node_selector=_str_map(spec, "nodeSelector", who, "spec.nodeSelector"),
-        affinity=_node_affinity(spec, who),
-        scheduling_gates=gates,
+        node_selector=shape.node_selector,
+        affinity=shape.affinity,
+        scheduling_gates=shape.gates,
         pool=shape.pool,
         pool_units=shape.pool_units,
         deleting_since=deleting,
     )
-    return pod, explicit, shape.share_memory_mib if GPU_MILLI_ANNOTATION not in annotations else 0
+    return pod, explicit, shape.share_memory_mib
+
+
+class _Shape(NamedTuple):
+    """What a pod's spec and annotations say it asks for and where it may run: the same for
+    every pod of one template (a Job's, a ReplicaSet's), so made once per template."""
+
+    num_gpu: int
+    gpu_milli: int
+    gpu_memory_mib: int
+    share_memory_mib: int
+    cpu_milli: int
+    memory_mib: int
+    pool: str
+    pool_units: int
+    gpu_models: frozenset[str]
+    tolerations: tuple[Toleration, ...]
+    node_selector: Mapping[str, str]
+    affinity: NodeSelector | None
+    gates: tuple[str, ...]
+
+
+_SPEC_FIELDS = (
+    "containers",
+    "initContainers",
+    "overhead",
+    "resourceClaims",
+    "nodeSelector",
+    "affinity",
+    "tolerations",
+    "schedulingGates",
+)
+"""The ``spec`` fields :class:`_Shape` is made of."""
+SHAPES_KEPT = 4096
+_shapes: dict[str, _Shape] = {}
+
+
+def _shape(
+    spec: JsonObj,
+    namespace: str,
+    annotations: Mapping[str, str],
+    bound: bool,
+    who: str,
+    warn: list[ShapeWarning],
+) -> _Shape:
+    """The pod's :class:`_Shape`: looked up by the JSON it is made of, else made. One that
+    warned (the warning names the pod) is made for each pod and not kept."""
+    key = repr((namespace, bound, annotations, [spec.get(f) for f in _SPEC_FIELDS]))
+    shape = _shapes.get(key)
+    if shape is not None:
+        return shape
+    found: list[ShapeWarning] = []
+    requests = _pod_requests(spec, who)
+    gpu_request = requests.get(GPU_RESOURCE, Decimal(0))
+    if gpu_request != gpu_request.to_integral_value():
+        raise ConversionError(
+            who,
+            "spec.containers[*].resources",
+            f"{GPU_RESOURCE} request {gpu_request} is fractional",
+        )
+    claims = _list(spec.get("resourceClaims"), who, "spec.resourceClaims")
+    gpus = pod_gpus(who, namespace, requests, annotations, bool(claims), bound, found)
+    num_gpu, gpu_milli = gpus.num_gpu, gpus.gpu_milli
+    if GPU_MILLI_ANNOTATION in annotations:
+        path = f'metadata.annotations["{GPU_MILLI_ANNOTATION}"]'
+        gpu_milli = _int_text(annotations[GPU_MILLI_ANNOTATION], path, who)
+        if not 1 <= gpu_milli <= GPU_MILLI:
+            raise ConversionError(who, path, f"{gpu_milli} is outside 1..{GPU_MILLI}")
+        if gpu_milli < GPU_MILLI:
+            if num_gpu > 1:
+                raise ConversionError(
+                    who, path, f"a GPU share needs one GPU, but the pod requests {num_gpu}"
+                )
+            num_gpu = 1
+    gpu_memory = gpus.gpu_memory_mib
+    if GPU_MEMORY_ANNOTATION in annotations:
+        path = f'metadata.annotations["{GPU_MEMORY_ANNOTATION}"]'
+        gpu_memory = _convert(annotations[GPU_MEMORY_ANNOTATION], units.memory_mib, path, who)
+    gates = tuple(
+        str(g.get("name") or "") if isinstance(g, dict) else str(g)
+        for g in _list(spec.get("schedulingGates"), who, "spec.schedulingGates")
+    )
+    shape = _Shape(
+        num_gpu=num_gpu,
+        gpu_milli=gpu_milli,
+        gpu_memory_mib=gpu_memory,
+        share_memory_mib=gpus.share_memory_mib if GPU_MILLI_ANNOTATION not in annotations else 0,
+        cpu_milli=_ceil(requests["cpu"] * 1000),
+        memory_mib=_ceil(requests["memory"] / 2**20),
+        pool=gpus.pool,
+        pool_units=gpus.pool_units,
+        gpu_models=_gpu_models(spec, who),
+        tolerations=_tolerations(spec.get("tolerations"), who),
+        node_selector=_str_map(spec, "nodeSelector", who, "spec.nodeSelector"),
+        affinity=_node_affinity(spec, who),
+        gates=gates,
+    )
+    warn += found
+    if not found:
+        if len(_shapes) >= SHAPES_KEPT:
+            _shapes.clear()
+        _shapes[key] = shape
+    return shape
 
 
 _POD_RESOURCES = ("cpu", "memory")

@@ -18,7 +18,8 @@ import json
 import math
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -28,11 +29,17 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
-from defrag.adapters.deadline import Deadline, DeadlineAdapter, request_deadline
+from defrag.adapters.deadline import (
+    Deadline,
+    DeadlineAdapter,
+    current_budget,
+    request_deadline,
+    time_budget,
+)
 from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import GPU_INDICES_ANNOTATION
-from defrag.ports import Sample
+from defrag.ports import Query, Sample, ask
 from defrag.redact import redact_text, redact_url
 
 
@@ -61,6 +68,13 @@ class PromQLError(MetricsError):
 
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+CONCURRENT_QUERIES = 4
+"""At most this many of :meth:`PrometheusSource.ask_all`'s queries in flight at once."""
+
+POST_ABOVE_CHARS = 4000
+"""Longer queries go in a POST body: proxies in front of Prometheus commonly refuse request
+lines of 4–8 KiB, and the leak rule's range names the GPUs it wants (hundreds of KiB)."""
 
 
 class PrometheusSource:
@@ -105,6 +119,7 @@ class PrometheusSource:
         self._headers = dict(headers or {})
         session = requests.Session()
         session.verify = str(ca_bundle) if ca_bundle else verify_tls
+        self._session = session
         self._client = PrometheusConnect(
             url=self.url,
             headers=self._headers,
@@ -123,6 +138,9 @@ class PrometheusSource:
 
     def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
         params = {"time": f"{at.timestamp():.3f}"} if at is not None else None
+        if len(query) > POST_ABOVE_CHARS:
+            form = {"query": query, **(params or {})}
+            return self._call(query, lambda t: self._post("/api/v1/query", form, t))
         return self._call(
             query, lambda t: self._client.custom_query(query, params=params, timeout=t)
         )
@@ -130,6 +148,14 @@ class PrometheusSource:
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
         if end < start:
             raise ValueError(f"range end {end} before start {start}")
+        if len(query) > POST_ABOVE_CHARS:
+            form = {
+                "query": query,
+                "start": str(round(start.timestamp())),  # whole seconds, as the client's GET
+                "end": str(round(end.timestamp())),
+                "step": f"{step_s:g}",
+            }
+            return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
         # The client rounds start/end to whole seconds itself; step in seconds as a float.
         return self._call(
             query,
@@ -138,7 +164,43 @@ class PrometheusSource:
             ),
         )
 
+    def ask_all(self, queries: Sequence[Query]) -> list[list[Sample]]:
+        """Every query at once, one thread each (at most :data:`CONCURRENT_QUERIES`): the server
+        evaluates them on its cores while the answers already back are decoded. Each query has
+        its own deadline; the caller's :func:`~defrag.adapters.deadline.time_budget` bounds
+        them all. Answers in the order asked; the first query of that order that failed
+        raises."""
+        if len(queries) <= 1:
+            return [ask(self, q) for q in queries]
+        budget = current_budget()
+
+        def one(query: Query) -> list[Sample]:
+            if budget is None:
+                return ask(self, query)
+            with time_budget(budget.remaining(), budget.what):
+                return ask(self, query)
+
+        workers = min(len(queries), CONCURRENT_QUERIES)
+        with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
+            futures = [pool.submit(one, q) for q in queries]
+            return [f.result() for f in futures]
+
     # --- internals -----------------------------------------------------------------------------
+
+    def _post(self, path: str, form: Mapping[str, str], timeout: Any) -> Any:
+        """A query form-encoded in a POST body, as Prometheus's API takes ``/api/v1/query`` and
+        ``/api/v1/query_range`` for queries that may breach a URL length limit
+        (prometheus/prometheus docs/querying/api.md, "Instant queries" and "Range queries").
+        Answered and failing as the client's GET: ``data.result``; a non-200 raises the
+        client's exception with the text :func:`_prometheus_error` reads."""
+        response = self._session.post(
+            f"{self.url}{path}", data=dict(form), headers=self._client.headers, timeout=timeout
+        )
+        if response.status_code != 200:
+            raise PrometheusApiClientException(
+                f"HTTP Status Code {response.status_code} ({response.content!r})"
+            )
+        return response.json()["data"]["result"]
 
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""

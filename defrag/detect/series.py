@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import numpy.typing as npt
@@ -131,10 +132,13 @@ def rolling_floor(binned: Binned, window: float) -> Binned:
         return binned
     grid = np.full(size, np.nan)
     grid[idx] = binned.values
-    windows = np.lib.stride_tricks.sliding_window_view(grid, n)
-    present = np.sum(~np.isnan(windows), axis=1)
+    # sliding_window_view(grid, n), built directly (its checks cost more than the minimum)
+    step = grid.strides[0]
+    windows = np.ndarray((size - n + 1, n), grid.dtype, grid, strides=(step, step))
+    missing = np.isnan(windows)
+    present = np.sum(~missing, axis=1)
     keep = present * 2 >= n
-    filled = np.where(np.isnan(windows), np.inf, windows)
+    filled = np.where(missing, np.inf, windows)
     floor = filled.min(axis=1)
     centres = binned.times[0] + (np.arange(len(floor)) + (n - 1) / 2) * w
     return Binned(centres[keep], floor[keep], w)
@@ -146,23 +150,59 @@ def robust_noise(values: FloatArray) -> float:
     if len(values) < 3:
         return 0.0
     d = np.diff(values)
-    mad = float(np.median(np.abs(d - np.median(d))))
+    mad = median(np.abs(d - median(d)))
     return 1.4826 * mad / np.sqrt(2.0)
+
+
+def median(values: FloatArray) -> float:
+    """``float(np.median(values))`` of a 1-D array, to the bit, without its per-call overhead
+    (tens of thousands of calls per detection): the same partition (the middle element(s) and
+    the last, where a NaN would go), then the mean of the middle element(s) as ``np.mean``
+    sums them — from +0.0, so a median of −0.0 is 0.0 — and NaN when any value is NaN."""
+    n = len(values)
+    if n == 0:
+        return math.nan
+    half = n // 2
+    if n % 2:
+        part = np.partition(values, (half, n - 1))
+        middle = 0.0 + float(part[half])
+    else:
+        part = np.partition(values, (half - 1, half, n - 1))
+        middle = (0.0 + float(part[half - 1]) + float(part[half])) / 2.0
+    return math.nan if math.isnan(part[-1]) else middle
+
+
+@lru_cache(maxsize=64)
+def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """``np.triu_indices(n, 1)``, built once per length (read-only: shared between calls)."""
+    i, j = np.triu_indices(n, 1)
+    i.flags.writeable = False
+    j.flags.writeable = False
+    return i, j
+
+
+def _pairwise(x: FloatArray, y: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """(Δy, Δx) of every pair of points with distinct ``x`` (later minus earlier), in
+    ``np.triu_indices`` order; when ``x`` strictly increases no pair needs to be dropped."""
+    i, j = _pairs(len(x))
+    dx = x[j] - x[i]
+    dy = y[j] - y[i]
+    if bool((x[1:] > x[:-1]).all()):
+        return dy, dx
+    keep = dx > 0
+    return dy[keep], dx[keep]
 
 
 def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
     """The Theil–Sen slope: the median of the slopes between every pair of points with distinct
     ``x`` — what ``scipy.stats.theilslopes`` returns as its slope, without its confidence
     interval and per-call overhead (a screen for thousands of series)."""
-    n = len(x)
-    if n < 2:
+    if len(x) < 2:
         return 0.0
-    i, j = np.triu_indices(n, 1)
-    dx = x[j] - x[i]
-    keep = dx > 0
-    if not bool(keep.any()):
+    dy, dx = _pairwise(x, y)
+    if len(dx) == 0:
         return 0.0
-    return float(np.median((y[j] - y[i])[keep] / dx[keep]))
+    return median(dy / dx)
 
 
 def rolling_mean(binned: Binned, window: float) -> Binned:
@@ -219,26 +259,23 @@ def sen_trend(
     n = len(x)
     if n < 3:
         return Trend(0.0, -np.inf, np.inf, 0.0, 1.0, 1.0)
-    i, j = np.triu_indices(n, 1)
-    dx = x[j] - x[i]
-    dy = y[j] - y[i]
-    keep = dx > 0
-    slopes = np.sort(dy[keep] / dx[keep])
-    if len(slopes) == 0:
+    dy, dx = _pairwise(x, y)
+    slopes = np.sort(dy / dx)
+    m = len(slopes)
+    if m == 0:
         return Trend(0.0, -np.inf, np.inf, 0.0, 1.0, 1.0)
-    slope = float(np.median(slopes))
-    s = float(np.sign(dy[keep]).sum())
+    slope = median(slopes)  # of the sorted array, as before: the same sign of a zero slope
+    s = float(np.sign(dy).sum())
     ratio = variance_ratio if variance_ratio is not None else _variance_ratio(y - slope * x)
     var_s = n * (n - 1) * (2 * n + 5) / 18.0 * ratio
     root = float(np.sqrt(var_s))
     zs = (s - np.sign(s)) / root if root > 0 else 0.0
     p = float(0.5 * math.erfc(zs / math.sqrt(2.0)))
     c = z * root
-    m = len(slopes)
     lo_rank = (m - c) / 2.0
     hi_rank = (m + c) / 2.0
-    low = float(slopes[int(np.clip(np.floor(lo_rank), 0, m - 1))]) if lo_rank >= 0 else -np.inf
-    high = float(slopes[int(np.clip(np.ceil(hi_rank), 0, m - 1))]) if hi_rank <= m - 1 else np.inf
+    low = float(slopes[min(max(math.floor(lo_rank), 0), m - 1)]) if lo_rank >= 0 else -np.inf
+    high = float(slopes[min(max(math.ceil(hi_rank), 0), m - 1)]) if hi_rank <= m - 1 else np.inf
     tau = s / (n * (n - 1) / 2.0)
     return Trend(slope, low, high, float(tau), p, ratio)
 

@@ -71,10 +71,14 @@ class NodeArrays:
     """[N] free milli-GPU summed over each node's GPUs, kept like ``whole_count``."""
     domain_whole: IntArray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.int64))
     """[N, D] entirely free GPUs in each NVLink domain, kept like ``whole_count``."""
+    share_max: IntArray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    """[N] the most free milli-GPU on any one GPU of each node, kept like ``whole_count`` (a
+    GPU-sharing pod fits a node's GPUs iff its share is at most this)."""
 
     def __post_init__(self) -> None:
         if (
             self.whole_count.shape != self.gpu_total.shape
+            or self.share_max.shape != self.gpu_total.shape
             or self.domain_whole.shape != self.domain_size.shape
         ):
             self.recount()
@@ -84,6 +88,7 @@ class NodeArrays:
         whole = self.gpu_free >= GPU_MILLI
         self.whole_count = np.count_nonzero(whole, axis=1).astype(np.int64)
         self.share_free = np.asarray(self.gpu_free.sum(axis=1), dtype=np.int64)
+        self.share_max = np.asarray(self.gpu_free.max(axis=1, initial=0), dtype=np.int64)
         self.domain_whole = np.zeros(self.domain_size.shape, dtype=np.int64)
         for dom in range(self.domain_size.shape[1]):
             self.domain_whole[:, dom] = (whole & (self.gpu_domain == dom)).sum(axis=1)
@@ -179,6 +184,7 @@ class NodeArrays:
             whole_count=self.whole_count.copy(),
             share_free=self.share_free.copy(),
             domain_whole=self.domain_whole.copy(),
+            share_max=self.share_max.copy(),
         )
 
     def row_view(self, row: int) -> NodeArrays:
@@ -294,9 +300,7 @@ class NodeArrays:
         self.cpu_free[row] -= pod.cpu_milli
         self.mem_free[row] -= pod.memory_mib
         self.class_count[row, demand_class(pod)] += 1
-        self.take_gpus(row, pod, gpus)
-        if pod.num_gpu:
-            self._recount_row(row)
+        self._shift_gpus(row, pod, gpus, -1)
 
     def take_gpus(self, row: int, pod: Pod, gpus: Sequence[int]) -> None:
         """Only the GPU part of :meth:`allocate` (its slots, or its pool's units), without the
@@ -323,16 +327,25 @@ class NodeArrays:
         self.cpu_free[row] += pod.cpu_milli
         self.mem_free[row] += pod.memory_mib
         self.class_count[row, demand_class(pod)] -= 1
+        self._shift_gpus(row, pod, gpus, 1)
+
+    def _shift_gpus(self, row: int, pod: Pod, gpus: Sequence[int], sign: int) -> None:
+        """Give back (``sign`` 1) or take (-1) the pod's GPU share on ``gpus`` (each slot once,
+        as numpy's indexed update does), or its pool's units; then the row's kept counts."""
         col = self.pool_use(pod, row)
         if col is not None:
-            self.pool_free[row, col] += pool_units(pod)
+            self.pool_free[row, col] += sign * pool_units(pod)
         elif pod.num_gpu:
-            self.gpu_free[row, list(gpus)] += pod.gpu_milli
-            self._recount_row(row)
+            # ≤ 8 GPUs: plain Python over the row beats numpy calls.
+            free: list[int] = self.gpu_free[row].tolist()
+            delta = sign * pod.gpu_milli
+            for g in set(gpus):
+                free[g] += delta
+                self.gpu_free[row, g] = free[g]
+            self._count_row(row, free)
 
-    def _recount_row(self, row: int) -> None:
-        # ≤ 8 GPUs: plain Python over the row beats numpy calls.
-        free: list[int] = self.gpu_free[row].tolist()
+    def _count_row(self, row: int, free: list[int]) -> None:
+        """The kept counts of ``row`` from its free share per slot, ``free``."""
         domain: list[int] = self.gpu_domain[row].tolist()
         per = [0] * self.domain_whole.shape[1]
         whole = 0
@@ -343,7 +356,11 @@ class NodeArrays:
                     per[d] += 1
         self.whole_count[row] = whole
         self.share_free[row] = sum(free)
-        self.domain_whole[row] = per
+        self.share_max[row] = max(free, default=0)
+        if len(per) == 1:
+            self.domain_whole[row, 0] = per[0]
+        else:
+            self.domain_whole[row] = per
 
 
 _PER_ROW_TUPLES = frozenset({"names", "taints", "labels"})

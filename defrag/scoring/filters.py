@@ -38,12 +38,15 @@ def gpu_fit(pod: Pod, arrays: NodeArrays) -> tuple[BoolArray, BoolArray]:
         ones = np.ones(n, dtype=bool)
         return ones, ones
     if pod.gpu_milli < GPU_MILLI:
-        enough = (arrays.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
+        if pod.num_gpu == 1:  # one GPU with the share free: the kept per-node maximum
+            enough = arrays.share_max >= pod.gpu_milli
+        else:
+            enough = (arrays.gpu_free >= pod.gpu_milli).sum(axis=1) >= pod.num_gpu
         return enough, enough
     if pod.pool:
         enough = arrays.pool_free_for(pod) >= pod.pool_units
         return enough, enough
-    enough = arrays.free_whole_count() >= pod.num_gpu
+    enough = arrays.whole_count >= pod.num_gpu  # the kept count, read (no view)
     # One NVLink domain per node (the common NVSwitch case): any R free GPUs will do.
     topo = (
         enough if arrays.domain_size.shape[1] == 1 else enough & topology_fit(pod.num_gpu, arrays)

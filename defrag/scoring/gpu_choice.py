@@ -36,6 +36,8 @@ def whole_gpus(k: int, arrays: NodeArrays, row: int) -> tuple[int, ...]:
     free: list[int] = arrays.gpu_free[row, :total].tolist()
     domain: list[int] = arrays.gpu_domain[row, :total].tolist()
     sizes: list[int] = arrays.domain_size[row].tolist()
+    if len(sizes) == 1:  # one NVLink domain per node (NVSwitch): the first k free GPUs
+        return _first_free(k, free, domain, sizes[0], arrays.names[row])
     n_dom = sum(1 for size in sizes if size > 0)
     free_in: list[list[int]] = [[] for _ in range(n_dom)]
     for g in range(total):
@@ -56,3 +58,18 @@ def whole_gpus(k: int, arrays: NodeArrays, row: int) -> tuple[int, ...]:
     if len(chosen) < k:
         raise NoGpuFit(f"node {arrays.names[row]}: not enough entirely free NVLink domains")
     return tuple(sorted(chosen[:k]))
+
+
+def _first_free(
+    k: int, free: list[int], domain: list[int], size: int, node: str
+) -> tuple[int, ...]:
+    """:func:`whole_gpus` where nodes have one NVLink domain of ``size`` GPUs: its k entirely
+    free GPUs of lowest index (what the general rule picks when there is one domain)."""
+    picks = [
+        g for g, (f, d) in enumerate(zip(free, domain, strict=True)) if f >= GPU_MILLI and d == 0
+    ]
+    if k > size:
+        raise NoGpuFit(f"node {node}: not enough entirely free NVLink domains")
+    if len(picks) < k:
+        raise NoGpuFit(f"node {node}: no NVLink domain with {k} free GPUs")
+    return tuple(picks[:k])

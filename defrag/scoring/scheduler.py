@@ -52,11 +52,13 @@ def select(scores: FloatArray, feasible: BoolArray) -> int | None:
     """The row :func:`schedule` picks from computed scores: the feasible row with the highest
     score (NaN never wins), the first of equals (rows are sorted by name); None when none."""
     masked = np.where(feasible, scores, -np.inf)
-    row = int(np.argmax(masked))  # argmax returns the first maximum
-    if np.isnan(masked[row]):  # argmax stops at a NaN: drop them (a policy's 0/0) and look again
+    row = int(masked.argmax())  # argmax returns the first maximum
+    best = float(masked[row])
+    if best != best:  # a NaN (a policy's 0/0): argmax stops there; drop them and look again
         masked = np.where(np.isnan(masked), -np.inf, masked)
-        row = int(np.argmax(masked))
-    return None if masked[row] == -np.inf else row
+        row = int(masked.argmax())
+        best = float(masked[row])
+    return None if best == -np.inf else row
 
 
 def _no_fit(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None, why: bool) -> Unschedulable:

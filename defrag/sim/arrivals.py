@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -144,12 +144,20 @@ def generate_arrivals(
         picks = np.concatenate([first, picks])
         runs = np.concatenate([residual, runs])
     width = len(str(len(times)))
-    return [
-        Arrival(
-            float(t), replace(shapes[int(i)], name=f"{shapes[int(i)].name}-{k:0{width}d}"), float(d)
-        )
-        for k, (t, i, d) in enumerate(zip(times, picks, runs, strict=True))
-    ]
+    kept: dict[int, dict[str, object]] = {}  # a shape's fields, read once (not per arrival)
+    arrivals = []
+    for k, (t, i, d) in enumerate(zip(times.tolist(), picks.tolist(), runs.tolist(), strict=True)):
+        shape = kept.get(i)
+        if shape is None:
+            shape = kept[i] = {f: getattr(shapes[i], f) for f in POD_FIELDS}
+        pod = Pod(**{**shape, "name": f"{shape['name']}-{k:0{width}d}"})  # type: ignore[arg-type]
+        arrivals.append(Arrival(t, pod, d))
+    return arrivals
+
+
+POD_FIELDS = tuple(f.name for f in fields(Pod))
+"""A pod's fields: an arrival is its shape with its own name (as ``dataclasses.replace``
+makes it, without reading the shape's fields again per arrival)."""
 
 
 def offered_load(arrivals: Sequence[Arrival], start: float, end: float, capacity: int) -> float:

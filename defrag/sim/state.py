@@ -72,13 +72,15 @@ class SimState:
     # --- changes -----------------------------------------------------------------------------
 
     def place(self, pod: Pod, row: int, gpus: Sequence[int], now: float = 0.0) -> Placed:
-        if pod.key in self.placed:
-            raise ValueError(f"pod {pod.key} is already placed")
+        key = pod.key
+        if key in self.placed:
+            raise ValueError(f"pod {key} is already placed")
         placed = Placed(pod, row, tuple(gpus), now)
         self.arrays.allocate(row, pod, placed.gpus)
-        self.placed[pod.key] = placed
-        self.rows[row][pod.key] = placed
-        self.pending.pop(pod.key, None)
+        self.placed[key] = placed
+        self.rows[row][key] = placed
+        if self.pending:
+            self.pending.pop(key, None)
         return placed
 
     def remove(self, pod_id: str) -> Placed:
@@ -129,7 +131,8 @@ class SimState:
 
     def schedule(self, pod: Pod) -> Placement | None:
         """Where the scheduler puts ``pod`` now (rows held for other pods excluded), or None."""
-        result = schedule(pod, self.arrays, self.policy, exclude=self.excluded_for(pod.key))
+        exclude = self.excluded_for(pod.key) if self.reserved else None
+        result = schedule(pod, self.arrays, self.policy, exclude=exclude, why=False)
         return result if isinstance(result, Placement) else None
 
     def excluded_for(self, pod_id: str) -> np.ndarray | None:

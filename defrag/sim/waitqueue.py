@@ -5,16 +5,23 @@ then first come, first served (a sequence number taken at :meth:`WaitQueue.push`
 entries are dropped from the columns (compacted) at the next :meth:`WaitQueue.may_fit` once they
 outnumber the live ones, so the capacity prefilter scans the pods waiting now, not every pod
 ever queued. Indices are valid from one :meth:`~WaitQueue.may_fit` to the next.
+
+The queue also counts the distinct GPU asks (GPUs × share each) of its pods: a freed node on
+which none of them fits is dismissed in plain Python, before any pass over the columns (on openb
+the queue holds hundreds of 8-GPU pods, and almost every departure frees fewer GPUs than that).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
-from defrag.model.arrays import NodeArrays
+from defrag.model.arrays import BoolArray, NodeArrays
 from defrag.model.resources import Pod
+from defrag.model.units import GPU_MILLI
 
-_COLUMNS = ("_cpu", "_mem", "_k", "_milli", "_prio", "_seq", "_alive")
+_COLUMNS = ("_cpu", "_mem", "_k", "_need", "_prio", "_seq", "_alive")
 
 
 class WaitQueue:
@@ -27,12 +34,17 @@ class WaitQueue:
         self._cpu = np.zeros(cap, np.int64)
         self._mem = np.zeros(cap, np.int64)
         self._k = np.zeros(cap, np.int64)
-        self._milli = np.zeros(cap, np.int64)
+        self._need = np.zeros(cap, np.int64)
+        """Free share each of a pod's GPUs needs (≥ 1 milli-GPU; 0 for a pod without GPUs)."""
+        self._k_max = 8
+        """The most GPUs any pod asked for (``may_fit`` looks its k-th free GPU up)."""
         self._prio = np.zeros(cap, np.int64)
         self._seq = np.zeros(cap, np.int64)
         self._model_ok = np.zeros((cap, len(models) + 1), bool)  # last column: node w/o GPU
         self._alive = np.zeros(cap, bool)
         self._pushed = 0
+        self._asks: Counter[tuple[int, int]] = Counter()
+        """(GPUs, share each) the waiting pods ask, with how many ask it."""
         self.count = 0
         """Pods waiting now."""
 
@@ -43,7 +55,8 @@ class WaitQueue:
         self.pods.append(pod)
         self._cpu[i], self._mem[i] = pod.cpu_milli, pod.memory_mib
         self._k[i] = pod.num_gpu
-        self._milli[i] = pod.gpu_milli if pod.num_gpu else 0
+        self._need[i] = max(pod.gpu_milli, 1) if pod.num_gpu else 0
+        self._k_max = max(self._k_max, pod.num_gpu)
         self._prio[i] = pod.priority
         self._seq[i] = self._pushed
         self._pushed += 1
@@ -56,10 +69,15 @@ class WaitQueue:
             self._model_ok[i, -1] = False
         self._alive[i] = True
         self.count += 1
+        self._asks[int(self._k[i]), int(self._need[i])] += 1
 
     def remove(self, i: int) -> None:
         self._alive[i] = False
         self.count -= 1
+        ask = int(self._k[i]), int(self._need[i])
+        self._asks[ask] -= 1
+        if not self._asks[ask]:
+            del self._asks[ask]
 
     def may_fit(self, arrays: NodeArrays, rows: set[int]) -> list[int]:
         """Waiting pods that may fit on one of ``rows`` by capacity alone, in queue order."""
@@ -67,23 +85,35 @@ class WaitQueue:
             return []
         if len(self.pods) > 2 * self.count + 64:
             self._compact()
-        n = len(self.pods)
-        alive = self._alive[:n]
-        k, milli = self._k[:n], self._milli[:n]
-        ok = np.zeros(n, dtype=bool)
+        # kth[j]: the j-th most free GPU's share on a row (kth[0]: any pod without GPUs
+        # passes); a pod asking k GPUs of `need` each fits iff kth[k] >= need. Rows where no
+        # waiting pod's (k, need) fits are skipped before any pass over the queue.
+        kths: list[tuple[int, list[int]]] = []
         for row in sorted(rows):
-            total = int(arrays.gpu_total[row])
-            free = np.sort(arrays.gpu_free[row, :total])
-            # GPUs with at least the pod's share free, for each pod (free is sorted ascending).
-            enough = total - np.searchsorted(free, np.maximum(milli, 1), side="left")
-            ok |= (
-                ((k == 0) | (enough >= k))
-                & (self._cpu[:n] <= arrays.cpu_free[row])
-                & (self._mem[:n] <= arrays.mem_free[row])
-                & self._model_ok[:n, int(arrays.model_code[row])]
-            )
-        idx = np.flatnonzero(ok & alive)
-        return [int(i) for i in idx[np.lexsort((self._seq[idx], -self._prio[idx]))]]
+            free = sorted(arrays.gpu_free[row, : int(arrays.gpu_total[row])].tolist(), reverse=True)
+            kth = [GPU_MILLI, *free, *[0] * (self._k_max - len(free))]
+            if any(kth[k] >= need for k, need in self._asks):
+                kths.append((row, kth))
+        if not kths:
+            return []
+        n = len(self.pods)
+        k, need = self._k[:n], self._need[:n]
+        ok: BoolArray | None = None
+        for row, kth in kths:
+            fits = np.array(kth, np.int64)[k] >= need
+            fits &= self._cpu[:n] <= arrays.cpu_free[row]
+            fits &= self._mem[:n] <= arrays.mem_free[row]
+            fits &= self._model_ok[:n, int(arrays.model_code[row])]
+            if ok is None:
+                ok = fits
+            else:
+                ok |= fits
+        assert ok is not None
+        ok &= self._alive[:n]
+        idx = np.flatnonzero(ok)
+        if len(idx) < 2:
+            return idx.tolist()
+        return idx[np.lexsort((self._seq[idx], -self._prio[idx]))].tolist()
 
     def _compact(self) -> None:
         """Move the live entries to the front, in their order; drop the removed ones."""

@@ -51,6 +51,7 @@ from defrag.detect.series import (
     FloatArray,
     Trend,
     bin_medians,
+    median,
     median_pairwise_slope,
     robust_noise,
     rolling_floor,
@@ -345,7 +346,7 @@ def _short_windows(params: LeakParams) -> tuple[tuple[float, float], ...]:
 def _loaded_at(bins: Binned, params: LeakParams) -> float | None:
     """``settle`` after the last bin below a tenth of the latest level (the job loaded from
     nothing there: a warm-up follows), or None when memory never was that low."""
-    level = float(np.median(bins.values[-3:]))
+    level = median(bins.values[-3:])
     low = np.flatnonzero(bins.values <= 0.1 * level)
     if len(low) == 0 or level <= 0:
         return None
@@ -367,7 +368,7 @@ def _settled(
     horizon = end - window - params.settle_s
     if restarted is not None and restarted > horizon:
         return False
-    level = float(np.median(bins.values[-3:]))
+    level = median(bins.values[-3:])
     return bool(np.all(bins.values[bins.times > horizon] > 0.1 * level))
 
 
@@ -439,7 +440,7 @@ def _judge(
     fit = sen_trend(fh, judged.values)
     slope, low, high = fit.slope, fit.low, fit.high
     residual = judged.values - slope * fh
-    spread = max(float(noise), 1.4826 * float(np.median(np.abs(residual - np.median(residual)))))
+    spread = max(float(noise), 1.4826 * median(np.abs(residual - median(residual))))
     evidence |= {
         "slope_mib_per_h": round(slope, 1),
         "slope_ci_mib_per_h": [round(low, 1), round(high, 1)],
@@ -507,7 +508,7 @@ def _judge(
         reasons.append(f"falls back {drawdown:.0f} MiB (more than {allowed:.0f} allowed)")
     # the level line: the floor's slope through the bins' median level
     bh = (bins.times - t0) / HOUR_S
-    level0 = float(np.median(bins.values - slope * bh))
+    level0 = median(bins.values - slope * bh)
     # only a would-be leak needs the saturation test (it refits the growth per tail length)
     stalled = (
         None if reasons else _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
@@ -570,8 +571,8 @@ def _stalled_since(
         if before <= 0:
             continue
         residual = head_v - before * head_h
-        base = float(np.median(residual))
-        spread = max(noise, 1.4826 * float(np.median(np.abs(residual - base))))
+        base = median(residual)
+        spread = max(noise, 1.4826 * median(np.abs(residual - base)))
         gap = base + before * hours[-size:] - bins.values[-size:]
         # had growth stopped at the tail's start, the gap would grow like this; half of it at
         # least must be missing, beside the noise test (a noiseless leak has no spread)
@@ -610,7 +611,7 @@ def _no_sooner_than_recent(
         return np.inf
     inside = all_bins.times > end - window
     t_h = (all_bins.times[inside] - end) / HOUR_S  # hours before end (≤ 0)
-    level = float(np.median(all_bins.values[inside] - recent.slope * t_h))
+    level = median(all_bins.values[inside] - recent.slope * t_h)
     return max(exhaust_at, end + max(usable - level, 0.0) / recent.high * HOUR_S)
 
 

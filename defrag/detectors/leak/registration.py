@@ -10,6 +10,7 @@ medians computed by Prometheus, see :func:`leak_range_query`), ``queries.free`` 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -41,7 +42,7 @@ from defrag.detectors.rulemodel import (
     settings_model,
     settings_of,
 )
-from defrag.ports import MetricsSource, Sample
+from defrag.ports import ConcurrentMetricsSource, MetricsSource, Query, Sample
 
 DcgmLabelNames = settings_model(DcgmLabels)
 """The ``labels:`` of a leak rule, generated from :class:`~.core.DcgmLabels`."""
@@ -78,7 +79,22 @@ def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Findi
     lives: list[Life] = []
     series = leak_series(rule, inputs.prometheus, inputs.now, lives)
     found = detect_leaks(series, params, inputs.now)
-    return found + detect_workload_leaks(lives, params, inputs.now)
+    return found + detect_workload_leaks(
+        _may_crash_loop(lives, params, inputs.now), params, inputs.now
+    )
+
+
+def _may_crash_loop(lives: list[Life], params: LeakParams, now: datetime) -> list[Life]:
+    """The lives of the workloads that have at least ``min_lives`` ended lives within the
+    lookback — the only ones :func:`~.core.detect_workload_leaks` can report (a finding needs
+    that many lives that *ended* grown) — so no other life's growth is fitted. Its findings are
+    the same: it groups lives by owner over the same lookback and reads only these groups."""
+    since = now.timestamp() - params.lookback_s
+    ended: dict[str, int] = {}
+    for life in lives:
+        if life.ended and len(life.times) and life.times[-1] > since:
+            ended[life.owner] = ended.get(life.owner, 0) + 1
+    return [life for life in lives if ended.get(life.owner, 0) >= params.min_lives]
 
 
 def _edge(rule: LeakRuleFields) -> Mapping[str, Any]:
@@ -109,8 +125,9 @@ LeakRule = LEAK.model
 _SELECTOR = re.compile(r"^\s*[A-Za-z_:][A-Za-z0-9_:]*\s*(\{[^{}]*\})?\s*$")
 
 
-def leak_range_query(rule: LeakRuleFields) -> str:
-    """The range query for the leak rule.
+def leak_range_query(rule: LeakRuleFields, matcher: str = "") -> str:
+    """The range query for the leak rule (``matcher``, e.g. ``gpu=~"[0-3]"``, added to the
+    selector: one shard of it, see :func:`leak_range_shards`).
 
     When ``queries.used`` is a plain selector, each point is the median of the samples of its
     ``step`` (``quantile_over_time(0.5, used[step])``): Prometheus does the first reduction, so
@@ -122,32 +139,175 @@ def leak_range_query(rule: LeakRuleFields) -> str:
     condition of its verdict is checked by the property test over the corpus
     (tests/test_detect_corpus.py): the results are the same with the prefilter off.
     """
-    params = LEAK.settings_of(rule)
     used = rule.queries.used
     if not _SELECTOR.match(used):
         return used
-    sel = used.strip()
-    query = f"quantile_over_time(0.5, {sel}[{params.bin_s:.0f}s])"
+    sel = _with_matcher(used.strip(), matcher) if matcher else used.strip()
+    query = _medians(rule, sel)
     if not rule.prefilter:
         return query
-    names: DcgmLabels = settings_of(rule.labels)
-    # the labels that name one GPU whatever the series: not ``instance`` (a new exporter pod
-    # after a restart has a new one), nor the pod labels (a new occupant)
-    on = ", ".join(
-        dict.fromkeys(
-            [
-                *names.uuid,
-                *(n for n in names.node if n != "instance"),
-                names.gpu,
-                names.gpu_instance,
-            ]
-        )
-    )
+    on = ", ".join(_gpu_labels(rule))
+    return f"({query}) and on({on}) ({_prefilter(rule, sel, 'end()')})"
+
+
+def _medians(rule: LeakRuleFields, selector: str) -> str:
+    return f"quantile_over_time(0.5, {selector}[{LEAK.settings_of(rule).bin_s:.0f}s])"
+
+
+def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
+    """The series whose least-squares slope over the lookback ending at ``at`` is at least
+    half the minimum."""
+    params = LEAK.settings_of(rule)
     threshold = params.min_slope_mib_per_h / 2
-    return (
-        f"({query}) and on({on}) "
-        f"(deriv({sel}[{params.lookback_s:.0f}s] @ end()) * 3600 > {threshold:g})"
-    )
+    return f"deriv({selector}[{params.lookback_s:.0f}s] @ {at}) * 3600 > {threshold:g}"
+
+
+def _gpu_labels(rule: LeakRuleFields) -> list[str]:
+    """The labels that name one GPU whatever the series: not ``instance`` (a new exporter pod
+    after a restart has a new one), nor the pod labels (a new occupant)."""
+    names: DcgmLabels = settings_of(rule.labels)
+    node = (n for n in names.node if n != "instance")
+    return list(dict.fromkeys([*names.uuid, *node, names.gpu, names.gpu_instance]))
+
+
+SHARDS = ('=~"[0-3]"', '!~"[0-3]"')
+"""How :func:`leak_range_shards` splits the range query: by GPU index, GPUs 0–3 and the rest
+(a series without the label is in the rest)."""
+
+
+def leak_range_shards(rule: LeakRuleFields) -> list[str]:
+    """The range query of :func:`leak_range_query` as queries that a server can evaluate at
+    once, on several cores. Their answers together are the one query's answer: the shards
+    split the series by the GPU index label, which every series is in exactly one of; and the
+    prefilter's ``and on(...)`` matches series whose GPU index labels are equal, so its two
+    sides meet within one shard. One query when ``queries.used`` is not a plain selector."""
+    if not _SELECTOR.match(rule.queries.used):
+        return [leak_range_query(rule)]
+    return [leak_range_query(rule, matcher) for matcher in _shard_matchers(rule)]
+
+
+def _shard_matchers(rule: LeakRuleFields) -> list[str]:
+    label = settings_of(rule.labels).gpu
+    return [f"{label}{match}" for match in SHARDS]
+
+
+def _with_matcher(selector: str, matcher: str) -> str:
+    """``name{a="b"}`` and ``x="y"`` → ``name{a="b", x="y"}``."""
+    name, brace, rest = selector.partition("{")
+    inner = rest.rstrip()[:-1].strip().rstrip(",") if brace else ""
+    return f"{name.strip()}{{{inner + ', ' if inner else ''}{matcher}}}"
+
+
+def _in_answer_order(samples: list[Sample]) -> list[Sample]:
+    """The series in the order Prometheus answers a range query: sorted by their label sets
+    (promql's Matrix sort, labels.Compare: (name, value) pairs by name, shorter first on a
+    tie), so several shards read as the one query's answer."""
+    return sorted(samples, key=lambda s: sorted(s.labels.items()))
+
+
+NARROW_AT_MOST = 20_000
+"""The most GPUs whose names :func:`_ask_leak_queries` writes into the range query's selector
+(a larger answer is fetched whole and joined here)."""
+
+
+def _ask_leak_queries(
+    rule: LeakRuleFields, metrics: MetricsSource, start: datetime, now: datetime
+) -> tuple[list[Sample], list[Sample], list[Sample], list[Sample]]:
+    """``queries.used`` over the lookback as :func:`leak_range_query` answers it, and
+    ``free``, ``reserved`` and ``used`` now.
+
+    A source that answers several queries at once (:class:`ConcurrentMetricsSource`) is asked
+    in two rounds. First the prefilter alone — the slope of every series over the lookback
+    ending where the range ends (``@`` its end, which ``end()`` would be) — beside the
+    instants. Then the medians of only the GPUs that passed, in shards
+    (:func:`leak_range_shards`): their selector names them by the GPU label that tells most of
+    them apart (a superset: every series the prefilter's ``and on(...)`` would keep has one of
+    those values), and the join itself is done here, on the same labels, so the answer is the
+    one query's — while Prometheus computes the medians of the passing GPUs only, not of all.
+    Any other source is asked the one query, then the instants (``used`` now only when the
+    range has series)."""
+    params = LEAK.settings_of(rule)
+    reserved_q = rule.queries.reserved
+    if not isinstance(metrics, ConcurrentMetricsSource):
+        used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
+        free = metrics.instant(rule.queries.free, now)
+        reserved = metrics.instant(reserved_q, now) if reserved_q else []
+        used_now = metrics.instant(rule.queries.used, now) if used else []
+        return used, free, reserved, used_now
+    plain = _SELECTOR.match(rule.queries.used) is not None
+    prefilter = rule.prefilter and plain
+    sel = rule.queries.used.strip()
+    # where the range ends: whole seconds, as the adapter sends it (and end() would be)
+    first = [Query(_prefilter(rule, sel, f"{round(now.timestamp())}"), now)] if prefilter else []
+    instants = [Query(rule.queries.free, now), Query(rule.queries.used, now)]
+    if reserved_q:
+        instants.append(Query(reserved_q, now))
+    answers = metrics.ask_all([*first, *instants])
+    free, used_now = answers[len(first)], answers[len(first) + 1]
+    reserved = answers[len(first) + 2] if reserved_q else []
+    if not plain:
+        used = metrics.range(rule.queries.used, start, now, params.bin_s)
+    elif not prefilter:
+        used = _sharded(rule, metrics, start, now, [_medians(rule, sel)])
+    elif not answers[0]:
+        used = []  # no GPU passed the prefilter: the one query's answer is empty too
+    else:
+        on = _gpu_labels(rule)
+        wanted = {tuple(s.labels.get(k, "") for k in on) for s in answers[0]}
+        narrowed = _one_of(on, wanted)
+        queries = [_medians(rule, _with_matcher(sel, narrowed) if narrowed else sel)]
+        used = [
+            s
+            for s in _sharded(rule, metrics, start, now, queries)
+            if tuple(s.labels.get(k, "") for k in on) in wanted
+        ]
+    return used, free, reserved, used_now if used else []
+
+
+def _sharded(
+    rule: LeakRuleFields,
+    metrics: ConcurrentMetricsSource,
+    start: datetime,
+    now: datetime,
+    queries: list[str],
+) -> list[Sample]:
+    """Each of ``queries`` (a medians query over a selector) in the shards of
+    :data:`SHARDS`, asked at once, answered as one query would be."""
+    params = LEAK.settings_of(rule)
+    shards = [
+        Query(_with_matcher_in(q, m), now, start, params.bin_s)
+        for q in queries
+        for m in _shard_matchers(rule)
+    ]
+    return _in_answer_order([s for part in metrics.ask_all(shards) for s in part])
+
+
+def _with_matcher_in(medians: str, matcher: str) -> str:
+    """The medians query with ``matcher`` added to its selector."""
+    head, _, rest = medians.partition(", ")
+    selector, bracket, window = rest.rpartition("[")
+    return f"{head}, {_with_matcher(selector, matcher)}{bracket}{window}"
+
+
+def _one_of(on: list[str], wanted: set[tuple[str, ...]]) -> str:
+    """A matcher on the label of ``on`` with the most distinct values among ``wanted`` that
+    every series with one of those signatures matches (an empty value matches a series without
+    the label); "" when there are too many to write."""
+    best = max(range(len(on)), key=lambda k: len({w[k] for w in wanted}))
+    values = sorted({w[best] for w in wanted})
+    if len(values) > NARROW_AT_MOST:
+        return ""
+    regex = "|".join(_quote_meta(v) for v in values)
+    return f"{on[best]}=~{json.dumps(regex, ensure_ascii=False)}"
+
+
+_META = frozenset("\\.+*?()|[]{}^$")
+
+
+def _quote_meta(value: str) -> str:
+    """A literal in an RE2 regular expression (Go's regexp.QuoteMeta: a backslash before each
+    of ``\\.+*?()|[]{}^$``), so Prometheus can match the alternation as a set of values."""
+    return "".join("\\" + c if c in _META else c for c in value)
 
 
 def leak_series(
@@ -173,10 +333,7 @@ def leak_series(
     ended at its GPU's memory."""
     params = LEAK.settings_of(rule)
     start = now - timedelta(seconds=params.lookback_s)
-    used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
-    free = metrics.instant(rule.queries.free, now)
-    reserved = metrics.instant(rule.queries.reserved, now) if rule.queries.reserved else []
-    used_now = metrics.instant(rule.queries.used, now) if used else []
+    used, free, reserved, used_now = _ask_leak_queries(rule, metrics, start, now)
     names: DcgmLabels = settings_of(rule.labels)
     if not used and not free:
         raise MissingInput(
