@@ -101,7 +101,16 @@ EXTENDER_LOAD = (
 )  # fmt: skip
 
 SIMULATOR_BENCHES = frozenset(
-    {"fill", "timeline", "timeline-speed", "defrag-sim", "peers", "checkpoint", "packing-limit"}
+    {
+        "fill",
+        "timeline",
+        "timeline-speed",
+        "defrag-sim",
+        "peers",
+        "checkpoint",
+        "spreading",
+        "packing-limit",
+    }
 )
 OPENB = tuple(data.trace_files(["default"]))
 
@@ -127,6 +136,9 @@ BENCHES: tuple[Bench, ...] = (
     Bench("checkpoint", "bench_checkpoint", ("--jobs", "2"),
           ("--shares", "1.0", "--seeds", "1", "--no-held-out", "--hours", "2", "--warmup", "1",
            "--jobs", "1"), needs_data=OPENB),
+    Bench("spreading", "bench_spreading", ("--jobs", "2"),
+          ("--traces", "default", "--schedulers", "least-allocated", "--seeds", "1",
+           "--hours", "1", "--warmup", "1", "--every", "1"), needs_data=OPENB),
     Bench("packing-limit", "bench_packing_limit", (),
           ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online"),
           needs_data=OPENB),

@@ -75,7 +75,7 @@ def test_unreachable_prometheus_is_not_no_findings() -> None:
     assert result.exit_code == 3, result.output
     assert "no findings" not in result.stdout
     assert "nothing evaluated: no rule ran" in result.stdout
-    assert "rules: 0 ran, 4 not evaluated" in result.stderr
+    assert "rules: 0 ran, 1 skipped, 4 not evaluated" in result.stderr  # spreading: no cluster
     assert "error: 4 rule(s) could not be evaluated" in result.stderr
     doc = json.loads(
         runner.invoke(
@@ -117,7 +117,8 @@ def test_json_says_ran_skipped_and_failed(empty_cluster: str) -> None:
     result = runner.invoke(app, ["detect", "-s", empty_cluster, "--at", AT, "-o", "json"])
     doc = json.loads(result.stdout)
     assert doc["ran"] == ["gpu-fragmentation", "high-priority-starved"]
-    assert set(doc["skipped"]) == {"cluster-idle", "gpu-memory-leak"}
+    # an empty cluster has no placement to judge: the spreading rule is skipped, not run
+    assert set(doc["skipped"]) == {"cluster-idle", "gpu-memory-leak", "gpu-pods-spread"}
     assert doc["failures"] == [] and doc["alerts"] is None and doc["complete"] is True
 
 

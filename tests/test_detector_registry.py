@@ -26,7 +26,7 @@ from defrag.scoring.profile import ScoringProfile
 from tests.support.toy_detector import ALERT, KIND, TOY, HotGpuParams, HotGpuRule
 
 NOW = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
-BUILT_IN = ("fragmentation", "idle", "leak", "starvation")
+BUILT_IN = ("fragmentation", "idle", "leak", "spreading", "starvation")
 
 
 @pytest.fixture(autouse=True)
@@ -43,6 +43,7 @@ def test_built_in_detectors_are_registered_with_their_alerts() -> None:
         "fragmentation": ["GPUNodeFragmented", "GPUClusterFragmented"],
         "idle": [],  # NotAlerted: the gate for execution windows
         "leak": ["GPUMemoryLeakSuspected"],
+        "spreading": ["GPUSchedulerSpreads"],
         "starvation": ["GPUJobStarved"],
     }
 

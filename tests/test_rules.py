@@ -28,7 +28,13 @@ def write(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
 
 def test_shipped_rules_load_one_file_per_detector() -> None:
     rules = load_rules([ROOT / "rules"])
-    assert sorted(r.rule.detector for r in rules) == ["fragmentation", "idle", "leak", "starvation"]
+    assert sorted(r.rule.detector for r in rules) == [
+        "fragmentation",
+        "idle",
+        "leak",
+        "spreading",
+        "starvation",
+    ]
     leak = rules.enabled("leak")[0]
     assert leak.rule.params().lookback_s == 6 * 3600  # "6h"
     assert leak.file.endswith("leak.yaml") and leak.line == 4

@@ -19,7 +19,7 @@ def test_rules_check_passes_on_shipped_rules(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PATH", "/nonexistent")  # no promtool: types only, said so
     result = runner.invoke(app, ["rules", "check", str(ROOT / "rules")])
     assert result.exit_code == 0, result.output
-    assert "4 rule(s) in 4 file(s) OK; PromQL not checked (no promtool)" in result.output
+    assert "5 rule(s) in 5 file(s) OK; PromQL not checked (no promtool)" in result.output
 
 
 @pytest.mark.parametrize(
@@ -71,4 +71,9 @@ def test_detect_from_a_snapshot_prints_json_findings() -> None:
     assert data["skipped"] == {
         "cluster-idle": "no metrics source",
         "gpu-memory-leak": "no metrics source",
+        # the snapshot's pods were created more than a day before --at
+        "gpu-pods-spread": (
+            "insufficient evidence: 0 informative placement(s) of 0 GPU pod(s) bound in the "
+            "last 24 h (spreading and packing scores agree on the rest); the rule needs 20"
+        ),
     }

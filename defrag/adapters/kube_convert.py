@@ -512,6 +512,7 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
     deleting = _time(meta.get("deletionTimestamp"), "metadata.deletionTimestamp", who)
     phase = status.get("phase") or "Pending"
     pending_since, pending_reason = _pending(status, who)
+    scheduled_at = _scheduled(status, who) if node is not None else None
     if pending_since is None and node is None and phase == "Pending":
         pending_since = created
     if namespace == KAI_RESERVATION_NAMESPACE and EVICTABLE_ANNOTATION not in annotations:
@@ -538,6 +539,7 @@ def _pod(obj: JsonObj, where: str, warn: list[ShapeWarning]) -> tuple[Pod, bool,
         created_at=created,
         pending_since=pending_since,
         pending_reason=pending_reason,
+        scheduled_at=scheduled_at,
         tolerations=shape.tolerations,
         uid=str(meta.get("uid") or ""),
         labels=labels,
@@ -836,6 +838,20 @@ def _pending(status: JsonObj, who: str) -> tuple[datetime | None, str]:
                 )
             return None, ""
     return None, ""
+
+
+def _scheduled(status: JsonObj, who: str) -> datetime | None:
+    """The bind time: the ``PodScheduled`` condition's ``lastTransitionTime`` when its status is
+    True (k8s.io/api core/v1 types.go: ``PodScheduled`` "represents status of the scheduling
+    process for this pod", ``PodCondition.LastTransitionTime``)."""
+    conditions = _list(status.get("conditions") or [], who, "status.conditions")
+    for i, cond in enumerate(conditions):
+        if isinstance(cond, dict) and cond.get("type") == "PodScheduled":
+            if cond.get("status") != "True":
+                return None
+            path = f"status.conditions[{i}].lastTransitionTime"
+            return _time(cond.get("lastTransitionTime"), path, who)
+    return None
 
 
 def _tolerations(raw: object, who: str) -> tuple[Toleration, ...]:

@@ -143,6 +143,9 @@ class Pod:
     created_at: datetime | None = None
     pending_since: datetime | None = None
     pending_reason: str = ""
+    scheduled_at: datetime | None = None
+    """When it was bound: the ``PodScheduled`` condition's ``lastTransitionTime`` while its
+    status is True (None: not bound, or not known)."""
     tolerations: tuple[Toleration, ...] = ()
     uid: str = ""
     labels: Mapping[str, str] = field(default_factory=dict, hash=False)

@@ -1,0 +1,339 @@
+"""Spreading: does the cluster's scheduler spread GPU pods over nodes instead of packing them?
+
+The answer is read from the placements the scheduler made, never guessed from its config:
+
+1. **The window**: GPU pods bound in the last ``window`` (the bind time is the ``PodScheduled``
+   condition's ``lastTransitionTime``, else the pod's creation), the latest
+   ``max_placements``. Pods without either time are left out and counted.
+2. **The replay**: from the cluster as it is, minus the window's pods (the state before the
+   first of them), the window's pods are bound again in bind order, each on the node it
+   really got. Before each bind, the scheduler's own score functions (:mod:`defrag.scoring`)
+   rank the feasible nodes: ``least-allocated`` (the kube-scheduler default: it spreads) and
+   the packing scores — ``most-allocated``, and the profile's policy (defrag's score) when
+   that is not ``least-allocated``. The node the pod got *matches* a score when it ranks in
+   that score's best ``top_share`` of the feasible nodes (its rank: the share of the other
+   feasible nodes scoring higher, equals counted half). A placement is *informative* when it
+   matches the spreading score or a packing score but not both (on an empty or uniform
+   cluster every node ranks 0.5 and the placement says nothing); ``infeasible`` counts the
+   placements whose node the replay finds infeasible (cordoned or changed since).
+3. **The state**: free GPUs on partly used GPU nodes now, against the same free capacity
+   ideally packed (at most one partly free node per node size, :func:`packed_bound`): the GPUs
+   the placements strand beyond what packing could. O(nodes), like the replay's O(window ×
+   nodes): the detector runs every cycle.
+
+A finding when at least ``min_placements`` placements are informative, at least
+``min_spread_share`` of them match the spreading score, and the cluster strands at least
+``min_stranded_gpus`` GPUs more than the ideal packing. Fewer informative placements is thin
+evidence: no finding, and the verdict says why (the rule is listed as skipped).
+
+What the replay cannot see: pods that left since they were bound (in the window or before it)
+are absent from the replayed states, so a node looks emptier in the replay than the scheduler
+saw it. That is why a placement is judged by its node's rank, not by whether it was exactly a
+score's top node: departures since move the top, rarely the half a node was in. The shares
+are evidence, not proof; the bench (bench/bench_spreading.py,
+docs/benchmarks.md) measures them on simulated clusters whose scheduler is known.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Annotated, Literal
+
+import numpy as np
+from annotated_types import Ge, Gt, Le
+
+from defrag.detect.findings import Finding, Severity
+from defrag.detect.settings import INTERNAL, RuleName, Seconds
+from defrag.model.arrays import NodeArrays
+from defrag.model.cluster import Cluster, occupies
+from defrag.model.resources import Pod
+from defrag.model.status import Status
+from defrag.model.units import GPU_MILLI
+from defrag.scoring.filters import feasible_mask
+from defrag.scoring.framework import Policy
+from defrag.scoring.policies import make_policy
+from defrag.scoring.profile import ScoringProfile
+from defrag.scoring.scheduler import node_scores
+
+SPREADING_POLICY = "least-allocated"
+PACKING_POLICY = "most-allocated"
+EXTENDER_DOCS = "docs/operations.md#scheduling-through-defrags-extender"
+MOST_ALLOCATED_DOCS = "docs/kubernetes.md#mostallocated-for-gpus-without-the-extender"
+MOST_ALLOCATED_COMPONENT = "deploy/components/most-allocated"
+
+Match = Literal["spreading", "packing", "infeasible", "uninformative"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpreadingParams:
+    """The spreading detector's settings (rule-file names and meaning: docs/rules.md)."""
+
+    name: Annotated[str, INTERNAL] = "gpu-pods-spread"
+    severity: Severity = "info"
+    action: Literal["alert"] = "alert"
+    window_s: Annotated[Seconds, RuleName("window"), Gt(0)] = 86400.0
+    max_placements: Annotated[int, Ge(1)] = 300
+    min_placements: Annotated[int, Ge(1)] = 20
+    min_spread_share: Annotated[float, Gt(0), Le(1)] = 0.6
+    min_stranded_gpus: Annotated[float, Ge(0)] = 4.0
+    top_share: Annotated[float, Gt(0), Le(0.5)] = 0.5
+    """A placement matches a score when its node ranks in the score's best ``top_share``."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stranded:
+    """Free GPUs on partly used GPU nodes, and how many such nodes."""
+
+    gpus: int
+    nodes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What replaying the window's placements found (the module's docstring)."""
+
+    placements: int
+    """GPU pods bound in the window, replayed."""
+    undated: int
+    """Bound GPU pods with neither a bind time nor a creation time (left out)."""
+    informative: int
+    """Placements that match the spreading score or a packing score, not both."""
+    spreading: int
+    packing: int
+    infeasible: int
+    """Placements on a node the replay finds infeasible (cordoned or changed since)."""
+    stranded: Stranded
+    packed: Stranded
+    """The same free capacity ideally packed (:func:`packed_bound`)."""
+    packing_policies: tuple[str, ...]
+
+    @property
+    def spread_share(self) -> float:
+        return self.spreading / self.informative if self.informative else 0.0
+
+    @property
+    def pack_share(self) -> float:
+        return self.packing / self.informative if self.informative else 0.0
+
+    @property
+    def excess_stranded(self) -> int:
+        return self.stranded.gpus - self.packed.gpus
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The replay, whether it is enough evidence (``evidence``: the reasons when not), and the
+    findings (one at most)."""
+
+    replay: Replay
+    evidence: Status
+    findings: tuple[Finding, ...]
+
+
+def bind_time(pod: Pod) -> datetime | None:
+    """When ``pod`` was bound: its ``PodScheduled`` time, else its creation."""
+    return pod.scheduled_at or pod.created_at
+
+
+def window_pods(cluster: Cluster, params: SpreadingParams, now: datetime) -> tuple[list[Pod], int]:
+    """The bound GPU pods of the window in bind order (ties by name), and how many bound GPU
+    pods have no time at all (one pass over the pods: the daemon runs this every cycle)."""
+    since = now - timedelta(seconds=params.window_s)
+    dated: list[tuple[datetime, str, Pod]] = []
+    undated = 0
+    for pod in cluster.pods.values():
+        if pod.node is None or not (pod.num_gpu or pod.pool_units) or not occupies(pod):
+            continue
+        at = bind_time(pod)
+        if at is None:
+            undated += 1
+        elif since <= at <= now:
+            dated.append((at, pod.name, pod))
+    latest = heapq.nlargest(params.max_placements, dated, key=_bind_order)
+    return [p for _, _, p in reversed(latest)], undated
+
+
+def _bind_order(entry: tuple[datetime, str, Pod]) -> tuple[datetime, str, str]:
+    return entry[0], entry[2].namespace, entry[1]
+
+
+def stranded(arrays: NodeArrays) -> Stranded:
+    """Free GPUs (shares summed, rounded down) on GPU nodes that are partly used (some share in
+    use, some free): capacity no job that needs a whole node can use."""
+    capacity = arrays.gpu_total.astype(np.int64) * GPU_MILLI
+    free = arrays.free_share()
+    partly = (capacity > 0) & (free > 0) & (free < capacity)
+    return Stranded(int(free[partly].sum()) // GPU_MILLI, int(partly.sum()))
+
+
+def rank(pod: Pod, row: int, arrays: NodeArrays, policy: Policy, feasible: np.ndarray) -> float:
+    """Where ``row`` stands among the feasible nodes by ``policy``'s score: the share of the
+    other feasible nodes that score higher, those that score the same counted half (0: its
+    top node; 1: its last; 0.5: all equal — kube-scheduler picks among equals at random)."""
+    scores = node_scores(pod, arrays, policy, feasible)
+    others = feasible.copy()
+    others[row] = False
+    n = int(others.sum())
+    if n == 0:
+        return 0.5
+    mine = scores[row]
+    higher = int((scores[others] > mine).sum())
+    equal = int((scores[others] == mine).sum())
+    return (higher + 0.5 * equal) / n
+
+
+def classify(
+    pod: Pod,
+    row: int,
+    arrays: NodeArrays,
+    spread: Policy,
+    packing: Sequence[Policy],
+    share: float,
+) -> Match:
+    """Which score the bind of ``pod`` on ``row`` matches, on ``arrays`` (the state just before
+    it): the node ranks in the best ``share`` of the feasible nodes by that score (strictly)
+    and not by the other kind; uninformative when it does for both or neither kind."""
+    feasible = feasible_mask(pod, arrays)
+    if not feasible[row]:
+        return "infeasible"
+    spreads = rank(pod, row, arrays, spread, feasible) < share
+    packs = any(rank(pod, row, arrays, p, feasible) < share for p in packing)
+    if spreads == packs:
+        return "uninformative"
+    return "spreading" if spreads else "packing"
+
+
+def packing_policies(profile: ScoringProfile) -> tuple[str, ...]:
+    names = [PACKING_POLICY]
+    if profile.name not in (SPREADING_POLICY, PACKING_POLICY):
+        names.append(profile.name)
+    return tuple(names)
+
+
+def replay(
+    cluster: Cluster, params: SpreadingParams, now: datetime, profile: ScoringProfile
+) -> Replay:
+    """Replay the window's placements (the module's docstring, steps 1–3)."""
+    pods, undated = window_pods(cluster, params, now)
+    start = cluster.arrays.copy()
+    rows = [start.index[p.node] for p in pods if p.node is not None]
+    for pod, row in zip(pods, rows, strict=True):
+        start.release(row, pod, pod.gpu_indices)
+    names = packing_policies(profile)
+    spread = make_policy(SPREADING_POLICY)
+    packers = [profile.policy if n == profile.name else make_policy(n) for n in names]
+    counts = {"spreading": 0, "packing": 0, "infeasible": 0, "uninformative": 0}
+    actual = start.copy()
+    for pod, row in zip(pods, rows, strict=True):
+        counts[classify(pod, row, actual, spread, packers, params.top_share)] += 1
+        actual.allocate(row, pod, pod.gpu_indices)
+    return Replay(
+        placements=len(pods),
+        undated=undated,
+        informative=counts["spreading"] + counts["packing"],
+        spreading=counts["spreading"],
+        packing=counts["packing"],
+        infeasible=counts["infeasible"],
+        stranded=stranded(actual),
+        packed=packed_bound(actual),
+        packing_policies=names,
+    )
+
+
+def packed_bound(arrays: NodeArrays) -> Stranded:
+    """The same free capacity ideally packed: for each node size, the free GPU shares of its
+    nodes filled into as few nodes as they make, so at most one node of each size is partly
+    free (the remainder). A bound no scheduler beats; the constraints (models, taints) and the
+    pods' shapes it ignores only make real packing strand more."""
+    gpus, nodes = 0, 0
+    capacity = arrays.gpu_total.astype(np.int64)
+    free = arrays.free_share()
+    for size in np.unique(capacity[capacity > 0]):
+        rest = int(free[capacity == size].sum()) % (int(size) * GPU_MILLI)
+        gpus += rest // GPU_MILLI
+        nodes += rest > 0
+    return Stranded(gpus, nodes)
+
+
+def judge(rep: Replay, params: SpreadingParams) -> Status:
+    """Whether the replay is enough evidence to decide: ok, or why not."""
+    if rep.informative >= params.min_placements:
+        return Status.success()
+    window = _human(params.window_s)
+    why = (
+        f"insufficient evidence: {rep.informative} informative placement(s) of "
+        f"{rep.placements} GPU pod(s) bound in the last {window} (spreading and packing scores "
+        f"agree on the rest); the rule needs {params.min_placements}"
+    )
+    if rep.undated:
+        why += f"; {rep.undated} bound GPU pod(s) have no bind or creation time"
+    return Status.fail(why)
+
+
+def detect_spreading(
+    cluster: Cluster, params: SpreadingParams, now: datetime, *, profile: ScoringProfile
+) -> Verdict:
+    """The verdict on the cluster's scheduler (see the module's docstring)."""
+    rep = replay(cluster, params, now, profile)
+    evidence = judge(rep, params)
+    spreads = (
+        evidence.ok
+        and rep.spread_share >= params.min_spread_share
+        and rep.excess_stranded >= params.min_stranded_gpus
+    )
+    findings = (_finding(rep, params, now),) if spreads else ()
+    return Verdict(rep, evidence, findings)
+
+
+def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
+    packers = " / ".join(rep.packing_policies)
+    best = f"best {params.top_share:.0%} of the feasible nodes"
+    summary = (
+        f"the scheduler spreads GPU pods: of {rep.informative} informative placement(s) in the "
+        f"last {_human(params.window_s)}, {rep.spreading} ({rep.spread_share:.0%}) went to a "
+        f"node in {SPREADING_POLICY}'s {best}, {rep.packing} ({rep.pack_share:.0%}) to one in "
+        f"{packers}'s; {rep.stranded.gpus} free GPU(s) stranded on {rep.stranded.nodes} partly "
+        f"used node(s), {rep.packed.gpus} on {rep.packed.nodes} were the free capacity ideally "
+        f"packed. Remedies: install defrag's scheduler extender "
+        f"({EXTENDER_DOCS}), or set MostAllocated weights for nvidia.com/gpu in the default "
+        f"profile ({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
+    )
+    return Finding(
+        kind="spreading",
+        subject="cluster",
+        severity=params.severity,
+        summary=summary,
+        evidence={
+            "placements": rep.placements,
+            "informative": rep.informative,
+            "spreading": rep.spreading,
+            "packing": rep.packing,
+            "infeasible": rep.infeasible,
+            "spread_share": round(rep.spread_share, 3),
+            "pack_share": round(rep.pack_share, 3),
+            "spreading_policy": SPREADING_POLICY,
+            "packing_policies": list(rep.packing_policies),
+            "stranded_gpus": rep.stranded.gpus,
+            "partly_used_nodes": rep.stranded.nodes,
+            "packed_stranded_gpus": rep.packed.gpus,
+            "packed_partly_used_nodes": rep.packed.nodes,
+            "window_s": params.window_s,
+            "remedies": [
+                f"install defrag's scheduler extender: {EXTENDER_DOCS}",
+                "set MostAllocated weights for nvidia.com/gpu in the default profile: "
+                f"{MOST_ALLOCATED_COMPONENT} ({MOST_ALLOCATED_DOCS})",
+            ],
+        },
+        since=now,
+        labels={"detector": "spreading", "rule": params.name},
+        action=params.action,
+    )
+
+
+def _human(seconds: float) -> str:
+    if seconds % 3600 == 0:
+        return f"{seconds / 3600:g} h"
+    return f"{seconds / 60:g} min"
