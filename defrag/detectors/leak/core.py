@@ -100,6 +100,7 @@ class LeakParams:
     recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
     slice_z: Annotated[float, INTERNAL] = 1.5
     short_persistence: Annotated[float, INTERNAL] = 0.7
+    short_slice_z: Annotated[float, INTERNAL] = 0.0
     max_step_share: Annotated[float, INTERNAL] = 0.4
     min_lives: Annotated[int, Ge(2)] = 2
     """A workload whose pods died this many times at their GPU's memory within the lookback,
@@ -458,7 +459,12 @@ def _judge(
     persistence = params.short_persistence if short else params.min_persistence
     need = max(min_slope / 2, persistence * slope)
     slices = _slice_highs(
-        fh, judged.values, segments, 0.0 if short else params.slice_z, fit.variance_ratio, need
+        fh,
+        judged.values,
+        segments,
+        params.short_slice_z if short else params.slice_z,
+        fit.variance_ratio,
+        need,
     )
     rising = float(np.mean(slices >= need))
     evidence |= {
