@@ -100,7 +100,7 @@ class LeakParams:
     recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
     slice_z: Annotated[float, INTERNAL] = 1.5
     short_persistence: Annotated[float, INTERNAL] = 0.7
-    short_slice_z: Annotated[float, INTERNAL] = 0.0
+    short_slice_z: Annotated[float, INTERNAL] = 1.5
     max_step_share: Annotated[float, INTERNAL] = 0.4
     min_lives: Annotated[int, Ge(2)] = 2
     """A workload whose pods died this many times at their GPU's memory within the lookback,
