@@ -493,6 +493,7 @@ def _judge(
         params.short_slice_z if short else params.slice_z,
         fit.variance_ratio,
         need,
+        strict_last=not short,  # a short window's deceleration has its own test (below)
     )
     rising = float(np.mean(slices >= need))
     evidence |= {
@@ -546,16 +547,19 @@ def _judge(
     # the level line: the floor's slope through the bins' median level
     bh = (bins.times - t0) / HOUR_S
     level0 = float(np.median(bins.values - slope * bh))
-    # only a would-be leak needs the saturation test (it refits the growth per tail length)
-    stalled = (
-        None if reasons else _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
-    )
-    if stalled is None and not reasons and raw is not None:
-        # a short window's own line bends towards a tail that stopped: the line through all the
-        # settled history before the tail is the growth that would go on
-        loaded = _loaded_at(all_bins, params) if short else None
-        history = _after(all_bins, loaded) if loaded is not None else all_bins
-        stalled = _stopped_on_samples(history if short else bins, *raw, params)
+    stalled: float | None = None
+    if not reasons:
+        # only a would-be leak needs the saturation tests (they refit the growth per tail
+        # length). A short window's own line bends towards a tail that stopped, and a leak that
+        # began inside it looks like one that stopped: the growth that would go on is the line
+        # through all the history since the job settled
+        settled = bins
+        if short:
+            loaded = _loaded_at(all_bins, params)
+            settled = _after(all_bins, loaded) if loaded is not None else all_bins
+        stalled = _stalled_since(settled, slope, float(noise), fit.variance_ratio, params)
+        if stalled is None and raw is not None:
+            stalled = _stopped_on_samples(settled, *raw, params)
     if stalled is not None:
         evidence["flat_since"] = _iso(stalled)
         reasons.append(
@@ -776,13 +780,20 @@ def _drawdown(values: FloatArray) -> float:
 
 
 def _slice_highs(
-    t_h: FloatArray, values: FloatArray, segments: int, z: float, ratio: float, need: float
+    t_h: FloatArray,
+    values: FloatArray,
+    segments: int,
+    z: float,
+    ratio: float,
+    need: float,
+    strict_last: bool = True,
 ) -> FloatArray:
     """Of each of ``segments`` equal time slices, what is compared with ``need``: the upper end
     of its Sen slope's interval at normal quantile ``z`` (its slope alone when ``z`` is 0; −inf
     where < 3 points) — a slice fails to rise when its slope is *shown* to be low, not when
     noise that lingers (serially correlated) hides it. The last slice, where a warm-up levels
-    off, gets its interval only when its slope itself is at least half of ``need``."""
+    off, gets its interval only when its slope itself is at least half of ``need`` (when
+    ``strict_last``)."""
     edges = np.linspace(t_h[0], t_h[-1], segments + 1)
     which = np.clip(np.searchsorted(edges, t_h, side="right") - 1, 0, segments - 1)
     out = np.full(segments, -np.inf)
@@ -790,7 +801,8 @@ def _slice_highs(
         mask = which == i
         if int(mask.sum()) >= 3:
             out[i] = median_pairwise_slope(t_h[mask], values[mask])
-            if z > 0 and out[i] < need and (i < segments - 1 or out[i] >= need / 2):
+            last = i == segments - 1 and strict_last
+            if z > 0 and out[i] < need and (not last or out[i] >= need / 2):
                 out[i] = max(out[i], sen_trend(t_h[mask], values[mask], z, ratio).high)
     return out
 
