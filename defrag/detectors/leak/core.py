@@ -93,7 +93,7 @@ class LeakParams:
     short_max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.001
     short_min_growth: Annotated[float, Ge(0)] = 3.0
     """The short window's growth must be at least this × the noise."""
-    fast_min_growth: Annotated[float, Ge(0)] = 6.0
+    fast_min_growth: Annotated[float, Ge(0)] = 4.0
     """… and the fast window's (half as long: a fast leak's growth stands further clear)."""
     settle_s: Annotated[Seconds, RuleName("settle")] = HOUR_S
     """Short windows judge a job only this long after its memory was near nothing (a load)."""
@@ -327,7 +327,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         verdict = _judge(series, judged, params, end, params.lookback_s, short=False, raw=(t, y))
         if verdict.leaking:
             return verdict
-    for window, min_slope, min_growth in _short_windows(params):
+    for window, min_slope, min_growth, climb in _short_windows(params):
         if window <= 0 or window >= params.lookback_s or (t[-1] - t[0]) < 0.9 * window:
             continue
         if not _settled(bins, params, end, window, since if restart is not None else None):
@@ -341,6 +341,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             short=True,
             min_slope=min_slope,
             min_growth=min_growth,
+            climb=climb,
             raw=(t, y),
         )
         if short.leaking:
@@ -351,12 +352,13 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     return LeakAssessment(series, False, (f"too little history{where} ({span_h:.1f} h)",))
 
 
-def _short_windows(params: LeakParams) -> tuple[tuple[float, float, float], ...]:
-    """(window, minimum slope, minimum growth in noises): the short window at the rule's minimum
-    slope, the fast window at its own (a fast leak is visible in less time)."""
+def _short_windows(params: LeakParams) -> tuple[tuple[float, float, float, bool], ...]:
+    """(window, minimum slope, minimum growth in noises, must climb past the level before): the
+    short window at the rule's minimum slope, the fast window at its own (a fast leak is visible
+    in less time; in one hour, noise that lingers can look like one unless it must climb)."""
     return (
-        (params.short_window_s, params.min_slope_mib_per_h, params.short_min_growth),
-        (params.fast_window_s, params.fast_min_slope_mib_per_h, params.fast_min_growth),
+        (params.short_window_s, params.min_slope_mib_per_h, params.short_min_growth, False),
+        (params.fast_window_s, params.fast_min_slope_mib_per_h, params.fast_min_growth, True),
     )
 
 
@@ -399,6 +401,7 @@ def _judge(
     short: bool,
     min_slope: float | None = None,
     min_growth: float | None = None,
+    climb: bool = False,
     raw: tuple[FloatArray, FloatArray] | None = None,
 ) -> LeakAssessment:
     """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
@@ -531,6 +534,16 @@ def _judge(
             f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
             f"{min_growth:g} × the noise ({spread:.0f} MiB)"
         )
+    if climb:
+        # a new leak climbs past anything the job held before the window; noise that lingers
+        # wanders back up to levels it has held before
+        over = _over_before(all_bins, end - window, params)
+        evidence["over_before_mib"] = round(over, 1)
+        if over <= 0:
+            reasons.append(
+                f"ends {-over:.0f} MiB below the highest level it held before the window "
+                "(a wandering level, not a climb)"
+            )
     # on the bins, no fall exceeds ``cycle_noise`` × noise (else the floor is judged); the
     # floor may fall back by noise or a small share of the growth, not by a restart
     drawdown = _drawdown(_median3(judged.values) if short else judged.values)
@@ -716,6 +729,18 @@ def _wander(all_bins: Binned, start: float, params: LeakParams) -> float:
     t_h = (all_bins.times[keep] - start) / HOUR_S
     values = all_bins.values[keep]
     return _mad(values - median_pairwise_slope(t_h, values) * t_h)
+
+
+def _over_before(all_bins: Binned, start: float, params: LeakParams) -> float:
+    """How far the level now (the median of the last three bins) lies above the highest level
+    held before ``start`` since the job settled (on the running median of three bins: one
+    stray bin is no level); +inf when fewer than three bins came before."""
+    loaded = _loaded_at(all_bins, params)
+    keep = (all_bins.times <= start) & (all_bins.times >= (loaded or -np.inf))
+    if int(keep.sum()) < 3:
+        return np.inf
+    now = float(np.median(all_bins.values[-3:]))
+    return now - float(_median3(all_bins.values[keep]).max())
 
 
 def _halves(t_h: FloatArray, values: FloatArray, z: float, ratio: float) -> tuple[float, float]:
