@@ -105,6 +105,8 @@ class LeakParams:
     stop_z: Annotated[float, INTERNAL] = 3.0
     stop_null_s: Annotated[Seconds, INTERNAL] = 6 * HOUR_S
     stop_blocks: Annotated[int, INTERNAL] = 4
+    stop_min_samples: Annotated[int, INTERNAL] = 10
+    """Fewer samples in the tail (5-min medians, not raw samples): the raw-sample test abstains."""
     slice_z: Annotated[float, INTERNAL] = 1.5
     short_persistence: Annotated[float, INTERNAL] = 0.7
     short_slice_z: Annotated[float, INTERNAL] = 1.5
@@ -300,6 +302,11 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     t, y = series.times, series.used_mib
     keep = (t > start) & (t <= end) & np.isfinite(y)
     t, y = t[keep], y[keep]
+    if series.stale_s > 0 and len(t) > 3:
+        # the exporter fell silent inside the last step: its last point (through Prometheus,
+        # the median of that step's first samples, stamped at the step's end) lies up to a
+        # step early, which reads as growth that slowed; judged without it
+        t, y = t[:-1], y[:-1]
     if len(t) < 3:
         return LeakAssessment(series, False, ("too little history (0.0 h)",))
     bins = bin_medians(t, y, params.bin_s, end)
@@ -641,6 +648,8 @@ def _stopped_on_samples(
         start_h = hours[-size] - bins.width / 2 / HOUR_S
         gap = base + before * t_h - y
         tail = t_h > start_h
+        if int(tail.sum()) < params.stop_min_samples:
+            continue  # already medians (Prometheus's 5-min points): the bins' test has judged
         lost = _lost_slope(t_h[tail] - start_h, gap[tail])
         if lost < before / 2:
             continue
