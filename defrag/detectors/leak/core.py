@@ -525,9 +525,11 @@ def _judge(
             "(a warm-up, a step or a restart)"
         )
     growth = max(slope * (fh[-1] - fh[0]), 0.0)
-    # the first ``settle`` of the window may be a job's load (it may have begun there), not a
-    # step; a step there leaves the later slices flat, which the slices reject
-    rises = np.diff(bins.values)[bins.times[1:] > bins.times[0] + params.settle_s]
+    # the first ``settle`` of the lookback may be a job's load (it may have begun there), not a
+    # step; a step there leaves the later slices flat, which the slices reject. A short window
+    # is judged only when no load came within ``settle`` before it: every rise in it counts
+    exempt = 0.0 if short else params.settle_s
+    rises = np.diff(bins.values)[bins.times[1:] > bins.times[0] + exempt]
     jump = float(rises.max()) if len(rises) else 0.0
     evidence["largest_rise_mib"] = round(jump, 1)
     if jump > params.cycle_noise * noise and jump > params.max_step_share * growth:
@@ -545,12 +547,15 @@ def _judge(
         # a new leak climbs past anything the job held before the window; noise that lingers
         # wanders back up to levels it has held before
         over = _over_before(all_bins, end - window, params)
-        evidence["over_before_mib"] = round(over, 1)
-        if over <= 0:
+        if not np.isfinite(over):
+            reasons.append("no settled history before the window to climb past (a warm-up?)")
+        elif over <= 0:
             reasons.append(
                 f"ends {-over:.0f} MiB below the highest level it held before the window "
                 "(a wandering level, not a climb)"
             )
+        else:
+            evidence["over_before_mib"] = round(over, 1)
     # on the bins, no fall exceeds ``cycle_noise`` × noise (else the floor is judged); the
     # floor may fall back by noise or a small share of the growth, not by a restart
     drawdown = _drawdown(_median3(judged.values) if short else judged.values)
@@ -743,11 +748,12 @@ def _wander(all_bins: Binned, start: float, params: LeakParams) -> float:
 def _over_before(all_bins: Binned, start: float, params: LeakParams) -> float:
     """How far the level now (the median of the last three bins) lies above the highest level
     held before ``start`` since the job settled (on the running median of three bins: one
-    stray bin is no level); +inf when fewer than three bins came before."""
+    stray bin is no level); −inf when fewer than three bins came before (a job that settled
+    less than 15 min before the window, still warming up maybe, has nothing to climb past)."""
     loaded = _loaded_at(all_bins, params)
     keep = (all_bins.times <= start) & (all_bins.times >= (loaded or -np.inf))
     if int(keep.sum()) < 3:
-        return np.inf
+        return -np.inf
     now = float(np.median(all_bins.values[-3:]))
     return now - float(_median3(all_bins.values[keep]).max())
 
