@@ -5,8 +5,10 @@ Two parts, both seeded with the truth attached (bench/leak_corpus.py):
 
 * **single histories, judged by the pure core** — ``ar1-leak``/``ar1-flat`` (AR(1) noise, τ 1–20
   min, σ 300–600 MiB), ``saturating`` (a cache flat at its limit), ``onset`` (a leak that begins
-  3 h into the history, evaluated every 15 min from its start), ``oom`` (a pod that loads, then
-  leaks to the GPU's memory in 3–8 h, evaluated every 15 min until the OOM);
+  3 h into the history, evaluated every 15 min from its start; and 40 more per cell of item 2's
+  targets judged exactly at the target time: 512 MiB/h at 2 h, 2 GiB/h at 1 h, σ 400 and 600),
+  ``oom`` (a pod that loads, then leaks to the GPU's memory in 3–8 h, evaluated every 15 min
+  until the OOM);
 * **a moving cluster through a real Prometheus** — the :data:`MOVING_FAMILIES` written as
   dcgm-exporter and kube-state-metrics series, backfilled with ``promtool``, judged by the
   shipped leak rule (``run_detection``) every 15 min over the last 10 h.
