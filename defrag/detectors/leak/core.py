@@ -102,7 +102,7 @@ class LeakParams:
     recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
     stop_tail_s: Annotated[Seconds, INTERNAL] = 900.0
     """Growth that stopped this recently (or less) is judged on raw samples, not bins."""
-    stop_z: Annotated[float, INTERNAL] = 3.5
+    stop_z: Annotated[float, INTERNAL] = 3.0
     stop_null_s: Annotated[Seconds, INTERNAL] = 6 * HOUR_S
     stop_blocks: Annotated[int, INTERNAL] = 4
     stop_min_samples: Annotated[int, INTERNAL] = 10
