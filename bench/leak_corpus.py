@@ -569,3 +569,14 @@ def fast_corpus(
                     tag = f"{family}-s{noise:g}" + (f"-r{rate:g}" if rate else "") + f"-{i}"
                     out.append(fast_case(family, rate, noise, rng, tag))
     return out
+
+
+def onset_cases(seed: int, rate: float, noise: float, n: int) -> list[Case]:
+    """``n`` more ``onset`` histories of one (rate, σ) cell, drawn apart from
+    :func:`fast_corpus`'s (for the share found exactly at a target time)."""
+    fi = zlib.crc32(b"onset")
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([seed, fi, int(noise), int(rate), 1000 + i])
+        out.append(fast_case("onset", rate, noise, rng, f"onset-s{noise:g}-r{rate:g}-x{i}"))
+    return out

@@ -152,18 +152,19 @@ def test_leaks_under_ar1_noise_are_found_and_flat_ar1_noise_is_not(seed: int) ->
     assert flat == []
 
 
-def test_a_cache_at_its_limit_is_not_reported_once_flat() -> None:
-    """Before: reported critical while flat at its limit for up to 1.25 h (5 of 20)."""
+@pytest.mark.parametrize("seed", [5, 1, 11])
+def test_a_cache_at_its_limit_is_not_reported_once_flat_for_15_min(seed: int) -> None:
+    """Before: reported critical while flat at its limit for up to 1.25 h (5 of 20); then, on
+    5-min bins alone, still reported 15 min after it stopped (2 of 20 on seed 1, 1 on seed 11):
+    the last 15 min are judged on their raw samples now."""
     from bench.leak_corpus import correlated_corpus
 
     late = []
-    for case in correlated_corpus(5, 20):
+    for case in correlated_corpus(seed, 20):
         if case.truth.family != "saturating":
             continue
         assert case.truth.flat_since is not None
-        # 5-min bins and a 3.5-standard-error test: a cache filling at 1 GiB/h is recognised
-        # 15–25 min after it stops (the bench has the share at 15 min)
-        for at in np.arange(case.truth.flat_since + 1500.0, case.series.times[-1] + 1, 300.0):
+        for at in np.arange(case.truth.flat_since + 900.0, case.series.times[-1] + 1, 300.0):
             if assess_leak(case.series, PARAMS, datetime.fromtimestamp(at, UTC)).leaking:
                 late.append(case.name)
                 break
@@ -172,12 +173,13 @@ def test_a_cache_at_its_limit_is_not_reported_once_flat() -> None:
 
 def test_fast_leaks_are_found_within_the_hour_and_before_their_oom() -> None:
     """Before: the first finding came 5.25 h after a leak began; leaks that OOM their pod
-    within about 5 h were never reported. Leaks of ≥ 2 GiB/h at σ ≤ 600 MiB: found within
-    1 h of their start (the median), all within 2 h; every OOM reported at least 30 min before
-    it."""
+    within about 5 h were never reported; then the slowest 2 GiB/h leak took 1.25 h and the
+    slowest 512 MiB/h one 3.5–4.5 h. At σ ≤ 600 MiB: ≥ 2 GiB/h within 1 h of their start,
+    ≥ 512 MiB/h within 2 h; every OOM reported at least 30 min before it."""
     from bench.leak_corpus import fast_corpus
 
-    within: list[float] = []  # hours from the leak's start to its first finding
+    fast: list[float] = []  # hours from the leak's start to its first finding, ≥ 2 GiB/h
+    within: list[float] = []  # … 512–1024 MiB/h
     late = []
     for case in fast_corpus(6, 2, noises=(0.0, 300.0, 600.0)):
         tr = case.truth
@@ -194,7 +196,9 @@ def test_fast_leaks_are_found_within_the_hour_and_before_their_oom() -> None:
         if tr.family == "oom":
             if first is None or stop - first < 1800.0:  # 30 min of warning
                 late.append(case.name)
-        elif tr.rate_mib_per_h >= 2048:
-            within.append(np.inf if first is None else (first - tr.leak_start) / 3600.0)
+        elif tr.rate_mib_per_h >= 512:
+            hours = np.inf if first is None else (first - tr.leak_start) / 3600.0
+            (fast if tr.rate_mib_per_h >= 2048 else within).append(hours)
     assert late == []
-    assert max(within) <= 2.0 and float(np.median(within)) <= 1.0, within
+    assert max(fast) <= 1.0, fast
+    assert max(within) <= 2.0, within

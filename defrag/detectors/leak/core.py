@@ -92,15 +92,25 @@ class LeakParams:
     """… and over the last ``fast_window`` (0: off), at ``fast_min_slope_mib_per_h``."""
     fast_min_slope_mib_per_h: Annotated[float, Gt(0)] = 1024.0
     short_max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.001
-    short_min_growth: Annotated[float, Ge(0)] = 6.0
-    """A short window's growth must be at least this × the noise."""
+    short_min_growth: Annotated[float, Ge(0)] = 3.0
+    """The short window's growth must be at least this × the noise."""
+    fast_min_growth: Annotated[float, Ge(0)] = 4.0
+    """… and the fast window's (half as long: a fast leak's growth stands further clear)."""
     settle_s: Annotated[Seconds, RuleName("settle")] = HOUR_S
     """Short windows judge a job only this long after its memory was near nothing (a load)."""
     flat_for_s: Annotated[Seconds, Gt(0), RuleName("flat_for")] = 600.0
     """Growth flat for this long below the GPU's memory has stopped: not a leak."""
     recent_s: Annotated[Seconds, INTERNAL] = HOUR_S
+    stop_tail_s: Annotated[Seconds, INTERNAL] = 900.0
+    """Growth that stopped this recently (or less) is judged on raw samples, not bins."""
+    stop_z: Annotated[float, INTERNAL] = 3.0
+    stop_null_s: Annotated[Seconds, INTERNAL] = 6 * HOUR_S
+    stop_blocks: Annotated[int, INTERNAL] = 4
+    stop_min_samples: Annotated[int, INTERNAL] = 10
+    """Fewer samples in the tail (5-min medians, not raw samples): the raw-sample test abstains."""
     slice_z: Annotated[float, INTERNAL] = 1.5
     short_persistence: Annotated[float, INTERNAL] = 0.7
+    short_slice_z: Annotated[float, INTERNAL] = 1.5
     max_step_share: Annotated[float, INTERNAL] = 0.4
     min_lives: Annotated[int, Ge(2)] = 2
     """A workload whose pods died this many times at their GPU's memory within the lookback,
@@ -293,6 +303,11 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     t, y = series.times, series.used_mib
     keep = (t > start) & (t <= end) & np.isfinite(y)
     t, y = t[keep], y[keep]
+    if series.stale_s > 0 and len(t) > 3:
+        # the exporter fell silent inside the last step: its last point (through Prometheus,
+        # the median of that step's first samples, stamped at the step's end) lies up to a
+        # step early, which reads as growth that slowed; judged without it
+        t, y = t[:-1], y[:-1]
     if len(t) < 3:
         return LeakAssessment(series, False, ("too little history (0.0 h)",))
     bins = bin_medians(t, y, params.bin_s, end)
@@ -317,15 +332,26 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         verdict = LeakAssessment(series, False, (why,))
     elif (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
         judged = bins if loaded is None else _after(bins, loaded)
-        verdict = _judge(series, judged, params, end, params.lookback_s, short=False)
+        verdict = _judge(series, judged, params, end, params.lookback_s, short=False, raw=(t, y))
         if verdict.leaking:
             return verdict
-    for window, min_slope in _short_windows(params):
+    for window, min_slope, min_growth, climb in _short_windows(params):
         if window <= 0 or window >= params.lookback_s or (t[-1] - t[0]) < 0.9 * window:
             continue
         if not _settled(bins, params, end, window, since if restart is not None else None):
             continue  # the workload is still loading: a short window would call a warm-up
-        short = _judge(series, bins, params, end, window, short=True, min_slope=min_slope)
+        short = _judge(
+            series,
+            bins,
+            params,
+            end,
+            window,
+            short=True,
+            min_slope=min_slope,
+            min_growth=min_growth,
+            climb=climb,
+            raw=(t, y),
+        )
         if short.leaking:
             return short
     if verdict is not None:
@@ -334,12 +360,13 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     return LeakAssessment(series, False, (f"too little history{where} ({span_h:.1f} h)",))
 
 
-def _short_windows(params: LeakParams) -> tuple[tuple[float, float], ...]:
-    """(window, minimum slope): the short window at the rule's minimum slope, the fast window at
-    its own (a fast leak is visible in less time)."""
+def _short_windows(params: LeakParams) -> tuple[tuple[float, float, float, bool], ...]:
+    """(window, minimum slope, minimum growth in noises, must climb past the level before): the
+    short window at the rule's minimum slope, the fast window at its own (a fast leak is visible
+    in less time; in one hour, noise that lingers can look like one unless it must climb)."""
     return (
-        (params.short_window_s, params.min_slope_mib_per_h),
-        (params.fast_window_s, params.fast_min_slope_mib_per_h),
+        (params.short_window_s, params.min_slope_mib_per_h, params.short_min_growth, False),
+        (params.fast_window_s, params.fast_min_slope_mib_per_h, params.fast_min_growth, True),
     )
 
 
@@ -381,6 +408,9 @@ def _judge(
     *,
     short: bool,
     min_slope: float | None = None,
+    min_growth: float | None = None,
+    climb: bool = False,
+    raw: tuple[FloatArray, FloatArray] | None = None,
 ) -> LeakAssessment:
     """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
     lookback, with its own false-positive guard (no cache drop in it or in the floor window
@@ -400,7 +430,9 @@ def _judge(
     if short:
         near = all_bins.values[all_bins.times > end - window - params.floor_window_s]
         cycles = False
-        if _drawdown(near) > params.cycle_noise * noise:
+        # a freed cache stays down for a while; one stray bin (a 5 min median hit by a burst of
+        # noise) does not: the fall is judged on the running median of three bins
+        if _drawdown(_median3(near)) > params.cycle_noise * noise:
             why = "a cache freed within the short window (judged on the lookback only)"
             return LeakAssessment(series, False, (why,))
         judged = bins
@@ -438,9 +470,16 @@ def _judge(
         reasons.append(f"slope {slope:.0f} MiB/h below {min_slope:g}")
         return LeakAssessment(series, False, tuple(reasons), slope, None, evidence)
     fit = sen_trend(fh, judged.values)
+    residual = judged.values - fit.slope * fh
+    if fit.variance_ratio > 1.0 and float(np.ptp(residual)) <= 1e-6 * max(abs(fit.slope), 1.0):
+        # an exact line has no noise to correlate: the ranks of its rounding errors mean nothing
+        fit = sen_trend(fh, judged.values, variance_ratio=1.0)
     slope, low, high = fit.slope, fit.low, fit.high
-    residual = judged.values - slope * fh
-    spread = max(float(noise), 1.4826 * median(np.abs(residual - median(residual))))
+    spread = max(float(noise), _mad(residual))
+    if short:
+        # the level's own wander before the window (noise that lingers moves the level by more
+        # than bin-to-bin noise shows): a short window's growth must stand clear of it too
+        spread = max(spread, _wander(all_bins, end - window, params))
     evidence |= {
         "slope_mib_per_h": round(slope, 1),
         "slope_ci_mib_per_h": [round(low, 1), round(high, 1)],
@@ -459,28 +498,39 @@ def _judge(
     persistence = params.short_persistence if short else params.min_persistence
     need = max(min_slope / 2, persistence * slope)
     slices = _slice_highs(
-        fh, judged.values, segments, 0.0 if short else params.slice_z, fit.variance_ratio, need
+        fh,
+        judged.values,
+        segments,
+        params.short_slice_z if short else params.slice_z,
+        fit.variance_ratio,
+        need,
+        strict_last=not short,  # a short window's deceleration has its own test (below)
     )
     rising = float(np.mean(slices >= need))
     evidence |= {
         "slice_slopes_mib_per_h": [round(float(s), 1) for s in slices],
         "rising_fraction": round(rising, 3),
     }
-    if short and slices[-1] < params.short_persistence * slices[0]:
-        reasons.append(
-            f"the window's second half rises {slices[-1]:.0f} MiB/h, less than "
-            f"{params.short_persistence:g} × its first half's {slices[0]:.0f} (decelerating: "
-            "a warm-up)"
-        )
+    if short:
+        first, second = _halves(fh, judged.values, params.short_slice_z, fit.variance_ratio)
+        evidence["second_half_high_mib_per_h"] = round(second, 1)
+        if second < params.short_persistence * first:
+            reasons.append(
+                f"the window's second half rises {second:.0f} MiB/h at most, less than "
+                f"{params.short_persistence:g} × its first half's {first:.0f} (decelerating: "
+                "a warm-up)"
+            )
     if rising < params.min_rising_fraction:
         reasons.append(
             f"rises in {rising:.0%} of slices at {need:.0f} MiB/h or more, not steadily "
             "(a warm-up, a step or a restart)"
         )
     growth = max(slope * (fh[-1] - fh[0]), 0.0)
-    # the first ``settle`` of the window may be a job's load (it may have begun there), not a
-    # step; a step there leaves the later slices flat, which the slices reject
-    rises = np.diff(bins.values)[bins.times[1:] > bins.times[0] + params.settle_s]
+    # the first ``settle`` of the lookback may be a job's load (it may have begun there), not a
+    # step; a step there leaves the later slices flat, which the slices reject. A short window
+    # is judged only when no load came within ``settle`` before it: every rise in it counts
+    exempt = 0.0 if short else params.settle_s
+    rises = np.diff(bins.values)[bins.times[1:] > bins.times[0] + exempt]
     jump = float(rises.max()) if len(rises) else 0.0
     evidence["largest_rise_mib"] = round(jump, 1)
     if jump > params.cycle_noise * noise and jump > params.max_step_share * growth:
@@ -488,14 +538,28 @@ def _judge(
             f"one rise of {jump:.0f} MiB between two bins is {jump / max(growth, 1.0):.0%} of "
             "the growth: a step (a larger batch, a second model), not a leak"
         )
-    if short and growth < params.short_min_growth * spread:
+    min_growth = params.short_min_growth if min_growth is None else min_growth
+    if short and growth < min_growth * spread:
         reasons.append(
             f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
-            f"{params.short_min_growth:g} × the noise ({spread:.0f} MiB)"
+            f"{min_growth:g} × the noise ({spread:.0f} MiB)"
         )
+    if climb:
+        # a new leak climbs past anything the job held before the window; noise that lingers
+        # wanders back up to levels it has held before
+        over = _over_before(all_bins, end - window, params)
+        if not np.isfinite(over):
+            reasons.append("no settled history before the window to climb past (a warm-up?)")
+        elif over <= 0:
+            reasons.append(
+                f"ends {-over:.0f} MiB below the highest level it held before the window "
+                "(a wandering level, not a climb)"
+            )
+        else:
+            evidence["over_before_mib"] = round(over, 1)
     # on the bins, no fall exceeds ``cycle_noise`` × noise (else the floor is judged); the
     # floor may fall back by noise or a small share of the growth, not by a restart
-    drawdown = _drawdown(judged.values)
+    drawdown = _drawdown(_median3(judged.values) if short else judged.values)
     allowed = max(
         params.max_drawdown_fraction * growth,
         (params.drawdown_noise if cycles else params.cycle_noise) * (noise if cycles else spread),
@@ -509,10 +573,19 @@ def _judge(
     # the level line: the floor's slope through the bins' median level
     bh = (bins.times - t0) / HOUR_S
     level0 = median(bins.values - slope * bh)
-    # only a would-be leak needs the saturation test (it refits the growth per tail length)
-    stalled = (
-        None if reasons else _stalled_since(bins, slope, float(noise), fit.variance_ratio, params)
-    )
+    stalled: float | None = None
+    if not reasons:
+        # only a would-be leak needs the saturation tests (they refit the growth per tail
+        # length). A short window's own line bends towards a tail that stopped, and a leak that
+        # began inside it looks like one that stopped: the growth that would go on is the line
+        # through all the history since the job settled
+        settled = bins
+        if short:
+            loaded = _loaded_at(all_bins, params)
+            settled = _after(all_bins, loaded) if loaded is not None else all_bins
+        stalled = _stalled_since(settled, slope, float(noise), fit.variance_ratio, params)
+        if stalled is None and raw is not None:
+            stalled = _stopped_on_samples(settled, *raw, params)
     if stalled is not None:
         evidence["flat_since"] = _iso(stalled)
         reasons.append(
@@ -548,6 +621,65 @@ def _judge(
                 f"{params.horizon_s / HOUR_S:g} h horizon"
             )
     return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+def _stopped_on_samples(
+    bins: Binned, t: FloatArray, y: FloatArray, params: LeakParams
+) -> float | None:
+    """When growth stopped, judged on the raw samples of a short tail (``flat_for`` to
+    ``stop_tail`` long, in bin steps), where bins are too few to tell: the line through the bins
+    before the tail (Sen's slope, their median level) and the growth the tail misses,
+    b = Σ u·gap / Σ u² (u: time since the tail began; gap: the line minus the samples) — the
+    least-squares estimate of the slope lost at the tail's start. Growth stopped when b is at
+    least half the slope before (the tail grows at half its rate or less) and more than
+    ``stop_z`` × b's own spread where nothing stopped: the same statistic on every tail-long
+    block of the samples before, about the same line (noise that lingers moves whole blocks,
+    and so widens that spread). None when growth goes on."""
+    need = max(int(np.ceil(params.flat_for_s / bins.width)), 2)
+    most = int(np.ceil(params.stop_tail_s / bins.width))
+    n = len(bins.times)
+    # the blocks before may reach past the window, up to ``stop_null`` before the tail
+    keep = (t <= bins.times[-1] + bins.width / 2) & (
+        t > bins.times[-1] - params.stop_tail_s - params.stop_null_s
+    )
+    t, y = t[keep], y[keep]
+    hours = (bins.times - bins.times[0]) / HOUR_S
+    t_h = (t - bins.times[0]) / HOUR_S
+    found: float | None = None
+    for size in range(need, min(most, n // 4) + 1):
+        before = median_pairwise_slope(hours[:-size], bins.values[:-size])
+        if before <= 0:
+            continue
+        base = median(bins.values[:-size] - before * hours[:-size])
+        start_h = hours[-size] - bins.width / 2 / HOUR_S
+        gap = base + before * t_h - y
+        tail = t_h > start_h
+        if int(tail.sum()) < params.stop_min_samples:
+            continue  # already medians (Prometheus's 5-min points): the bins' test has judged
+        lost = _lost_slope(t_h[tail] - start_h, gap[tail])
+        if lost < before / 2:
+            continue
+        length = size * bins.width / HOUR_S
+        head = t_h <= start_h
+        block = np.floor((start_h - t_h[head]) / length)  # 0: the block just before the tail
+        null = [
+            _lost_slope(t_h[head][block == k] - (start_h - (k + 1) * length), gap[head][block == k])
+            for k in range(int(block.max()) if block.size else 0)  # whole blocks only
+        ]
+        if len(null) < params.stop_blocks:
+            continue
+        spread = float(np.sqrt(np.mean(np.square(null))))
+        # shown to have lost growth, and flat rather than falling: the slope lost is the slope
+        # before, within the same noise (a tail that plunges is noise or a drop, not a limit)
+        if params.stop_z * spread < lost <= before + params.stop_z * spread:
+            found = float(bins.times[0] + start_h * HOUR_S)
+    return found
+
+
+def _lost_slope(u: FloatArray, gap: FloatArray) -> float:
+    """Σ u·gap / Σ u²: the slope of a line through the origin fitted to ``gap`` against ``u``."""
+    weight = float(u @ u)
+    return float(u @ gap) / weight if weight > 0 else 0.0
 
 
 def _stalled_since(
@@ -587,6 +719,56 @@ def _stalled_since(
         if own < params.min_persistence * before:
             found = float(bins.times[-size] - bins.width / 2)
     return found
+
+
+def _median3(values: FloatArray) -> FloatArray:
+    """The running median of three (the ends kept): a lone outlying value is dropped."""
+    if len(values) < 3:
+        return values
+    middle = np.median(np.stack([values[:-2], values[1:-1], values[2:]]), axis=0)
+    return np.concatenate((values[:1], middle, values[-1:]))
+
+
+def _mad(values: FloatArray) -> float:
+    """The median absolute deviation, scaled to a normal standard deviation."""
+    return 1.4826 * median(np.abs(values - median(values))) if len(values) else 0.0
+
+
+def _wander(all_bins: Binned, start: float, params: LeakParams) -> float:
+    """How far the level wanders about its own line in the bins before ``start`` (after the
+    job's load has settled): 0 when fewer than 6 bins."""
+    loaded = _loaded_at(all_bins, params)
+    keep = (all_bins.times <= start) & (all_bins.times >= (loaded or -np.inf))
+    if int(keep.sum()) < 6:
+        return 0.0
+    t_h = (all_bins.times[keep] - start) / HOUR_S
+    values = all_bins.values[keep]
+    return _mad(values - median_pairwise_slope(t_h, values) * t_h)
+
+
+def _over_before(all_bins: Binned, start: float, params: LeakParams) -> float:
+    """How far the level now (the median of the last three bins) lies above the highest level
+    held before ``start`` since the job settled (on the running median of three bins: one
+    stray bin is no level); −inf when fewer than three bins came before (a job that settled
+    less than 15 min before the window, still warming up maybe, has nothing to climb past)."""
+    loaded = _loaded_at(all_bins, params)
+    keep = (all_bins.times <= start) & (all_bins.times >= (loaded or -np.inf))
+    if int(keep.sum()) < 3:
+        return -np.inf
+    now = median(all_bins.values[-3:])
+    return now - float(_median3(all_bins.values[keep]).max())
+
+
+def _halves(t_h: FloatArray, values: FloatArray, z: float, ratio: float) -> tuple[float, float]:
+    """A short window's first half's Sen slope and the upper end of its second half's interval
+    at normal quantile ``z``: the window decelerates when even that end lies well below the
+    first half's slope (a warm-up levelling off), not when noise makes one half look slower."""
+    mid = (t_h[0] + t_h[-1]) / 2
+    a, b = t_h <= mid, t_h > mid
+    if int(a.sum()) < 3 or int(b.sum()) < 3:
+        return 0.0, np.inf
+    first = median_pairwise_slope(t_h[a], values[a])
+    return first, sen_trend(t_h[b], values[b], z, ratio).high
 
 
 def _recent(all_bins: Binned, end: float, params: LeakParams, ratio: float) -> Trend:
@@ -639,13 +821,20 @@ def _drawdown(values: FloatArray) -> float:
 
 
 def _slice_highs(
-    t_h: FloatArray, values: FloatArray, segments: int, z: float, ratio: float, need: float
+    t_h: FloatArray,
+    values: FloatArray,
+    segments: int,
+    z: float,
+    ratio: float,
+    need: float,
+    strict_last: bool = True,
 ) -> FloatArray:
     """Of each of ``segments`` equal time slices, what is compared with ``need``: the upper end
     of its Sen slope's interval at normal quantile ``z`` (its slope alone when ``z`` is 0; −inf
     where < 3 points) — a slice fails to rise when its slope is *shown* to be low, not when
     noise that lingers (serially correlated) hides it. The last slice, where a warm-up levels
-    off, gets its interval only when its slope itself is at least half of ``need``."""
+    off, gets its interval only when its slope itself is at least half of ``need`` (when
+    ``strict_last``)."""
     edges = np.linspace(t_h[0], t_h[-1], segments + 1)
     which = np.clip(np.searchsorted(edges, t_h, side="right") - 1, 0, segments - 1)
     out = np.full(segments, -np.inf)
@@ -653,7 +842,8 @@ def _slice_highs(
         mask = which == i
         if int(mask.sum()) >= 3:
             out[i] = median_pairwise_slope(t_h[mask], values[mask])
-            if z > 0 and out[i] < need and (i < segments - 1 or out[i] >= need / 2):
+            last = i == segments - 1 and strict_last
+            if z > 0 and out[i] < need and (not last or out[i] >= need / 2):
                 out[i] = max(out[i], sen_trend(t_h[mask], values[mask], z, ratio).high)
     return out
 
