@@ -36,8 +36,8 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -226,6 +226,10 @@ class GpuMemorySeries:
     """Where ``total_mib`` comes from: ``used+free`` (now), ``last used+free`` (the last values
     the exporter gave within the lookback), ``model`` (the GPU model's memory), or ``unknown``
     (``total_mib`` 0: no verdict about exhaustion can be given)."""
+    raw: tuple[FloatArray, FloatArray] | None = None
+    """The raw samples (times, MiB) of the recent past, when ``times``/``used_mib`` are coarser
+    (through Prometheus each point is a step's median): the stop test (growth that stopped
+    within ``stop_tail``) reads these; None: it reads ``times``/``used_mib``."""
 
     @property
     def subject(self) -> str:
@@ -303,6 +307,9 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     t, y = series.times, series.used_mib
     keep = (t > start) & (t <= end) & np.isfinite(y)
     t, y = t[keep], y[keep]
+    rt, ry = (t, y) if series.raw is None else series.raw
+    keep = (rt > start) & (rt <= end) & np.isfinite(ry)
+    rt, ry = rt[keep], ry[keep]
     if series.stale_s > 0 and len(t) > 3:
         # the exporter fell silent inside the last step: its last point (through Prometheus,
         # the median of that step's first samples, stamped at the step's end) lies up to a
@@ -320,10 +327,13 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         since = bins.times[restart] + params.bin_s / 2
         keep = t >= since
         t, y = t[keep], y[keep]
+        keep = rt >= since
+        rt, ry = rt[keep], ry[keep]
         if len(t) < 3:
             return LeakAssessment(series, False, ("too little history since the job restarted",))
         bins = bin_medians(t, y, params.bin_s, end)
     span_h = (t[-1] - t[0]) / HOUR_S
+    raw = (t, y) if series.raw is None else (rt, ry)
     verdict: LeakAssessment | None = None
     loaded = _loaded_at(bins, params)
     if loaded is not None and end - loaded < params.min_coverage * params.lookback_s:
@@ -332,7 +342,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         verdict = LeakAssessment(series, False, (why,))
     elif (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
         judged = bins if loaded is None else _after(bins, loaded)
-        verdict = _judge(series, judged, params, end, params.lookback_s, short=False, raw=(t, y))
+        verdict = _judge(series, judged, params, end, params.lookback_s, short=False, raw=raw)
         if verdict.leaking:
             return verdict
     for window, min_slope, min_growth, climb in _short_windows(params):
@@ -350,7 +360,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             min_slope=min_slope,
             min_growth=min_growth,
             climb=climb,
-            raw=(t, y),
+            raw=raw,
         )
         if short.leaking:
             return short
@@ -996,15 +1006,32 @@ def _workload_finding(
     )
 
 
+RecentSamples = Callable[
+    [Sequence[GpuMemorySeries]], Sequence[tuple[FloatArray, FloatArray] | None]
+]
+"""The raw samples of the recent past of each series (None where there are none)."""
+
+
 def detect_leaks(
-    series: Sequence[GpuMemorySeries], params: LeakParams, now: datetime
+    series: Sequence[GpuMemorySeries],
+    params: LeakParams,
+    now: datetime,
+    recent: RecentSamples | None = None,
 ) -> list[Finding]:
-    """Findings for every leaking GPU: per pod when one pod holds it, else unattributable."""
-    findings = []
-    for one in series:
-        verdict = assess_leak(one, params, now)
-        if verdict.leaking:
-            findings.append(_finding(verdict, params, now))
+    """Findings for every leaking GPU: per pod when one pod holds it, else unattributable.
+
+    ``recent``, when given, is asked for the raw samples of the series that would be reported
+    on their points alone (through Prometheus each point is a step's median, too coarse to see
+    growth that stopped minutes ago), and those are judged again with them: a cache that filled
+    to its limit is not reported once flat for ``flat_for``."""
+    verdicts = [v for v in (assess_leak(one, params, now) for one in series) if v.leaking]
+    if recent is not None and verdicts:
+        samples = recent([v.series for v in verdicts])
+        verdicts = [
+            v if raw is None else assess_leak(replace(v.series, raw=raw), params, now)
+            for v, raw in zip(verdicts, samples, strict=True)
+        ]
+    findings = [_finding(v, params, now) for v in verdicts if v.leaking]
     return sorted(findings, key=lambda f: f.subject)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -78,10 +78,73 @@ class LeakRuleFields(RuleModel):
 def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Finding]:
     lives: list[Life] = []
     series = leak_series(rule, inputs.prometheus, inputs.now, lives)
-    found = detect_leaks(series, params, inputs.now)
+    found = detect_leaks(
+        series,
+        params,
+        inputs.now,
+        lambda flagged: recent_samples(rule, inputs.prometheus, inputs.now, flagged),
+    )
     return found + detect_workload_leaks(
         _may_crash_loop(lives, params, inputs.now), params, inputs.now
     )
+
+
+def recent_samples(
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    now: datetime,
+    flagged: Sequence[GpuMemorySeries],
+) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """The raw samples of ``flagged`` over the stop test's reach (``stop_tail`` + ``stop_null``
+    before ``now``): the range query answers a step's median per point, too coarse to tell
+    growth that stopped 15 min ago. One instant query of a range selector per label that can
+    name the GPUs (Prometheus answers its raw samples), narrowed to the flagged GPUs, so a fleet
+    pays for the few GPUs about to be reported only. None for a series whose samples are not
+    found, and for all when ``queries.used`` is not a plain selector (nothing to ask raw)."""
+    if not _SELECTOR.match(rule.queries.used):
+        return [None] * len(flagged)
+    params = LEAK.settings_of(rule)
+    names: DcgmLabels = settings_of(rule.labels)
+    window = f"[{params.stop_tail_s + params.stop_null_s:.0f}s]"
+    sel = rule.queries.used.strip()
+    keys = [_series_key(one) for one in flagged]
+    uuids = sorted({k[1] for k in keys if k[0] == "uuid"})
+    nodes = sorted({k[1] for k in keys if k[0] == "node"})
+    matchers = [f"{name}=~{_regex(uuids)}" for name in names.uuid if uuids] + [
+        f"{name}=~{_regex(nodes, port=name == 'instance')}" for name in names.node if nodes
+    ]
+    queries = [_with_matcher(sel, matcher) + window for matcher in matchers]
+    samples: dict[tuple[str, ...], list[Sample]] = {}
+    seen: set[tuple[tuple[str, str], ...]] = set()
+    for query in queries:
+        for got in metrics.instant(query, now):
+            identity = tuple(sorted(got.labels.items()))
+            key = names.key(got.labels)
+            if key is not None and identity not in seen:
+                seen.add(identity)
+                samples.setdefault(key, []).append(got)
+    out: list[tuple[np.ndarray, np.ndarray] | None] = []
+    for one, key in zip(flagged, keys, strict=True):
+        pods = set(one.pods)
+        mine = [
+            s for s in samples.get(key, [])
+            if not pods or names.pod_key(s.labels, frozenset()) in pods
+        ]  # fmt: skip
+        out.append(_merge_points(mine) if mine and any(s.points for s in mine) else None)
+    return out
+
+
+def _series_key(series: GpuMemorySeries) -> tuple[str, ...]:
+    """The key :meth:`DcgmLabels.key` gives the series' samples."""
+    if series.uuid:
+        return ("uuid", series.uuid, series.instance)
+    return ("node", series.node, series.gpu, series.instance)
+
+
+def _regex(values: Sequence[str], port: bool = False) -> str:
+    """A quoted PromQL regex matching exactly ``values`` (with any ``:port`` after each)."""
+    body = "|".join(_quote_meta(v) for v in values)
+    return json.dumps(f"({body})(:[0-9]+)?" if port else f"({body})", ensure_ascii=False)
 
 
 def _may_crash_loop(lives: list[Life], params: LeakParams, now: datetime) -> list[Life]:
