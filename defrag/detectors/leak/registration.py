@@ -116,8 +116,12 @@ def recent_samples(
     queries = [_with_matcher(sel, matcher) + window for matcher in matchers]
     samples: dict[tuple[str, ...], list[Sample]] = {}
     seen: set[tuple[tuple[str, str], ...]] = set()
-    for query in queries:
-        for got in metrics.instant(query, now):
+    if isinstance(metrics, ConcurrentMetricsSource):
+        answers = metrics.ask_all([Query(q, now) for q in queries])
+    else:
+        answers = [metrics.instant(q, now) for q in queries]
+    for answer in answers:
+        for got in answer:
             identity = tuple(sorted(got.labels.items()))
             key = names.key(got.labels)
             if key is not None and identity not in seen:
