@@ -260,7 +260,9 @@ class Settings(BaseSettings):
     ``max_evictions_per_window_ceiling``; per node and per namespace as ever): a window
     serves its backlog under a spreading scheduler too (defrag/plan/budget.py)."""
     max_evictions_per_window_ceiling: int = Field(DEFAULT_CEILING, ge=0, le=1_000_000)
-    """The most evictions of one window when the budget follows demand."""
+    """The most evictions of one window when the budget follows demand. Left at its default
+    it is never below ``max_evictions_per_window`` (a fixed budget raised above 512 raises it
+    too); set below that, the settings contradict each other."""
     evictions_per_starved_gpu: float = Field(DEFAULT_PER_GPU, ge=0, le=64)
     """Evictions budgeted per GPU a starved pod asks (1: a spreading scheduler's one pod per
     GPU)."""
@@ -354,6 +356,7 @@ class Settings(BaseSettings):
             )
         if (
             self.eviction_budget_follows_demand
+            and "max_evictions_per_window_ceiling" in self.model_fields_set
             and self.max_evictions_per_window_ceiling < self.max_evictions_per_window
         ):
             raise Contradiction(
@@ -443,13 +446,20 @@ class Settings(BaseSettings):
         demand = (
             DemandBudget(
                 self.max_evictions_per_window,
-                self.max_evictions_per_window_ceiling,
+                self.window_ceiling,
                 self.evictions_per_starved_gpu,
             )
             if self.eviction_budget_follows_demand
             else None
         )
         return PlannerConfig(constraints, options, demand)
+
+    @property
+    def window_ceiling(self) -> int:
+        """The ceiling in force: the one set, or the default raised to the fixed budget."""
+        if "max_evictions_per_window_ceiling" in self.model_fields_set:
+            return self.max_evictions_per_window_ceiling
+        return max(self.max_evictions_per_window_ceiling, self.max_evictions_per_window)
 
     @property
     def run_mode(self) -> RunMode:

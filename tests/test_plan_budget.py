@@ -78,3 +78,22 @@ def test_a_ceiling_below_the_fixed_budget_is_refused_naming_both() -> None:
     assert fixed.planner_config().demand is None
     assert fixed.planner_config().window_budget().total == 20
     assert Settings().planner_config().window_budget().total == 512  # the ceiling
+
+
+@pytest.mark.parametrize(
+    ("fixed", "ceiling", "in_force"),
+    [
+        (10, None, 512),  # the defaults: the shipped ceiling
+        (600, None, 600),  # a fixed budget raised above 512 raises the default ceiling with it
+        (100_000, None, 100_000),  # the chaos soak's settings (before: refused at start)
+        (600, 700, 700),  # a ceiling set is the one in force
+    ],
+)
+def test_the_default_ceiling_never_sits_below_the_fixed_budget(
+    fixed: int, ceiling: int | None, in_force: int
+) -> None:
+    from defrag.settings import Settings
+
+    extra = {} if ceiling is None else {"max_evictions_per_window_ceiling": ceiling}
+    settings = Settings(max_evictions_per_window=fixed, **extra)  # type: ignore[arg-type]
+    assert settings.planner_config().window_budget().total == in_force

@@ -57,6 +57,16 @@ class ScoringProfile:
         """The policy's name (for reports and labels; never used to rebuild it)."""
         return self.config.policy
 
+    def reference(self, name: str) -> Policy:
+        """Another score function on the same mix and seed, to judge placements someone else
+        made against it (the ``spreading`` detector asks which score the cluster's scheduler
+        follows) — never to place or plan: those score with :attr:`policy`."""
+        if name == self.config.policy:
+            return self.policy
+        if name not in POLICY_NAMES:
+            raise UnknownPolicy(name)
+        return make_policy(name, mix=self.mix, seed=self.config.seed)
+
     @classmethod
     def default(cls, cluster: Cluster | None = None) -> ScoringProfile:
         """The default configuration for ``cluster`` (its observed mix), or the default mix."""

@@ -54,7 +54,6 @@ from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.scoring.filters import feasible_mask
 from defrag.scoring.framework import Policy
-from defrag.scoring.policies import make_policy
 from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import node_scores
 
@@ -223,8 +222,8 @@ def replay(
     for pod, row in zip(pods, rows, strict=True):
         start.release(row, pod, pod.gpu_indices)
     names = packing_policies(profile)
-    spread = make_policy(SPREADING_POLICY)
-    packers = [profile.policy if n == profile.name else make_policy(n) for n in names]
+    spread = profile.reference(SPREADING_POLICY)
+    packers = [profile.reference(n) for n in names]
     counts = {"spreading": 0, "packing": 0, "infeasible": 0, "uninformative": 0}
     actual = start.copy()
     for pod, row in zip(pods, rows, strict=True):
