@@ -515,9 +515,15 @@ class KubeApi:
         return [e for e in self._events[first:] if e.resource == resource]
 
     def watch(
-        self, handler: BaseHTTPRequestHandler, path: str, query: dict[str, list[str]]
+        self,
+        handler: BaseHTTPRequestHandler,
+        path: str,
+        query: dict[str, list[str]],
+        cuts: tuple[int, int] | None = None,
     ) -> None:
-        """Serve one watch request as the API server does.
+        """Serve one watch request as the API server does. ``cuts``: the drop and end counts
+        when the request was logged (a :meth:`drop_watches` after that cuts this watch too,
+        even one that came before the stream began; default: when the stream begins).
 
         Upstream behaviour copied (kubernetes/kubernetes): each line is a meta/v1 ``WatchEvent``
         ``{"type": ADDED|MODIFIED|DELETED|BOOKMARK|ERROR, "object": …}``
@@ -564,7 +570,7 @@ class KubeApi:
         next_bookmark = time.monotonic() + self.bookmark_interval_s
         out: list[bytes] = []
         with self._lock:
-            drops, ends = self._drops, self._ends
+            drops, ends = cuts if cuts is not None else (self._drops, self._ends)
             if since in ("", "0"):
                 current = [o for _, o in sorted(self._store[rt.resource].items())]
                 out = [line("ADDED", o) for o in current if selected(o)]
@@ -718,9 +724,13 @@ class KubeApi:
             time.sleep(fault.delay_s)
         entry = Request("GET", path, query, None, "", verb, group, resource, namespace, name, 200)
         with self._lock:
+            # a test that saw this watch logged and then drops every watch must cut this one:
+            # the counts are taken with the log entry, not when the stream begins (under load
+            # the drop could land between the two, and the watch then lived on unseen)
             self._log.append(entry)
+            cuts = self._drops, self._ends
         try:
-            self.watch(handler, path, query)
+            self.watch(handler, path, query, cuts)
         except ApiError:
             with self._lock:
                 self._log.remove(entry)
