@@ -38,10 +38,12 @@ in the default trace), so only the pod *shapes* come from the trace:
 
 from __future__ import annotations
 
+import gc
 import heapq
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -147,9 +149,10 @@ class Timeline:
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> TimelineRun:
-        while (event := self._next_event()) is not None:
-            handle, now = event
-            handle(now)
+        with _young_collections_rarer():
+            while (event := self._next_event()) is not None:
+                handle, now = event
+                handle(now)
         return self._report()
 
     def _next_event(self) -> tuple[Handler, float] | None:
@@ -343,6 +346,23 @@ class Timeline:
             multi_waits=tuple(sorted(record.multi)),
             cost=self.config.cost.describe(),
         )
+
+
+YOUNG_THRESHOLD = 100_000
+"""Allocations between two young-generation collections during a run (Python's default: 700).
+A run allocates millions of short-lived objects that die young without forming cycles, and at
+the default the cyclic collector took ~20% of a 48 h run (10.6 → 8.4 s median on a quiet
+machine, the same digest). Raised for the run only, and set back after it."""
+
+
+@contextmanager
+def _young_collections_rarer() -> Iterator[None]:
+    before = gc.get_threshold()
+    gc.set_threshold(max(YOUNG_THRESHOLD, before[0]), *before[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
 
 
 def run_timeline(
