@@ -240,6 +240,13 @@ class GpuMemorySeries:
     def usable_mib(self) -> float:
         return self.total_mib - self.reserved_mib
 
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The key :meth:`DcgmLabels.key` gives this GPU's samples (same form: UUID first)."""
+        if self.uuid:
+            return ("uuid", self.uuid, self.instance)
+        return ("node", self.node, self.gpu, self.instance)
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Occupancy:

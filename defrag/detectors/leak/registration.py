@@ -107,7 +107,7 @@ def recent_samples(
     names: DcgmLabels = settings_of(rule.labels)
     window = f"[{params.stop_tail_s + params.stop_null_s:.0f}s]"
     sel = rule.queries.used.strip()
-    keys = [_series_key(one) for one in flagged]
+    keys = [one.key for one in flagged]
     uuids = sorted({k[1] for k in keys if k[0] == "uuid"})
     nodes = sorted({k[1] for k in keys if k[0] == "node"})
     matchers = [f"{name}=~{_regex(uuids)}" for name in names.uuid if uuids] + [
@@ -136,13 +136,6 @@ def recent_samples(
         ]  # fmt: skip
         out.append(_merge_points(mine) if mine and any(s.points for s in mine) else None)
     return out
-
-
-def _series_key(series: GpuMemorySeries) -> tuple[str, ...]:
-    """The key :meth:`DcgmLabels.key` gives the series' samples."""
-    if series.uuid:
-        return ("uuid", series.uuid, series.instance)
-    return ("node", series.node, series.gpu, series.instance)
 
 
 def _regex(values: Sequence[str], port: bool = False) -> str:
