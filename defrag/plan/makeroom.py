@@ -302,11 +302,13 @@ def candidate_rows(ws: Workspace, pod: Pod, limit: int) -> np.ndarray:
     short = np.maximum(pod.cpu_milli - a.cpu_free[rows], 0)
     rank = deficit + short / np.maximum(a.cpu_total[rows], 1)
     if short.any():
-        movable = np.zeros(len(a), dtype=np.int64)
-        for o in ws.where.values():
-            if o.pod.num_gpu == 0:
-                movable[o.row] += o.pod.cpu_milli
-        rank = rank + 10.0 * (short > movable[rows])
+        # CPU that CPU-only pods hold, on the rows short of CPU alone (elsewhere 0 > it never)
+        movable = np.zeros(len(rows), dtype=np.int64)
+        for i in np.flatnonzero(short).tolist():
+            movable[i] = sum(
+                o.pod.cpu_milli for o in ws.rows[rows[i]].values() if o.pod.num_gpu == 0
+            )
+        rank = rank + 10.0 * (short > movable)
     if len(rows) > limit:
         keep = np.argpartition(rank, limit - 1)[:limit]
         rows, rank = rows[keep], rank[keep]

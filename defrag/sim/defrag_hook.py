@@ -298,7 +298,7 @@ class PlannerHook:
         aware = now is not None and self.options.checkpoint_aware
         if aware and state.jobs:
             assert now is not None
-            where = {k: _annotated(pl, state, now) for k, pl in state.placed.items()}
+            where = {k: _Shown(pl, state, now) for k, pl in state.placed.items()}
             rows = [{k: where[k] for k in r} for r in state.rows]
             ws = Workspace(state.arrays.copy(), rows, where=where)
         else:
@@ -330,6 +330,28 @@ def _annotated(placed: Placed, state: SimState, now: float) -> Placed:
         notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=max(last, job.started))).isoformat()
     pod = replace(placed.pod, created_at=EPOCH + timedelta(hours=job.started), annotations=notes)
     return replace(placed, pod=pod)
+
+
+class _Shown:
+    """A running pod's seat whose pod is :func:`_annotated` when first read: a plan reads the
+    pods of the few nodes it searches, not the thousands the cycle's workspace holds (the
+    workspace lives within one hook call, while the simulator's state stands still)."""
+
+    __slots__ = ("_now", "_placed", "_state", "gpus", "pod", "row")
+    pod: Pod
+    row: int
+    gpus: tuple[int, ...]
+
+    def __init__(self, placed: Placed, state: SimState, now: float) -> None:
+        self._placed, self._state, self._now = placed, state, now
+        self.row, self.gpus = placed.row, placed.gpus
+
+    def __getattr__(self, name: str) -> Any:
+        """Only an unset slot gets here: ``pod``, on its first read."""
+        if name != "pod":
+            raise AttributeError(name)
+        self.pod = _annotated(self._placed, self._state, self._now).pod
+        return self.pod
 
 
 def make_defrag_hook(policy: str, protocol: str, **opts: Any) -> DefragHook:
