@@ -41,7 +41,6 @@ from defrag.plan.room import (
     Room,
     SearchContext,
     VictimFilter,
-    find_room,
     relocate,
 )
 from defrag.plan.workspace import Workspace
@@ -71,6 +70,9 @@ class _Pass:
     movable: Callable[[Pod], bool] | None
     nest: Nest | None
     preempt: Preemptable
+    rules: tuple[object, ...] | None
+    """What ``allowed`` and ``movable`` decide by besides the workspace (the room searches'
+    key, :meth:`~defrag.plan.room.SearchContext.room`); None: a chained victim's, not kept."""
 
 
 def make_room(
@@ -136,22 +138,25 @@ def _make_room(
     if migrate_any and not any_priority and not chained:
         everyone = ctx.victim_filter(None)
         placeable = placeable_elsewhere(ws)
-        passes.append(_Pass(everyone, placeable, None, False))
+        passes.append(_Pass(everyone, placeable, None, False, ("below", None, True)))
         if preempt or depth > 0:
             mixed = _lower_or_movable(everyone, pod.priority, placeable)
-            passes.append(_Pass(mixed, None, nest, _below(pod.priority) if preempt else False))
+            lower = _below(pod.priority) if preempt else False
+            passes.append(_Pass(mixed, None, nest, lower, ("mixed", pod.priority, False)))
     else:
         # First victims that fit elsewhere as they are; then, if that fails, any victim, with
         # chains of migrations (depth) or preemption making room for the ones that fit nowhere.
+        below = None if chained else ("below", None if any_priority else pod.priority)
         if not preempt:
-            passes.append(_Pass(allowed, placeable_elsewhere(ws), None, False))
+            moves = None if below is None else (*below, True)
+            passes.append(_Pass(allowed, placeable_elsewhere(ws), None, False, moves))
         if preempt or depth > 0:
-            passes.append(_Pass(allowed, None, nest, preempt))
+            passes.append(_Pass(allowed, None, nest, preempt, below and (*below, False)))
     dear: tuple[int, float] | None = None  # the cheapest room refused as not worth it
     for p in passes:
         rooms: list[Room] = []
         for row in rows:
-            found = find_room(ws, int(row), pod, p.allowed, ctx.cost, p.movable)
+            found = ctx.room(ws, int(row), pod, p.rules, p.allowed, p.movable)
             if isinstance(found, Room):
                 if max_moves is not None and len(found.victims) > max_moves:
                     continue
@@ -303,8 +308,10 @@ def candidate_rows(ws: Workspace, pod: Pod, limit: int) -> np.ndarray:
     rank = deficit + short / np.maximum(a.cpu_total[rows], 1)
     if short.any():
         # CPU that CPU-only pods hold, on the rows short of CPU alone (elsewhere 0 > it never)
+        # that hold a pod asking no GPU slot at all (the demand classes count them)
         movable = np.zeros(len(rows), dtype=np.int64)
-        for i in np.flatnonzero(short).tolist():
+        gpuless = a.class_count[rows, 0] + a.class_count[rows, 1]  # CPU-only, shares, pools
+        for i in np.flatnonzero((short > 0) & (gpuless > 0)).tolist():
             movable[i] = sum(
                 o.pod.cpu_milli for o in ws.rows[rows[i]].values() if o.pod.num_gpu == 0
             )

@@ -32,6 +32,9 @@ from defrag.plan.workspace import Occupant, Workspace
 from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.scheduler import schedule
 
+_KEPT_ROOMS = 100_000
+"""Room searches a context keeps at most (then it forgets them all and starts again)."""
+
 VictimFilter = Callable[[Pod], Status]
 Preemptable = bool | Callable[[Pod], bool]
 """Whether a victim that fits nowhere may be preempted: for all victims, or per victim."""
@@ -52,6 +55,33 @@ class SearchContext:
     _checks: dict[str, Status] = field(default_factory=dict)
     _costs: dict[int, tuple[Pod, float]] = field(default_factory=dict)
     """By the pod object's id (the pod is kept, so the id is not reused while cached)."""
+    _rooms: dict[tuple[object, ...], Room | tuple[Blocked, ...]] = field(default_factory=dict)
+    """Room searches by workspace version, row, victim rules and pod shape (:meth:`room`)."""
+
+    def room(
+        self,
+        ws: Workspace,
+        row: int,
+        pod: Pod,
+        rules: tuple[object, ...] | None,
+        allowed: VictimFilter,
+        movable: Callable[[Pod], bool] | None = None,
+    ) -> Room | tuple[Blocked, ...]:
+        """:func:`find_room` with this context's costs, its answer kept under the workspace's
+        version: a search on a state seen before (the same again after a room that failed
+        was rolled back) is not redone. ``rules`` names all that ``allowed`` and ``movable``
+        decide by besides the workspace and this context (None: the answer is not kept). The
+        search reads of ``pod`` only its GPUs, GPU share, CPU and memory."""
+        if rules is None:
+            return find_room(ws, row, pod, allowed, self.cost, movable)
+        key = (ws.version, row, rules, pod.num_gpu, pod.gpu_milli, pod.cpu_milli, pod.memory_mib)
+        found = self._rooms.get(key)
+        if found is None:
+            if len(self._rooms) >= _KEPT_ROOMS:
+                self._rooms.clear()
+            found = find_room(ws, row, pod, allowed, self.cost, movable)
+            self._rooms[key] = found
+        return found
 
     def check(self, pod: Pod) -> Status:
         status = self._checks.get(pod.key)

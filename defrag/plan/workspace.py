@@ -8,6 +8,7 @@ made from changes.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from defrag.model.arrays import BoolArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.plan.constraints import gang_of
+
+_STATES = itertools.count(1)
+"""Numbers for workspace states, unique across every workspace of the process."""
 
 
 class Occupant(Protocol):
@@ -44,6 +48,11 @@ class Workspace:
 
     ``no_target`` marks rows the plan keeps out of reach for re-placed pods (a node being
     drained, a node whose room is reserved for a starved pod).
+
+    ``version`` names the state: every change gives a new number (unique across workspaces),
+    and a rollback gives back the number of the state it restores — so what was derived from
+    the state (a room search's answer) can be kept under its version and found again once a
+    trial move is undone. It holds only while every change goes through these methods.
     """
 
     def __init__(
@@ -63,6 +72,9 @@ class Workspace:
         self.reserved: dict[str, Occupant] = {}
         """Pending pods given room by the plan (released before the ``after`` report)."""
         self._log: list[tuple[str, Occupant]] = []
+        self._versions: list[int] = []
+        """The version before each change of ``_log``."""
+        self.version = next(_STATES)
 
     @classmethod
     def from_cluster(cls, cluster: Cluster) -> Workspace:
@@ -102,7 +114,7 @@ class Workspace:
         seat = self.where.pop(key)
         del self.rows[seat.row][key]
         self.arrays.release(seat.row, seat.pod, seat.gpus)
-        self._log.append(("remove", seat))
+        self._logged("remove", seat)
         return seat
 
     def place(self, pod: Pod, row: int, gpus: tuple[int, ...]) -> Occupant:
@@ -110,7 +122,7 @@ class Workspace:
         self.arrays.allocate(row, pod, seat.gpus)
         self.rows[row][pod.key] = seat
         self.where[pod.key] = seat
-        self._log.append(("place", seat))
+        self._logged("place", seat)
         return seat
 
     def reserve(self, pod: Pod, row: int, gpus: tuple[int, ...]) -> None:
@@ -118,12 +130,17 @@ class Workspace:
         seat = Seat(pod, row, tuple(gpus))
         self.arrays.allocate(row, pod, seat.gpus)
         self.reserved[pod.key] = seat
-        self._log.append(("reserve", seat))
+        self._logged("reserve", seat)
 
     def forbid(self, row: int) -> None:
         if not self.no_target[row]:
             self.no_target[row] = True
-            self._log.append(("forbid", Seat(Pod(name=""), row, ())))
+            self._logged("forbid", Seat(Pod(name=""), row, ()))
+
+    def _logged(self, kind: str, seat: Occupant) -> None:
+        self._log.append((kind, seat))
+        self._versions.append(self.version)
+        self.version = next(_STATES)
 
     def mark(self) -> int:
         return len(self._log)
@@ -131,6 +148,7 @@ class Workspace:
     def rollback(self, mark: int) -> None:
         while len(self._log) > mark:
             kind, seat = self._log.pop()
+            self.version = self._versions.pop()
             if kind == "remove":
                 self.arrays.allocate(seat.row, seat.pod, seat.gpus)
                 self.rows[seat.row][seat.pod.key] = seat
@@ -151,3 +169,5 @@ class Workspace:
             self.arrays.release(seat.row, seat.pod, seat.gpus)
         self.reserved.clear()
         self._log.clear()
+        self._versions.clear()
+        self.version = next(_STATES)

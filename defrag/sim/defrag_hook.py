@@ -32,9 +32,10 @@ made them, so the simulator can apply them one by one.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from defrag.detectors.starvation.core import StarvationParams
@@ -55,7 +56,7 @@ from defrag.plan.model import Step
 from defrag.plan.planner import Rooms, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
-from defrag.plan.workspace import Workspace
+from defrag.plan.workspace import Occupant, Workspace
 from defrag.sim.hooks import REQUEUE, DefragHook, Move
 from defrag.sim.state import Placed, SimState
 
@@ -192,6 +193,7 @@ class PlannerHook:
         self.budget_key: tuple[str, int] = ("", 0)
         self.totals: dict[tuple[str, int], int] = {}
         """Each window opening's budget, fixed when it opens."""
+        self.shown = _Annotator()
         floor = options.planner.constraints.budget.total
         self.demand = (
             DemandBudget(floor, max(options.window_ceiling, floor), options.evictions_per_gpu)
@@ -298,7 +300,7 @@ class PlannerHook:
         aware = now is not None and self.options.checkpoint_aware
         if aware and state.jobs:
             assert now is not None
-            where = {k: _Shown(pl, state, now) for k, pl in state.placed.items()}
+            where = self.shown.seats(state, now)
             rows = [{k: where[k] for k in r} for r in state.rows]
             ws = Workspace(state.arrays.copy(), rows, where=where)
         else:
@@ -316,41 +318,63 @@ class PlannerHook:
         return ws, ctx
 
 
-def _annotated(placed: Placed, state: SimState, now: float) -> Placed:
-    """The running pod as the cluster shows it: created at its (re)start, annotated with
-    ``defrag.io/last-checkpoint`` when it checkpoints (a pod that never does shows none)."""
-    job = state.jobs.get(placed.pod.key)
-    if job is None or job.started is None:
-        return placed
-    last = job.last_checkpoint(now)
-    notes = dict(placed.pod.annotations)
-    if last is not None and job.interval_h is not None:
+Shown = tuple[Pod, float, float | None, Pod]
+"""A running pod as last shown: (its pod, its start, its last checkpoint shown, the pod shown)."""
+
+
+class _Annotator:
+    """Running pods as the cluster shows them at the hook's cycles: created at their
+    (re)start, annotated with ``defrag.io/last-checkpoint`` when they checkpoint (a pod that
+    never does shows none). A pod shown at an earlier cycle is shown by the same object while
+    its start and last checkpoint stand (a serving pod's moves with every cycle)."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, Shown] = {}
+
+    def seats(self, state: SimState, now: float) -> dict[str, Occupant]:
+        """The running pods' seats, each pod shown when first read (:class:`_Seat`)."""
+        self.known = {k: v for k, v in self.known.items() if k in state.placed}
+        return {k: _Seat(pl, partial(self.pod, state, now)) for k, pl in state.placed.items()}
+
+    def pod(self, state: SimState, now: float, placed: Placed) -> Pod:
+        job = state.jobs.get(placed.pod.key)
+        if job is None or job.started is None:
+            return placed.pod
+        last = job.last_checkpoint(now)
         # A checkpointing pod shows its (re)start until its first checkpoint in this run: it
         # resumed from the state saved then; a serving pod (interval 0) shows ``now``.
-        notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=max(last, job.started))).isoformat()
-    pod = replace(placed.pod, created_at=EPOCH + timedelta(hours=job.started), annotations=notes)
-    return replace(placed, pod=pod)
+        shown = max(last, job.started) if last is not None and job.interval_h is not None else None
+        hit = self.known.get(placed.pod.key)
+        if hit is not None and hit[0] is placed.pod and hit[1:3] == (job.started, shown):
+            return hit[3]
+        notes = dict(placed.pod.annotations)
+        if shown is not None:
+            notes[CHECKPOINT_ANNOTATION] = (EPOCH + timedelta(hours=shown)).isoformat()
+        created = EPOCH + timedelta(hours=job.started)
+        pod = replace(placed.pod, created_at=created, annotations=notes)
+        self.known[placed.pod.key] = (placed.pod, job.started, shown, pod)
+        return pod
 
 
-class _Shown:
-    """A running pod's seat whose pod is :func:`_annotated` when first read: a plan reads the
-    pods of the few nodes it searches, not the thousands the cycle's workspace holds (the
-    workspace lives within one hook call, while the simulator's state stands still)."""
+class _Seat:
+    """A running pod's seat whose pod is shown (:class:`_Annotator`) when first read: a plan
+    reads the pods of the few nodes it searches, not the thousands the cycle's workspace holds
+    (the workspace lives within one hook call, while the simulator's state stands still)."""
 
-    __slots__ = ("_now", "_placed", "_state", "gpus", "pod", "row")
+    __slots__ = ("_placed", "_show", "gpus", "pod", "row")
     pod: Pod
     row: int
     gpus: tuple[int, ...]
 
-    def __init__(self, placed: Placed, state: SimState, now: float) -> None:
-        self._placed, self._state, self._now = placed, state, now
+    def __init__(self, placed: Placed, show: Callable[[Placed], Pod]) -> None:
+        self._placed, self._show = placed, show
         self.row, self.gpus = placed.row, placed.gpus
 
     def __getattr__(self, name: str) -> Any:
         """Only an unset slot gets here: ``pod``, on its first read."""
         if name != "pod":
             raise AttributeError(name)
-        self.pod = _annotated(self._placed, self._state, self._now).pod
+        self.pod = self._show(self._placed)
         return self.pod
 
 
