@@ -307,15 +307,7 @@ def candidate_rows(ws: Workspace, pod: Pod, limit: int) -> np.ndarray:
     short = np.maximum(pod.cpu_milli - a.cpu_free[rows], 0)
     rank = deficit + short / np.maximum(a.cpu_total[rows], 1)
     if short.any():
-        # CPU that CPU-only pods hold, on the rows short of CPU alone (elsewhere 0 > it never)
-        # that hold a pod asking no GPU slot at all (the demand classes count them)
-        movable = np.zeros(len(rows), dtype=np.int64)
-        gpuless = a.class_count[rows, 0] + a.class_count[rows, 1]  # CPU-only, shares, pools
-        for i in np.flatnonzero((short > 0) & (gpuless > 0)).tolist():
-            movable[i] = sum(
-                o.pod.cpu_milli for o in ws.rows[rows[i]].values() if o.pod.num_gpu == 0
-            )
-        rank = rank + 10.0 * (short > movable)
+        rank = rank + 10.0 * (short > ws.gpuless_cpu[rows])
     if len(rows) > limit:
         keep = np.argpartition(rank, limit - 1)[:limit]
         rows, rank = rows[keep], rank[keep]

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from defrag.model.arrays import BoolArray, NodeArrays
+from defrag.model.arrays import BoolArray, IntArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.plan.constraints import gang_of
@@ -61,6 +61,7 @@ class Workspace:
         rows: Iterable[Mapping[str, Occupant]],
         gangs: Mapping[str, tuple[str, ...]] | None = None,
         where: Mapping[str, Occupant] | None = None,
+        gpuless_cpu: IntArray | None = None,
     ) -> None:
         self.arrays = arrays
         self.rows: list[dict[str, Occupant]] = [dict(r) for r in rows]
@@ -68,6 +69,14 @@ class Workspace:
             dict(where) if where is not None else {k: o for r in self.rows for k, o in r.items()}
         )
         self.gangs: Mapping[str, tuple[str, ...]] = gangs or {}
+        self.gpuless_cpu: IntArray = (
+            gpuless_cpu.copy()
+            if gpuless_cpu is not None
+            else cpu_of_gpuless(self.where.values(), len(arrays))
+        )
+        """[N] CPU (milli) held per row by the running pods that ask no GPU slot (they fit
+        almost anywhere: make-room counts it as nearly free); computed from ``where`` unless
+        the caller has it."""
         self.no_target: BoolArray = np.zeros(len(arrays), dtype=bool)
         self.reserved: dict[str, Occupant] = {}
         """Pending pods given room by the plan (released before the ``after`` report)."""
@@ -114,6 +123,7 @@ class Workspace:
         seat = self.where.pop(key)
         del self.rows[seat.row][key]
         self.arrays.release(seat.row, seat.pod, seat.gpus)
+        self._count(seat, -1)
         self._logged("remove", seat)
         return seat
 
@@ -122,6 +132,7 @@ class Workspace:
         self.arrays.allocate(row, pod, seat.gpus)
         self.rows[row][pod.key] = seat
         self.where[pod.key] = seat
+        self._count(seat, 1)
         self._logged("place", seat)
         return seat
 
@@ -136,6 +147,10 @@ class Workspace:
         if not self.no_target[row]:
             self.no_target[row] = True
             self._logged("forbid", Seat(Pod(name=""), row, ()))
+
+    def _count(self, seat: Occupant, sign: int) -> None:
+        if seat.pod.num_gpu == 0:
+            self.gpuless_cpu[seat.row] += sign * seat.pod.cpu_milli
 
     def _logged(self, kind: str, seat: Occupant) -> None:
         self._log.append((kind, seat))
@@ -153,10 +168,12 @@ class Workspace:
                 self.arrays.allocate(seat.row, seat.pod, seat.gpus)
                 self.rows[seat.row][seat.pod.key] = seat
                 self.where[seat.pod.key] = seat
+                self._count(seat, 1)
             elif kind == "place":
                 self.arrays.release(seat.row, seat.pod, seat.gpus)
                 del self.rows[seat.row][seat.pod.key]
                 del self.where[seat.pod.key]
+                self._count(seat, -1)
             elif kind == "reserve":
                 self.arrays.release(seat.row, seat.pod, seat.gpus)
                 del self.reserved[seat.pod.key]
@@ -171,3 +188,12 @@ class Workspace:
         self._log.clear()
         self._versions.clear()
         self.version = next(_STATES)
+
+
+def cpu_of_gpuless(seats: Iterable[Occupant], rows: int) -> IntArray:
+    """[rows] CPU (milli) held per row by those of ``seats`` whose pod asks no GPU slot."""
+    cpu = np.zeros(rows, dtype=np.int64)
+    for o in seats:
+        if o.pod.num_gpu == 0:
+            cpu[o.row] += o.pod.cpu_milli
+    return cpu

@@ -56,7 +56,7 @@ from defrag.plan.model import Step
 from defrag.plan.planner import Rooms, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
-from defrag.plan.workspace import Occupant, Workspace
+from defrag.plan.workspace import Occupant, Workspace, cpu_of_gpuless
 from defrag.sim.hooks import REQUEUE, DefragHook, Move
 from defrag.sim.state import Placed, SimState
 
@@ -302,7 +302,8 @@ class PlannerHook:
             assert now is not None
             where = self.shown.seats(state, now)
             rows = [{k: where[k] for k in r} for r in state.rows]
-            ws = Workspace(state.arrays.copy(), rows, where=where)
+            cpu = cpu_of_gpuless(state.placed.values(), len(state.arrays))  # reads no pod shown
+            ws = Workspace(state.arrays.copy(), rows, where=where, gpuless_cpu=cpu)
         else:
             ws = Workspace(state.arrays.copy(), state.rows, where=state.placed)
         config = self.options.planner.constraints
