@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
+from unittest.mock import patch
 
 import numpy as np
 import pytest
@@ -24,9 +25,10 @@ from defrag.model.workload import WorkloadMix
 from defrag.plan import Constraints, EvictionBudget, MakeRoomMode, PlanOptions
 from defrag.plan.constraints import Ledger
 from defrag.plan.cost import DEFAULT_COST
+from defrag.plan.makeroom import placeable_elsewhere
 from defrag.plan.model import Blocked
 from defrag.plan.planner import Rooms, make_rooms
-from defrag.plan.room import Room, SearchContext, VictimFilter, find_room
+from defrag.plan.room import Room, SearchContext, VictimFilter, _Search, find_room
 from defrag.plan.workspace import Workspace, cpu_of_gpuless
 from defrag.scoring.policies import make_policy
 from tests.test_plan_drains import clusters
@@ -214,3 +216,38 @@ def test_a_failed_room_leaves_its_searches_kept_for_the_next_pod_of_its_shape() 
     b = make_rooms(Workspace.from_cluster(c), fresh, [[w] for w in waiting], options)
     assert a == b and a.steps == ()
     assert (len(kept._rooms), fresh.searches) == (4 * 2, 2 * 4 * 2)  # type: ignore[attr-defined]
+
+
+@SETTINGS
+@given(
+    clusters(),
+    st.lists(st.integers(0, 7), max_size=4),
+    st.sampled_from([1, 2, 4, 8]),
+    st.sampled_from([None, 100, 1000]),
+    st.booleans(),
+)
+def test_a_room_search_dismissed_as_hopeless_is_one_the_greedy_could_not_make(
+    c: Cluster, cpu_pods: list[int], gpus: int, below: int | None, movable: bool
+) -> None:
+    # _hopeless: fewer GPUs whole or held by usable pods only than the pod asks. The search
+    # with it and without it (the greedy run to its end) find the same room, or the same
+    # blockers, on every row.
+    c = _with_cpu_pods(c, cpu_pods)
+    ws, ctx = Workspace.from_cluster(c), _context(c, SearchContext, None)
+    pod = Pod("wait", num_gpu=gpus, cpu_milli=1000, priority=1000)
+    allowed = ctx.victim_filter(below)
+    fits = placeable_elsewhere(ws) if movable else None
+    rows = range(len(ws.arrays))
+    hopeless = []
+    hopeless_of = _Search._hopeless
+
+    def counted(search: _Search, gpus: list[int], r: int, have: int) -> bool:
+        hopeless.append(hopeless_of(search, gpus, r, have))
+        return hopeless[-1]
+
+    with patch.object(_Search, "_hopeless", counted):
+        bounded = [find_room(ws, row, pod, allowed, ctx.cost, fits) for row in rows]
+    with patch.object(_Search, "_hopeless", lambda *_: False):
+        greedy = [find_room(ws, row, pod, allowed, ctx.cost, fits) for row in rows]
+    assert bounded == greedy
+    event(f"dismissed: {any(hopeless)}")

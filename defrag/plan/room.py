@@ -245,6 +245,8 @@ class _Search:
         victims: dict[str, Occupant] = {}
         free = self.free[:]
         have = whole(free)
+        if have < r and self._hopeless(gpus, r, have):
+            return None
         while have < r:
             best: tuple[float, int, list[Occupant]] | None = None
             for g in gpus:
@@ -271,6 +273,14 @@ class _Search:
                     free[gi] += o.pod.gpu_milli
             have = whole(free)
         return self._prune(victims, lambda f: whole(f) >= r)
+
+    def _hopeless(self, gpus: list[int], r: int, have: int) -> bool:
+        """Whether :meth:`_clear` cannot reach ``r`` whole GPUs among ``gpus``: a GPU turns
+        whole only once every pod on it goes, so at most the ``have`` whole ones and those
+        whose pods are all usable can be. Checks the pods in the order of the greedy's first
+        round (which checks them all), so what ``blocked`` records is the same."""
+        usable = sum(1 for g in gpus if self.free[g] < GPU_MILLI and self._usable(self.occ[g]))
+        return have + usable < r
 
     def _clear_domains(self, r: int) -> dict[str, Occupant] | None:
         """Victims that leave whole NVLink domains free, holding at least ``r`` GPUs together."""

@@ -335,7 +335,8 @@ class _Annotator:
     def seats(self, state: SimState, now: float) -> dict[str, Occupant]:
         """The running pods' seats, each pod shown when first read (:class:`_Seat`)."""
         self.known = {k: v for k, v in self.known.items() if k in state.placed}
-        return {k: _Seat(pl, partial(self.pod, state, now)) for k, pl in state.placed.items()}
+        show = partial(self.pod, state, now)
+        return {k: _Seat(pl, show) for k, pl in state.placed.items()}
 
     def pod(self, state: SimState, now: float, placed: Placed) -> Pod:
         job = state.jobs.get(placed.pod.key)
