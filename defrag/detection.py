@@ -28,8 +28,8 @@ from defrag.detectors.idle.registration import IDLE, IdleRuleFields, idle_curve
 from defrag.detectors.leak.core import DcgmLabels, LeakParams, detect_leaks
 from defrag.detectors.leak.registration import LEAK, LeakRuleFields, leak_series
 from defrag.detectors.registry import Inputs, MissingInput
-from defrag.detectors.starvation.core import first_per_pod
 from defrag.detectors.rulemodel import ClusterRuleModel, KubeStateQueries, settings_of
+from defrag.detectors.starvation.core import first_per_pod
 from defrag.model.cluster import Cluster
 from defrag.ports import MetricsSource
 from defrag.rules import LoadedRule, RuleSet

@@ -164,13 +164,13 @@ def hook_options(**opts: Any) -> HookOptions:
     return HookOptions(planner=planner, **{k: v for k, v in opts.items() if k in own})
 
 
-def load_rules(path: str | None) -> tuple[StarvationParams, ...]:
+def starvation_rules(path: str | None) -> tuple[StarvationParams, ...]:
     """Every enabled starvation rule of ``path``, else those the daemon would read (the one
     rules lookup: ``$DEFRAG_RULES_DIR``, else the shipped rules), in the daemon's order."""
-    from defrag.rules import load_rules as load, rules_paths
+    from defrag.rules import load_rules, rules_paths
 
     paths = rules_paths([path] if path else ())
-    found = tuple(r.rule.params() for r in load(paths).enabled("starvation"))
+    found = tuple(r.rule.params() for r in load_rules(paths).enabled("starvation"))
     if not found:
         where = ", ".join(map(str, paths))
         raise ValueError(f"{where}: no enabled starvation rule")
@@ -190,7 +190,8 @@ class PlannerHook:
             raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
         self.protocol = protocol
         self.options = options
-        self.rules = load_rules(options.rule) if protocol == "timeline" else (StarvationParams(),)
+        timeline = protocol == "timeline"
+        self.rules = starvation_rules(options.rule) if timeline else (StarvationParams(),)
         self.make_room_now = options.make_room_now
         """True: rooms at any cycle for every starved pod; None: for a make-room-now rule's."""
         self.urgent_rules = any(r.action == "make-room-now" for r in self.rules)
@@ -390,6 +391,6 @@ __all__ = [
     "HookOptions",
     "PlannerHook",
     "hook_options",
-    "load_rules",
     "make_defrag_hook",
+    "starvation_rules",
 ]
