@@ -61,6 +61,7 @@ class StarvationParams:
 
     @property
     def every_reason(self) -> bool:
+        """Whether the rule takes every reason (no diagnosis is needed to select a pod)."""
         return self.reasons >= frozenset(REASONS)
 
 
