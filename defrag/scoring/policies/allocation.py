@@ -76,6 +76,22 @@ class _AllocationScore(BestFitGpuChoice):
             free += safe_ratio(gpu_left.astype(float), t.gpu)
         return free, t.counted
 
+    def fresh_scores(self, pod: Pod, arrays: NodeArrays) -> FloatArray | None:
+        """:meth:`score` for the scheduler's one-pass path (framework.FreshScores): a new array
+        every call, clipped to 0..100, and no NaN where every total is > 0 (a division by a
+        positive total, a mean over ≥ 1 resource); None on a node set with a zero total."""
+        t = self._totals
+        if t is None or not t.holds(arrays):
+            t = self._totals = _Totals.of(arrays)
+        return self.score(pod, arrays, _NO_MASK) if t.dense else None
+
+    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
+        raise NotImplementedError
+
+
+_NO_MASK: BoolArray = np.ones(0, dtype=bool)
+"""What :meth:`_AllocationScore.fresh_scores` passes as ``feasible``: the score reads no mask."""
+
 
 class LeastAllocated(_AllocationScore):
     name = "least-allocated"
