@@ -177,9 +177,14 @@ def test_one_pass_picks_what_the_long_way_picks(
         exclude[0] = True
     for pod in new:
         assert isinstance(policy, FreshScores)
-        assert policy.fresh_scores(pod, arrays) is not None  # the path under test
+        fresh = policy.fresh_scores(pod, arrays)
+        assert fresh is not None  # the path under test
         got = schedule(pod, arrays, policy, exclude=exclude)
         feasible = feasible_mask(pod, arrays, exclude)
+        # one side of the clip skipped: every bit the same on a feasible row, ≥ 0 there
+        clipped = policy.score(pod, arrays, feasible)
+        assert fresh[feasible].tolist() == clipped[feasible].tolist()
+        assert (fresh[feasible] >= 0).all()
         row = select(node_scores(pod, arrays, policy, feasible), feasible)
         if row is None:
             assert isinstance(got, Unschedulable)

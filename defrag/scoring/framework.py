@@ -62,10 +62,11 @@ class Policy(Protocol):
 @runtime_checkable
 class FreshScores(Protocol):
     """A policy the scheduler may score in one pass (:func:`~defrag.scoring.scheduler.schedule`):
-    its scores come in a fresh array the caller may overwrite, with no NaN and none below 0."""
+    its scores come in a fresh array the caller may overwrite, with no NaN, and none below 0 on
+    a row the filters pass."""
 
     def fresh_scores(self, pod: Pod, arrays: NodeArrays) -> FloatArray | None:
-        """:meth:`Policy.score` of every row, in a new array, every value a number ≥ 0; None
-        where the policy cannot promise that for these nodes (the scheduler then scores the
-        long way)."""
+        """:meth:`Policy.score` of every row the filters pass, in a new array with no NaN,
+        every such row's value ≥ 0 (other rows: any number); None where the policy cannot
+        promise that for these nodes (the scheduler then scores the long way)."""
         ...

@@ -70,8 +70,9 @@ def _fresh_scores(pod: Pod, arrays: NodeArrays, policy: Policy) -> FloatArray | 
 def _one_pass(
     pod: Pod, arrays: NodeArrays, policy: Policy, feasible: BoolArray, scores: FloatArray
 ) -> Placement:
-    """:func:`schedule` where some row is feasible and ``scores`` are fresh, numbers, ≥ 0:
-    truncated in place, the infeasible rows set below every score, the first maximum taken —
+    """:func:`schedule` where some row is feasible and ``scores`` are fresh, numbers, ≥ 0 on
+    every feasible row: truncated in place, the infeasible rows set below every feasible
+    score, the first maximum taken —
     the row and score :func:`node_scores` and :func:`select` give, with no NaN pass, no copy
     of the scores and no pool rule."""
     np.trunc(scores, out=scores)
