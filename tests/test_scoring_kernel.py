@@ -159,16 +159,16 @@ def test_one_domain_nodes_give_the_first_free_gpus(
 @given(
     clusters().filter(lambda c: bool((c.arrays.gpu_total > 0).all())),
     st.lists(pods("new"), min_size=1, max_size=4),
-    st.sampled_from(["least-allocated", "most-allocated"]),
+    st.sampled_from(["least-allocated", "most-allocated", "reserve-binpack"]),
     st.booleans(),
 )
 def test_one_pass_picks_what_the_long_way_picks(
     cluster: Cluster, new: list[Pod], policy_name: str, exclude_first: bool
 ) -> None:
-    # Every node has GPUs, so every total is > 0 and the allocation policies take the one-pass
-    # path (asserted); the long way is the filters, node_scores and select, as before it. The
-    # generated nodes are alike (32 cores, 10^6 MiB), so equal scores, and the first-row
-    # tie-break, are common.
+    # Every node has GPUs, so every total is > 0 and the allocation policies take the
+    # one-pass path (asserted; reserve-binpack always does); the long way is the filters,
+    # node_scores and select, as before it. The generated nodes are alike (32 cores, 10^6
+    # MiB), so equal scores, and the first-row tie-break, are common.
     arrays = cluster.arrays.copy()
     policy = make_policy(policy_name)
     exclude = None
