@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from defrag.adapters import jsonio
 from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.kube_convert import ConversionError, pod_from_json
 from defrag.model.arrays import BoolArray, FloatArray, IntArray
@@ -161,7 +162,7 @@ def parse_args(body: bytes | bytearray | str) -> ExtenderArgs:
     if _nesting(body) > MAX_NESTING:
         raise BadRequest(f"body: JSON nested deeper than {MAX_NESTING} levels")
     try:
-        doc = json.loads(body, parse_constant=_no_constant)
+        doc = jsonio.loads(body, parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -284,14 +285,14 @@ _PLAIN_NAMES = re.compile(r"[a-z0-9.,\-]*")
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """A HostPriorityList (``[{"Host", "Score"}]``) as JSON, fast: node names (RFC 1123:
     lower-case letters, digits, '-' and '.') need no escaping, so 1,000 entries are joined
-    directly; anything else goes through ``json.dumps``."""
+    directly; anything else goes through :func:`~defrag.adapters.jsonio.dumps`."""
     if _PLAIN_NAMES.fullmatch(",".join(hosts)):
         body = ",".join(
             f'{{"Host":"{h}","Score":{int(v)}}}' for h, v in zip(hosts, scores, strict=True)
         )
         return f"[{body}]".encode()
     items = [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores, strict=True)]
-    return json.dumps(items, separators=(",", ":")).encode()
+    return jsonio.dumps(items)
 
 
 ObjectArray = np.ndarray[Any, np.dtype[np.object_]]
