@@ -124,7 +124,14 @@ def _no_constant(name: str) -> Any:
 
 def _nesting(body: bytes | bytearray | str) -> int:
     """The deepest ``[``/``{`` nesting outside strings, cheaply (a bound before json.loads)."""
-    text = body.decode(errors="replace") if isinstance(body, bytes | bytearray) else body
+    if isinstance(body, bytes | bytearray):
+        # ASCII brackets are never part of a multi-byte UTF-8 sequence: the bytes' count is
+        # the text's, and most bodies end here without being decoded
+        if body.count(b"[") + body.count(b"{") < MAX_NESTING:
+            return 0
+        text = body.decode(errors="replace")
+    else:
+        text = body
     if text.count("[") + text.count("{") < MAX_NESTING:
         return 0
     depth = deepest = 0
@@ -261,11 +268,14 @@ def extender_scores(scores: FloatArray, winner: BoolArray) -> IntArray:
     """Policy scores (0..100) on kube-scheduler's extender scale (0..10); see the module doc.
 
     The winner gets 10; any other node ``min(9, floor(score / 10))``; NaN (not feasible) → 0.
+    The floor is ``//``'s, at half its cost: ``floor(score / 10)``, less one wherever the
+    rounded quotient reached a whole number the score is below (``10 × q`` then exceeds it).
     """
-    tenths = np.where(np.isfinite(scores), scores, 0.0)
-    np.maximum(tenths, 0.0, out=tenths)
-    tenths //= 10
-    np.minimum(tenths, MAX_EXTENDER_PRIORITY - 1, out=tenths)
+    top = 10.0 * (MAX_EXTENDER_PRIORITY - 1)
+    clipped = np.where(np.isfinite(scores), scores, 0.0)
+    np.clip(clipped, 0.0, top, out=clipped)
+    tenths = np.floor(clipped / 10.0)
+    tenths -= tenths * 10.0 > clipped
     values = tenths.astype(np.int64)
     values[winner] = MAX_EXTENDER_PRIORITY
     return values
