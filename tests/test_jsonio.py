@@ -86,13 +86,14 @@ def test_loads_takes_every_body_type(kind: type) -> None:
 
 
 def test_long_integer_screen() -> None:
-    # 18 digits cannot leave the 64-bit range; 19 after a place a number can start may
+    # 18 digits cannot leave the 64-bit range; 19 that end where a number may end may
     screen = jsonio._may_hold_long_integer
     assert not screen(b"[123456789012345678]")
     assert screen(b"[1234567890123456789]")
-    assert screen(b"1234567890123456789")  # at the very start of the body
-    assert screen(b'{"a":-1234567890123456789}')
-    assert not screen(b'"sha256:a1234567890123456789"')  # after a letter: not a number
+    assert screen(b"1234567890123456789")  # at the very end of the body
+    assert screen(b'{"a":-1234567890123456789 }')
+    assert not screen(b'"sha256:a1234567890123456789b"')  # inside a digest: not a number
+    assert not screen(b"[12345678901234567890.5]")  # a float: orjson is exact
 
 
 _JSON = st.recursive(

@@ -10,9 +10,10 @@ orjson (a compiled codec, several times faster than :mod:`json` on these bodies)
   orjson refuses is decoded again by :mod:`json` (with the caller's ``parse_constant``), which
   then returns its own value or raises its own :class:`json.JSONDecodeError`.
 - orjson decodes an integer outside the 64-bit ranges as a float, :mod:`json` as an exact
-  ``int``. Such a literal has 19 digits or more; a body holding a run of 19 digits right after
-  ``[``, ``,``, ``:``, whitespace or ``-`` (where a JSON number can start) is decoded by
-  :mod:`json` too. The test is a byte translation and two searches, so it costs little.
+  ``int``. Such a literal has 19 digits or more; a body holding a run of 19 digits that ends
+  where a JSON number may end is decoded by :mod:`json` too. The test is one byte translation
+  and one search (a third of orjson's own time on a 13 kB extender request, a tenth on a
+  Prometheus answer).
 - :func:`dumps` writes non-ASCII text as UTF-8, :mod:`json` as ``\\u`` escapes; an answer
   that is not pure ASCII is encoded by :mod:`json`, so the bytes are the same as before.
 """
@@ -28,17 +29,19 @@ import orjson
 LONG_DIGITS = 19
 """Digits of the shortest integer literal orjson may decode inexactly (−9223372036854775809)."""
 
-_CLASSES = bytes.maketrans(b"0123456789[,: \t\r\n", b"0000000000SSSSSSS")
-"""Digits → ``0``, the bytes a number may follow → ``S``; ``-`` and the rest stay as they are
-(none of them is ``0`` or ``S`` after translation, except a literal ``0``/``S``: a digit anyway
-or a letter that cannot begin a number, so a match there is only a needless fallback)."""
-_STARTS = (b"S" + b"0" * LONG_DIGITS, b"S-" + b"0" * LONG_DIGITS)
+_CLASSES = bytes.maketrans(b"0123456789,]} \t\r\n", b"0000000000SSSSSSS")
+"""Digits → ``0``; the bytes that may end a number → ``S``; every other byte stays itself (a
+literal ``S`` after a run of digits then only costs a needless fallback)."""
+_RUN = b"0" * LONG_DIGITS
 
 
 def _may_hold_long_integer(data: bytes) -> bool:
-    """Whether ``data`` may hold an integer literal of :data:`LONG_DIGITS` digits or more."""
-    shape = b"S" + data.translate(_CLASSES)
-    return any(start in shape for start in _STARTS)
+    """Whether ``data`` may hold an integer literal of :data:`LONG_DIGITS` digits or more: a run
+    of that many digits ending where a number may end (``,``, ``]``, ``}``, whitespace, the end
+    of the body). A run inside a string that ends otherwise — a hex digest, a float's digits
+    before its ``.`` — is not one; orjson decodes floats of any length exactly."""
+    shape = data.translate(_CLASSES)
+    return _RUN + b"S" in shape or shape.endswith(_RUN)
 
 
 def loads(
