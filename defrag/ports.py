@@ -6,75 +6,21 @@ put an emulated API, a simulated cluster or a snapshot file behind the same call
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol, overload, runtime_checkable
-
-import numpy as np
-import numpy.typing as npt
+from typing import Protocol, runtime_checkable
 
 from defrag.detect.findings import Finding
 from defrag.model.cluster import Cluster
 
 
-class SeriesPoints(Sequence[tuple[float, float]]):
-    """A series' (unix seconds, value) points held as one read-only ``(n, 2)`` float array.
-
-    It reads as the tuple of pairs it stands for (index, iterate, compare with a tuple), and
-    ``np.asarray(points)`` is the array itself, so a source that decodes its answer straight
-    into an array hands it to the detectors without a Python float per sample.
-    """
-
-    __slots__ = ("_array",)
-
-    def __init__(self, array: npt.ArrayLike) -> None:
-        held = np.array(array, dtype=np.float64).reshape(-1, 2)
-        held.flags.writeable = False
-        self._array = held
-
-    def __array__(self, dtype: Any = None, copy: bool | None = None) -> npt.NDArray[Any]:
-        if dtype is not None and np.dtype(dtype) != self._array.dtype:
-            return self._array.astype(dtype)
-        return self._array.copy() if copy else self._array
-
-    def __len__(self) -> int:
-        return len(self._array)
-
-    @overload
-    def __getitem__(self, index: int) -> tuple[float, float]: ...
-    @overload
-    def __getitem__(self, index: slice) -> tuple[tuple[float, float], ...]: ...
-    def __getitem__(
-        self, index: int | slice
-    ) -> tuple[float, float] | tuple[tuple[float, float], ...]:
-        if isinstance(index, slice):
-            return tuple(self)[index]
-        t, v = self._array[index].tolist()
-        return (t, v)
-
-    def __iter__(self) -> Iterator[tuple[float, float]]:
-        return iter([(t, v) for t, v in self._array.tolist()])
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, SeriesPoints | tuple):
-            return tuple(self) == tuple(other)
-        return NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(tuple(self))
-
-    def __repr__(self) -> str:
-        return repr(tuple(self))
-
-
 @dataclass(frozen=True, slots=True)
 class Sample:
-    """One series: its labels and (unix seconds, value) points (a tuple of pairs, or the same
-    as a :class:`SeriesPoints` array)."""
+    """One series: its labels and (unix seconds, value) points."""
 
     labels: Mapping[str, str]
-    points: tuple[tuple[float, float], ...] | SeriesPoints = field(default=())
+    points: tuple[tuple[float, float], ...] = field(default=())
 
     @property
     def last(self) -> float | None:

@@ -1,4 +1,4 @@
-"""Prometheus as a :class:`~defrag.ports.MetricsSource`, over its HTTP API with ``requests``.
+"""Prometheus as a :class:`~defrag.ports.MetricsSource` (prometheus-api-client).
 
 Instant and range queries with bounded retries and a timeout, a bearer token read from a file
 on every request (projected service-account tokens rotate) and a CA bundle. Failures raise
@@ -13,21 +13,22 @@ them to a cluster's pods (:func:`apply_gpu_indices`).
 
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import requests
+from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
+from urllib3.util.retry import Retry
 
-from defrag.adapters import jsonio
 from defrag.adapters.deadline import (
     Deadline,
     DeadlineAdapter,
@@ -38,7 +39,7 @@ from defrag.adapters.deadline import (
 from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.resources import GPU_INDICES_ANNOTATION
-from defrag.ports import Query, Sample, SeriesPoints, ask
+from defrag.ports import Query, Sample, ask
 from defrag.redact import redact_text, redact_url
 
 
@@ -86,10 +87,8 @@ class PrometheusSource:
     (:mod:`defrag.adapters.deadline`); inside a command's or cycle's
     :func:`~defrag.adapters.deadline.time_budget` the query ends by the budget's end too.
 
-    Queries go out on one ``requests.Session`` whose sockets the deadline watches, and the
-    answers are decoded by :func:`defrag.adapters.jsonio.loads` (orjson; decoding was a fifth
-    of a detection at 10,000 GPUs with the standard library, through prometheus-api-client,
-    which defrag used before and which sent the same GET parameters).
+    prometheus-api-client stays the client: it sends through the ``requests.Session`` given
+    to it, and the deadline works on that session's sockets, under the client.
     """
 
     def __init__(
@@ -121,30 +120,49 @@ class PrometheusSource:
         session = requests.Session()
         session.verify = str(ca_bundle) if ca_bundle else verify_tls
         self._session = session
-        # Retries happen in _call, under the deadline, and every connection is watched.
+        self._client = PrometheusConnect(
+            url=self.url,
+            headers=self._headers,
+            retry=Retry(0, read=False),
+            session=session,
+            timeout=timeout_s,  # type: ignore[arg-type,unused-ignore]  # requests takes float
+        )
+        # Our adapter replaces the client's for this URL: retries happen in _call, under the
+        # deadline, and every connection it opens is watched.
         session.mount(self.url, DeadlineAdapter(max_retries=0))
 
     def close(self) -> None:
-        self._session.close()
+        self._client.close()
 
     # --- MetricsSource -------------------------------------------------------------------------
 
     def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
-        form = {"query": query}
-        if at is not None:
-            form["time"] = f"{at.timestamp():.3f}"
-        return self._call("/api/v1/query", form)
+        params = {"time": f"{at.timestamp():.3f}"} if at is not None else None
+        if len(query) > POST_ABOVE_CHARS:
+            form = {"query": query, **(params or {})}
+            return self._call(query, lambda t: self._post("/api/v1/query", form, t))
+        return self._call(
+            query, lambda t: self._client.custom_query(query, params=params, timeout=t)
+        )
 
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
         if end < start:
             raise ValueError(f"range end {end} before start {start}")
-        form = {
-            "query": query,
-            "start": str(round(start.timestamp())),  # whole seconds
-            "end": str(round(end.timestamp())),
-            "step": f"{step_s:g}",
-        }
-        return self._call("/api/v1/query_range", form)
+        if len(query) > POST_ABOVE_CHARS:
+            form = {
+                "query": query,
+                "start": str(round(start.timestamp())),  # whole seconds, as the client's GET
+                "end": str(round(end.timestamp())),
+                "step": f"{step_s:g}",
+            }
+            return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
+        # The client rounds start/end to whole seconds itself; step in seconds as a float.
+        return self._call(
+            query,
+            lambda t: self._client.custom_query_range(
+                query, start, end, step=f"{step_s:g}", timeout=t
+            ),
+        )
 
     def ask_all(self, queries: Sequence[Query]) -> list[list[Sample]]:
         """Every query at once, one thread each (at most :data:`CONCURRENT_QUERIES`): the server
@@ -169,32 +187,24 @@ class PrometheusSource:
 
     # --- internals -----------------------------------------------------------------------------
 
-    def _send(
-        self, path: str, form: Mapping[str, str], headers: Mapping[str, str], timeout: Any
-    ) -> Any:
-        """One query's ``data.result``: a GET with the form as its query string, or for a query
-        that may breach a URL length limit (:data:`POST_ABOVE_CHARS`) a POST with the form in
-        its body, as Prometheus's API takes ``/api/v1/query`` and ``/api/v1/query_range``
+    def _post(self, path: str, form: Mapping[str, str], timeout: Any) -> Any:
+        """A query form-encoded in a POST body, as Prometheus's API takes ``/api/v1/query`` and
+        ``/api/v1/query_range`` for queries that may breach a URL length limit
         (prometheus/prometheus docs/querying/api.md, "Instant queries" and "Range queries").
-        The answer is decoded by :func:`defrag.adapters.jsonio.loads`; a non-200 raises
-        :class:`_HttpStatus` with the body, which :func:`_prometheus_error` reads."""
-        url = f"{self.url}{path}"
-        if len(form["query"]) > POST_ABOVE_CHARS:
-            response = self._session.post(url, data=dict(form), headers=headers, timeout=timeout)
-        else:
-            response = self._session.get(url, params=dict(form), headers=headers, timeout=timeout)
+        Answered and failing as the client's GET: ``data.result``; a non-200 raises the
+        client's exception with the text :func:`_prometheus_error` reads."""
+        response = self._session.post(
+            f"{self.url}{path}", data=dict(form), headers=self._client.headers, timeout=timeout
+        )
         if response.status_code != 200:
-            raise _HttpStatus(response.status_code, response.content)
-        return jsonio.loads(response.content)["data"]["result"]
+            raise PrometheusApiClientException(
+                f"HTTP Status Code {response.status_code} ({response.content!r})"
+            )
+        return response.json()["data"]["result"]
 
-    def _call(self, path: str, form: Mapping[str, str]) -> list[Sample]:
-        """The query of ``form`` under one deadline for the whole query, retries included."""
-        query = form["query"]
-        headers = self._auth_headers()
-
-        def send(timeout: float) -> Any:
-            return self._send(path, form, headers, timeout)
-
+    def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
+        """``send`` under one deadline for the whole query, retries included."""
+        self._client.headers = self._auth_headers()
         with request_deadline(self.timeout_s) as deadline:
             attempt = 0
             while True:
@@ -222,26 +232,21 @@ class PrometheusSource:
             raise PrometheusUnreachable(late, query)
         try:
             data = send(remaining)
-        except _HttpStatus as exc:
-            status, message = _prometheus_error(exc.status, exc.body)
+        except PrometheusApiClientException as exc:
+            status, message = _prometheus_error(str(exc))
             message = redact_text(message)
-            if 400 <= status < 500 and status not in (401, 403, 429):
+            if status is not None and 400 <= status < 500 and status not in (401, 403, 429):
                 raise PromQLError(query, message) from None
             text = f"Prometheus at {self.shown} failed query {query!r}: {message}"
             if status in RETRY_STATUSES:
                 raise _RetryableError(text) from None
             raise PrometheusUnreachable(text, query) from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except requests.exceptions.JSONDecodeError as exc:
             if deadline.expired:
                 raise PrometheusUnreachable(late, query) from None
-            where = (
-                f"{exc.msg} at character {exc.pos}"
-                if isinstance(exc, json.JSONDecodeError)
-                else f"{exc.reason} at byte {exc.start}"
-            )
             raise PrometheusBadAnswer(
                 f"Prometheus at {self.shown} answered query {query!r} with something that is "
-                f"not JSON ({where})",
+                f"not JSON ({exc.msg} at character {exc.pos})",
                 query,
             ) from None
         except requests.exceptions.RequestException as exc:
@@ -283,15 +288,6 @@ class _RetryableError(Exception):
     """One attempt failed in a way another attempt may not (no connection, 429, 5xx)."""
 
 
-class _HttpStatus(Exception):
-    """Prometheus answered with a status other than 200; ``body`` as it came."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"HTTP {status}")
-        self.status = status
-        self.body = body
-
-
 def _to_samples(data: Any) -> list[Sample]:
     """Prometheus result JSON (vector, matrix or scalar) as :class:`Sample` objects."""
     if isinstance(data, list) and len(data) == 2 and not isinstance(data[0], dict):
@@ -307,30 +303,28 @@ def _to_samples(data: Any) -> list[Sample]:
             raise TypeError("a result item's metric is not an object")
         labels = {str(k): str(v) for k, v in metric.items()}
         if "values" in item:
-            out.append(Sample(labels, _matrix_points(item["values"])))
+            points = tuple((float(t), float(v)) for t, v in item["values"])
         else:
             t, v = item["value"]
-            out.append(Sample(labels, ((float(t), float(v)),)))
+            points = ((float(t), float(v)),)
+        out.append(Sample(labels, points))
     return out
 
 
-def _matrix_points(values: Any) -> SeriesPoints:
-    """A matrix series' ``[[t, "v"], …]`` straight into one ``(n, 2)`` array: ``float()`` of
-    each time and each value (Prometheus sends values as strings, ``"NaN"`` and ``"+Inf"``
-    among them), as a tuple of pairs would hold them, without a Python float per sample."""
-    n = len(values)
-    if n and set(map(len, values)) != {2}:
-        raise ValueError("a matrix point is not a [time, value] pair")
-    array = np.empty((n, 2))
-    array[:, 0] = np.fromiter(map(float, map(itemgetter(0), values)), np.float64, n)
-    array[:, 1] = np.fromiter(map(float, map(itemgetter(1), values)), np.float64, n)
-    return SeriesPoints(array)
+_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)\s*$", re.S)
 
 
-def _prometheus_error(status: int, body: bytes) -> tuple[int, str]:
-    """The status and Prometheus's own ``error`` field (with its ``errorType``) from an answer
-    other than 200; the body's first 300 characters where it holds no such field."""
-    decoded = body.decode("utf-8", "replace")
+def _prometheus_error(text: str) -> tuple[int | None, str]:
+    """Status and Prometheus's own ``error`` field from the client's exception text."""
+    match = _STATUS.match(text)
+    if not match:
+        return None, text
+    status, body = int(match.group(1)), match.group(2)
+    try:
+        raw = ast.literal_eval(body)
+        decoded = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+    except (ValueError, SyntaxError):
+        decoded = body
     try:
         payload = json.loads(decoded)
     except ValueError:
