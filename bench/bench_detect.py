@@ -99,6 +99,16 @@ def write_corpus(path: Path, gpus: int) -> tuple[int, int]:
     return gpus, samples
 
 
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc/<pid>/stat`` fields 14–15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=1000)
@@ -135,12 +145,14 @@ def main() -> None:
             fetched = len(
                 source.range(leak_range_query(leak_rule), END - lookback, END, leak.bin_s)
             )
-            times, findings = [], []
+            times, cpus, server_cpus, findings = [], [], [], []
             load = os.getloadavg()
             for _ in range(args.runs):
-                t0 = time.perf_counter()
+                t0, c0, s0 = time.perf_counter(), time.process_time(), _cpu_s(server.process.pid)
                 findings = detect(rules, source, None, END, profile=profile)
                 times.append(time.perf_counter() - t0)
+                cpus.append(time.process_time() - c0)
+                server_cpus.append(_cpu_s(server.process.pid) - s0)
     leaks = sum(f.kind == "leak" for f in findings)
     rows = [
         ("GPUs", f"{gpus}"),
@@ -150,6 +162,8 @@ def main() -> None:
         (f"detect, min of {args.runs} (s)", f"{min(times):.3f}"),
         (f"detect, median of {args.runs} (s)", f"{statistics.median(times):.3f}"),
         ("detect, max (s)", f"{max(times):.3f}"),
+        ("CPU in this process, min / median / max (s)", _spread(cpus)),
+        ("CPU in Prometheus, min / median / max (s)", _spread(server_cpus)),
         ("load average before / after (1 min)", f"{load[0]:.1f} / {os.getloadavg()[0]:.1f}"),
         ("GPU series past the leak prefilter", f"{fetched}"),
         ("leak findings (expected)", f"{leaks} ({(gpus + 99) // 100})"),

@@ -17,6 +17,7 @@ import argparse
 import http.client
 import multiprocessing
 import multiprocessing.queues
+import os
 import socket
 import threading
 import time
@@ -51,6 +52,12 @@ def start(n_nodes: int) -> tuple[multiprocessing.process.BaseProcess, int]:
     proc = ctx.Process(target=_serve, args=(n_nodes, ready), daemon=True)
     proc.start()
     return proc, ready.get(timeout=120)
+
+
+def cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds of process ``pid`` (``/proc/<pid>/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int | None, field: str = "VmRSS") -> float:
@@ -93,15 +100,17 @@ def load(port: int, pid: int | None, clients: int, calls: int) -> None:
         threading.Thread(target=client, args=(port, bodies, calls, samples, codes))
         for _ in range(clients)
     ]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_s(pid)
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    per_call = (cpu_s(pid) - cpu0) / max(len(samples), 1) * 1000
     print(
         f"1. {clients} x {calls} prioritize at 1,000 nodes: {pct(samples)}; codes {dict(codes)}; "
-        f"{len(samples) / wall:.0f} req/s; RSS {before:.0f} -> {rss_mib(pid):.0f} MiB"
+        f"{len(samples) / wall:.0f} req/s; server CPU {per_call:.2f} ms per call; "
+        f"RSS {before:.0f} -> {rss_mib(pid):.0f} MiB"
     )
 
 

@@ -29,6 +29,7 @@ from defrag.detectors.leak.core import DcgmLabels, LeakParams, detect_leaks
 from defrag.detectors.leak.registration import LEAK, LeakRuleFields, leak_series
 from defrag.detectors.registry import Inputs, MissingInput
 from defrag.detectors.rulemodel import ClusterRuleModel, KubeStateQueries, settings_of
+from defrag.detectors.starvation.core import first_per_pod
 from defrag.model.cluster import Cluster
 from defrag.ports import MetricsSource
 from defrag.rules import LoadedRule, RuleSet
@@ -96,7 +97,8 @@ def run_detection(
     workload mix); the detectors that score (starvation, fragmentation) use it. Without
     ``cluster``, rules of detectors that need one and carry kube-state-metrics ``queries``
     build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`, once per set of
-    queries), scored with the same configuration bound to that cluster's mix.
+    queries), scored with the same configuration bound to that cluster's mix. A pod several
+    starvation rules find has the first rule's finding only (:func:`first_per_pod`).
     """
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
@@ -137,7 +139,8 @@ def run_detection(
             skipped[rule.name] = str(exc)
         except Exception as exc:  # one broken rule or query must not hide the other rules
             failures.append(_failure(loaded, exc))
-    return DetectionReport(tuple(findings), tuple(failures), skipped, tuple(ran))
+    # a pod two starvation rules find is reported by the first (file order: high priority first)
+    return DetectionReport(tuple(first_per_pod(findings)), tuple(failures), skipped, tuple(ran))
 
 
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -294,3 +295,51 @@ def test_skipped_rules_travel_in_the_cycle_result_to_the_daemon_metrics() -> Non
     text = metrics.exposition().decode()
     for name in metric_rules:
         assert f'defrag_rule_skipped{{rule="{name}"}} 1.0' in text
+
+
+def without_priorities(train_gpus: int = 8, pending_for: timedelta = timedelta(hours=2)) -> Cluster:
+    """:func:`fragmented_cluster` as a cluster without PriorityClasses: every inference pod and
+    the pending training job at priority 0 (the DaemonSet pods keep theirs); the job asks
+    ``train_gpus`` and has waited ``pending_for``."""
+    base = fragmented_cluster()
+    pods = []
+    for pod in base.pods.values():
+        if pod.namespace == "inference":
+            pod = replace(pod, priority=0)
+        elif pod.key == "research/train-llm-0":
+            since = SIM_START - pending_for
+            pod = replace(
+                pod, priority=0, priority_class="", num_gpu=train_gpus, gang="",
+                created_at=since, pending_since=since,
+            )  # fmt: skip
+        pods.append(pod)
+    return Cluster.build(list(base.nodes), pods, base.pdbs)
+
+
+@pytest.mark.parametrize(
+    ("cluster", "reason", "room"),
+    [
+        # 20 GPUs free, 1–2 per node: an 8-GPU job of priority 0 waits for fragmentation only
+        (without_priorities(), "fragmented", True),
+        # 24 > 20 GPUs free: only preemption could help, and the rule leaves it to the scheduler
+        (without_priorities(train_gpus=24), None, False),
+        # fragmented, but pending 20 min, under the rule's 30 min `for`
+        (without_priorities(pending_for=timedelta(minutes=20)), None, False),
+    ],
+)
+def test_a_cluster_without_priority_classes_gets_room_for_a_fragmented_job(
+    cluster: Cluster, reason: str | None, room: bool
+) -> None:
+    _, p = ports(cluster=cluster)
+    result = run_cycle(p, CycleConfig(windows=ALWAYS))
+    starved = [f for f in result.findings if f.kind == "starvation"]
+    assert [(f.labels["rule"], f.evidence["reason"]) for f in starved] == (
+        [("fragmented-starved", reason)] if reason else []
+    )
+    assert result.plan is not None
+    assert any("research/train-llm-0" in t for t in result.plan.targets) is room
+    # the room's steps (the fragmentation rule's repack may add its own, for no pod)
+    room_steps = [s for s in result.plan.steps if s.for_pod == "research/train-llm-0"]
+    assert bool(room_steps) is room
+    # victims of the job's own priority (0) are only moved where they re-fit, never preempted
+    assert all(s.kind == "migrate" and s.target for s in result.plan.steps)

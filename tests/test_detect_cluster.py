@@ -4,13 +4,21 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
+from defrag.detection import run_detection
 from defrag.detectors.fragmentation.core import FragmentationParams, detect_fragmentation
-from defrag.detectors.starvation.core import StarvationParams, detect_starvation, diagnose
+from defrag.detectors.starvation.core import (
+    StarvationParams,
+    detect_starvation,
+    diagnose,
+    first_per_pod,
+)
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Node, Pod
+from defrag.rules import load_rules
 from defrag.scoring.policies.reserve_binpack import ReserveBinpack
 from defrag.scoring.profile import ScoringProfile
 
@@ -56,6 +64,8 @@ def scattered(*extra: Pod) -> Cluster:
 def test_diagnosis(pod: Pod, reason: str) -> None:
     cluster = scattered(pod)
     assert diagnose(pod, cluster, ReserveBinpack()).reason == reason
+    # the simulator diagnoses on its node arrays: the same answer
+    assert diagnose(pod, cluster.arrays, ReserveBinpack()).reason == reason
 
 
 def test_starvation_finds_high_priority_past_for_only() -> None:
@@ -137,3 +147,54 @@ def test_sizes_larger_than_a_node_are_skipped_for_that_node() -> None:
     # a 4-GPU node with 2 free: for 8-GPU jobs it is simply too small, not fragmented
     cluster = Cluster.build([node("small", 4), node("big")], [running("a", "small", 2)])
     assert detect_fragmentation(cluster, FRAG, NOW, profile=ScoringProfile.default(cluster)) == []
+
+
+# --- the shipped rules together: high priority first, any priority when fragmented ---------------
+
+SHIPPED = load_rules([Path(__file__).parent.parent / "rules" / "starvation.yaml"])
+
+
+@pytest.mark.parametrize(
+    ("pod", "rule", "reason"),
+    [
+        # scattered(): 3 + 3 + 2 = 8 GPUs free, at most 3 on one node
+        (pending("p", 4, priority=2000), "high-priority-starved", "fragmented"),
+        # high priority and fragmented: both rules match; reported once, by the first
+        (pending("p", 4, priority=2000, minutes=300), "high-priority-starved", "fragmented"),
+        (pending("p", 10, priority=2000), "high-priority-starved", "insufficient-gpus"),
+        # priority 0, no class (a cluster without PriorityClasses): fragmented only, ≥ 30 min
+        (pending("p", 4, minutes=31), "fragmented-starved", "fragmented"),
+        (pending("p", 4, minutes=29), None, None),  # under the rule's 30 min
+        (pending("p", 10, minutes=300), None, None),  # 10 > 8 free: insufficient-gpus
+        (pending("p", 2, minutes=300), None, None),  # fits on n3: placeable
+        (pending("p", 4, priority=-10, minutes=60), "fragmented-starved", "fragmented"),
+    ],
+)
+def test_shipped_starvation_rules(pod: Pod, rule: str | None, reason: str | None) -> None:
+    cluster = scattered(pod)
+    profile = ScoringProfile.default(cluster)
+    report = run_detection(SHIPPED, None, cluster, NOW, profile=profile)
+    assert report.ran == ("high-priority-starved", "fragmented-starved")
+    found = [(f.labels["rule"], f.evidence["reason"]) for f in report.findings]
+    assert found == ([(rule, reason)] if rule else [])
+    if rule == "fragmented-starved":
+        [finding] = report.findings
+        assert finding.severity == "warning" and finding.action == "make-room"
+
+
+def test_first_per_pod_keeps_other_kinds_and_other_pods() -> None:
+    cluster = scattered(pending("lo", 4, minutes=60), pending("hi", 4, priority=2000))
+    profile = ScoringProfile.default(cluster)
+    any_fragmented = StarvationParams(
+        name="any", for_s=0, any_priority=True, reasons=frozenset({"fragmented"})
+    )
+    findings = [
+        *detect_starvation(cluster, STARVE, NOW, profile=profile),  # hi
+        *detect_starvation(cluster, any_fragmented, NOW, profile=profile),  # hi, lo
+        *detect_fragmentation(cluster, FRAG, NOW, profile=profile),
+        *detect_fragmentation(cluster, FRAG, NOW, profile=profile),  # other kinds: all kept
+    ]
+    kept = first_per_pod(findings)
+    starving = [(f.subject, f.labels["rule"]) for f in kept if f.kind == "starvation"]
+    assert starving == [("pod/ml/hi", STARVE.name), ("pod/ml/lo", "any")]
+    assert len(kept) == len(findings) - 1

@@ -12,7 +12,7 @@ from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import make_policy
 from defrag.scoring.scheduler import schedule
-from defrag.sim.defrag_hook import PlannerHook, load_rule, make_defrag_hook
+from defrag.sim.defrag_hook import PlannerHook, make_defrag_hook, starvation_rules
 from defrag.sim.hooks import DefragHook, Move
 from defrag.sim.migration import Job
 from defrag.sim.state import SimState
@@ -112,18 +112,28 @@ def wait(state: SimState, name: str, gpus: int, qos: str, since: float) -> Pod:
     return pod
 
 
-def test_the_shipped_rule_finds_high_priority_pods_pending_past_its_for() -> None:
-    rule = load_rule(None)
-    assert (rule.for_s, rule.min_priority, rule.action) == (900.0, 1000, "make-room")
-    state = daemon_state()
+def test_the_shipped_rules_find_high_priority_pods_and_fragmented_pods_of_any_priority() -> None:
+    high, fragmented = starvation_rules(None)
+    assert (high.for_s, high.min_priority, high.action) == (900.0, 1000, "make-room")
+    assert (fragmented.for_s, fragmented.any_priority, fragmented.action) == (
+        1800.0,
+        True,
+        "make-room",
+    )
+    assert fragmented.reasons == {"fragmented"}
+    state = daemon_state()  # free GPUs: a 3, b 3, c 1 — 7 in all, at most 3 on one node
     wait(state, "ls-20min", 4, "LS", NOW - 20 / 60)
     wait(state, "ls-10min", 4, "LS", NOW - 10 / 60)  # under the 15 min of `for:`
-    wait(state, "be-1h", 4, "BE", NOW - 1.0)  # best effort: priority 0 < 1000
     wait(state, "burstable-1h", 2, "Burstable", NOW - 1.0)  # 1000: at the threshold
+    # best effort (priority 0 < 1000): only the fragmented rule, 30 min, `fragmented` only
+    wait(state, "be-1h", 4, "BE", NOW - 1.0)  # 4 ≤ 7 free, no node has 4: fragmented
+    wait(state, "be-20min", 4, "BE", NOW - 20 / 60)  # fragmented, but under 30 min
+    wait(state, "be-huge", 8, "BE", NOW - 1.0)  # 8 > 7 free: insufficient-gpus, not taken
+    wait(state, "be-pair", 2, "BE", NOW - 1.0)  # fits on a now: placeable, not taken
     hook = make_defrag_hook("reserve-binpack", "timeline")
     assert isinstance(hook, PlannerHook)
     found = [p.name for p in hook.starved(state, NOW)]
-    assert found == ["ls-20min", "burstable-1h"]  # priority first, then pending since
+    assert found == ["ls-20min", "burstable-1h", "be-1h"]  # priority first, then pending since
 
 
 def test_shipped_rule_makes_room_only_inside_windows_and_holds_the_node() -> None:

@@ -34,7 +34,17 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
         "leak",
         "spreading",
         "starvation",
+        "starvation",
     ]
+    # high priority first (it speaks for a pod both find), then any priority, fragmented only
+    high, fragmented = (r.rule.params() for r in rules.enabled("starvation"))
+    assert (high.name, high.any_priority, high.every_reason) == (
+        "high-priority-starved",
+        False,
+        True,
+    )
+    assert (fragmented.name, fragmented.any_priority) == ("fragmented-starved", True)
+    assert fragmented.reasons == {"fragmented"} and fragmented.for_s == 1800.0
     leak = rules.enabled("leak")[0]
     assert leak.rule.params().lookback_s == 6 * 3600  # "6h"
     assert leak.file.endswith("leak.yaml") and leak.line == 4
@@ -78,6 +88,19 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
             4,
             "rules[0].polcy",
             "unknown field",
+        ),
+        # a starvation rule's reasons are the diagnosis's, and at least one
+        (
+            "rules:\n  - name: s\n    detector: starvation\n    reasons: [fragmentd]\n",
+            4,
+            "rules[0].reasons[0]",
+            "'fragmented', 'insufficient-gpus', 'constrained' or 'placeable'",
+        ),
+        (
+            "rules:\n  - name: s\n    detector: starvation\n    reasons: []\n",
+            4,
+            "rules[0].reasons",
+            "at least 1 item",
         ),
         # make-room-now (execute outside windows) is for starvation rules only
         (GOOD_LEAK + "    action: make-room-now\n", 7, "rules[0].action", "'make-room'"),

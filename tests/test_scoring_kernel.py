@@ -12,11 +12,11 @@ from defrag.model import Cluster, Node, Pod
 from defrag.model.arrays import NodeArrays
 from defrag.model.units import GPU_MILLI
 from defrag.scoring.filters import feasible_mask, filter_masks
-from defrag.scoring.framework import Placement, Unschedulable
+from defrag.scoring.framework import FreshScores, Placement, Unschedulable
 from defrag.scoring.gpu_choice import NoGpuFit, whole_gpus
 from defrag.scoring.policies import POLICY_NAMES, make_policy
 from defrag.scoring.policies.base import safe_ratio
-from defrag.scoring.scheduler import schedule
+from defrag.scoring.scheduler import node_scores, schedule, select
 from tests.test_scoring_properties import SETTINGS, clusters, pods
 
 
@@ -153,3 +153,59 @@ def test_one_domain_nodes_give_the_first_free_gpus(
             whole_gpus(k, arrays, 0)
     else:
         assert whole_gpus(k, arrays, 0) == expected
+
+
+@SETTINGS
+@given(
+    clusters().filter(lambda c: bool((c.arrays.gpu_total > 0).all())),
+    st.lists(pods("new"), min_size=1, max_size=4),
+    st.sampled_from(["least-allocated", "most-allocated", "reserve-binpack"]),
+    st.booleans(),
+)
+def test_one_pass_picks_what_the_long_way_picks(
+    cluster: Cluster, new: list[Pod], policy_name: str, exclude_first: bool
+) -> None:
+    # Every node has GPUs, so every total is > 0 and the allocation policies take the
+    # one-pass path (asserted; reserve-binpack always does); the long way is the filters,
+    # node_scores and select, as before it. The generated nodes are alike (32 cores, 10^6
+    # MiB), so equal scores, and the first-row tie-break, are common.
+    arrays = cluster.arrays.copy()
+    policy = make_policy(policy_name)
+    exclude = None
+    if exclude_first:
+        exclude = np.zeros(len(arrays), dtype=bool)
+        exclude[0] = True
+    for pod in new:
+        assert isinstance(policy, FreshScores)
+        fresh = policy.fresh_scores(pod, arrays)
+        assert fresh is not None  # the path under test
+        got = schedule(pod, arrays, policy, exclude=exclude)
+        feasible = feasible_mask(pod, arrays, exclude)
+        # one side of the clip skipped: every bit the same on a feasible row, ≥ 0 there
+        clipped = policy.score(pod, arrays, feasible)
+        assert fresh[feasible].tolist() == clipped[feasible].tolist()
+        assert (fresh[feasible] >= 0).all()
+        row = select(node_scores(pod, arrays, policy, feasible), feasible)
+        if row is None:
+            assert isinstance(got, Unschedulable)
+            continue
+        scores = node_scores(pod, arrays, policy, feasible)
+        gpus = policy.choose_gpus(pod, arrays, row)
+        assert got == Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
+        arrays.allocate(row, pod, gpus)  # the next pod sees a changed cluster
+
+
+def test_one_pass_is_skipped_where_a_total_is_zero() -> None:
+    # A GPU-less node: its GPU fraction is not counted (0/0 would be NaN), so the allocation
+    # policies give no fresh scores and schedule() takes the long way.
+    arrays = Cluster.build(
+        [Node("cpu", 8000, 10**5, 0, ""), Node("gpu", 8000, 10**5, 4, "A100")]
+    ).arrays
+    policy = make_policy("least-allocated")
+    assert isinstance(policy, FreshScores)
+    assert policy.fresh_scores(Pod("p", cpu_milli=1000), arrays) is None
+    # cpu-only pod: "cpu" scores (7000/8000 + 1 + 0) / 2 × 100 = 93.75 → 93; "gpu" scores
+    # (7000/8000 + 1 + 4000/4000) / 3 × 100 = 95.83 → 95: the GPU node wins.
+    placed = schedule(Pod("p", cpu_milli=1000, memory_mib=0), arrays, policy)
+    assert isinstance(placed, Placement)
+    assert (placed.node, placed.score) == ("gpu", 95)

@@ -2,7 +2,8 @@
 
 - :class:`KubeClusterSource` lists nodes, pods, PodDisruptionBudgets and PriorityClasses page by
   page and converts the raw JSON with :mod:`defrag.adapters.kube_convert` (the client's own
-  deserialisation into model objects is skipped: ``_preload_content=False`` + ``json.loads``).
+  deserialisation into model objects is skipped: ``_preload_content=False``, then
+  :func:`defrag.adapters.jsonio.loads`).
 - :class:`KubeActuator` implements :class:`defrag.ports.Actuator`: policy/v1 Evictions, node
   taints and annotations by patch, core/v1 Events.
 - :class:`LeaseElector` elects a leader on a ``coordination.k8s.io/v1`` Lease.
@@ -38,6 +39,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from defrag.adapters import jsonio
 from defrag.adapters.deadline import (
     Deadline,
     budget_spent,
@@ -401,7 +403,7 @@ class KubeClusterSource:
             if token:
                 args["_continue"] = token
             response = lister(**args, _preload_content=False, _request_timeout=self.call.timeout)
-            data = json.loads(response.data)
+            data = jsonio.loads(response.data)
             if not isinstance(data, dict):
                 raise KubeError("the API returned a list that is not a JSON object")
             return data

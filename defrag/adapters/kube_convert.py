@@ -24,10 +24,9 @@ Conventions read here (documented in docs/kubernetes.md):
 
 from __future__ import annotations
 
-import gc
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from decimal import ROUND_CEILING, Decimal
@@ -47,6 +46,7 @@ from defrag.adapters.gpu_shapes import (
 )
 from defrag.model import units
 from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
+from defrag.model.gc_policy import gc_deferred
 from defrag.model.resources import (
     EVICTABLE_ANNOTATION,
     GANG_LABELS,
@@ -926,17 +926,11 @@ def priority_class_from_json(obj: JsonObj, where: str = "priorityclass") -> Prio
     return PriorityClass(name=name, value=value, global_default=bool(obj.get("globalDefault")))
 
 
-@contextmanager
-def paused_gc() -> Iterator[None]:
+def paused_gc() -> AbstractContextManager[None]:
     """Pause the cyclic garbage collector while a snapshot's hundreds of thousands of acyclic
-    objects are made; it would walk them again and again (a third of the CPU at 40,000 pods)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    objects are made; it would walk them again and again (a third of the CPU at 40,000 pods).
+    The model's one collector policy (:func:`defrag.model.gc_policy.gc_deferred`), paused."""
+    return gc_deferred(None)
 
 
 # --- helpers ---------------------------------------------------------------------------------

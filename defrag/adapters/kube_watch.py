@@ -22,7 +22,6 @@ a MODIFIED object replaces what was held.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import threading
 import time
@@ -34,6 +33,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
+from defrag.adapters import jsonio
 from defrag.adapters.deadline import request_deadline
 from defrag.adapters.kube import (
     API_SECONDS,
@@ -455,7 +455,7 @@ class KubeWatchSource:
             response = kind.lister(
                 **args, _preload_content=False, _request_timeout=self.call.timeout
             )
-            data = json.loads(response.data)
+            data = jsonio.loads(response.data)
             if not isinstance(data, dict):
                 raise KubeError("the API returned a list that is not a JSON object")
             return data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import ssl
 import threading
@@ -13,6 +12,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from defrag.adapters import jsonio
 from defrag.adapters.health import Probes, probe_answer
 from defrag.adapters.httpserve import BoundedHandler, BoundedHTTPServer, ServerLimits
 from defrag.extender.state import ClusterCache, StateUnavailable
@@ -149,7 +149,7 @@ class _Handler(BoundedHandler):
         self.send_body(code, body, content_type)
 
     def _json(self, code: int, data: Any) -> None:
-        self._send(code, json.dumps(data, separators=(",", ":")).encode())
+        self._send(code, jsonio.dumps(data))
 
     def do_GET(self) -> None:
         self._metered = None
@@ -224,7 +224,7 @@ class _Handler(BoundedHandler):
         try:
             args = parse_args(body)
             if verb == "filter":
-                body_out = json.dumps(extender.filter(args), separators=(",", ":")).encode()
+                body_out = jsonio.dumps(extender.filter(args))
             else:
                 body_out = extender.prioritize_body(args)
         except BadRequest as exc:

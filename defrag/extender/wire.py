@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from defrag.adapters import jsonio
 from defrag.adapters.gpu_shapes import ShapeWarning
 from defrag.adapters.kube_convert import ConversionError, pod_from_json
 from defrag.model.arrays import BoolArray, FloatArray, IntArray
@@ -123,7 +124,14 @@ def _no_constant(name: str) -> Any:
 
 def _nesting(body: bytes | bytearray | str) -> int:
     """The deepest ``[``/``{`` nesting outside strings, cheaply (a bound before json.loads)."""
-    text = body.decode(errors="replace") if isinstance(body, bytes | bytearray) else body
+    if isinstance(body, bytes | bytearray):
+        # ASCII brackets are never part of a multi-byte UTF-8 sequence: the bytes' count is
+        # the text's, and most bodies end here without being decoded
+        if body.count(b"[") + body.count(b"{") < MAX_NESTING:
+            return 0
+        text = body.decode(errors="replace")
+    else:
+        text = body
     if text.count("[") + text.count("{") < MAX_NESTING:
         return 0
     depth = deepest = 0
@@ -161,7 +169,7 @@ def parse_args(body: bytes | bytearray | str) -> ExtenderArgs:
     if _nesting(body) > MAX_NESTING:
         raise BadRequest(f"body: JSON nested deeper than {MAX_NESTING} levels")
     try:
-        doc = json.loads(body, parse_constant=_no_constant)
+        doc = jsonio.loads(body, parse_constant=_no_constant)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BadRequest(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -260,11 +268,14 @@ def extender_scores(scores: FloatArray, winner: BoolArray) -> IntArray:
     """Policy scores (0..100) on kube-scheduler's extender scale (0..10); see the module doc.
 
     The winner gets 10; any other node ``min(9, floor(score / 10))``; NaN (not feasible) → 0.
+    The floor is ``//``'s, at half its cost: ``floor(score / 10)``, less one wherever the
+    rounded quotient reached a whole number the score is below (``10 × q`` then exceeds it).
     """
-    tenths = np.where(np.isfinite(scores), scores, 0.0)
-    np.maximum(tenths, 0.0, out=tenths)
-    tenths //= 10
-    np.minimum(tenths, MAX_EXTENDER_PRIORITY - 1, out=tenths)
+    top = 10.0 * (MAX_EXTENDER_PRIORITY - 1)
+    clipped = np.where(np.isfinite(scores), scores, 0.0)
+    np.clip(clipped, 0.0, top, out=clipped)
+    tenths = np.floor(clipped / 10.0)
+    tenths -= tenths * 10.0 > clipped
     values = tenths.astype(np.int64)
     values[winner] = MAX_EXTENDER_PRIORITY
     return values
@@ -284,14 +295,14 @@ _PLAIN_NAMES = re.compile(r"[a-z0-9.,\-]*")
 def encode_priorities(hosts: Sequence[str], scores: Sequence[int]) -> bytes:
     """A HostPriorityList (``[{"Host", "Score"}]``) as JSON, fast: node names (RFC 1123:
     lower-case letters, digits, '-' and '.') need no escaping, so 1,000 entries are joined
-    directly; anything else goes through ``json.dumps``."""
+    directly; anything else goes through :func:`~defrag.adapters.jsonio.dumps`."""
     if _PLAIN_NAMES.fullmatch(",".join(hosts)):
         body = ",".join(
             f'{{"Host":"{h}","Score":{int(v)}}}' for h, v in zip(hosts, scores, strict=True)
         )
         return f"[{body}]".encode()
     items = [{"Host": h, "Score": int(v)} for h, v in zip(hosts, scores, strict=True)]
-    return json.dumps(items, separators=(",", ":")).encode()
+    return jsonio.dumps(items)
 
 
 ObjectArray = np.ndarray[Any, np.dtype[np.object_]]

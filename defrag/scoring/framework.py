@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.resources import Pod
@@ -56,4 +56,17 @@ class Policy(Protocol):
 
     def choose_gpus(self, pod: Pod, arrays: NodeArrays, row: int) -> tuple[int, ...]:
         """The GPU slots the pod takes on the chosen node."""
+        ...
+
+
+@runtime_checkable
+class FreshScores(Protocol):
+    """A policy the scheduler may score in one pass (:func:`~defrag.scoring.scheduler.schedule`):
+    its scores come in a fresh array the caller may overwrite, with no NaN, and none below 0 on
+    a row the filters pass."""
+
+    def fresh_scores(self, pod: Pod, arrays: NodeArrays) -> FloatArray | None:
+        """:meth:`Policy.score` of every row the filters pass, in a new array with no NaN,
+        every such row's value ≥ 0 (other rows: any number); None where the policy cannot
+        promise that for these nodes (the scheduler then scores the long way)."""
         ...

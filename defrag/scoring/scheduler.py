@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import cast
 
 import numpy as np
 
@@ -10,7 +11,13 @@ from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.scoring.filters import feasible_mask, filter_masks, filter_reasons
-from defrag.scoring.framework import NodeVerdict, Placement, Policy, Unschedulable
+from defrag.scoring.framework import (
+    FreshScores,
+    NodeVerdict,
+    Placement,
+    Policy,
+    Unschedulable,
+)
 from defrag.scoring.policies.reserve_binpack import seed_score
 
 
@@ -40,11 +47,37 @@ def schedule(
     feasible = feasible_mask(pod, arrays, exclude)
     if not feasible.any():
         return _no_fit(pod, arrays, exclude, why)
+    fresh = _fresh_scores(pod, arrays, policy)
+    if fresh is not None:
+        return _one_pass(pod, arrays, policy, feasible, fresh)
     scores = node_scores(pod, arrays, policy, feasible)
     row = select(scores, feasible)
     if row is None:
         return _no_fit(pod, arrays, exclude, why)
     gpus = () if arrays.pool_use(pod, row) is not None else policy.choose_gpus(pod, arrays, row)
+    return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
+
+
+def _fresh_scores(pod: Pod, arrays: NodeArrays, policy: Policy) -> FloatArray | None:
+    """The policy's scores for the one-pass path, or None where it does not apply: a policy
+    without :class:`~defrag.scoring.framework.FreshScores`, or GPU pools in play (pooled rows
+    are scored by the pool rule, :func:`node_scores`)."""
+    if pod.pool or arrays.pool_names or not hasattr(policy, "fresh_scores"):
+        return None
+    return cast(FreshScores, policy).fresh_scores(pod, arrays)
+
+
+def _one_pass(
+    pod: Pod, arrays: NodeArrays, policy: Policy, feasible: BoolArray, scores: FloatArray
+) -> Placement:
+    """:func:`schedule` where some row is feasible and ``scores`` are fresh, numbers, ≥ 0 on
+    every feasible row: truncated in place, the infeasible rows set below every feasible
+    score, the first maximum taken —
+    the row and score :func:`node_scores` and :func:`select` give, with no NaN pass, no copy
+    of the scores and no pool rule."""
+    np.trunc(scores, out=scores)
+    row = int(np.where(feasible, scores, -1.0).argmax())  # argmax returns the first maximum
+    gpus = policy.choose_gpus(pod, arrays, row)
     return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
 
 

@@ -4,14 +4,18 @@
   any priority move to where the scheduler would put them, nothing is lost, nothing waits.
 * Timeline protocol: **the daemon's semantics** (docs/daemon.md, docs/simulator.md):
 
-  - every ``on_tick`` is a daemon cycle (300 s). The shipped starvation rule
-    (``rules/starvation.yaml``) finds the pending pods of high priority (``min_priority``,
-    ``priority_classes``) pending at least its ``for:``; the trace's QoS classes read as
-    priority values :data:`RULE_PRIORITY`. Room is made for those pods only — by the
-    planner's make-room (:func:`~defrag.plan.planner.make_rooms`, the daemon's own: pods of
-    any priority moved where they re-fit at once, then strictly lower ones preempted, no
-    swaps), inside an execution window, or at any cycle when the rule's action is
-    ``make-room-now``;
+  - every ``on_tick`` is a daemon cycle (300 s). Every enabled starvation rule the daemon
+    reads (the shipped ``rules/starvation.yaml``: high priority, any reason; any priority,
+    ``fragmented`` only) finds the pending pods it selects (``min_priority``,
+    ``priority_classes``, ``any_priority``) pending at least its ``for:`` and waiting for one
+    of its ``reasons`` (the detector's own :func:`~defrag.detectors.starvation.core.diagnose`
+    on the simulator's nodes); a pod several rules find is the first rule's, as in
+    detection. The trace's QoS classes read as priority values :data:`RULE_PRIORITY`. Room is
+    made for the pods of rules whose action is ``make-room`` — by the planner's make-room
+    (:func:`~defrag.plan.planner.make_rooms`, the daemon's own: pods of any priority moved
+    where they re-fit at once, then strictly lower ones preempted, no swaps; higher priority
+    first) inside an execution window, and at any cycle for those of a ``make-room-now``
+    rule;
   - the node a room frees is held for its pod (``Move.for_pod``: the timeline keeps other
     pods off it until the pod starts or the executor's replacement timeout passes), as the
     executor does with ``defrag.io/reserved-for``;
@@ -38,7 +42,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from defrag.detectors.starvation.core import StarvationParams
+from defrag.detectors.starvation.core import StarvationParams, diagnose, selects_priority
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.plan.budget import DEFAULT_CEILING, DEFAULT_PER_GPU, DemandBudget
 from defrag.plan.config import (
@@ -113,7 +117,8 @@ class HookOptions:
     rule: str | None = None
     """Timeline: the starvation rule file (default: the shipped ``rules/starvation.yaml``)."""
     make_room_now: bool | None = None
-    """Timeline: make room outside windows too (None: as the rule's ``action`` says)."""
+    """Timeline: make room outside windows too for every starved pod (None: for those of the
+    rules whose ``action`` is ``make-room-now``)."""
     window_length_h: float = 1.0
     """Timeline: how long each execution window stays open."""
     follow_demand: bool = True
@@ -160,20 +165,22 @@ def hook_options(**opts: Any) -> HookOptions:
     return HookOptions(planner=planner, **{k: v for k, v in opts.items() if k in own})
 
 
-def load_rule(path: str | None) -> StarvationParams:
-    """The starvation rule of ``path``, else the one the daemon would read (the one rules
-    lookup: ``$DEFRAG_RULES_DIR``, else the shipped rules)."""
+def starvation_rules(path: str | None) -> tuple[StarvationParams, ...]:
+    """Every enabled starvation rule of ``path``, else those the daemon would read (the one
+    rules lookup: ``$DEFRAG_RULES_DIR``, else the shipped rules), in the daemon's order."""
     from defrag.rules import load_rules, rules_paths
 
     paths = rules_paths([path] if path else ())
-    found = load_rules(paths).enabled("starvation")
+    found = tuple(r.rule.params() for r in load_rules(paths).enabled("starvation"))
     if not found:
         where = ", ".join(map(str, paths))
         raise ValueError(f"{where}: no enabled starvation rule")
-    rule = found[0].rule
-    params = rule.params()
-    assert isinstance(params, StarvationParams)
-    return params
+    assert all(isinstance(p, StarvationParams) for p in found)
+    return found
+
+
+MAKES_ROOM = frozenset({"make-room", "make-room-now"})
+"""The rule actions the daemon makes room for (defrag.daemon.cycle)."""
 
 
 class PlannerHook:
@@ -184,9 +191,11 @@ class PlannerHook:
             raise ValueError(f"unknown protocol {protocol!r}; known: {', '.join(PROTOCOLS)}")
         self.protocol = protocol
         self.options = options
-        self.rule = load_rule(options.rule) if protocol == "timeline" else StarvationParams()
-        now = options.make_room_now
-        self.make_room_now = self.rule.action == "make-room-now" if now is None else now
+        timeline = protocol == "timeline"
+        self.rules = starvation_rules(options.rule) if timeline else (StarvationParams(),)
+        self.make_room_now = options.make_room_now
+        """True: rooms at any cycle for every starved pod; None: for a make-room-now rule's."""
+        self.urgent_rules = any(r.action == "make-room-now" for r in self.rules)
         self.open_until = -math.inf
         self.spent: dict[tuple[str, int], int] = {}
         """Evictions per budget key: a window opening, or a day outside windows."""
@@ -218,30 +227,50 @@ class PlannerHook:
 
     # --- timeline: the daemon -------------------------------------------------------------
 
-    def starved(self, state: SimState, now: float) -> list[Pod]:
-        """The pending pods the starvation rule finds at ``now``, most urgent first, as the
-        cluster shows them: pending since they were (re-)queued."""
-        rule, found = self.rule, []
+    def starved(self, state: SimState, now: float, *, urgent: bool = False) -> list[Pod]:
+        """The pending pods the starvation rules find at ``now`` and make room for, most urgent
+        first (higher priority, then pending longer), as the cluster shows them: pending since
+        they were (re-)queued. ``urgent``: only those to help outside windows."""
+        found = []
         for pod in state.pending.values():
             job = state.jobs.get(pod.key)
             since = job.queued_at if job is not None else None
-            if since is None or (now - since) * 3600.0 < rule.for_s - 1e-6:
+            if since is None:
                 continue
-            if (
-                RULE_PRIORITY.get(pod.qos, pod.priority) >= rule.min_priority
-                or pod.priority_class in rule.priority_classes
-            ):
-                shown = replace(pod, pending_since=EPOCH + timedelta(hours=since))
-                found.append((-pod.priority, since, pod.key, shown))
+            rule = self._rule_for(state, pod, (now - since) * 3600.0)
+            if rule is None or rule.action not in MAKES_ROOM:
+                continue
+            if urgent and not (self.make_room_now or rule.action == "make-room-now"):
+                continue
+            shown = replace(pod, pending_since=EPOCH + timedelta(hours=since))
+            found.append((-pod.priority, since, pod.key, shown))
         return [p for *_, p in sorted(found, key=lambda t: t[:3])]
+
+    def _rule_for(self, state: SimState, pod: Pod, waited_s: float) -> StarvationParams | None:
+        """The first rule that finds ``pod`` (as detection reports it), or None. The reason is
+        diagnosed once, and only for a rule that filters by it."""
+        priority = RULE_PRIORITY.get(pod.qos, pod.priority)
+        reason = None
+        for rule in self.rules:
+            if waited_s < rule.for_s - 1e-6:
+                continue
+            if not selects_priority(priority, pod.priority_class, rule):
+                continue
+            if not rule.every_reason:
+                reason = reason or diagnose(pod, state.arrays, state.policy).reason
+                if reason not in rule.reasons:
+                    continue
+            return rule
+        return None
 
     def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
         if self.protocol != "timeline" or not state.pending:
             return ()
         in_window = now < self.open_until - 1e-9
-        if not in_window and not self.make_room_now:
+        now_too = self.urgent_rules if self.make_room_now is None else self.make_room_now
+        if not in_window and not now_too:
             return ()
-        starved = self.starved(state, now)
+        starved = self.starved(state, now, urgent=not in_window)
         if not starved:
             return ()
         budget = self._budget(now, in_window, starved)
@@ -410,6 +439,6 @@ __all__ = [
     "HookOptions",
     "PlannerHook",
     "hook_options",
-    "load_rule",
     "make_defrag_hook",
+    "starvation_rules",
 ]

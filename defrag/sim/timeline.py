@@ -38,16 +38,15 @@ in the default trace), so only the pod *shapes* come from the trace:
 
 from __future__ import annotations
 
-import gc
 import heapq
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from defrag.model.gc_policy import YOUNG_EVERY, gc_deferred
 from defrag.model.resources import Node, Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
@@ -149,7 +148,7 @@ class Timeline:
     # --- the loop ------------------------------------------------------------------------------
 
     def run(self) -> TimelineRun:
-        with _young_collections_rarer():
+        with gc_deferred(YOUNG_EVERY):  # its objects die young: fewer collections
             while (event := self._next_event()) is not None:
                 handle, now = event
                 handle(now)
@@ -346,23 +345,6 @@ class Timeline:
             multi_waits=tuple(sorted(record.multi)),
             cost=self.config.cost.describe(),
         )
-
-
-YOUNG_THRESHOLD = 100_000
-"""Allocations between two young-generation collections during a run (Python's default: 700).
-A run allocates millions of short-lived objects that die young without forming cycles, and at
-the default the cyclic collector took ~20% of a 48 h run (10.6 → 8.4 s median on a quiet
-machine, the same digest). Raised for the run only, and set back after it."""
-
-
-@contextmanager
-def _young_collections_rarer() -> Iterator[None]:
-    before = gc.get_threshold()
-    gc.set_threshold(max(YOUNG_THRESHOLD, before[0]), *before[1:])
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def run_timeline(

@@ -174,8 +174,13 @@ def test_starvation_from_prometheus_alone_says_fragmented(prom: str, policy: str
     profile = ProfileConfig(policy=policy).with_mix(WorkloadMix.default())
     findings = detect(rules, PrometheusSource(prom, retries=0), None, END, profile=profile)
     starving = [f for f in findings if f.kind == "starvation"]
-    # urgent: high-priority past 15 min; batch is low priority; fresh waits only 5 min
-    assert [f.subject for f in starving] == ["pod/ml/urgent"]
+    # urgent: high-priority past 15 min; batch is low priority but fragmented for 5 h, past
+    # fragmented-starved's 30 min (any priority); fresh waits only 5 min
+    assert [(f.subject, f.labels["rule"]) for f in starving] == [
+        ("pod/ml/urgent", "high-priority-starved"),
+        ("pod/ml/batch", "fragmented-starved"),
+    ]
+    assert starving[1].evidence["reason"] == "fragmented"
     assert starving[0].evidence["reason"] == "fragmented"
     assert "fragmented" in starving[0].summary and "8 GPU(s) free in total" in starving[0].summary
     assert starving[0].evidence["policy"] == policy

@@ -1,4 +1,11 @@
-"""Starvation: high-priority pods pending longer than the rule allows, and why they wait.
+"""Starvation: GPU pods pending longer than the rule allows, and why they wait.
+
+A rule selects pods by priority (``min_priority``, ``priority_classes``; or ``any_priority``)
+and by why they wait (``reasons``, default every reason). The shipped rules
+(rules/starvation.yaml): ``high-priority-starved`` (priority ≥ 1000 or a named class, any
+reason) and ``fragmented-starved`` (any priority, ``fragmented`` only: a cluster without
+PriorityClasses still gets room for a job the free GPUs would hold, were they not scattered).
+A pod several rules find is reported by the first of them in file order (:func:`first_per_pod`).
 
 The reason is told with the scheduler's own filter (docs/concepts.md), never guessed:
 
@@ -18,9 +25,11 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 import numpy as np
+from annotated_types import MinLen
 
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.settings import INTERNAL, RuleName, Seconds, StarvationAction
+from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
@@ -30,6 +39,7 @@ from defrag.scoring.profile import ScoringProfile
 from defrag.scoring.scheduler import schedule
 
 Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable"]
+REASONS: tuple[Reason, ...] = ("fragmented", "insufficient-gpus", "constrained", "placeable")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,16 @@ class StarvationParams:
     for_s: Annotated[Seconds, RuleName("for")] = 900.0
     min_priority: int = 1000
     priority_classes: frozenset[str] = frozenset()
+    any_priority: bool = False
+    """Pods of every priority (``min_priority`` and ``priority_classes`` then select nothing
+    more): for clusters whose GPU pods carry no PriorityClass."""
+    reasons: Annotated[frozenset[Reason], MinLen(1)] = frozenset(REASONS)
+    """Only pods waiting for one of these reasons (:class:`Diagnosis`); default every one."""
+
+    @property
+    def every_reason(self) -> bool:
+        """Whether the rule takes every reason (no diagnosis is needed to select a pod)."""
+        return self.reasons >= frozenset(REASONS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +79,15 @@ def priority_of(pod: Pod, cluster: Cluster) -> int:
 
 
 def is_high_priority(pod: Pod, cluster: Cluster, params: StarvationParams) -> bool:
+    return selects_priority(priority_of(pod, cluster), pod.priority_class, params)
+
+
+def selects_priority(priority: int, priority_class: str, params: StarvationParams) -> bool:
+    """Whether the rule takes a pod of this priority (value and class name)."""
     return (
-        priority_of(pod, cluster) >= params.min_priority
-        or pod.priority_class in params.priority_classes
+        params.any_priority
+        or priority >= params.min_priority
+        or priority_class in params.priority_classes
     )
 
 
@@ -69,10 +95,11 @@ def pending_since(pod: Pod) -> datetime | None:
     return pod.pending_since or pod.created_at
 
 
-def diagnose(pod: Pod, cluster: Cluster, policy: Policy) -> Diagnosis:
+def diagnose(pod: Pod, cluster: Cluster | NodeArrays, policy: Policy) -> Diagnosis:
     """Why ``pod`` cannot be placed right now, by the scheduler's own filter and the score
-    function of the cluster's profile (``ScoringProfile.policy``)."""
-    arrays = cluster.arrays
+    function of the cluster's profile (``ScoringProfile.policy``); on a cluster or its arrays
+    (the simulator's state)."""
+    arrays = cluster.arrays if isinstance(cluster, Cluster) else cluster
     usable = node_mask(pod, arrays) & arrays.model_allowed(pod)  # nodes it may ever use
     if pod.pool:
         needed = float(pod.pool_units)
@@ -83,7 +110,7 @@ def diagnose(pod: Pod, cluster: Cluster, policy: Policy) -> Diagnosis:
     else:
         needed = float(pod.num_gpu)
         free = float(arrays.free_whole_count()[usable].sum())
-    verdict = schedule(pod, cluster, policy)
+    verdict = schedule(pod, arrays, policy)
     if isinstance(verdict, Placement):
         return Diagnosis("placeable", f"fits on {verdict.node} now", needed, free)
     summary = verdict.summary
@@ -105,9 +132,9 @@ def detect_starvation(
     *,
     profile: ScoringProfile,
 ) -> list[Finding]:
-    """Findings for high-priority pods pending at least ``for_s`` (``pods``: default all),
-    diagnosed with ``profile`` — the one built for this snapshot, which the planner and the
-    extender score with too."""
+    """Findings for the pods the rule selects (priority, pending at least ``for_s``, waiting
+    for one of its ``reasons``; ``pods``: default all pending), diagnosed with ``profile`` —
+    the one built for this snapshot, which the planner and the extender score with too."""
     findings = []
     candidates = cluster.pending_pods() if pods is None else pods
     policy = profile.policy
@@ -119,6 +146,8 @@ def detect_starvation(
         if waited < params.for_s:
             continue
         why = diagnose(pod, cluster, policy)
+        if why.reason not in params.reasons:
+            continue
         prio = priority_of(pod, cluster)
         findings.append(
             Finding(
@@ -154,6 +183,22 @@ def detect_starvation(
             )
         )
     return sorted(findings, key=lambda f: f.subject)
+
+
+def first_per_pod(findings: Iterable[Finding]) -> list[Finding]:
+    """The findings with one starvation finding per pod: the first rule's (file order), so a
+    high-priority pod that is also fragmented is reported (and alerted) once, by the
+    high-priority rule when it comes first, as in the shipped file. Other kinds pass as they
+    are."""
+    seen: set[str] = set()
+    out = []
+    for f in findings:
+        if f.kind == "starvation":
+            if f.subject in seen:
+                continue
+            seen.add(f.subject)
+        out.append(f)
+    return out
 
 
 def _human(seconds: float) -> str:

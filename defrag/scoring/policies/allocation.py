@@ -54,15 +54,21 @@ class _Totals:
 
 
 class _AllocationScore(BestFitGpuChoice):
-    """The free fractions after placement, over totals kept per node set."""
+    """The free fractions after placement, over totals kept per node set; a subclass turns
+    them into a percentage (:meth:`_percent`) and names the clip side that can bite on a
+    feasible row (:meth:`_clip_feasible`)."""
 
     _totals: _Totals | None = None
 
-    def _free_fractions_after(self, pod: Pod, arrays: NodeArrays) -> tuple[FloatArray, FloatArray]:
-        """(sum of free fractions after placement, number of resources counted) per node."""
+    def _kept(self, arrays: NodeArrays) -> _Totals:
         t = self._totals
         if t is None or not t.holds(arrays):
             t = self._totals = _Totals.of(arrays)
+        return t
+
+    def _free_fractions_after(self, pod: Pod, arrays: NodeArrays) -> tuple[FloatArray, FloatArray]:
+        """(sum of free fractions after placement, number of resources counted) per node."""
+        t = self._kept(arrays)
         cpu_left = arrays.cpu_free - pod.cpu_milli
         mem_left = arrays.mem_free - pod.memory_mib
         gpu_left = arrays.share_free - pod.gpu_demand_milli
@@ -76,26 +82,54 @@ class _AllocationScore(BestFitGpuChoice):
             free += safe_ratio(gpu_left.astype(float), t.gpu)
         return free, t.counted
 
+    def _percent(self, free: FloatArray, counted: FloatArray) -> FloatArray:
+        """The score before clipping, computed in ``free``'s place."""
+        raise NotImplementedError
+
+    def _clip_feasible(self, values: FloatArray) -> FloatArray:
+        """:func:`_clip_percent` on every row the filters pass, in place (the other side of the
+        clip cannot change such a row)."""
+        raise NotImplementedError
+
+    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
+        return _clip_percent(self._percent(*self._free_fractions_after(pod, arrays)))
+
+    def fresh_scores(self, pod: Pod, arrays: NodeArrays) -> FloatArray | None:
+        """:meth:`score` for the scheduler's one-pass path (framework.FreshScores), where every
+        total is > 0 (None elsewhere): a new array every call, no NaN (a division by a positive
+        total, a mean over 3 resources). On a row the filters pass, the pod's CPU, memory and
+        GPU share fit, so every free amount after placement is ≥ 0 and so is their sum: only
+        one side of the clip can bite there (:meth:`_clip_feasible`)."""
+        if not self._kept(arrays).dense:
+            return None
+        return self._clip_feasible(self._percent(*self._free_fractions_after(pod, arrays)))
+
 
 class LeastAllocated(_AllocationScore):
     name = "least-allocated"
 
-    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        free, counted = self._free_fractions_after(pod, arrays)
+    def _percent(self, free: FloatArray, counted: FloatArray) -> FloatArray:
         free /= counted
         free *= 100.0
-        return _clip_percent(free)
+        return free
+
+    def _clip_feasible(self, values: FloatArray) -> FloatArray:
+        # free ≥ 0 → free / counted ≥ 0 → × 100 ≥ 0 (rounding keeps the order): only the top
+        return np.minimum(values, 100.0, out=values)
 
 
 class MostAllocated(_AllocationScore):
     name = "most-allocated"
 
-    def score(self, pod: Pod, arrays: NodeArrays, feasible: BoolArray) -> FloatArray:
-        free, counted = self._free_fractions_after(pod, arrays)
+    def _percent(self, free: FloatArray, counted: FloatArray) -> FloatArray:
         used = np.subtract(counted, free, out=free)
         used /= counted
         used *= 100.0
-        return _clip_percent(used)
+        return used
+
+    def _clip_feasible(self, values: FloatArray) -> FloatArray:
+        # free ≥ 0 → counted − free ≤ counted → ÷ counted ≤ 1 → × 100 ≤ 100: only the bottom
+        return np.maximum(values, 0.0, out=values)
 
 
 def _clip_percent(values: FloatArray) -> FloatArray:

@@ -29,6 +29,16 @@ class ReserveBinpack(BestFitGpuChoice):
             r = pod.gpu_demand_milli
         return seed_score(r, t, f, f >= t)
 
+    def fresh_scores(self, pod: Pod, arrays: NodeArrays) -> FloatArray:
+        """:meth:`score` for the scheduler's one-pass path (framework.FreshScores): a new array
+        of integers in 0..100 — F ≤ T on every node (no GPU has more free than it has), so
+        T − (F − R) ≥ 0 — with no NaN (integer arithmetic)."""
+        return self.score(pod, arrays, _NO_MASK)
+
+
+_NO_MASK: BoolArray = np.ones(0, dtype=bool)
+"""The ``feasible`` :meth:`ReserveBinpack.fresh_scores` passes: the seed's rule reads none."""
+
 
 def seed_score(r: int, t: IntArray, f: IntArray, node_free: BoolArray) -> FloatArray:
     """The seed's rule for R units asked of nodes with T units, F free, as integers truncated
