@@ -149,12 +149,12 @@ def test_a_repack_move_is_refused_when_its_lost_work_outweighs_the_gain(
         # docs/planning.md's example: 2 GPUs, priority 1000, checkpoint 3 h ago:
         # 2 GPUs (training, restart 10 min) × (10/60 + 3) × (1 + 1000/1000) = 12.667 for both.
         (True, 12.666667, 12.666667),
-        # No annotation, created 3 h ago: ranked as if 3 h were lost (12.667), but the worth
-        # check counts the restart alone: 2 × (10/60 + 0) × 2 = 0.667.
-        (False, 12.666667, 0.666667),
+        # No annotation, created 3 h ago: ranked as if 3 h were lost (12.667); the worth check
+        # counts at most CostModel.unknown_hours (0.5) of it: 2 × (10/60 + 0.5) × 2 = 2.667.
+        (False, 12.666667, 2.666667),
     ],
 )
-def test_known_cost_counts_lost_work_only_from_the_annotation(
+def test_known_cost_counts_unannotated_work_up_to_a_cap(
     annotated: bool, ranking: float, known: float
 ) -> None:
     from defrag.plan.cost import CostModel
@@ -163,4 +163,30 @@ def test_known_cost_counts_lost_work_only_from_the_annotation(
         "p", "n1", 2, priority=1000, hours=3, annotations=_checkpointed(3) if annotated else None
     )
     assert CostModel().eviction(pod, NOW) == pytest.approx(ranking)
+    assert CostModel().known(pod, NOW) == pytest.approx(known)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "milli", "qos", "hours", "known"),
+    [
+        # a 1-GPU batch pod without a checkpoint, started 10 min ago: all of it is at risk,
+        # 1 × (5/60 restart + 10/60) = 0.25
+        (1, 1000, "", 10 / 60, 0.25),
+        # … started 11 h ago (a job that never checkpoints): counted up to unknown_hours,
+        # 1 × (5/60 + 0.5) = 0.583 (the ranking price counts all 11 h)
+        (1, 1000, "", 11.0, 0.583333),
+        # a 0.59-GPU share, 11 h: 0.59 × (5/60 + 0.5) = 0.344167
+        (1, 590, "", 11.0, 0.344167),
+        # a serving replica (QoS LS) keeps no state: its restart alone, 1 × 3/60 = 0.05
+        (1, 1000, "LS", 11.0, 0.05),
+        # no GPU, no GPU time lost: 0
+        (0, 0, "", 11.0, 0.0),
+    ],
+)  # fmt: skip
+def test_known_cost_by_kind_without_a_checkpoint(
+    gpus: int, milli: int, qos: str, hours: float, known: float
+) -> None:
+    from defrag.plan.cost import CostModel
+
+    pod = replace(running("p", "n1", gpus, gpu_milli=milli or 1000, hours=hours), qos=qos)
     assert CostModel().known(pod, NOW) == pytest.approx(known)

@@ -131,6 +131,7 @@ PLANNER_OPTIONS = {
     "swaps": "swaps",
     "room_worth": "room_worth",
     "max_moves_per_room": "max_moves_per_room",
+    "spare_jobs": "spare_jobs",
 }
 """Flat hook options (``bench_peers --hook-option``) that set a :class:`PlanOptions` field."""
 
@@ -207,10 +208,12 @@ class PlannerHook:
         if pod.gpu_demand_milli > int(state.arrays.free_share().sum()):
             return ()  # not enough free GPU in the whole cluster: no move can help
         ws, ctx = self._workspace(state, max_evictions=None, now=None)
-        # nothing is lost in the fill protocol: no worth check, no swaps, no moves limit
+        # nothing is lost in the fill protocol: no worth check, no swaps, no moves limit, no
+        # job spared
         options = replace(
-            self.options.planner.options, room_worth=0.0, swaps=False, max_moves_per_room=None
-        )
+            self.options.planner.options,
+            room_worth=0.0, swaps=False, max_moves_per_room=None, spare_jobs=False,
+        )  # fmt: skip
         result = make_room(ws, ctx, pod, options, MakeRoomMode.FILL)
         return _moves(ws, result.steps) if result.ok else ()
 
