@@ -149,12 +149,12 @@ def test_a_repack_move_is_refused_when_its_lost_work_outweighs_the_gain(
         # docs/planning.md's example: 2 GPUs, priority 1000, checkpoint 3 h ago:
         # 2 GPUs (training, restart 10 min) × (10/60 + 3) × (1 + 1000/1000) = 12.667 for both.
         (True, 12.666667, 12.666667),
-        # No annotation, created 3 h ago: ranked as if 3 h were lost (12.667); the worth check
-        # counts at most CostModel.unknown_hours (0.5) of it: 2 × (10/60 + 0.5) × 2 = 2.667.
-        (False, 12.666667, 2.666667),
+        # No annotation, created 3 h ago: ranked as if 3 h were lost (12.667), but the worth
+        # check counts the restart alone: 2 × (10/60 + 0) × 2 = 0.667.
+        (False, 12.666667, 0.666667),
     ],
 )
-def test_known_cost_counts_unannotated_work_up_to_a_cap(
+def test_known_cost_counts_lost_work_only_from_the_annotation(
     annotated: bool, ranking: float, known: float
 ) -> None:
     from defrag.plan.cost import CostModel
@@ -169,8 +169,8 @@ def test_known_cost_counts_unannotated_work_up_to_a_cap(
 @pytest.mark.parametrize(
     ("gpus", "milli", "qos", "hours", "known"),
     [
-        # a 1-GPU batch pod without a checkpoint, started 10 min ago: all of it is at risk,
-        # 1 × (5/60 restart + 10/60) = 0.25
+        # With CostModel(unknown_hours=0.5): a 1-GPU batch pod without a checkpoint, started
+        # 10 min ago: all of it is at risk, 1 × (5/60 restart + 10/60) = 0.25
         (1, 1000, "", 10 / 60, 0.25),
         # … started 11 h ago (a job that never checkpoints): counted up to unknown_hours,
         # 1 × (5/60 + 0.5) = 0.583 (the ranking price counts all 11 h)
@@ -189,4 +189,7 @@ def test_known_cost_by_kind_without_a_checkpoint(
     from defrag.plan.cost import CostModel
 
     pod = replace(running("p", "n1", gpus, gpu_milli=milli or 1000, hours=hours), qos=qos)
-    assert CostModel().known(pod, NOW) == pytest.approx(known)
+    assert CostModel(unknown_hours=0.5).known(pod, NOW) == pytest.approx(known)
+    # by default (unknown_hours 0) the unannotated pod counts its restart alone
+    restart = CostModel().restart(pod) * pod.gpu_demand_milli / 1000
+    assert CostModel().known(pod, NOW) == pytest.approx(round(restart, 6))

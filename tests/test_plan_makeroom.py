@@ -9,7 +9,7 @@ import pytest
 
 from defrag.adapters.snapshot import load_snapshot
 from defrag.model.cluster import Cluster, PodDisruptionBudget
-from defrag.model.resources import CHECKPOINT_ANNOTATION, OwnerRef
+from defrag.model.resources import OwnerRef
 from defrag.plan import Constraints, EvictionBudget, MakeRoomMode, PlanOptions, make_plan
 from defrag.plan.exact import exact_room
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
@@ -156,13 +156,9 @@ def test_pending_gang_is_given_room_whole_or_not_at_all() -> None:
     ],
 )
 def test_preempts_only_what_cannot_move(swaps: bool, steps: list[tuple[str, str, None]]) -> None:
-    # Every node is full but n1 holds a low-priority 8-GPU job: nowhere to move it. It
-    # checkpointed just now (2 × 8 × 10/60 = 2.67 GPU·h to preempt, × room_worth 2 = 5.33 under
-    # the job's wait, 8 × 1 h): the swap rule decides, not the worth check.
+    # Every node is full but n1 holds a low-priority 8-GPU job: nowhere to move it.
     nodes = [gpu_node("n1"), gpu_node("n2")]
-    fresh = {CHECKPOINT_ANNOTATION: NOW.isoformat()}
-    pods = [running("big", "n1", 8, priority=0, annotations=fresh), *fill("n2", 8, priority=0),
-            pending("job", 8)]  # fmt: skip
+    pods = [running("big", "n1", 8, priority=0), *fill("n2", 8, priority=0), pending("job", 8)]
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, options=PlanOptions(swaps=swaps))
     assert [(s.kind, s.pod, s.target) for s in plan.steps] == steps
     no_preempt = make_plan(

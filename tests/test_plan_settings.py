@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from defrag.cli.run import _planner
-from defrag.model.resources import CHECKPOINT_ANNOTATION
 from defrag.scoring.profile import ProfileConfig
 from defrag.settings import Settings
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
@@ -27,11 +26,7 @@ def test_make_room_settings_reach_the_daemons_planner(
     settings: dict[str, object], steps: list[tuple[str, str]], blocked_by: str | None
 ) -> None:
     nodes = [gpu_node("n1"), gpu_node("n2")]
-    # "big" checkpointed just now: preempting it costs 2 × 8 × 10/60 = 2.67 GPU·h, × the
-    # default room_worth 2 = 5.33, under the job's wait, 8 GPUs × 1 h (the swap rule decides)
-    fresh = {CHECKPOINT_ANNOTATION: NOW.isoformat()}
-    pods = [running("big", "n1", 8, priority=0, annotations=fresh), *fill("n2", 8, priority=0),
-            pending("job", 8)]  # fmt: skip
+    pods = [running("big", "n1", 8, priority=0), *fill("n2", 8, priority=0), pending("job", 8)]
     snapshot = cluster(nodes, pods)
     plan = _planner(Settings(**settings))(  # type: ignore[arg-type]
         snapshot, "make-room", NOW, profile=ProfileConfig().for_cluster(snapshot)

@@ -83,9 +83,17 @@ def test_make_room_spares_a_job_that_cannot_checkpoint_on_request(
         assert "does not answer the checkpoint handshake" in reasons["default/train"][1]
 
 
-@pytest.mark.parametrize(("value", "expected"), [(None, True), (False, False), (True, True)])
+@pytest.mark.parametrize(("value", "expected"), [(None, False), (False, False), (True, True)])
 def test_the_simulators_hook_takes_the_rule_as_an_option(
     value: bool | None, expected: bool
 ) -> None:
     opts = {} if value is None else {"spare_jobs": value}
     assert hook_options(**opts).planner.options.spare_jobs is expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 0.0), (0.5, 0.5)])
+def test_the_simulators_hook_takes_the_unknown_work_cap(
+    value: float | None, expected: float
+) -> None:
+    opts = {} if value is None else {"unknown_hours": value}
+    assert hook_options(**opts).planner.options.cost.unknown_hours == expected

@@ -64,7 +64,7 @@ KNOBS: list[tuple[str, object, Any, object]] = [
      MakeRoomMode.LOWER_PRIORITY),
     ("make_room_swaps", True, lambda c: c.options.swaps, True),
     ("make_room_worth", 2.5, lambda c: c.options.room_worth, 2.5),
-    ("make_room_spares_jobs", False, lambda c: c.options.spare_jobs, False),
+    ("make_room_spares_jobs", True, lambda c: c.options.spare_jobs, True),
     ("evict_namespaces_include", ["ml", "batch"], lambda c: c.constraints.namespaces_include,
      frozenset({"ml", "batch"})),
     ("evict_namespaces_exclude", ["kube-system"], lambda c: c.constraints.namespaces_exclude,

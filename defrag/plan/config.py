@@ -154,10 +154,10 @@ class PlanOptions:
     swaps: bool = False
     """Allow a room that preempts as much GPU as it frees (one job run instead of another:
     the scheduler's own priority preemption does that; defrag leaves it to it by default)."""
-    room_worth: float = 2.0
+    room_worth: float = 1.0
     """Make room only when the pod's GPUs × hours pending reach this × the room's cost (the
     lost work and restarts of its evictions, :mod:`defrag.plan.cost`); 0: always."""
-    spare_jobs: bool = True
+    spare_jobs: bool = False
     """Never move a multi-GPU job that does not answer the checkpoint handshake to make room
     for a multi-GPU pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
     max_moves_per_room: int | None = None

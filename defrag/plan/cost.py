@@ -77,7 +77,7 @@ class CostModel:
     """A pod that must wait costs this many times a pod that moves."""
     max_hours: float = 24.0 * 7
     """Work lost is capped (a pod without checkpoints does not weigh forever)."""
-    unknown_hours: float = 0.5
+    unknown_hours: float = 0.0
     """:meth:`known`: the work a ``training`` or ``batch`` pod without a checkpoint
     annotation is taken to lose at most, hours since it started (its real loss is unknown)."""
 

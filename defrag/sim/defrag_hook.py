@@ -138,11 +138,13 @@ PLANNER_OPTIONS = {
 
 def hook_options(**opts: Any) -> HookOptions:
     """:class:`HookOptions` from flat names: its own fields, the :data:`PLANNER_OPTIONS`,
-    ``migrate_any_priority`` (the make-room mode) and ``window_evictions`` (the budget's
-    total), applied to ``planner`` (default :data:`SIM_PLANNER`)."""
+    ``migrate_any_priority`` (the make-room mode), ``window_evictions`` (the budget's total)
+    and ``unknown_hours`` (the cost's :attr:`~defrag.plan.cost.CostModel.unknown_hours`),
+    applied to ``planner`` (default :data:`SIM_PLANNER`)."""
     planner = opts.pop("planner", SIM_PLANNER)
     own = set(HookOptions.__dataclass_fields__) - {"planner"}
-    known = own | set(PLANNER_OPTIONS) | {"migrate_any_priority", "window_evictions"}
+    extra = {"migrate_any_priority", "window_evictions", "unknown_hours"}
+    known = own | set(PLANNER_OPTIONS) | extra
     unknown = sorted(set(opts) - known)
     if unknown:
         raise ValueError(f"unknown defrag hook option(s): {', '.join(unknown)}")
@@ -152,6 +154,9 @@ def hook_options(**opts: Any) -> HookOptions:
             preempt=planner.options.mode.preempts,
             migrate_any_priority=bool(opts["migrate_any_priority"]),
         )
+    if "unknown_hours" in opts:
+        cost = replace(planner.options.cost, unknown_hours=float(opts["unknown_hours"]))
+        changes["cost"] = cost
     if changes:
         planner = planner.with_options(**changes)
     if "window_evictions" in opts:
