@@ -17,7 +17,9 @@ A preemption (the pod waits instead of moving) costs ``preempt_factor`` times as
 
 :meth:`CostModel.known` is the same price counting only the work the cluster *shows* will be
 lost: since ``defrag.io/last-checkpoint``; a pod without the annotation counts its restart alone
-(its lost work is unknown: a stateless server loses none, a batch job all since it started).
+(its lost work is unknown: a stateless server loses none, a batch job all since it started),
+or, for a ``training`` or ``batch`` pod, up to ``unknown_hours`` since it started (0 by
+default: docs/benchmarks.md measured no gain from it on the held-out seed).
 Make-room weighs a room by it against the pod's wait (``PlanOptions.room_worth``).
 
 A pod that answers the checkpoint handshake (``defrag.io/checkpoint: supported``: the executor

@@ -12,8 +12,10 @@ restart alone and may still be moved; a pending pod of higher priority may still
 (the scheduler's own preemption would take it anyway, and make-room only moves it where it
 re-fits at once).
 
-The rule is ``PlanOptions.spare_jobs`` (the daemon's ``make_room_spares_jobs``, on by
-default); docs/planning.md § Cost explains the measured reason (docs/benchmarks.md).
+The rule is ``PlanOptions.spare_jobs`` (the daemon's ``make_room_spares_jobs``), **off by
+default**: measured in the simulator it loses more work than it saves, because the rooms it
+refuses are made instead by moving several small pods whose lost work the worth check cannot
+see (docs/benchmarks.md § "Sparing multi-GPU jobs, pricing unknown work").
 """
 
 from __future__ import annotations
