@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from bench import data
 from bench.bench_packing_limit import load_trace
+from bench.bench_peers import parse_hook_options
 from defrag.model.resources import Pod
 from defrag.sim.defragmenters import make_defragmenter
 from defrag.sim.hooks import DefragHook, Move
@@ -112,7 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=42)
     ap.add_argument("--hours", type=float, default=36.0)
     ap.add_argument("--warmup", type=float, default=12.0)
+    ap.add_argument("--hook-option", action="append", default=[], metavar="KEY=VALUE",
+                    help="a defragmenter hook option, as bench_peers takes it")  # fmt: skip
     args = ap.parse_args(argv)
+    opts = parse_hook_options(ap, args.hook_option)
     data.require(args.data, data.trace_files([args.trace]))
     nodes, shapes = load_trace(args.data, args.trace)
     config = TimelineConfig(load=0.9, hours=args.hours, warmup_hours=args.warmup,
@@ -121,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     total_count: dict[tuple[str, str, str], int] = defaultdict(int)
     billed, rooms = 0.0, 0
     for seed in range(args.first_seed, args.first_seed + args.seeds):
-        hook, scheduler = make_defragmenter(args.defragmenter, args.policy, "timeline", {})
+        hook, scheduler = make_defragmenter(args.defragmenter, args.policy, "timeline", opts)
         assert hook is not None, "no hook: nothing is evicted"
         rec = Recorder(hook, args.warmup, args.warmup + args.hours)
         run = run_timeline(nodes, shapes, args.policy, seed, config=config, hook=rec,

@@ -238,6 +238,9 @@ class Settings(BaseSettings):
     """Allow a room that preempts as much GPU as it frees (left to kube-scheduler by default)."""
     make_room_worth: float = Field(DEFAULT_OPTIONS.room_worth, ge=0, le=1e6)
     """A room is made when the pod's GPUs × hours pending reach this × its known cost; 0: always."""
+    make_room_spares_jobs: bool = DEFAULT_OPTIONS.spare_jobs
+    """Never move a multi-GPU job that does not answer the checkpoint handshake to make room for
+    a multi-GPU pod of equal or lower priority (docs/planning.md, ``spared``)."""
     # The eviction filters, as descheduler's DefaultEvictor takes them.
     evict_namespaces_include: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Only pods in these namespaces may be evicted (empty: all); excludes the next one."""
@@ -442,6 +445,7 @@ class Settings(BaseSettings):
             ),
             swaps=self.make_room_swaps,
             room_worth=self.make_room_worth,
+            spare_jobs=self.make_room_spares_jobs,
         )
         demand = (
             DemandBudget(

@@ -164,3 +164,32 @@ def test_known_cost_counts_lost_work_only_from_the_annotation(
     )
     assert CostModel().eviction(pod, NOW) == pytest.approx(ranking)
     assert CostModel().known(pod, NOW) == pytest.approx(known)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "milli", "qos", "hours", "known"),
+    [
+        # With CostModel(unknown_hours=0.5): a 1-GPU batch pod without a checkpoint, started
+        # 10 min ago: all of it is at risk, 1 × (5/60 restart + 10/60) = 0.25
+        (1, 1000, "", 10 / 60, 0.25),
+        # … started 11 h ago (a job that never checkpoints): counted up to unknown_hours,
+        # 1 × (5/60 + 0.5) = 0.583 (the ranking price counts all 11 h)
+        (1, 1000, "", 11.0, 0.583333),
+        # a 0.59-GPU share, 11 h: 0.59 × (5/60 + 0.5) = 0.344167
+        (1, 590, "", 11.0, 0.344167),
+        # a serving replica (QoS LS) keeps no state: its restart alone, 1 × 3/60 = 0.05
+        (1, 1000, "LS", 11.0, 0.05),
+        # no GPU, no GPU time lost: 0
+        (0, 0, "", 11.0, 0.0),
+    ],
+)  # fmt: skip
+def test_known_cost_by_kind_without_a_checkpoint(
+    gpus: int, milli: int, qos: str, hours: float, known: float
+) -> None:
+    from defrag.plan.cost import CostModel
+
+    pod = replace(running("p", "n1", gpus, gpu_milli=milli or 1000, hours=hours), qos=qos)
+    assert CostModel(unknown_hours=0.5).known(pod, NOW) == pytest.approx(known)
+    # by default (unknown_hours 0) the unannotated pod counts its restart alone
+    restart = CostModel().restart(pod) * pod.gpu_demand_milli / 1000
+    assert CostModel().known(pod, NOW) == pytest.approx(round(restart, 6))

@@ -157,6 +157,9 @@ class PlanOptions:
     room_worth: float = 1.0
     """Make room only when the pod's GPUs × hours pending reach this × the room's cost (the
     lost work and restarts of its evictions, :mod:`defrag.plan.cost`); 0: always."""
+    spare_jobs: bool = False
+    """Never move a multi-GPU job that does not answer the checkpoint handshake to make room
+    for a multi-GPU pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
     max_moves_per_room: int | None = None
     """Skip rooms that need more evictions than this (None: no limit)."""
     depth: int = 1

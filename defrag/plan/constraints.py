@@ -54,10 +54,13 @@ GANG = "gang"
 NO_ROOM = "no-room"
 NOT_WORTH = "not-worth-it"
 """The cheapest room would lose more work than the pod's wait so far is worth."""
+SPARED = "spared"
+"""A multi-GPU job that does not answer the checkpoint handshake, kept in place for a multi-GPU
+pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
 CONSTRAINT_NAMES = (
     TERMINATING, OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
     EVICT_NAMESPACE, EVICT_LABELS, PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG,
-    NO_ROOM, NOT_WORTH,
+    NO_ROOM, NOT_WORTH, SPARED,
 )  # fmt: skip
 
 

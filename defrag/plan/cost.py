@@ -17,7 +17,9 @@ A preemption (the pod waits instead of moving) costs ``preempt_factor`` times as
 
 :meth:`CostModel.known` is the same price counting only the work the cluster *shows* will be
 lost: since ``defrag.io/last-checkpoint``; a pod without the annotation counts its restart alone
-(its lost work is unknown: a stateless server loses none, a batch job all since it started).
+(its lost work is unknown: a stateless server loses none, a batch job all since it started),
+or, for a ``training`` or ``batch`` pod, up to ``unknown_hours`` since it started (0 by
+default: docs/benchmarks.md measured no gain from it on the held-out seed).
 Make-room weighs a room by it against the pod's wait (``PlanOptions.room_worth``).
 
 A pod that answers the checkpoint handshake (``defrag.io/checkpoint: supported``: the executor
@@ -48,6 +50,11 @@ costs"). The one source of the planner's restart price and the simulator's resta
 
 KINDS = tuple(RESTART_HOURS)
 
+STATELESS_KINDS = frozenset({"serving", "cpu"})
+"""Kinds whose eviction loses no work beyond the restart when they show no checkpoint:
+replicas of a service, pods without a GPU (no GPU time to lose). A ``training`` or ``batch``
+pod without ``defrag.io/last-checkpoint`` is taken to lose everything since it started."""
+
 
 def workload_kind(pod: Pod) -> str:
     """``training`` (two or more whole GPUs), ``serving`` (QoS class ``LS``), ``batch`` (any
@@ -72,6 +79,9 @@ class CostModel:
     """A pod that must wait costs this many times a pod that moves."""
     max_hours: float = 24.0 * 7
     """Work lost is capped (a pod without checkpoints does not weigh forever)."""
+    unknown_hours: float = 0.0
+    """:meth:`known`: the work a ``training`` or ``batch`` pod without a checkpoint
+    annotation is taken to lose at most, hours since it started (its real loss is unknown)."""
 
     def eviction(self, pod: Pod, now: datetime | None) -> float:
         held = gpus_held(pod)
@@ -84,13 +94,17 @@ class CostModel:
         return self.restart_hours.get(workload_kind(pod), 0.0)
 
     def known(self, pod: Pod, now: datetime | None) -> float:
-        """The eviction's price with the lost work counted only from a checkpoint annotation."""
+        """The eviction's price with the work at risk: since the checkpoint annotation; without
+        one, since the pod started for a kind that keeps state (``training``, ``batch``), none
+        for a stateless kind (:data:`STATELESS_KINDS`)."""
         weight = 1.0 + max(pod.priority, 0) / self.priority_scale
         since = last_checkpoint(pod)
+        cap = self.max_hours
+        if since is None and workload_kind(pod) not in STATELESS_KINDS:
+            since, cap = pod.created_at, min(self.unknown_hours, self.max_hours)
         hours = 0.0
         if now is not None and since is not None and not pod.checkpoints_on_request:
-            hours = min(max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0),
-                        self.max_hours)  # fmt: skip
+            hours = min(max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0), cap)
         return round((self.per_eviction + gpus_held(pod) * (self.restart(pod) + hours)) * weight, 6)
 
     def floors(self, pods: Sequence[Pod], now: datetime | None) -> FloatArray:

@@ -43,6 +43,7 @@ from defrag.plan.room import (
     VictimFilter,
     relocate,
 )
+from defrag.plan.spare import sparing
 from defrag.plan.workspace import Workspace
 from defrag.scoring.filters import feasible_mask, node_mask
 from defrag.scoring.framework import Placement
@@ -90,6 +91,8 @@ def make_room(
     with more victims; ``swaps`` allows a preemption that frees no more GPU share than it
     preempts (see the module's docstring); ``room_worth`` > 0 makes a room only when the
     pod's GPUs × hours pending reach ``room_worth`` × the room's cost (:func:`room_value`);
+    ``spare_jobs`` keeps a multi-GPU job that cannot checkpoint on request in place for a
+    multi-GPU pod of equal or lower priority (:mod:`defrag.plan.spare`);
     ``candidates`` and ``tries`` bound the search.
     """
     return _make_room(
@@ -97,7 +100,7 @@ def make_room(
         preempt=mode.preempts, candidates=options.candidates, tries=options.tries,
         any_priority=mode is MakeRoomMode.FILL, depth=options.depth,
         migrate_any=mode.migrates_any_priority, max_moves=options.max_moves_per_room,
-        swaps=options.swaps, worth=options.room_worth,
+        swaps=options.swaps, worth=options.room_worth, spare=options.spare_jobs,
     )  # fmt: skip
 
 
@@ -117,6 +120,7 @@ def _make_room(
     max_moves: int | None = None,
     swaps: bool = False,
     worth: float = 0.0,
+    spare: bool = False,
 ) -> RoomResult:
     """:func:`make_room` with the mode spelled out; ``place`` and ``allowed`` are for a chained
     victim (:func:`_nest`): it is put on its node as a running pod instead of reserving the
@@ -128,6 +132,8 @@ def _make_room(
     chained = allowed is not None
     if allowed is None:
         allowed = ctx.victim_filter(None if any_priority else pod.priority)
+    guard = (lambda f: sparing(f, pod)) if spare and not chained else (lambda f: f)
+    allowed = guard(allowed)
     rows = candidate_rows(ws, pod, candidates)
     blocked: dict[str, Blocked] = {}
     reason = f"make room for {pod.key} ({describe(pod)})"
@@ -136,7 +142,7 @@ def _make_room(
     budget = None if value is None else value / worth
     passes: list[_Pass] = []
     if migrate_any and not any_priority and not chained:
-        everyone = ctx.victim_filter(None)
+        everyone = guard(ctx.victim_filter(None))
         placeable = placeable_elsewhere(ws)
         passes.append(_Pass(everyone, placeable, None, False, ("below", None, True)))
         if preempt or depth > 0:

@@ -137,17 +137,20 @@ PLANNER_OPTIONS = {
     "swaps": "swaps",
     "room_worth": "room_worth",
     "max_moves_per_room": "max_moves_per_room",
+    "spare_jobs": "spare_jobs",
 }
 """Flat hook options (``bench_peers --hook-option``) that set a :class:`PlanOptions` field."""
 
 
 def hook_options(**opts: Any) -> HookOptions:
     """:class:`HookOptions` from flat names: its own fields, the :data:`PLANNER_OPTIONS`,
-    ``migrate_any_priority`` (the make-room mode) and ``window_evictions`` (the budget's
-    total), applied to ``planner`` (default :data:`SIM_PLANNER`)."""
+    ``migrate_any_priority`` (the make-room mode), ``window_evictions`` (the budget's total)
+    and ``unknown_hours`` (the cost's :attr:`~defrag.plan.cost.CostModel.unknown_hours`),
+    applied to ``planner`` (default :data:`SIM_PLANNER`)."""
     planner = opts.pop("planner", SIM_PLANNER)
     own = set(HookOptions.__dataclass_fields__) - {"planner"}
-    known = own | set(PLANNER_OPTIONS) | {"migrate_any_priority", "window_evictions"}
+    extra = {"migrate_any_priority", "window_evictions", "unknown_hours"}
+    known = own | set(PLANNER_OPTIONS) | extra
     unknown = sorted(set(opts) - known)
     if unknown:
         raise ValueError(f"unknown defrag hook option(s): {', '.join(unknown)}")
@@ -157,6 +160,9 @@ def hook_options(**opts: Any) -> HookOptions:
             preempt=planner.options.mode.preempts,
             migrate_any_priority=bool(opts["migrate_any_priority"]),
         )
+    if "unknown_hours" in opts:
+        cost = replace(planner.options.cost, unknown_hours=float(opts["unknown_hours"]))
+        changes["cost"] = cost
     if changes:
         planner = planner.with_options(**changes)
     if "window_evictions" in opts:
@@ -218,10 +224,12 @@ class PlannerHook:
         if pod.gpu_demand_milli > int(state.arrays.free_share().sum()):
             return ()  # not enough free GPU in the whole cluster: no move can help
         ws, ctx = self._workspace(state, max_evictions=None, now=None)
-        # nothing is lost in the fill protocol: no worth check, no swaps, no moves limit
+        # nothing is lost in the fill protocol: no worth check, no swaps, no moves limit, no
+        # job spared
         options = replace(
-            self.options.planner.options, room_worth=0.0, swaps=False, max_moves_per_room=None
-        )
+            self.options.planner.options,
+            room_worth=0.0, swaps=False, max_moves_per_room=None, spare_jobs=False,
+        )  # fmt: skip
         result = make_room(ws, ctx, pod, options, MakeRoomMode.FILL)
         return _moves(ws, result.steps) if result.ok else ()
 
