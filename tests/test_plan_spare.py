@@ -97,3 +97,27 @@ def test_the_simulators_hook_takes_the_unknown_work_cap(
 ) -> None:
     opts = {} if value is None else {"unknown_hours": value}
     assert hook_options(**opts).planner.options.cost.unknown_hours == expected
+
+
+def test_a_kept_room_search_is_not_reused_across_the_spare_rules_priorities() -> None:
+    """Room searches are kept under the workspace's version and the pass's rules
+    (SearchContext.room); with the rule on, the victim filter also reads the pending pod's
+    priority, so a room found for a higher-priority pod (the job may move for it) and rolled
+    back must not serve an equal-priority pod of the same shape (the job is spared for it)."""
+    from defrag.plan import MakeRoomMode
+    from defrag.plan.makeroom import make_room
+    from defrag.plan.room import SearchContext
+    from defrag.plan.workspace import Workspace
+    from tests.test_plan_room_memo import _context
+
+    nodes = [gpu_node("n1"), gpu_node("n2", gpus=4)]
+    job = running("train", "n1", 4, priority=100, annotations=_checkpointed(0.1))
+    c = cluster(nodes, [job])
+    ws, ctx = Workspace.from_cluster(c), _context(c, SearchContext, None)
+    options = PlanOptions(spare_jobs=True)
+    mark = ws.mark()
+    urgent = make_room(ws, ctx, pending("urgent", 8, priority=200), options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
+    assert urgent.ok and [s.pod for s in urgent.steps] == ["default/train"]
+    ws.rollback(mark)
+    same = make_room(ws, ctx, pending("same", 8, priority=100), options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
+    assert not same.ok

@@ -20,7 +20,7 @@ and it throws away the victim's work since its checkpoint (docs/planning.md).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
@@ -33,6 +33,7 @@ from defrag.model.utc import utc
 from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.config import MakeRoomMode, PlanOptions
+from defrag.plan.cost import workload_kind
 from defrag.plan.model import Blocked, Step
 from defrag.plan.room import (
     Nest,
@@ -158,6 +159,9 @@ def _make_room(
             passes.append(_Pass(allowed, placeable_elsewhere(ws), None, False, moves))
         if preempt or depth > 0:
             passes.append(_Pass(allowed, None, nest, preempt, below and (*below, False)))
+    if spare and not chained:  # the guard reads the pod's kind and priority: part of the key
+        mark = ("spare", workload_kind(pod), pod.priority)
+        passes = [p if p.rules is None else replace(p, rules=(*p.rules, mark)) for p in passes]
     dear: tuple[int, float] | None = None  # the cheapest room refused as not worth it
     for p in passes:
         rooms: list[Room] = []
