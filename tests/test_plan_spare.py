@@ -116,8 +116,12 @@ def test_a_kept_room_search_is_not_reused_across_the_spare_rules_priorities() ->
     ws, ctx = Workspace.from_cluster(c), _context(c, SearchContext, None)
     options = PlanOptions(spare_jobs=True)
     mark = ws.mark()
-    urgent = make_room(ws, ctx, pending("urgent", 8, priority=200), options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
+    urgent = make_room(
+        ws, ctx, pending("urgent", 8, priority=200), options, MakeRoomMode.MIGRATE_THEN_PREEMPT
+    )
     assert urgent.ok and [s.pod for s in urgent.steps] == ["default/train"]
     ws.rollback(mark)
-    same = make_room(ws, ctx, pending("same", 8, priority=100), options, MakeRoomMode.MIGRATE_THEN_PREEMPT)
+    same = make_room(
+        ws, ctx, pending("same", 8, priority=100), options, MakeRoomMode.MIGRATE_THEN_PREEMPT
+    )
     assert not same.ok

@@ -160,8 +160,8 @@ def _make_room(
         if preempt or depth > 0:
             passes.append(_Pass(allowed, None, nest, preempt, below and (*below, False)))
     if spare and not chained:  # the guard reads the pod's kind and priority: part of the key
-        mark = ("spare", workload_kind(pod), pod.priority)
-        passes = [p if p.rules is None else replace(p, rules=(*p.rules, mark)) for p in passes]
+        spare_key = ("spare", workload_kind(pod), pod.priority)
+        passes = [p if p.rules is None else replace(p, rules=(*p.rules, spare_key)) for p in passes]
     dear: tuple[int, float] | None = None  # the cheapest room refused as not worth it
     for p in passes:
         rooms: list[Room] = []
