@@ -168,8 +168,10 @@ def node_gpus(
             )
             return NodeGpus(min(count, gpus), pools)
         return NodeGpus(min(devices, gpus) if gpus else devices, pools, memory)
-    if gpus and labels.get(MIG_STRATEGY_LABEL) == "single" and "-MIG-" in labels.get(
-        GPU_PRODUCT_LABEL, ""
+    if (
+        gpus
+        and labels.get(MIG_STRATEGY_LABEL) == "single"
+        and "-MIG-" in labels.get(GPU_PRODUCT_LABEL, "")
     ):
         # MIG single strategy: every nvidia.com/gpu is one MIG slice of the same profile.
         return NodeGpus(0, {**pools, GPU_RESOURCE: gpus})
@@ -365,8 +367,10 @@ def _kai(who: str, annotations: Mapping[str, str], warn: list[ShapeWarning]) -> 
         if not 0 < fraction <= 1:
             warn.append(
                 ShapeWarning(
-                    who, path, f"{annotations[KAI_FRACTION_ANNOTATION]!r} is not a fraction in "
-                    "(0, 1]; counted as one whole GPU"
+                    who,
+                    path,
+                    f"{annotations[KAI_FRACTION_ANNOTATION]!r} is not a fraction in "
+                    "(0, 1]; counted as one whole GPU",
                 )
             )
             return PodGpus(num_gpu=devices)
@@ -380,14 +384,14 @@ def _kai(who: str, annotations: Mapping[str, str], warn: list[ShapeWarning]) -> 
         if memory <= 0:
             warn.append(
                 ShapeWarning(
-                    who, path, f"{annotations[KAI_MEMORY_ANNOTATION]!r} is not a memory size in "
-                    "MiB; counted as one whole GPU"
+                    who,
+                    path,
+                    f"{annotations[KAI_MEMORY_ANNOTATION]!r} is not a memory size in "
+                    "MiB; counted as one whole GPU",
                 )
             )
             return PodGpus(num_gpu=devices)
-        return PodGpus(
-            num_gpu=devices, gpu_milli=1, share_memory_mib=memory, gpu_memory_mib=memory
-        )
+        return PodGpus(num_gpu=devices, gpu_milli=1, share_memory_mib=memory, gpu_memory_mib=memory)
     return None
 
 
