@@ -73,7 +73,10 @@ def without_kube_state_queries(rules: RuleSet) -> RuleSet:
     )
 
 
-KSM_QUERY = 'kube_node_status_allocatable{resource=~"nvidia_com_.+|amd_com_.+|gpu_intel_com_.+|habana_ai_.+"}'
+KSM_QUERY = (
+    "kube_node_status_allocatable"
+    '{resource=~"nvidia_com_.+|amd_com_.+|gpu_intel_com_.+|habana_ai_.+"}'
+)
 KSM_MISSING = f"queries.allocatable ({KSM_QUERY}) returns no series: is kube-state-metrics scraped?"
 FREE_MISSING = "queries.free (DCGM_FI_DEV_FB_FREE) returns no series: no GPU's capacity is known"
 
