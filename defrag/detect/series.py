@@ -150,7 +150,7 @@ def robust_noise(values: FloatArray) -> float:
     if len(values) < 3:
         return 0.0
     d = np.diff(values)
-    mad = median(np.abs(d - median(d)))
+    mad = _median_of(np.abs(d - median(d)))
     return 1.4826 * mad / np.sqrt(2.0)
 
 
@@ -159,15 +159,22 @@ def median(values: FloatArray) -> float:
     (tens of thousands of calls per detection): the same partition (the middle element(s) and
     the last, where a NaN would go), then the mean of the middle element(s) as ``np.mean``
     sums them — from +0.0, so a median of −0.0 is 0.0 — and NaN when any value is NaN."""
-    n = len(values)
+    return _median_of(np.array(values, copy=True))
+
+
+def _median_of(part: FloatArray) -> float:
+    """:func:`median` of a 1-D array this call may reorder (a temporary): the partition
+    is done in place, without ``np.partition``'s wrapper and copy (what that function does
+    inside: ``a.copy().partition(kth)``)."""
+    n = len(part)
     if n == 0:
         return math.nan
     half = n // 2
     if n % 2:
-        part = np.partition(values, (half, n - 1))
+        part.partition((half, n - 1))
         middle = 0.0 + float(part[half])
     else:
-        part = np.partition(values, (half - 1, half, n - 1))
+        part.partition((half - 1, half, n - 1))
         middle = (0.0 + float(part[half - 1]) + float(part[half])) / 2.0
     return math.nan if math.isnan(part[-1]) else middle
 
@@ -202,7 +209,7 @@ def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
     dy, dx = _pairwise(x, y)
     if len(dx) == 0:
         return 0.0
-    return median(dy / dx)
+    return _median_of(dy / dx)
 
 
 def rolling_mean(binned: Binned, window: float) -> Binned:

@@ -325,8 +325,12 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     if len(t) < 3:
         return LeakAssessment(series, False, ("too little history (0.0 h)",))
     bins = bin_medians(t, y, params.bin_s, end)
-    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise, series.usable_mib)
+    noise = robust_noise(bins.values)
+    restart = _last_restart(bins, noise * params.cycle_noise, series.usable_mib)
     restarted = restart is not None
+    # the noise of the bins every window reads (their ``all_bins``), computed once: unless the
+    # job restarted (then the bins are drawn again from what followed)
+    bins_noise = noise if restart is None else None
     since = 0.0
     if restart is not None:
         # memory fell to near nothing: the job restarted (or a new one began); what came before
@@ -349,7 +353,16 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         verdict = LeakAssessment(series, False, (why,))
     elif (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
         judged = bins if loaded is None else _after(bins, loaded)
-        verdict = _judge(series, judged, params, end, params.lookback_s, short=False, raw=raw)
+        verdict = _judge(
+            series,
+            judged,
+            params,
+            end,
+            params.lookback_s,
+            short=False,
+            raw=raw,
+            noise=bins_noise if judged is bins else None,
+        )
         if verdict.leaking:
             return verdict
     for window, min_slope, min_growth, climb in _short_windows(params):
@@ -368,6 +381,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             min_growth=min_growth,
             climb=climb,
             raw=raw,
+            noise=bins_noise,
         )
         if short.leaking:
             return short
@@ -428,11 +442,13 @@ def _judge(
     min_growth: float | None = None,
     climb: bool = False,
     raw: tuple[FloatArray, FloatArray] | None = None,
+    noise: float | None = None,
 ) -> LeakAssessment:
     """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
     lookback, with its own false-positive guard (no cache drop in it or in the floor window
     before it; growth of at least ``short_min_growth`` × the noise; a stricter trend p-value;
-    two halves that both rise)."""
+    two halves that both rise). ``noise``: ``robust_noise(all_bins.values)`` when the caller
+    has it already."""
     min_slope = params.min_slope_mib_per_h if min_slope is None else min_slope
     inside = all_bins.times > end - window
     bins = Binned(all_bins.times[inside], all_bins.values[inside], all_bins.width)
@@ -440,7 +456,7 @@ def _judge(
         quick = median_pairwise_slope((bins.times - bins.times[0]) / HOUR_S, bins.values)
         if quick < min_slope:
             return LeakAssessment(series, False, (f"slope {quick:.0f} MiB/h below {min_slope:g}",))
-    noise = robust_noise(all_bins.values)
+    noise = robust_noise(all_bins.values) if noise is None else noise
     segments = 2 if short else params.segments
     if len(bins.times) < 3 * segments:
         return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
