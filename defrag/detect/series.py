@@ -179,6 +179,23 @@ def _median_of(part: FloatArray) -> float:
     return math.nan if math.isnan(part[-1]) else middle
 
 
+def row_medians(rows: FloatArray) -> FloatArray:
+    """:func:`median` of each row of a 2-D array, to the bit: the same partition per row (the
+    middle element(s) and the last), the same sum of the middle ones from +0.0, NaN for a row
+    holding a NaN."""
+    n = rows.shape[1]
+    if n == 0:
+        return np.full(rows.shape[0], math.nan)
+    half = n // 2
+    if n % 2:
+        part = np.partition(rows, (half, n - 1), axis=1)
+        middle = 0.0 + part[:, half]
+    else:
+        part = np.partition(rows, (half - 1, half, n - 1), axis=1)
+        middle = (0.0 + part[:, half - 1] + part[:, half]) / 2.0
+    return np.where(np.isnan(part[:, -1]), math.nan, middle)
+
+
 @lru_cache(maxsize=64)
 def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """``np.triu_indices(n, 1)``, built once per length (read-only: shared between calls)."""

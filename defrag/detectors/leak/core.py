@@ -59,6 +59,7 @@ from defrag.detect.series import (
     sen_trend,
 )
 from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
+from defrag.detectors.leak.screen import cannot_leak
 
 HOUR_S = 3600.0
 
@@ -1047,7 +1048,16 @@ def detect_leaks(
     on their points alone (through Prometheus each point is a step's median, too coarse to see
     growth that stopped minutes ago), and those are judged again with them: a cache that filled
     to its limit is not reported once flat for ``flat_for``."""
-    verdicts = [v for v in (assess_leak(one, params, now) for one in series) if v.leaking]
+    cleared = cannot_leak(series, params, now.timestamp())  # the fleet's quiet GPUs, at once
+    verdicts = [
+        v
+        for v in (
+            assess_leak(one, params, now)
+            for one, out in zip(series, cleared, strict=True)
+            if not out
+        )
+        if v.leaking
+    ]
     if recent is not None and verdicts:
         samples = recent([v.series for v in verdicts])
         verdicts = [
