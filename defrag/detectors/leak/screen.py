@@ -43,15 +43,12 @@ def cannot_leak(series: Sequence[GpuMemorySeries], params: LeakParams, end: floa
             continue  # nothing to share: assessed alone
         times = series[rows[0]].times
         values = np.stack([series[i].used_mib for i in rows])
-        usable = np.array([series[i].usable_mib for i in rows])
-        for i, cleared in zip(rows, _screen(times, values, usable, params, end), strict=True):
+        for i, cleared in zip(rows, _screen(times, values, params, end), strict=True):
             out[i] = bool(cleared)
     return out
 
 
-def _screen(
-    times: FloatArray, used: FloatArray, usable: FloatArray, params: LeakParams, end: float
-) -> BoolArray:
+def _screen(times: FloatArray, used: FloatArray, params: LeakParams, end: float) -> BoolArray:
     """The screen over rows of ``used`` sharing ``times`` (``assess_leak``'s steps, by line)."""
     n = len(used)
     no = np.zeros(n, dtype=bool)
@@ -69,12 +66,13 @@ def _screen(
     centres = end - (k.astype(float) + 0.5) * params.bin_s
     bins = y  # ``values.astype(float)``: float64 rows, the same numbers
     noise = _robust_noise_rows(bins)
-    restarted = _restarted_rows(bins, noise * params.cycle_noise, usable)
     level = row_medians(bins[:, -3:])
     loaded = ((bins <= 0.1 * level[:, None]).any(axis=1)) & ~(level <= 0)
-    candidate = finite & ~restarted & ~loaded
+    candidate = finite & ~loaded
     # the lookback (all of it inside: ``bins.times > end − lookback``), judged on the bins when
-    # no fall exceeds ``cycle_noise`` × noise (else on the floor: assessed)
+    # no fall exceeds ``cycle_noise`` × noise (else on the floor: assessed). A restart is such
+    # a fall (``_restarts``: peak − value > max(``cycle_noise`` × noise, 0)), so a row without
+    # one has not restarted either: the bins are the ones ``assess_leak`` judges
     drawdown = (np.maximum.accumulate(bins, axis=1) - bins).max(axis=1)
     candidate &= ~(drawdown > params.cycle_noise * noise)
     candidate &= bool((centres > end - params.lookback_s).all())
@@ -112,15 +110,3 @@ def _robust_noise_rows(rows: FloatArray) -> FloatArray:
     d = np.diff(rows, axis=1)
     mad = row_medians(np.abs(d - row_medians(d)[:, None]))
     return 1.4826 * mad / np.sqrt(2.0)
-
-
-def _restarted_rows(v: FloatArray, min_fall: FloatArray, usable: FloatArray) -> BoolArray:
-    """Whether ``_last_restart`` finds a restart in each row (any bin that ``_restarts`` marks
-    as fallen: the first of a run is one): a fall to a tenth of the running peak, or an OOM
-    kill where the usable memory is known."""
-    peak = np.maximum.accumulate(v, axis=1)
-    known = (usable > 0)[:, None]
-    oom = known & (peak >= 0.9 * usable[:, None]) & (v <= 0.5 * peak)
-    fell = ((v <= 0.1 * peak) | oom) & (peak - v > np.maximum(min_fall, 0.0)[:, None])
-    fell &= peak > 0
-    return np.asarray(fell.any(axis=1))
