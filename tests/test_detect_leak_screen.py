@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag.detect.series import median, row_medians
+from defrag.detect.series import median, median_pairwise_slope, row_medians, row_pairwise_slopes
 from defrag.detectors.leak import core
 from defrag.detectors.leak.core import GpuMemorySeries, LeakParams, assess_leak, detect_leaks
 from defrag.detectors.leak.screen import cannot_leak
@@ -44,6 +44,29 @@ def test_row_medians_are_median_of_each_row_to_the_bit(rows: list[list[float]]) 
     matrix = np.array(rows, dtype=float).reshape(len(rows), -1)
     got = row_medians(matrix)
     assert [repr(float(v)) for v in got] == [repr(median(row)) for row in matrix]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(0, 30).flatmap(
+        lambda n: st.tuples(
+            st.lists(st.floats(0, 24, allow_nan=False), min_size=n, max_size=n, unique=True),
+            st.lists(st.lists(cells, min_size=n, max_size=n), min_size=0, max_size=5),
+            st.integers(1, 4),
+        )
+    )
+)
+def test_row_pairwise_slopes_are_each_rows_slope_to_the_bit(
+    case: tuple[list[float], list[list[float]], int],
+) -> None:
+    """0–30 points (widths differ from example to example), any chunk size, NaN and ±inf."""
+    xs, rows, chunk = case
+    x = np.sort(np.array(xs, dtype=float))
+    matrix = np.array(rows, dtype=float).reshape(len(rows), len(x))
+    with np.errstate(all="ignore"):  # inf − inf and overflowing quotients, in both
+        got = row_pairwise_slopes(x, matrix, chunk=chunk)
+        want = [repr(median_pairwise_slope(x, r)) for r in matrix]
+    assert [repr(float(v)) for v in got] == want
 
 
 def _series(values: np.ndarray, i: int, stale_s: float = 0.0) -> GpuMemorySeries:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import numpy.typing as npt
 
-from defrag.detect.series import FloatArray, median_pairwise_slope, row_medians
+from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes
 
 if TYPE_CHECKING:
     from defrag.detectors.leak.core import GpuMemorySeries, LeakParams
@@ -85,24 +85,17 @@ def _screen(times: FloatArray, used: FloatArray, params: LeakParams, end: float)
         )
         if not (w <= 0 or w >= params.lookback_s or (t[-1] - t[0]) < 0.9 * w)
     ]  # the others are skipped by ``assess_leak`` whatever the values
-    cleared = np.zeros(n, dtype=bool)
-    for r in np.flatnonzero(candidate):
-        if median_pairwise_slope(full_x, bins[r]) >= params.min_slope_mib_per_h:
-            continue
-        cleared[r] = all(_quick_below(centres, bins[r], end, w, s) for w, s in windows)
-    return cleared
-
-
-def _quick_below(
-    centres: FloatArray, values: FloatArray, end: float, window: float, need: float
-) -> bool:
-    """A short window's first test in ``_judge``: fewer than two bins (then too few bins), or
-    the quick Theil–Sen slope below its minimum."""
-    inside = centres > end - window
-    x = centres[inside]
-    if len(x) < 2:
-        return True
-    return median_pairwise_slope((x - x[0]) / HOUR_S, values[inside]) < need
+    rows = np.flatnonzero(candidate)
+    cleared = row_pairwise_slopes(full_x, bins[rows]) < params.min_slope_mib_per_h
+    for window, need in windows:
+        inside = centres > end - window  # a short window's first test in ``_judge``
+        x = centres[inside]
+        if len(x) >= 2:  # else too few bins: not leaking there either
+            quick = row_pairwise_slopes((x - x[0]) / HOUR_S, bins[rows][:, inside], chunk=128)
+            cleared &= quick < need
+    out = np.zeros(n, dtype=bool)
+    out[rows] = cleared
+    return out
 
 
 def _robust_noise_rows(rows: FloatArray) -> FloatArray:
