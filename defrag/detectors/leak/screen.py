@@ -16,21 +16,48 @@ are skipped, and ``detect_leaks`` reports leaking verdicts only: the findings ar
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes
 
-if TYPE_CHECKING:
-    from defrag.detectors.leak.core import GpuMemorySeries, LeakParams
-
 HOUR_S = 3600.0
 BoolArray = npt.NDArray[np.bool_]
 
 
-def cannot_leak(series: Sequence[GpuMemorySeries], params: LeakParams, end: float) -> list[bool]:
+class Screened(Protocol):
+    """What the screen reads of a ``GpuMemorySeries`` (``core`` imports this module)."""
+
+    @property
+    def times(self) -> FloatArray: ...
+    @property
+    def used_mib(self) -> FloatArray: ...
+    @property
+    def stale_s(self) -> float: ...
+
+
+class ScreenParams(Protocol):
+    """What the screen reads of ``LeakParams``."""
+
+    @property
+    def lookback_s(self) -> float: ...
+    @property
+    def bin_s(self) -> float: ...
+    @property
+    def cycle_noise(self) -> float: ...
+    @property
+    def min_slope_mib_per_h(self) -> float: ...
+    @property
+    def short_window_s(self) -> float: ...
+    @property
+    def fast_window_s(self) -> float: ...
+    @property
+    def fast_min_slope_mib_per_h(self) -> float: ...
+
+
+def cannot_leak(series: Sequence[Screened], params: ScreenParams, end: float) -> list[bool]:
     """For each series, True when ``assess_leak`` would certainly find it not leaking at
     ``end`` (the screen's path, above); False when it must be assessed."""
     out = [False] * len(series)
@@ -48,7 +75,7 @@ def cannot_leak(series: Sequence[GpuMemorySeries], params: LeakParams, end: floa
     return out
 
 
-def _screen(times: FloatArray, used: FloatArray, params: LeakParams, end: float) -> BoolArray:
+def _screen(times: FloatArray, used: FloatArray, params: ScreenParams, end: float) -> BoolArray:
     """The screen over rows of ``used`` sharing ``times`` (``assess_leak``'s steps, by line)."""
     n = len(used)
     no = np.zeros(n, dtype=bool)
