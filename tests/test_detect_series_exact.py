@@ -79,6 +79,24 @@ def test_median_is_numpys_to_the_bit(values: list[float]) -> None:
     assert repr(median(a)) == repr(expected)
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.array([9.0, 1.0, 5.0, 3.0, 7.0]),
+        np.array([4.0, math.nan, 1.0, 2.0]),
+        np.array([7, 2, 9, 4]),  # integers: partitioned as integers, as np.median does
+        np.arange(10.0)[::-2],  # a strided view
+    ],
+)
+def test_median_leaves_its_input_as_it_was(values: np.ndarray) -> None:
+    """``median`` partitions a copy (in place, without ``np.partition``'s wrapper): the caller's
+    array keeps its order, and the value is ``np.median``'s (9,1,5,3,7 → 5; 7,2,9,4 → 5.5)."""
+    before = values.copy()
+    got = median(values)
+    assert np.array_equal(values, before, equal_nan=True)
+    assert repr(got) == repr(float(np.median(before)))
+
+
 def cases() -> list[tuple[np.ndarray, np.ndarray]]:
     """Seeded series like the detector's: bin centres (some repeated), rounded noisy values,
     steps of 500, flat runs, zeros of both signs."""

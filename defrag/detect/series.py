@@ -150,7 +150,7 @@ def robust_noise(values: FloatArray) -> float:
     if len(values) < 3:
         return 0.0
     d = np.diff(values)
-    mad = median(np.abs(d - median(d)))
+    mad = _median_of(np.abs(d - median(d)))
     return 1.4826 * mad / np.sqrt(2.0)
 
 
@@ -159,17 +159,41 @@ def median(values: FloatArray) -> float:
     (tens of thousands of calls per detection): the same partition (the middle element(s) and
     the last, where a NaN would go), then the mean of the middle element(s) as ``np.mean``
     sums them — from +0.0, so a median of −0.0 is 0.0 — and NaN when any value is NaN."""
-    n = len(values)
+    return _median_of(np.array(values, copy=True))
+
+
+def _median_of(part: FloatArray) -> float:
+    """:func:`median` of a 1-D array this call may reorder (a temporary): the partition
+    is done in place, without ``np.partition``'s wrapper and copy (what that function does
+    inside: ``a.copy().partition(kth)``)."""
+    n = len(part)
     if n == 0:
         return math.nan
     half = n // 2
     if n % 2:
-        part = np.partition(values, (half, n - 1))
+        part.partition((half, n - 1))
         middle = 0.0 + float(part[half])
     else:
-        part = np.partition(values, (half - 1, half, n - 1))
+        part.partition((half - 1, half, n - 1))
         middle = (0.0 + float(part[half - 1]) + float(part[half])) / 2.0
     return math.nan if math.isnan(part[-1]) else middle
+
+
+def row_medians(rows: FloatArray) -> FloatArray:
+    """:func:`median` of each row of a 2-D array, to the bit: the same partition per row (the
+    middle element(s) and the last), the same sum of the middle ones from +0.0, NaN for a row
+    holding a NaN."""
+    n = rows.shape[1]
+    if n == 0:
+        return np.full(rows.shape[0], math.nan)
+    half = n // 2
+    if n % 2:
+        part = np.partition(rows, (half, n - 1), axis=1)
+        middle = 0.0 + part[:, half]
+    else:
+        part = np.partition(rows, (half - 1, half, n - 1), axis=1)
+        middle = (0.0 + part[:, half - 1] + part[:, half]) / 2.0
+    return np.where(np.isnan(part[:, -1]), math.nan, middle)
 
 
 @lru_cache(maxsize=64)
@@ -202,7 +226,25 @@ def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
     dy, dx = _pairwise(x, y)
     if len(dx) == 0:
         return 0.0
-    return median(dy / dx)
+    return _median_of(dy / dx)
+
+
+def row_pairwise_slopes(x: FloatArray, rows: FloatArray, chunk: int = 32) -> FloatArray:
+    """:func:`median_pairwise_slope` of each row of ``rows`` against ``x`` (shared, strictly
+    increasing), to the bit: the same differences and quotients, element by element, and
+    :func:`row_medians` of them; ``chunk`` rows at a time (the pairs of 72 points are 2,556 a
+    row: small blocks stay in cache)."""
+    if len(x) < 2:
+        return np.zeros(rows.shape[0])
+    if not bool((x[1:] > x[:-1]).all()):
+        raise ValueError("row_pairwise_slopes: x must strictly increase")
+    i, j = _pairs(len(x))
+    dx = x[j] - x[i]
+    parts = [
+        row_medians((rows[s : s + chunk, j] - rows[s : s + chunk, i]) / dx)
+        for s in range(0, rows.shape[0], chunk)
+    ]
+    return np.concatenate(parts) if parts else np.empty(0)
 
 
 def rolling_mean(binned: Binned, window: float) -> Binned:

@@ -59,6 +59,7 @@ from defrag.detect.series import (
     sen_trend,
 )
 from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
+from defrag.detectors.leak.screen import cannot_leak
 
 HOUR_S = 3600.0
 
@@ -325,8 +326,12 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     if len(t) < 3:
         return LeakAssessment(series, False, ("too little history (0.0 h)",))
     bins = bin_medians(t, y, params.bin_s, end)
-    restart = _last_restart(bins, robust_noise(bins.values) * params.cycle_noise, series.usable_mib)
+    noise = robust_noise(bins.values)
+    restart = _last_restart(bins, noise * params.cycle_noise, series.usable_mib)
     restarted = restart is not None
+    # the noise of the bins every window reads (their ``all_bins``), computed once: unless the
+    # job restarted (then the bins are drawn again from what followed)
+    bins_noise = noise if restart is None else None
     since = 0.0
     if restart is not None:
         # memory fell to near nothing: the job restarted (or a new one began); what came before
@@ -349,7 +354,16 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         verdict = LeakAssessment(series, False, (why,))
     elif (t[-1] - t[0]) >= params.min_coverage * params.lookback_s:
         judged = bins if loaded is None else _after(bins, loaded)
-        verdict = _judge(series, judged, params, end, params.lookback_s, short=False, raw=raw)
+        verdict = _judge(
+            series,
+            judged,
+            params,
+            end,
+            params.lookback_s,
+            short=False,
+            raw=raw,
+            noise=bins_noise if judged is bins else None,
+        )
         if verdict.leaking:
             return verdict
     for window, min_slope, min_growth, climb in _short_windows(params):
@@ -368,6 +382,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             min_growth=min_growth,
             climb=climb,
             raw=raw,
+            noise=bins_noise,
         )
         if short.leaking:
             return short
@@ -428,11 +443,13 @@ def _judge(
     min_growth: float | None = None,
     climb: bool = False,
     raw: tuple[FloatArray, FloatArray] | None = None,
+    noise: float | None = None,
 ) -> LeakAssessment:
     """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
     lookback, with its own false-positive guard (no cache drop in it or in the floor window
     before it; growth of at least ``short_min_growth`` × the noise; a stricter trend p-value;
-    two halves that both rise)."""
+    two halves that both rise). ``noise``: ``robust_noise(all_bins.values)`` when the caller
+    has it already."""
     min_slope = params.min_slope_mib_per_h if min_slope is None else min_slope
     inside = all_bins.times > end - window
     bins = Binned(all_bins.times[inside], all_bins.values[inside], all_bins.width)
@@ -440,7 +457,7 @@ def _judge(
         quick = median_pairwise_slope((bins.times - bins.times[0]) / HOUR_S, bins.values)
         if quick < min_slope:
             return LeakAssessment(series, False, (f"slope {quick:.0f} MiB/h below {min_slope:g}",))
-    noise = robust_noise(all_bins.values)
+    noise = robust_noise(all_bins.values) if noise is None else noise
     segments = 2 if short else params.segments
     if len(bins.times) < 3 * segments:
         return LeakAssessment(series, False, (f"too few bins ({len(bins.times)})",))
@@ -1031,7 +1048,16 @@ def detect_leaks(
     on their points alone (through Prometheus each point is a step's median, too coarse to see
     growth that stopped minutes ago), and those are judged again with them: a cache that filled
     to its limit is not reported once flat for ``flat_for``."""
-    verdicts = [v for v in (assess_leak(one, params, now) for one in series) if v.leaking]
+    cleared = cannot_leak(series, params, now.timestamp())  # the fleet's quiet GPUs, at once
+    verdicts = [
+        v
+        for v in (
+            assess_leak(one, params, now)
+            for one, out in zip(series, cleared, strict=True)
+            if not out
+        )
+        if v.leaking
+    ]
     if recent is not None and verdicts:
         samples = recent([v.series for v in verdicts])
         verdicts = [

@@ -1,0 +1,132 @@
+"""A batched screen of the GPUs that cannot be leaking, so :func:`~.core.assess_leak` runs only
+on the rest.
+
+Most GPUs of a fleet do not grow, and their verdict is reached on the commonest path of
+``assess_leak``: no restart, no load from nothing, the lookback judged on the bins (no cache
+freed) and its Theil–Sen slope below the minimum, each short window's quick slope below its
+own. Through Prometheus every series of a range query shares the same timestamps (one point per
+step), so those steps are computed here for all such series at once, as rows of one matrix, by
+the same arithmetic (each row's values are bit for bit the per-series ones: the same IEEE
+operations on the same numbers, the same partition for each median). A series the screen
+cannot clear — other timestamps, a NaN, a restart, a load, a cache freed, a slope at or above a
+minimum, a stale exporter — goes to ``assess_leak`` as before. Only verdicts of *not leaking*
+are skipped, and ``detect_leaks`` reports leaking verdicts only: the findings are unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes
+
+HOUR_S = 3600.0
+BoolArray = npt.NDArray[np.bool_]
+
+
+class Screened(Protocol):
+    """What the screen reads of a ``GpuMemorySeries`` (``core`` imports this module)."""
+
+    @property
+    def times(self) -> FloatArray: ...
+    @property
+    def used_mib(self) -> FloatArray: ...
+    @property
+    def stale_s(self) -> float: ...
+
+
+class ScreenParams(Protocol):
+    """What the screen reads of ``LeakParams``."""
+
+    @property
+    def lookback_s(self) -> float: ...
+    @property
+    def bin_s(self) -> float: ...
+    @property
+    def cycle_noise(self) -> float: ...
+    @property
+    def min_slope_mib_per_h(self) -> float: ...
+    @property
+    def short_window_s(self) -> float: ...
+    @property
+    def fast_window_s(self) -> float: ...
+    @property
+    def fast_min_slope_mib_per_h(self) -> float: ...
+
+
+def cannot_leak(series: Sequence[Screened], params: ScreenParams, end: float) -> list[bool]:
+    """For each series, True when ``assess_leak`` would certainly find it not leaking at
+    ``end`` (the screen's path, above); False when it must be assessed."""
+    out = [False] * len(series)
+    groups: dict[bytes, list[int]] = {}
+    for i, one in enumerate(series):
+        if one.stale_s <= 0 and one.times.dtype == np.float64 and one.used_mib.dtype == np.float64:
+            groups.setdefault(one.times.tobytes(), []).append(i)
+    for rows in groups.values():
+        if len(rows) < 2:
+            continue  # nothing to share: assessed alone
+        times = series[rows[0]].times
+        values = np.stack([series[i].used_mib for i in rows])
+        for i, cleared in zip(rows, _screen(times, values, params, end), strict=True):
+            out[i] = bool(cleared)
+    return out
+
+
+def _screen(times: FloatArray, used: FloatArray, params: ScreenParams, end: float) -> BoolArray:
+    """The screen over rows of ``used`` sharing ``times`` (``assess_leak``'s steps, by line)."""
+    n = len(used)
+    no = np.zeros(n, dtype=bool)
+    start = end - params.lookback_s
+    inside = (times > start) & (times <= end)
+    t = times[inside]
+    y = used[:, inside]
+    finite = np.isfinite(y).all(axis=1)  # a NaN drops a sample from its row alone: assessed
+    if len(t) < 3:
+        return no
+    # bin_medians: one sample per bin (the timestamps are the steps) → the bins are the values
+    k = np.floor((end - t) / params.bin_s).astype(np.int64)
+    if bool((k[1:] >= k[:-1]).any()):
+        return no  # not one sample per bin in time order (k falls strictly as t rises)
+    centres = end - (k.astype(float) + 0.5) * params.bin_s
+    bins = y  # ``values.astype(float)``: float64 rows, the same numbers
+    noise = _robust_noise_rows(bins)
+    level = row_medians(bins[:, -3:])
+    loaded = ((bins <= 0.1 * level[:, None]).any(axis=1)) & ~(level <= 0)
+    candidate = finite & ~loaded
+    # the lookback (all of it inside: ``bins.times > end − lookback``), judged on the bins when
+    # no fall exceeds ``cycle_noise`` × noise (else on the floor: assessed). A restart is such
+    # a fall (``_restarts``: peak − value > max(``cycle_noise`` × noise, 0)), so a row without
+    # one has not restarted either: the bins are the ones ``assess_leak`` judges
+    drawdown = (np.maximum.accumulate(bins, axis=1) - bins).max(axis=1)
+    candidate &= ~(drawdown > params.cycle_noise * noise)
+    candidate &= bool((centres > end - params.lookback_s).all())
+    full_x = (centres - centres[0]) / HOUR_S
+    windows = [
+        (w, slope)
+        for w, slope in (
+            (params.short_window_s, params.min_slope_mib_per_h),
+            (params.fast_window_s, params.fast_min_slope_mib_per_h),
+        )
+        if not (w <= 0 or w >= params.lookback_s or (t[-1] - t[0]) < 0.9 * w)
+    ]  # the others are skipped by ``assess_leak`` whatever the values
+    rows = np.flatnonzero(candidate)
+    cleared = row_pairwise_slopes(full_x, bins[rows]) < params.min_slope_mib_per_h
+    for window, need in windows:
+        inside = centres > end - window  # a short window's first test in ``_judge``
+        x = centres[inside]
+        if len(x) >= 2:  # else too few bins: not leaking there either
+            quick = row_pairwise_slopes((x - x[0]) / HOUR_S, bins[rows][:, inside], chunk=128)
+            cleared &= quick < need
+    out = np.zeros(n, dtype=bool)
+    out[rows] = cleared
+    return out
+
+
+def _robust_noise_rows(rows: FloatArray) -> FloatArray:
+    """:func:`~defrag.detect.series.robust_noise` of each row (at least 3 columns)."""
+    d = np.diff(rows, axis=1)
+    mad = row_medians(np.abs(d - row_medians(d)[:, None]))
+    return 1.4826 * mad / np.sqrt(2.0)
