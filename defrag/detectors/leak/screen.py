@@ -19,12 +19,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
 from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes
+from defrag.model.arrays import BoolArray
 
 HOUR_S = 3600.0
-BoolArray = npt.NDArray[np.bool_]
 
 
 class Screened(Protocol):
