@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
 
-from defrag.adapters.deadline import current_budget, time_budget
 from defrag.adapters.ksm_cluster import cluster_from_kube_state
 from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
 from defrag.detect.findings import Finding
@@ -33,7 +31,7 @@ from defrag.detectors.registry import Inputs, MissingInput
 from defrag.detectors.rulemodel import ClusterRuleModel, KubeStateQueries, settings_of
 from defrag.detectors.starvation.core import first_per_pod
 from defrag.model.cluster import Cluster
-from defrag.ports import ConcurrentMetricsSource, MetricsSource
+from defrag.ports import MetricsSource
 from defrag.rules import LoadedRule, RuleSet
 from defrag.scoring.profile import ScoringProfile
 
@@ -102,18 +100,19 @@ def run_detection(
     queries), scored with the same configuration bound to that cluster's mix. A pod several
     starvation rules find has the first rule's finding only (:func:`first_per_pod`).
     """
-    failures: list[tuple[int, RuleFailure]] = []
-    skipped: list[tuple[int, str, str]] = []
+    findings: list[Finding] = []
+    failures: list[RuleFailure] = []
+    skipped: dict[str, str] = {}
+    ran: list[str] = []
     built: dict[KubeStateQueries, tuple[Cluster, ScoringProfile] | MissingInput] = {}
-    ready: list[tuple[int, LoadedRule, Inputs]] = []
-    for index, loaded in enumerate(rules.enabled()):
+    for loaded in rules.enabled():
         rule = loaded.rule
         detector = registry.get(rule.detector)
         try:
             inputs = Inputs(now, profile)
             if "metrics" in detector.needs:
                 if metrics is None:
-                    skipped.append((index, rule.name, NO_METRICS_SOURCE))
+                    skipped[rule.name] = NO_METRICS_SOURCE
                     continue
                 inputs = replace(inputs, metrics=metrics)
             if "cluster" in detector.needs:
@@ -132,69 +131,16 @@ def run_detection(
                         raise got
                     inputs = replace(inputs, cluster=got[0], profile=got[1])
                 else:
-                    skipped.append((index, rule.name, "no cluster snapshot"))
+                    skipped[rule.name] = "no cluster snapshot"
                     continue
-            ready.append((index, loaded, inputs))
+            findings += detector.evaluate(rule, inputs)
+            ran.append(rule.name)
         except MissingInput as exc:
-            skipped.append((index, rule.name, str(exc)))
+            skipped[rule.name] = str(exc)
         except Exception as exc:  # one broken rule or query must not hide the other rules
-            failures.append((index, _failure(loaded, exc)))
-    outcomes = _evaluate(ready, concurrent=isinstance(metrics, ConcurrentMetricsSource))
-    findings: list[Finding] = []
-    ran: list[str] = []
-    for (index, loaded, _), outcome in zip(ready, outcomes, strict=True):
-        if isinstance(outcome, MissingInput):
-            skipped.append((index, loaded.rule.name, str(outcome)))
-        elif isinstance(outcome, Exception):
-            failures.append((index, _failure(loaded, outcome)))
-        else:
-            findings += outcome
-            ran.append(loaded.rule.name)
+            failures.append(_failure(loaded, exc))
     # a pod two starvation rules find is reported by the first (file order: high priority first)
-    return DetectionReport(
-        tuple(first_per_pod(findings)),
-        tuple(f for _, f in sorted(failures, key=lambda t: t[0])),  # in the rules' order
-        {name: why for _, name, why in sorted(skipped, key=lambda t: t[0])},
-        tuple(ran),
-    )
-
-
-def _evaluate(
-    ready: list[tuple[int, LoadedRule, Inputs]], *, concurrent: bool
-) -> list[list[Finding] | Exception]:
-    """Each rule's findings, or the exception it raised, in the order given. With a source
-    that answers queries at once (:class:`~defrag.ports.ConcurrentMetricsSource`), the rules
-    that read metrics are evaluated together, one thread each: one rule's queries are
-    evaluated by the server while another rule's answers are analysed (at 10,000 GPUs the idle
-    rule's query runs during the leak rule's analysis). The caller's
-    :func:`~defrag.adapters.deadline.time_budget` bounds every thread's queries."""
-
-    def one(loaded: LoadedRule, inputs: Inputs) -> list[Finding] | Exception:
-        try:
-            return list(registry.get(loaded.rule.detector).evaluate(loaded.rule, inputs))
-        except Exception as exc:  # one broken rule or query must not hide the other rules
-            return exc
-
-    together = [i for i, (_, _, inputs) in enumerate(ready) if inputs.metrics is not None]
-    if not concurrent or len(together) < 2:
-        return [one(loaded, inputs) for _, loaded, inputs in ready]
-    budget = current_budget()
-
-    def bounded(loaded: LoadedRule, inputs: Inputs) -> list[Finding] | Exception:
-        if budget is None:
-            return one(loaded, inputs)
-        with time_budget(budget.remaining(), budget.what):
-            return one(loaded, inputs)
-
-    outcomes: dict[int, list[Finding] | Exception] = {}
-    with ThreadPoolExecutor(len(together), thread_name_prefix="rule") as pool:
-        futures = {i: pool.submit(bounded, ready[i][1], ready[i][2]) for i in together}
-        for i, (_, loaded, inputs) in enumerate(ready):
-            if i not in futures:
-                outcomes[i] = one(loaded, inputs)
-        for i, future in futures.items():
-            outcomes[i] = future.result()
-    return [outcomes[i] for i in range(len(ready))]
+    return DetectionReport(tuple(first_per_pod(findings)), tuple(failures), skipped, tuple(ran))
 
 
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:
