@@ -15,7 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag.detect.series import median, median_pairwise_slope, row_medians, row_pairwise_slopes
+from defrag.detect.series import (
+    median,
+    median_pairwise_slope,
+    robust_noise,
+    row_medians,
+    row_pairwise_slopes,
+    row_robust_noise,
+)
 from defrag.detectors.leak import core
 from defrag.detectors.leak.core import GpuMemorySeries, LeakParams, assess_leak, detect_leaks
 from defrag.detectors.leak.screen import cannot_leak
@@ -46,6 +53,23 @@ def test_row_medians_are_median_of_each_row_to_the_bit(rows: list[list[float]]) 
         got = row_medians(matrix)
         want = [repr(median(row)) for row in matrix]
     assert [repr(float(v)) for v in got] == want
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(3, 12).flatmap(
+        lambda n: st.lists(
+            st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=n, max_size=n),
+            min_size=1,
+            max_size=6,
+        )
+    )
+)
+def test_row_robust_noise_is_robust_noise_of_each_row_to_the_bit(rows: list[list[float]]) -> None:
+    """The screen's noise per row (the bins: finite values, at least 3 of them)."""
+    matrix = np.array(rows, dtype=float)
+    got = row_robust_noise(matrix)
+    assert [repr(float(v)) for v in got] == [repr(float(robust_noise(row))) for row in matrix]
 
 
 @settings(max_examples=200, deadline=None)

@@ -154,6 +154,14 @@ def robust_noise(values: FloatArray) -> float:
     return 1.4826 * mad / np.sqrt(2.0)
 
 
+def row_robust_noise(rows: FloatArray) -> FloatArray:
+    """:func:`robust_noise` of each row of a 2-D array of at least 3 columns, to the bit (the
+    same differences, :func:`row_medians` for each median)."""
+    d = np.diff(rows, axis=1)
+    mad = row_medians(np.abs(d - row_medians(d)[:, None]))
+    return 1.4826 * mad / np.sqrt(2.0)
+
+
 def median(values: FloatArray) -> float:
     """``float(np.median(values))`` of a 1-D array, to the bit, without its per-call overhead
     (tens of thousands of calls per detection): the same partition (the middle element(s) and

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import numpy as np
 
-from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes
+from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes, row_robust_noise
 from defrag.model.arrays import BoolArray
 
 HOUR_S = 3600.0
@@ -91,7 +91,7 @@ def _screen(times: FloatArray, used: FloatArray, params: ScreenParams, end: floa
         return no  # not one sample per bin in time order (k falls strictly as t rises)
     centres = end - (k.astype(float) + 0.5) * params.bin_s
     bins = y  # ``values.astype(float)``: float64 rows, the same numbers
-    noise = _robust_noise_rows(bins)
+    noise = row_robust_noise(bins)
     level = row_medians(bins[:, -3:])
     loaded = ((bins <= 0.1 * level[:, None]).any(axis=1)) & ~(level <= 0)
     candidate = finite & ~loaded
@@ -112,20 +112,14 @@ def _screen(times: FloatArray, used: FloatArray, params: ScreenParams, end: floa
         if not (w <= 0 or w >= params.lookback_s or (t[-1] - t[0]) < 0.9 * w)
     ]  # the others are skipped by ``assess_leak`` whatever the values
     rows = np.flatnonzero(candidate)
-    cleared = row_pairwise_slopes(full_x, bins[rows]) < params.min_slope_mib_per_h
+    kept = bins[rows]
+    cleared = row_pairwise_slopes(full_x, kept) < params.min_slope_mib_per_h
     for window, need in windows:
         inside = centres > end - window  # a short window's first test in ``_judge``
         x = centres[inside]
         if len(x) >= 2:  # else too few bins: not leaking there either
-            quick = row_pairwise_slopes((x - x[0]) / HOUR_S, bins[rows][:, inside], chunk=128)
+            quick = row_pairwise_slopes((x - x[0]) / HOUR_S, kept[:, inside], chunk=128)
             cleared &= quick < need
     out = np.zeros(n, dtype=bool)
     out[rows] = cleared
     return out
-
-
-def _robust_noise_rows(rows: FloatArray) -> FloatArray:
-    """:func:`~defrag.detect.series.robust_noise` of each row (at least 3 columns)."""
-    d = np.diff(rows, axis=1)
-    mad = row_medians(np.abs(d - row_medians(d)[:, None]))
-    return 1.4826 * mad / np.sqrt(2.0)
