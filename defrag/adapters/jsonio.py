@@ -1,7 +1,8 @@
 """JSON in and out at the edge, fast, with the standard library's results.
 
-Every adapter that decodes a large JSON body — Prometheus answers, Kubernetes list pages, the
-extender's requests — goes through :func:`loads`; answers are encoded by :func:`dumps`. Both use
+Every large JSON body defrag decodes itself — Kubernetes list pages, the extender's requests —
+goes through :func:`loads` (Prometheus answers are decoded by prometheus-api-client, the client
+defrag keeps for Prometheus); the extender's answers are encoded by :func:`dumps`. Both use
 orjson (a compiled codec, several times faster than :mod:`json` on these bodies) and give what
 :mod:`json` gives, so switching codec changes no result and no error:
 
