@@ -130,10 +130,10 @@ def _nesting(body: bytes | bytearray | str) -> int:
         if body.count(b"[") + body.count(b"{") < MAX_NESTING:
             return 0
         text = body.decode(errors="replace")
+    elif body.count("[") + body.count("{") < MAX_NESTING:
+        return 0
     else:
         text = body
-    if text.count("[") + text.count("{") < MAX_NESTING:
-        return 0
     depth = deepest = 0
     in_string = escaped = False
     for ch in text:
