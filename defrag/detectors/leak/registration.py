@@ -298,22 +298,28 @@ def _ask_leak_queries(
     prefilter = rule.prefilter and plain
     sel = rule.queries.used.strip()
     # where the range ends: whole seconds, as the adapter sends it (and end() would be)
-    first = [Query(_prefilter(rule, sel, f"{round(now.timestamp())}"), now)] if prefilter else []
+    at = f"{round(now.timestamp())}"
+    first = (
+        [Query(_prefilter(rule, _with_matcher(sel, m), at), now) for m in _shard_matchers(rule)]
+        if prefilter
+        else []
+    )
     instants = [Query(rule.queries.free, now), Query(rule.queries.used, now)]
     if reserved_q:
         instants.append(Query(reserved_q, now))
     answers = metrics.ask_all([*first, *instants])
+    passed = [s for part in answers[: len(first)] for s in part]
     free, used_now = answers[len(first)], answers[len(first) + 1]
     reserved = answers[len(first) + 2] if reserved_q else []
     if not plain:
         used = metrics.range(rule.queries.used, start, now, params.bin_s)
     elif not prefilter:
         used = _sharded(rule, metrics, start, now, [_medians(rule, sel)])
-    elif not answers[0]:
+    elif not passed:
         used = []  # no GPU passed the prefilter: the one query's answer is empty too
     else:
         on = _gpu_labels(rule)
-        wanted = {tuple(s.labels.get(k, "") for k in on) for s in answers[0]}
+        wanted = {tuple(s.labels.get(k, "") for k in on) for s in passed}
         narrowed = _one_of(on, wanted)
         queries = [_medians(rule, _with_matcher(sel, narrowed) if narrowed else sel)]
         used = [
