@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from defrag.model import Cluster, Node, Pod
@@ -11,7 +12,7 @@ from defrag.scoring.filters import R_CPU, R_GPU, R_MODEL, R_TAINT, R_TOPOLOGY
 from defrag.scoring.framework import Placement, Unschedulable
 from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy, make_policy
 from defrag.scoring.policies.reserve_binpack import ReserveBinpack
-from defrag.scoring.scheduler import explain, schedule
+from defrag.scoring.scheduler import explain, schedule, select
 
 
 def worked_example() -> Cluster:
@@ -49,6 +50,62 @@ def test_reserve_binpack_worked_example(
         assert verdicts[node].score == score
         if score is None:
             assert verdicts[node].reasons == (R_GPU,)
+
+
+def tie_cluster() -> Cluster:
+    """a-big: 1 of 8 GPUs free; b-small: 1 of 2 free; c-small: 1 of 2 free; d-four: 2 of 4."""
+    nodes = [
+        Node("a-big", 64000, 512000, 8, "A100"),
+        Node("b-small", 64000, 512000, 2, "A100"),
+        Node("c-small", 64000, 512000, 2, "A100"),
+        Node("d-four", 64000, 512000, 4, "A100"),
+    ]
+    pods = [
+        Pod("seven", num_gpu=7, node="a-big", phase="Running"),
+        Pod("one-b", num_gpu=1, node="b-small", phase="Running"),
+        Pod("one-c", num_gpu=1, node="c-small", phase="Running"),
+        Pod("two-d", num_gpu=2, node="d-four", phase="Running"),
+    ]
+    return Cluster.build(nodes, pods)
+
+
+@pytest.mark.parametrize(
+    ("pod", "expected_node", "expected_scores"),
+    [
+        # R=1: a-big F=1 → (1 − 0/8)·100 = 100; b-small and c-small F=1 → (1 − 0/2)·100 = 100;
+        # d-four F=2 → (1 − 1/4)·100 = 75. Three tie at 100: the fewest GPUs (2) wins, and of
+        # b-small and c-small the first name. Name order alone would take a-big.
+        (Pod("new", num_gpu=1), "b-small", {"a-big": 100, "b-small": 100, "d-four": 75}),
+        # R=2: only d-four fits (F=2 → (1 − 0/4)·100 = 100): no tie, the score decides.
+        (Pod("new", num_gpu=2), "d-four", {"a-big": None, "b-small": None, "d-four": 100}),
+        # a 0.5-GPU share: a-big → int((1 − 0.5/8)·100) = 93, the small nodes
+        # → int((1 − 0.5/2)·100) = 75, d-four → int((1 − 1.5/4)·100) = 62: a-big, no tie.
+        (Pod("new", num_gpu=1, gpu_milli=500), "a-big", {"a-big": 93, "b-small": 75}),
+    ],
+)
+def test_reserve_binpack_ties_go_to_the_smallest_node(
+    pod: Pod, expected_node: str, expected_scores: dict[str, int | None]
+) -> None:
+    cluster = tie_cluster()
+    placement = schedule(pod, cluster, ReserveBinpack())
+    assert isinstance(placement, Placement)
+    assert placement.node == expected_node
+    verdicts = {v.node: v.score for v in explain(pod, cluster, ReserveBinpack())}
+    for node, score in expected_scores.items():
+        assert verdicts[node] == score
+
+
+def test_select_without_a_tie_order_takes_the_first_name() -> None:
+    # the same 100–100–100–75 scores as above: no tie order → row 0 (a-big); the order
+    # −GPUs (−8, −2, −2, −4) → row 1 (b-small), the first of the two 2-GPU nodes.
+    scores = np.array([100.0, 100.0, 100.0, 75.0])
+    feasible = np.ones(4, dtype=bool)
+    assert select(scores, feasible) == 0
+    assert select(scores, feasible, np.array([-8.0, -2.0, -2.0, -4.0])) == 1
+    # an infeasible row never wins a tie: b-small filtered → c-small
+    feasible[1] = False
+    assert select(scores, feasible, np.array([-8.0, -2.0, -2.0, -4.0])) == 2
+    assert select(scores, np.zeros(4, dtype=bool), np.zeros(4)) is None
 
 
 def test_reserve_binpack_sharing_counts_share() -> None:

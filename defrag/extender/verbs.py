@@ -19,7 +19,7 @@ from defrag.extender.wire import (
 from defrag.model.arrays import BoolArray, IntArray
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, reservation_admits
 from defrag.scoring.filters import filter_reasons
-from defrag.scoring.scheduler import feasible_mask, node_scores, select
+from defrag.scoring.scheduler import feasible_mask, node_scores, select, tie_order
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Extender:
             return view, np.zeros(len(rows), dtype=np.int64), cand.rows
         # The winner by the scheduler's own selection (scheduler.select, as schedule() picks),
         # over the very scores returned (a random policy scored twice would disagree with itself).
-        choice = select(scores, feasible)
+        choice = select(scores, feasible, tie_order(args.pod, arrays, view.policy))
         ok = known & feasible[rows]
         per_node = np.where(ok, scores[rows], np.nan)
         winner = ok & (rows == choice) if choice is not None else np.zeros(len(rows), dtype=bool)

@@ -60,6 +60,18 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class TieBreak(Protocol):
+    """A policy that says which of the feasible nodes sharing the best score the scheduler
+    picks (:func:`~defrag.scoring.scheduler.select`); without it, the first (rows are sorted
+    by name)."""
+
+    def tie_order(self, pod: Pod, arrays: NodeArrays) -> FloatArray:
+        """One value per row: among rows of equal best score the highest wins, the first of
+        equal values."""
+        ...
+
+
+@runtime_checkable
 class FreshScores(Protocol):
     """A policy the scheduler may score in one pass (:func:`~defrag.scoring.scheduler.schedule`):
     its scores come in a fresh array the caller may overwrite, with no NaN, and none below 0 on

@@ -16,6 +16,7 @@ from defrag.scoring.framework import (
     NodeVerdict,
     Placement,
     Policy,
+    TieBreak,
     Unschedulable,
 )
 from defrag.scoring.policies.reserve_binpack import seed_score
@@ -33,7 +34,8 @@ def schedule(
     exclude: BoolArray | None = None,
     why: bool = True,
 ) -> Placement | Unschedulable:
-    """Where ``pod`` goes: the feasible node with the highest score, ties to the first name.
+    """Where ``pod`` goes: the feasible node with the highest score; among equals the one the
+    policy's :class:`~defrag.scoring.framework.TieBreak` ranks first, else the first name.
 
     ``why``: when no node fits, count each filter's rejections (:func:`unschedulable`); a
     caller that does not read them passes False and gets an ``Unschedulable`` without them.
@@ -51,7 +53,7 @@ def schedule(
     if fresh is not None:
         return _one_pass(pod, arrays, policy, feasible, fresh)
     scores = node_scores(pod, arrays, policy, feasible)
-    row = select(scores, feasible)
+    row = select(scores, feasible, tie_order(pod, arrays, policy))
     if row is None:
         return _no_fit(pod, arrays, exclude, why)
     gpus = () if arrays.pool_use(pod, row) is not None else policy.choose_gpus(pod, arrays, row)
@@ -76,14 +78,21 @@ def _one_pass(
     the row and score :func:`node_scores` and :func:`select` give, with no NaN pass, no copy
     of the scores and no pool rule."""
     np.trunc(scores, out=scores)
-    row = int(np.where(feasible, scores, -1.0).argmax())  # argmax returns the first maximum
+    masked = np.where(feasible, scores, -1.0)
+    row = int(masked.argmax())  # argmax returns the first maximum
+    ties = tie_order(pod, arrays, policy)
+    if ties is not None:
+        row = _first_in_tie_order(masked, float(masked[row]), ties)
     gpus = policy.choose_gpus(pod, arrays, row)
     return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
 
 
-def select(scores: FloatArray, feasible: BoolArray) -> int | None:
+def select(
+    scores: FloatArray, feasible: BoolArray, ties: FloatArray | None = None
+) -> int | None:
     """The row :func:`schedule` picks from computed scores: the feasible row with the highest
-    score (NaN never wins), the first of equals (rows are sorted by name); None when none."""
+    score (NaN never wins); among equals the highest of ``ties`` (the policy's
+    :func:`tie_order`), the first of equals (rows are sorted by name); None when none."""
     masked = np.where(feasible, scores, -np.inf)
     row = int(masked.argmax())  # argmax returns the first maximum
     best = float(masked[row])
@@ -91,7 +100,19 @@ def select(scores: FloatArray, feasible: BoolArray) -> int | None:
         masked = np.where(np.isnan(masked), -np.inf, masked)
         row = int(masked.argmax())
         best = float(masked[row])
-    return None if best == -np.inf else row
+    if best == -np.inf:
+        return None
+    return row if ties is None else _first_in_tie_order(masked, best, ties)
+
+
+def tie_order(pod: Pod, arrays: NodeArrays, policy: Policy) -> FloatArray | None:
+    """The policy's order among nodes of equal score (:class:`TieBreak`); None: name order."""
+    return cast(TieBreak, policy).tie_order(pod, arrays) if hasattr(policy, "tie_order") else None
+
+
+def _first_in_tie_order(masked: FloatArray, best: float, ties: FloatArray) -> int:
+    """Among the rows whose ``masked`` score is ``best``, the first of the highest ``ties``."""
+    return int(np.where(masked == best, ties, -np.inf).argmax())
 
 
 def _no_fit(pod: Pod, arrays: NodeArrays, exclude: BoolArray | None, why: bool) -> Unschedulable:
@@ -149,4 +170,12 @@ def explain(
     ]
 
 
-__all__ = ["explain", "feasible_mask", "node_scores", "schedule", "select", "unschedulable"]
+__all__ = [
+    "explain",
+    "feasible_mask",
+    "node_scores",
+    "schedule",
+    "select",
+    "tie_order",
+    "unschedulable",
+]

@@ -279,7 +279,8 @@ def _ask_leak_queries(
     A source that answers several queries at once (:class:`ConcurrentMetricsSource`) is asked
     in two rounds. First the prefilter — the slope of every series over the lookback
     ending where the range ends (``@`` its end, which ``end()`` would be), in the shards of
-    :data:`SHARDS` so the server evaluates it on several cores — beside the instants. Then the medians of only the GPUs that passed, in shards
+    :data:`SHARDS` so the server evaluates it on several cores — beside the instants. Then the
+    medians of only the GPUs that passed, in shards
     (:func:`leak_range_shards`): their selector names them by the GPU label that tells most of
     them apart (a superset: every series the prefilter's ``and on(...)`` would keep has one of
     those values), and the join itself is done here, on the same labels, so the answer is the
