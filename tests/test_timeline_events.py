@@ -7,7 +7,9 @@ the run's whole report, with ``tests/fixtures/timeline_events.json`` — recorde
 timeline became an event-driven class with incremental scores (issues 23 and 26), so a refactor
 or a speed-up that changes any decision fails here with the first event that differs. The peers'
 rows were recorded again at 20fbf78, with their ports made faithful (issue 25) and the old
-timeline; every other row is as first recorded.
+timeline; the rows whose scheduler is ``reserve-binpack`` (defrag-extender, defrag-blind,
+reserve-binpack+defrag) again with that score's tie-break (the fewest GPUs among equals,
+issue 25); every other row is as first recorded.
 
 Regenerate (only for a deliberate change of results, said in the commit):
 ``DEFRAG_RECORD_TIMELINE_EVENTS=1 .venv/bin/python -m pytest tests/test_timeline_events.py``.
