@@ -139,6 +139,24 @@ def test_one_gpu_pod_ranks_node1_first_as_the_scheduler_does() -> None:
     assert isinstance(placement, Placement) and placement.node == "node-1"
 
 
+def test_the_tie_winner_is_the_smallest_node_as_the_scheduler_picks() -> None:
+    # node-a: 1 of 8 GPUs free; node-b: 1 of 2 free. A 1-GPU pod scores
+    # (1 − 0/8)·100 = 100 on node-a and (1 − 0/2)·100 = 100 on node-b: a tie the scheduler
+    # breaks to the fewest GPUs, node-b → 10; node-a → min(9, floor(100/10)) = 9.
+    items = [
+        v1_node("node-a", gpus=8),
+        v1_node("node-b", gpus=2),
+        v1_pod("seven", 7, node="node-a"),
+        v1_pod("one", 1, node="node-b"),
+    ]
+    names = ["node-a", "node-b"]
+    answer = make_extender(items).prioritize(parse_args(args_body(v1_pod("small", 1), names)))
+    assert answer == [{"Host": "node-a", "Score": 9}, {"Host": "node-b", "Score": 10}]
+    pod = parse_args(args_body(v1_pod("small", 1), names)).pod
+    placement = schedule(pod, cluster_from_items(items), ReserveBinpack())
+    assert isinstance(placement, Placement) and placement.node == "node-b"
+
+
 def test_eight_gpu_pod_filters_to_node2_with_reasons() -> None:
     ext = make_extender(worked_example())
     body = args_body(v1_pod("big", 8), NAMES)
