@@ -69,23 +69,10 @@ def shipped_params() -> SpreadingParams:
     raise SystemExit("bench_spreading: rules/spreading.yaml has no spreading rule")
 
 
-def snapshot(state: SimState, now_h: float) -> Cluster:
+def snapshot(state: SimState) -> Cluster:
     """The simulator's state as a cluster: running pods bound (bind time = their start),
     waiting pods pending."""
-    bound = [
-        replace(
-            p.pod,
-            node=state.nodes[p.row].name,
-            gpu_indices=p.gpus,
-            phase="Running",
-            scheduled_at=EPOCH + timedelta(hours=p.since),
-        )
-        for p in state.placed.values()
-    ]
-    waiting = [
-        replace(p, node=None, gpu_indices=(), phase="Pending") for p in state.pending.values()
-    ]
-    return Cluster.build(state.nodes, [*bound, *waiting])
+    return state.to_cluster(EPOCH)
 
 
 class Observer:
@@ -102,7 +89,7 @@ class Observer:
         if now < self.warmup_h:
             return ()
         started = time.perf_counter()
-        cluster = snapshot(state, now)
+        cluster = snapshot(state)
         profile = ProfileConfig().for_cluster(cluster)  # the daemon's default settings
         verdict = detect_spreading(
             cluster, self.params, EPOCH + timedelta(hours=now), profile=profile

@@ -43,9 +43,11 @@ from defrag.plan.config import (
     DEFAULT_OPTIONS,
     Goal,
 )
+from defrag.plan.patience import DEFAULT_PATIENCE
 
 if TYPE_CHECKING:
     from defrag.plan.config import PlannerConfig
+    from defrag.plan.patience import PackingPatience
     from defrag.scoring.profile import ProfileConfig
 
 ENV_PREFIX = "DEFRAG_"
@@ -241,6 +243,10 @@ class Settings(BaseSettings):
     make_room_spares_jobs: bool = DEFAULT_OPTIONS.spare_jobs
     """Never move a multi-GPU job that does not answer the checkpoint handshake to make room for
     a multi-GPU pod of equal or lower priority (docs/planning.md, ``spared``)."""
+    make_room_packing_patience_s: float | None = Field(DEFAULT_PATIENCE.total_seconds(), ge=0)
+    """While the scheduler packs (the spreading rule's ``packing`` finding), make room only for
+    pods pending at least this long; ``null``: never while it packs; 0: as under a spreading
+    scheduler (docs/planning.md, "Patience under a packing scheduler")."""
     # The eviction filters, as descheduler's DefaultEvictor takes them.
     evict_namespaces_include: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Only pods in these namespaces may be evicted (empty: all); excludes the next one."""
@@ -398,6 +404,15 @@ class Settings(BaseSettings):
         if value not in POLICY_NAMES:
             raise ValueError(str(UnknownPolicy(value)))
         return value
+
+    def packing_patience(self) -> PackingPatience:
+        """Make-room's patience under a packing scheduler (:mod:`defrag.plan.patience`)."""
+        from datetime import timedelta
+
+        from defrag.plan.patience import PackingPatience
+
+        seconds = self.make_room_packing_patience_s
+        return PackingPatience(None if seconds is None else timedelta(seconds=seconds))
 
     def profile_config(self, policy: str | None = None) -> ProfileConfig:
         """The one scoring configuration these settings give (``policy``: a command's explicit

@@ -132,6 +132,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         windows=tuple(_window(w) for w in settings.windows),
         idle_gate=settings.idle_gate,
         profile=settings.profile_config(),
+        patience=settings.packing_patience(),
     )
     daemon = Daemon(
         ports,

@@ -32,6 +32,7 @@ from defrag.model.utc import utc
 from defrag.plan.config import Goal
 from defrag.plan.constraints import NOT_WORTH
 from defrag.plan.model import Blocked, Plan
+from defrag.plan.patience import PackingPatience, held_back
 from defrag.ports import AlertSink, Clock, ClusterSource
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
@@ -118,6 +119,9 @@ class CycleConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     """The configured scoring profile; each cycle builds one :class:`ScoringProfile` from it
     for its snapshot and hands that to detection, the planner and the figures (``/metrics``)."""
+    patience: PackingPatience = field(default_factory=PackingPatience)
+    """How long make-room waits for departures while the scheduler packs
+    (:mod:`defrag.plan.patience`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,8 @@ class CycleResult:
     Their alerts were held as they were; each has a ``rule-failed`` finding."""
     rules_skipped: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Rules skipped because their inputs are missing (no series, no metrics source) → why."""
+    held_back: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Starved pods make-room did not serve this cycle because the scheduler packs → why."""
 
     @property
     def degraded(self) -> bool:
@@ -174,6 +180,7 @@ class CycleResult:
             "circuit": dict(self.circuit),
             "warnings": list(self.warnings),
             "rule_failures": dict(self.rule_failures),
+            "held_back": dict(self.held_back),
         }
 
 
@@ -244,6 +251,12 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
     if not window.open and urgent:  # only the make-room-now pods may be helped now
         window = urgent_window(window, urgent, started)
         goal, room_for = Goal.MAKE_ROOM, urgent
+    # While the scheduler packs, a starved pod waits for departures (defrag.plan.patience).
+    held = held_back(findings, room_for, config.patience, started) if room_for else {}
+    if held:
+        room_for = frozenset(room_for or ()) - held.keys()
+        if not room_for:
+            goal = Goal.REPACK if goal is Goal.ALL else None
     plan = ports.planner(cluster, goal, started, profile=profile, pods=room_for) if goal else None
     faults = [b for b in plan.blocked if b.constraint != NOT_WORTH] if plan is not None else []
     if plan is not None and plan.empty and faults:
@@ -304,6 +317,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         warnings=cluster.warnings,
         rule_failures=failed,
         rules_skipped=skipped,
+        held_back=held,
     )
 
 

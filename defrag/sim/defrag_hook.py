@@ -42,6 +42,8 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from defrag.detect.findings import Finding
+from defrag.detectors.spreading.core import SpreadingParams, detect_spreading
 from defrag.detectors.starvation.core import StarvationParams, diagnose, selects_priority
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.plan.budget import DEFAULT_CEILING, DEFAULT_PER_GPU, DemandBudget
@@ -57,10 +59,12 @@ from defrag.plan.config import (
 from defrag.plan.constraints import Ledger
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
+from defrag.plan.patience import DEFAULT_PATIENCE, PACKING_KIND, PackingPatience
 from defrag.plan.planner import Rooms, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Occupant, Workspace, cpu_of_gpuless
+from defrag.scoring.profile import ProfileConfig
 from defrag.sim.hooks import REQUEUE, DefragHook, Move
 from defrag.sim.state import Placed, SimState
 
@@ -127,6 +131,10 @@ class HookOptions:
     ``window_ceiling``); False: the fixed budget."""
     window_ceiling: int = DEFAULT_CEILING
     evictions_per_gpu: float = DEFAULT_PER_GPU
+    packing_patience_h: float | None = DEFAULT_PATIENCE.total_seconds() / 3600
+    """Timeline: while the spreading rule (the daemon's, judged at each window opening) says
+    the scheduler packs, make room only for pods pending this long (None: never; 0: as under
+    a spreading scheduler) — the daemon's ``make_room_packing_patience_s``."""
 
 
 PLANNER_OPTIONS = {
@@ -185,6 +193,15 @@ def starvation_rules(path: str | None) -> tuple[StarvationParams, ...]:
     return found
 
 
+def spreading_rules() -> tuple[SpreadingParams, ...]:
+    """The enabled spreading rules the daemon would read (the one rules lookup)."""
+    from defrag.rules import load_rules, rules_paths
+
+    found = tuple(r.rule.params() for r in load_rules(rules_paths(())).enabled("spreading"))
+    assert all(isinstance(p, SpreadingParams) for p in found)
+    return found
+
+
 MAKES_ROOM = frozenset({"make-room", "make-room-now"})
 """The rule actions the daemon makes room for (defrag.daemon.cycle)."""
 
@@ -209,6 +226,11 @@ class PlannerHook:
         self.totals: dict[tuple[str, int], int] = {}
         """Each window opening's budget, fixed when it opens."""
         self.shown = _Annotator()
+        hours = options.packing_patience_h
+        self.patience = PackingPatience(None if hours is None else timedelta(hours=hours))
+        self.spreading = spreading_rules() if timeline else ()
+        self.packing: Finding | None = None
+        """The spreading rule's packing finding at the last window opening (None: none)."""
         floor = options.planner.constraints.budget.total
         self.demand = (
             DemandBudget(floor, max(options.window_ceiling, floor), options.evictions_per_gpu)
@@ -248,6 +270,8 @@ class PlannerHook:
             rule = self._rule_for(state, pod, (now - since) * 3600.0)
             if rule is None or rule.action not in MAKES_ROOM:
                 continue
+            if not self.patience.admits(self.packing, timedelta(hours=now - since)).ok:
+                continue  # the scheduler packs: the pod waits for departures
             if urgent and not (self.make_room_now or rule.action == "make-room-now"):
                 continue
             shown = replace(pod, pending_since=EPOCH + timedelta(hours=since))
@@ -291,6 +315,7 @@ class PlannerHook:
         if self.protocol != "timeline":
             return ()
         self.open_until = now + self.options.window_length_h
+        self.packing = self._packing(state, now)
         starved = self.starved(state, now)
         budget = self._budget(now, True, starved)
         ws, ctx = self._workspace(state, max_evictions=budget, now=now)
@@ -301,6 +326,23 @@ class PlannerHook:
             packed = repack(ws, ctx, state.mix, min_gain_per_cost=gain)
             steps.extend(packed.steps)
         return self._spend(ws, steps)
+
+    def _packing(self, state: SimState, now: float) -> Finding | None:
+        """The spreading rule's packing finding on the state at ``now``, as the daemon's
+        detection gives it (the cluster with its pods' bind times, the default profile);
+        None when patience cannot hold anything back or no rule says the scheduler packs."""
+        limit = self.patience.patience
+        if not self.spreading or (limit is not None and limit <= timedelta(0)):
+            return None
+        cluster = state.to_cluster(EPOCH)
+        profile = ProfileConfig().for_cluster(cluster)
+        moment = EPOCH + timedelta(hours=now)
+        for params in self.spreading:
+            verdict = detect_spreading(cluster, params, moment, profile=profile)
+            found = next((f for f in verdict.findings if f.kind == PACKING_KIND), None)
+            if found is not None:
+                return found
+        return None
 
     def _make_room(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> list[Step]:
         return list(self._rooms(ws, ctx, starved).steps)

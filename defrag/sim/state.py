@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -179,10 +180,20 @@ class SimState:
     def pods_on(self, row: int) -> tuple[Placed, ...]:
         return tuple(self.rows[row].values())
 
-    def to_cluster(self) -> Cluster:
-        """The immutable model of this state: running pods bound, pending pods pending."""
+    def to_cluster(self, epoch: datetime | None = None) -> Cluster:
+        """The immutable model of this state: running pods bound, pending pods pending. With
+        ``epoch`` (simulated hour 0), each running pod carries its bind time: ``epoch`` + the
+        hour it started on its node."""
         bound = [
-            replace(p.pod, node=self.nodes[p.row].name, gpu_indices=p.gpus, phase="Running")
+            replace(
+                p.pod,
+                node=self.nodes[p.row].name,
+                gpu_indices=p.gpus,
+                phase="Running",
+                scheduled_at=(
+                    p.pod.scheduled_at if epoch is None else epoch + timedelta(hours=p.since)
+                ),
+            )
             for p in self.placed.values()
         ]
         waiting = [

@@ -52,6 +52,7 @@ from defrag.model.cluster import Cluster, occupies
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
+from defrag.plan.patience import PACKING_KIND
 from defrag.scoring.filters import feasible_mask
 from defrag.scoring.framework import Policy
 from defrag.scoring.profile import ScoringProfile
@@ -283,8 +284,50 @@ def detect_spreading(
         and rep.spread_share >= params.min_spread_share
         and rep.excess_stranded >= params.min_stranded_gpus
     )
-    findings = (_finding(rep, params, now),) if spreads else ()
+    packs = evidence.ok and rep.pack_share >= params.min_spread_share
+    findings = (
+        (_finding(rep, params, now),)
+        if spreads
+        else (_packing_finding(rep, params, now),)
+        if packs
+        else ()
+    )
     return Verdict(rep, evidence, findings)
+
+
+PACKING = PACKING_KIND
+"""The finding kind that says the scheduler packs GPU pods (never alerted): make-room's
+patience reads it (:mod:`defrag.plan.patience`)."""
+
+
+def _packing_finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
+    """The scheduler packs: at least ``min_spread_share`` of the informative placements went
+    to a node in a packing score's best ``top_share`` (the spreading finding's mirror)."""
+    packers = " / ".join(rep.packing_policies)
+    summary = (
+        f"the scheduler packs GPU pods: of {rep.informative} informative placement(s) in the "
+        f"last {_human(params.window_s)}, {rep.packing} ({rep.pack_share:.0%}) went to a node "
+        f"in {packers}'s best {params.top_share:.0%} of the feasible nodes, {rep.spreading} "
+        f"({rep.spread_share:.0%}) to one in {SPREADING_POLICY}'s"
+    )
+    return Finding(
+        kind=PACKING,
+        subject="cluster",
+        severity="info",
+        summary=summary,
+        evidence={
+            "placements": rep.placements,
+            "informative": rep.informative,
+            "spreading": rep.spreading,
+            "packing": rep.packing,
+            "pack_share": round(rep.pack_share, 3),
+            "packing_policies": list(rep.packing_policies),
+            "window_s": params.window_s,
+        },
+        since=now,
+        labels={"detector": "spreading", "rule": params.name},
+        action=params.action,
+    )
 
 
 def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:

@@ -11,11 +11,11 @@ the reason (the rule is listed as skipped). Alert: ``GPUSchedulerSpreads``. docs
 
 from __future__ import annotations
 
-from defrag.alerting import AlertSpec
+from defrag.alerting import AlertSpec, NotAlerted
 from defrag.detect.findings import Finding
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import ClusterRuleModel
-from defrag.detectors.spreading.core import SpreadingParams, detect_spreading
+from defrag.detectors.spreading.core import PACKING, SpreadingParams, detect_spreading
 
 SCHEDULER_SPREADS = "GPUSchedulerSpreads"
 
@@ -34,7 +34,10 @@ SPREADING: Detector[ClusterRuleModel, SpreadingParams] = register(
         settings=SpreadingParams,
         needs=frozenset({"cluster"}),
         run=_run,
-        alerts={"spreading": [AlertSpec(SCHEDULER_SPREADS)]},
+        alerts={
+            "spreading": [AlertSpec(SCHEDULER_SPREADS)],
+            PACKING: NotAlerted("make-room's input (the scheduler packs), not a problem"),
+        },
     )
 )
 SpreadingRule = SPREADING.model
