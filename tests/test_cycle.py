@@ -11,7 +11,7 @@ import pytest
 
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, goal_for, run_cycle
+from defrag.daemon.cycle import CycleConfig, CyclePorts, Detected, goal_for, run_cycle
 from defrag.detect.findings import Finding
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window
 from defrag.execute.mode import RunMode
@@ -343,3 +343,44 @@ def test_a_cluster_without_priority_classes_gets_room_for_a_fragmented_job(
     assert bool(room_steps) is room
     # victims of the job's own priority (0) are only moved where they re-fit, never preempted
     assert all(s.kind == "migrate" and s.target for s in result.plan.steps)
+
+
+PACKS = Finding("packing", "cluster", "info", "the scheduler packs GPU pods: of 280 …")
+
+
+@pytest.mark.parametrize(
+    ("packing", "patience_s", "room"),
+    [
+        # the scheduler packs; the job has waited 2 h < 24 h (the default): held back
+        (True, None, False),
+        # the same with a patience of 1 h: 2 h ≥ 1 h → room
+        (True, 3600.0, True),
+        # no packing finding (a spreading scheduler, or thin evidence): room as ever
+        (False, None, True),
+    ],
+)
+def test_make_room_waits_for_departures_while_the_scheduler_packs(
+    packing: bool, patience_s: float | None, room: bool
+) -> None:
+    overrides = {} if patience_s is None else {"make_room_packing_patience_s": patience_s}
+    settings = load_settings(None, overrides)
+    _, p = ports(cluster=without_priorities())
+    detector = p.detector
+
+    def detect(cluster: Cluster, now: datetime, profile: object) -> object:
+        got = detector(cluster, now, profile)  # type: ignore[arg-type]
+        assert isinstance(got, Detected)
+        return replace(got, findings=(*got.findings, PACKS)) if packing else got
+
+    p = replace(p, detector=detect)  # type: ignore[arg-type]
+    result = run_cycle(p, CycleConfig(windows=ALWAYS, patience=settings.packing_patience()))
+    # the starvation finding stays (it is alerted either way)
+    assert any(f.kind == "starvation" for f in result.findings)
+    steps = result.plan.steps if result.plan is not None else ()
+    assert any(s.for_pod == "research/train-llm-0" for s in steps) is room
+    if room:
+        assert result.held_back == {}
+    else:
+        (why,) = result.held_back.values()
+        assert list(result.held_back) == ["research/train-llm-0"]
+        assert why.startswith("held-back: pending 2 h; make-room waits 24 h")

@@ -14,8 +14,10 @@ from datetime import datetime, timedelta
 import pytest
 
 from defrag.adapters.kube_convert import pod_from_json
+from defrag.alerting import ALERTS
 from defrag.detectors.registry import Inputs, MissingInput
 from defrag.detectors.spreading.core import (
+    PACKING,
     SpreadingParams,
     Stranded,
     detect_spreading,
@@ -110,27 +112,49 @@ def test_replay_counts_each_placement_against_both_scores(
 
 
 @pytest.mark.parametrize(
-    ("layout", "params", "fires", "evidence_ok"),
+    ("layout", "params", "kinds", "evidence_ok"),
     [
         # 3 of 3 informative spread (share 1.0 ≥ 0.6), 28 - 4 = 24 stranded ≥ 1: a finding
-        (SPREAD, LOOSE, True, True),
-        # the same with a 30-GPU threshold: 24 < 30, evidence enough but no finding
-        (SPREAD, replace(LOOSE, min_stranded_gpus=30.0), False, True),
+        (SPREAD, LOOSE, ["spreading"], True),
+        # the same with a 30-GPU threshold: 24 < 30, evidence enough but no finding (and the
+        # pack share 0 < 0.6: no packing finding either)
+        (SPREAD, replace(LOOSE, min_stranded_gpus=30.0), [], True),
         # 3 informative < 4 needed: thin evidence, no finding
-        (SPREAD, replace(LOOSE, min_placements=4), False, False),
-        # packed: 0 of 3 spread (share 0 < 0.6), no finding on ample evidence
-        (PACKED, LOOSE, False, True),
+        (SPREAD, replace(LOOSE, min_placements=4), [], False),
+        # packed: 0 of 3 spread, 3 of 3 pack (share 1.0 ≥ 0.6): the packing finding
+        (PACKED, LOOSE, ["packing"], True),
+        # packed but thin (3 < 4 informative): nothing said either way
+        (PACKED, replace(LOOSE, min_placements=4), [], False),
+        # packed, with the share bar at 100%: 3/3 = 1.0 still packs
+        (PACKED, replace(LOOSE, min_spread_share=1.0), ["packing"], True),
         # a 30-minute window keeps p30.. only: no pod of this layout is that recent
-        (SPREAD, replace(LOOSE, window_s=1800.0), False, False),
+        (SPREAD, replace(LOOSE, window_s=1800.0), [], False),
     ],
 )
 def test_verdict(
-    layout: list[tuple[str, int]], params: SpreadingParams, fires: bool, evidence_ok: bool
+    layout: list[tuple[str, int]], params: SpreadingParams, kinds: list[str], evidence_ok: bool
 ) -> None:
     cluster = build(layout)
     verdict = detect_spreading(cluster, params, NOW, profile=profile(cluster))
-    assert bool(verdict.findings) is fires
+    assert [f.kind for f in verdict.findings] == kinds
     assert verdict.evidence.ok is evidence_ok
+
+
+def test_a_mixed_window_says_nothing_either_way() -> None:
+    # p00 on n1 then p01 on n2 after n0 = 4 and n1 = 2 before the window (the replay table's
+    # last row): 1 packing + 1 spreading of 2 informative → shares 0.5 and 0.5, both < 0.6.
+    cluster = build([("n1", 1), ("n2", 1)], old=[("n0", 4), ("n1", 2)])
+    verdict = detect_spreading(cluster, LOOSE, NOW, profile=profile(cluster))
+    assert verdict.evidence.ok and verdict.findings == ()
+
+
+def test_packing_finding_is_never_alerted_and_names_its_evidence() -> None:
+    cluster = build(PACKED)
+    (finding,) = detect_spreading(cluster, LOOSE, NOW, profile=profile(cluster)).findings
+    assert finding.kind == PACKING and finding.subject == "cluster"
+    assert finding.summary.startswith("the scheduler packs GPU pods: of 3 informative")
+    assert finding.evidence["packing"] == 3 and finding.evidence["pack_share"] == 1.0
+    assert ALERTS.spec(finding) is None  # declared NotAlerted: never sent to Alertmanager
 
 
 def test_finding_names_the_evidence_and_both_remedies() -> None:
