@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench import data
 from bench.bench_packing_limit import load_trace
-from defrag.detectors.spreading.core import SpreadingParams, detect_spreading
+from defrag.detectors.spreading.core import PACKING, SpreadingParams, detect_spreading
 from defrag.detectors.spreading.registration import SPREADING
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
@@ -44,8 +44,10 @@ from defrag.sim.state import SimState
 from defrag.sim.timeline import TimelineConfig, run_timeline
 
 TRACES = ("default", "cpu050", "gpushare40", "gpuspec10", "multigpu20")
-SCHEDULERS = ("least-allocated", "most-allocated", "reserve-binpack")
+SCHEDULERS = ("least-allocated", "most-allocated", "reserve-binpack", "random")
 SPREADS = {"least-allocated"}
+PACKS = {"most-allocated", "reserve-binpack"}
+"""The schedulers under which the packing finding must be reported (random: neither)."""
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -58,6 +60,8 @@ class Observation:
     pack_share: float
     excess_stranded: int
     seconds: float
+    packs: bool = False
+    """The packing finding was reported (make-room's patience reads it)."""
 
 
 def shipped_params() -> SpreadingParams:
@@ -97,13 +101,14 @@ class Observer:
         rep = verdict.replay
         self.seen.append(
             Observation(
-                fired=bool(verdict.findings),
+                fired=any(f.kind == "spreading" for f in verdict.findings),
                 enough=verdict.evidence.ok,
                 informative=rep.informative,
                 spread_share=rep.spread_share,
                 pack_share=rep.pack_share,
                 excess_stranded=rep.excess_stranded,
                 seconds=time.perf_counter() - started,
+                packs=any(f.kind == PACKING for f in verdict.findings),
             )
         )
         return ()
@@ -127,8 +132,9 @@ def table(results: list[tuple[str, str, int, list[Observation]]]) -> str:
     rows = [
         "| trace | scheduler | should fire | seeds | snapshots | fired | thin evidence | "
         "informative (mean) | spread share (mean) | pack share (mean) | "
-        "excess stranded GPUs (mean) | detector s (max) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "excess stranded GPUs (mean) | detector s (max) | should say packs | said packs | "
+        "pack share (min / max) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     cells: dict[tuple[str, str], list[tuple[int, list[Observation]]]] = {}
     for trace, scheduler, seed, seen in results:
@@ -145,7 +151,9 @@ def table(results: list[tuple[str, str, int, list[Observation]]]) -> str:
             f"{statistics.fmean(o.spread_share for o in obs):.2f} | "
             f"{statistics.fmean(o.pack_share for o in obs):.2f} | "
             f"{statistics.fmean(o.excess_stranded for o in obs):.0f} | "
-            f"{max(o.seconds for o in obs):.2f} |"
+            f"{max(o.seconds for o in obs):.2f} | {'yes' if scheduler in PACKS else 'no'} | "
+            f"{sum(o.packs for o in obs)} | {min(o.pack_share for o in obs):.2f} / "
+            f"{max(o.pack_share for o in obs):.2f} |"
         )
     return "\n".join(rows) + "\n"
 

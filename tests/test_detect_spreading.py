@@ -125,8 +125,13 @@ def test_replay_counts_each_placement_against_both_scores(
         (PACKED, LOOSE, ["packing"], True),
         # packed but thin (3 < 4 informative): nothing said either way
         (PACKED, replace(LOOSE, min_placements=4), [], False),
-        # packed, with the share bar at 100%: 3/3 = 1.0 still packs
-        (PACKED, replace(LOOSE, min_spread_share=1.0), ["packing"], True),
+        # packed, with the packing bar at 100%: 3 of 3 pack = 1.0 still packs
+        (PACKED, replace(LOOSE, min_pack_share=1.0), ["packing"], True),
+        # then a fifth pod on empty n1 (n0 holds 4): least-allocated ranks n1 (0 + 2 × 0.5)/3
+        # = 0.33 < 0.5, most-allocated (1 + 1)/3 = 0.67: spreading. 3 of 4 pack: 0.75 < 0.85,
+        # and 1 of 4 spreads: 0.25 < 0.6 — neither finding; with a 0.7 bar, packing.
+        ([*PACKED, ("n1", 1)], LOOSE, [], True),
+        ([*PACKED, ("n1", 1)], replace(LOOSE, min_pack_share=0.7), ["packing"], True),
         # a 30-minute window keeps p30.. only: no pod of this layout is that recent
         (SPREAD, replace(LOOSE, window_s=1800.0), [], False),
     ],

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from defrag.detect.findings import Finding
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.framework import Placement
@@ -258,3 +259,55 @@ def test_a_window_repacks_only_for_starved_pods_left_without_room(
     moves = hook.on_window(state, NOW)
     assert all(m.for_pod is None for m in moves)  # no room could be made: only drains
     assert bool(moves) is repacks
+
+
+PACKS = Finding("packing", "cluster", "info", "the scheduler packs GPU pods: of 280 …")
+
+
+@pytest.mark.parametrize(
+    ("packing", "patience_h", "found"),
+    [
+        # no packing finding: the rules' pods, as in the test above
+        (None, 24.0, ["ls-20min", "burstable-1h", "be-1h"]),
+        # the scheduler packs: nobody has waited 24 h
+        (PACKS, 24.0, []),
+        # patience 0.5 h: the two pods pending 1 h (≥ 0.5 h) get room, the 20-minute one waits
+        (PACKS, 0.5, ["burstable-1h", "be-1h"]),
+        # patience 0: off
+        (PACKS, 0.0, ["ls-20min", "burstable-1h", "be-1h"]),
+    ],
+)
+def test_while_the_scheduler_packs_a_starved_pod_waits_out_the_patience(
+    packing: Finding | None, patience_h: float, found: list[str]
+) -> None:
+    state = daemon_state()
+    wait(state, "ls-20min", 4, "LS", NOW - 20 / 60)
+    wait(state, "burstable-1h", 2, "Burstable", NOW - 1.0)
+    wait(state, "be-1h", 4, "BE", NOW - 1.0)
+    hook = make_defrag_hook("reserve-binpack", "timeline", packing_patience_h=patience_h)
+    assert isinstance(hook, PlannerHook)
+    hook.packing = packing
+    assert [p.name for p in hook.starved(state, NOW)] == found
+
+
+def test_the_hook_reads_the_packing_finding_off_the_state_as_the_daemon_does() -> None:
+    # 10 pods of 1 GPU placed one after another on the fullest node that fits (a packing
+    # scheduler) over 3 nodes: with a 2-placement bar the spreading rule says "packs".
+    nodes = [Node(n, cpu_milli=32_000, memory_mib=0, num_gpu=4, gpu_model="G2") for n in "abc"]
+    mix = WorkloadMix.default()
+    state = SimState.new(nodes, make_policy("most-allocated", mix=mix), "most-allocated", mix)
+    for i in range(10):
+        pod = Pod(f"p{i}", num_gpu=1, cpu_milli=1000)
+        placed = schedule(pod, state.arrays, state.policy)
+        assert isinstance(placed, Placement)
+        state.place(pod, placed.row, placed.gpus, i / 10)
+    hook = make_defrag_hook("most-allocated", "timeline")
+    assert isinstance(hook, PlannerHook)
+    hook.spreading = (replace(hook.spreading[0], min_placements=2),)
+    found = hook._packing(state, 1.0)
+    assert found is not None and found.kind == "packing"
+    # the same pods spread one per node (least-allocated's choice): no packing finding
+    spread = SimState.new(nodes, make_policy("least-allocated", mix=mix), "least-allocated", mix)
+    for i in range(3):
+        spread.place(Pod(f"q{i}", num_gpu=1, cpu_milli=1000), i, (0,), i / 10)
+    assert hook._packing(spread, 1.0) is None

@@ -79,6 +79,11 @@ class SpreadingParams:
     min_placements: Annotated[int, Ge(1)] = 20
     min_spread_share: Annotated[float, Gt(0), Le(1)] = 0.6
     min_stranded_gpus: Annotated[float, Ge(0)] = 4.0
+    min_pack_share: Annotated[float, Gt(0), Le(1)] = 0.85
+    """The packing finding: share of the informative placements matching a packing score. In
+    the simulator a packing scheduler's placements match 0.88–1.00 (0.76 at worst on one
+    trace's held-out seed), placements at random among feasible nodes 0.64–0.82
+    (docs/benchmarks.md, "Spreading scheduler detection")."""
     top_share: Annotated[float, Gt(0), Le(0.5)] = 0.5
     """A placement matches a score when its node ranks in the score's best ``top_share``."""
 
@@ -109,6 +114,9 @@ class Replay:
     packed: Stranded
     """The same free capacity ideally packed (:func:`packed_bound`)."""
     packing_policies: tuple[str, ...]
+    packing_by: tuple[int, ...] = ()
+    """Of the ``packing`` placements, how many ranked in each packing policy's best share (in
+    the order of ``packing_policies``)."""
 
     @property
     def spread_share(self) -> float:
@@ -196,14 +204,28 @@ def classify(
     """Which score the bind of ``pod`` on ``row`` matches, on ``arrays`` (the state just before
     it): the node ranks in the best ``share`` of the feasible nodes by that score (strictly)
     and not by the other kind; uninformative when it does for both or neither kind."""
+    return classify_each(pod, row, arrays, spread, packing, share)[0]
+
+
+def classify_each(
+    pod: Pod,
+    row: int,
+    arrays: NodeArrays,
+    spread: Policy,
+    packing: Sequence[Policy],
+    share: float,
+) -> tuple[Match, tuple[bool, ...]]:
+    """:func:`classify`, and for a ``packing`` match which of ``packing`` the node ranks in the
+    best ``share`` of (all False otherwise)."""
+    none = (False,) * len(packing)
     feasible = feasible_mask(pod, arrays)
     if not feasible[row]:
-        return "infeasible"
+        return "infeasible", none
     spreads = rank(pod, row, arrays, spread, feasible) < share
-    packs = any(rank(pod, row, arrays, p, feasible) < share for p in packing)
-    if spreads == packs:
-        return "uninformative"
-    return "spreading" if spreads else "packing"
+    each = tuple(rank(pod, row, arrays, p, feasible) < share for p in packing)
+    if spreads == any(each):
+        return "uninformative", none
+    return ("spreading", none) if spreads else ("packing", each)
 
 
 def packing_policies(profile: ScoringProfile) -> tuple[str, ...]:
@@ -226,9 +248,12 @@ def replay(
     spread = profile.reference(SPREADING_POLICY)
     packers = [profile.reference(n) for n in names]
     counts = {"spreading": 0, "packing": 0, "infeasible": 0, "uninformative": 0}
+    by_packer = [0] * len(packers)
     actual = start.copy()
     for pod, row in zip(pods, rows, strict=True):
-        counts[classify(pod, row, actual, spread, packers, params.top_share)] += 1
+        match, each = classify_each(pod, row, actual, spread, packers, params.top_share)
+        counts[match] += 1
+        by_packer = [n + hit for n, hit in zip(by_packer, each, strict=True)]
         actual.allocate(row, pod, pod.gpu_indices)
     return Replay(
         placements=len(pods),
@@ -240,6 +265,7 @@ def replay(
         stranded=stranded(actual),
         packed=packed_bound(actual),
         packing_policies=names,
+        packing_by=tuple(by_packer),
     )
 
 
@@ -284,7 +310,7 @@ def detect_spreading(
         and rep.spread_share >= params.min_spread_share
         and rep.excess_stranded >= params.min_stranded_gpus
     )
-    packs = evidence.ok and rep.pack_share >= params.min_spread_share
+    packs = evidence.ok and rep.pack_share >= params.min_pack_share
     findings = (
         (_finding(rep, params, now),)
         if spreads
@@ -301,14 +327,16 @@ patience reads it (:mod:`defrag.plan.patience`)."""
 
 
 def _packing_finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
-    """The scheduler packs: at least ``min_spread_share`` of the informative placements went
-    to a node in a packing score's best ``top_share`` (the spreading finding's mirror)."""
-    packers = " / ".join(rep.packing_policies)
+    """The scheduler packs: at least ``min_pack_share`` of the informative placements went to
+    a node in a packing score's best ``top_share`` (the spreading finding's mirror)."""
+    each = ", ".join(
+        f"{n} in {name}'s" for name, n in zip(rep.packing_policies, rep.packing_by, strict=True)
+    )
     summary = (
         f"the scheduler packs GPU pods: of {rep.informative} informative placement(s) in the "
         f"last {_human(params.window_s)}, {rep.packing} ({rep.pack_share:.0%}) went to a node "
-        f"in {packers}'s best {params.top_share:.0%} of the feasible nodes, {rep.spreading} "
-        f"({rep.spread_share:.0%}) to one in {SPREADING_POLICY}'s"
+        f"in a packing score's best {params.top_share:.0%} of the feasible nodes ({each}), "
+        f"{rep.spreading} ({rep.spread_share:.0%}) to one in {SPREADING_POLICY}'s"
     )
     return Finding(
         kind=PACKING,
@@ -322,6 +350,7 @@ def _packing_finding(rep: Replay, params: SpreadingParams, now: datetime) -> Fin
             "packing": rep.packing,
             "pack_share": round(rep.pack_share, 3),
             "packing_policies": list(rep.packing_policies),
+            "packing_by": list(rep.packing_by),
             "window_s": params.window_s,
         },
         since=now,
