@@ -282,7 +282,7 @@ def test_the_rule_of_an_adopted_alert_survives_a_restart() -> None:
     assert step.resolved == () and len(step.kept) == 1
 
 
-NOT_ALERTED = {"idle", "packing"}  # the window gate, and make-room's input (their registrations say so)
+NOT_ALERTED = {"idle", "packing"}  # the window gate; make-room's input
 
 
 def test_every_finding_kind_has_an_alert_with_a_runbook() -> None:
