@@ -237,6 +237,37 @@ def median_pairwise_slope(x: FloatArray, y: FloatArray) -> float:
     return _median_of(dy / dx)
 
 
+class PrefixSlopes:
+    """:func:`median_pairwise_slope` of every prefix of one series (``x[:m]``, ``y[:m]``), to
+    the bit, from one table: the slopes of every pair, ordered by the later point, so a
+    prefix's pairs are the table's first m(m − 1)/2 — the same differences and quotients,
+    element by element, and the same median of them. Where ``x`` does not strictly increase
+    (pairs would be dropped), each prefix is computed by :func:`median_pairwise_slope`."""
+
+    def __init__(self, x: FloatArray, y: FloatArray) -> None:
+        self.x, self.y = x, y
+        self.table: FloatArray | None = None
+        if len(x) >= 2 and bool((x[1:] > x[:-1]).all()):
+            later, earlier = _pairs_by_later(len(x))
+            self.table = (y[later] - y[earlier]) / (x[later] - x[earlier])
+
+    def median(self, m: int) -> float:
+        """``median_pairwise_slope(x[:m], y[:m])``."""
+        if self.table is None or not 2 <= m <= len(self.x):
+            return median_pairwise_slope(self.x[:m], self.y[:m])
+        return _median_of(self.table[: m * (m - 1) // 2].copy())
+
+
+@lru_cache(maxsize=64)
+def _pairs_by_later(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Every pair (later, earlier) of ``n`` points, by the later point, then the earlier
+    (``np.tril_indices(n, -1)``; read-only: shared between calls)."""
+    later, earlier = np.tril_indices(n, -1)
+    later.flags.writeable = False
+    earlier.flags.writeable = False
+    return later, earlier
+
+
 def row_pairwise_slopes(x: FloatArray, rows: FloatArray, chunk: int = 32) -> FloatArray:
     """:func:`median_pairwise_slope` of each row of ``rows`` against ``x`` (shared, strictly
     increasing), to the bit: the same differences and quotients, element by element, and

@@ -35,6 +35,7 @@ unattributable rather than guessed.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -49,6 +50,7 @@ from defrag.detect.findings import Finding, Severity
 from defrag.detect.series import (
     Binned,
     FloatArray,
+    PrefixSlopes,
     Trend,
     bin_medians,
     median,
@@ -680,8 +682,9 @@ def _stopped_on_samples(
     hours = (bins.times - bins.times[0]) / HOUR_S
     t_h = (t - bins.times[0]) / HOUR_S
     found: float | None = None
+    heads = PrefixSlopes(hours, bins.values)
     for size in range(need, min(most, n // 4) + 1):
-        before = median_pairwise_slope(hours[:-size], bins.values[:-size])
+        before = heads.median(n - size)
         if before <= 0:
             continue
         base = median(bins.values[:-size] - before * hours[:-size])
@@ -724,16 +727,17 @@ def _stalled_since(
     ``min_persistence`` × the slope of the bins before it, and which — as a whole and in its
     last ``flat_for`` — lies below the line fitted to those bins by more than 3 standard
     errors (their residuals' spread, inflated by the variance ratio). None when growth goes
-    on."""
+    on. The tails are tried longest first (the first that passes is the answer); the slopes
+    of the bins before each come from one table of the series' pairwise slopes."""
     need = max(int(np.ceil(params.flat_for_s / bins.width)), 2)
     n = len(bins.times)
     if n < 2 * need or slope <= 0:
         return None
     hours = (bins.times - bins.times[0]) / HOUR_S
-    found: float | None = None
-    for size in range(need, n // 2 + 1):
+    heads = PrefixSlopes(hours, bins.values)
+    for size in range(n // 2, need - 1, -1):
         head_h, head_v = hours[:-size], bins.values[:-size]
-        before = median_pairwise_slope(head_h, head_v)
+        before = heads.median(n - size)
         if before <= 0:
             continue
         residual = head_v - before * head_h
@@ -743,16 +747,22 @@ def _stalled_since(
         # had growth stopped at the tail's start, the gap would grow like this; half of it at
         # least must be missing, beside the noise test (a noiseless leak has no spread)
         stopped = before * (hours[-size:] - hours[-size] + bins.width / 2 / HOUR_S)
-        if float(np.mean(gap)) <= max(3.5 * spread * np.sqrt(ratio / size), np.mean(stopped) / 2):
+        if _mean(gap) <= max(3.5 * spread * math.sqrt(ratio / size), _mean(stopped) / 2):
             continue
-        last = float(np.mean(gap[-need:]))
-        if last <= max(3.5 * spread * np.sqrt(ratio / need), float(np.mean(stopped[-need:])) / 2):
+        last = _mean(gap[-need:])
+        if last <= max(3.5 * spread * math.sqrt(ratio / need), _mean(stopped[-need:]) / 2):
             continue
         # a tail of a few bins has too noisy a slope of its own: its two gaps decide
         own = median_pairwise_slope(hours[-size:], bins.values[-size:]) if size >= 6 else 0.0
         if own < params.min_persistence * before:
-            found = float(bins.times[-size] - bins.width / 2)
-    return found
+            return float(bins.times[-size] - bins.width / 2)
+    return None
+
+
+def _mean(values: FloatArray) -> float:
+    """``float(np.mean(values))`` of a non-empty 1-D float64 array, to the bit, without its
+    per-call overhead: the same sum (``np.add.reduce``), divided by the count."""
+    return float(np.add.reduce(values)) / len(values)
 
 
 def _median3(values: FloatArray) -> FloatArray:
