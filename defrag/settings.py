@@ -243,10 +243,12 @@ class Settings(BaseSettings):
     make_room_spares_jobs: bool = DEFAULT_OPTIONS.spare_jobs
     """Never move a multi-GPU job that does not answer the checkpoint handshake to make room for
     a multi-GPU pod of equal or lower priority (docs/planning.md, ``spared``)."""
-    make_room_packing_patience_s: float | None = Field(DEFAULT_PATIENCE.total_seconds(), ge=0)
+    make_room_packing_patience_s: float | None = Field(
+        None if DEFAULT_PATIENCE is None else DEFAULT_PATIENCE.total_seconds(), ge=0
+    )
     """While the scheduler packs (the spreading rule's ``packing`` finding), make room only for
-    pods pending at least this long; ``null``: never while it packs; 0: as under a spreading
-    scheduler (docs/planning.md, "Patience under a packing scheduler")."""
+    pods pending at least this long; ``null`` (the default): never while it packs; 0: as under
+    a spreading scheduler (docs/planning.md, "Patience under a packing scheduler")."""
     # The eviction filters, as descheduler's DefaultEvictor takes them.
     evict_namespaces_include: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Only pods in these namespaces may be evicted (empty: all); excludes the next one."""

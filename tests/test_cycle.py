@@ -351,9 +351,11 @@ PACKS = Finding("packing", "cluster", "info", "the scheduler packs GPU pods: of 
 @pytest.mark.parametrize(
     ("packing", "patience_s", "room"),
     [
-        # the scheduler packs; the job has waited 2 h < 24 h (the default): held back
+        # the scheduler packs: by default no room while it does
         (True, None, False),
-        # the same with a patience of 1 h: 2 h ≥ 1 h → room
+        # a patience of 24 h: the job has waited 2 h < 24 h, held back
+        (True, 86400.0, False),
+        # a patience of 1 h: 2 h ≥ 1 h → room
         (True, 3600.0, True),
         # no packing finding (a spreading scheduler, or thin evidence): room as ever
         (False, None, True),
@@ -383,4 +385,5 @@ def test_make_room_waits_for_departures_while_the_scheduler_packs(
     else:
         (why,) = result.held_back.values()
         assert list(result.held_back) == ["research/train-llm-0"]
-        assert why.startswith("held-back: pending 2 h; make-room waits 24 h")
+        limit = "makes no room" if patience_s is None else "waits 24 h before making room"
+        assert why.startswith(f"held-back: pending 2 h; make-room {limit} while the scheduler")

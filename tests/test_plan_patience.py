@@ -64,8 +64,9 @@ def test_nothing_is_held_back_without_the_packing_finding() -> None:
 @pytest.mark.parametrize(
     ("text", "patience"),
     [
-        ("", PackingPatience(24 * H)),  # the default
-        ("make_room_packing_patience_s: null\n", PackingPatience(None)),  # never while packing
+        ("", PackingPatience(None)),  # the default: never while the scheduler packs
+        ("make_room_packing_patience_s: null\n", PackingPatience(None)),
+        ("make_room_packing_patience_s: 86400\n", PackingPatience(24 * H)),
         ("make_room_packing_patience_s: 0\n", PackingPatience(timedelta(0))),  # off
         ("make_room_packing_patience_s: 7200\n", PackingPatience(2 * H)),
     ],

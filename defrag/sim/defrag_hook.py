@@ -131,10 +131,12 @@ class HookOptions:
     ``window_ceiling``); False: the fixed budget."""
     window_ceiling: int = DEFAULT_CEILING
     evictions_per_gpu: float = DEFAULT_PER_GPU
-    packing_patience_h: float | None = DEFAULT_PATIENCE.total_seconds() / 3600
+    packing_patience_h: float | None = (
+        None if DEFAULT_PATIENCE is None else DEFAULT_PATIENCE.total_seconds() / 3600
+    )
     """Timeline: while the spreading rule (the daemon's, judged at each window opening) says
-    the scheduler packs, make room only for pods pending this long (None: never; 0: as under
-    a spreading scheduler) — the daemon's ``make_room_packing_patience_s``."""
+    the scheduler packs, make room only for pods pending this long (None, the default: never;
+    0: as under a spreading scheduler) — the daemon's ``make_room_packing_patience_s``."""
 
 
 PLANNER_OPTIONS = {
