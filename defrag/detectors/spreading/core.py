@@ -200,23 +200,12 @@ def classify(
     spread: Policy,
     packing: Sequence[Policy],
     share: float,
-) -> Match:
+) -> tuple[Match, tuple[bool, ...]]:
     """Which score the bind of ``pod`` on ``row`` matches, on ``arrays`` (the state just before
     it): the node ranks in the best ``share`` of the feasible nodes by that score (strictly)
-    and not by the other kind; uninformative when it does for both or neither kind."""
-    return classify_each(pod, row, arrays, spread, packing, share)[0]
-
-
-def classify_each(
-    pod: Pod,
-    row: int,
-    arrays: NodeArrays,
-    spread: Policy,
-    packing: Sequence[Policy],
-    share: float,
-) -> tuple[Match, tuple[bool, ...]]:
-    """:func:`classify`, and for a ``packing`` match which of ``packing`` the node ranks in the
-    best ``share`` of (all False otherwise)."""
+    and not by the other kind; uninformative when it does for both or neither kind. With a
+    ``packing`` match, which of ``packing`` the node ranks in the best ``share`` of (all False
+    otherwise)."""
     none = (False,) * len(packing)
     feasible = feasible_mask(pod, arrays)
     if not feasible[row]:
@@ -251,7 +240,7 @@ def replay(
     by_packer = [0] * len(packers)
     actual = start.copy()
     for pod, row in zip(pods, rows, strict=True):
-        match, each = classify_each(pod, row, actual, spread, packers, params.top_share)
+        match, each = classify(pod, row, actual, spread, packers, params.top_share)
         counts[match] += 1
         by_packer = [n + hit for n, hit in zip(by_packer, each, strict=True)]
         actual.allocate(row, pod, pod.gpu_indices)
