@@ -5,10 +5,10 @@ most recent placements went where a packing score would put them — defrag's ex
 ``MostAllocated`` for the GPU resource), a pod waits for a whole node mostly until the next
 departures free one, and the scheduler fills what they free. Making room then buys little
 and costs every victim its restart and its work since its last checkpoint. Measured in the
-timeline on every openb trace (docs/benchmarks.md § "Make-room's patience under a packing
-scheduler"): with the extender's score installed, rooms for every starved pod cut the
-multi-GPU p95 wait from 0.3–0.6 h to 0–0.2 h and lose 9–54 GPU·h per run, where KAI's
-consolidation loses 0–1.
+timeline on every openb trace (docs/benchmarks.md § "The seed score's tie-break and make-room's
+patience"): with the extender's score installed, rooms for every starved pod took the default
+trace's multi-GPU p95 wait from 0.33 to 0.00 h and lost 9 GPU·h per run (54 on the held-out
+seed; 0–16 on the other traces), where KAI's consolidation loses 0–1.
 
 So while the scheduler packs, make-room waits: by default it makes no room at all (the
 starvation findings are alerted as ever, so a pod the departures never serve reaches the team
