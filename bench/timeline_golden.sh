@@ -6,7 +6,9 @@
 # temporary folder and diffs them against the golden files (wall times and memory are stripped
 # first: only results are compared). The golden files were recorded before the timeline became
 # a class and its node sums were tracked (issues 23 and 26), the peers' files again at 20fbf78 with
-# their ports made faithful (issue 25) on the old timeline; the full-size tables the docs quote
+# their ports made faithful (issue 25) on the old timeline, and again in session 9 for the rows
+# that reserve-binpack's tie-break and make-room's patience under a packing scheduler change
+# (every row scheduled by reserve-binpack or fgd with defrag; issue 25); the full-size tables the docs quote
 # are compared with the docs themselves (docs/benchmarks.md § Simulator speed). ~12 min on the
 # shared 2-core machine.
 set -euo pipefail
