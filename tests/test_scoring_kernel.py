@@ -16,7 +16,7 @@ from defrag.scoring.framework import FreshScores, Placement, Unschedulable
 from defrag.scoring.gpu_choice import NoGpuFit, whole_gpus
 from defrag.scoring.policies import POLICY_NAMES, make_policy
 from defrag.scoring.policies.base import safe_ratio
-from defrag.scoring.scheduler import node_scores, schedule, select
+from defrag.scoring.scheduler import node_scores, schedule, select, tie_order
 from tests.test_scoring_properties import SETTINGS, clusters, pods
 
 
@@ -185,7 +185,9 @@ def test_one_pass_picks_what_the_long_way_picks(
         clipped = policy.score(pod, arrays, feasible)
         assert fresh[feasible].tolist() == clipped[feasible].tolist()
         assert (fresh[feasible] >= 0).all()
-        row = select(node_scores(pod, arrays, policy, feasible), feasible)
+        # the long way's selection with the policy's tie order (reserve-binpack: fewest GPUs)
+        ties = tie_order(pod, arrays, policy)
+        row = select(node_scores(pod, arrays, policy, feasible), feasible, ties)
         if row is None:
             assert isinstance(got, Unschedulable)
             continue
