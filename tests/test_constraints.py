@@ -254,7 +254,9 @@ def test_mig_pod_goes_to_its_profile_and_packs() -> None:
 
 def test_whole_gpu_pod_may_use_time_sliced_replicas_as_kube_scheduler_would() -> None:
     # nvidia.com/gpu: 2 fits the "shared" node's 16 replicas and the whole node's 8 GPUs.
-    # shared: seed rule on 16 units, F = T → 0; whole: R = 2 < 8, F = T → 0. Tie → first name.
+    # shared: seed rule on 16 units, F = T → 0; whole: R = 2 < 8, F = T → 0. The tie goes to
+    # the node with the fewest GPUs: shared (0 whole GPUs, its 16 replicas are a pool) before
+    # whole (8) — the first name too.
     pod = Pod("new", num_gpu=2)
     verdicts = {v.node: v for v in explain(pod, _pool_cluster(), ReserveBinpack())}
     assert verdicts["shared"].score == 0 and verdicts["whole"].score == 0
