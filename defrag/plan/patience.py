@@ -45,10 +45,15 @@ class PackingPatience:
     """Room only for pods pending at least this long; None: none while the scheduler packs;
     0: as under a spreading scheduler."""
 
+    @property
+    def holds_back(self) -> bool:
+        """Whether this patience can hold any pod back (a patience of 0 or less cannot)."""
+        return self.patience is None or self.patience > timedelta(0)
+
     def admits(self, packing: Finding | None, waited: timedelta | None) -> Status:
         """Whether make-room may serve a pod that has waited ``waited`` (None: unknown, taken
         as just arrived) while ``packing`` (the packing finding, None: none this cycle)."""
-        if packing is None or (self.patience is not None and self.patience <= timedelta(0)):
+        if packing is None or not self.holds_back:
             return Status.success()
         waited = waited or timedelta(0)
         if self.patience is not None and waited >= self.patience:

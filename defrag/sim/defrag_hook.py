@@ -333,8 +333,7 @@ class PlannerHook:
         """The spreading rule's packing finding on the state at ``now``, as the daemon's
         detection gives it (the cluster with its pods' bind times, the default profile);
         None when patience cannot hold anything back or no rule says the scheduler packs."""
-        limit = self.patience.patience
-        if not self.spreading or (limit is not None and limit <= timedelta(0)):
+        if not self.spreading or not self.patience.holds_back:
             return None
         cluster = state.to_cluster(EPOCH)
         profile = ProfileConfig().for_cluster(cluster)
