@@ -327,25 +327,14 @@ def _packing_finding(rep: Replay, params: SpreadingParams, now: datetime) -> Fin
         f"in a packing score's best {params.top_share:.0%} of the feasible nodes ({each}), "
         f"{rep.spreading} ({rep.spread_share:.0%}) to one in {SPREADING_POLICY}'s"
     )
-    return Finding(
-        kind=PACKING,
-        subject="cluster",
-        severity="info",
-        summary=summary,
-        evidence={
-            "placements": rep.placements,
-            "informative": rep.informative,
-            "spreading": rep.spreading,
-            "packing": rep.packing,
-            "pack_share": round(rep.pack_share, 3),
-            "packing_policies": list(rep.packing_policies),
-            "packing_by": list(rep.packing_by),
-            "window_s": params.window_s,
-        },
-        since=now,
-        labels={"detector": "spreading", "rule": params.name},
-        action=params.action,
-    )
+    evidence = {
+        **_counts(rep),
+        "pack_share": round(rep.pack_share, 3),
+        "packing_policies": list(rep.packing_policies),
+        "packing_by": list(rep.packing_by),
+        "window_s": params.window_s,
+    }
+    return _cluster_finding(PACKING, "info", summary, evidence, params, now)
 
 
 def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
@@ -361,32 +350,52 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
         f"({EXTENDER_DOCS}), or set MostAllocated weights for nvidia.com/gpu in the default "
         f"profile ({MOST_ALLOCATED_COMPONENT}, {MOST_ALLOCATED_DOCS})"
     )
+    evidence = {
+        **_counts(rep),
+        "infeasible": rep.infeasible,
+        "spread_share": round(rep.spread_share, 3),
+        "pack_share": round(rep.pack_share, 3),
+        "spreading_policy": SPREADING_POLICY,
+        "packing_policies": list(rep.packing_policies),
+        "stranded_gpus": rep.stranded.gpus,
+        "partly_used_nodes": rep.stranded.nodes,
+        "packed_stranded_gpus": rep.packed.gpus,
+        "packed_partly_used_nodes": rep.packed.nodes,
+        "window_s": params.window_s,
+        "remedies": [
+            f"install defrag's scheduler extender: {EXTENDER_DOCS}",
+            "set MostAllocated weights for nvidia.com/gpu in the default profile: "
+            f"{MOST_ALLOCATED_COMPONENT} ({MOST_ALLOCATED_DOCS})",
+        ],
+    }
+    return _cluster_finding("spreading", params.severity, summary, evidence, params, now)
+
+
+def _counts(rep: Replay) -> dict[str, int]:
+    """The replay's placement counts, as both findings' evidence opens."""
+    return {
+        "placements": rep.placements,
+        "informative": rep.informative,
+        "spreading": rep.spreading,
+        "packing": rep.packing,
+    }
+
+
+def _cluster_finding(
+    kind: str,
+    severity: Severity,
+    summary: str,
+    evidence: dict[str, object],
+    params: SpreadingParams,
+    now: datetime,
+) -> Finding:
+    """A finding of this rule about the cluster (the spreading and the packing one)."""
     return Finding(
-        kind="spreading",
+        kind=kind,
         subject="cluster",
-        severity=params.severity,
+        severity=severity,
         summary=summary,
-        evidence={
-            "placements": rep.placements,
-            "informative": rep.informative,
-            "spreading": rep.spreading,
-            "packing": rep.packing,
-            "infeasible": rep.infeasible,
-            "spread_share": round(rep.spread_share, 3),
-            "pack_share": round(rep.pack_share, 3),
-            "spreading_policy": SPREADING_POLICY,
-            "packing_policies": list(rep.packing_policies),
-            "stranded_gpus": rep.stranded.gpus,
-            "partly_used_nodes": rep.stranded.nodes,
-            "packed_stranded_gpus": rep.packed.gpus,
-            "packed_partly_used_nodes": rep.packed.nodes,
-            "window_s": params.window_s,
-            "remedies": [
-                f"install defrag's scheduler extender: {EXTENDER_DOCS}",
-                "set MostAllocated weights for nvidia.com/gpu in the default profile: "
-                f"{MOST_ALLOCATED_COMPONENT} ({MOST_ALLOCATED_DOCS})",
-            ],
-        },
+        evidence=evidence,
         since=now,
         labels={"detector": "spreading", "rule": params.name},
         action=params.action,
