@@ -7,11 +7,14 @@ and no cycle has run past its deadline), ``/readyz`` (the last cycle succeeded w
 ``ready_age_limit_s`` and every rule could be evaluated) and ``/metrics``. A cycle past its
 deadline also stops the Lease renewals, so another replica takes over. SIGTERM sets the
 executor's stop flag (the current step finishes, its taint comes off), stops the scheduler,
-gives up the Lease and closes the server, waiting at most ``stop_grace_s`` for a running cycle.
+gives up the Lease and closes the server, waiting at most ``stop_grace_s`` for a running cycle;
+whatever else the stop or the exit waits on, the process ends by ``stop_grace_s`` +
+:data:`STOP_SLACK_S`, with every thread's stack on stderr.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import logging
 import signal
@@ -52,6 +55,12 @@ class Elector(Protocol):
     def is_leader(self) -> bool: ...
 
     def release(self) -> None: ...
+
+
+STOP_SLACK_S = 10.0
+"""Seconds past ``stop_grace_s`` after which a process told to stop ends whatever it still waits
+on (the Lease's release, the HTTP server, a thread that will not be joined): exit status 1, every
+thread's stack on stderr. 10 + 10 s stays inside Kubernetes' default grace period of 30 s."""
 
 
 class AlwaysLeader:
@@ -454,11 +463,20 @@ class Daemon:
         self.stopped.set()
 
     def serve_forever(self) -> None:
-        """Run until SIGTERM or SIGINT."""
+        """Run until SIGTERM or SIGINT, then :meth:`stop`; the process ends by ``stop_grace_s``
+        + :data:`STOP_SLACK_S` after the first signal whatever the stop waits on."""
+
+        asked = threading.Event()
 
         def _on_signal(signum: int, frame: FrameType | None) -> None:
             log.warning("signal %d: finishing the current step and stopping", signum)
-            threading.Thread(target=self.stop, daemon=True).start()
+            if asked.is_set():
+                return
+            asked.set()
+            # The last resort, from a thread of faulthandler's own (no Python lock can hold it):
+            # past the bound, every thread's stack goes to stderr and the process exits 1.
+            faulthandler.dump_traceback_later(self.stop_grace_s + STOP_SLACK_S, exit=True)
+            threading.Thread(target=self.stop, name="defrag-stop", daemon=True).start()
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)

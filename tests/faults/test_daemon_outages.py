@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -296,6 +297,81 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
     # deadline) the stalled query had already been cut and the cycle reported its rules failed.
     assert "a cycle is still running" in err or "the cycle's deadline of 2 s" in err, err
     assert "Traceback" not in err
+    if proc.returncode != 0:
+        # The stop itself hung and the last resort ended the process (within the grace period,
+        # which is what Kubernetes needs): say where it hung, for the next reader of the log.
+        assert proc.returncode == 1 and "Timeout (0:00:20)!" in err, (proc.returncode, err)
+        hung = err[-6000:]
+        warnings.warn(f"the stop hung; the watchdog ended the process:\n{hung}", stacklevel=1)
+
+
+HUNG_STOP = """
+import threading, sys
+from defrag.cli.app import load_cluster
+from defrag.cli.run import _planner
+from defrag.daemon.cycle import CycleConfig, CyclePorts
+from defrag.daemon.service import Daemon, configure_logging
+from defrag.settings import load_settings
+from tests.faults.test_daemon_outages import SCATTERED, FixedClock, StaticSource
+
+class HungElector:  # an API server that takes the Lease's release and never answers
+    def is_leader(self):
+        return True
+
+    def release(self):
+        print("releasing the Lease", file=sys.stderr, flush=True)
+        threading.Event().wait()
+
+ports = CyclePorts(
+    source=StaticSource(load_cluster([SCATTERED])),
+    clock=FixedClock(),
+    detector=lambda cluster, now, profile: [],
+    planner=_planner(load_settings(None, {"cluster": "sim"})),
+)
+daemon = Daemon(ports, CycleConfig(), elector=HungElector(), stop_grace_s=1, cycle_interval_s=3600)
+configure_logging("text", "INFO")
+daemon.serve_forever()
+print("serve_forever returned", file=sys.stderr, flush=True)
+"""
+
+
+def test_sigterm_ends_the_process_whatever_the_stop_waits_on() -> None:
+    """Before: the stop ran on a thread the main thread waited for without a bound, so a stop
+    stuck on anything but the cycle (the Lease's release, a join at exit) kept the process past
+    Kubernetes' grace period, to be killed with no word of where it hung. Now the process ends
+    by ``stop_grace_s`` + STOP_SLACK_S (1 + 10 s here) with exit status 1 and every thread's
+    stack on stderr, the stuck call named."""
+    from defrag.daemon.service import STOP_SLACK_S
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HUNG_STOP],
+        cwd=ROOT,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # started: its first cycle is logged after the handlers are set
+            seen.append(line)
+            if "cycle (leader, dry run)" in line:
+                break
+        assert proc.poll() is None, "".join(seen)
+        signaled = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # a second signal starts no second stop
+        _, err = proc.communicate(timeout=GRACE_S)
+        took = time.monotonic() - signaled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, err
+    assert took >= 1 + STOP_SLACK_S - 1, took  # not before the bound: the stop had its time
+    assert err.count("releasing the Lease") == 1, err
+    assert "serve_forever returned" not in err
+    assert "Timeout (0:00:11)!" in err, err  # faulthandler's heading, then every stack
+    assert "in release" in err and "in stop" in err, err
 
 
 def test_run_once_with_prometheus_down_reports_the_rules_and_exits_1(tmp_path: Path) -> None:
