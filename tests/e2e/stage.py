@@ -8,6 +8,7 @@ configuration with the defrag extender, both as the ``defrag-scheduler`` Service
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,6 +35,22 @@ STARVATION_RULE = {
             "for": "3s",
             "min_priority": 1000,
             "priority_classes": [HIGH],
+        }
+    ]
+}
+PACKING_RULE = {
+    "rules": [
+        {
+            # the shipped rules/spreading.yaml with the evidence a 4-node stage can give:
+            # 7 placements of the history (the first, on an empty cluster, says nothing) and
+            # 1 of the layout (b beside a's free half: spreading), 7 of 8 packing ≥ 0.85
+            "name": "gpu-pods-spread",
+            "detector": "spreading",
+            "severity": "info",
+            "action": "alert",
+            "window": "24h",
+            "min_placements": 6,
+            "min_stranded_gpus": 4,
         }
     ]
 }
@@ -119,21 +136,18 @@ def _unschedulable(pod: dict[str, Any]) -> bool:
 
 @contextmanager
 def make_room_stage(
-    plane: ControlPlane, kubelet: Kubelet, ns: str, folder: Path
+    plane: ControlPlane, kubelet: Kubelet, ns: str, folder: Path, *, packed_history: int = 0
 ) -> Iterator[Stage]:
     """The stage of the module docstring in namespace ``ns`` (nodes ``<ns>-g1..3``), with the
-    extender and kube-scheduler running; everything removed afterwards."""
+    extender and kube-scheduler running; everything removed afterwards.
+
+    ``packed_history``: first, that many 1-GPU pods placed one at a time by kube-scheduler with
+    the extender on a fourth node ``<ns>-g4`` (a second apart, so their PodScheduled times order
+    them): a packing history for the spreading rule, which the stage's rules then include
+    (:data:`PACKING_RULE`). The layout is bound by hand afterwards, a second apart too."""
     c.namespace(plane.admin, ns)
     c.priority_class(plane.admin, HIGH, 100000, preempt=False)
     nodes = [f"{ns}-g{i}" for i in (1, 2, 3)]
-    for name in nodes:
-        add_node(plane.admin, name, 8)
-    for name, gpus, _ in LAYOUT:
-        c.deployment(plane.admin, ns, name, gpus)
-    for name, _, node in LAYOUT:
-        pod = c.wait_pods(plane.admin, ns, f"app={name}", lambda ps: len(ps) == 1, 30)[0]
-        c.bind(plane.admin, pod, f"{ns}-{node}")
-    c.wait_pods(plane.admin, ns, "", c.running(len(LAYOUT)), 30, what="the stage running")
     rules = folder / "rules"
     rules.mkdir(parents=True, exist_ok=True)
     c.write_yaml(rules / "starvation.yaml", STARVATION_RULE)
@@ -142,8 +156,27 @@ def make_room_stage(
     port = free_port()
     scheduler = f"kube-scheduler-{ns}"
     with c.extender(plane, sched_kc, settings, name=f"extender-{ns}", port=port):
-        plane.start_scheduler(c.scheduler_config(port, True), sched_kc, scheduler)
         try:
+            if packed_history:
+                c.write_yaml(rules / "spreading.yaml", PACKING_RULE)
+                nodes.append(f"{ns}-g4")
+                add_node(plane.admin, nodes[-1], 8)
+                plane.start_scheduler(c.scheduler_config(port, True), sched_kc, scheduler)
+                _place_history(plane, ns, packed_history, nodes[-1])
+                # the layout is placed by hand, with no scheduler to race for it
+                plane.processes.pop(scheduler).stop()
+            for name in nodes[:3]:
+                add_node(plane.admin, name, 8)
+            for name, gpus, _ in LAYOUT:
+                c.deployment(plane.admin, ns, name, gpus)
+            for name, _, node in LAYOUT:
+                pod = c.wait_pods(plane.admin, ns, f"app={name}", lambda ps: len(ps) == 1, 30)[0]
+                c.bind(plane.admin, pod, f"{ns}-{node}")
+                if packed_history:
+                    time.sleep(1.1)
+            c.wait_pods(plane.admin, ns, "", c.running(len(LAYOUT) + packed_history), 30,
+                        what="the stage running")  # fmt: skip
+            plane.start_scheduler(c.scheduler_config(port, True), sched_kc, scheduler)
             yield Stage(
                 plane,
                 kubelet,
@@ -156,12 +189,25 @@ def make_room_stage(
         finally:
             for name in [n for n in plane.processes if n.startswith(f"daemon-{ns}")]:
                 plane.processes.pop(name).stop()
-            plane.processes.pop(scheduler).stop()
+            if scheduler in plane.processes:
+                plane.processes.pop(scheduler).stop()
             kubelet.hold.clear()
             c.clean(plane, ns, nodes)
             plane.admin.delete(
                 "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
             )
+
+
+def _place_history(plane: ControlPlane, ns: str, count: int, node: str) -> None:
+    """``count`` 1-GPU Deployments ``h0``…, each scheduled and running before the next; all on
+    ``node``, the only node there is yet."""
+    for i in range(count):
+        c.deployment(plane.admin, ns, f"h{i}", 1)
+        (pod,) = c.wait_pods(
+            plane.admin, ns, f"app=h{i}", c.running(1), 30, what=f"{ns}/h{i} running"
+        )
+        assert c.node_of(pod) == node, (pod["metadata"]["name"], c.node_of(pod))
+        time.sleep(1.1)
 
 
 def bound_train(stage: Stage, timeout_s: float = 90) -> dict[str, Any]:
