@@ -43,7 +43,7 @@ from defrag.plan.config import (
     DEFAULT_OPTIONS,
     Goal,
 )
-from defrag.plan.patience import DEFAULT_PATIENCE
+from defrag.plan.patience import DEFAULT_MEMORY, DEFAULT_PATIENCE
 
 if TYPE_CHECKING:
     from defrag.plan.config import PlannerConfig
@@ -249,6 +249,10 @@ class Settings(BaseSettings):
     """While the scheduler packs (the spreading rule's ``packing`` finding), make room only for
     pods pending at least this long; ``null`` (the default): never while it packs; 0: as under
     a spreading scheduler (docs/planning.md, "Patience under a packing scheduler")."""
+    make_room_packing_memory_s: float = Field(DEFAULT_MEMORY.total_seconds(), ge=0)
+    """How long the spreading rule's ``packing`` finding stands after the last cycle that
+    reported it (one cycle whose share dips under the bar does not undo it; a ``spreading``
+    finding does); 0: only in the cycle that reports it."""
     # The eviction filters, as descheduler's DefaultEvictor takes them.
     evict_namespaces_include: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Only pods in these namespaces may be evicted (empty: all); excludes the next one."""
@@ -414,7 +418,10 @@ class Settings(BaseSettings):
         from defrag.plan.patience import PackingPatience
 
         seconds = self.make_room_packing_patience_s
-        return PackingPatience(None if seconds is None else timedelta(seconds=seconds))
+        return PackingPatience(
+            None if seconds is None else timedelta(seconds=seconds),
+            timedelta(seconds=self.make_room_packing_memory_s),
+        )
 
     def profile_config(self, policy: str | None = None) -> ProfileConfig:
         """The one scoring configuration these settings give (``policy``: a command's explicit

@@ -387,3 +387,43 @@ def test_make_room_waits_for_departures_while_the_scheduler_packs(
         assert list(result.held_back) == ["research/train-llm-0"]
         limit = "makes no room" if patience_s is None else "waits 24 h before making room"
         assert why.startswith(f"held-back: pending 2 h; make-room {limit} while the scheduler")
+
+
+@pytest.mark.parametrize(
+    ("now_found", "memory_s", "room"),
+    [
+        # the rule says nothing this cycle (its share dipped under the bar): the finding of a
+        # cycle 1 h ago stands (1 h ≤ the 24 h default memory), the pod is held back
+        ("nothing", None, False),
+        # a memory of 0: only the cycle that finds it
+        ("nothing", 0.0, True),
+        # the scheduler is found spreading now: the older finding does not stand
+        ("spreading", None, True),
+    ],
+)
+def test_a_packing_finding_stands_across_cycles_for_the_memory(
+    now_found: str, memory_s: float | None, room: bool
+) -> None:
+    overrides = {} if memory_s is None else {"make_room_packing_memory_s": memory_s}
+    settings = load_settings(None, overrides)
+    _, p = ports(cluster=without_priorities())
+    earlier = Finding(
+        "packing", "cluster", "info", "packs", since=p.clock.now() - timedelta(hours=1)
+    )
+    spreads = Finding("spreading", "cluster", "info", "spreads", since=p.clock.now())
+    detector = p.detector
+
+    def detect(cluster: Cluster, now: datetime, profile: object) -> object:
+        got = detector(cluster, now, profile)  # type: ignore[arg-type]
+        assert isinstance(got, Detected)
+        return replace(got, findings=(*got.findings, spreads)) if now_found == "spreading" else got
+
+    p = replace(p, detector=detect)  # type: ignore[arg-type]
+    config = CycleConfig(windows=ALWAYS, patience=settings.packing_patience())
+    result = run_cycle(p, config, last_packing=earlier)
+    steps = result.plan.steps if result.plan is not None else ()
+    assert any(s.for_pod == "research/train-llm-0" for s in steps) is room
+    # what the next cycle is handed: the finding while it stands
+    assert result.packing is (None if room else earlier)
+    if not room:
+        assert "as of " in result.held_back["research/train-llm-0"]

@@ -323,3 +323,35 @@ def test_the_cycle_report_names_the_pods_asked_or_that_would_be_asked(
     out = capsys.readouterr().out
     assert "checkpoint would ask: ml/a, ml/b" in out
     assert "ml/c" not in out
+
+
+def test_each_cycle_is_handed_the_packing_finding_the_last_one_left_standing() -> None:
+    """The daemon carries the patience's memory from cycle to cycle: the second cycle, whose
+    detection finds no packing, still has the first cycle's finding (its result's
+    ``packing``), and a failed cycle in between does not drop it."""
+    from dataclasses import replace
+
+    from defrag.detect.findings import Finding
+
+    _, daemon = sim_daemon()
+    detector = daemon.ports.detector
+    calls = {"n": 0}
+
+    def detect(cluster: object, now: datetime, profile: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MetricsError("Prometheus is down")
+        got = detector(cluster, now, profile)  # type: ignore[arg-type]
+        if calls["n"] == 1:
+            packs = Finding("packing", "cluster", "info", "packs", since=now)
+            return replace(got, findings=(*got.findings, packs))  # type: ignore[type-var]
+        return got
+
+    daemon.ports = replace(daemon.ports, detector=detect)  # type: ignore[arg-type]
+    first = daemon.run_once()
+    assert first.packing is not None and first.packing.summary == "packs"
+    with pytest.raises(MetricsError):
+        daemon.run_once()
+    third = daemon.run_once()
+    assert not any(f.kind == "packing" for f in third.findings)
+    assert third.packing is first.packing

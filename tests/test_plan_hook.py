@@ -304,10 +304,15 @@ def test_the_hook_reads_the_packing_finding_off_the_state_as_the_daemon_does() -
     hook = make_defrag_hook("most-allocated", "timeline")
     assert isinstance(hook, PlannerHook)
     hook.spreading = (replace(hook.spreading[0], min_placements=2),)
-    found = hook._packing(state, 1.0)
+    found = hook._packing(state, 1.0, None)
     assert found is not None and found.kind == "packing"
     # the same pods spread one per node (least-allocated's choice): no packing finding
     spread = SimState.new(nodes, make_policy("least-allocated", mix=mix), "least-allocated", mix)
     for i in range(3):
         spread.place(Pod(f"q{i}", num_gpu=1, cpu_milli=1000), i, (0,), i / 10)
-    assert hook._packing(spread, 1.0) is None
+    assert hook._packing(spread, 1.0, None) is None
+    # an earlier opening's finding stands on a state with too few placements to judge, for the
+    # memory (24 h) and no longer: 1.0 + 24 h ≤ 24 h after it, 1.0 + 24.1 h is not
+    few = SimState.new(nodes, make_policy("most-allocated", mix=mix), "most-allocated", mix)
+    assert hook._packing(few, 25.0, found) is found
+    assert hook._packing(few, 25.1, found) is None

@@ -48,7 +48,8 @@ def test_admits(
 
 def test_held_back_reads_the_findings() -> None:
     findings = [PACKS, starved("ml/a", 0.5), starved("ml/b", 30.0), starved("ml/c", 2.0)]
-    held = held_back(findings, {"ml/a", "ml/b", "ml/c", "ml/d"}, PackingPatience(24 * H), NOW)
+    pods = {"ml/a", "ml/b", "ml/c", "ml/d"}
+    held = held_back(findings, pods, PackingPatience(24 * H), NOW, PACKS)
     # a (0.5 h) and c (2 h) wait; b (30 h ≥ 24 h) gets room; d has no starvation finding:
     # its wait is unknown, taken as just arrived
     assert sorted(held) == ["ml/a", "ml/c", "ml/d"]
@@ -58,7 +59,41 @@ def test_held_back_reads_the_findings() -> None:
 
 def test_nothing_is_held_back_without_the_packing_finding() -> None:
     findings = [starved("ml/a", 0.5)]
-    assert held_back(findings, {"ml/a"}, PackingPatience(None), NOW) == {}
+    assert held_back(findings, {"ml/a"}, PackingPatience(None), NOW, None) == {}
+
+
+def packs_at(hours_ago: float) -> Finding:
+    return Finding("packing", "cluster", "info", "packs", since=NOW - hours_ago * H)
+
+
+SPREADS = Finding("spreading", "cluster", "info", "spreads", since=NOW)
+
+
+@pytest.mark.parametrize(
+    ("memory", "found", "last", "stands"),
+    [
+        (24 * H, [PACKS], None, PACKS),  # found this cycle: it stands
+        (24 * H, [PACKS], packs_at(1), PACKS),  # this cycle's, not the older one
+        (24 * H, [], packs_at(23.9), "last"),  # a dip under the bar: 23.9 h ≤ 24 h, it stands
+        (24 * H, [], packs_at(24), "last"),  # 24 h ≤ 24 h
+        (24 * H, [], packs_at(24.1), None),  # 24.1 h > 24 h: lapsed
+        (24 * H, [SPREADS], packs_at(0.1), None),  # the scheduler spreads now: nothing stands
+        (24 * H, [], None, None),  # never found
+        (timedelta(0), [], packs_at(0.1), None),  # memory 0: only the cycle that finds it
+        (24 * H, [], Finding("packing", "cluster", "info", "packs"), None),  # no time: lapsed
+    ],
+)
+def test_standing(
+    memory: timedelta, found: list[Finding], last: Finding | None, stands: object
+) -> None:
+    patience = PackingPatience(None, memory)
+    expected = last if stands == "last" else stands
+    assert patience.standing(found, last, NOW) is expected
+
+
+def test_a_remembered_finding_says_when_it_was_found() -> None:
+    held = held_back([starved("ml/a", 0.5)], {"ml/a"}, PackingPatience(None), NOW, packs_at(3))
+    assert "(as of 2026-12-02 09:00 UTC: packs)" in held["ml/a"]
 
 
 @pytest.mark.parametrize(
@@ -69,6 +104,8 @@ def test_nothing_is_held_back_without_the_packing_finding() -> None:
         ("make_room_packing_patience_s: 86400\n", PackingPatience(24 * H)),
         ("make_room_packing_patience_s: 0\n", PackingPatience(timedelta(0))),  # off
         ("make_room_packing_patience_s: 7200\n", PackingPatience(2 * H)),
+        ("make_room_packing_memory_s: 3600\n", PackingPatience(None, H)),
+        ("make_room_packing_memory_s: 0\n", PackingPatience(None, timedelta(0))),
     ],
 )
 def test_the_setting(tmp_path: Path, text: str, patience: PackingPatience) -> None:
@@ -77,8 +114,9 @@ def test_the_setting(tmp_path: Path, text: str, patience: PackingPatience) -> No
     assert load_settings(path).packing_patience() == patience
 
 
-def test_a_negative_patience_is_refused_naming_the_field(tmp_path: Path) -> None:
+@pytest.mark.parametrize("field", ["make_room_packing_patience_s", "make_room_packing_memory_s"])
+def test_a_negative_setting_is_refused_naming_the_field(tmp_path: Path, field: str) -> None:
     path = tmp_path / "settings.yaml"
-    path.write_text("make_room_packing_patience_s: -5\n")
-    with pytest.raises(SettingsError, match="make_room_packing_patience_s"):
+    path.write_text(f"{field}: -5\n")
+    with pytest.raises(SettingsError, match=field):
         load_settings(path)

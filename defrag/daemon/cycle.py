@@ -152,6 +152,9 @@ class CycleResult:
     """Rules skipped because their inputs are missing (no series, no metrics source) → why."""
     held_back: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Starved pods make-room did not serve this cycle because the scheduler packs → why."""
+    packing: Finding | None = field(default=None, hash=False)
+    """The packing finding that stood this cycle (found now, or an earlier cycle's within the
+    patience's memory): the next cycle's ``last_packing``."""
 
     @property
     def degraded(self) -> bool:
@@ -213,8 +216,17 @@ def urgent_window(closed: WindowStatus, pods: frozenset[str], now: datetime) -> 
     )
 
 
-def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) -> CycleResult:
-    """One full cycle. Errors observing or planning propagate; alert failures are recorded."""
+def run_cycle(
+    ports: CyclePorts,
+    config: CycleConfig,
+    *,
+    leader: bool = True,
+    last_packing: Finding | None = None,
+) -> CycleResult:
+    """One full cycle. Errors observing or planning propagate; alert failures are recorded.
+
+    ``last_packing``: the packing finding an earlier cycle left standing (its
+    :attr:`CycleResult.packing`), which holds for the patience's memory."""
     started = ports.clock.now()
     cluster = ports.source.snapshot()
     # One profile for this snapshot: the detectors, the planner and the figures on /metrics
@@ -252,7 +264,8 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         window = urgent_window(window, urgent, started)
         goal, room_for = Goal.MAKE_ROOM, urgent
     # While the scheduler packs, a starved pod waits for departures (defrag.plan.patience).
-    held = held_back(findings, room_for, config.patience, started) if room_for else {}
+    packing = config.patience.standing(findings, last_packing, started)
+    held = held_back(findings, room_for, config.patience, started, packing) if room_for else {}
     if held:
         room_for = frozenset(room_for or ()) - held.keys()
         if not room_for:
@@ -318,6 +331,7 @@ def run_cycle(ports: CyclePorts, config: CycleConfig, *, leader: bool = True) ->
         rule_failures=failed,
         rules_skipped=skipped,
         held_back=held,
+        packing=packing,
     )
 
 

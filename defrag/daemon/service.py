@@ -313,7 +313,13 @@ class Daemon:
                     if not self._reconciled:
                         self.reconcile()
                     leader = self.elector.is_leader()
-                    result = run_cycle(self.ports, self.config, leader=leader)
+                    last = self.health.last_result
+                    result = run_cycle(
+                        self.ports,
+                        self.config,
+                        leader=leader,
+                        last_packing=last.packing if last is not None else None,
+                    )
             except Exception as exc:
                 self.metrics.failed(time.perf_counter() - t0)
                 self.health = HealthState(

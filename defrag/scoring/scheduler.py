@@ -87,9 +87,7 @@ def _one_pass(
     return Placement(pod.key, arrays.names[row], row, gpus, int(scores[row]))
 
 
-def select(
-    scores: FloatArray, feasible: BoolArray, ties: FloatArray | None = None
-) -> int | None:
+def select(scores: FloatArray, feasible: BoolArray, ties: FloatArray | None = None) -> int | None:
     """The row :func:`schedule` picks from computed scores: the feasible row with the highest
     score (NaN never wins); among equals the highest of ``ties`` (the policy's
     :func:`tie_order`), the first of equals (rows are sorted by name); None when none."""

@@ -59,7 +59,7 @@ from defrag.plan.config import (
 from defrag.plan.constraints import Ledger
 from defrag.plan.makeroom import make_room
 from defrag.plan.model import Step
-from defrag.plan.patience import DEFAULT_PATIENCE, PACKING_KIND, PackingPatience
+from defrag.plan.patience import DEFAULT_MEMORY, DEFAULT_PATIENCE, PackingPatience
 from defrag.plan.planner import Rooms, make_rooms
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
@@ -137,6 +137,9 @@ class HookOptions:
     """Timeline: while the spreading rule (the daemon's, judged at each window opening) says
     the scheduler packs, make room only for pods pending this long (None, the default: never;
     0: as under a spreading scheduler) — the daemon's ``make_room_packing_patience_s``."""
+    packing_memory_h: float = DEFAULT_MEMORY.total_seconds() / 3600
+    """Timeline: how long a packing finding stands after the last window opening that found
+    it — the daemon's ``make_room_packing_memory_s``."""
 
 
 PLANNER_OPTIONS = {
@@ -229,10 +232,14 @@ class PlannerHook:
         """Each window opening's budget, fixed when it opens."""
         self.shown = _Annotator()
         hours = options.packing_patience_h
-        self.patience = PackingPatience(None if hours is None else timedelta(hours=hours))
+        self.patience = PackingPatience(
+            None if hours is None else timedelta(hours=hours),
+            timedelta(hours=options.packing_memory_h),
+        )
         self.spreading = spreading_rules() if timeline else ()
         self.packing: Finding | None = None
-        """The spreading rule's packing finding at the last window opening (None: none)."""
+        """The packing finding standing at the last window opening (found then, or an earlier
+        opening's within the patience's memory; None: none)."""
         floor = options.planner.constraints.budget.total
         self.demand = (
             DemandBudget(floor, max(options.window_ceiling, floor), options.evictions_per_gpu)
@@ -317,7 +324,7 @@ class PlannerHook:
         if self.protocol != "timeline":
             return ()
         self.open_until = now + self.options.window_length_h
-        self.packing = self._packing(state, now)
+        self.packing = self._packing(state, now, self.packing)
         starved = self.starved(state, now)
         budget = self._budget(now, True, starved)
         ws, ctx = self._workspace(state, max_evictions=budget, now=now)
@@ -329,21 +336,22 @@ class PlannerHook:
             steps.extend(packed.steps)
         return self._spend(ws, steps)
 
-    def _packing(self, state: SimState, now: float) -> Finding | None:
-        """The spreading rule's packing finding on the state at ``now``, as the daemon's
-        detection gives it (the cluster with its pods' bind times, the default profile);
-        None when patience cannot hold anything back or no rule says the scheduler packs."""
+    def _packing(self, state: SimState, now: float, last: Finding | None) -> Finding | None:
+        """The packing finding that stands at ``now`` as the daemon's cycle judges it: the
+        spreading rules on the state (the cluster with its pods' bind times, the default
+        profile), else ``last`` within the patience's memory; None when patience cannot hold
+        anything back."""
         if not self.spreading or not self.patience.holds_back:
             return None
         cluster = state.to_cluster(EPOCH)
         profile = ProfileConfig().for_cluster(cluster)
         moment = EPOCH + timedelta(hours=now)
-        for params in self.spreading:
-            verdict = detect_spreading(cluster, params, moment, profile=profile)
-            found = next((f for f in verdict.findings if f.kind == PACKING_KIND), None)
-            if found is not None:
-                return found
-        return None
+        found = [
+            f
+            for params in self.spreading
+            for f in detect_spreading(cluster, params, moment, profile=profile).findings
+        ]
+        return self.patience.standing(found, last, moment)
 
     def _make_room(self, ws: Workspace, ctx: SearchContext, starved: Sequence[Pod]) -> list[Step]:
         return list(self._rooms(ws, ctx, starved).steps)
