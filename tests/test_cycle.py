@@ -12,6 +12,7 @@ import pytest
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
 from defrag.daemon.cycle import CycleConfig, CyclePorts, Detected, goal_for, run_cycle
+from defrag.daemon.service import DaemonMetrics, cycle_summary
 from defrag.detect.findings import Finding
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window
 from defrag.execute.mode import RunMode
@@ -385,6 +386,11 @@ def test_make_room_waits_for_departures_while_the_scheduler_packs(
     else:
         (why,) = result.held_back.values()
         assert list(result.held_back) == ["research/train-llm-0"]
+        # what an operator of the running daemon sees: the cycle's log line and the gauge
+        assert "; 1 starved pod(s) held back: the scheduler packs;" in cycle_summary(result)
+        metrics = DaemonMetrics()
+        metrics.record(result, 0.1)
+        assert "defrag_make_room_held_back 1.0" in metrics.exposition().decode()
         limit = "makes no room" if patience_s is None else "waits 24 h before making room"
         assert why.startswith(f"held-back: pending 2 h; make-room {limit} while the scheduler")
 

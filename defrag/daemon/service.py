@@ -100,6 +100,11 @@ class DaemonMetrics:
         self.plan_steps = Gauge(
             "defrag_plan_steps", "Steps in the last plan.", ["kind"], registry=r
         )
+        self.held_back = Gauge(
+            "defrag_make_room_held_back",
+            "Starved pods the last cycle made no room for because the scheduler packs.",
+            registry=r,
+        )
         self.evictions = Counter(
             "defrag_evictions", "Evictions by result (planned = dry run).", ["result"], registry=r
         )
@@ -181,6 +186,7 @@ class DaemonMetrics:
             counts[f.kind] = counts.get(f.kind, 0) + 1
         for kind in list(_label_values(self.findings)) + list(counts):
             self.findings.labels(kind=kind).set(counts.get(kind, 0))
+        self.held_back.set(len(result.held_back))
         steps = result.plan.steps if result.plan else ()
         for kind in ("migrate", "preempt"):
             self.plan_steps.labels(kind=kind).set(sum(1 for s in steps if s.kind == kind))
@@ -567,6 +573,8 @@ def cycle_summary(result: CycleResult) -> str:
     else:
         counts = ", ".join(f"{n} {r}" for r, n in result.executed.counts.items())
         executed = f"executed: {counts or 'nothing'}"
+    if result.held_back:
+        plan += f"; {len(result.held_back)} starved pod(s) held back: the scheduler packs"
     role = "leader" if result.leader else "follower"
     mode = result.mode.name
     return (
