@@ -349,6 +349,18 @@ def test_a_cluster_without_priority_classes_gets_room_for_a_fragmented_job(
 PACKS = Finding("packing", "cluster", "info", "the scheduler packs GPU pods: of 280 …")
 
 
+def finding_also(p: CyclePorts, *extra: Finding) -> CyclePorts:
+    """The ports with a detector that finds what theirs does, and ``extra``."""
+    detector = p.detector
+
+    def detect(cluster: Cluster, now: datetime, profile: object) -> object:
+        got = detector(cluster, now, profile)  # type: ignore[arg-type]
+        assert isinstance(got, Detected)
+        return replace(got, findings=(*got.findings, *extra))
+
+    return replace(p, detector=detect)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("packing", "patience_s", "room"),
     [
@@ -368,14 +380,7 @@ def test_make_room_waits_for_departures_while_the_scheduler_packs(
     overrides = {} if patience_s is None else {"make_room_packing_patience_s": patience_s}
     settings = load_settings(None, overrides)
     _, p = ports(cluster=without_priorities())
-    detector = p.detector
-
-    def detect(cluster: Cluster, now: datetime, profile: object) -> object:
-        got = detector(cluster, now, profile)  # type: ignore[arg-type]
-        assert isinstance(got, Detected)
-        return replace(got, findings=(*got.findings, PACKS)) if packing else got
-
-    p = replace(p, detector=detect)  # type: ignore[arg-type]
+    p = finding_also(p, *([PACKS] if packing else []))
     result = run_cycle(p, CycleConfig(windows=ALWAYS, patience=settings.packing_patience()))
     # the starvation finding stays (it is alerted either way)
     assert any(f.kind == "starvation" for f in result.findings)
@@ -417,14 +422,7 @@ def test_a_packing_finding_stands_across_cycles_for_the_memory(
         "packing", "cluster", "info", "packs", since=p.clock.now() - timedelta(hours=1)
     )
     spreads = Finding("spreading", "cluster", "info", "spreads", since=p.clock.now())
-    detector = p.detector
-
-    def detect(cluster: Cluster, now: datetime, profile: object) -> object:
-        got = detector(cluster, now, profile)  # type: ignore[arg-type]
-        assert isinstance(got, Detected)
-        return replace(got, findings=(*got.findings, spreads)) if now_found == "spreading" else got
-
-    p = replace(p, detector=detect)  # type: ignore[arg-type]
+    p = finding_also(p, *([spreads] if now_found == "spreading" else []))
     config = CycleConfig(windows=ALWAYS, patience=settings.packing_patience())
     result = run_cycle(p, config, last_packing=earlier)
     steps = result.plan.steps if result.plan is not None else ()
