@@ -151,6 +151,7 @@ __all__ = [
     "DEFAULT_PATIENCE",
     "HELD_BACK",
     "PACKING_KIND",
+    "SPREADING_KIND",
     "PackingPatience",
     "held_back",
 ]

@@ -52,7 +52,7 @@ from defrag.model.cluster import Cluster, occupies
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
-from defrag.plan.patience import PACKING_KIND
+from defrag.plan.patience import PACKING_KIND, SPREADING_KIND
 from defrag.scoring.filters import feasible_mask
 from defrag.scoring.framework import Policy
 from defrag.scoring.profile import ScoringProfile
@@ -368,7 +368,7 @@ def _finding(rep: Replay, params: SpreadingParams, now: datetime) -> Finding:
             f"{MOST_ALLOCATED_COMPONENT} ({MOST_ALLOCATED_DOCS})",
         ],
     }
-    return _cluster_finding("spreading", params.severity, summary, evidence, params, now)
+    return _cluster_finding(SPREADING_KIND, params.severity, summary, evidence, params, now)
 
 
 def _counts(rep: Replay) -> dict[str, int]:
