@@ -262,6 +262,10 @@ class Settings(BaseSettings):
     """Only pods matching this label selector (``a=b,c!=d,e in (x,y),!f``) may be evicted."""
     evict_priority_threshold: int | None = None
     """Pods at or above this priority are never evicted (``defrag plan --protect-priority``)."""
+    evict_owner_kinds: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Controller kinds trusted to recreate their pods beside the known ones (``Kind.group``,
+    e.g. ``MyJob.batch.example.com``; ``Kind`` in the core group). A pod whose controller is of
+    any other kind is never evicted (docs/planning.md, "Only what comes back")."""
 
     # --- execution: windows, budgets, safety --------------------------------------------
     windows: Annotated[list[WindowSetting], NoDecode] = Field(default_factory=list)
@@ -309,7 +313,11 @@ class Settings(BaseSettings):
     sim_speedup: float = Field(60.0, gt=0)
 
     @field_validator(
-        "alertmanager_urls", "evict_namespaces_include", "evict_namespaces_exclude", mode="before"
+        "alertmanager_urls",
+        "evict_namespaces_include",
+        "evict_namespaces_exclude",
+        "evict_owner_kinds",
+        mode="before",
     )
     @classmethod
     def _urls(cls, value: Any) -> Any:
@@ -461,6 +469,7 @@ class Settings(BaseSettings):
             namespaces_include=frozenset(self.evict_namespaces_include),
             namespaces_exclude=frozenset(self.evict_namespaces_exclude),
             label_selector=selector if selector.requirements else None,
+            owner_kinds=frozenset(self.evict_owner_kinds),
         )
         options = PlanOptions(
             mode=MakeRoomMode.of(

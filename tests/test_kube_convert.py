@@ -190,7 +190,9 @@ def test_pod_reads_everything_the_model_keeps() -> None:
     assert (pod.namespace, pod.name, pod.num_gpu, pod.gpu_milli) == ("ml", "train-0", 4, 1000)
     assert (pod.cpu_milli, pod.memory_mib) == (1500, 64 * 1024)
     assert (pod.priority, pod.priority_class, pod.qos) == (1000, "high", "Burstable")
-    assert pod.owner == OwnerRef("Job", "train", True)
+    ref = raw["metadata"]["ownerReferences"][0]
+    assert pod.owner == OwnerRef("Job", "train", True, "batch/v1", ref["uid"])
+    assert pod.owner.group == "batch"
     assert pod.gang == "bert"  # the label wins over the owner
     assert (pod.node, pod.gpu_indices, pod.phase) == ("gpu-1", (4, 5, 6, 7), "Running")
     assert pod.gpu_memory_mib == 40 * 1024
@@ -297,8 +299,10 @@ def test_pending_pod_without_condition_is_pending_since_creation() -> None:
 
 def test_non_controller_owner_is_kept_when_no_controller() -> None:
     raw = k.pod("p")
-    raw["metadata"]["ownerReferences"][0]["controller"] = False
-    assert pod_from_json(raw)[0].owner == OwnerRef("ReplicaSet", "serve-7d9f", False)
+    ref = raw["metadata"]["ownerReferences"][0]
+    ref["controller"] = False
+    owner = pod_from_json(raw)[0].owner
+    assert owner == OwnerRef("ReplicaSet", "serve-7d9f", False, "apps/v1", ref["uid"])
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,8 @@ KNOBS: list[tuple[str, object, Any, object]] = [
     ("evict_label_selector", "app=batch,tier!=db", lambda c: c.constraints.label_selector,
      parse_label_selector("app=batch,tier!=db")),
     ("evict_priority_threshold", 1000, lambda c: c.constraints.priority_threshold, 1000),
+    ("evict_owner_kinds", ["MyJob.batch.example.com"], lambda c: c.constraints.owner_kinds,
+     frozenset({"MyJob.batch.example.com"})),
     ("eviction_budget_follows_demand", False, lambda c: c.demand, None),
     ("max_evictions_per_window_ceiling", 40, lambda c: c.demand.ceiling, 40),
     ("evictions_per_starved_gpu", 2.0, lambda c: c.demand.per_gpu, 2.0),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -208,23 +209,39 @@ def test_dry_run_never_writes_a_reservation(api: KubeApi) -> None:
     assert RESERVED_FOR_ANNOTATION not in annotations(api, "gpu-1")
 
 
-@pytest.mark.parametrize("with_journal", [False, True])
-def test_reconcile_removes_defrags_reservations_only(api: KubeApi, with_journal: bool) -> None:
+@pytest.mark.parametrize(
+    ("case", "action", "plan_id", "released"),
+    [
+        # a room made (no drain left on the node), its pod still Pending: kept for the pod, so
+        # that the next leader makes it no second room while this one empties
+        ("made", "kept", "", ""),
+        # the same, reserved longer ago than the replacement timeout (2 s here): it has failed
+        ("old", "released", "", "inf/vip still Pending after 2 s"),
+        # a drain journal that cannot be read (a taint alone): the room is not proven made
+        ("journal", "rolled-back", "plan-dead",
+         "room not proven made: annotation defrag.io/drain-steps missing"),
+    ],
+)
+def test_reconcile_keeps_a_made_room_and_removes_defrags_other_reservations(
+    api: KubeApi, case: str, action: str, plan_id: str, released: str
+) -> None:
     actuator = KubeActuator(api.client(), retry=FAST)
-    # The crashed daemon had reserved gpu-1 (and maybe left its drain journal); someone
+    # The stopped daemon had reserved gpu-1 (and maybe left its drain journal); someone
     # reserved gpu-3 by hand (no reserved-at): that one is not defrag's to remove.
-    actuator.annotate_node("gpu-1", Reservation("gpu-1", VIP, SystemClock().now()).annotations())
-    if with_journal:
+    since = SystemClock().now() - (timedelta(seconds=5) if case == "old" else timedelta(0))
+    actuator.annotate_node("gpu-1", Reservation("gpu-1", VIP, since).annotations())
+    if case == "journal":
         actuator.taint_node("gpu-1", "defrag.io/draining", "plan-dead", "NoSchedule")
     actuator.annotate_node("gpu-3", {RESERVED_FOR_ANNOTATION: "inf/manual"})
     outcomes = Reconciler(executor(api)).reconcile()
-    expected = ("rolled-back", "plan-dead") if with_journal else ("released", "")
     assert [(o.node, o.action, o.plan_id, o.reservation) for o in outcomes] == [
-        ("gpu-1", *expected, VIP)
+        ("gpu-1", action, plan_id, VIP)
     ]
-    assert not {RESERVED_FOR_ANNOTATION, RESERVED_AT_ANNOTATION} & set(annotations(api, "gpu-1"))
+    kept = {RESERVED_FOR_ANNOTATION, RESERVED_AT_ANNOTATION} & set(annotations(api, "gpu-1"))
+    assert bool(kept) is (action == "kept")
     assert annotations(api, "gpu-3")[RESERVED_FOR_ANNOTATION] == "inf/manual"
-    assert released_events(api) == [f"room no longer kept for {VIP}: reconciled after a restart"]
+    expected = [f"room no longer kept for {VIP}: reconciled: {released}"] if released else []
+    assert released_events(api) == expected
 
 
 def test_a_leftover_reservation_whose_pod_is_bound_is_swept_on_the_next_execution(

@@ -801,12 +801,18 @@ def _owner(meta: JsonObj, who: str) -> OwnerRef | None:
     for i, ref in enumerate(refs):
         if not isinstance(ref, dict) or not ref.get("kind") or not ref.get("name"):
             raise ConversionError(who, f"metadata.ownerReferences[{i}]", "needs kind and name")
-        for key in ("kind", "name"):
-            if not isinstance(ref[key], str):
+        for key in ("kind", "name", "apiVersion", "uid"):
+            if key in ref and not isinstance(ref[key], str):
                 raise ConversionError(
                     who, f"metadata.ownerReferences[{i}].{key}", "expected a string"
                 )
-        owner = OwnerRef(kind=ref["kind"], name=ref["name"], controller=bool(ref.get("controller")))
+        owner = OwnerRef(
+            kind=ref["kind"],
+            name=ref["name"],
+            controller=ref.get("controller") is True,
+            api_version=ref.get("apiVersion", ""),
+            uid=ref.get("uid", ""),
+        )
         if owner.controller:
             return owner
         chosen = chosen or owner

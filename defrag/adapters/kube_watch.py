@@ -79,7 +79,13 @@ KEEP: Mapping[str, Spec] = {
             "uid": True,
             "creationTimestamp": True,
             "deletionTimestamp": True,  # a terminating pod is never a victim again (the daemon)
-            "ownerReferences": {"kind": True, "name": True, "controller": True},
+            "ownerReferences": {
+                "apiVersion": True,
+                "kind": True,
+                "name": True,
+                "uid": True,
+                "controller": True,
+            },
         },
         "spec": {
             "nodeName": True,

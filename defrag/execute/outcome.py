@@ -85,18 +85,19 @@ class Execution:
 @dataclass(frozen=True, slots=True)
 class ReconcileOutcome:
     """What start-up found on one node carrying a journal, the drain taint or a reservation,
-    and what it did (``released``: the node carried only a reservation, now removed;
+    and what it did (``released``: the node carried only a reservation, now removed; ``kept``:
+    only a reservation whose room is made and still waits for its pod;
     ``deferred``: another replica that still holds the Lease owns the drain, left alone)."""
 
     node: str
     plan_id: str
-    action: Literal["finished", "rolled-back", "released", "deferred"]
+    action: Literal["finished", "rolled-back", "released", "kept", "deferred"]
     remaining: tuple[str, ...] = ()
     """Journal pods still on the node (their evictions are abandoned, never resumed blindly)."""
     pending: tuple[str, ...] = ()
     problem: str = ""
     reservation: str = ""
-    """The pod whose reservation (``defrag.io/reserved-for``) on the node was removed."""
+    """The pod whose reservation (``defrag.io/reserved-for``) on the node was removed (or kept)."""
     owner: str = ""
     """``deferred``: the replica (and Lease generation) still holding the drain."""
 

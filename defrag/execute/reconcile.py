@@ -12,7 +12,7 @@ reported as a warning finding instead.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from defrag.detect.findings import Finding
@@ -20,7 +20,7 @@ from defrag.execute.circuit import pending_of
 from defrag.execute.executor import EVENT_KIND_NODE, Executor, node_finding
 from defrag.execute.journal import Journal, read_journal
 from defrag.execute.outcome import ReconcileOutcome
-from defrag.execute.reservation import read_reservation
+from defrag.execute.reservation import Reservation, read_reservation
 from defrag.model.cluster import Cluster
 from defrag.model.resources import DRAIN_TAINT_KEY, Node
 
@@ -64,9 +64,10 @@ class Reconciler:
         Journal pods no longer on the node were evicted: that drain is *finished*. Pods still
         there were never evicted: the drain is *rolled back* (the next cycle plans afresh from
         what the cluster is now). Either way the taint and journal come off; replacements still
-        Pending trip the circuit breaker. Every reservation defrag set is removed (the plan it
-        served is over; the next cycle plans afresh). A drain whose journal names another owner
-        that still holds the Lease is *deferred*: left alone, its owner is still at work.
+        Pending trip the circuit breaker. A reservation defrag set is removed once it has served
+        or cannot (:meth:`_stale`), and kept while its room, made, waits for its pod. A drain
+        whose journal names another owner that still holds the Lease is *deferred*: left alone,
+        its owner is still at work.
         """
         if cluster is None:
             cluster = self.executor.source.snapshot()
@@ -90,19 +91,32 @@ class Reconciler:
                     )
                 )
                 continue
+            on_node = {p.key for p in cluster.pods_on(node.name)}
+            remaining = tuple(s.pod for s in journal.steps if s.pod in on_node) if journal else ()
             held = ""
+            kept = False
             if reservation is not None:
-                held = self.executor.release(reservation, "reconciled after a restart")
+                stale = (
+                    f"room not proven made: {journal.problem}"
+                    if journal is not None and journal.problem
+                    else self._stale(reservation, cluster, remaining)
+                )
+                if stale:
+                    held = self.executor.release(reservation, f"reconciled: {stale}")
+                else:
+                    kept = True
             if journal is None:
                 if reservation is not None:
                     results.append(
                         ReconcileOutcome(
-                            node.name, "", "released", problem=held, reservation=reservation.pod
+                            node.name,
+                            "",
+                            "kept" if kept else "released",
+                            problem=held,
+                            reservation=reservation.pod,
                         )
                     )
                 continue
-            on_node = {p.key for p in cluster.pods_on(node.name)}
-            remaining = tuple(s.pod for s in journal.steps if s.pod in on_node)
             watched = tuple(s.owner or s.pod for s in journal.steps if s.pod not in on_node)
             pending = pending_of(cluster, watched)
             action: Literal["finished", "rolled-back"] = (
@@ -140,6 +154,18 @@ class Reconciler:
                 )
             )
         return tuple(results)
+
+    def _stale(
+        self, reservation: Reservation, cluster: Cluster, not_evicted: tuple[str, ...]
+    ) -> str:
+        """Why a reservation found on a node should go now, or "" while its room still serves
+        its pod: made (no victim of the drain left on the node) and the pod not bound yet
+        (within the replacement timeout) — a room a stopped or deposed leader made is kept for
+        its pod, so that no second room is made for it while this one empties."""
+        if not_evicted:
+            return f"room not made, not evicted: {', '.join(not_evicted)}"
+        timeout = timedelta(seconds=self.executor.settings.replacement_timeout_s)
+        return reservation.verdict(cluster, self.executor.clock.now(), timeout)
 
     def _owned_elsewhere(self, journal: Journal) -> bool:
         """Whether the journal's drain belongs to another replica that still holds the Lease."""

@@ -58,9 +58,21 @@ class Toleration:
 
 @dataclass(frozen=True, slots=True)
 class OwnerRef:
+    """A pod's ``metadata.ownerReferences`` entry: its controlling one, else the first (then
+    ``controller`` is False, and nothing has promised to recreate the pod)."""
+
     kind: str
     name: str
     controller: bool = True
+    api_version: str = ""
+    """As the reference gives it (``apps/v1``); "" where the source has none (trace pods)."""
+    uid: str = ""
+    """The owner's UID the reference names; "" where the source has none."""
+
+    @property
+    def group(self) -> str:
+        """The API group of ``api_version`` ("" for the core group, and when unknown)."""
+        return self.api_version.rpartition("/")[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,6 +128,10 @@ class Constraints:
     """Pods in these namespaces are never evicted."""
     label_selector: LabelSelector | None = None
     """Only pods whose labels match may be evicted (None: every pod)."""
+    owner_kinds: frozenset[str] = frozenset()
+    """Controller kinds (``Kind.group``, or ``Kind`` in the core group) trusted to recreate
+    their pods beside :data:`~defrag.plan.owners.RECREATING_KINDS` (setting
+    ``evict_owner_kinds``)."""
 
     def __post_init__(self) -> None:
         if self.namespaces_include and self.namespaces_exclude:

@@ -2,14 +2,14 @@
 
 Two kinds:
 
-* per pod (:func:`check_pod`): a pod already Terminating, opt-out annotation, bare pods,
-  DaemonSet and system-critical pods, minimum age, and the operator's eviction filters
-  (:func:`check_filters`: namespaces, label selector, priority threshold) — a pod that fails
-  one never moves;
+* per pod (:func:`check_pod`): a pod already Terminating, opt-out annotation, pods no
+  controller would recreate (:mod:`defrag.plan.owners`), DaemonSet and system-critical pods,
+  minimum age, and the operator's eviction filters (:func:`check_filters`: namespaces, label
+  selector, priority threshold) — a pod that fails one never moves;
 * per plan (:class:`Ledger`): PodDisruptionBudgets (``disruptionsAllowed`` counted down as
-  the plan uses it), the :class:`~defrag.plan.config.EvictionBudget` (per plan / node /
-  namespace). A set of evictions (one pod, or
-  a whole gang) is checked and then committed as one.
+  the plan uses it), a looked-up Job's retries (spent like a disruption budget), the
+  :class:`~defrag.plan.config.EvictionBudget` (per plan / node / namespace). A set of
+  evictions (one pod, or a whole gang) is checked and then committed as one.
 
 Every failure reason reads ``<constraint>: <detail>``; :func:`blocked_from` turns it into a
 :class:`~defrag.plan.model.Blocked`.
@@ -18,7 +18,7 @@ Every failure reason reads ``<constraint>: <detail>``; :func:`blocked_from` turn
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 
 from defrag.model.cluster import PodDisruptionBudget
@@ -27,6 +27,16 @@ from defrag.model.status import Status
 from defrag.model.utc import utc
 from defrag.plan.config import Constraints
 from defrag.plan.model import Blocked
+from defrag.plan.owners import (
+    BARE_POD,
+    JOB_RETRIES,
+    OwnerFacts,
+    describe_retries,
+    owner_key,
+    recreation,
+    retry_budget,
+    retry_key,
+)
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 SYSTEM_CRITICAL_CLASSES = frozenset({"system-node-critical", "system-cluster-critical"})
@@ -35,7 +45,6 @@ TERMINATING = "terminating"
 """Already being deleted (``metadata.deletionTimestamp``): it is going; evicting it again
 would only spend budgets."""
 OPT_OUT = "opt-out"
-BARE_POD = "bare-pod"
 DAEMONSET = "daemonset"
 SYSTEM_CRITICAL = "system-critical"
 MIN_AGE = "min-age"
@@ -59,13 +68,21 @@ SPARED = "spared"
 pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
 CONSTRAINT_NAMES = (
     TERMINATING, OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
-    EVICT_NAMESPACE, EVICT_LABELS, PDB, PLAN_BUDGET, NODE_BUDGET, NAMESPACE_BUDGET, GANG,
-    NO_ROOM, NOT_WORTH, SPARED,
+    EVICT_NAMESPACE, EVICT_LABELS, PDB, JOB_RETRIES, PLAN_BUDGET, NODE_BUDGET,
+    NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH, SPARED,
 )  # fmt: skip
 
 
-def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Status:
-    """Whether ``pod`` may be evicted at all; the first constraint that forbids it."""
+def check_pod(
+    pod: Pod,
+    constraints: Constraints,
+    now: datetime | None,
+    owners: Mapping[str, OwnerFacts] | None = None,
+) -> Status:
+    """Whether ``pod`` may be evicted at all; the first constraint that forbids it.
+
+    ``owners``: the controlling owners looked up (by :func:`~defrag.plan.owners.owner_key`);
+    a pod whose owner is not among them is judged by its owner's kind alone."""
     if pod.deleting_since is not None:
         since = utc(pod.deleting_since).strftime("%Y-%m-%dT%H:%M:%SZ")
         return Status.fail(f"{TERMINATING}: being deleted since {since}, already going")
@@ -73,8 +90,12 @@ def check_pod(pod: Pod, constraints: Constraints, now: datetime | None) -> Statu
         return Status.fail(f"{OPT_OUT}: annotation {EVICTABLE_ANNOTATION}=false")
     if pod.is_daemonset:
         return Status.fail(f"{DAEMONSET}: owned by DaemonSet {pod.owner.name}")  # type: ignore[union-attr]
-    if pod.owner is None or pod.owner.kind == "Node":
-        return Status.fail(f"{BARE_POD}: no controller would recreate it")
+    key = owner_key(pod)
+    recreated = recreation(
+        pod, owners.get(key) if owners and key else None, constraints.owner_kinds
+    )
+    if not recreated.ok:
+        return recreated
     if pod.priority >= SYSTEM_CRITICAL_PRIORITY or pod.priority_class in SYSTEM_CRITICAL_CLASSES:
         detail = f"priority {pod.priority} {pod.priority_class}".rstrip()
         return Status.fail(f"{SYSTEM_CRITICAL}: {detail}")
@@ -128,6 +149,9 @@ def gang_of(pod: Pod) -> str | None:
     return None
 
 
+LedgerState = tuple[dict[str, int], int, Counter[str], Counter[str], Counter[str]]
+
+
 class Ledger:
     """The budgets one plan draws down: PDB disruptions and eviction counts.
 
@@ -135,10 +159,18 @@ class Ledger:
     planner try a set and take it back.
     """
 
-    def __init__(self, pdbs: Sequence[PodDisruptionBudget], constraints: Constraints) -> None:
+    def __init__(
+        self,
+        pdbs: Sequence[PodDisruptionBudget],
+        constraints: Constraints,
+        owners: Mapping[str, OwnerFacts] | None = None,
+    ) -> None:
         self.pdbs = tuple(pdbs)
         self.constraints = constraints
+        self.owners: Mapping[str, OwnerFacts] = owners or {}
         self.pdb_left: dict[str, int] = {p.key: max(p.disruptions_allowed, 0) for p in pdbs}
+        self.retries_used: Counter[str] = Counter()
+        """Evictions this plan spends on each looked-up Job (or Indexed Job's index)."""
         self.evictions = 0
         self.per_node: Counter[str] = Counter()
         self.per_namespace: Counter[str] = Counter()
@@ -157,6 +189,7 @@ class Ledger:
         pdb_use: Counter[str] = Counter()
         node_use: Counter[str] = Counter()
         ns_use: Counter[str] = Counter()
+        retry_use: Counter[str] = Counter()
         for count, (pod, node) in enumerate(evictions, start=1):
             if b.total is not None and self.evictions + count > b.total:
                 return Status.fail(f"{PLAN_BUDGET}: at most {b.total} evictions per plan"), pod.key
@@ -181,7 +214,26 @@ class Ledger:
                     return Status.fail(
                         f"{PDB}: PodDisruptionBudget {pdb.key} allows {left} more disruption(s)"
                     ), pod.key
+            retries = self._retries(pod)
+            if retries is not None:
+                key, limit = retries
+                retry_use[key] += 1
+                if self.retries_used[key] + retry_use[key] > limit:
+                    facts = self.owners[owner_key(pod) or ""]
+                    left = max(limit - self.retries_used[key], 0)
+                    return Status.fail(
+                        f"{JOB_RETRIES}: {describe_retries(pod, facts, left)}"
+                    ), pod.key
         return Status.success(), None
+
+    def _retries(self, pod: Pod) -> tuple[str, int] | None:
+        """(what the retries are counted under, how many are left) for a looked-up Job's pod."""
+        if not self.owners:
+            return None
+        facts = self.owners.get(owner_key(pod) or "")
+        limit = retry_budget(pod, facts)
+        key = retry_key(pod, facts)
+        return None if limit is None or key is None else (key, limit)
 
     def commit(self, evictions: Iterable[tuple[Pod, str]]) -> None:
         for pod, node in evictions:
@@ -190,15 +242,25 @@ class Ledger:
             self.per_namespace[pod.namespace] += 1
             for pdb in self.pdbs_of(pod):
                 self.pdb_left[pdb.key] -= 1
+            retries = self._retries(pod)
+            if retries is not None:
+                self.retries_used[retries[0]] += 1
 
-    def snapshot(self) -> tuple[dict[str, int], int, Counter[str], Counter[str]]:
-        return dict(self.pdb_left), self.evictions, self.per_node.copy(), self.per_namespace.copy()
+    def snapshot(self) -> LedgerState:
+        return (
+            dict(self.pdb_left),
+            self.evictions,
+            self.per_node.copy(),
+            self.per_namespace.copy(),
+            self.retries_used.copy(),
+        )
 
-    def restore(self, state: tuple[dict[str, int], int, Counter[str], Counter[str]]) -> None:
+    def restore(self, state: LedgerState) -> None:
         self.pdb_left = dict(state[0])
         self.evictions = state[1]
         self.per_node = state[2].copy()
         self.per_namespace = state[3].copy()
+        self.retries_used = state[4].copy()
 
     def remaining(self) -> int | None:
         total = self.constraints.budget.total

@@ -26,7 +26,7 @@ from datetime import datetime
 import numpy as np
 
 from defrag.model.arrays import BoolArray, FloatArray, NodeArrays
-from defrag.model.resources import Pod
+from defrag.model.resources import DRAIN_TAINT_KEY, Pod, Toleration
 from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
 from defrag.model.utc import utc
@@ -105,6 +105,32 @@ def make_room(
     )  # fmt: skip
 
 
+def room_being_emptied(ws: Workspace, ctx: SearchContext, pod: Pod) -> RoomResult | None:
+    """A node whose only obstacles to ``pod`` are Terminating pods, and that is not kept for
+    another pod: a room already made (by an earlier cycle, or a leader before a restart) that
+    the pod takes once they are gone. Making a second room for it would only evict more.
+
+    The node reserved for the pod comes first. The pod is reserved there in the workspace,
+    with the Terminating pods taken off (they are leaving either way). The drain taint is
+    defrag's own and comes off when the drain ends (a restart's reconcile takes it off a drain
+    whose evictions all went out), so it does not count as an obstacle here."""
+    draining = replace(pod, tolerations=(*pod.tolerations, Toleration(DRAIN_TAINT_KEY, "Exists")))
+    rows = [r for r in ws.leaving() if not ws.no_target[r] and not ws.kept_for_another(r, pod)]
+    rows.sort(key=lambda r: (r not in ws.reserved_for, ws.node(r)))
+    for row in rows:
+        mark = ws.mark()
+        for seat in [s for s in ws.occupants(row) if s.pod.terminating]:
+            ws.remove(seat.pod.key)
+        elsewhere = np.ones(len(ws.arrays), dtype=bool)
+        elsewhere[row] = False
+        placed = schedule(draining, ws.arrays, ctx.policy, exclude=elsewhere, why=False)
+        if isinstance(placed, Placement):
+            ws.reserve(pod, placed.row, placed.gpus)
+            return RoomResult(pod.key, (), (), placed.row, placed.gpus)
+        ws.rollback(mark)
+    return None
+
+
 def _make_room(
     ws: Workspace,
     ctx: SearchContext,
@@ -131,6 +157,10 @@ def _make_room(
         (ws.place if place else ws.reserve)(pod, placed.row, placed.gpus)
         return RoomResult(pod.key, (), (), placed.row, placed.gpus)
     chained = allowed is not None
+    if not chained and not place:
+        emptying = room_being_emptied(ws, ctx, pod)
+        if emptying is not None:
+            return emptying
     if allowed is None:
         allowed = ctx.victim_filter(None if any_priority else pod.priority)
     guard = (lambda f: sparing(f, pod)) if spare and not chained else (lambda f: f)

@@ -8,12 +8,12 @@ to choose. The plan is deterministic for a given cluster, goal, policy, constrai
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from defrag.model.cluster import Cluster
-from defrag.model.resources import Pod
+from defrag.model.resources import OwnerRef, Pod
 from defrag.model.utc import utc
 from defrag.plan import constraints as c
 from defrag.plan.config import (
@@ -25,6 +25,7 @@ from defrag.plan.config import (
 from defrag.plan.constraints import Ledger, gang_of
 from defrag.plan.makeroom import describe, make_room
 from defrag.plan.model import Blocked, Plan, Step
+from defrag.plan.owners import OwnerFacts, known_kind, owner_key
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
@@ -45,6 +46,7 @@ def make_plan(
     constraints: Constraints | None = None,
     now: datetime,
     options: PlanOptions | None = None,
+    owners: Mapping[str, OwnerFacts] | None = None,
 ) -> Plan:
     """The plan for ``cluster`` and ``goal``, every move scored with ``profile`` (the one the
     caller built for this snapshot; None: the default configuration for this cluster, as
@@ -53,7 +55,9 @@ def make_plan(
 
     ``config`` is the planner's configuration (the one the settings build; None: the
     defaults, which are the daemon's); ``constraints`` or ``options``, when given, replace
-    its part of that name (tests and benchmarks set one part alone)."""
+    its part of that name (tests and benchmarks set one part alone). ``owners``: the
+    controlling owners looked up so far (:func:`plan_with_owners`); a victim's owner not among
+    them is judged by its kind alone."""
     try:
         goal = Goal(goal)
     except ValueError:
@@ -72,7 +76,8 @@ def make_plan(
     profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
-    ctx = SearchContext(pol, Ledger(cluster.pdbs, constraints), constraints, options.cost, now)
+    ledger = Ledger(cluster.pdbs, constraints, owners)
+    ctx = SearchContext(pol, ledger, constraints, options.cost, now)
     before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)
     steps: list[Step] = []
     blocked: dict[tuple[str, str], Blocked] = {}
@@ -103,6 +108,50 @@ def make_plan(
         after=after,
         targets=tuple(targets),
     )
+
+
+OwnerLookup = Callable[[Mapping[str, tuple[str, OwnerRef]]], Mapping[str, OwnerFacts]]
+"""Reads owners from the API server: owner key → (namespace, reference) in, the facts out (one
+per key asked; a failed read is facts with a ``problem``, never an exception)."""
+
+LOOKUP_ROUNDS = 3
+"""Plans made with the owners known so far before every owner in the cluster is looked up."""
+
+
+def plan_with_owners(
+    cluster: Cluster, lookup: OwnerLookup, goal: Goal | str = Goal.ALL, **kwargs: object
+) -> Plan:
+    """:func:`make_plan` in which every victim's controlling owner was looked up and found to
+    recreate it (:mod:`defrag.plan.owners`).
+
+    Plan; look up the owners of its victims not looked up yet; plan again with what they
+    said, until a plan's victims are all known (a refused owner blocks its pods, and the plan
+    finds other victims). After :data:`LOOKUP_ROUNDS` plans every owner in the cluster is
+    looked up at once, so the last plan is made on complete facts."""
+    facts: dict[str, OwnerFacts] = {}
+    for _ in range(LOOKUP_ROUNDS):
+        plan = make_plan(cluster, goal, owners=facts, **kwargs)  # type: ignore[arg-type]
+        wanted = _owners_of((cluster.pods.get(s.pod) for s in plan.steps), facts)
+        if not wanted:
+            return plan
+        facts.update(lookup(wanted))
+    facts.update(lookup(_owners_of(cluster.bound_pods(), facts)))
+    return make_plan(cluster, goal, owners=facts, **kwargs)  # type: ignore[arg-type]
+
+
+def _owners_of(
+    pods: Iterable[Pod | None], known: Mapping[str, OwnerFacts]
+) -> dict[str, tuple[str, OwnerRef]]:
+    """The controlling owners of ``pods`` of the kinds defrag reads (opted-in kinds are trusted
+    unread), not in ``known``."""
+    wanted: dict[str, tuple[str, OwnerRef]] = {}
+    for pod in pods:
+        if pod is None or pod.owner is None or not known_kind(pod.owner):
+            continue
+        key = owner_key(pod)
+        if key is not None and key not in known:
+            wanted[key] = (pod.namespace, pod.owner)
+    return wanted
 
 
 @dataclass(frozen=True, slots=True)

@@ -87,7 +87,7 @@ class SearchContext:
         status = self._checks.get(pod.key)
         if status is None:
             status = (
-                check_pod(pod, self.constraints, self.now)
+                check_pod(pod, self.constraints, self.now, self.ledger.owners)
                 if self.enforce
                 else check_filters(pod, self.constraints)
             )

@@ -18,7 +18,7 @@ import numpy as np
 
 from defrag.model.arrays import BoolArray, IntArray, NodeArrays
 from defrag.model.cluster import Cluster
-from defrag.model.resources import Pod
+from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod, reservation_admits
 from defrag.plan.constraints import gang_of
 
 _STATES = itertools.count(1)
@@ -80,6 +80,9 @@ class Workspace:
         self.no_target: BoolArray = np.zeros(len(arrays), dtype=bool)
         self.reserved: dict[str, Occupant] = {}
         """Pending pods given room by the plan (released before the ``after`` report)."""
+        self.reserved_for: dict[int, str] = {}
+        """Rows whose node carries a ``defrag.io/reserved-for`` (its value): a room an earlier
+        cycle, or another leader, made and is keeping for the pods it names."""
         self._log: list[tuple[str, Occupant]] = []
         self._versions: list[int] = []
         """The version before each change of ``_log``."""
@@ -101,7 +104,13 @@ class Workspace:
             gang = gang_of(pod)
             if gang:
                 gangs[gang].append(pod.key)
-        return cls(arrays, rows, {g: tuple(sorted(keys)) for g, keys in gangs.items()})
+        ws = cls(arrays, rows, {g: tuple(sorted(keys)) for g, keys in gangs.items()})
+        ws.reserved_for = {
+            index[n.name]: n.annotations[RESERVED_FOR_ANNOTATION]
+            for n in cluster.nodes
+            if n.annotations.get(RESERVED_FOR_ANNOTATION) and n.name in index
+        }
+        return ws
 
     # --- queries -----------------------------------------------------------------------------
 
@@ -116,6 +125,18 @@ class Workspace:
 
     def gang_members(self, gang: str) -> tuple[str, ...]:
         return self.gangs.get(gang, ())
+
+    def kept_for_another(self, row: int, pod: Pod) -> bool:
+        """Whether ``row``'s node is reserved, and not for ``pod`` (the extender keeps ``pod``
+        off it)."""
+        value = self.reserved_for.get(row)
+        return value is not None and not reservation_admits(value, pod)
+
+    def leaving(self) -> list[int]:
+        """Rows holding a pod that is Terminating (its resources come free once it is gone)."""
+        return [
+            r for r, seats in enumerate(self.rows) if any(o.pod.terminating for o in seats.values())
+        ]
 
     # --- changes (logged) ----------------------------------------------------------------------
 

@@ -80,6 +80,11 @@ RESOURCES = {
         ResourceType("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True),
         ResourceType("priorityclasses", "PriorityClass", "scheduling.k8s.io", "v1", False),
         ResourceType("leases", "Lease", "coordination.k8s.io", "v1", True),
+        # The controllers defrag reads before it evicts a pod of theirs (adapters/kube_owners.py)
+        ResourceType("replicasets", "ReplicaSet", "apps", "v1", True),
+        ResourceType("statefulsets", "StatefulSet", "apps", "v1", True),
+        ResourceType("replicationcontrollers", "ReplicationController", "", "v1", True),
+        ResourceType("jobs", "Job", "batch", "v1", True),
     )
 }
 KIND_TO_RESOURCE = {r.kind: r.resource for r in RESOURCES.values()}
@@ -386,12 +391,38 @@ class KubeApi:
             self.put(obj)
 
     def put(self, obj: Obj) -> Obj:
-        """Store (create or replace) an object, as a controller would; returns the stored copy."""
+        """Store (create or replace) an object, as a controller would; returns the stored copy.
+
+        A pod's controlling owner of a served kind that is not stored yet is stored too (the
+        pod's controller exists, as in a real cluster): its name, namespace and the UID the
+        pod's reference names, and the API's defaults (a Job's ``backoffLimit`` 6). A test
+        that wants a ghost owner removes it afterwards."""
         rt = RESOURCES[KIND_TO_RESOURCE[obj["kind"]]]
         with self._lock:
             stored = self._stamp(rt, copy.deepcopy(obj), create=True)
             self._save(rt, stored)
+            if rt.kind == "Pod":
+                self._own(stored)
             return copy.deepcopy(stored)
+
+    def _own(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        for ref in meta.get("ownerReferences") or []:
+            resource = KIND_TO_RESOURCE.get(ref.get("kind", ""))
+            if not ref.get("controller") or resource is None:
+                continue
+            owner_rt = RESOURCES[resource]
+            key = (meta.get("namespace", ""), ref["name"])
+            if not owner_rt.namespaced or key in self._store[resource]:
+                continue
+            owner: Obj = {
+                "metadata": {"name": ref["name"], "namespace": key[0], "uid": ref.get("uid", "")},
+                "spec": {"backoffLimit": 6} if owner_rt.kind == "Job" else {},
+                "status": {},
+            }
+            if not owner["metadata"]["uid"]:
+                del owner["metadata"]["uid"]
+            self._save(owner_rt, self._stamp(owner_rt, owner, create=True))
 
     def get(self, kind: str, name: str, namespace: str = "") -> Obj | None:
         rt = RESOURCES[KIND_TO_RESOURCE[kind]]

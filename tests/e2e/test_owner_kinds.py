@@ -1,0 +1,211 @@
+"""Only what comes back is evicted, on the real control plane, by the daemon as its
+ServiceAccount with the overlay's RBAC.
+
+Six 8-GPU nodes each hold one 4-GPU pod; an 8-GPU high-priority pod waits. On five nodes the pod
+is one nothing would recreate once evicted: a bare pod, a pod whose controlling owner is another
+Pod, one whose controlling owner is a ConfigMap, one with only a non-controlling owner (a
+ReplicaSet), and the pod of a batch/v1 Job with ``backoffLimit: 0`` (real Job controller: an
+eviction would fail the Job, ``BackoffLimitExceeded``). Those five are the cheapest victims (the
+youngest, priority 0); the sixth node's pod, of a Deployment, is the oldest and of a higher
+priority. Before defrag read owners, make-room chose one of the five. Now the plan blocks each
+with its reason, the daemon evicts only the Deployment's pod, and the Job is still running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e import cluster as c
+from tests.e2e.controlplane import ControlPlane
+from tests.e2e.kubelet import Kubelet, add_node
+from tests.e2e.stage import DAEMON, HIGH, STARVATION_RULE, bound_train, daemon_settings
+from tests.support.binaries import free_port
+
+NS = "owners"
+MID = "owners-mid"
+NEVER = ("bare", "of-pod", "of-configmap", "not-controlled", "job-once")
+"""The pods that must never be evicted, one per node n1..n5; n6 holds the Deployment's."""
+
+
+def _owned(api: Any, name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "ownerReferences": refs},
+        "spec": c.pod_spec(4),
+    }
+    return dict(api.post(f"/api/v1/namespaces/{NS}/pods", body))
+
+
+def _ref(obj: dict[str, Any], controller: bool) -> dict[str, Any]:
+    ref = {
+        "apiVersion": obj["apiVersion"],
+        "kind": obj["kind"],
+        "name": obj["metadata"]["name"],
+        "uid": obj["metadata"]["uid"],
+    }
+    if controller:
+        ref["controller"] = True
+    return ref
+
+
+@pytest.fixture
+def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    api = plane.admin
+    c.namespace(api, NS)
+    c.priority_class(api, HIGH, 100000, preempt=False)
+    c.priority_class(api, MID, 500, preempt=False)
+    nodes = [f"{NS}-n{i}" for i in range(1, 7)]
+    rules = tmp_path / "rules"
+    rules.mkdir()
+    c.write_yaml(rules / "starvation.yaml", STARVATION_RULE)
+    sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
+    ext_settings = c.write_yaml(tmp_path / "extender.yaml", {"policy": "reserve-binpack"})
+    port = free_port()
+    with c.extender(plane, sched_kc, ext_settings, name=f"extender-{NS}", port=port):
+        try:
+            for node in nodes:
+                add_node(api, node, 8)
+            # The oldest and the dearest: the Deployment's pod on n6, placed first.
+            c.deployment(api, NS, "keep", 4, priority_class_name=MID)
+            (keep,) = c.wait_pods(api, NS, "app=keep", lambda ps: len(ps) == 1, 30)
+            c.bind(api, keep, nodes[5])
+            c.wait_pods(api, NS, "app=keep", c.running(1), 30)
+            time.sleep(2)  # the five below are younger: less work lost, cheaper victims
+            launcher = c.bare_pod(api, NS, "launcher", 0)
+            config = api.post(
+                f"/api/v1/namespaces/{NS}/configmaps",
+                {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}},
+            )
+            config.setdefault("apiVersion", "v1")
+            config.setdefault("kind", "ConfigMap")
+            stray = api.post(
+                f"/apis/apps/v1/namespaces/{NS}/replicasets",
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "ReplicaSet",
+                    "metadata": {"name": "stray"},
+                    "spec": {
+                        "replicas": 0,
+                        "selector": {"matchLabels": {"app": "stray"}},
+                        "template": {
+                            "metadata": {"labels": {"app": "stray"}},
+                            "spec": c.pod_spec(0),
+                        },
+                    },
+                },
+            )
+            job = api.post(
+                f"/apis/batch/v1/namespaces/{NS}/jobs",
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": "job-once"},
+                    "spec": {
+                        "backoffLimit": 0,
+                        "template": {
+                            "metadata": {"labels": {"app": "job-once"}},
+                            "spec": {**c.pod_spec(4), "restartPolicy": "Never"},
+                        },
+                    },
+                },
+            )
+            placed = {
+                "bare": c.bare_pod(api, NS, "bare", 4),
+                "of-pod": _owned(api, "of-pod", [_ref(launcher, True)]),
+                "of-configmap": _owned(api, "of-configmap", [_ref(config, True)]),
+                "not-controlled": _owned(api, "not-controlled", [_ref(stray, False)]),
+            }
+            (job_pod,) = c.wait_pods(api, NS, "app=job-once", lambda ps: len(ps) == 1, 30)
+            placed["job-once"] = job_pod
+            for name, node in zip(NEVER, nodes, strict=True):
+                c.bind(api, placed[name], node)
+            c.wait_pods(api, NS, "", c.running(7), 30, what="the stage running")
+            plane.start_scheduler(c.scheduler_config(port, True), sched_kc, f"scheduler-{NS}")
+            yield {
+                "plane": plane,
+                "kubeconfig": plane.service_account_kubeconfig("defrag-system", "defrag"),
+                "rules": rules,
+                "folder": tmp_path,
+                "job": job,
+            }
+        finally:
+            for name in [n for n in plane.processes if n.endswith(f"-{NS}")]:
+                plane.processes.pop(name).stop()
+            for path in (
+                f"/apis/batch/v1/namespaces/{NS}/jobs/job-once",
+                f"/apis/apps/v1/namespaces/{NS}/replicasets/stray",
+            ):
+                api.delete(path, {"apiVersion": "v1", "kind": "DeleteOptions",
+                                  "propagationPolicy": "Background"})  # fmt: skip
+            c.clean(plane, NS, nodes)
+            api.delete("/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag")
+
+
+def _once(stage: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    path = c.write_yaml(
+        stage["folder"] / f"settings-{time.monotonic_ns()}.yaml",
+        daemon_settings(min_pod_age_s=0, **settings),
+    )
+    return dict(
+        c.defrag_json(
+            "run", "--once", "--kubeconfig", str(stage["kubeconfig"]), "--settings", str(path),
+            "--rules", str(stage["rules"]), timeout_s=150,
+        )  # fmt: skip
+    )
+
+
+def test_make_room_evicts_only_what_its_controller_recreates(stage: dict[str, Any]) -> None:
+    plane: ControlPlane = stage["plane"]
+    c.deployment(plane.admin, NS, "train", 8, priority_class_name=HIGH)
+    time.sleep(3.5)  # past the rule's `for`
+    planned = _once(stage)
+    plan = planned.get("plan") or {}
+    moved = [s["pod"] for s in plan.get("steps", [])]
+    assert moved and all(p.startswith(f"{NS}/keep-") for p in moved), plan
+    blocked = {b["pod"].split("/")[1]: b for b in plan.get("blocked", [])}
+    reasons = {name: blocked[name]["constraint"] for name in NEVER if name in blocked}
+    assert reasons, plan  # the planner tried the cheap victims and said why not
+    expected = {name: "bare-pod" for name in NEVER[:4]} | {"job-once": "job-retries"}
+    assert reasons == {n: expected[n] for n in reasons}, blocked
+    if "not-controlled" in blocked:
+        assert "not its controller" in blocked["not-controlled"]["detail"]
+
+    mark = len(plane.audit_events())
+    _once(stage, dry_run=False)
+    evicted = [
+        e["objectRef"]["name"]
+        for e in plane.audit_events()[mark:]
+        if e["user"]["username"] == DAEMON
+        and e["verb"] == "create"
+        and e.get("objectRef", {}).get("subresource") == "eviction"
+        and "dryRun=All" not in e.get("requestURI", "")
+        and e["responseStatus"]["code"] == 201
+    ]
+    assert evicted and all(name.startswith("keep-") for name in evicted), evicted
+    # The daemon read the owners of its victims as itself (the ClusterRole grants get).
+    reads = [
+        e for e in plane.audit_events()[mark:]
+        if e["user"]["username"] == DAEMON and e["verb"] == "get"
+        and e.get("objectRef", {}).get("resource") in ("replicasets", "jobs")
+    ]  # fmt: skip
+    assert reads and all(e["responseStatus"]["code"] == 200 for e in reads), reads
+    bound_train(_Stage(plane))
+    job = plane.admin.get(f"/apis/batch/v1/namespaces/{NS}/jobs/job-once")
+    conditions = {x["type"] for x in job.get("status", {}).get("conditions", [])}
+    assert not conditions & {"Failed", "FailureTarget"}, job["status"]
+    left = {p["metadata"]["name"] for p in c.pods(plane.admin, NS)}
+    assert {"bare", "of-pod", "of-configmap", "not-controlled"} <= left
+
+
+class _Stage:
+    """What :func:`~tests.e2e.stage.bound_train` reads of a stage."""
+
+    def __init__(self, plane: ControlPlane) -> None:
+        self.plane = plane
+        self.ns = NS
