@@ -16,6 +16,36 @@ Lease, extender killed, Prometheus down or answering garbage, Alertmanager resta
 ``maxUnavailable: 0`` added and removed, pods deleted, nodes cordoned and deleted, terminating
 pods held) run until the replicas have run ``--cycles`` cycles; then the chaos stops, the soak
 runs clean for ``--drain-s`` seconds and every invariant is checked (``Report.violations``).
+
+The safe-to-grant invariants, beside the PDB, Lease and marks ones:
+
+* **0 evictions of pods that do not return.** Workloads nothing recreates run among the others,
+  two a node on three of the GPU nodes (``_never_place``), at the default priority, from before
+  the load: a bare pod, a pod whose
+  controlling owner is that bare pod, one owned by a ConfigMap, one whose only ownerReference
+  is a non-controlling one to a ReplicaSet (0 replicas, a selector matching nothing, so the
+  garbage collector keeps the pod and the ReplicaSet never adopts it), and two batch/v1 Jobs
+  with ``backoffLimit: 0`` (the harness's kube-controller-manager runs ``*`` controllers: the
+  Job controller and the garbage collector among them). One gone is replaced under a new name;
+  the chaos never deletes them but with a deleted node (such a Job's failure is the harness's,
+  not counted). Every 201 eviction's pod must have a controlling ReplicaSet, StatefulSet,
+  ReplicationController or Job with retries left; no soak Job may end ``Failed`` with
+  ``BackoffLimitExceeded``.
+* **0 second rooms**, from the Node writes (logged at RequestResponse for this: the resulting
+  ``defrag.io/reserved-for``): no room for a pod on a second node while its first room stands
+  or while a pod evicted from the first room is still Terminating.
+* **0 budget overruns.** The soak used only make-room-now with an unbounded budget; now the
+  daemons have execution windows (``*/2 * * * *`` UTC, 60 s open) and a fixed budget of 5
+  evictions (``eviction_budget_follows_demand: false``, so the limit is the setting, not the
+  backlog). Inside a window make-room works as ever, 5 evictions per opening — a soak's rooms
+  for up to three starving 8-GPU jobs at once ask more, so the budget binds, and a leader
+  killed or paused mid-window hands the rest of the opening to a replica that must know what
+  was spent. Outside, make-room-now spends the UTC day's allowance (``URGENT_BUDGET_KEY``, the
+  same limit of 5): hit in the first minutes of any soak, after which starved jobs wait for
+  the next window (at most 60 s). A 1,000-cycle soak (about 15 minutes) sees some 8 openings.
+  Each 201 eviction is charged to a budget key (see :meth:`Soak._budget` for the cycle-start
+  leeway) and an overrun is more than the limit in one key, both replicas and all restarts
+  together.
 """
 
 from __future__ import annotations
@@ -34,7 +64,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +95,42 @@ LEASE_S = 4
 DRAIN_TAINT = "defrag.io/draining"
 RESERVED = "defrag.io/reserved-for"
 SIZES = (1, 2, 2, 4, 4, 6)
+
+# Execution windows that chaos makes bind (see the module docstring): one opens every 2 minutes
+# (UTC) for 60 s, each with a fixed budget of WINDOW_BUDGET evictions; between them the
+# make-room-now rule spends the day's out-of-window allowance (the same limit, per UTC day).
+WINDOW_CRON = "*/2 * * * *"
+WINDOW_PERIOD_S = 120
+WINDOW_LENGTH_S = 60
+WINDOW_BUDGET = 5
+WINDOW_LEEWAY_S = 30.0
+"""A cycle picks its window (its budget key) when it starts and may evict up to this long
+after: an eviction is charged to a key some cycle start in [t - leeway, t] would have had."""
+URGENT_KEY = "outside-windows/{day}"  # defrag/daemon/cycle.py URGENT_BUDGET_KEY
+
+# Workloads nothing recreates: never to be evicted (the label says which kind each pod is).
+NEVER = "soak.defrag.io/never-evict"
+NEVER_KINDS = ("bare", "pod-owned", "configmap-owned", "ref-only", "job-backoff0", "job-backoff0")
+NEVER_OWNER_CM = "nx-owner"
+NEVER_OWNER_RS = "nx-rs"
+NEVER_NODES = 3  # nodes the never-evict pods are spread over, two each
+RECREATING = frozenset({"ReplicaSet", "StatefulSet", "ReplicationController"})
+
+# Node writes at RequestResponse (the resulting Node: its annotations, whether it is cordoned),
+# every other request at Metadata, as the harness's policy.
+SOAK_AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [
+        {
+            "level": "RequestResponse",
+            "verbs": ["create", "update", "patch"],
+            "resources": [{"group": "", "resources": ["nodes"]}],
+        },
+        {"level": "Metadata"},
+    ],
+}
 
 RULES = {
     "rules": [
@@ -103,7 +169,9 @@ def daemon_settings(prometheus: str, alertmanager: str) -> dict[str, Any]:
         "poll_interval_s": 0.5,
         "ready_max_age_s": 30,
         "make_room_worth": 0,
-        "max_evictions_per_window": 100000,
+        "windows": [{"cron": WINDOW_CRON, "length_s": WINDOW_LENGTH_S}],
+        "max_evictions_per_window": WINDOW_BUDGET,
+        "eviction_budget_follows_demand": False,
         "max_evictions_per_namespace": 100000,
         "max_evictions_per_node": 100000,
         "prometheus_url": prometheus,
@@ -197,6 +265,19 @@ class Soak:
         self.jobs: dict[str, float] = {}  # high-priority job → time it was first seen Running
         self.serial = 0
         self.node_names: list[str] = []
+        self.pod_node: dict[str, str] = {}
+        """pod name → the node it was last seen bound to."""
+        self.pod_owner: dict[str, tuple[str, str] | None] = {}
+        """pod name → (kind, name) of its controlling owner (None: no controller)."""
+        self.slots: list[dict[str, Any]] = [
+            {"kind": kind, "name": "", "gpus": 1, "node": ""} for kind in NEVER_KINDS
+        ]
+        """The never-evict workloads kept running: each slot's current pod (or Job)."""
+        self.never_created: Counter[str] = Counter()
+        self.job_backoff: dict[str, int] = {}  # the soak's Jobs → backoffLimit
+        self.harness_deleted: set[str] = set()
+        """Never-evict pods (and their Jobs) the chaos itself deleted, with their node."""
+        self.owner_uids: dict[str, str] = {}
 
     def say(self, text: str) -> None:
         if self.verbose:
@@ -206,7 +287,15 @@ class Soak:
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
-        self.plane = start_control_plane(self.folder / "plane")
+        # the node writes' bodies are in the audit log (the reservations), nothing else more
+        from tests.e2e import controlplane
+
+        policy = controlplane.AUDIT_POLICY
+        controlplane.AUDIT_POLICY = SOAK_AUDIT_POLICY
+        try:
+            self.plane = start_control_plane(self.folder / "plane")
+        finally:
+            controlplane.AUDIT_POLICY = policy
         try:
             return self._run(started)
         finally:
@@ -285,7 +374,10 @@ class Soak:
             kc = self.proxy.kubeconfig(self.folder / f"{name}.kubeconfig", token, name)
             self.replicas[name] = Replica(name, kc, settings, rules)
             self._start_replica(self.replicas[name])
-        # some load first, then faults and chaos
+        # the never-evict workloads first (old enough by the time rooms are made), some load,
+        # then faults and chaos
+        self._never_setup()
+        self._keep_never()
         while self._used() < 8 * self.nodes * 0.75:
             self._arrive()
         self.proxy.enabled = True
@@ -294,6 +386,7 @@ class Soak:
             threading.Thread(target=self._guard(self._workload_loop), daemon=True),
             threading.Thread(target=self._guard(self._chaos_loop), daemon=True),
             threading.Thread(target=self._guard(self._observe_loop), daemon=True),
+            threading.Thread(target=self._guard(self._keeper_loop), daemon=True),
         ]
         for t in threads:
             t.start()
@@ -397,7 +490,143 @@ class Soak:
                 self._workload_step()
 
     def _used(self) -> int:
-        return sum(self.deployments.values())
+        return sum(self.deployments.values()) + sum(s["gpus"] for s in self.slots)
+
+    # --- workloads nothing recreates: never to be evicted ---------------------------------
+
+    def _never_setup(self) -> None:
+        """The owners the never-evict pods name: a ConfigMap, and a ReplicaSet of 0 replicas
+        whose selector matches none of them (a non-controlling reference to a ReplicaSet)."""
+        api = self.plane.admin
+        cm = api.post(
+            f"/api/v1/namespaces/{NS}/configmaps",
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": NEVER_OWNER_CM}},
+        )
+        self.owner_uids["ConfigMap"] = cm["metadata"]["uid"]
+        nothing = {"app": f"{NEVER_OWNER_RS}-matches-nothing"}
+        rs = api.post(
+            f"/apis/apps/v1/namespaces/{NS}/replicasets",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {"name": NEVER_OWNER_RS},
+                "spec": {
+                    "replicas": 0,
+                    "selector": {"matchLabels": nothing},
+                    "template": {"metadata": {"labels": nothing}, "spec": c.pod_spec(0)},
+                },
+            },
+        )
+        self.owner_uids["ReplicaSet"] = rs["metadata"]["uid"]
+
+    def _keeper_loop(self) -> None:
+        while not self.stop.is_set():
+            time.sleep(3.0)
+            with contextlib.suppress(requests.RequestException):
+                self._keep_never()
+
+    def _keep_never(self) -> None:
+        """Each slot's workload running: one gone (evicted, deleted with its node, its Job
+        failed) is replaced under a new name."""
+        api = self.plane.admin
+        live = {
+            p["metadata"]["name"]: p
+            for p in c.pods(api, NS, NEVER)
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        jobs = {
+            j["metadata"]["name"]: j
+            for j in api.get(f"/apis/batch/v1/namespaces/{NS}/jobs")["items"]
+        }
+        bare = next((s for s in self.slots if s["kind"] == "bare"), None)
+        for slot in self.slots:
+            kind, name = slot["kind"], slot["name"]
+            if kind == "job-backoff0":
+                job = jobs.get(name)
+                finished = job is not None and any(
+                    cond.get("type") in ("Failed", "Complete") and cond.get("status") == "True"
+                    for cond in job.get("status", {}).get("conditions", [])
+                )
+                if job is not None and not finished:
+                    continue
+            elif name in live:
+                continue
+            owners: list[dict[str, Any]] = []
+            if kind == "pod-owned":
+                owner = live.get(bare["name"]) if bare else None
+                if owner is None:
+                    continue  # next time, once the bare pod runs again
+                owners = [{"apiVersion": "v1", "kind": "Pod", "name": owner["metadata"]["name"],
+                           "uid": owner["metadata"]["uid"], "controller": True}]  # fmt: skip
+            elif kind == "configmap-owned":
+                owners = [{"apiVersion": "v1", "kind": "ConfigMap", "name": NEVER_OWNER_CM,
+                           "uid": self.owner_uids["ConfigMap"], "controller": True}]  # fmt: skip
+            elif kind == "ref-only":
+                owners = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": NEVER_OWNER_RS,
+                           "uid": self.owner_uids["ReplicaSet"]}]  # fmt: skip
+            self.serial += 1
+            slot["name"] = f"nx-{kind}-{self.serial}"
+            self._never_place(slot)
+            self._never_create(kind, slot["name"], slot["gpus"], owners, slot["node"])
+            self.never_created[kind] += 1
+            if kind == "bare":
+                live[slot["name"]] = api.get(f"/api/v1/namespaces/{NS}/pods/{slot['name']}")
+
+    def _never_place(self, slot: dict[str, Any]) -> None:
+        """Two slots a node, on NEVER_NODES nodes: left alone, the binpacking scheduler puts
+        them all on one node, which no room would choose; here each shares its node with the
+        Deployments, so a room there is as cheap as anywhere (before the others' pods count),
+        and most nodes stay free of them, so rooms can still be made once they are unmovable.
+        A slot whose node is gone moves to the live node with the fewest slots."""
+        nodes = list(self.node_names)
+        if slot["node"] in nodes or not nodes:
+            return
+        held = Counter(s["node"] for s in self.slots if s["node"] in nodes)
+        spread = nodes[:NEVER_NODES] if len(held) < NEVER_NODES else sorted(held)
+        slot["node"] = min(spread, key=lambda n: (held[n], nodes.index(n)))
+
+    def _never_create(
+        self, kind: str, name: str, gpus: int, owners: list[dict[str, Any]], node: str
+    ) -> None:
+        labels = {"app": name, NEVER: kind}
+        spec = c.pod_spec(gpus)
+        if node:  # the scheduler still places it (GPUs counted), on that node only
+            term = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+            spec["affinity"] = {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [term]}]
+                    }
+                }
+            }
+        api = self.plane.admin
+        if kind == "job-backoff0":
+            self.job_backoff[name] = 0
+            api.post(
+                f"/apis/batch/v1/namespaces/{NS}/jobs",
+                {
+                    "apiVersion": "batch/v1",
+                    "kind": "Job",
+                    "metadata": {"name": name, "labels": labels},
+                    "spec": {
+                        "backoffLimit": 0,
+                        "completions": 1,
+                        "parallelism": 1,
+                        "template": {
+                            "metadata": {"labels": labels},
+                            "spec": {**spec, "restartPolicy": "Never"},
+                        },
+                    },
+                },
+            )
+            return
+        meta: dict[str, Any] = {"name": name, "labels": labels}
+        if owners:
+            meta["ownerReferences"] = owners
+        api.post(
+            f"/api/v1/namespaces/{NS}/pods",
+            {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec},
+        )
 
     def _workload_step(self) -> None:
         if not self.chaos_on.is_set():  # draining: nothing new arrives, running jobs complete
@@ -568,7 +797,8 @@ class Soak:
     def _delete_pod(self) -> bool:
         # Prefer the pods a plan is about to move: those on a node being drained or a node
         # the planner would free, else any.
-        pods = self._running_pods()
+        # (not the never-evict pods: what counts is whether defrag evicts them)
+        pods = [p for p in self._running_pods() if NEVER not in p["metadata"].get("labels", {})]
         if not pods:
             return False
         draining = set(self._marked_nodes())
@@ -606,6 +836,10 @@ class Soak:
         # its pods would be gone with their kubelet: delete them, as the pod GC would
         for pod in c.pods(self.plane.admin, NS):
             if pod["spec"].get("nodeName") == node:
+                labels = pod["metadata"].get("labels", {})
+                if NEVER in labels:  # its Job fails by the harness's hand, not defrag's
+                    self.harness_deleted.add(pod["metadata"]["name"])
+                    self.harness_deleted.add(labels.get("job-name", ""))
                 self.plane.admin.delete(
                     f"/api/v1/namespaces/{NS}/pods/{pod['metadata']['name']}",
                     {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
@@ -670,6 +904,12 @@ class Soak:
         for pod in c.pods(api, NS):
             name = pod["metadata"]["name"]
             self.pod_labels.setdefault(name, pod["metadata"].get("labels", {}))
+            if pod["spec"].get("nodeName"):
+                self.pod_node[name] = pod["spec"]["nodeName"]
+            if name not in self.pod_owner:
+                refs = pod["metadata"].get("ownerReferences", [])
+                ctl = next((r for r in refs if r.get("controller")), None)
+                self.pod_owner[name] = (ctl["kind"], ctl["name"]) if ctl else None
             app = pod["metadata"].get("labels", {}).get("app", "")
             if app.startswith("job-"):
                 bound = bool(pod["spec"].get("nodeName"))
@@ -785,13 +1025,20 @@ class Soak:
         refired = self._refires()
         # 6. tracebacks in any log
         tracebacks = []
-        for log in sorted(self.plane.folder.glob("*.log")):
-            text = log.read_text(errors="replace")
+        for path in sorted(self.plane.folder.glob("*.log")):
+            text = path.read_text(errors="replace")
             if "Traceback" in text:
-                tracebacks.append(log.name)
+                tracebacks.append(path.name)
         # 7. faults visible
         visibility = self._visibility()
-        # 8. RSS
+        # 8. evictions of pods nothing recreates, and the soak's Jobs failed for it
+        not_returning, unseen = self._not_returning(ok)
+        jobs_failed = self._jobs_backoff_exceeded()
+        # 9. a second room for a pod while its first stands or still empties
+        rooms, second, excused = self._second_rooms(events, ok)
+        # 10. more evictions in one window opening (or out-of-window day) than its budget
+        budget = self._budget(ok)
+        # 11. RSS
         rss = {name: rss_figures(r.rss) for name, r in self.replicas.items()}
         cycles_by = {
             name: int(sum(metric_sum(s, "defrag_cycles_total") for s in r.scrapes.values()))
@@ -810,13 +1057,23 @@ class Soak:
             "alerts_refired": len(refired),
             "tracebacks": len(tracebacks),
             "faults_not_visible": sum(1 for v in visibility.values() if not v["visible"]),
+            "evictions_not_returning": len(not_returning),
+            "jobs_backoff_exceeded": len(jobs_failed),
+            "second_rooms": len(second),
+            "budget_overruns": budget["overruns"],
         }
         return {
             "seed": self.seed,
             "cycles": sum(cycles_by.values()),
             "cycles_by_replica": cycles_by,
             "leader_cycles": leader_cycles,
+            "leader_cycles_by_replica": {
+                name: self._log_count(name, "cycle (leader") for name in REPLICAS
+            },
             "evictions_201": len(ok),
+            "never_evict_created": dict(sorted(self.never_created.items())),
+            "rooms": rooms,
+            "budget": {k: v for k, v in budget.items() if k != "overrun_keys"},
             "eviction_codes": {str(k): v for k, v in sorted(codes.items())},
             "faults": dict(sorted(self.proxy.counts.items())),
             "faults_by_caller": {
@@ -837,6 +1094,12 @@ class Soak:
                 "alerts_refired": refired[:20],
                 "tracebacks": tracebacks,
                 "fault_visibility": visibility,
+                "evictions_not_returning": not_returning[:20],
+                "evicted_pods_unseen": unseen[:20],
+                "jobs_backoff_exceeded": jobs_failed[:20],
+                "second_rooms": second[:20],
+                "second_rooms_excused": excused[:20],
+                "budget_overruns": budget["overrun_keys"],
                 "kills": self.kills,
             },
             "fault_log": [
@@ -848,6 +1111,184 @@ class Soak:
             "notifications": len(self.receiver.notifications),
             "notes": self.notes[:20],
         }  # fmt: skip
+
+    def _not_returning(self, ok: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
+        """Each 201 eviction whose pod has no controlling owner that recreates it: a
+        ReplicaSet, StatefulSet or ReplicationController, or a Job with retries left (the
+        soak's Jobs have none). Pods the harness never saw are listed apart."""
+        out, unseen = [], []
+        for e in ok:
+            name = e["objectRef"]["name"]
+            if name not in self.pod_owner:
+                unseen.append(f"{name} at {e['stageTimestamp']}")
+                continue
+            owner = self.pod_owner[name]
+            kind = self.pod_labels.get(name, {}).get(NEVER)
+            returns = (
+                kind is None
+                and owner is not None
+                and (
+                    owner[0] in RECREATING
+                    or (owner[0] == "Job" and self.job_backoff.get(owner[1], 1) > 0)
+                )
+            )
+            if not returns:
+                what = kind or (f"{owner[0]}/{owner[1]}" if owner else "no controller")
+                out.append(
+                    f"{name} ({what}) by {e['user']['username'].rsplit(':', 1)[-1]} "
+                    f"at {e['stageTimestamp']}"
+                )
+        return out, unseen
+
+    def _jobs_backoff_exceeded(self) -> list[str]:
+        """The soak's Jobs failed with BackoffLimitExceeded, but for those whose pod the
+        harness deleted with its node."""
+        out = []
+        for job in self.plane.admin.get(f"/apis/batch/v1/namespaces/{NS}/jobs")["items"]:
+            name = job["metadata"]["name"]
+            for cond in job.get("status", {}).get("conditions", []):
+                if (
+                    cond.get("type") == "Failed"
+                    and cond.get("status") == "True"
+                    and cond.get("reason") == "BackoffLimitExceeded"
+                    and name not in self.harness_deleted
+                ):
+                    out.append(f"{name} failed at {cond.get('lastTransitionTime')}")
+        return out
+
+    def _second_rooms(
+        self, events: list[dict[str, Any]], ok: list[dict[str, Any]]
+    ) -> tuple[int, list[str], list[str]]:
+        """Replays every node's ``defrag.io/reserved-for`` from the audit log's node writes
+        (their resulting Node, logged at RequestResponse) and deletions, into rooms: (node,
+        pod, reserved from, released at). A second room is a room for a pod opened on another
+        node while a first room for it stands, or while a pod evicted from the first room's
+        node after it was reserved (and before the second) is still Terminating (its final
+        deletion in the audit log is later). Make-room reservations only (not ``owner:``
+        seats). Pairs whose first room's node was cordoned then are listed apart (excused)."""
+        writes: list[tuple[float, int, str, dict[str, Any] | None]] = []
+        for e in events:
+            ref = e.get("objectRef", {})
+            if ref.get("resource") != "nodes" or ref.get("subresource"):
+                continue
+            code = e["responseStatus"]["code"]
+            t = stamp(e["stageTimestamp"])
+            if e["verb"] == "delete" and code == 200:
+                writes.append((t, 0, ref.get("name", ""), None))
+            elif e["verb"] in ("create", "update", "patch") and code in (200, 201):
+                node = e.get("responseObject")
+                if isinstance(node, dict) and node.get("kind") == "Node":
+                    rv = int(node["metadata"].get("resourceVersion", 0))
+                    writes.append((t, rv, node["metadata"]["name"], node))
+        writes.sort(key=lambda w: (w[0], w[1]))
+        holding: dict[str, set[str]] = defaultdict(set)  # node → pods it is reserved for
+        cordoned: dict[str, list[tuple[float, bool]]] = defaultdict(list)
+        opened: dict[tuple[str, str], float] = {}
+        rooms: list[tuple[str, str, float, float]] = []  # node, pod, from, released
+        last_rv: dict[str, int] = {}
+        for t, rv, name, node in writes:
+            if node is not None and rv and rv < last_rv.get(name, 0):
+                continue  # an older state logged after a newer one
+            if node is not None:
+                last_rv[name] = rv
+            now: set[str] = set()
+            if node is not None:
+                value = node["metadata"].get("annotations", {}).get(RESERVED, "")
+                now = {h.strip() for h in value.split(",") if h.strip()}
+                now = {h for h in now if not h.startswith("owner:")}
+                cordoned[name].append((t, bool(node["spec"].get("unschedulable"))))
+            for pod in holding[name] - now:
+                rooms.append((name, pod, opened.pop((name, pod)), t))
+            for pod in now - holding[name]:
+                opened[(name, pod)] = t
+            holding[name] = now
+        rooms += [(name, pod, t, float("inf")) for (name, pod), t in opened.items()]
+        gone: dict[str, float] = {}
+        for e in events:
+            ref = e.get("objectRef", {})
+            if (
+                ref.get("resource") == "pods"
+                and not ref.get("subresource")
+                and e["verb"] == "delete"
+                and e["responseStatus"]["code"] == 200
+            ):
+                gone[ref.get("name", "")] = max(
+                    gone.get(ref.get("name", ""), 0.0), stamp(e["stageTimestamp"])
+                )
+        evicted = [
+            (stamp(e["requestReceivedTimestamp"]), e["objectRef"]["name"])
+            for e in ok
+            if e["objectRef"]["name"] in self.pod_node
+        ]
+        by_pod: dict[str, list[tuple[str, str, float, float]]] = defaultdict(list)
+        for room in sorted(rooms, key=lambda r: r[2]):
+            by_pod[room[1]].append(room)
+        second: list[str] = []
+        excused: list[str] = []
+        for pod, its in by_pod.items():
+            for i, (node2, _, t2, _) in enumerate(its):
+                for node1, _, t1, end1 in its[:i]:
+                    if node1 == node2:
+                        continue
+                    emptying = [
+                        name
+                        for te, name in evicted
+                        if self.pod_node[name] == node1
+                        and t1 - 1 <= te <= min(end1, t2)
+                        and gone.get(name, float("inf")) > t2
+                    ]
+                    if end1 <= t2 and not emptying:
+                        continue
+                    why = (
+                        "first room stands"
+                        if end1 > t2
+                        else (f"first room's {', '.join(emptying)} still Terminating")
+                    )
+                    line = (
+                        f"{pod}: {node2} reserved at {iso(t2)} while {node1} (reserved at "
+                        f"{iso(t1)}): {why}"
+                    )
+                    states = [u for tc, u in cordoned[node1] if tc <= t2]
+                    (excused if states and states[-1] else second).append(line)
+        return len(rooms), second, excused
+
+    def _budget(self, ok: list[dict[str, Any]]) -> dict[str, Any]:
+        """201 evictions per budget key against ``max_evictions_per_window``. A cycle takes
+        its key (the window opening, or outside the windows the UTC day) when it starts, and
+        may still evict ``WINDOW_LEEWAY_S`` later: each eviction may be charged to any key a
+        cycle start in [t - leeway, t] had. Overruns: the fewest evictions past a key's limit
+        over every such charging (a flow), so a figure above 0 is an overrun whichever cycle
+        sent which eviction."""
+        cands: list[set[str]] = []
+        naive: Counter[str] = Counter()
+        for e in ok:
+            t = stamp(e["requestReceivedTimestamp"])
+            keys = {budget_key(t - d) for d in range(int(WINDOW_LEEWAY_S) + 1)}
+            cands.append(keys | {budget_key(t)})
+            naive[budget_key(t)] += 1
+        charged = charge(cands, WINDOW_BUDGET)
+        over = {k: n for k, n in naive.items() if n > WINDOW_BUDGET}
+        return {
+            "limit": WINDOW_BUDGET,
+            "windows": f"{WINDOW_CRON!r} for {WINDOW_LENGTH_S} s, UTC",
+            "evictions_by_key": dict(sorted(naive.items())),
+            "keys_at_limit": sum(1 for n in naive.values() if n >= WINDOW_BUDGET),
+            "refusals": self._budget_refusals(),
+            "overruns": len(ok) - charged,
+            "over_at_eviction_time": sum(n - WINDOW_BUDGET for n in over.values()),
+            "overrun_keys": over,
+        }
+
+    def _budget_refusals(self) -> int:
+        """Evictions the executor refused for a window's budget (its DefragSkipped Events)."""
+        with contextlib.suppress(requests.RequestException):
+            items = self.plane.admin.get(f"/api/v1/namespaces/{NS}/events")["items"]
+            return sum(
+                int(ev.get("count") or 1)
+                for ev in items
+                if ev.get("reason") == "DefragSkipped" and "window budget" in ev.get("message", "")
+            )
+        return -1
 
     def _log_lines(self, replica: str) -> list[dict[str, Any]]:
         path = self.plane.folder / f"daemon-{replica}.log"
@@ -892,15 +1333,15 @@ class Soak:
         for t, status, labels in self.received:
             seen[tuple(sorted(labels.items()))].append((t, status))
         out = []
-        for labels, history in seen.items():
-            name = dict(labels).get("alertname", "")
+        for key, history in seen.items():
+            name = dict(key).get("alertname", "")
             kind = kind_of.get(name, name)
             for (t1, a), (t2, b) in itertools.pairwise(history):
                 if a != "resolved" or b != "firing":
                     continue
                 cleared = any(t1 - 3 <= t <= t2 and kind not in kinds for t, kinds in cycles)
                 if not cleared:
-                    out.append(f"{json.dumps(dict(labels))} resolved at {t1:.1f}, fired {t2:.1f}")
+                    out.append(f"{json.dumps(dict(key))} resolved at {t1:.1f}, fired {t2:.1f}")
         return out
 
     def _visibility(self) -> dict[str, dict[str, Any]]:
@@ -990,6 +1431,43 @@ def second_service_account(plane: ControlPlane, name: str) -> None:
             })  # fmt: skip
 
 
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds")
+
+
+def budget_key(t: float) -> str:
+    """The budget key of a cycle started at ``t`` (epoch seconds): the window opening that
+    holds it (``WINDOW_CRON`` fires every ``WINDOW_PERIOD_S`` from the epoch, UTC), or outside
+    the windows the UTC day — as defrag/execute/windows.py and URGENT_BUDGET_KEY name them."""
+    start = t - t % WINDOW_PERIOD_S
+    if t - start < WINDOW_LENGTH_S:
+        return datetime.fromtimestamp(start, UTC).isoformat()
+    return URGENT_KEY.format(day=datetime.fromtimestamp(t, UTC).date().isoformat())
+
+
+def charge(cands: list[set[str]], limit: int) -> int:
+    """The most items that can each be charged to one of their candidate keys with no key
+    charged more than ``limit`` (augmenting paths: a bipartite b-matching)."""
+    held: dict[str, list[int]] = defaultdict(list)
+
+    def place(i: int, seen: set[str]) -> bool:
+        for key in sorted(cands[i]):
+            if key in seen:
+                continue
+            seen.add(key)
+            if len(held[key]) < limit:
+                held[key].append(i)
+                return True
+            for j in list(held[key]):
+                if place(j, seen):
+                    held[key].remove(j)
+                    held[key].append(i)
+                    return True
+        return False
+
+    return sum(1 for i in range(len(cands)) if place(i, set()))
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for line in text.splitlines():
@@ -1061,6 +1539,13 @@ def table(report: dict[str, Any]) -> str:
             ("cycle p50 / p99 (s, bucket bound)",
              f"{report['cycle_p50_s_le']} / {report['cycle_p99_s_le']}"),
             ("wall (s)", report.get("wall_s"))]  # fmt: skip
+    budget = report["budget"]
+    rows += [("leader cycles by replica", report["leader_cycles_by_replica"]),
+             ("never-evict workloads created", report["never_evict_created"]),
+             ("rooms (make-room reservations)", report["rooms"]),
+             (f"evictions per budget key (limit {budget['limit']})", budget["evictions_by_key"]),
+             ("budget keys at the limit / refusals",
+              f"{budget['keys_at_limit']} / {budget['refusals']}")]  # fmt: skip
     rows += [(f"fault {k}", v) for k, v in report["faults"].items()]
     rows += [(f"chaos {k}", v) for k, v in report["chaos"].items()]
     rows += [(f"INVARIANT {k}", v) for k, v in report["violations"].items()]

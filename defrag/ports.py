@@ -13,6 +13,7 @@ from typing import Protocol, runtime_checkable
 
 from defrag.detect.findings import Finding
 from defrag.model.cluster import Cluster
+from defrag.model.status import Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +136,32 @@ class Actuator(Protocol):
     def event(
         self, kind: str, namespace: str, name: str, reason: str, message: str, warning: bool = False
     ) -> None: ...
+
+
+class SpendUnreadable(RuntimeError):
+    """The recorded window spend could not be told: the record could not be read (``malformed``
+    False: try again later) or holds something that is not a spend (``malformed`` True).
+    ``window``: the window key it names, when that much could be read."""
+
+    def __init__(self, message: str, *, malformed: bool = False, window: str | None = None):
+        super().__init__(message)
+        self.malformed = malformed
+        self.window = window
+
+
+@runtime_checkable
+class SpendRecord(Protocol):
+    """Where the eviction budget's spend of the current window outlives the process: the
+    leader's Lease (the Kubernetes adapter's LeaseElector), or memory (one process, tests).
+
+    ``load`` returns what was last saved (the executor's ``BudgetLedger.to_dict()``), None when
+    nothing was, or raises :class:`SpendUnreadable`. ``save`` records it before the evictions
+    it counts go out, and only while this replica leads: a failure (not the holder, the API
+    refused) says why, and those evictions are refused."""
+
+    def load(self) -> dict[str, object] | None: ...
+
+    def save(self, spend: Mapping[str, object]) -> Status: ...
 
 
 class AlertSink(Protocol):

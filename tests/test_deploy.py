@@ -93,6 +93,12 @@ EXPECTED = {
     ("NetworkPolicy", "defrag-agent-egress"),
     ("ValidatingAdmissionPolicy", "defrag-agent-own-node"),
     ("ValidatingAdmissionPolicyBinding", "defrag-agent-own-node"),
+    ("ValidatingAdmissionPolicy", "defrag-daemon-pod-writes"),
+    ("ValidatingAdmissionPolicyBinding", "defrag-daemon-pod-writes"),
+    ("ValidatingAdmissionPolicy", "defrag-daemon-node-writes"),
+    ("ValidatingAdmissionPolicyBinding", "defrag-daemon-node-writes"),
+    ("ValidatingAdmissionPolicy", "defrag-own-lease"),
+    ("ValidatingAdmissionPolicyBinding", "defrag-own-lease"),
 }
 
 
@@ -116,6 +122,10 @@ def test_overlay_renders_every_object(rendered: dict[str, list[Obj]], overlay: s
             reader = o["metadata"]["name"].endswith("-extension-apiserver-authentication-reader")
             want = "kube-system" if o["kind"] == "RoleBinding" and reader else "defrag-system"
             assert o["metadata"]["namespace"] == want, o["kind"]
+        else:
+            # kustomize's `namespace:` would give the admission policies one (it does not know
+            # they are cluster-scoped); deploy/base/kustomization.yaml takes it off again.
+            assert "namespace" not in o["metadata"], (o["kind"], o["metadata"]["name"])
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

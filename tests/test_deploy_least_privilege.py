@@ -129,6 +129,7 @@ def _changed(path: list[str], value: Any) -> Obj:
 OWN = "the defrag agent may change only the node it runs on"
 ONLY_NVLINK = "the defrag agent may change only the defrag.io/nvlink-domains annotation"
 NO_SPEC = "the defrag agent may not change a node's labels, taints or spec"
+NO_OWNERS = "the defrag agent may not change a node's ownerReferences or finalizers"
 
 CASES = [
     # (what, request, new object, old object, expected denial or None)
@@ -210,6 +211,23 @@ CASES = [
         NO_SPEC,
     ),
     ("cordoned", _request(), _changed(["spec", "unschedulable"], True), OLD, NO_SPEC),
+    (
+        "a finalizer added (it holds the Node's deletion)",
+        _request(),
+        _changed(["metadata", "finalizers"], ["example.com/hold"]),
+        OLD,
+        NO_OWNERS,
+    ),
+    (
+        "a controlling ownerReference to an owner that does not exist (the GC deletes the Node)",
+        _request(),
+        _changed(
+            ["metadata", "ownerReferences"],
+            [{"apiVersion": "v1", "kind": "Node", "name": "ghost", "uid": "0", "controller": True}],
+        ),
+        OLD,
+        NO_OWNERS,
+    ),
     (
         "another user: not matched",
         _request(user="system:serviceaccount:defrag-system:defrag"),

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from defrag.adapters.kube import KubeActuator, RetryPolicy
 from defrag.adapters.nvml import NvmlInventory
@@ -92,3 +93,34 @@ def test_agent_role_is_exactly_what_publishing_uses(api: KubeApi) -> None:
     Agent(node, NvmlInventory(FakeNvml(two_islands())), actuator).sync_once()
     role = component_role("defrag-agent", "defrag-agent", only_binding=True)
     assert used(api) == role == {("", "nodes", "patch")}
+
+
+def test_each_lease_role_names_the_lease_its_account_elects_on() -> None:
+    """The daemon's and the second scheduler's Roles read and renew one Lease by name only (no
+    other Lease can be read or taken over; creating cannot be limited by name, the admission
+    policy defrag-own-lease does that): the names are the daemon's ``lease_name`` and the
+    scheduler's ``leaderElection.resourceName``, and each is its account's name, as the policy
+    assumes."""
+    docs = render(ROOT / "deploy" / "overlays" / "enforce")
+    settings = yaml.safe_load((ROOT / "deploy" / "base" / "settings.yaml").read_text())
+    config = yaml.safe_load(
+        (ROOT / "deploy" / "components" / "extender" / "kube-scheduler-config.yaml").read_text()
+    )
+    elects = {
+        "defrag-leader-election": settings["lease_name"],
+        "defrag-scheduler-leader-election": config["leaderElection"]["resourceName"],
+    }
+    for role_name, lease in elects.items():
+        (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == role_name]
+        (binding,) = [
+            d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == role_name
+        ]
+        (account,) = [s["name"] for s in binding["subjects"]]
+        assert lease == account, role_name
+        by_verb = {
+            verb: rule.get("resourceNames")
+            for rule in role["rules"]
+            if rule["resources"] == ["leases"]
+            for verb in rule["verbs"]
+        }
+        assert by_verb == {"create": None, "get": [lease], "update": [lease]}, role_name

@@ -173,3 +173,38 @@ def test_after_the_rounds_every_owner_is_read_once_and_the_last_plan_uses_them()
     asked = set().union(*lookup.asked)
     assert asked == {f"default/ReplicaSet/rs{i}" for i in range(1, 6)}
     assert sum(len(a) for a in lookup.asked) == len(asked)  # nobody read twice
+
+
+def test_the_adapter_reads_every_kind_the_core_trusts_and_no_other() -> None:
+    from defrag.adapters.kube_owners import PLURALS
+
+    assert set(PLURALS) == set(RECREATING_KINDS)
+
+
+def test_a_jobs_spec_and_status_as_the_api_server_gives_them() -> None:
+    # batch/v1 Job fields (kubernetes pkg/apis/batch/types.go): backoffLimit defaulted to 6,
+    # podFailurePolicy rules in order, the terminal and terminal-intent conditions.
+    from defrag.adapters.kube_owners import job_facts
+
+    assert job_facts({}, {}) == JobFacts(backoff_limit=6, failed=0)
+    ignore = {
+        "rules": [
+            {
+                "action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+            }
+        ]
+    }
+    assert job_facts({"podFailurePolicy": ignore}, {}).ignores_disruption
+    # an exit-code rule first may match the evicted pod's killed containers before it
+    exit_first = {"rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [137]}},
+        *ignore["rules"],
+    ]}  # fmt: skip
+    assert not job_facts({"podFailurePolicy": exit_first}, {}).ignores_disruption
+    counted = {"rules": [{"action": "Count", "onPodConditions": [{"type": "DisruptionTarget"}]}]}
+    assert not job_facts({"podFailurePolicy": counted}, {}).ignores_disruption
+    failing = {"conditions": [{"type": "FailureTarget", "status": "True"}], "failed": 1}
+    assert job_facts({"backoffLimit": 0}, failing) == JobFacts(0, 1, finished="Failed")
+    assert job_facts({"suspend": True}, {}).suspended
+    assert job_facts({"backoffLimitPerIndex": 2}, {}).backoff_limit_per_index == 2

@@ -17,9 +17,11 @@ from typing import Any
 import pytest
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
+from defrag.adapters.kube_owners import PLURALS, KubeOwnerLookup
 from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.adapters.watched_cluster import WatchedCluster
 from defrag.cli.run import _kube
+from defrag.model.resources import OwnerRef
 from defrag.settings import Settings
 from tests.support.kubeapi import KubeApi, Request, running
 from tests.support.kustomize import render
@@ -113,6 +115,13 @@ def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
     act.event("Node", "", "gpu-01", "DefragDraining", "plan p1")
     act.untaint_node("gpu-01", "defrag.io/draining")
     act.annotate_node("gpu-01", {"defrag.io/plan": None})
+    # The owners of a plan's victims, one of each kind defrag reads (absent here: 404 is an
+    # answer, not a problem).
+    lookup = KubeOwnerLookup(api.client(), retry=FAST)
+    for (group, kind), (version, _) in PLURALS.items():
+        ref = OwnerRef(kind, "absent", True, f"{group}/{version}" if group else version)
+        facts = lookup.read("ml", ref)
+        assert (facts.found, facts.problem) == (False, ""), (kind, facts)
     clock = Clock()
     a = LeaseElector(api.client(), lease_namespace, "defrag", identity="a", clock=clock)
     b = LeaseElector(api.client(), lease_namespace, "defrag", identity="b", clock=clock)

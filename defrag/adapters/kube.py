@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -47,10 +48,12 @@ from defrag.adapters.deadline import (
     watch_pool_manager,
 )
 from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
+from defrag.execute.budgets import spend_window
 from defrag.execute.fence import Tenure
 from defrag.model.cluster import Cluster, ModelError
+from defrag.model.status import Status
 from defrag.model.utc import utc
-from defrag.ports import Clock, EvictionResult
+from defrag.ports import Clock, EvictionResult, SpendUnreadable
 from defrag.redact import redact_url
 
 log = logging.getLogger(__name__)
@@ -62,6 +65,8 @@ CLUSTER_EVENT_NAMESPACE = "default"
 an Event (without ``eventTime``) whose ``involvedObject`` has no namespace."""
 CLUSTER_SCOPED_KINDS = frozenset({"Node"})
 """The cluster-scoped kinds defrag writes Events about."""
+WINDOW_SPEND_ANNOTATION = "defrag.io/window-spend"
+"""On the leader's Lease: the eviction budget spent in the current window (JSON)."""
 
 
 class KubeError(RuntimeError):
@@ -791,6 +796,8 @@ class LeaderStatus:
     leader: bool
     holder: str
     reason: str
+    conflict: bool = False
+    """The write was answered 409 (our read was stale)."""
 
 
 def _micro(t: datetime) -> str:
@@ -815,6 +822,16 @@ class LeaseElector:
     the resourceVersion read, so of two candidates racing only one wins (the other gets 409).
     Expiry is judged on ``renewTime + leaseDurationSeconds`` against this process's clock.
     :meth:`release` (also on leaving a ``with`` block) hands the Lease back at once.
+
+    One process, one owner: the daemon's cycle and its renewal job call in from different
+    threads, and two of our own writes racing on one resourceVersion would make us lose the
+    Lease to ourselves (409). So every read-then-write here runs under one lock, and a 409 is
+    re-read before the hold is given up: a Lease that still names us with our generation was
+    changed by someone else (or our own write landed before its retry), and we renew on it.
+
+    It is also the :class:`~defrag.ports.SpendRecord` of the window's eviction budget: the
+    spend rides on the Lease as :data:`WINDOW_SPEND_ANNOTATION`, written only by the holder,
+    with the resourceVersion read (so a deposed leader's write is refused).
     """
 
     def __init__(
@@ -840,6 +857,8 @@ class LeaseElector:
         """``leaseTransitions`` of our current holding; -1 while we hold none."""
         self._renewed_at: float | None = None
         """``time.monotonic()`` of our last successful create/renew/takeover."""
+        self._lock = threading.RLock()
+        """Held across every read-then-write of the Lease (and the reads the fence makes)."""
 
     def _now(self) -> datetime:
         return self.clock.now() if self.clock is not None else datetime.now(UTC)
@@ -849,18 +868,32 @@ class LeaseElector:
 
     def tick(self) -> LeaderStatus:
         """Acquire, renew or observe the Lease. API failures make us a follower (never raise)."""
-        try:
-            self.last = self._tick()
-            if not self.last.leader:
-                self._renewed_at, self._generation = None, -1
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            self.last = LeaderStatus(False, self.last.holder, f"lease: {_describe(exc)}")
-            log.warning(
-                "leader election on %s/%s failed: %s", self.namespace, self.name, self.last.reason
-            )
-        return self.last
+        with self._lock:
+            try:
+                self.last = self._tick()
+                if self.last.conflict and self._holder(self._read()) == self.identity:
+                    # The Lease changed between our read and our write but still names us
+                    # (another writer touched it, or our own write landed before a retry):
+                    # renew on what is there now rather than give the hold up.
+                    self.last = self._tick(again=False)
+                if not self.last.leader:
+                    self._renewed_at, self._generation = None, -1
+            except (
+                ApiException,
+                urllib3.exceptions.HTTPError,
+                ConnectionError,
+                TimeoutError,
+            ) as exc:
+                self.last = LeaderStatus(False, self.last.holder, f"lease: {_describe(exc)}")
+                log.warning(
+                    "leader election on %s/%s failed: %s",
+                    self.namespace,
+                    self.name,
+                    self.last.reason,
+                )
+            return self.last
 
-    def _tick(self) -> LeaderStatus:
+    def _tick(self, again: bool = True) -> LeaderStatus:
         now = self._now()
         lease = self._read()
         if lease is None:
@@ -880,7 +913,7 @@ class LeaseElector:
                     )
                 ),
                 "created the Lease",
-                LeaderStatus(False, "", "another candidate created the Lease first"),
+                LeaderStatus(False, "", "another candidate created the Lease first", again),
                 0,
             )
         spec = lease.get("spec") or {}
@@ -906,7 +939,7 @@ class LeaseElector:
         return self._write(
             self._replace(body),
             reason,
-            LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)"),
+            LeaderStatus(False, holder, "lost a race for the Lease (409 conflict)", again),
             generation,
         )
 
@@ -952,17 +985,31 @@ class LeaseElector:
         (by this process's monotonic clock; another candidate takes over only after it has
         expired) and the Lease, read now, still names us with our generation. Any doubt (a
         failed read) is a no: the executor stops rather than write without the Lease."""
-        renewed = self._renewed_at
-        if renewed is None or time.monotonic() - renewed >= self.lease_duration_s:
-            return False
-        try:
-            lease = self._read()
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            log.warning("cannot confirm the Lease before a write: %s", _describe(exc))
-            return False
+        with self._lock:  # never between a renewal's read and its write
+            if not self.holds_now():
+                return False
+            try:
+                lease = self._read()
+            except (
+                ApiException,
+                urllib3.exceptions.HTTPError,
+                ConnectionError,
+                TimeoutError,
+            ) as exc:
+                log.warning("cannot confirm the Lease before a write: %s", _describe(exc))
+                return False
+            return self._names_us(lease)
+
+    @staticmethod
+    def _holder(lease: Mapping[str, Any] | None) -> str:
+        return str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+
+    def _names_us(self, lease: Mapping[str, Any] | None) -> bool:
+        """Whether ``lease`` names us as its holder with our generation."""
         spec = (lease or {}).get("spec") or {}
         return (
-            str(spec.get("holderIdentity") or "") == self.identity
+            self._generation >= 0
+            and str(spec.get("holderIdentity") or "") == self.identity
             and int(spec.get("leaseTransitions") or 0) == self._generation
         )
 
@@ -970,14 +1017,16 @@ class LeaseElector:
         """Whether our last renewal is younger than the lease duration, by this process's
         monotonic clock (which runs on while the process is stopped): no request, so it can be
         asked right before a write."""
-        renewed = self._renewed_at
-        return renewed is not None and time.monotonic() - renewed < self.lease_duration_s
+        with self._lock:
+            renewed = self._renewed_at
+            return renewed is not None and time.monotonic() - renewed < self.lease_duration_s
 
     def holds(self, tenure: Tenure) -> bool:
         """Whether ``tenure`` still holds the Lease unexpired (a reconcile leaves its drains
         alone); True when the Lease cannot be read."""
         try:
-            lease = self._read()
+            with self._lock:
+                lease = self._read()
         except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError):
             return True
         spec = (lease or {}).get("spec") or {}
@@ -1021,6 +1070,10 @@ class LeaseElector:
 
     def release(self) -> None:
         """Give the Lease up if we hold it (holder cleared, as client-go's ReleaseOnCancel)."""
+        with self._lock:
+            self._release()
+
+    def _release(self) -> None:
         try:
             lease = self._read()
             if lease is None or (lease.get("spec") or {}).get("holderIdentity") != self.identity:
@@ -1038,6 +1091,65 @@ class LeaseElector:
             log.warning(
                 "cannot release the Lease %s/%s: %s", self.namespace, self.name, _describe(exc)
             )
+
+    # --- the window's spend (defrag.ports.SpendRecord) -------------------------------------
+
+    def load(self) -> dict[str, object] | None:
+        """The spend recorded on the Lease (None when there is none); SpendUnreadable when the
+        Lease cannot be read or the annotation is not a spend."""
+        where = f"annotation {WINDOW_SPEND_ANNOTATION} on Lease {self.namespace}/{self.name}"
+        try:
+            with self._lock:
+                lease = self._read()
+        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            raise SpendUnreadable(f"cannot read the {where}: {_describe(exc)}") from None
+        annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
+        raw = annotations.get(WINDOW_SPEND_ANNOTATION)
+        if raw is None:
+            return None
+        try:
+            data = jsonio.loads(raw)
+        except ValueError as exc:
+            raise SpendUnreadable(f"{where} is not JSON: {exc}", malformed=True) from None
+        if not isinstance(data, dict):
+            raise SpendUnreadable(f"{where} is not a JSON object", malformed=True)
+        try:
+            spend_window(data)
+        except ValueError as exc:
+            window = data.get("window")
+            raise SpendUnreadable(
+                f"{where} is malformed: {exc}",
+                malformed=True,
+                window=window if isinstance(window, str) else None,
+            ) from None
+        return data
+
+    def save(self, spend: Mapping[str, object]) -> Status:
+        """Write ``spend`` on the Lease, only while we hold it: with the resourceVersion read
+        (a 409 is read again once), the spec untouched. Never raises."""
+        text = json.dumps(dict(spend), sort_keys=True, separators=(",", ":"))
+        with self._lock:
+            for attempt in (1, 2):
+                if not self.holds_now():
+                    return Status.fail("this replica does not hold the Lease")
+                try:
+                    lease = self._read()
+                    if lease is None or not self._names_us(lease):
+                        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+                        return Status.fail(f"the Lease is held by {holder or 'nobody'}, not us")
+                    metadata = dict(lease.get("metadata") or {})
+                    annotations = dict(metadata.get("annotations") or {})
+                    annotations[WINDOW_SPEND_ANNOTATION] = text
+                    body = {**lease, "metadata": {**metadata, "annotations": annotations}}
+                    self.call(self._replace(body))
+                    return Status.success()
+                except ApiException as exc:
+                    if exc.status == 409 and attempt == 1:
+                        continue  # changed since our read: read it again, then decide
+                    return Status.fail(f"the Lease was not written: {_describe(exc)}")
+                except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+                    return Status.fail(f"the Lease was not written: {_describe(exc)}")
+        return Status.fail("the Lease was not written")  # pragma: no cover (loop returns)
 
     def __enter__(self) -> LeaseElector:
         return self

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
     from defrag.model.cluster import Cluster
     from defrag.plan.config import PlannerConfig
     from defrag.plan.model import Plan
+    from defrag.plan.planner import OwnerLookup
     from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
     from defrag.scoring.profile import ScoringProfile
     from defrag.settings import Settings, WindowSetting
@@ -70,6 +71,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
     from defrag.daemon.service import AlwaysLeader, Daemon
     from defrag.daemon.unmodelled import UnmodelledReporter
     from defrag.execute.executor import Executor, ExecutorSettings
+    from defrag.ports import SpendRecord
     from defrag.rules import RulesError, load_rules, rules_paths
     from defrag.settings import SettingsError
 
@@ -83,6 +85,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
 
     sim = None
     metrics: MetricsSource | None = None
+    owners: OwnerLookup | None = None  # the simulated cluster's owners recreate what they own
     elector: Elector = AlwaysLeader()
     clock: Clock = SystemClock()
     time_scale = 1.0
@@ -99,6 +102,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
             source = _watched(settings, backend.api)
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
+        owners = _owner_lookup(backend.api)
 
     planner_config = settings.planner_config()
     executor = Executor(
@@ -117,12 +121,14 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         mode=settings.run_mode,  # dry run is decided here, once: the executor owns it
         sleep=sleep,
         time_left=lambda: _cycle_time_left(time_scale),
+        # the window's spend rides on the Lease, so a restart or a new leader resumes it
+        spend=elector if isinstance(elector, SpendRecord) else None,
     )
     ports = CyclePorts(
         source=source,
         clock=clock,
         detector=_detector(rules, metrics),
-        planner=_planner(planner_config),
+        planner=_planner(planner_config, owners),
         executor=executor,
         unmodelled=UnmodelledReporter(actuator, settings.run_mode),
         alerts=_alerts(settings),
@@ -275,13 +281,24 @@ def _detector(rules: Any, metrics: MetricsSource | None) -> Any:
     return detect
 
 
-def _planner(config: Settings | PlannerConfig) -> Planner:
+def _owner_lookup(api: Any) -> OwnerLookup | None:
+    """Victims' owners read from the API server (None without one: kinds alone decide)."""
+    if api is None:
+        return None
+    from defrag.adapters.kube_owners import KubeOwnerLookup
+
+    return KubeOwnerLookup(api)
+
+
+def _planner(config: Settings | PlannerConfig, owners: OwnerLookup | None = None) -> Planner:
     """The cycle's planner port: :func:`~defrag.plan.planner.make_plan` with the one
     :class:`~defrag.plan.config.PlannerConfig` the settings build (``defrag plan --settings``
-    plans with the same), making room only for the pods the cycle names."""
+    plans with the same), making room only for the pods the cycle names. With ``owners``,
+    every victim's controlling owner is read first (:func:`~defrag.plan.planner.plan_with_owners`):
+    only a pod its controller will recreate is evicted."""
     from dataclasses import replace
 
-    from defrag.plan.planner import make_plan
+    from defrag.plan.planner import make_plan, plan_with_owners
     from defrag.settings import Settings
 
     if isinstance(config, Settings):
@@ -297,6 +314,16 @@ def _planner(config: Settings | PlannerConfig) -> Planner:
         pods: frozenset[str] | None = None,
     ) -> Plan:
         options = replace(planner_config.options, only=pods)
+        if owners is not None:
+            return plan_with_owners(
+                cluster,
+                owners,
+                goal,
+                profile=profile,
+                config=planner_config,
+                options=options,
+                now=now,
+            )
         return make_plan(
             cluster, goal, profile=profile, config=planner_config, options=options, now=now
         )

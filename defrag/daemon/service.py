@@ -50,7 +50,11 @@ log = logging.getLogger(__name__)
 
 
 class Elector(Protocol):
-    """Leader election (the Kubernetes adapter's LeaseElector, or always-leader)."""
+    """Leader election (the Kubernetes adapter's LeaseElector, or always-leader).
+
+    Called from two threads at once — the cycle's leader check (and the executor's fence) and
+    the renewal job (:meth:`Daemon._tick_elector`) — so an implementation serialises its own
+    reads and writes: a replica racing itself on the Lease would lose it to itself."""
 
     def is_leader(self) -> bool: ...
 

@@ -3,16 +3,24 @@
 The limits are the planner's :class:`~defrag.plan.config.EvictionBudget` (one value, built
 from the settings with the rest of the planner's configuration): the planner plans within
 it, and this ledger enforces it again across every plan of one window opening.
+
+The spend outlives the process through a :class:`~defrag.ports.SpendRecord` (the leader's
+Lease): :class:`SpendBook` recovers it before admitting anything and records it before the
+evictions it counts go out (write-ahead: a crash in between over-counts, never under-counts).
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from defrag.model.status import Status
 from defrag.plan.config import EvictionBudget
+from defrag.ports import SpendRecord, SpendUnreadable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -34,6 +42,38 @@ class BudgetLedger:
     def copy(self) -> BudgetLedger:
         return BudgetLedger(
             self.budgets, self.window, self.total, Counter(self.by_node), Counter(self.by_namespace)
+        )
+
+    def to_dict(self) -> dict[str, object]:
+        """The spend, without the limits (those come from the settings of whoever reads it)."""
+        return {
+            "window": self.window,
+            "total": self.total,
+            "by_node": {k: n for k, n in sorted(self.by_node.items()) if n > 0},
+            "by_namespace": {k: n for k, n in sorted(self.by_namespace.items()) if n > 0},
+        }
+
+    @classmethod
+    def from_dict(cls, budgets: EvictionBudget, data: Mapping[str, object]) -> BudgetLedger:
+        """The ledger :meth:`to_dict` wrote, counted against ``budgets``; ValueError when
+        ``data`` is not such a spend."""
+        window = spend_window(data)
+        return cls(
+            budgets,
+            window,
+            _count(data, "total"),
+            Counter(_counts(data, "by_node")),
+            Counter(_counts(data, "by_namespace")),
+        )
+
+    def merged(self, other: BudgetLedger) -> BudgetLedger:
+        """The larger spend of the two, key by key (same window): what either saw spent."""
+        return BudgetLedger(
+            self.budgets,
+            self.window,
+            max(self.total, other.total),
+            self.by_node | other.by_node,  # Counter | Counter: the larger count of each key
+            self.by_namespace | other.by_namespace,
         )
 
     def admit(self, pods: Sequence[tuple[str, str]]) -> Status:
@@ -64,6 +104,116 @@ class BudgetLedger:
             self.total = max(self.total - 1, 0)
             self.by_node[node] = max(self.by_node[node] - 1, 0)
             self.by_namespace[namespace] = max(self.by_namespace[namespace] - 1, 0)
+
+
+def spend_window(data: Mapping[str, object]) -> str:
+    """The window key of a recorded spend, after checking the whole spend has the shape
+    :meth:`BudgetLedger.to_dict` writes; ValueError naming what is wrong."""
+    window = data.get("window")
+    if not isinstance(window, str):
+        raise ValueError("no window key")
+    _count(data, "total")
+    _counts(data, "by_node")
+    _counts(data, "by_namespace")
+    return window
+
+
+def _count(data: Mapping[str, object], key: str) -> int:
+    value = data.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{key} is not a count: {value!r}")
+    return value
+
+
+def _counts(data: Mapping[str, object], key: str) -> dict[str, int]:
+    value = data.get(key, {})
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key} is not a mapping: {value!r}")
+    for name, n in value.items():
+        if not isinstance(name, str) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"{key} has {name!r}: {n!r}, not a name and a count")
+    return dict(value)
+
+
+class InMemorySpend:
+    """A :class:`~defrag.ports.SpendRecord` in this process only: one replica without a Lease,
+    or tests. It outlives no restart (as the ledger alone did)."""
+
+    def __init__(self) -> None:
+        self.saved: dict[str, object] | None = None
+
+    def load(self) -> dict[str, object] | None:
+        return None if self.saved is None else dict(self.saved)
+
+    def save(self, spend: Mapping[str, object]) -> Status:
+        self.saved = dict(spend)
+        return Status.success()
+
+
+@dataclass(slots=True)
+class SpendBook:
+    """The executor's side of the :class:`~defrag.ports.SpendRecord`: recovery and recording.
+
+    Unknown is never read as nothing spent. A record that cannot be read now refuses this
+    execution's evictions (the next cycle reads again). A malformed record refuses evictions
+    in the window it names, or, when it names none, in the window opening this process first
+    found it in; the next window's first recording replaces it."""
+
+    record: SpendRecord = field(default_factory=InMemorySpend)
+    malformed_in: str | None = None
+    """The window key in force when this process first found a malformed record naming none."""
+
+    def recover(self, ledger: BudgetLedger) -> tuple[BudgetLedger, str]:
+        """``ledger`` raised to the recorded spend of its window, and the reason evictions are
+        refused in it ("" when they are not)."""
+        try:
+            data = self.record.load()
+            if data is None:
+                return ledger, ""
+            try:
+                recorded = BudgetLedger.from_dict(ledger.budgets, data)
+            except ValueError as exc:
+                window = data.get("window")
+                raise SpendUnreadable(
+                    f"the recorded window spend is malformed: {exc}",
+                    malformed=True,
+                    window=window if isinstance(window, str) else None,
+                ) from None
+        except SpendUnreadable as exc:
+            if not exc.malformed:
+                return ledger, f"cannot read the window's spend: {exc}"
+            return ledger, self._malformed(ledger.window, exc)
+        self.malformed_in = None
+        if recorded.window != ledger.window:  # another window's: this one starts from nothing
+            return ledger, ""
+        return ledger.merged(recorded), ""
+
+    def save(self, ledger: BudgetLedger) -> Status:
+        """Record ``ledger``'s spend; a failure (never an exception) says why."""
+        try:
+            return self.record.save(ledger.to_dict())
+        except Exception as exc:  # a record that cannot say is a record not written
+            return Status.fail(str(exc) or type(exc).__name__)
+
+    def refund(self, ledger: BudgetLedger, pods: Sequence[tuple[str, str]]) -> None:
+        """:meth:`BudgetLedger.refund`, written back to the record when there was any; a
+        failed write-back only leaves the record over-counting (logged)."""
+        ledger.refund(pods)
+        if not pods:
+            return
+        saved = self.save(ledger)
+        if not saved.ok:
+            log.warning("cannot record the window's refunded spend (it over-counts): %s", saved)
+
+    def _malformed(self, window: str, exc: SpendUnreadable) -> str:
+        if exc.window is not None and exc.window != window:
+            return ""  # another window's spend: this one's first recording replaces it
+        if exc.window is None:
+            if self.malformed_in is None:
+                self.malformed_in = window
+            if self.malformed_in != window:
+                return ""  # found in an earlier window opening: it cannot be this one's
+        return f"the window's recorded spend is unreadable, no eviction in this window: {exc}"
 
 
 def _over(

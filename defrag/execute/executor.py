@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from defrag.detect.findings import Finding
-from defrag.execute.budgets import BudgetLedger
+from defrag.execute.budgets import BudgetLedger, SpendBook
 from defrag.execute.checkpoint import (
     CHECKPOINT_DEADLINE_ANNOTATION,
     CHECKPOINT_REQUESTED_ANNOTATION,
@@ -66,7 +66,7 @@ from defrag.model.resources import (
 )
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
-from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult
+from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult, SpendRecord
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,7 @@ class Executor:
         breaker: CircuitBreaker | None = None,
         fence: Fence | None = None,
         time_left: Callable[[], float | None] | None = None,
+        spend: SpendRecord | None = None,
     ) -> None:
         self.actuator = actuator
         self.time_left = time_left or _no_deadline
@@ -126,6 +127,8 @@ class Executor:
         self.sleep = sleep
         self.breaker = breaker or CircuitBreaker()
         self.ledger = BudgetLedger(self.settings.budgets)
+        self.book = SpendBook(spend) if spend is not None else SpendBook()
+        """Where the window's spend outlives this process (the Lease; None: memory only)."""
         self.stop_requested = threading.Event()
         """Set on SIGTERM: the current node's batch finishes, its taint comes off, nothing more."""
         self._flagged: set[str] = set()
@@ -145,15 +148,33 @@ class Executor:
             return Execution(plan.id, False, window.key, started, self.clock.now(), outcomes)
 
         self.ledger = self.ledger.for_window(window.key)
+        # What an earlier process or leader spent in this window counts too; unknown stops it.
+        self.ledger, unknown = self.book.recover(self.ledger)
+        before = self.ledger.copy()
         run = _Run(plan.id, cluster, cluster, window_end=window.end)
         going = _terminating(cluster, plan.steps)
         run.going.update(going)
         run.uncharged.update(going)
-        admitted, outcomes_list = self._admit(plan.steps, self.ledger, going)
+        admitted: list[Step]
+        if unknown:
+            admitted, outcomes_list = [], [_skipped(s, unknown) for s in plan.steps]
+        else:
+            admitted, outcomes_list = self._admit(plan.steps, self.ledger, going)
         for o in outcomes_list:
             self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
         admitted, refused = self._preflight(admitted, run)
         outcomes_list += refused
+        if self.ledger.to_dict() != before.to_dict():
+            # Write-ahead: recorded before any eviction it counts goes out, or none goes out.
+            saved = self.book.save(self.ledger)
+            if not saved.ok:
+                self.ledger = before
+                why = f"cannot record the window's spend: {saved}"
+                unrecorded = [_skipped(s, why) for s in admitted]
+                for o in unrecorded:
+                    self._event_for(o, "DefragSkipped", f"not evicted: {o.reason}")
+                outcomes_list += unrecorded
+                admitted = []
         try:
             for node, steps in _by_source(admitted).items():
                 if self.stop_requested.is_set():
@@ -173,11 +194,24 @@ class Executor:
                     continue
                 outcomes_list += self._drain(node, steps, run)
             self._await_reservations(run, outcomes_list)
-        finally:  # never leave a reservation behind, whatever ended the run
-            ending = STOPPED if self.stop_requested.is_set() else "the execution ended"
+        finally:  # never leave a reservation behind that serves nothing, whatever ended the run
+            stopping = self.stop_requested.is_set()
+            ending = STOPPED if stopping else "the execution ended"
+            made = {o.pod for o in outcomes_list if o.result in ("evicted", "gone")}
             for res in list(run.reserved.values()):
-                if run.lost:  # not ours to write any more: the new leader's reconcile releases it
+                if run.lost:  # not ours to write any more: the new leader's reconcile decides
                     run.reserved.pop(res.node, None)
+                    continue
+                if (
+                    stopping
+                    and not res.owners  # a seat goes; a room waits for its pod
+                    and all(p in made for p in run.rooms.get(res.node, ()))
+                ):
+                    # The room is made and its pod not yet bound: released now, a restarted
+                    # daemon (or the next leader) would make the pod a second room while this
+                    # one empties. The next leader's reconcile releases it once it has served.
+                    run.reserved.pop(res.node, None)
+                    log.info("kept the reservation of %s for %s across the stop", res.node, res.pod)
                     continue
                 self.release(res, ending, run)
         findings = self._findings(plan, run, outcomes_list)
@@ -539,7 +573,7 @@ class Executor:
         going = {s.pod: run.going[s.pod] for s in batch if s.pod in run.going}
         going.update(_terminating(run.latest, batch))
         late = [s for s in batch if s.pod in going and s.pod not in run.uncharged]
-        self.ledger.refund([(_namespace(s.pod), s.source) for s in late])
+        self.book.refund(self.ledger, [(_namespace(s.pod), s.source) for s in late])
         run.uncharged.update(going)
         run.going.update(going)
         with ThreadPoolExecutor(max_workers=len(batch)) as pool:

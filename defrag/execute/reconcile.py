@@ -162,6 +162,10 @@ class Reconciler:
         its pod: made (no victim of the drain left on the node) and the pod not bound yet
         (within the replacement timeout) — a room a stopped or deposed leader made is kept for
         its pod, so that no second room is made for it while this one empties."""
+        if reservation.owners:
+            # A seat for a move's replacement: the moves of the stopped run that were not made
+            # cannot be told from it, and the scheduler places a replacement without it.
+            return "a seat for replacements is not kept across a restart"
         if not_evicted:
             return f"room not made, not evicted: {', '.join(not_evicted)}"
         timeout = timedelta(seconds=self.executor.settings.replacement_timeout_s)

@@ -37,6 +37,14 @@ NODE_A, NODE_B = "agent-gpu-a", "agent-gpu-b"
 ONLY_ITS_NODE = "the defrag agent may change only the node it runs on"
 ONLY_THE_ANNOTATION = "the defrag agent may change only the defrag.io/nvlink-domains annotation"
 NOT_LABELS = "the defrag agent may not change a node's labels, taints or spec"
+NOT_OWNERS = "the defrag agent may not change a node's ownerReferences or finalizers"
+GHOST_OWNER = {
+    "apiVersion": "v1",
+    "kind": "Node",
+    "name": "ghost",
+    "uid": "00000000-0000-0000-0000-000000000001",
+    "controller": True,
+}
 
 
 def node_path(name: str) -> str:
@@ -122,6 +130,12 @@ CASES = [
     ("label", NODE_A, lambda n: {"metadata": {"labels": {"x": "y"}}}, NOT_LABELS),
     ("taint", NODE_A, _taint, NOT_LABELS),
     ("cordon", NODE_A, lambda n: {"spec": {"unschedulable": True}}, NOT_LABELS),
+    # A finalizer holds the Node's deletion; a controlling owner that does not exist has the
+    # garbage collector delete the Node.
+    ("finalizer", NODE_A, lambda n: {"metadata": {"finalizers": ["example.com/hold"]}},
+     NOT_OWNERS),
+    ("ghost-owner", NODE_A, lambda n: {"metadata": {"ownerReferences": [GHOST_OWNER]}},
+     NOT_OWNERS),
 ]  # fmt: skip
 
 

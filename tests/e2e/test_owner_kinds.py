@@ -123,8 +123,9 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
             }
             (job_pod,) = c.wait_pods(api, NS, "app=job-once", lambda ps: len(ps) == 1, 30)
             placed["job-once"] = job_pod
-            for name, node in zip(NEVER, nodes, strict=True):
+            for name, node in zip(NEVER, nodes[:5], strict=True):
                 c.bind(api, placed[name], node)
+            c.bind(api, launcher, nodes[5])  # no GPU: it only owns of-pod
             c.wait_pods(api, NS, "", c.running(7), 30, what="the stage running")
             plane.start_scheduler(c.scheduler_config(port, True), sched_kc, f"scheduler-{NS}")
             yield {
@@ -152,12 +153,8 @@ def _once(stage: dict[str, Any], **settings: Any) -> dict[str, Any]:
         stage["folder"] / f"settings-{time.monotonic_ns()}.yaml",
         daemon_settings(min_pod_age_s=0, **settings),
     )
-    return dict(
-        c.defrag_json(
-            "run", "--once", "--kubeconfig", str(stage["kubeconfig"]), "--settings", str(path),
-            "--rules", str(stage["rules"]), timeout_s=150,
-        )  # fmt: skip
-    )
+    args = ["run", "--once", "--kubeconfig", str(stage["kubeconfig"]), "--settings", str(path)]
+    return dict(c.defrag_json(*args, "--rules", str(stage["rules"]), timeout_s=150))
 
 
 def test_make_room_evicts_only_what_its_controller_recreates(stage: dict[str, Any]) -> None:

@@ -85,6 +85,7 @@ RESOURCES = {
         ResourceType("statefulsets", "StatefulSet", "apps", "v1", True),
         ResourceType("replicationcontrollers", "ReplicationController", "", "v1", True),
         ResourceType("jobs", "Job", "batch", "v1", True),
+        ResourceType("rayclusters", "RayCluster", "ray.io", "v1", True),
     )
 }
 KIND_TO_RESOURCE = {r.kind: r.resource for r in RESOURCES.values()}
