@@ -140,24 +140,24 @@ class Actuator(Protocol):
 
 class SpendUnreadable(RuntimeError):
     """The recorded window spend could not be told: the record could not be read (``malformed``
-    False: try again later) or holds something that is not a spend (``malformed`` True).
-    ``window``: the window key it names, when that much could be read."""
+    False: try again later) or is not a JSON object (``malformed`` True)."""
 
-    def __init__(self, message: str, *, malformed: bool = False, window: str | None = None):
+    def __init__(self, message: str, *, malformed: bool = False):
         super().__init__(message)
         self.malformed = malformed
-        self.window = window
 
 
 @runtime_checkable
 class SpendRecord(Protocol):
-    """Where the eviction budget's spend of the current window outlives the process: the
-    leader's Lease (the Kubernetes adapter's LeaseElector), or memory (one process, tests).
+    """Where the eviction budget's spend of the window openings still open outlives the
+    process: the leader's Lease (the Kubernetes adapter's LeaseElector), or memory (one
+    process, tests).
 
-    ``load`` returns what was last saved (the executor's ``BudgetLedger.to_dict()``), None when
-    nothing was, or raises :class:`SpendUnreadable`. ``save`` records it before the evictions
-    it counts go out, and only while this replica leads: a failure (not the holder, the API
-    refused) says why, and those evictions are refused."""
+    ``load`` returns what was last saved (``{"windows": {key: spend}}``, written by the
+    executor's ``SpendBook``), None when nothing was, or raises :class:`SpendUnreadable`.
+    ``save`` records it before the evictions it counts go out, and only while this replica
+    leads: a failure (not the holder, the API refused) says why, and those evictions are
+    refused."""
 
     def load(self) -> dict[str, object] | None: ...
 

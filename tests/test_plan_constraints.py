@@ -195,21 +195,31 @@ def test_the_planner_never_picks_a_terminating_pod() -> None:
     """make-room for an 8-GPU pod: n1 holds a 4-GPU pod that is Terminating and n2 a movable
     4-GPU pod; both nodes have 8 GPUs (8 − 4 = 4 free on each). The terminating pod is the
     cheaper victim (cost = 1 + 4 GPUs × 0.5 h = 3 against 1 + 4 × 5 h = 21), so before it was
-    the one moved; now the planner refuses it by name and moves the other, onto n1's 4 free
-    GPUs (the terminating pod still holds its own 4 there)."""
+    the one moved. Its node is the pod's room once it is gone, so nothing is evicted; with n1
+    kept for another pod, the planner refuses the terminating pod by name and moves the other,
+    onto n1's 4 free GPUs (the terminating pod still holds its own 4 there)."""
     from defrag.model.cluster import Cluster
-    from defrag.model.resources import Node
+    from defrag.model.resources import RESERVED_FOR_ANNOTATION, Node
+    from defrag.plan.model import Plan
     from defrag.plan.planner import make_plan
     from defrag.scoring.profile import ProfileConfig
     from tests.test_plan_support import pending
 
-    nodes = [Node(n, cpu_milli=64_000, memory_mib=512_000, num_gpu=8) for n in ("n1", "n2")]
-    going = terminating(running("going", "n1", 4, hours=0.5))
-    stays = running("stays", "n2", 4, hours=5)
-    big = pending("big", 8, priority=1000)
-    cluster = Cluster.build(nodes, [going, stays, big])
-    assert cluster.arrays.gpu_free.sum() == 8 * 1000  # 16 GPUs − 4 − 4: it still holds its GPUs
-    profile = ProfileConfig("reserve-binpack", 0).for_cluster(cluster)
-    plan = make_plan(cluster, "make-room", profile=profile, constraints=Constraints(), now=NOW)
+    def plan_for(n1_notes: dict[str, str]) -> Plan:
+        nodes = [
+            Node("n1", cpu_milli=64_000, memory_mib=512_000, num_gpu=8, annotations=n1_notes),
+            Node("n2", cpu_milli=64_000, memory_mib=512_000, num_gpu=8),
+        ]
+        going = terminating(running("going", "n1", 4, hours=0.5))
+        stays = running("stays", "n2", 4, hours=5)
+        big = pending("big", 8, priority=1000)
+        cluster = Cluster.build(nodes, [going, stays, big])
+        assert cluster.arrays.gpu_free.sum() == 8 * 1000  # it still holds its GPUs
+        profile = ProfileConfig("reserve-binpack", 0).for_cluster(cluster)
+        return make_plan(cluster, "make-room", profile=profile, constraints=Constraints(), now=NOW)
+
+    emptying = plan_for({})
+    assert emptying.steps == () and emptying.blocked == ()
+    plan = plan_for({RESERVED_FOR_ANNOTATION: "default/other"})
     assert [(s.pod, s.source, s.target) for s in plan.steps] == [("default/stays", "n2", "n1")]
     assert [(b.pod, b.constraint) for b in plan.blocked] == [("default/going", "terminating")]

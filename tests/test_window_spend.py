@@ -11,11 +11,11 @@ from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragment
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.budgets import BudgetLedger, InMemorySpend, SpendBook
 from defrag.execute.mode import RunMode
-from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.plan.model import Plan, Step
 from defrag.ports import EvictionResult, SpendUnreadable
+from tests.test_execute import movable_on
 
 OPEN = WindowStatus(True, "test window", SIM_START)
 KEY = OPEN.key
@@ -93,7 +93,7 @@ class Record:
 
 
 def test_recovery_takes_the_recorded_spend_of_the_same_window_only() -> None:
-    book = SpendBook(Record({"window": "w1", "total": 3, "by_node": {"n1": 3}}))
+    book = SpendBook(Record({"windows": {"w1": {"total": 3, "by_node": {"n1": 3}}}}))
     ledger, refused = book.recover(BudgetLedger(BUDGET, "w1"))
     assert refused == "" and ledger.total == 3 and ledger.by_node["n1"] == 3
     ledger, refused = book.recover(BudgetLedger(BUDGET, "w2"))  # another window's record
@@ -119,27 +119,48 @@ def test_a_malformed_record_refuses_the_window_it_was_found_in() -> None:
     assert book.recover(BudgetLedger(BUDGET, "w1"))[1] == refused
     # It was there before w2 opened: it cannot be w2's spend.
     assert book.recover(BudgetLedger(BUDGET, "w2"))[1] == ""
-    # One that names its window refuses that window only.
-    book = SpendBook(Record({"window": "w3", "total": -2}))
+    # A malformed entry refuses its own window only.
+    book = SpendBook(Record({"windows": {"w3": {"total": -2}}}))
     assert "malformed" in book.recover(BudgetLedger(BUDGET, "w3"))[1]
     assert book.recover(BudgetLedger(BUDGET, "w4"))[1] == ""
+    # A record that is no window map at all is as unreadable as one that is not JSON.
+    book = SpendBook(Record({"window": "w5", "total": 1}))
+    assert "no eviction in this window" in book.recover(BudgetLedger(BUDGET, "w5"))[1]
+
+
+def test_each_window_finds_its_own_spend_again_between_the_others() -> None:
+    # Make-room-now spends the day's budget between window openings: going back to the day's
+    # key must find the day's spend, not start it afresh (the soak counted 29 evictions on a
+    # day's budget of 5 when it did).
+    record = Record()
+    day, opening = "outside-windows/2026-12-03", "2026-12-03T18:56:00+00:00"
+    for key, pods, admitted in ((day, 3, True), (opening, 4, True), (day, 2, False)):
+        book = SpendBook(record)  # a new process each time: only the record remembers
+        ledger, refused = book.recover(BudgetLedger(BUDGET, key))
+        assert refused == ""
+        status = ledger.admit([("a", f"n{i}") for i in range(pods)])
+        assert status.ok is admitted, status  # the day's 3 of 4 are found again: 2 more refused
+        assert book.save(ledger).ok
+    book = SpendBook(record)
+    assert book.recover(BudgetLedger(BUDGET, day))[0].total == 3
+    assert book.recover(BudgetLedger(BUDGET, opening))[0].total == 4
+
+
+def test_an_opening_past_its_end_is_dropped_from_the_record() -> None:
+    from datetime import timedelta
+
+    record = Record()
+    book = SpendBook(record)
+    ledger = BudgetLedger(BUDGET, "w1")
+    assert ledger.admit([("a", "n1")]).ok
+    assert book.save(ledger, until=SIM_START, now=SIM_START - timedelta(minutes=1)).ok
+    later = BudgetLedger(BUDGET, "w2")
+    assert later.admit([("a", "n1")]).ok
+    assert book.save(later, until=None, now=SIM_START + timedelta(seconds=1)).ok
+    assert record.saved is not None and set(record.saved["windows"]) == {"w2"}
 
 
 # --- the executor ----------------------------------------------------------------------------
-
-
-def movable_on(cluster: Cluster, node: str) -> list[Pod]:
-    return sorted(
-        (
-            p
-            for p in cluster.pods_on(node)
-            if p.namespace == "inference"
-            and p.owner
-            and p.owner.name != "lg"
-            and "defrag.io/evictable" not in p.annotations
-        ),
-        key=lambda p: p.key,
-    )
 
 
 def plan_for(pods: list[Pod], target: str = "gpu-01") -> Plan:
@@ -154,6 +175,12 @@ def executor(sim: SimCluster, clock: SimClock, record: Record | None) -> Executo
     return Executor(sim, sim, clock, settings, mode=RunMode.live(), sleep=clock.sleep, spend=record)
 
 
+def spent(record: Record, key: str) -> object:
+    """The total the record holds for window ``key`` (None when none)."""
+    windows = (record.saved or {}).get("windows") or {}
+    return (windows.get(key) or {}).get("total")  # type: ignore[union-attr]
+
+
 def started() -> tuple[SimCluster, SimClock]:
     clock = SimClock(speedup=0)
     return SimCluster(fragmented_cluster(), clock), clock
@@ -166,7 +193,7 @@ def test_a_restarted_executor_resumes_the_windows_spend() -> None:
     cluster = sim.snapshot()
     on_00 = movable_on(cluster, "gpu-00")  # 3 pods
     assert first.execute(plan_for(on_00), cluster, OPEN).counts == {"evicted": 3}
-    assert record.saved is not None and record.saved["total"] == 3
+    assert spent(record, OPEN.key) == 3
     # The process restarts: a new executor, the same record (the Lease).
     second = executor(sim, clock, record)
     cluster = sim.snapshot()
@@ -195,7 +222,7 @@ def test_the_spend_is_recorded_before_the_first_eviction() -> None:
     evict = sim.evict
 
     def spy(namespace: str, name: str, *, uid: str = "") -> EvictionResult:
-        seen.append((record.saved or {}).get("total"))
+        seen.append(spent(record, OPEN.key))
         return evict(namespace, name, uid=uid)
 
     sim.evict = spy  # type: ignore[method-assign]
@@ -245,15 +272,11 @@ def test_a_refund_is_written_back() -> None:
     book.refund(ledger, [])  # nothing given back: nothing written
     assert len(record.saves) == 1
     book.refund(ledger, [("a", "n1")])
-    assert record.saved == {
-        "window": "w1",
-        "total": 1,
-        "by_node": {"n1": 1},
-        "by_namespace": {"a": 1},
-    }
+    entry = {"total": 1, "by_node": {"n1": 1}, "by_namespace": {"a": 1}, "until": None}
+    assert record.saved == {"windows": {"w1": entry}}
     record.save_error = "down"
     book.refund(ledger, [("a", "n1")])  # a failed write-back only over-counts: no raise
-    assert ledger.total == 0 and record.saved["total"] == 1
+    assert ledger.total == 0 and spent(record, "w1") == 1
 
 
 def test_in_memory_spend_is_the_default() -> None:

@@ -48,7 +48,6 @@ from defrag.adapters.deadline import (
     watch_pool_manager,
 )
 from defrag.adapters.kube_convert import ClusterParts, ConversionError, paused_gc
-from defrag.execute.budgets import spend_window
 from defrag.execute.fence import Tenure
 from defrag.model.cluster import Cluster, ModelError
 from defrag.model.status import Status
@@ -1113,16 +1112,7 @@ class LeaseElector:
             raise SpendUnreadable(f"{where} is not JSON: {exc}", malformed=True) from None
         if not isinstance(data, dict):
             raise SpendUnreadable(f"{where} is not a JSON object", malformed=True)
-        try:
-            spend_window(data)
-        except ValueError as exc:
-            window = data.get("window")
-            raise SpendUnreadable(
-                f"{where} is malformed: {exc}",
-                malformed=True,
-                window=window if isinstance(window, str) else None,
-            ) from None
-        return data
+        return data  # its entries are read (and their shape judged) by the executor
 
     def save(self, spend: Mapping[str, object]) -> Status:
         """Write ``spend`` on the Lease, only while we hold it: with the resourceVersion read

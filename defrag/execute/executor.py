@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from defrag.detect.findings import Finding
 from defrag.execute.budgets import BudgetLedger, SpendBook
@@ -64,6 +64,7 @@ from defrag.model.resources import (
     Pod,
     owner_holder,
 )
+from defrag.model.utc import utc
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult, SpendRecord
@@ -166,7 +167,7 @@ class Executor:
         outcomes_list += refused
         if self.ledger.to_dict() != before.to_dict():
             # Write-ahead: recorded before any eviction it counts goes out, or none goes out.
-            saved = self.book.save(self.ledger)
+            saved = self.book.save(self.ledger, _until(window, started), started)
             if not saved.ok:
                 self.ledger = before
                 why = f"cannot record the window's spend: {saved}"
@@ -873,6 +874,17 @@ class _Run:
     """Pod → how its checkpoint handshake ended (result, why)."""
     asked: set[str] = field(default_factory=set)
     """Pods carrying a checkpoint request this run wrote."""
+
+
+def _until(window: WindowStatus, now: datetime) -> datetime | None:
+    """Until when a window opening's spend must be kept: its end; the UTC day's end for the
+    day's make-room-now budget (no end of its own); None for an opening that never ends."""
+    if window.end is not None:
+        return window.end
+    if window.budget_key:
+        day = utc(now).date()
+        return datetime(day.year, day.month, day.day, tzinfo=UTC) + timedelta(days=1)
+    return None
 
 
 def _no_deadline() -> float | None:

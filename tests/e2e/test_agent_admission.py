@@ -66,6 +66,23 @@ def annotate(value: str | None) -> dict[str, Any]:
     return {"metadata": {"annotations": {ANNOTATION: value}}}
 
 
+def make_agent_pod(admin: Rest, rendered: list[dict[str, Any]], name: str, node: str) -> Any:
+    """The shipped DaemonSet's pod, made by hand on ``node`` (no DaemonSet controller runs the
+    stage): its token is the one the agent really has, bound to a pod on that node."""
+    daemonset = next(o for o in rendered if o["kind"] == "DaemonSet")
+    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == SA
+    spec = copy.deepcopy(daemonset["spec"]["template"]["spec"])
+    spec["nodeName"] = node
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": spec,
+    }
+    return admin.post(f"/api/v1/namespaces/{NS}/pods", body)
+
+
 @pytest.fixture(scope="module")
 def agent_pod(plane: ControlPlane) -> dict[str, Any]:
     """The policy and its binding as the overlay renders them, two GPU nodes, and an agent pod
@@ -80,23 +97,7 @@ def agent_pod(plane: ControlPlane) -> dict[str, Any]:
     c.apply_all(admin, policy)
     for name in (NODE_A, NODE_B):
         add_node(admin, name, 8)
-    daemonset = next(o for o in rendered if o["kind"] == "DaemonSet")
-    assert daemonset["spec"]["template"]["spec"]["serviceAccountName"] == SA
-    spec = copy.deepcopy(daemonset["spec"]["template"]["spec"])
-    spec["nodeName"] = NODE_A
-    pod = admin.post(
-        f"/api/v1/namespaces/{NS}/pods",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "defrag-agent-a",
-                "namespace": NS,
-                "labels": daemonset["spec"]["template"]["metadata"]["labels"],
-            },
-            "spec": spec,
-        },
-    )
+    pod = make_agent_pod(admin, rendered, "defrag-agent-a", NODE_A)
     # The policy is in force once the admission plugin has loaded and type-checked it: until
     # then the agent's RBAC alone would let it patch node B. Probe with a dry run.
     probe = plane.as_service_account(NS, SA, bound_pod=pod)

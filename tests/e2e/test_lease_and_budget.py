@@ -13,7 +13,6 @@ another's), six in all: more than the window's 4.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubelet import Kubelet, add_node
 from tests.e2e.stage import DAEMON, HIGH, STARVATION_RULE, daemon_settings
 from tests.support.binaries import free_port
+from tests.test_lease_serial import race
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
 NODES = 8
@@ -55,29 +55,7 @@ def _race(plane: ControlPlane, rounds: int, lock: bool) -> dict[str, int]:
     if not lock:
         elector._lock = _NoLock()  # type: ignore[assignment]
     assert elector.is_leader(), elector.last
-    tick = threading.Barrier(2)
-    seen = {"cycles": 0, "follower cycles": 0, "fence refusals": 0, "lost renewals": 0}
-
-    def cycles() -> None:
-        for _ in range(rounds):
-            tick.wait()
-            seen["cycles"] += 1
-            if not elector.is_leader():
-                seen["follower cycles"] += 1
-            elif not elector.still_leader():
-                seen["fence refusals"] += 1
-
-    def renewals() -> None:
-        for _ in range(rounds):
-            tick.wait()
-            if not elector.tick().leader:
-                seen["lost renewals"] += 1
-
-    threads = [threading.Thread(target=cycles), threading.Thread(target=renewals)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    seen = race(elector, rounds)
     elector.release()
     plane.admin.delete(LEASE)
     print(f"lock={lock}: {seen}")

@@ -48,6 +48,7 @@ from defrag.model.resources import DRAIN_TAINT_KEY, RESERVED_FOR_ANNOTATION
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import ControlPlane, Rest, wait_for
 from tests.e2e.kubelet import add_node
+from tests.e2e.test_agent_admission import make_agent_pod
 
 ROOT = Path(__file__).resolve().parents[2]
 NS = "defrag-system"
@@ -327,18 +328,7 @@ def world(plane: ControlPlane) -> World:
         },
     )
     pods = c.wait_pods(admin, WORK, "app=web", lambda ps: len(ps) == 2, 30)
-    daemonset = next(o for o in rendered if o["kind"] == "DaemonSet")
-    spec = copy.deepcopy(daemonset["spec"]["template"]["spec"])
-    spec["nodeName"] = AGENT_NODE
-    agent_pod = admin.post(
-        f"/api/v1/namespaces/{NS}/pods",
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "lp-agent", "namespace": NS},
-            "spec": spec,
-        },
-    )
+    agent_pod = make_agent_pod(admin, rendered, "lp-agent", AGENT_NODE)
     accounts = {
         DAEMON: plane.as_service_account(NS, DAEMON),
         SCHEDULER: plane.as_service_account(NS, SCHEDULER),
