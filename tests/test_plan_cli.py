@@ -64,3 +64,33 @@ def test_errors_are_one_line_and_exit_2(tmp_path: Path) -> None:
     assert code == 2 and "unknown policy 'nope'" in out
     code, out = run("-s", str(SEED), "--at", "tuesday")
     assert code == 2 and "--at" in out
+
+
+def test_a_live_plan_reads_the_owners_of_its_victims(tmp_path: Path) -> None:
+    """On a live cluster ``defrag plan`` decides as the daemon does: every victim's controller
+    is read first. With the controllers there, it plans moves; once every Job is out of
+    retries and every other controller gone, it moves nothing and says why."""
+    from tests.support.kubeapi import KubeApi
+    from tests.support.snapshots import scattered_20
+    from tests.test_daemon_cli import kubeconfig
+
+    with KubeApi(scattered_20()["items"]) as api:
+        config = kubeconfig(tmp_path, api.url)
+        args = ("--kubeconfig", str(config), "--goal", "make-room", "--now", NOW, "-o", "json")
+        code, out = run(*args)
+        assert code == 0, out
+        assert json.loads(out)["steps"]
+        gets = [r for r in api.requests if r.verb == "get" and r.resource != "leases"]
+        assert gets, "the victims' owners were not read"
+        for job in api.objects("Job"):
+            job["spec"]["backoffLimit"] = 0
+            api.put(job)
+        for kind in ("ReplicaSet", "StatefulSet", "ReplicationController"):
+            for obj in api.objects(kind):
+                api.remove(kind, obj["metadata"]["name"], obj["metadata"]["namespace"])
+        code, out = run(*args)
+        assert code == 0, out
+        plan = json.loads(out)
+        assert plan["steps"] == []
+        details = {(b["constraint"], "does not exist" in b["detail"]) for b in plan["blocked"]}
+        assert {("job-retries", False), ("bare-pod", True)} <= details, plan["blocked"]

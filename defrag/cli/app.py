@@ -255,11 +255,23 @@ def load_cluster(
     or the live API through ``--kubeconfig``, or in-cluster inside a pod). What cannot be read
     (or, ``strict``, any object that cannot) is a UserError naming file and field; objects left
     out or counted conservatively are said on stderr."""
+    return load_live_cluster(paths, kubeconfig, context, strict)[0]
+
+
+def load_live_cluster(
+    paths: Sequence[Path],
+    kubeconfig: Path | None = None,
+    context: str | None = None,
+    strict: bool = False,
+) -> tuple[Cluster, Any]:
+    """:func:`load_cluster`, with the live API client it was read through (None for snapshot
+    files), for a command that reads more of the cluster."""
     from defrag.adapters.sources import SourceError, SourceSpec, open_source
 
     try:
         spec = SourceSpec.from_flags(paths, kubeconfig, context, strict=strict)
-        cluster = open_source(spec).source.snapshot()
+        backend = open_source(spec)
+        cluster = backend.source.snapshot()
     except SourceError as exc:
         raise UserError(str(exc)) from None
     except Exception as exc:  # the client's own errors: unreachable server, refused, …
@@ -267,7 +279,7 @@ def load_cluster(
             raise UserError(f"cluster from {kubeconfig or 'kubeconfig'}: {exc}") from None
         raise
     say_warnings(cluster)
-    return cluster
+    return cluster, backend.api
 
 
 def say_warnings(cluster: Cluster) -> None:

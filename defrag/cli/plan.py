@@ -21,7 +21,7 @@ from defrag.cli.app import (
     UserError,
     app,
     command_deadline,
-    load_cluster,
+    load_live_cluster,
     parse_duration,
     parse_time,
     print_data,
@@ -113,6 +113,7 @@ def plan_command(
 ) -> None:
     """Plan evictions that defragment the cluster: migrations and preemptions, with reasons."""
     from defrag.plan import Goal, PlanError, make_plan
+    from defrag.plan.planner import plan_with_owners
 
     when = parse_time(at)
     # The flags are settings given on the command line: they override the file's (and the
@@ -130,13 +131,17 @@ def plan_command(
     if no_preempt:
         planner = planner.with_options(mode=planner.options.mode.without_preemption())
     with command_deadline(deadline, "plan"):  # the API server's answers end by it
-        cluster = load_cluster(snapshot, kubeconfig, context, strict)
-    try:
-        plan = make_plan(
-            cluster, Goal(goal.value), profile=config.for_cluster(cluster), config=planner, now=when
-        )
-    except PlanError as exc:
-        raise UserError(str(exc)) from None
+        cluster, api = load_live_cluster(snapshot, kubeconfig, context, strict)
+        how = {"profile": config.for_cluster(cluster), "config": planner, "now": when}
+        try:
+            if api is None:  # a snapshot holds no owners: their kinds decide
+                plan = make_plan(cluster, Goal(goal.value), **how)  # type: ignore[arg-type]
+            else:  # as the daemon: every victim's controller read first
+                from defrag.adapters.kube_owners import KubeOwnerLookup
+
+                plan = plan_with_owners(cluster, KubeOwnerLookup(api), Goal(goal.value), **how)
+        except PlanError as exc:
+            raise UserError(str(exc)) from None
     if output is not Output.table:
         # The plan document round-trips (Plan.from_dict); what the snapshot could not model
         # rides beside it, only when there is something to say.
