@@ -264,8 +264,9 @@ class Settings(BaseSettings):
     """Pods at or above this priority are never evicted (``defrag plan --protect-priority``)."""
     evict_owner_kinds: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Controller kinds trusted to recreate their pods beside the known ones (``Kind.group``,
-    e.g. ``MyJob.batch.example.com``; ``Kind`` in the core group). A pod whose controller is of
-    any other kind is never evicted (docs/planning.md, "Only what comes back")."""
+    e.g. ``TFJob.kubeflow.org``; ``Kind`` in the core group), every object of it, unread. A pod
+    whose controller is of any other kind is never evicted (docs/planning.md, "Only what comes
+    back")."""
 
     # --- execution: windows, budgets, safety --------------------------------------------
     windows: Annotated[list[WindowSetting], NoDecode] = Field(default_factory=list)

@@ -12,9 +12,12 @@ from defrag.plan import Constraints, make_plan
 from defrag.plan.constraints import Ledger, check_pod
 from defrag.plan.owners import (
     INDEX_FAILURE_ANNOTATION,
+    READ_KINDS,
     RECREATING_KINDS,
+    REPLICA_TYPE_LABEL,
     JobFacts,
     OwnerFacts,
+    TrainingFacts,
     owner_key,
     recreation,
 )
@@ -178,7 +181,7 @@ def test_after_the_rounds_every_owner_is_read_once_and_the_last_plan_uses_them()
 def test_the_adapter_reads_every_kind_the_core_trusts_and_no_other() -> None:
     from defrag.adapters.kube_owners import PLURALS
 
-    assert set(PLURALS) == set(RECREATING_KINDS)
+    assert set(PLURALS) == set(RECREATING_KINDS) | set(READ_KINDS)
 
 
 def test_a_jobs_spec_and_status_as_the_api_server_gives_them() -> None:
@@ -208,3 +211,72 @@ def test_a_jobs_spec_and_status_as_the_api_server_gives_them() -> None:
     assert job_facts({"backoffLimit": 0}, failing) == JobFacts(0, 1, finished="Failed")
     assert job_facts({"suspend": True}, {}).suspended
     assert job_facts({"backoffLimitPerIndex": 2}, {}).backoff_limit_per_index == 2
+
+
+PYTORCH = OwnerRef("PyTorchJob", "bert", True, "kubeflow.org/v1", "uid-pt")
+
+
+@pytest.mark.parametrize(
+    ("replica", "training", "words"),
+    [
+        ("worker", TrainingFacts({"master": "OnFailure", "worker": "OnFailure"}), ""),
+        ("Worker", TrainingFacts({"worker": "ExitCode"}), ""),  # the label's older casing
+        ("worker", TrainingFacts({"worker": "Never"}), "restartPolicy Never"),
+        ("worker", TrainingFacts({"worker": "OnFailure"}, backoff_limit=3), "backoffLimit 3"),
+        ("worker", TrainingFacts({"worker": "OnFailure"}, finished="Succeeded"), "succeeded"),
+        ("launcher", TrainingFacts({"worker": "OnFailure"}), "no replica type launcher"),
+    ],
+)
+def test_a_pytorchjob_is_trusted_per_object_once_read(
+    replica: str, training: TrainingFacts, words: str
+) -> None:
+    p = pod(PYTORCH, labels={REPLICA_TYPE_LABEL: replica})
+    status = recreation(p, OwnerFacts(True, "uid-pt", training=training))
+    assert status.ok is (words == ""), status
+    if words:
+        assert words in status.reasons[0]
+    # never by its kind alone: unread, it is not proven
+    assert "was not read" in recreation(p, None).reasons[0]
+    # opting the kind in trusts every object, unread
+    assert recreation(p, None, ["PyTorchJob.kubeflow.org"]).ok
+
+
+def test_a_pytorchjobs_spec_as_the_api_server_gives_it() -> None:
+    # kubeflow.org/v1 PyTorchJob (training-operator pkg/apis/kubeflow.org/v1): a map of replica
+    # type to ReplicaSpec (restartPolicy OnFailure by default), runPolicy, JobConditions.
+    from defrag.adapters.kube_owners import owner_facts
+
+    job = {
+        "metadata": {"uid": "uid-pt"},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": 1, "restartPolicy": "Never"},
+                "Worker": {"replicas": 3},
+            },
+            "runPolicy": {"cleanPodPolicy": "None"},
+        },
+        "status": {"conditions": [{"type": "Running", "status": "True"}]},
+    }
+    facts = owner_facts("PyTorchJob", "kubeflow.org", job)
+    assert facts.training == TrainingFacts({"master": "Never", "worker": "OnFailure"})
+
+
+def test_a_pytorchjob_pod_is_chosen_once_its_job_is_read_and_only_then() -> None:
+    # The only room is on n1, whose pod is a PyTorchJob worker. Unread (a snapshot), it stays;
+    # read as OnFailure, it moves; read as Never, it stays and says why.
+    nodes = [gpu_node("n1"), gpu_node("n2")]
+    worker = running("w", "n1", 4, owner=PYTORCH, labels={REPLICA_TYPE_LABEL: "worker"})
+    kept = {"defrag.io/evictable": "false"}
+    pods = [worker, *fill("n2", 4, prefix="x", owner=RS, annotations=kept), pending("big", 8)]
+    c = cluster(nodes, pods)
+    assert make_plan(c, "make-room", now=NOW).steps == ()
+    key = "default/PyTorchJob/bert"
+    recreates = TrainingFacts({"worker": "OnFailure"})
+    restarts = Lookup({key: OwnerFacts(True, "uid-pt", training=recreates)})
+    plan = plan_with_owners(c, restarts, "make-room", now=NOW)
+    assert [s.pod for s in plan.steps] == ["default/w"]
+    assert key in restarts.asked[0]
+    fails = Lookup({key: OwnerFacts(True, "uid-pt", training=TrainingFacts({"worker": "Never"}))})
+    plan = plan_with_owners(c, fails, "make-room", now=NOW)
+    assert plan.steps == ()
+    assert any("restartPolicy Never" in b.detail for b in plan.blocked)

@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 
 from defrag.adapters.kube import RetryPolicy, _Caller, _describe, _loaded
 from defrag.model.resources import OwnerRef
-from defrag.plan.owners import JobFacts, OwnerFacts
+from defrag.plan.owners import JobFacts, OwnerFacts, TrainingFacts
 
 log = logging.getLogger(__name__)
 
@@ -37,10 +37,11 @@ PLURALS: Mapping[tuple[str, str], tuple[str, str]] = {
     ("", "ReplicationController"): ("v1", "replicationcontrollers"),
     ("batch", "Job"): ("v1", "jobs"),
     ("ray.io", "RayCluster"): ("v1", "rayclusters"),
+    ("kubeflow.org", "PyTorchJob"): ("v1", "pytorchjobs"),
 }
 """(group, kind) → (the version asked when the reference names none, the resource): each kind of
-:data:`~defrag.plan.owners.RECREATING_KINDS` (a test keeps the two in step), granted ``get`` in
-deploy/base/rbac.yaml."""
+:data:`~defrag.plan.owners.RECREATING_KINDS` and ``READ_KINDS`` (a test keeps them in step),
+granted ``get`` in deploy/base/rbac.yaml."""
 
 TERMINAL_CONDITIONS = {
     "Complete": "Complete",
@@ -147,6 +148,13 @@ def owner_facts(kind: str, group: str, obj: Any) -> OwnerFacts:
         uid=str(meta.get("uid") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
     )
+    if (group, kind) == ("kubeflow.org", "PyTorchJob"):
+        return OwnerFacts(
+            found=True,
+            uid=facts.uid,
+            deleting=facts.deleting,
+            training=training_facts(obj.get("spec") or {}, obj.get("status") or {}),
+        )
     if (group, kind) != ("batch", "Job"):
         return facts
     spec = obj.get("spec") or {}
@@ -173,6 +181,29 @@ def job_facts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> JobFacts:
         finished=finished,
         suspended=spec.get("suspend") is True,
     )
+
+
+def training_facts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> TrainingFacts:
+    """A kubeflow.org/v1 PyTorchJob's spec and status as :class:`TrainingFacts`: each replica
+    type's ``restartPolicy`` (OnFailure, the API's default, when left out), the run policy's
+    ``backoffLimit``, whether it has ended (a ``Succeeded`` or ``Failed`` condition)."""
+    replicas = spec.get("pytorchReplicaSpecs")
+    policies: dict[str, str] = {}
+    if isinstance(replicas, Mapping):
+        for kind, replica in replicas.items():
+            policy = replica.get("restartPolicy") if isinstance(replica, Mapping) else None
+            policies[str(kind).lower()] = str(policy) if policy else "OnFailure"
+    run = spec.get("runPolicy")
+    limit = run.get("backoffLimit") if isinstance(run, Mapping) else None
+    finished = ""
+    for cond in status.get("conditions") or []:
+        if (
+            isinstance(cond, Mapping)
+            and cond.get("status") == "True"
+            and cond.get("type") in ("Succeeded", "Failed")
+        ):
+            finished = str(cond["type"])
+    return TrainingFacts(policies, None if limit is None else _int(limit, 0), finished)
 
 
 def _ignores_disruption(policy: Any) -> bool:

@@ -82,7 +82,10 @@ def check_pod(
     """Whether ``pod`` may be evicted at all; the first constraint that forbids it.
 
     ``owners``: the controlling owners looked up (by :func:`~defrag.plan.owners.owner_key`);
-    a pod whose owner is not among them is judged by its owner's kind alone."""
+    a pod whose owner is not among them is judged by its owner's kind alone — given (even
+    empty) while the owners are being read (:func:`~defrag.plan.planner.plan_with_owners`,
+    which reads every victim before its plan stands), so a kind trusted only once read may
+    be chosen and then read; None when nothing will be read, so such a kind stays."""
     if pod.deleting_since is not None:
         since = utc(pod.deleting_since).strftime("%Y-%m-%dT%H:%M:%SZ")
         return Status.fail(f"{TERMINATING}: being deleted since {since}, already going")
@@ -92,7 +95,10 @@ def check_pod(
         return Status.fail(f"{DAEMONSET}: owned by DaemonSet {pod.owner.name}")  # type: ignore[union-attr]
     key = owner_key(pod)
     recreated = recreation(
-        pod, owners.get(key) if owners and key else None, constraints.owner_kinds
+        pod,
+        owners.get(key) if owners and key else None,
+        constraints.owner_kinds,
+        reading=owners is not None,
     )
     if not recreated.ok:
         return recreated
@@ -167,7 +173,8 @@ class Ledger:
     ) -> None:
         self.pdbs = tuple(pdbs)
         self.constraints = constraints
-        self.owners: Mapping[str, OwnerFacts] = owners or {}
+        self.owners: Mapping[str, OwnerFacts] | None = owners
+        """The owners read so far; None when nothing will be read (:func:`check_pod`)."""
         self.pdb_left: dict[str, int] = {p.key: max(p.disruptions_allowed, 0) for p in pdbs}
         self.retries_used: Counter[str] = Counter()
         """Evictions this plan spends on each looked-up Job (or Indexed Job's index)."""
@@ -219,7 +226,7 @@ class Ledger:
                 key, limit = retries
                 retry_use[key] += 1
                 if self.retries_used[key] + retry_use[key] > limit:
-                    facts = self.owners[owner_key(pod) or ""]
+                    facts = (self.owners or {})[owner_key(pod) or ""]
                     left = max(limit - self.retries_used[key], 0)
                     return Status.fail(
                         f"{JOB_RETRIES}: {describe_retries(pod, facts, left)}"

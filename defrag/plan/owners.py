@@ -53,6 +53,38 @@ default of TFJob, MPIJob, XGBoostJob and JAXJob, fails the whole job) and Volcan
 yours do. Each source in docs/planning.md, "Only what comes back"."""
 
 
+READ_KINDS: Mapping[tuple[str, str], str] = {
+    ("kubeflow.org", "PyTorchJob"): (
+        "the training operator recreates a replica whose restartPolicy is not Never"
+    ),
+}
+"""Kinds that recreate an evicted pod only when their spec says so: trusted per object, once
+read (:class:`TrainingFacts`), never by kind alone (opting the kind in trusts every object)."""
+
+REPLICA_TYPE_LABEL = "training.kubeflow.org/replica-type"
+"""The replica type (Master, Worker; the operator writes it lower-cased in recent releases) the
+training operator puts on each pod it creates."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingFacts:
+    """What of a Kubeflow training job decides whether it recreates an evicted replica.
+
+    The operator counts a deleted running pod as a failed replica; with the replica's
+    ``restartPolicy`` ``Never`` the job fails, otherwise it restarts and recreates the pod
+    (kubeflow/training-operator v1.9.0, ``pkg/core/status.go``, ``pytorchjob_controller.go``
+    ``UpdateJobStatus``). ``runPolicy.backoffLimit`` caps the restarts by a count the operator
+    keeps in its work queue, which no one can read: a job that sets it is not trusted."""
+
+    restart_policies: Mapping[str, str]
+    """Replica type (lower-cased) → its ``restartPolicy`` (the API's default, OnFailure, when
+    the spec leaves it out)."""
+    backoff_limit: int | None = None
+    """``spec.runPolicy.backoffLimit``."""
+    finished: str = ""
+    """``Succeeded`` or ``Failed`` when the job has ended."""
+
+
 @dataclass(frozen=True, slots=True)
 class JobFacts:
     """What of a batch/v1 Job decides whether one more deleted pod fails it."""
@@ -81,6 +113,7 @@ class OwnerFacts:
     deleting: bool = False
     """``metadata.deletionTimestamp`` set: the owner and its pods are going."""
     job: JobFacts | None = None
+    training: TrainingFacts | None = None
     problem: str = ""
     """Why the owner could not be read (forbidden, unreachable): not proven, so not moved."""
 
@@ -99,6 +132,11 @@ def kind_name(owner: OwnerRef) -> str:
     return f"{owner.kind}.{owner.group}" if owner.group else owner.kind
 
 
+def read_kind(owner: OwnerRef) -> bool:
+    """Whether defrag reads owners of this kind before it evicts (known and read kinds)."""
+    return (owner.group, owner.kind) in READ_KINDS or known_kind(owner)
+
+
 def known_kind(owner: OwnerRef, extra: Iterable[str] = ()) -> bool:
     """Whether ``owner``'s kind recreates pods (known, or opted in by ``extra``)."""
     if owner.api_version:
@@ -108,11 +146,14 @@ def known_kind(owner: OwnerRef, extra: Iterable[str] = ()) -> bool:
     return known or kind_name(owner) in extra or owner.kind in extra
 
 
-def recreation(pod: Pod, facts: OwnerFacts | None, extra: Iterable[str] = ()) -> Status:
+def recreation(
+    pod: Pod, facts: OwnerFacts | None, extra: Iterable[str] = (), *, reading: bool = False
+) -> Status:
     """Whether evicting ``pod`` is a move (its controller makes a new one) and not a loss.
 
     ``facts``: the owner as looked up (None: not looked up; the kind alone decides, as for a
-    snapshot file or a trace)."""
+    snapshot file or a trace). ``reading``: the owner will be read before the plan stands, so
+    a kind trusted only per object (:data:`READ_KINDS`) may be chosen unread for now."""
     owner = pod.owner
     if owner is None:
         return Status.fail(f"{BARE_POD}: no owner would recreate it")
@@ -123,13 +164,19 @@ def recreation(pod: Pod, facts: OwnerFacts | None, extra: Iterable[str] = ()) ->
         )
     if owner.kind == "Node":
         return Status.fail(f"{BARE_POD}: a static pod of node {owner.name}")
-    if not known_kind(owner, extra):
+    read_only = (owner.group, owner.kind) in READ_KINDS and not known_kind(owner, extra)
+    if read_only and facts is None and not reading:
+        return Status.fail(
+            f"{BARE_POD}: its controller {kind_name(owner)} {owner.name} recreates a replica "
+            "only when its spec says so, and was not read"
+        )
+    if not read_only and not known_kind(owner, extra):
         return Status.fail(
             f"{BARE_POD}: its controller {kind_name(owner)} {owner.name} is not a kind known "
             "to recreate pods (opt in with evict_owner_kinds)"
         )
     if facts is None:
-        return Status.success()
+        return Status.success()  # known kind; or read kind, to be read before the plan stands
     what = f"{owner.kind} {owner.name}"
     if facts.problem:
         return Status.fail(f"{BARE_POD}: its controller {what} could not be read: {facts.problem}")
@@ -144,6 +191,30 @@ def recreation(pod: Pod, facts: OwnerFacts | None, extra: Iterable[str] = ()) ->
         return Status.fail(f"{BARE_POD}: its controller {what} is being deleted")
     if facts.job is not None:
         return _job(pod, facts.job, what)
+    if facts.training is not None and read_only:
+        return _training(pod, facts.training, what)
+    return Status.success()
+
+
+def _training(pod: Pod, job: TrainingFacts, what: str) -> Status:
+    if job.finished:
+        return Status.fail(f"{BARE_POD}: its controller {what} has {job.finished.lower()}")
+    if job.backoff_limit is not None:
+        return Status.fail(
+            f"{BARE_POD}: its controller {what} caps its restarts (runPolicy.backoffLimit "
+            f"{job.backoff_limit}) by a count no one can read"
+        )
+    kind = pod.labels.get(REPLICA_TYPE_LABEL, "").lower()
+    policy = job.restart_policies.get(kind)
+    if policy is None:
+        return Status.fail(
+            f"{BARE_POD}: its controller {what} has no replica type {kind or '(unlabelled)'}"
+        )
+    if policy == "Never":
+        return Status.fail(
+            f"{BARE_POD}: its controller {what} fails the job when a {kind} replica is deleted "
+            "(restartPolicy Never)"
+        )
     return Status.success()
 
 

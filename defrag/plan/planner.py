@@ -25,7 +25,7 @@ from defrag.plan.config import (
 from defrag.plan.constraints import Ledger, gang_of
 from defrag.plan.makeroom import describe, make_room
 from defrag.plan.model import Blocked, Plan, Step
-from defrag.plan.owners import OwnerFacts, known_kind, owner_key
+from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
@@ -146,7 +146,7 @@ def _owners_of(
     unread), not in ``known``."""
     wanted: dict[str, tuple[str, OwnerRef]] = {}
     for pod in pods:
-        if pod is None or pod.owner is None or not known_kind(pod.owner):
+        if pod is None or pod.owner is None or not read_kind(pod.owner):
             continue
         key = owner_key(pod)
         if key is not None and key not in known:

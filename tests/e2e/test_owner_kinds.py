@@ -21,22 +21,57 @@ from typing import Any
 import pytest
 
 from tests.e2e import cluster as c
-from tests.e2e.controlplane import ControlPlane
+from tests.e2e.controlplane import ControlPlane, wait_for
 from tests.e2e.kubelet import Kubelet, add_node
 from tests.e2e.stage import DAEMON, HIGH, STARVATION_RULE, bound_train, daemon_settings
 from tests.support.binaries import free_port
 
 NS = "owners"
 MID = "owners-mid"
-NEVER = ("bare", "of-pod", "of-configmap", "not-controlled", "job-once")
-"""The pods that must never be evicted, one per node n1..n5; n6 holds the Deployment's."""
+NEVER = ("bare", "of-pod", "of-configmap", "not-controlled", "job-once", "pt-worker-0")
+"""The pods that must never be evicted, one per node n1..n6; n7 holds the Deployment's."""
+PYTORCHJOB_CRD = {
+    # The resource of kubeflow/training-operator's manifests/base/crds/kubeflow.org_pytorchjobs
+    # .yaml (group, names, scope, the served version v1), its schema left open: no operator runs
+    # here, defrag only reads the object.
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "pytorchjobs.kubeflow.org"},
+    "spec": {
+        "group": "kubeflow.org",
+        "names": {
+            "kind": "PyTorchJob",
+            "listKind": "PyTorchJobList",
+            "plural": "pytorchjobs",
+            "singular": "pytorchjob",
+        },
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "subresources": {"status": {}},
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
 
 
-def _owned(api: Any, name: str, refs: list[dict[str, Any]]) -> dict[str, Any]:
+def _owned(
+    api: Any, name: str, refs: list[dict[str, Any]], labels: dict[str, str] | None = None
+) -> dict[str, Any]:
+    meta = {"name": name, "namespace": NS, "ownerReferences": refs, "labels": labels or {}}
     body = {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name, "namespace": NS, "ownerReferences": refs},
+        "metadata": meta,
         "spec": c.pod_spec(4),
     }
     return dict(api.post(f"/api/v1/namespaces/{NS}/pods", body))
@@ -60,7 +95,7 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
     c.namespace(api, NS)
     c.priority_class(api, HIGH, 100000, preempt=False)
     c.priority_class(api, MID, 500, preempt=False)
-    nodes = [f"{NS}-n{i}" for i in range(1, 7)]
+    nodes = [f"{NS}-n{i}" for i in range(1, 8)]
     rules = tmp_path / "rules"
     rules.mkdir()
     c.write_yaml(rules / "starvation.yaml", STARVATION_RULE)
@@ -74,7 +109,7 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
             # The oldest and the dearest: the Deployment's pod on n6, placed first.
             c.deployment(api, NS, "keep", 4, priority_class_name=MID)
             (keep,) = c.wait_pods(api, NS, "app=keep", lambda ps: len(ps) == 1, 30)
-            c.bind(api, keep, nodes[5])
+            c.bind(api, keep, nodes[6])
             c.wait_pods(api, NS, "app=keep", c.running(1), 30)
             time.sleep(2)  # the five below are younger: less work lost, cheaper victims
             launcher = c.bare_pod(api, NS, "launcher", 0)
@@ -115,7 +150,36 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
                     },
                 },
             )
+            api.apply(PYTORCHJOB_CRD).raise_for_status()
+            crd = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/pytorchjobs.kubeflow.org"
+
+            def established() -> bool:
+                conditions = (api.get(crd).get("status") or {}).get("conditions") or []
+                return any(x["type"] == "Established" and x["status"] == "True" for x in conditions)
+
+            wait_for("the PyTorchJob CRD established", established, 30)
+            # Its worker replica's restartPolicy is Never: deleting it fails the whole job.
+            pytorch = api.post(
+                f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs",
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "metadata": {"name": "pt"},
+                    "spec": {
+                        "pytorchReplicaSpecs": {
+                            "Worker": {"replicas": 1, "restartPolicy": "Never"},
+                        }
+                    },
+                },
+            )
+            # the labels the training operator puts on the pods it creates
+            labels = {
+                "training.kubeflow.org/job-name": "pt",
+                "training.kubeflow.org/replica-type": "worker",
+            }
+            worker = _owned(api, "pt-worker-0", [_ref(pytorch, True)], labels)
             placed = {
+                "pt-worker-0": worker,
                 "bare": c.bare_pod(api, NS, "bare", 4),
                 "of-pod": _owned(api, "of-pod", [_ref(launcher, True)]),
                 "of-configmap": _owned(api, "of-configmap", [_ref(config, True)]),
@@ -123,10 +187,10 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
             }
             (job_pod,) = c.wait_pods(api, NS, "app=job-once", lambda ps: len(ps) == 1, 30)
             placed["job-once"] = job_pod
-            for name, node in zip(NEVER, nodes[:5], strict=True):
+            for name, node in zip(NEVER, nodes[:6], strict=True):
                 c.bind(api, placed[name], node)
-            c.bind(api, launcher, nodes[5])  # no GPU: it only owns of-pod
-            c.wait_pods(api, NS, "", c.running(7), 30, what="the stage running")
+            c.bind(api, launcher, nodes[6])  # no GPU: it only owns of-pod
+            c.wait_pods(api, NS, "", c.running(8), 30, what="the stage running")
             plane.start_scheduler(c.scheduler_config(port, True), sched_kc, f"scheduler-{NS}")
             yield {
                 "plane": plane,
@@ -139,6 +203,7 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
             for name in [n for n in plane.processes if n.endswith(f"-{NS}")]:
                 plane.processes.pop(name).stop()
             for path in (
+                f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/pt",
                 f"/apis/batch/v1/namespaces/{NS}/jobs/job-once",
                 f"/apis/apps/v1/namespaces/{NS}/replicasets/stray",
             ):
@@ -168,10 +233,12 @@ def test_make_room_evicts_only_what_its_controller_recreates(stage: dict[str, An
     blocked = {b["pod"].split("/")[1]: b for b in plan.get("blocked", [])}
     reasons = {name: blocked[name]["constraint"] for name in NEVER if name in blocked}
     assert reasons, plan  # the planner tried the cheap victims and said why not
-    expected = {name: "bare-pod" for name in NEVER[:4]} | {"job-once": "job-retries"}
+    expected = {name: "bare-pod" for name in NEVER} | {"job-once": "job-retries"}
     assert reasons == {n: expected[n] for n in reasons}, blocked
     if "not-controlled" in blocked:
         assert "not its controller" in blocked["not-controlled"]["detail"]
+    if "pt-worker-0" in blocked:
+        assert "restartPolicy Never" in blocked["pt-worker-0"]["detail"]
 
     mark = len(plane.audit_events())
     _once(stage, dry_run=False)
@@ -189,7 +256,7 @@ def test_make_room_evicts_only_what_its_controller_recreates(stage: dict[str, An
     reads = [
         e for e in plane.audit_events()[mark:]
         if e["user"]["username"] == DAEMON and e["verb"] == "get"
-        and e.get("objectRef", {}).get("resource") in ("replicasets", "jobs")
+        and e.get("objectRef", {}).get("resource") in ("replicasets", "jobs", "pytorchjobs")
     ]  # fmt: skip
     assert reads and all(e["responseStatus"]["code"] == 200 for e in reads), reads
     bound_train(_Stage(plane))
@@ -197,7 +264,7 @@ def test_make_room_evicts_only_what_its_controller_recreates(stage: dict[str, An
     conditions = {x["type"] for x in job.get("status", {}).get("conditions", [])}
     assert not conditions & {"Failed", "FailureTarget"}, job["status"]
     left = {p["metadata"]["name"] for p in c.pods(plane.admin, NS)}
-    assert {"bare", "of-pod", "of-configmap", "not-controlled"} <= left
+    assert {"bare", "of-pod", "of-configmap", "not-controlled", "pt-worker-0"} <= left
 
 
 class _Stage:

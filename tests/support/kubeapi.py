@@ -86,6 +86,7 @@ RESOURCES = {
         ResourceType("replicationcontrollers", "ReplicationController", "", "v1", True),
         ResourceType("jobs", "Job", "batch", "v1", True),
         ResourceType("rayclusters", "RayCluster", "ray.io", "v1", True),
+        ResourceType("pytorchjobs", "PyTorchJob", "kubeflow.org", "v1", True),
     )
 }
 KIND_TO_RESOURCE = {r.kind: r.resource for r in RESOURCES.values()}
