@@ -68,6 +68,11 @@ WINDOW_SPEND_ANNOTATION = "defrag.io/window-spend"
 """On the leader's Lease: the eviction budget spent in the current window (JSON)."""
 
 
+API_ERRORS = (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)
+"""What a call to the API server raises when it fails (refused, cut off, timed out): the Lease's
+reads and writes turn each into a follower or a refusal, never a crash."""
+
+
 class KubeError(RuntimeError):
     """A Kubernetes API call that failed for good (after retries), with what was asked."""
 
@@ -598,7 +603,7 @@ class KubeActuator:
                 )
             )
             items = json.loads(response.data).get("items") or []
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        except API_ERRORS as exc:
             return "failed", f"its answer was lost and the pod cannot be read ({_describe(exc)})"
         except (ValueError, AttributeError) as exc:
             return "failed", f"its answer was lost and the pod cannot be read ({exc})"
@@ -783,7 +788,7 @@ class KubeActuator:
                     )
                 )
             )
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        except API_ERRORS as exc:
             log.warning("cannot record event %s on %s %s: %s", reason, kind, name, _describe(exc))
 
 
@@ -877,12 +882,7 @@ class LeaseElector:
                     self.last = self._tick(again=False)
                 if not self.last.leader:
                     self._renewed_at, self._generation = None, -1
-            except (
-                ApiException,
-                urllib3.exceptions.HTTPError,
-                ConnectionError,
-                TimeoutError,
-            ) as exc:
+            except API_ERRORS as exc:
                 self.last = LeaderStatus(False, self.last.holder, f"lease: {_describe(exc)}")
                 log.warning(
                     "leader election on %s/%s failed: %s",
@@ -989,12 +989,7 @@ class LeaseElector:
                 return False
             try:
                 lease = self._read()
-            except (
-                ApiException,
-                urllib3.exceptions.HTTPError,
-                ConnectionError,
-                TimeoutError,
-            ) as exc:
+            except API_ERRORS as exc:
                 log.warning("cannot confirm the Lease before a write: %s", _describe(exc))
                 return False
             return self._names_us(lease)
@@ -1026,7 +1021,7 @@ class LeaseElector:
         try:
             with self._lock:
                 lease = self._read()
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError):
+        except API_ERRORS:
             return True
         spec = (lease or {}).get("spec") or {}
         if str(spec.get("holderIdentity") or "") != tenure.identity:
@@ -1086,7 +1081,7 @@ class LeaseElector:
             self._renewed_at, self._generation = None, -1
             self.call(self._replace({**lease, "spec": spec}))
             self.last = LeaderStatus(False, "", "released the Lease")
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        except API_ERRORS as exc:
             log.warning(
                 "cannot release the Lease %s/%s: %s", self.namespace, self.name, _describe(exc)
             )
@@ -1100,7 +1095,7 @@ class LeaseElector:
         try:
             with self._lock:
                 lease = self._read()
-        except (ApiException, urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        except API_ERRORS as exc:
             raise SpendUnreadable(f"cannot read the {where}: {_describe(exc)}") from None
         annotations = ((lease or {}).get("metadata") or {}).get("annotations") or {}
         raw = annotations.get(WINDOW_SPEND_ANNOTATION)

@@ -11,21 +11,18 @@ read its Job every cycle, and dropped at once on any doubt: a failed read is fac
 from __future__ import annotations
 
 import json
-import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from defrag.adapters.kube import RetryPolicy, _Caller, _describe, _loaded
+from defrag.adapters.kube import API_ERRORS, RetryPolicy, _Caller, _describe, _loaded
 from defrag.model.resources import OwnerRef
 from defrag.plan.owners import JobFacts, OwnerFacts, TrainingFacts
-
-log = logging.getLogger(__name__)
 
 KEEP_S = 10.0
 """How long an owner's answer is reused. Short: a Job's ``status.failed`` moves as its pods
@@ -52,6 +49,9 @@ TERMINAL_CONDITIONS = {
 """A Job's conditions that say it has ended or is ending (kubernetes pkg/apis/batch/types.go
 JobConditionType; FailureTarget and SuccessCriteriaMet are set before the terminal one)."""
 
+TRAINING_TERMINAL_CONDITIONS = {"Succeeded": "Succeeded", "Failed": "Failed"}
+"""A Kubeflow training job's conditions that say it has ended (kubeflow.org/v1 JobConditionType)."""
+
 
 class KubeOwnerLookup:
     """Owners read from the API server, as the planner's :data:`OwnerLookup` port."""
@@ -71,8 +71,6 @@ class KubeOwnerLookup:
         self.monotonic = monotonic
         self._kept: dict[str, tuple[float, OwnerFacts]] = {}
         self._lock = threading.Lock()
-        self.reads = 0
-        """GETs made (the tests count them)."""
 
     def __call__(self, wanted: Mapping[str, tuple[str, OwnerRef]]) -> dict[str, OwnerFacts]:
         now = self.monotonic()
@@ -102,7 +100,6 @@ class KubeOwnerLookup:
             return OwnerFacts(found=False, problem=f"defrag does not read {ref.kind} objects")
         version = ref.api_version.rpartition("/")[2] or known[0]
         plural = known[1]
-        self.reads += 1
         try:
             response = self.call(
                 lambda: _loaded(self._get(ref.group, version, namespace, plural, ref.name))
@@ -113,7 +110,7 @@ class KubeOwnerLookup:
             what = f"{plural}.{ref.group}" if ref.group else plural
             hint = f" (defrag's ClusterRole needs get on {what})" if exc.status == 403 else ""
             return OwnerFacts(found=False, problem=f"{_describe(exc)}{hint}")
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+        except API_ERRORS as exc:  # cut off, refused, timed out
             return OwnerFacts(found=False, problem=_describe(exc))
         try:
             obj = json.loads(response.data)
@@ -148,20 +145,12 @@ def owner_facts(kind: str, group: str, obj: Any) -> OwnerFacts:
         uid=str(meta.get("uid") or ""),
         deleting=bool(meta.get("deletionTimestamp")),
     )
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
     if (group, kind) == ("kubeflow.org", "PyTorchJob"):
-        return OwnerFacts(
-            found=True,
-            uid=facts.uid,
-            deleting=facts.deleting,
-            training=training_facts(obj.get("spec") or {}, obj.get("status") or {}),
-        )
-    if (group, kind) != ("batch", "Job"):
-        return facts
-    spec = obj.get("spec") or {}
-    status = obj.get("status") or {}
-    return OwnerFacts(
-        found=True, uid=facts.uid, deleting=facts.deleting, job=job_facts(spec, status)
-    )
+        return replace(facts, training=training_facts(spec, status))
+    if (group, kind) == ("batch", "Job"):
+        return replace(facts, job=job_facts(spec, status))
+    return facts
 
 
 def job_facts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> JobFacts:
@@ -169,16 +158,12 @@ def job_facts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> JobFacts:
     is left out; an unreadable number counts as no retry left)."""
     backoff = _int(spec.get("backoffLimit"), 6)
     per_index = spec.get("backoffLimitPerIndex")
-    finished = ""
-    for cond in status.get("conditions") or []:
-        if isinstance(cond, dict) and cond.get("status") == "True":
-            finished = TERMINAL_CONDITIONS.get(str(cond.get("type")), finished)
     return JobFacts(
         backoff_limit=backoff,
         failed=_int(status.get("failed"), 0, bad=backoff + 1),
         ignores_disruption=_ignores_disruption(spec.get("podFailurePolicy")),
         backoff_limit_per_index=None if per_index is None else _int(per_index, 0),
-        finished=finished,
+        finished=_ended(status, TERMINAL_CONDITIONS),
         suspended=spec.get("suspend") is True,
     )
 
@@ -195,15 +180,17 @@ def training_facts(spec: Mapping[str, Any], status: Mapping[str, Any]) -> Traini
             policies[str(kind).lower()] = str(policy) if policy else "OnFailure"
     run = spec.get("runPolicy")
     limit = run.get("backoffLimit") if isinstance(run, Mapping) else None
-    finished = ""
+    ended = _ended(status, TRAINING_TERMINAL_CONDITIONS)
+    return TrainingFacts(policies, None if limit is None else _int(limit, 0), ended)
+
+
+def _ended(status: Mapping[str, Any], terminal: Mapping[str, str]) -> str:
+    """How the object has ended by the last of its true ``terminal`` conditions ("": not)."""
+    ended = ""
     for cond in status.get("conditions") or []:
-        if (
-            isinstance(cond, Mapping)
-            and cond.get("status") == "True"
-            and cond.get("type") in ("Succeeded", "Failed")
-        ):
-            finished = str(cond["type"])
-    return TrainingFacts(policies, None if limit is None else _int(limit, 0), finished)
+        if isinstance(cond, Mapping) and cond.get("status") == "True":
+            ended = terminal.get(str(cond.get("type")), ended)
+    return ended
 
 
 def _ignores_disruption(policy: Any) -> bool:
