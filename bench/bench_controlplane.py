@@ -55,7 +55,7 @@ def drain_to_bind(plane: ControlPlane, kubelet: Kubelet, runs: int, folder: Path
             stage.starving()
             mark = len(plane.audit_events())
             c.start_daemon(
-                plane, stage.kubeconfig, stage.settings(dry_run=False), stage.rules,
+                plane, stage.kubeconfig, stage.settings(execution={"dry_run": False}), stage.rules,
                 f"daemon-{ns}",
             )  # fmt: skip
             pod = bound_train(stage)
@@ -124,7 +124,9 @@ def api_calls(
     )  # fmt: skip
     cycle = _requests(plane, DAEMON, mark, python_only=False)
 
-    settings = c.write_yaml(folder / "extender-settings.yaml", {"policy": "reserve-binpack"})
+    settings = c.write_yaml(
+        folder / "extender-settings.yaml", {"scoring": {"policy": "reserve-binpack"}}
+    )
     kubeconfig = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
     mark = len(plane.audit_events())
     with c.extender(plane, kubeconfig, settings, name="extender-load", port=free_port()):

@@ -37,11 +37,13 @@ from defrag.adapters.kube import KubeActuator, KubeClusterSource, RetryPolicy
 from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.adapters.watched_cluster import WatchedCluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.daemon.cycle import CyclePorts, SystemClock, run_cycle
+from defrag.decide import CycleConfig
 from defrag.detect.findings import Finding
 from defrag.execute import Executor
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
+from defrag.plan.spend import BudgetLedger
 from defrag.rules import load_rules
 from defrag.scoring.profile import ScoringProfile
 from defrag.settings import load_settings
@@ -155,7 +157,7 @@ def main() -> None:
         # the first cycle lists, the next ones build only if something changed.
         source = WatchedCluster(KubeWatchSource(client, retry=retry), max_staleness_s=600)
         snapshot = Timed(source.snapshot)
-        settings = load_settings(None, {"min_pod_age_s": 0})
+        settings = load_settings(None, {"planner.min_pod_age_s": 0})
         detect = Timed(_detector(load_rules([default_rules_dir()]), None))
         plan = Timed(_planner(settings))
         actuator = KubeActuator(client, send_writes=False)
@@ -175,8 +177,9 @@ def main() -> None:
             *,
             profile: ScoringProfile,
             pods: frozenset[str] | None = None,
+            spent: BudgetLedger | None = None,
         ) -> Plan:
-            return plan(cluster, goal, now, profile=profile, pods=pods)  # type: ignore[no-any-return]
+            return plan(cluster, goal, now, profile=profile, pods=pods, spent=spent)  # type: ignore[no-any-return]
 
         ports = CyclePorts(Source(), SystemClock(), detector, planner, executor)
         builder = source.watch._builder

@@ -47,8 +47,9 @@ from bench.bench_packing_limit import TRACES, load_trace, seed_limits
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
-from defrag.sim.defrag_hook import make_defrag_hook
+from defrag.sim.daemon_driver import DaemonDriver, daemon_setup
 from defrag.sim.fill import PAPER_SEEDS, FillRun, run_fill, sample_workload
+from defrag.sim.fill_hook import FillHook
 from defrag.sim.hooks import Move
 from defrag.sim.state import SimState
 from defrag.sim.timeline import TimelineRun, run_timeline
@@ -62,7 +63,7 @@ def _mix(shared: Path, trace: str) -> WorkloadMix:
 def _fill(shared: Path, trace: str, policy: str, seed: int, defrag: bool) -> FillRun:
     nodes, pods = load_trace(shared, trace)
     mix = _mix(shared, trace)
-    hook = make_defrag_hook(policy, "fill") if defrag else None
+    hook = FillHook() if defrag else None
     return run_fill(nodes, pods, policy, seed, mix=mix, hook=hook)
 
 
@@ -152,9 +153,7 @@ def jam_table(shared: Path, policies: list[str], seeds: int) -> None:
             small = (free > 0) & (free < probe.smallest_failed)
             usable = int(free[whole].sum() + free[piece].sum())
             base = run_fill(nodes, no_cpu, policy, seed, mix=mix)
-            hooked = run_fill(
-                nodes, no_cpu, policy, seed, mix=mix, hook=make_defrag_hook(policy, "fill")
-            )
+            hooked = run_fill(nodes, no_cpu, policy, seed, mix=mix, hook=FillHook())
             print(
                 f"| {policy} | {seed} | {100 * probe.allocated / capacity:.2f} "
                 f"| {int(whole.sum())} | {free[piece].sum() / GPU_MILLI:.1f} "
@@ -184,9 +183,8 @@ def timeline_table(shared: Path, policies: list[str], seeds: int) -> None:
     for policy in policies:
         for seed in range(1, seeds + 1):
             base = run_timeline(nodes, pods, policy, seed, mix=mix)
-            hooked = run_timeline(
-                nodes, pods, policy, seed, mix=mix, hook=make_defrag_hook(policy, "timeline")
-            )
+            daemon = DaemonDriver(daemon_setup(policy=policy))
+            hooked = run_timeline(nodes, pods, policy, seed, mix=mix, hook=daemon)
             multi = ("2", "4", "8")
             print(
                 f"| {policy} | {seed} | {_wait(base, multi):.3f} → {_wait(hooked, multi):.3f} "

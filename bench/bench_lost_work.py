@@ -21,10 +21,11 @@ import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from bench import data
 from bench.bench_packing_limit import load_trace
-from bench.bench_peers import parse_hook_options
+from bench.bench_peers import daemon_options
 from defrag.model.resources import Pod
 from defrag.sim.defragmenters import make_defragmenter
 from defrag.sim.hooks import DefragHook, Move
@@ -113,10 +114,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-seed", type=int, default=42)
     ap.add_argument("--hours", type=float, default=36.0)
     ap.add_argument("--warmup", type=float, default=12.0)
-    ap.add_argument("--hook-option", action="append", default=[], metavar="KEY=VALUE",
-                    help="a defragmenter hook option, as bench_peers takes it")  # fmt: skip
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+                    help="a daemon setting, as bench_peers takes it")  # fmt: skip
+    ap.add_argument("--settings", type=Path, help="the daemon's settings file")
     args = ap.parse_args(argv)
-    opts = parse_hook_options(ap, args.hook_option)
+    opts = daemon_options(ap, args.settings, args.sets, 6.0)
     data.require(args.data, data.trace_files([args.trace]))
     nodes, shapes = load_trace(args.data, args.trace)
     config = TimelineConfig(load=0.9, hours=args.hours, warmup_hours=args.warmup,

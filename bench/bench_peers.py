@@ -32,7 +32,7 @@ import numpy as np
 from bench import data
 from bench.bench_packing_limit import load_trace
 from defrag.model.resources import Node
-from defrag.sim.defragmenters import DEFRAGMENTERS, EXTENDER_POLICY
+from defrag.sim.defragmenters import DEFRAGMENTERS, EXTENDER_POLICY, DaemonOptions
 from defrag.sim.migration import MigrationCost
 from defrag.sim.report import markdown_table
 from defrag.sim.runner import Task, Workload, run_tasks
@@ -88,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-every", type=float, default=6.0, help="hours between windows")
     ap.add_argument("--scale", type=int, default=1, help="cluster copies (10: ~12,000 nodes)")
     ap.add_argument(
-        "--hook-option", action="append", default=[], metavar="KEY=VALUE",
-        help="a defrag hook option for every defrag row (HookOptions field; JSON value), e.g. "
-        "window_evictions=256, room_worth=4, migrate_any_priority=false",
+        "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
+        help="a daemon setting for every defrag row (dotted key, as `defrag simulate --set`), "
+        "e.g. windows.max_evictions_per_window=256, planner.make_room_worth=4",
+    )  # fmt: skip
+    ap.add_argument(
+        "--settings", type=Path,
+        help="the daemon's settings file for the defrag rows (default: the simulator's)",
     )  # fmt: skip
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", type=Path)
@@ -119,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(
             f"--defragmenters: unknown {', '.join(unknown)}; known: {', '.join(DEFRAGMENTERS)}"
         )
-    hook_options = parse_hook_options(ap, args.hook_option)
+    daemon = daemon_options(ap, args.settings, args.sets, args.window_every)
     tasks = [
         Task(
             "timeline",
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             s,
             timeline=config,
             defragmenter=d,
-            hook_options=hook_options if d.startswith("defrag") else {},
+            daemon=daemon,
         )
         for i, p in enumerate(policies)
         for d in names
@@ -171,18 +175,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def parse_hook_options(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, object]:
-    """``KEY=VALUE`` pairs; the value is read as JSON (``256``, ``false``), else as text."""
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            ap.error(f"--hook-option {item!r}: expected KEY=VALUE")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
+def daemon_options(
+    ap: argparse.ArgumentParser, settings: Path | None, sets: list[str], window_every_h: float
+) -> DaemonOptions:
+    """The defrag rows' settings (``--settings``, ``--set KEY=VALUE``), checked before any run:
+    a wrong key or value is one error naming it."""
+    from defrag.cli.app import UserError
+    from defrag.cli.simulate import parse_sets
+    from defrag.rules import RulesError
+    from defrag.settings import SettingsError
+    from defrag.sim.daemon_driver import daemon_setup
+
+    try:
+        overrides = parse_sets(sets)
+        daemon_setup(settings, overrides, window_every_h=window_every_h)
+    except (UserError, SettingsError, RulesError, ValueError) as exc:
+        ap.error(str(exc))
+    return DaemonOptions(str(settings) if settings else None, overrides, window_every_h)
 
 
 def _mean(xs: list[float]) -> float:
@@ -251,11 +260,8 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds {first}–"
         f"{first + args.seeds - 1}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
         f"{args.window_every:g} h"
-        + (
-            f", hook options {getattr(args, 'hook_option', [])}"
-            if getattr(args, "hook_option", [])
-            else ""
-        )
+        + (f", settings {args.settings}" if getattr(args, "settings", None) else "")
+        + (f", --set {' '.join(args.sets)}" if getattr(args, "sets", []) else "")
         + "; means over seeds "
         "(p95: mean of the per-seed p95).\n\n"
         f"Command: `.venv/bin/python -m bench.bench_peers {cmd}`\n\n"

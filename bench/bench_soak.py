@@ -160,26 +160,21 @@ RULES = {
 
 def daemon_settings(prometheus: str, alertmanager: str) -> dict[str, Any]:
     return {
-        "policy": "reserve-binpack",
-        "dry_run": False,
-        "leader_election": True,
-        "lease_duration_s": LEASE_S,
-        "cycle_interval_s": 1,
-        "replacement_timeout_s": 8,
-        "poll_interval_s": 0.5,
-        "ready_max_age_s": 30,
-        "make_room_worth": 0,
-        "windows": [{"cron": WINDOW_CRON, "length_s": WINDOW_LENGTH_S}],
-        "max_evictions_per_window": WINDOW_BUDGET,
-        "eviction_budget_follows_demand": False,
-        "max_evictions_per_namespace": 100000,
-        "max_evictions_per_node": 100000,
-        "prometheus_url": prometheus,
-        "prometheus_timeout_s": 3,
-        "alertmanager_urls": [alertmanager],
-        "alert_resend_interval_s": 5,
-        "alert_ttl_s": 120,
-        "log_format": "json",
+        "scoring": {"policy": "reserve-binpack"},
+        "execution": {"dry_run": False, "replacement_timeout_s": 8, "poll_interval_s": 0.5},
+        "leadership": {"enabled": True, "lease_duration_s": LEASE_S},
+        "daemon": {"cycle_interval_s": 1, "ready_max_age_s": 30},
+        "planner": {"make_room_worth": 0},
+        "windows": {
+            "schedule": [{"cron": WINDOW_CRON, "length_s": WINDOW_LENGTH_S}],
+            "max_evictions_per_window": WINDOW_BUDGET,
+            "budget_follows_demand": False,
+            "max_evictions_per_namespace": 100000,
+            "max_evictions_per_node": 100000,
+        },
+        "prometheus": {"url": prometheus, "timeout_s": 3},
+        "alerts": {"urls": [alertmanager], "resend_interval_s": 5, "ttl_s": 120},
+        "logging": {"format": "json"},
     }
 
 
@@ -363,7 +358,7 @@ class Soak:
             self.folder / "extender.kubeconfig", ext_token, "extender"
         )
         self.ext_settings = c.write_yaml(
-            self.folder / "extender-settings.yaml", {"policy": "reserve-binpack"}
+            self.folder / "extender-settings.yaml", {"scoring": {"policy": "reserve-binpack"}}
         )
         self.ext_port = free_port()
         self._start_extender()
@@ -465,9 +460,9 @@ class Soak:
             ],
             self.plane.folder,
             env={
-                "DEFRAG_HTTP_PORT": str(replica.port),
-                "DEFRAG_HTTP_HOST": "127.0.0.1",
-                "DEFRAG_IDENTITY": replica.name,
+                "DEFRAG_HTTP__PORT": str(replica.port),
+                "DEFRAG_HTTP__HOST": "127.0.0.1",
+                "DEFRAG_LEADERSHIP__IDENTITY": replica.name,
             },
         )  # fmt: skip
         self.plane.processes[name] = replica.process
@@ -1286,7 +1281,7 @@ class Soak:
             return sum(
                 int(ev.get("count") or 1)
                 for ev in items
-                if ev.get("reason") == "DefragSkipped" and "window budget" in ev.get("message", "")
+                if ev.get("reason") == "DefragSkipped" and "budget-window" in ev.get("message", "")
             )
         return -1
 

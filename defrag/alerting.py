@@ -275,12 +275,12 @@ def describe(finding: Finding) -> str:
 
 RUNBOOK_URL = "https://github.com/defrag-io/defrag/blob/main/docs/alerts.md"
 """The runbooks (docs/alerts.md) on the project's public repository: every alert's
-``runbook_url`` is this plus ``#<alert name in lower case>`` (setting ``alert_runbook_url`` for a
-mirror or a fork; the Prometheus rules in rules/prometheus/ carry the same absolute URL)."""
+``runbook_url`` is this plus ``#<alert name in lower case>`` (setting ``alerts.runbook_url`` for
+a mirror or a fork; the Prometheus rules in rules/prometheus/ carry the same absolute URL)."""
 
 GENERATOR_URL = "http://defrag.invalid/findings"
 """Where an alert's ``generatorURL`` points (``/<finding fingerprint>`` appended); setting
-``alert_generator_url``, e.g. the Grafana dashboard. It also marks the alerts this sender owns
+``alerts.generator_url``, e.g. the Grafana dashboard. It also marks the alerts this sender owns
 (adopted and resolved after a restart), so changing it orphans the alerts already firing until
 their TTL lapses."""
 

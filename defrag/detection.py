@@ -21,6 +21,7 @@ import numpy as np
 
 from defrag.adapters.ksm_cluster import cluster_from_kube_state
 from defrag.adapters.prometheus import apply_gpu_indices, gpu_indices_by_pod
+from defrag.decide import Detected, Detector
 from defrag.detect.findings import Finding
 from defrag.detectors import registry
 from defrag.detectors.idle.core import IdleParams, IdleStatus, assess_idle
@@ -32,6 +33,7 @@ from defrag.detectors.rulemodel import ClusterRuleModel, KubeStateQueries, setti
 from defrag.detectors.starvation.core import first_per_pod
 from defrag.model.cluster import Cluster
 from defrag.ports import MetricsSource
+from defrag.redact import redact_text
 from defrag.rules import LoadedRule, RuleSet
 from defrag.scoring.profile import ScoringProfile
 
@@ -141,6 +143,20 @@ def run_detection(
             failures.append(_failure(loaded, exc))
     # a pod two starvation rules find is reported by the first (file order: high priority first)
     return DetectionReport(tuple(first_per_pod(findings)), tuple(failures), skipped, tuple(ran))
+
+
+def cycle_detector(rules: RuleSet, metrics: MetricsSource | None) -> Detector:
+    """The decision's detector port: every enabled rule on the cycle's cluster, with what
+    could not be evaluated (rule → why, redacted) and what was skipped for missing inputs. One
+    broken rule never stops the others; the daemon logs, counts and alerts on the failed ones,
+    and holds their alerts as they were. The daemon and the simulator both detect with it."""
+
+    def detect(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Detected:
+        report = run_detection(rules, metrics, cluster, now, profile=profile)
+        failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}
+        return Detected(report.findings, failed, report.skipped)
+
+    return detect
 
 
 def _failure(loaded: LoadedRule, exc: Exception) -> RuleFailure:

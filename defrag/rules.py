@@ -122,12 +122,13 @@ def default_rules_dir() -> Path:
 def rules_paths(
     explicit: Iterable[str | Path] = (), setting: str | Path | None = None
 ) -> list[Path]:
-    """The one rules lookup: the paths given (``--rules``), else the setting (``rules_dir``,
-    i.e. ``$DEFRAG_RULES_DIR``), else the packaged defaults."""
+    """The one rules lookup: the paths given (``--rules``), else the setting
+    (``detection.rules_dir``, i.e. ``$DEFRAG_DETECTION__RULES_DIR``), else the packaged
+    defaults."""
     given = [Path(p) for p in explicit]
     if given:
         return given
-    chosen = setting or os.environ.get("DEFRAG_RULES_DIR")
+    chosen = setting or os.environ.get("DEFRAG_DETECTION__RULES_DIR")
     return [Path(chosen)] if chosen else [default_rules_dir()]
 
 

@@ -361,8 +361,8 @@ def test_self_monitoring_alerts_read_series_the_daemon_exports() -> None:
         ({}, RUNBOOK_URL, "http://defrag.invalid/findings"),
         (
             {
-                "alert_runbook_url": "https://wiki.example/defrag/alerts/",
-                "alert_generator_url": "https://grafana.example/d/defrag",
+                "alerts.runbook_url": "https://wiki.example/defrag/alerts/",
+                "alerts.generator_url": "https://grafana.example/d/defrag",
             },
             "https://wiki.example/defrag/alerts",
             "https://grafana.example/d/defrag",
@@ -375,7 +375,7 @@ def test_alert_links_come_from_the_settings(
     from defrag.settings import load_settings
 
     settings = load_settings(None, overrides)
-    template = AlertTemplate("c", settings.alert_generator_url, settings.alert_runbook_url)
+    template = AlertTemplate("c", settings.alerts.generator_url, settings.alerts.runbook_url)
     alert = template.test_alert(datetime(2026, 1, 1, tzinfo=UTC))
     assert alert.annotations["runbook_url"] == f"{runbook}#defragtestalert"
     assert alert.generator_url == f"{generator}/test"
@@ -385,5 +385,5 @@ def test_alert_links_come_from_the_settings(
 def test_a_relative_runbook_url_is_refused(bad: str) -> None:
     from defrag.settings import SettingsError, load_settings
 
-    with pytest.raises(SettingsError, match="alert_runbook_url"):
-        load_settings(None, {"alert_runbook_url": bad})
+    with pytest.raises(SettingsError, match=r"alerts\.runbook_url"):
+        load_settings(None, {"alerts.runbook_url": bad})

@@ -1,6 +1,9 @@
-"""bench_peers' ``--hook-option KEY=VALUE``: JSON values, else text; a bad pair is refused."""
+"""bench_peers' ``--set KEY=VALUE``: the daemon's settings by dotted key, values read as YAML
+scalars; a bad pair, an unknown key or an old flat key is refused before any run."""
 
 from __future__ import annotations
+
+import argparse
 
 import pytest
 
@@ -8,26 +11,41 @@ import pytest
 @pytest.mark.parametrize(
     ("items", "expected"),
     [
-        (["window_evictions=256"], {"window_evictions": 256}),
-        (["migrate_any_priority=false", "room_worth=2.5"],
-         {"migrate_any_priority": False, "room_worth": 2.5}),
-        (["rule=rules/x.yaml"], {"rule": "rules/x.yaml"}),  # not JSON: kept as text
+        (["windows.max_evictions_per_window=256"], {"windows.max_evictions_per_window": 256}),
+        (["planner.make_room_moves_any_priority=false", "planner.make_room_worth=2.5"],
+         {"planner.make_room_moves_any_priority": False, "planner.make_room_worth": 2.5}),
+        (["detection.rules_dir=rules/x"], {"detection.rules_dir": "rules/x"}),
     ],
 )  # fmt: skip
-def test_hook_options_parse(items: list[str], expected: dict[str, object]) -> None:
-    import argparse
+def test_sets_parse(items: list[str], expected: dict[str, object]) -> None:
+    from bench.bench_peers import daemon_options
 
-    from bench.bench_peers import parse_hook_options
+    options = (
+        daemon_options(argparse.ArgumentParser(), None, items, 6.0)
+        if "detection.rules_dir=rules/x" not in items
+        else None
+    )
+    if options is not None:
+        assert dict(options.overrides) == expected
+    from defrag.cli.simulate import parse_sets
 
-    assert parse_hook_options(argparse.ArgumentParser(), items) == expected
+    assert parse_sets(items) == expected
 
 
-def test_a_pair_without_equals_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    import argparse
-
-    from bench.bench_peers import parse_hook_options
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["windows.max_evictions_per_window"], "expected KEY=VALUE"),
+        (["planner.bogus=1"], "planner.bogus"),
+        (["max_evictions_per_window=3"], "is now windows.max_evictions_per_window"),
+    ],
+)
+def test_a_bad_setting_is_refused(
+    items: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench.bench_peers import daemon_options
 
     with pytest.raises(SystemExit) as exc:
-        parse_hook_options(argparse.ArgumentParser(prog="bench_peers"), ["window_evictions"])
+        daemon_options(argparse.ArgumentParser(prog="bench_peers"), None, items, 6.0)
     assert exc.value.code == 2
-    assert "expected KEY=VALUE" in capsys.readouterr().err
+    assert message in capsys.readouterr().err

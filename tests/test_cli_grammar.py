@@ -104,18 +104,19 @@ def test_durations_with_units_and_the_old_forms_mean_the_same(
         (["demo", "--plot", "demo.svg"], {}, "--plot demo.svg: the file must end in .png"),
         (
             ["run", "--cluster", "sim", "--once"],
-            {"DEFRAG_ALERTMANAGER_URLS": '["http://am:9093"'},
-            "setting alertmanager_urls (env DEFRAG_ALERTMANAGER_URLS): not a JSON list",
+            {"DEFRAG_ALERTS__URLS": '["http://am:9093"'},
+            "setting alerts.urls (env DEFRAG_ALERTS__URLS): not a JSON list",
         ),
         (
             ["run", "--cluster", "sim", "--once"],
-            {"DEFRAG_WINDOWS": "0 2 * * *"},
-            "setting windows (env DEFRAG_WINDOWS): cannot read '0 2 * * *'",
+            {"DEFRAG_WINDOWS__SCHEDULE": "0 2 * * *"},
+            "setting windows.schedule (env DEFRAG_WINDOWS__SCHEDULE): cannot read '0 2 * * *'",
         ),
         (
             ["run", "--cluster", "sim", "--once"],
-            {"DEFRAG_CYCLE_INTERVAL_S": "soon"},
-            "setting cycle_interval_s (env DEFRAG_CYCLE_INTERVAL_S): cannot read 'soon'",
+            {"DEFRAG_DAEMON__CYCLE_INTERVAL_S": "soon"},
+            "setting daemon.cycle_interval_s (env DEFRAG_DAEMON__CYCLE_INTERVAL_S): cannot read "
+            "'soon'",
         ),
         (["plan", "-s", SCATTERED, "--min-age", "a while"], {}, "--min-age: cannot read"),
         (["report", "-s", SCATTERED, "--at", "tuesday"], {}, "--at: cannot read 'tuesday'"),
@@ -160,7 +161,8 @@ def test_the_daemon_logs_what_each_cycle_did(caplog: pytest.LogCaptureFixture) -
     from defrag.settings import load_settings
 
     settings = load_settings(
-        None, {"cluster": "sim", "windows": [{"cron": "* * * * *", "length_s": 3600}]}
+        None,
+        {"cluster.kind": "sim", "windows.schedule": [{"cron": "* * * * *", "length_s": 3600}]},
     )
     daemon = build(settings).daemon
     with caplog.at_level("INFO", logger="defrag.daemon"):
@@ -179,12 +181,12 @@ def test_one_rules_lookup_given_then_setting_then_packaged(
 ) -> None:
     from defrag.rules import default_rules_dir, rules_paths
 
-    monkeypatch.delenv("DEFRAG_RULES_DIR", raising=False)
+    monkeypatch.delenv("DEFRAG_DETECTION__RULES_DIR", raising=False)
     packaged = default_rules_dir()
     assert packaged.parts[-3:] == ("defrag", "data", "rules")
     assert (packaged / "starvation.yaml").is_file()
     assert rules_paths() == [packaged]
-    monkeypatch.setenv("DEFRAG_RULES_DIR", str(tmp_path / "env"))
+    monkeypatch.setenv("DEFRAG_DETECTION__RULES_DIR", str(tmp_path / "env"))
     assert rules_paths() == [tmp_path / "env"]
     assert rules_paths((), str(tmp_path / "setting")) == [tmp_path / "setting"]
     assert rules_paths([tmp_path / "flag"], str(tmp_path / "setting")) == [tmp_path / "flag"]

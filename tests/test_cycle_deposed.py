@@ -8,7 +8,8 @@ new leader's sink no longer held the alert, so it stayed firing for a finding th
 
 from __future__ import annotations
 
-from defrag.daemon.cycle import CycleConfig, run_cycle
+from defrag.daemon.cycle import run_cycle
+from defrag.decide import CycleConfig
 from defrag.execute.fence import Tenure
 from tests.test_cycle import RecordingSink, ports
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
+from defrag.daemon.cycle import CyclePorts, run_cycle
+from defrag.decide import CycleConfig
 from defrag.model.workload import WorkloadMix
 from defrag.rules import load_rules
 from defrag.scoring.fragmentation import fragmentation_report

@@ -21,8 +21,9 @@ from defrag.adapters.prometheus import MetricsError
 from defrag.adapters.simcluster import SimClock, SimCluster, fragmented_cluster
 from defrag.adapters.watched_cluster import StaleCluster
 from defrag.cli.run import _detector, _planner, build, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
+from defrag.daemon.cycle import CyclePorts, SystemClock
 from defrag.daemon.service import Daemon
+from defrag.decide import CycleConfig
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window
 from defrag.execute.mode import RunMode
 from defrag.rules import load_rules
@@ -48,7 +49,7 @@ def sim_daemon(
     sim_clock = SimClock(speedup=0)
     sim = SimCluster(fragmented_cluster(), sim_clock)
     use = clock or sim_clock
-    settings = load_settings(None, {"max_evictions_per_namespace": 20})
+    settings = load_settings(None, {"windows.max_evictions_per_namespace": 20})
     ex = Executor(
         sim,
         sim,
@@ -195,10 +196,10 @@ def test_sigterm_stops_the_daemon_cleanly() -> None:
     port = free_port()
     env = {
         **os.environ,
-        "DEFRAG_HTTP_PORT": str(port),
-        "DEFRAG_HTTP_HOST": "127.0.0.1",
-        "DEFRAG_SIM_SPEEDUP": "1",
-        "DEFRAG_LOG_FORMAT": "json",
+        "DEFRAG_HTTP__PORT": str(port),
+        "DEFRAG_HTTP__HOST": "127.0.0.1",
+        "DEFRAG_SIM__SPEEDUP": "1",
+        "DEFRAG_LOGGING__FORMAT": "json",
     }
     proc = subprocess.Popen(
         [sys.executable, "-c", "from defrag.cli import main; main()", "run", "--cluster", "sim"],
@@ -231,8 +232,8 @@ def test_sigterm_stops_the_daemon_cleanly() -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"cluster": "sim", "rules_dir": "/nonexistent"}, "/nonexistent"),
-        ({"cluster": "sim", "alertmanager_urls": ["ftp://x"]}, "setting alertmanager_urls"),
+        ({"cluster.kind": "sim", "detection.rules_dir": "/nonexistent"}, "/nonexistent"),
+        ({"cluster.kind": "sim", "alerts.urls": ["ftp://x"]}, "setting alerts.urls"),
     ],
 )
 def test_bad_wiring_settings_name_what_is_wrong(overrides: dict[str, object], message: str) -> None:

@@ -54,7 +54,7 @@ def test_once_against_an_api_server_in_dry_run_writes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with KubeApi(scattered_20()["items"]) as api:
-        monkeypatch.setenv("DEFRAG_KUBECONFIG", str(kubeconfig(tmp_path, api.url)))
+        monkeypatch.setenv("DEFRAG_CLUSTER__KUBECONFIG", str(kubeconfig(tmp_path, api.url)))
         result = runner.invoke(app, ["run", "--once", "--output", "json"])
         assert result.exit_code == 0, result.output
         doc = json.loads(result.stdout)
@@ -69,13 +69,13 @@ def test_once_against_an_api_server_in_dry_run_writes_nothing(
         (["run", "--cluster", "sim", "--once", "--rules", "/nonexistent"], {}, "/nonexistent"),
         (
             ["run", "--cluster", "sim", "--once"],
-            {"DEFRAG_EVICTION_BATCH_SIZE": "0"},
-            "setting eviction_batch_size (env DEFRAG_EVICTION_BATCH_SIZE)",
+            {"DEFRAG_EXECUTION__BATCH_SIZE": "0"},
+            "setting execution.batch_size (env DEFRAG_EXECUTION__BATCH_SIZE)",
         ),
         (["run", "--once", "--settings", "/nonexistent.yaml"], {}, "no such file"),
         (
             ["run", "--once"],
-            {"DEFRAG_KUBECONFIG": "/nonexistent-kubeconfig"},
+            {"DEFRAG_CLUSTER__KUBECONFIG": "/nonexistent-kubeconfig"},
             "kubeconfig /nonexistent-kubeconfig: no such file",
         ),
     ],

@@ -16,9 +16,10 @@ import pytest
 
 from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
+from defrag.daemon.cycle import CyclePorts, run_cycle
 from defrag.daemon.service import DaemonMetrics
 from defrag.daemon.unmodelled import UnmodelledReporter
+from defrag.decide import CycleConfig
 from defrag.execute.mode import RunMode
 from defrag.extender.state import ClusterCache
 from defrag.rules import load_rules

@@ -15,7 +15,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from defrag.settings import load_settings
+from defrag.settings import check_environment, load_settings
 from tests.support import kustomize
 from tests.support.binaries import require_binary
 
@@ -154,8 +154,8 @@ def test_overlays_differ_only_in_dry_run(rendered: dict[str, list[Obj]]) -> None
         container = one(objs, "Deployment", "defrag")["spec"]["template"]["spec"]["containers"][0]
         return {e["name"]: e.get("value") for e in container["env"]}
 
-    assert env(rendered["dry-run"])["DEFRAG_DRY_RUN"] == "true"
-    assert env(rendered["enforce"])["DEFRAG_DRY_RUN"] == "false"
+    assert env(rendered["dry-run"])["DEFRAG_EXECUTION__DRY_RUN"] == "true"
+    assert env(rendered["enforce"])["DEFRAG_EXECUTION__DRY_RUN"] == "false"
     strip = [
         o
         for o in rendered["enforce"]
@@ -233,10 +233,16 @@ def test_daemon_args_and_settings_load(rendered: dict[str, list[Obj]], tmp_path:
     )
     path = tmp_path / "settings.yaml"
     path.write_text(settings_cm["data"]["settings.yaml"])
-    settings = load_settings(path, {"dry_run": True})  # the real loader: every field is known
-    assert settings.http_port == int(c["ports"][0]["containerPort"])
-    assert settings.leader_election and settings.lease_namespace == "defrag-system"
-    assert settings.lease_name == "defrag"
+    # the real loader: every field is known
+    settings = load_settings(path, {"execution.dry_run": True})
+    assert settings.http.port == int(c["ports"][0]["containerPort"])
+    lease = settings.leadership
+    assert lease.enabled and lease.lease_namespace == "defrag-system"
+    assert lease.lease_name == "defrag"
+    # the Deployment's variables are settings of the sectioned layout
+    env = {e["name"]: e.get("value") for e in c["env"] if e["name"].startswith("DEFRAG_")}
+    assert set(env) == {"DEFRAG_EXECUTION__DRY_RUN", "DEFRAG_LEADERSHIP__IDENTITY"}
+    check_environment(env)
 
 
 def test_agent_daemonset_targets_gpu_nodes(rendered: dict[str, list[Obj]]) -> None:

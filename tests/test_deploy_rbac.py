@@ -98,7 +98,7 @@ def test_agent_role_is_exactly_what_publishing_uses(api: KubeApi) -> None:
 def test_each_lease_role_names_the_lease_its_account_elects_on() -> None:
     """The daemon's and the second scheduler's Roles read and renew one Lease by name only (no
     other Lease can be read or taken over; creating cannot be limited by name, the admission
-    policy defrag-own-lease does that): the names are the daemon's ``lease_name`` and the
+    policy defrag-own-lease does that): the names are the daemon's ``leadership.lease_name`` and the
     scheduler's ``leaderElection.resourceName``, and each is its account's name, as the policy
     assumes."""
     docs = render(ROOT / "deploy" / "overlays" / "enforce")
@@ -107,7 +107,7 @@ def test_each_lease_role_names_the_lease_its_account_elects_on() -> None:
         (ROOT / "deploy" / "components" / "extender" / "kube-scheduler-config.yaml").read_text()
     )
     elects = {
-        "defrag-leader-election": settings["lease_name"],
+        "defrag-leader-election": settings["leadership"]["lease_name"],
         "defrag-scheduler-leader-election": config["leaderElection"]["resourceName"],
     }
     for role_name, lease in elects.items():

@@ -502,7 +502,7 @@ def test_the_containers_arguments_serve_the_verbs_on_loopback_and_probes_apart(
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "DEFRAG_LOG_LEVEL": "WARNING"},
+        env={**os.environ, "DEFRAG_LOGGING__LEVEL": "WARNING"},
     )
     try:
         wait_ready(proc, metrics_port, "the extender")

@@ -25,7 +25,7 @@ def test_flags_settings_and_rule_files_read_a_duration_alike(text: str, seconds:
     assert duration_seconds(text) == seconds
     assert parse_duration(text, "--min-age") == seconds
     assert rule_duration(text) == seconds
-    assert load_settings(None, {"min_pod_age_s": text}).min_pod_age_s == seconds
+    assert load_settings(None, {"planner.min_pod_age_s": text}).planner.min_pod_age_s == seconds
 
 
 @pytest.mark.parametrize("text", ["", "15", "1x", "m15", "1h 30m", "-5m"])

@@ -20,7 +20,7 @@ from defrag.plan.config import Constraints, PlannerConfig
 from defrag.plan.constraints import blocked_from, check_pod
 from defrag.scoring.policies import make_policy
 from defrag.settings import SettingsError, load_settings
-from defrag.sim.defrag_hook import SIM_PLANNER, make_defrag_hook
+from defrag.sim.fill_hook import FILL_PLANNER, FillHook
 from defrag.sim.state import SimState
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
 
@@ -90,11 +90,11 @@ def test_label_selector_syntax_errors_name_the_position(text: str, where: str | 
          None, None),
         (running("a", "n", namespace="serving"),
          Constraints(namespaces_include=frozenset({"ml"})), "evict-namespace",
-         "namespace serving is not in evict_namespaces_include (ml)"),
+         "namespace serving is not in planner.evict_namespaces_include (ml)"),
         # namespaces excluded
         (running("a", "n", namespace="serving"),
          Constraints(namespaces_exclude=frozenset({"serving"})), "evict-namespace",
-         "namespace serving is in evict_namespaces_exclude"),
+         "namespace serving is in planner.evict_namespaces_exclude"),
         (running("a", "n", namespace="ml"),
          Constraints(namespaces_exclude=frozenset({"serving"})), None, None),
         # label selector
@@ -102,10 +102,10 @@ def test_label_selector_syntax_errors_name_the_position(text: str, where: str | 
          Constraints(label_selector=parse_label_selector("app=batch")), None, None),
         (running("a", "n", labels={"app": "web"}),
          Constraints(label_selector=parse_label_selector("app=batch")), "evict-label-selector",
-         "labels do not match evict_label_selector 'app=batch'"),
+         "labels do not match planner.evict_label_selector 'app=batch'"),
         # priority threshold: at it never moves (500 ≥ 500), just below it may (499 < 500)
         (running("a", "n", priority=500), Constraints(priority_threshold=500), "priority",
-         "priority 500 ≥ evict_priority_threshold 500"),
+         "priority 500 ≥ planner.evict_priority_threshold 500"),
         (running("a", "n", priority=499), Constraints(priority_threshold=500), None, None),
     ],
 )  # fmt: skip
@@ -133,7 +133,7 @@ def test_a_filtered_pod_shows_in_the_plans_blocked_reasons() -> None:
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, constraints=excluded)
     assert plan.steps == ()
     reasons = {(b.constraint, b.detail) for b in plan.blocked}
-    assert ("evict-namespace", "namespace keep is in evict_namespaces_exclude") in reasons
+    assert ("evict-namespace", "namespace keep is in planner.evict_namespaces_exclude") in reasons
 
 
 # --- settings: the filters, their contradiction ---------------------------------------------
@@ -141,26 +141,30 @@ def test_a_filtered_pod_shows_in_the_plans_blocked_reasons() -> None:
 
 def test_include_and_exclude_together_are_refused_in_one_line(tmp_path: Path) -> None:
     path = tmp_path / "defrag.yaml"
-    path.write_text("evict_namespaces_include: [ml]\nevict_namespaces_exclude: [serving]\n")
+    path.write_text(
+        "planner:\n  evict_namespaces_include: [ml]\n  evict_namespaces_exclude: [serving]\n"
+    )
     with pytest.raises(SettingsError) as err:
         load_settings(path)
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(
-        f"settings evict_namespaces_include ({path}) and evict_namespaces_exclude ({path}) "
-        "contradict each other"
+        f"settings planner.evict_namespaces_include ({path}) and "
+        f"planner.evict_namespaces_exclude ({path}) contradict each other"
     )
 
 
 def test_a_bad_label_selector_is_refused_naming_the_setting(tmp_path: Path) -> None:
     path = tmp_path / "defrag.yaml"
-    path.write_text("evict_label_selector: 'app in web'\n")
-    with pytest.raises(SettingsError, match=r"setting evict_label_selector \(.*\): label sel"):
+    path.write_text("planner:\n  evict_label_selector: 'app in web'\n")
+    with pytest.raises(
+        SettingsError, match=r"setting planner\.evict_label_selector \(.*\): label sel"
+    ):
         load_settings(path)
 
 
 def test_namespace_lists_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("DEFRAG_EVICT_NAMESPACES_EXCLUDE", "kube-system, monitoring")
+    monkeypatch.setenv("DEFRAG_PLANNER__EVICT_NAMESPACES_EXCLUDE", "kube-system, monitoring")
     config = load_settings().planner_config()
     assert config.constraints.namespaces_exclude == frozenset({"kube-system", "monitoring"})
 
@@ -172,7 +176,7 @@ def test_plan_settings_filters_block_with_the_filter_named(tmp_path: Path) -> No
     # scattered_20: room for the 8-GPU llm-train takes evicting ml pods (4 + 2 GPUs a node);
     # excluding ml leaves only the 1-GPU serving pods, too few on any node
     path = tmp_path / "defrag.yaml"
-    path.write_text("evict_namespaces_exclude: [ml]\n")
+    path.write_text("planner:\n  evict_namespaces_exclude: [ml]\n")
     result = runner.invoke(
         app,
         ["plan", "--settings", str(path), "-s", str(SEED), "--goal", "make-room",
@@ -183,19 +187,21 @@ def test_plan_settings_filters_block_with_the_filter_named(tmp_path: Path) -> No
     assert data["steps"] == []
     named = [b for b in data["blocked"] if b["constraint"] == "evict-namespace"]
     assert named and all(b["pod"].startswith("ml/") for b in named)
-    assert named[0]["detail"] == "namespace ml is in evict_namespaces_exclude"
+    assert named[0]["detail"] == "namespace ml is in planner.evict_namespaces_exclude"
 
 
 def test_protect_priority_flag_is_the_priority_threshold(tmp_path: Path) -> None:
     path = tmp_path / "defrag.yaml"
-    path.write_text("evict_priority_threshold: 5000\n")
+    path.write_text("planner:\n  evict_priority_threshold: 5000\n")
     args = ["plan", "--settings", str(path), "-s", str(SEED), "-o", "json",
             "--at", "2026-11-29T12:00:00Z", "--goal", "make-room"]  # fmt: skip
     # the flag overrides the file: 0 protects every pod (priority ≥ 0)
     result = runner.invoke(app, [*args, "--protect-priority", "0"])
     data = json.loads(result.output)
     assert data["steps"] == []
-    assert any(b["detail"].endswith("≥ evict_priority_threshold 0") for b in data["blocked"])
+    assert any(
+        b["detail"].endswith("≥ planner.evict_priority_threshold 0") for b in data["blocked"]
+    )
     assert json.loads(runner.invoke(app, args).output)["steps"]  # 5000: nothing protected
 
 
@@ -216,7 +222,7 @@ def test_the_fill_hook_honours_the_eviction_filters() -> None:
         return s
 
     whole = Pod("whole", num_gpu=1)
-    assert make_defrag_hook("reserve-binpack", "fill").on_unschedulable(state(), whole, 0.0)
-    kept: PlannerConfig = SIM_PLANNER.with_constraints(namespaces_exclude=frozenset({"web"}))
-    hook = make_defrag_hook("reserve-binpack", "fill", planner=kept)
+    assert FillHook().on_unschedulable(state(), whole, 0.0)
+    kept: PlannerConfig = FILL_PLANNER.with_constraints(namespaces_exclude=frozenset({"web"}))
+    hook = FillHook(kept)
     assert hook.on_unschedulable(state(), whole, 0.0) == ()

@@ -19,8 +19,9 @@ import pytest
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.daemon.cycle import CyclePorts, SystemClock, run_cycle
 from defrag.daemon.service import Daemon
+from defrag.decide import CycleConfig
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, Window, WindowStatus
 from defrag.execute.journal import JOURNAL_ANNOTATIONS, JournalStep, new_journal
 from defrag.execute.mode import RunMode
@@ -119,11 +120,12 @@ def annotations(api: KubeApi, node: str) -> dict[str, str]:
     return (api.get("Node", node) or {}).get("metadata", {}).get("annotations", {})
 
 
-def cycle_ports(api: KubeApi, **settings: Any) -> CyclePorts:
+def cycle_ports(api: KubeApi, **execution: Any) -> CyclePorts:
+    """``execution``: settings of the ``execution`` section (``dry_run=False``)."""
     client = api.client()
     source = KubeClusterSource(client, retry=FAST)
     actuator = KubeActuator(client, retry=FAST)
-    s = load_settings(None, {"min_pod_age_s": 0, **settings})
+    s = load_settings(None, {"planner.min_pod_age_s": 0, "execution": execution})
     ex = Executor(
         actuator,
         source,
@@ -312,7 +314,12 @@ def test_only_the_lease_holder_executes() -> None:
 
 def run_defrag(settings: Path, kubeconfig_path: Path, *args: str) -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("DEFRAG_")}
-    env.update({"DEFRAG_KUBECONFIG": str(kubeconfig_path), "DEFRAG_IDENTITY": "defrag-0"})
+    env.update(
+        {
+            "DEFRAG_CLUSTER__KUBECONFIG": str(kubeconfig_path),
+            "DEFRAG_LEADERSHIP__IDENTITY": "defrag-0",
+        }
+    )
     return subprocess.Popen(
         [
             sys.executable,
@@ -337,11 +344,12 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
 
     live = tmp_path / "live.yaml"
     live.write_text(
-        "windows: [{cron: '* * * * *', length_s: 120}]\nmin_pod_age_s: 0\n"
-        "eviction_batch_size: 1\npoll_interval_s: 0.2\nreplacement_timeout_s: 600\n"
+        "windows: {schedule: [{cron: '* * * * *', length_s: 120}]}\n"
+        "planner: {min_pod_age_s: 0}\n"
+        "execution: {batch_size: 1, poll_interval_s: 0.2, replacement_timeout_s: 600}\n"
     )
     closed = tmp_path / "closed.yaml"
-    closed.write_text("windows: []\n")
+    closed.write_text("windows: {schedule: []}\n")
     with KubeApi(scattered_20()["items"]) as server:
         # The second eviction request hangs until the test has killed the process, then fails:
         # the kill always lands while the node is tainted and one pod is gone. The test waits on
@@ -395,7 +403,10 @@ def test_killed_mid_drain_then_restarted_leaves_no_node_tainted(tmp_path: Path) 
         second = CliRunner().invoke(
             app,
             ["run", "--once", "--no-dry-run", "--settings", str(closed), "-o", "json"],
-            env={"DEFRAG_KUBECONFIG": str(config), "DEFRAG_IDENTITY": "defrag-0"},
+            env={
+                "DEFRAG_CLUSTER__KUBECONFIG": str(config),
+                "DEFRAG_LEADERSHIP__IDENTITY": "defrag-0",
+            },
         )
         assert second.exit_code == 0, second.output
         assert json.loads(second.stdout)["executed"] is None  # no window: nothing new

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 
 import pytest
 
-from defrag.execute.budgets import BudgetLedger
 from defrag.execute.windows import Window, window_status
 from defrag.plan.config import EvictionBudget
+from defrag.plan.spend import BudgetLedger
 
 NIGHTLY = Window("0 2 * * *", 3600)  # 02:00-03:00 UTC every day
 
@@ -66,12 +66,12 @@ def test_ledger_stops_at_each_budget_and_refuses_gangs_whole() -> None:
     assert ledger.admit([("a", "n1"), ("a", "n1")]).ok
     # n1 would hold 2 + 2 = 4 > 3: the whole gang is refused, nothing is spent.
     refused = ledger.admit([("b", "n1"), ("b", "n1")])
-    assert not refused.ok and "node budget" in str(refused)
+    assert not refused.ok and "budget-node: 2 of 3" in str(refused)
     assert ledger.total == 2 and ledger.by_namespace["b"] == 0
     # namespace a: 2 + 3 = 5 > 4.
-    assert "namespace budget" in str(ledger.admit([("a", "n2"), ("a", "n3"), ("a", "n4")]))
+    assert "budget-namespace: 2 of 4" in str(ledger.admit([("a", "n2"), ("a", "n3"), ("a", "n4")]))
     assert ledger.admit([("b", "n2"), ("b", "n3"), ("c", "n4")]).ok  # total 5 = per_window
-    assert "window budget: 5 of 5" in str(ledger.admit([("d", "n5")]))
+    assert "budget-window: 5 of 5" in str(ledger.admit([("d", "n5")]))
 
 
 def test_ledger_starts_afresh_in_a_new_window() -> None:

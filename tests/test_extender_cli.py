@@ -52,7 +52,7 @@ def extender_url() -> Iterator[str]:
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "DEFRAG_LOG_LEVEL": "WARNING"},
+        env={**os.environ, "DEFRAG_LOGGING__LEVEL": "WARNING"},
     )
     wait_ready(proc, port)
     yield f"127.0.0.1:{port}"

@@ -168,7 +168,7 @@ def test_a_users_own_overlay_sets_the_image_of_all_three_workloads(
         e["name"]: e.get("value")
         for e in daemon["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    assert env["DEFRAG_DRY_RUN"] == "false"
+    assert env["DEFRAG_EXECUTION__DRY_RUN"] == "false"
 
 
 def test_operations_md_shows_the_overlays_the_test_renders() -> None:

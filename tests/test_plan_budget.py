@@ -45,7 +45,7 @@ def test_bad_budget_is_refused(kwargs: dict[str, float], message: str) -> None:
     ("demand", "steps"),
     [
         # n3's two 1-GPU pods must move for the 8-GPU job; the fixed budget is 1 eviction.
-        (None, 0),  # fixed: 1 < 2, no room (budget-plan)
+        (None, 0),  # fixed: 1 < 2, no room (budget-window)
         (DemandBudget(1), 2),  # the backlog asks 8 GPUs: 8 evictions allowed, 2 used
         (DemandBudget(1, ceiling=1), 0),  # the ceiling holds it at 1
     ],
@@ -61,19 +61,21 @@ def test_a_make_room_plan_is_sized_by_its_backlog(demand: DemandBudget | None, s
     plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, config=config)
     assert len(plan.steps) == steps
     if not steps:
-        assert any(b.constraint == "budget-plan" for b in plan.blocked)
+        assert any(b.constraint == "budget-window" for b in plan.blocked)
 
 
 def test_a_ceiling_below_the_fixed_budget_is_refused_naming_both() -> None:
     from defrag.settings import Settings
 
     with pytest.raises(ValueError, match="max_evictions_per_window_ceiling") as err:
-        Settings(max_evictions_per_window=20, max_evictions_per_window_ceiling=10)
-    assert "max_evictions_per_window (20)" in str(err.value)
+        Settings(windows={"max_evictions_per_window": 20, "max_evictions_per_window_ceiling": 10})
+    assert "windows.max_evictions_per_window (20)" in str(err.value)
     fixed = Settings(
-        max_evictions_per_window=20,
-        max_evictions_per_window_ceiling=10,
-        eviction_budget_follows_demand=False,
+        windows={
+            "max_evictions_per_window": 20,
+            "max_evictions_per_window_ceiling": 10,
+            "budget_follows_demand": False,
+        }
     )
     assert fixed.planner_config().demand is None
     assert fixed.planner_config().window_budget().total == 20
@@ -95,5 +97,5 @@ def test_the_default_ceiling_never_sits_below_the_fixed_budget(
     from defrag.settings import Settings
 
     extra = {} if ceiling is None else {"max_evictions_per_window_ceiling": ceiling}
-    settings = Settings(max_evictions_per_window=fixed, **extra)  # type: ignore[arg-type]
+    settings = Settings(windows={"max_evictions_per_window": fixed, **extra})
     assert settings.planner_config().window_budget().total == in_force

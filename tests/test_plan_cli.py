@@ -48,7 +48,7 @@ def test_max_evictions_zero_plans_nothing() -> None:
     assert code == 0
     data = json.loads(out)
     assert data["steps"] == []
-    assert any(b["constraint"] == "budget-plan" for b in data["blocked"])
+    assert any(b["constraint"] == "budget-window" for b in data["blocked"])
 
 
 def test_table_output_names_the_steps() -> None:

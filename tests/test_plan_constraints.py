@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 
@@ -12,6 +13,7 @@ from defrag.model.resources import OwnerRef, Pod
 from defrag.plan.config import Constraints, EvictionBudget
 from defrag.plan.constraints import Ledger, blocked_from, check_pod, gang_of
 from defrag.plan.cost import CostModel
+from defrag.plan.spend import BudgetLedger
 from tests.test_plan_support import NOW, running
 
 CHECKPOINT = "defrag.io/last-checkpoint"
@@ -87,7 +89,7 @@ def limits(total: int | None, node: int | None, namespace: int | None) -> Constr
     "constraints,evictions,expected",
     [
         (limits(2, None, None), [("a", "n1", "x"), ("b", "n2", "x"), ("c", "n3", "x")],
-         "budget-plan"),
+         "budget-window"),
         (limits(None, 1, None), [("a", "n1", "x"), ("b", "n1", "x")], "budget-node"),
         (limits(None, None, 1), [("a", "n1", "x"), ("b", "n2", "x")],
          "budget-namespace"),
@@ -110,9 +112,27 @@ def test_snapshot_restore() -> None:
     ledger = Ledger([pdb], Constraints())
     state = ledger.snapshot()
     ledger.commit([(running("a", "n1"), "n1")])
-    assert (ledger.evictions, ledger.pdb_left["default/web"]) == (1, 1)
+    assert (ledger.count.total, ledger.pdb_left["default/web"]) == (1, 1)
     ledger.restore(state)
-    assert (ledger.evictions, ledger.pdb_left["default/web"], ledger.per_node["n1"]) == (0, 2, 0)
+    assert (ledger.count.total, ledger.pdb_left["default/web"], ledger.count.by_node["n1"]) == (
+        0,
+        2,
+        0,
+    )
+
+
+def test_a_plan_spends_what_is_left_of_its_window() -> None:
+    """The plan's ledger starts from the window's spend: 3 of 4 spent leaves one eviction, and
+    the node already emptied twice of 2 takes none."""
+    spent = BudgetLedger(EvictionBudget(total=4, per_node=2), "w1", 3, Counter({"n1": 2}))
+    ledger = Ledger([], Constraints(budget=EvictionBudget(total=4, per_node=2)), spent=spent)
+    status, pod = ledger.check([(running("a", "n1"), "n1")])
+    assert not status.ok and pod == "default/a" and "budget-node" in str(status)
+    assert ledger.check([(running("b", "n2"), "n2")])[0].ok
+    status, pod = ledger.check([(running("b", "n2"), "n2"), (running("c", "n3"), "n3")])
+    assert not status.ok and pod == "default/c" and "budget-window: 3 of 4" in str(status)
+    ledger.commit([(running("b", "n2"), "n2")])
+    assert spent.total == 3, "the window's own ledger is counted by the executor, not the plan"
 
 
 def test_gang_from_field_or_label() -> None:
@@ -223,3 +243,24 @@ def test_the_planner_never_picks_a_terminating_pod() -> None:
     plan = plan_for({RESERVED_FOR_ANNOTATION: "default/other"})
     assert [(s.pod, s.source, s.target) for s in plan.steps] == [("default/stays", "n2", "n1")]
     assert [(b.pod, b.constraint) for b in plan.blocked] == [("default/going", "terminating")]
+
+
+@pytest.mark.parametrize(
+    ("spent", "plan_total", "allowed"),
+    [
+        (2, 3, 3),  # the window (ceiling 10) has 8 left: the plan's own total, 3, holds
+        (8, 3, 2),  # 2 left in the window: 2, whatever the plan's backlog asks
+        (10, 3, 0),  # the window is spent
+        (0, None, 10),  # a plan without a total of its own: what the window has left
+    ],
+)
+def test_a_plan_evicts_its_own_total_within_what_the_window_has_left(
+    spent: int, plan_total: int | None, allowed: int
+) -> None:
+    window = BudgetLedger(EvictionBudget(total=10, per_node=None, per_namespace=None), "w", spent)
+    plan = Constraints(budget=EvictionBudget(total=plan_total, per_node=None, per_namespace=None))
+    ledger = Ledger([], plan, spent=window)
+    pods = [(running(f"p{i}", f"n{i}"), f"n{i}") for i in range(allowed + 1)]
+    assert ledger.check(pods[:allowed])[0].ok
+    status, pod = ledger.check(pods)
+    assert not status.ok and pod == f"default/p{allowed}" and "budget-window" in str(status)

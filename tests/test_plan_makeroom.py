@@ -176,7 +176,7 @@ def test_plan_budget_limits_evictions() -> None:
     tight = make_plan(cluster(nodes, pods), "make-room", now=NOW,
                       constraints=Constraints(budget=EvictionBudget(1, None, None)))  # fmt: skip
     assert tight.steps == ()
-    assert any(b.constraint == "budget-plan" for b in tight.blocked)
+    assert any(b.constraint == "budget-window" for b in tight.blocked)
     loose = make_plan(cluster(nodes, pods), "make-room", now=NOW,
                       constraints=Constraints(budget=EvictionBudget(2, None, None)))  # fmt: skip
     assert len(loose.steps) == 2  # n3's two pods move to n1 / n2

@@ -110,13 +110,13 @@ def test_a_remembered_finding_says_when_it_was_found() -> None:
 )
 def test_the_setting(tmp_path: Path, text: str, patience: PackingPatience) -> None:
     path = tmp_path / "settings.yaml"
-    path.write_text(text or "{}\n")
+    path.write_text(f"planner:\n  {text}" if text else "{}\n")
     assert load_settings(path).packing_patience() == patience
 
 
 @pytest.mark.parametrize("field", ["make_room_packing_patience_s", "make_room_packing_memory_s"])
 def test_a_negative_setting_is_refused_naming_the_field(tmp_path: Path, field: str) -> None:
     path = tmp_path / "settings.yaml"
-    path.write_text(f"{field}: -5\n")
-    with pytest.raises(SettingsError, match=field):
+    path.write_text(f"planner:\n  {field}: -5\n")
+    with pytest.raises(SettingsError, match=f"setting planner.{field} "):
         load_settings(path)

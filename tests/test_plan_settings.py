@@ -28,7 +28,7 @@ def test_make_room_settings_reach_the_daemons_planner(
     nodes = [gpu_node("n1"), gpu_node("n2")]
     pods = [running("big", "n1", 8, priority=0), *fill("n2", 8, priority=0), pending("job", 8)]
     snapshot = cluster(nodes, pods)
-    plan = _planner(Settings(**settings))(  # type: ignore[arg-type]
+    plan = _planner(Settings(planner=settings))(
         snapshot, "make-room", NOW, profile=ProfileConfig().for_cluster(snapshot)
     )
     assert [(s.kind, s.pod) for s in plan.steps] == steps

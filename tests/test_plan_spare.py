@@ -10,7 +10,7 @@ import pytest
 from defrag.model.resources import CHECKPOINT_ANNOTATION, CHECKPOINT_SUPPORT_ANNOTATION, Pod
 from defrag.plan import PlanOptions, make_plan
 from defrag.plan.spare import spared
-from defrag.sim.defrag_hook import hook_options
+from defrag.sim.daemon_driver import daemon_setup
 from tests.test_plan_support import NOW, cluster, gpu_node, pending, running
 
 HANDSHAKE = {CHECKPOINT_SUPPORT_ANNOTATION: "supported"}
@@ -84,44 +84,16 @@ def test_make_room_spares_a_job_that_cannot_checkpoint_on_request(
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, False), (False, False), (True, True)])
-def test_the_simulators_hook_takes_the_rule_as_an_option(
+def test_the_simulator_takes_the_rule_as_a_daemon_setting(
     value: bool | None, expected: bool
 ) -> None:
-    opts = {} if value is None else {"spare_jobs": value}
-    assert hook_options(**opts).planner.options.spare_jobs is expected
+    sets = {} if value is None else {"planner.make_room_spares_jobs": value}
+    assert daemon_setup(None, sets).planner.options.spare_jobs is expected
 
 
 @pytest.mark.parametrize(("value", "expected"), [(None, 0.0), (0.5, 0.5)])
-def test_the_simulators_hook_takes_the_unknown_work_cap(
+def test_the_simulator_takes_the_unknown_work_cap_as_a_daemon_setting(
     value: float | None, expected: float
 ) -> None:
-    opts = {} if value is None else {"unknown_hours": value}
-    assert hook_options(**opts).planner.options.cost.unknown_hours == expected
-
-
-def test_a_kept_room_search_is_not_reused_across_the_spare_rules_priorities() -> None:
-    """Room searches are kept under the workspace's version and the pass's rules
-    (SearchContext.room); with the rule on, the victim filter also reads the pending pod's
-    priority, so a room found for a higher-priority pod (the job may move for it) and rolled
-    back must not serve an equal-priority pod of the same shape (the job is spared for it)."""
-    from defrag.plan import MakeRoomMode
-    from defrag.plan.makeroom import make_room
-    from defrag.plan.room import SearchContext
-    from defrag.plan.workspace import Workspace
-    from tests.test_plan_room_memo import _context
-
-    nodes = [gpu_node("n1"), gpu_node("n2", gpus=4)]
-    job = running("train", "n1", 4, priority=100, annotations=_checkpointed(0.1))
-    c = cluster(nodes, [job])
-    ws, ctx = Workspace.from_cluster(c), _context(c, SearchContext, None)
-    options = PlanOptions(spare_jobs=True)
-    mark = ws.mark()
-    urgent = make_room(
-        ws, ctx, pending("urgent", 8, priority=200), options, MakeRoomMode.MIGRATE_THEN_PREEMPT
-    )
-    assert urgent.ok and [s.pod for s in urgent.steps] == ["default/train"]
-    ws.rollback(mark)
-    same = make_room(
-        ws, ctx, pending("same", 8, priority=100), options, MakeRoomMode.MIGRATE_THEN_PREEMPT
-    )
-    assert not same.ok
+    sets = {} if value is None else {"planner.unknown_hours": value}
+    assert daemon_setup(None, sets).planner.options.cost.unknown_hours == expected

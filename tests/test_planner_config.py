@@ -28,7 +28,7 @@ from defrag.plan.config import (
     PlannerConfig,
     PlanOptions,
 )
-from defrag.settings import Settings, load_settings
+from defrag.settings import SECTIONS, Settings, load_settings, nested
 
 FIXTURES = Path(__file__).parent / "fixtures" / "snapshots"
 SEED = FIXTURES / "scattered_20.json"
@@ -56,27 +56,35 @@ def daemon_plan(settings: Settings, snapshot: Path, goal: Goal = Goal.ALL) -> di
 
 KNOBS: list[tuple[str, object, Any, object]] = [
     # (setting, value, where it lands in PlannerConfig, what it must read there)
-    ("min_pod_age_s", 900, lambda c: c.constraints.min_age, timedelta(minutes=15)),
-    ("max_evictions_per_window", 3, lambda c: c.constraints.budget.total, 3),
-    ("max_evictions_per_node", 2, lambda c: c.constraints.budget.per_node, 2),
-    ("max_evictions_per_namespace", 1, lambda c: c.constraints.budget.per_namespace, 1),
-    ("make_room_moves_any_priority", False, lambda c: c.options.mode,
+    ("planner.min_pod_age_s", 900, lambda c: c.constraints.min_age, timedelta(minutes=15)),
+    ("windows.max_evictions_per_window", 3, lambda c: c.constraints.budget.total, 3),
+    ("windows.max_evictions_per_node", 2, lambda c: c.constraints.budget.per_node, 2),
+    ("windows.max_evictions_per_namespace", 1, lambda c: c.constraints.budget.per_namespace, 1),
+    ("planner.make_room_moves_any_priority", False, lambda c: c.options.mode,
      MakeRoomMode.LOWER_PRIORITY),
-    ("make_room_swaps", True, lambda c: c.options.swaps, True),
-    ("make_room_worth", 2.5, lambda c: c.options.room_worth, 2.5),
-    ("make_room_spares_jobs", True, lambda c: c.options.spare_jobs, True),
-    ("evict_namespaces_include", ["ml", "batch"], lambda c: c.constraints.namespaces_include,
-     frozenset({"ml", "batch"})),
-    ("evict_namespaces_exclude", ["kube-system"], lambda c: c.constraints.namespaces_exclude,
-     frozenset({"kube-system"})),
-    ("evict_label_selector", "app=batch,tier!=db", lambda c: c.constraints.label_selector,
+    ("planner.make_room_swaps", True, lambda c: c.options.swaps, True),
+    ("planner.make_room_worth", 2.5, lambda c: c.options.room_worth, 2.5),
+    ("planner.make_room_spares_jobs", True, lambda c: c.options.spare_jobs, True),
+    ("planner.evict_namespaces_include", ["ml", "batch"],
+     lambda c: c.constraints.namespaces_include, frozenset({"ml", "batch"})),
+    ("planner.evict_namespaces_exclude", ["kube-system"],
+     lambda c: c.constraints.namespaces_exclude, frozenset({"kube-system"})),
+    ("planner.evict_label_selector", "app=batch,tier!=db", lambda c: c.constraints.label_selector,
      parse_label_selector("app=batch,tier!=db")),
-    ("evict_priority_threshold", 1000, lambda c: c.constraints.priority_threshold, 1000),
-    ("evict_owner_kinds", ["MyJob.batch.example.com"], lambda c: c.constraints.owner_kinds,
-     frozenset({"MyJob.batch.example.com"})),
-    ("eviction_budget_follows_demand", False, lambda c: c.demand, None),
-    ("max_evictions_per_window_ceiling", 40, lambda c: c.demand.ceiling, 40),
-    ("evictions_per_starved_gpu", 2.0, lambda c: c.demand.per_gpu, 2.0),
+    ("planner.evict_priority_threshold", 1000, lambda c: c.constraints.priority_threshold, 1000),
+    ("planner.evict_owner_kinds", ["MyJob.batch.example.com"],
+     lambda c: c.constraints.owner_kinds, frozenset({"MyJob.batch.example.com"})),
+    ("planner.depth", 2, lambda c: c.options.depth, 2),
+    ("planner.min_gain_per_cost", 0.2, lambda c: c.options.min_gain_per_cost, 0.2),
+    ("planner.candidates", 8, lambda c: c.options.candidates, 8),
+    ("planner.tries", 3, lambda c: c.options.tries, 3),
+    ("planner.max_moves_per_room", 4, lambda c: c.options.max_moves_per_room, 4),
+    ("planner.max_rooms_per_cycle", None, lambda c: c.options.max_rooms, None),
+    ("planner.repack_on_demand", False, lambda c: c.options.repack_on_demand, False),
+    ("planner.unknown_hours", 6.0, lambda c: c.options.cost.unknown_hours, 6.0),
+    ("windows.budget_follows_demand", False, lambda c: c.demand, None),
+    ("windows.max_evictions_per_window_ceiling", 40, lambda c: c.demand.ceiling, 40),
+    ("windows.evictions_per_starved_gpu", 2.0, lambda c: c.demand.per_gpu, 2.0),
 ]  # fmt: skip
 
 
@@ -85,35 +93,26 @@ def test_each_setting_reaches_the_planner(
     name: str, value: object, where: Any, expected: object
 ) -> None:
     assert where(Settings().planner_config()) != expected  # the default differs
-    assert where(Settings(**{name: value}).planner_config()) == expected  # type: ignore[arg-type]
+    assert where(Settings(**nested({name: value})).planner_config()) == expected
 
 
 def test_every_planner_setting_is_in_the_table() -> None:
     """A planner knob added to the settings without reaching PlannerConfig fails here."""
-    planner_fields = {
-        f
-        for f in Settings.model_fields
-        if f.startswith(
-            (
-                "min_pod_age",
-                "max_evictions_",
-                "make_room_",
-                "evict_",
-                "eviction_budget_",
-                "evictions_per_starved",
-            )
-        )
-    }
-    # make-room's patience under a packing scheduler, and its memory of the packing finding,
-    # are the cycle's (CycleConfig.patience, read by settings.packing_patience();
+    planner_fields = {f"planner.{f}" for f in SECTIONS["planner"].model_fields}
+    planner_fields |= {f"windows.{f}" for f in SECTIONS["windows"].model_fields}
+    # the goal, the windows and the idle gate, make-room's patience under a packing scheduler
+    # and its memory of the packing finding are the cycle's (Settings.cycle_config();
     # tests/test_plan_patience.py), not the planner's
-    cycle = {"make_room_packing_patience_s", "make_room_packing_memory_s"}
+    cycle = {"planner.goal", "windows.schedule", "windows.idle_gate"}
+    cycle |= {"planner.make_room_packing_patience_s", "planner.make_room_packing_memory_s"}
     assert planner_fields - cycle == {name for name, *_ in KNOBS}
 
 
 def test_the_settings_defaults_are_the_planners() -> None:
-    """No hand-kept copy: the daemon's defaults are PlannerConfig's own."""
-    assert Settings().planner_config() == PlannerConfig()
+    """No hand-kept copy: the daemon's defaults are PlannerConfig's own, but for the two that
+    keep a cycle's plan small."""
+    daemon = PlannerConfig().with_options(max_rooms=32, repack_on_demand=True)
+    assert Settings().planner_config() == daemon
     assert PlannerConfig().constraints.budget == EvictionBudget(10, 8, 5)
     assert PlannerConfig().constraints.min_age == timedelta(0)
 
@@ -123,18 +122,22 @@ def test_the_settings_defaults_are_the_planners() -> None:
 setting_values = st.fixed_dictionaries(
     {},
     optional={
-        "min_pod_age_s": st.sampled_from([0, 600, 4 * 3600]),
-        "max_evictions_per_window": st.integers(0, 12),
-        "max_evictions_per_node": st.integers(0, 4),
-        "max_evictions_per_namespace": st.integers(0, 10),
-        "make_room_moves_any_priority": st.booleans(),
-        "make_room_swaps": st.booleans(),
-        "make_room_worth": st.sampled_from([0, 0.5, 1, 100]),
-        "make_room_spares_jobs": st.booleans(),
-        "evict_namespaces_exclude": st.sampled_from([["serving"], ["ml"], []]),
-        "evict_label_selector": st.sampled_from(["", "app!=serve-7d9f", "job-name", "!job-name"]),
-        "evict_priority_threshold": st.sampled_from([None, 100, 1000]),
-        "policy": st.sampled_from(["reserve-binpack", "fgd", "least-allocated"]),
+        "planner.min_pod_age_s": st.sampled_from([0, 600, 4 * 3600]),
+        "windows.max_evictions_per_window": st.integers(0, 12),
+        "windows.max_evictions_per_node": st.integers(0, 4),
+        "windows.max_evictions_per_namespace": st.integers(0, 10),
+        "planner.make_room_moves_any_priority": st.booleans(),
+        "planner.make_room_swaps": st.booleans(),
+        "planner.make_room_worth": st.sampled_from([0, 0.5, 1, 100]),
+        "planner.make_room_spares_jobs": st.booleans(),
+        "planner.evict_namespaces_exclude": st.sampled_from([["serving"], ["ml"], []]),
+        "planner.evict_label_selector": st.sampled_from(
+            ["", "app!=serve-7d9f", "job-name", "!job-name"]
+        ),
+        "planner.evict_priority_threshold": st.sampled_from([None, 100, 1000]),
+        "planner.max_rooms_per_cycle": st.sampled_from([None, 1, 32]),
+        "planner.repack_on_demand": st.booleans(),
+        "scoring.policy": st.sampled_from(["reserve-binpack", "fgd", "least-allocated"]),
     },
 )
 
@@ -151,7 +154,7 @@ def test_plan_with_settings_is_the_daemons_plan(
     tmp_path: Path, values: dict[str, object], snapshot: str, goal: Goal
 ) -> None:
     path = tmp_path / "defrag.yaml"
-    path.write_text(yaml.safe_dump(values))
+    path.write_text(yaml.safe_dump(nested(values)))
     cli = plan_json("--settings", str(path), "-s", str(FIXTURES / snapshot), "--goal", goal)
     assert cli == daemon_plan(load_settings(path), FIXTURES / snapshot, goal)
 
@@ -164,7 +167,7 @@ def test_plan_without_settings_plans_with_the_daemons_defaults() -> None:
 
 def test_flags_override_the_settings_file(tmp_path: Path) -> None:
     path = tmp_path / "defrag.yaml"
-    path.write_text("max_evictions_per_window: 0\nmin_pod_age_s: 36000\n")
+    path.write_text("windows:\n  max_evictions_per_window: 0\nplanner:\n  min_pod_age_s: 36000\n")
     # the file's budget of 0 blocks every step; the flag gives the plan 10 back
     blocked = plan_json("--settings", str(path), "-s", str(SEED))
     assert blocked["steps"] == []
@@ -172,7 +175,8 @@ def test_flags_override_the_settings_file(tmp_path: Path) -> None:
         "--settings", str(path), "-s", str(SEED), "--max-evictions", "10", "--min-age", "0"
     )
     daemon = daemon_plan(
-        load_settings(path, {"max_evictions_per_window": 10, "min_pod_age_s": 0}), SEED
+        load_settings(path, {"windows.max_evictions_per_window": 10, "planner.min_pod_age_s": 0}),
+        SEED,
     )
     assert flagged == daemon and flagged["steps"]
 

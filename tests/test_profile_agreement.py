@@ -44,8 +44,9 @@ from defrag.alerting import AlertTemplate
 from defrag.cli.app import app
 from defrag.cli.report import placement
 from defrag.cli.run import _detector, _planner, default_rules_dir
-from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
+from defrag.daemon.cycle import CyclePorts, CycleResult, run_cycle
 from defrag.daemon.service import DaemonMetrics
+from defrag.decide import CycleConfig
 from defrag.extender.state import ClusterCache
 from defrag.extender.verbs import Extender
 from defrag.extender.wire import parse_args
@@ -266,7 +267,7 @@ def eager_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def one_cycle(cluster: Cluster, rules_dir: Path, policy: str) -> tuple[CycleResult, Cluster]:
     """The daemon's cycle on ``cluster``, wired as `defrag run` wires it (dry run), and the
     snapshot it observed (the simulated scheduler binds the pending pod first if it fits)."""
-    settings = load_settings(None, {"policy": policy})
+    settings = load_settings(None, {"scoring.policy": policy})
     clock = SimClock(speedup=0)
     sim = SimCluster(cluster, clock, profile=settings.profile_config())
     rules = load_rules([rules_dir])
@@ -350,15 +351,15 @@ def test_random_clusters_give_one_fgd_figure(
 def test_report_reads_the_settings_file_as_the_daemon_does(tmp_path: Path) -> None:
     cluster = fragmented_cluster()
     settings = tmp_path / "settings.yaml"
-    settings.write_text("policy: fgd\npolicy_seed: 3\n")
+    settings.write_text("scoring:\n  policy: fgd\n  seed: 3\n")
     assert in_report(cluster, "--settings", str(settings)) == in_report(cluster)
     bad = tmp_path / "bad.yaml"
-    bad.write_text("policy: magic\n")
+    bad.write_text("scoring:\n  policy: magic\n")
     with mock.patch("defrag.cli.report.load_cluster", return_value=cluster):
         result = CliRunner().invoke(app, ["report", "--settings", str(bad)])
     assert result.exit_code == 2
     assert result.output.count("\n") == 1
-    assert f"setting policy ({bad}): unknown policy 'magic'" in result.output
+    assert f"setting scoring.policy ({bad}): unknown policy 'magic'" in result.output
 
 
 def test_only_the_profile_builds_a_policy_by_name() -> None:

@@ -1,6 +1,6 @@
 """One settings file configures the scoring profile of the daemon, the extender and the CLI
 (issue 13): ``--settings`` on ``place``, ``plan``, ``report``, ``detect`` and ``extender``,
-``DEFRAG_POLICY`` from the environment, ``--policy`` overriding both."""
+``DEFRAG_SCORING__POLICY`` from the environment, ``--policy`` overriding both."""
 
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ WORKED = ROOT / "tests" / "fixtures" / "snapshots" / "worked_example.json"
 EXPECTED = {"reserve-binpack": "node-1", "least-allocated": "node-2", "best-fit": "node-1"}
 
 
+MAGIC = "scoring:\n  policy: magic\n"
+LEAST = "scoring:\n  policy: least-allocated\n"
+
+
 def settings_file(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "settings.yaml"
     path.write_text(text)
@@ -40,9 +44,9 @@ def settings_file(tmp_path: Path, text: str) -> Path:
     ("file_text", "env", "flags", "policy"),
     [
         ("", {}, [], "reserve-binpack"),  # nothing configured: the default
-        ("policy: least-allocated\n", {}, [], "least-allocated"),  # the file
-        ("", {"DEFRAG_POLICY": "least-allocated"}, [], "least-allocated"),  # the environment
-        ("policy: least-allocated\n", {}, ["--policy", "best-fit"], "best-fit"),  # flag wins
+        (LEAST, {}, [], "least-allocated"),  # the file
+        ("", {"DEFRAG_SCORING__POLICY": "least-allocated"}, [], "least-allocated"),  # the env
+        (LEAST, {}, ["--policy", "best-fit"], "best-fit"),  # the flag wins
     ],
 )
 def test_place_and_plan_score_with_the_configured_profile(
@@ -62,11 +66,11 @@ def test_place_and_plan_score_with_the_configured_profile(
 @pytest.mark.parametrize(
     ("command", "file_text", "flags", "message"),
     [
-        (["place"], "policy: magic\n", [], "setting policy ({file}): unknown policy 'magic'"),
-        (["plan"], "policy_seed: -1\n", [], "setting policy_seed ({file}): "),
+        (["place"], MAGIC, [], "setting scoring.policy ({file}): unknown policy 'magic'"),
+        (["plan"], "scoring:\n  seed: -1\n", [], "setting scoring.seed ({file}): "),
         (["report"], "polcy: fgd\n", [], "setting polcy ({file}): unknown setting"),
-        (["detect"], "policy: magic\n", [], "setting policy ({file}): unknown policy 'magic'"),
-        (["extender"], "policy: magic\n", [], "setting policy ({file}): unknown policy 'magic'"),
+        (["detect"], MAGIC, [], "setting scoring.policy ({file}): unknown policy 'magic'"),
+        (["extender"], MAGIC, [], "setting scoring.policy ({file}): unknown policy 'magic'"),
         (["place"], "", ["--policy", "magic"], "--policy: unknown policy 'magic'"),
     ],
 )
@@ -82,14 +86,14 @@ def test_bad_settings_are_one_line_naming_file_and_field(
 
 
 def test_settings_give_one_profile_config() -> None:
-    settings = load_settings(None, {"policy": "random", "policy_seed": 7})
+    settings = load_settings(None, {"scoring.policy": "random", "scoring.seed": 7})
     assert settings.profile_config() == ProfileConfig("random", 7)
     assert settings.profile_config("fgd") == ProfileConfig("fgd", 7)
 
 
 def test_the_extender_process_scores_with_the_settings_file(tmp_path: Path) -> None:
     """`defrag extender --settings` ranks first what `defrag place --settings` chooses."""
-    path = settings_file(tmp_path, "policy: least-allocated\n")
+    path = settings_file(tmp_path, LEAST)
     port = free_port()
     launcher = "import sys; from defrag.cli import main; sys.argv[0] = 'defrag'; main()"
     args = ["extender", "--snapshot", str(WORKED), "--settings", str(path)]
@@ -98,7 +102,7 @@ def test_the_extender_process_scores_with_the_settings_file(tmp_path: Path) -> N
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        env={**os.environ, "DEFRAG_LOG_LEVEL": "WARNING"},
+        env={**os.environ, "DEFRAG_LOGGING__LEVEL": "WARNING"},
     )
     try:
         wait_ready(proc, port)

@@ -97,7 +97,10 @@ def exercise_every_adapter_method(api: KubeApi, lease_namespace: str) -> None:
         watched.stop()
     # The actuator as the daemon wires it (defrag/cli/run.py), so its Events go where the
     # daemon's do.
-    act, _ = _kube(Settings(dry_run=False, lease_namespace=lease_namespace), api.client())
+    settings = Settings(
+        execution={"dry_run": False}, leadership={"lease_namespace": lease_namespace}
+    )
+    act, _ = _kube(settings, api.client())
     assert isinstance(act, KubeActuator)
     # The daemon guards each send with its Lease (no Lease is held here): this test is about
     # which verbs the adapter uses, so every eviction is sent.

@@ -218,8 +218,12 @@ def test_dry_run_never_writes_a_reservation(api: KubeApi) -> None:
         # the same, reserved longer ago than the replacement timeout (2 s here): it has failed
         ("old", "released", "", "inf/vip still Pending after 2 s"),
         # a drain journal that cannot be read (a taint alone): the room is not proven made
-        ("journal", "rolled-back", "plan-dead",
-         "room not proven made: annotation defrag.io/drain-steps missing"),
+        (
+            "journal",
+            "rolled-back",
+            "plan-dead",
+            "room not proven made: annotation defrag.io/drain-steps missing",
+        ),
     ],
 )
 def test_reconcile_keeps_a_made_room_and_removes_defrags_other_reservations(

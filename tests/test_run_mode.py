@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from defrag.execute.mode import RunMode
-from defrag.settings import Settings
+from defrag.settings import Settings, nested
 
 
 @pytest.mark.parametrize(
@@ -39,20 +39,23 @@ def test_what_each_mode_may_do(
     ("values", "expected"),
     [
         ({}, RunMode(True, False, True)),
-        ({"dry_run": False}, RunMode(False, False, True)),
-        ({"dry_run_events": True, "leader_election": False}, RunMode(True, True, False)),
+        ({"execution.dry_run": False}, RunMode(False, False, True)),
+        (
+            {"execution.dry_run_events": True, "leadership.enabled": False},
+            RunMode(True, True, False),
+        ),
     ],
 )
 def test_settings_build_the_one_mode(values: dict[str, bool], expected: RunMode) -> None:
-    assert Settings(**values).run_mode == expected  # type: ignore[arg-type]
+    assert Settings(**nested(values)).run_mode == expected
 
 
 @pytest.mark.parametrize(
     "values",
     [
-        {"cluster": "sim"},
-        {"cluster": "sim", "dry_run": False, "leader_election": False},
-        {"cluster": "sim", "dry_run_events": True},
+        {"cluster.kind": "sim"},
+        {"cluster.kind": "sim", "execution.dry_run": False, "leadership.enabled": False},
+        {"cluster.kind": "sim", "execution.dry_run_events": True},
     ],
 )
 def test_the_composition_root_hands_the_one_mode_to_whatever_writes(
@@ -62,7 +65,7 @@ def test_the_composition_root_hands_the_one_mode_to_whatever_writes(
     reporter are built with the settings' mode, and the cycle reports the executor's."""
     from defrag.cli.run import build
 
-    settings = Settings(**values)  # type: ignore[arg-type]
+    settings = Settings(**nested(values))
     ports = build(settings).daemon.ports
     assert ports.executor is not None and ports.unmodelled is not None
     assert ports.executor.mode == ports.unmodelled.mode == ports.mode == settings.run_mode

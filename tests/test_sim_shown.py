@@ -1,6 +1,6 @@
-"""The daemon hook shows running pods as the cluster would: created at their (re)start, with
-``defrag.io/last-checkpoint`` — shown when the planner first reads a seat, and by the same
-object at a later cycle while the pod's start and last checkpoint stand."""
+"""The simulator's cluster view shows running pods as the cluster would: created at their
+(re)start, with ``defrag.io/last-checkpoint``, and by the same object at a later cycle while
+nothing it shows has changed."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Node, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.policies import make_policy
-from defrag.sim.defrag_hook import EPOCH, PlannerHook, make_defrag_hook
+from defrag.sim.daemon_view import EPOCH, ClusterView
 from defrag.sim.migration import Job
 from defrag.sim.state import SimState
 
@@ -58,26 +58,23 @@ def test_a_running_pod_is_shown_with_its_start_and_last_checkpoint(
     same: tuple[bool | None, ...],
 ) -> None:
     state = _state(interval, started)
-    hook = make_defrag_hook("least-allocated", "timeline")
-    assert isinstance(hook, PlannerHook)
+    view = ClusterView()
     before: Pod | None = None
     for now, last, reused in zip(cycles, shown, same, strict=True):
-        seats = hook.shown.seats(state, now)
-        pod = seats["default/job"].pod
+        pods = view.cluster(state, now).pods
+        pod = pods["default/job"]
         assert pod.created_at == EPOCH + timedelta(hours=started)
         expected = {"team": "x"} | ({CHECKPOINT_ANNOTATION: _iso(last)} if last is not None else {})
         assert dict(pod.annotations) == expected
-        assert seats["default/job"].pod is pod  # read twice, shown once
         if reused is not None:
             assert (pod is before) == reused
         before = pod
-        assert seats["default/cpu"].pod is state.placed["default/cpu"].pod  # no job: as it is
-        assert (seats["default/job"].row, seats["default/job"].gpus) == (0, (0,))
+        assert CHECKPOINT_ANNOTATION not in pods["default/cpu"].annotations  # no job
+        assert (pod.node, pod.gpu_indices) == ("a", (0,))
 
 
 def test_a_pod_not_running_in_its_job_is_shown_as_it_is() -> None:
     state = _state(1.0, None)  # the job has not started (pending in the timeline's books)
-    hook = make_defrag_hook("least-allocated", "timeline")
-    assert isinstance(hook, PlannerHook)
-    seats = hook.shown.seats(state, 1.0)
-    assert seats["default/job"].pod is state.placed["default/job"].pod
+    pod = ClusterView().cluster(state, 1.0).pods["default/job"]
+    assert CHECKPOINT_ANNOTATION not in pod.annotations
+    assert pod.created_at == EPOCH  # placed at hour 0

@@ -15,7 +15,7 @@ from defrag.scoring.fragmentation import fgd_node_fragmentation
 from defrag.scoring.framework import Placement
 from defrag.scoring.policies import make_policy
 from defrag.scoring.scheduler import schedule
-from defrag.sim.defrag_hook import make_defrag_hook
+from defrag.sim.fill_hook import FillHook
 from defrag.sim.hooks import Move, NoDefrag
 from defrag.sim.state import InvalidMove, SimState
 from defrag.sim.synthetic import WorkloadParams, synthetic_nodes, synthetic_pods
@@ -101,7 +101,7 @@ def test_to_cluster_binds_running_pods_and_keeps_pending_ones() -> None:
 def test_no_defrag_hook_and_planner_hook_loading() -> None:
     s = make_state()
     assert NoDefrag().on_window(s, 0.0) == ()
-    hook = make_defrag_hook("best-fit", "fill")
+    hook = FillHook()
     assert hasattr(hook, "on_unschedulable") and hasattr(hook, "on_window")
 
 

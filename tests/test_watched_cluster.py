@@ -15,7 +15,8 @@ import pytest
 
 from defrag.adapters.kube import KubeClusterSource
 from defrag.adapters.watched_cluster import StaleCluster, WatchedCluster
-from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock, run_cycle
+from defrag.daemon.cycle import CyclePorts, SystemClock, run_cycle
+from defrag.decide import CycleConfig
 from defrag.model.cluster import Cluster
 from defrag.plan import make_plan
 from defrag.plan.model import Plan
@@ -99,7 +100,7 @@ def test_a_stale_cycle_says_so_and_plans_nothing(api: KubeApi, watched: WatchedC
 
     def planner(
         cluster: Cluster, goal: str, now: datetime, *, profile: ScoringProfile,
-        pods: frozenset[str] | None = None,
+        pods: frozenset[str] | None = None, spent: object = None,
     ) -> Plan:  # fmt: skip
         planned.append(goal)
         return make_plan(cluster, goal, now=now, profile=profile)
@@ -122,13 +123,13 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     from defrag.settings import load_settings
     from tests.test_daemon_cli import kubeconfig
 
-    settings = load_settings(None, {"kubeconfig": str(kubeconfig(tmp_path, api.url))})
+    settings = load_settings(None, {"cluster.kubeconfig": str(kubeconfig(tmp_path, api.url))})
     wiring = build(settings)
     ports = wiring.daemon.ports
     assert isinstance(ports.source, WatchedCluster)
     assert ports.executor is not None
     assert isinstance(ports.executor.source, KubeClusterSource)
-    assert ports.source.max_staleness_s == settings.ready_age_limit_s
+    assert ports.source.max_staleness_s == settings.daemon.ready_age_limit_s
     assert wiring.watching
     # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.
     once = build(settings, watch=False)

@@ -9,11 +9,12 @@ import pytest
 
 from defrag.adapters.simcluster import SIM_START, SimClock, SimCluster, fragmented_cluster
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
-from defrag.execute.budgets import BudgetLedger, InMemorySpend, SpendBook
+from defrag.execute.budgets import InMemorySpend, SpendBook
 from defrag.execute.mode import RunMode
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.plan.model import Plan, Step
+from defrag.plan.spend import BudgetLedger
 from defrag.ports import EvictionResult, SpendUnreadable
 from tests.test_execute import movable_on
 
@@ -201,7 +202,7 @@ def test_a_restarted_executor_resumes_the_windows_spend() -> None:
     assert len(on_02) >= 2
     result = second.execute(plan_for(on_02, "gpu-03"), cluster, OPEN)
     assert result.counts["evicted"] == 1, result.counts
-    assert sum(1 for o in result.outcomes if "window budget: 4 of 4" in o.reason) >= 1
+    assert sum(1 for o in result.outcomes if "budget-window: 4 of 4" in o.reason) >= 1
     assert len(sim.evictions) == 4
 
 

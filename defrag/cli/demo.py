@@ -61,18 +61,18 @@ def demo(
     settings = _settings(
         None,
         {
-            "cluster": "sim",
-            "dry_run": False,
-            "cycle_interval_s": 300,
-            "min_pod_age_s": 600,
-            "windows": [{"cron": "0 2 * * *", "length_s": 3600}],
-            "max_evictions_per_window": 12,
-            "max_evictions_per_node": 8,
-            "max_evictions_per_namespace": 12,
-            "replacement_timeout_s": 300,
-            "poll_interval_s": 10,
-            "plan_goal": "auto",
-            "sim_speedup": 1.0,
+            "cluster.kind": "sim",
+            "execution.dry_run": False,
+            "daemon.cycle_interval_s": 300,
+            "planner.min_pod_age_s": 600,
+            "windows.schedule": [{"cron": "0 2 * * *", "length_s": 3600}],
+            "windows.max_evictions_per_window": 12,
+            "windows.max_evictions_per_node": 8,
+            "windows.max_evictions_per_namespace": 12,
+            "execution.replacement_timeout_s": 300,
+            "execution.poll_interval_s": 10,
+            "planner.goal": "auto",
+            "sim.speedup": 1.0,
         },
     )
     configure_logging("text", "WARNING")
@@ -83,7 +83,7 @@ def demo(
     results = []
     start = sim.clock.now()
     for i in range(cycles):
-        sim.clock.advance_to(start + timedelta(seconds=i * settings.cycle_interval_s))
+        sim.clock.advance_to(start + timedelta(seconds=i * settings.daemon.cycle_interval_s))
         results.append(daemon.run_once())
     final = sim.snapshot()
     train = final.pods.get(TARGET)
@@ -157,7 +157,7 @@ def _tell(
     print_line("")
     print_line(
         "On a real cluster: `defrag run --once --kubeconfig ~/.kube/config` (dry run: plan and "
-        "report only), then add --prometheus URL, DEFRAG_ALERTMANAGER_URLS=http://am:9093 and "
+        "report only), then add --prometheus URL, DEFRAG_ALERTS__URLS=http://am:9093 and "
         "windows in a settings file, then --no-dry-run. See docs/daemon.md and deploy/."
     )
 

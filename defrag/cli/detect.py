@@ -78,8 +78,8 @@ RulesOpt = Annotated[
     typer.Option(
         "--rules",
         "-r",
-        help="Rule file or directory (repeatable; default: $DEFRAG_RULES_DIR, else the "
-        "shipped rules).",
+        help="Rule file or directory (repeatable; default: $DEFRAG_DETECTION__RULES_DIR, else "
+        "the shipped rules).",
     ),
 ]
 
@@ -333,7 +333,8 @@ def rules_check(
     paths: Annotated[
         list[Path] | None,
         typer.Argument(
-            help="Rule files or directories (default: $DEFRAG_RULES_DIR, else the shipped rules)."
+            help="Rule files or directories (default: $DEFRAG_DETECTION__RULES_DIR, else the "
+            "shipped rules)."
         ),
     ] = None,
     prometheus: Annotated[

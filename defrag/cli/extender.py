@@ -43,7 +43,7 @@ def _on_sigterm(stop: threading.Event) -> None:
 
 def _logging() -> None:
     logging.basicConfig(
-        level=os.environ.get("DEFRAG_LOG_LEVEL", "INFO").upper(),
+        level=os.environ.get("DEFRAG_LOGGING__LEVEL", "INFO").upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
 

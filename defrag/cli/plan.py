@@ -63,33 +63,36 @@ def plan_command(
         typer.Option(
             min=0,
             help="Evictions the plan may use (its budget; default: the setting "
-            "max_evictions_per_window, 10).",
+            "windows.max_evictions_per_window, 10).",
         ),
     ] = None,
     max_per_node: Annotated[
         int | None,
         typer.Option(
-            min=0, help="Evictions per node (default: the setting max_evictions_per_node, 8)."
+            min=0,
+            help="Evictions per node (default: the setting windows.max_evictions_per_node, 8).",
         ),
     ] = None,
     max_per_namespace: Annotated[
         int | None,
         typer.Option(
             min=0,
-            help="Evictions per namespace (default: the setting max_evictions_per_namespace, 5).",
+            help="Evictions per namespace (default: the setting "
+            "windows.max_evictions_per_namespace, 5).",
         ),
     ] = None,
     min_age: Annotated[
         str | None,
         typer.Option(
             help="How long a pod must have run before it may move (15m, 2h; bare: min; "
-            "default: the setting min_pod_age_s, 0)."
+            "default: the setting planner.min_pod_age_s, 0)."
         ),
     ] = None,
     protect_priority: Annotated[
         int | None,
         typer.Option(
-            help="Pods at or above this priority never move (the setting evict_priority_threshold)."
+            help="Pods at or above this priority never move (the setting "
+            "planner.evict_priority_threshold)."
         ),
     ] = None,
     no_preempt: Annotated[
@@ -119,13 +122,13 @@ def plan_command(
     # The flags are settings given on the command line: they override the file's (and the
     # environment's) as `--policy` overrides its policy; what no flag sets is the daemon's.
     overrides = {
-        "max_evictions_per_window": max_evictions,
-        "max_evictions_per_node": max_per_node,
-        "max_evictions_per_namespace": max_per_namespace,
-        "min_pod_age_s": (
+        "windows.max_evictions_per_window": max_evictions,
+        "windows.max_evictions_per_node": max_per_node,
+        "windows.max_evictions_per_namespace": max_per_namespace,
+        "planner.min_pod_age_s": (
             None if min_age is None else parse_duration(min_age, "--min-age", bare_unit="m")
         ),
-        "evict_priority_threshold": protect_priority,
+        "planner.evict_priority_threshold": protect_priority,
     }
     config, planner = plan_configs(settings_file, policy, overrides)
     if no_preempt:

@@ -25,8 +25,8 @@ SettingsOpt = Annotated[
     Path | None,
     typer.Option(
         "--settings",
-        help="The daemon's YAML/JSON settings file (its policy and policy_seed score here too); "
-        "DEFRAG_* variables apply as for `defrag run`.",
+        help="The daemon's YAML/JSON settings file (its scoring.policy and scoring.seed score "
+        "here too); DEFRAG_* variables apply as for `defrag run`.",
     ),
 ]
 PolicyOpt = Annotated[

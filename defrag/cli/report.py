@@ -106,7 +106,7 @@ def report(
         typer.Option(
             "--prom-timeout",
             help="Per Prometheus request (bare: seconds; default: the setting "
-            "prometheus_timeout_s, 10s).",
+            "prometheus.timeout_s, 10s).",
         ),
     ] = None,
     deadline: DeadlineOpt = DEFAULT_DEADLINE,
@@ -120,12 +120,12 @@ def report(
         source = None
         if prometheus:  # the settings' Prometheus TLS, token and timeout, unless a flag says
             settings = cli_settings(settings_file)
-            token = prom_bearer_token_file or settings.prometheus_token_file
-            ca = prom_ca_file or settings.prometheus_ca_file
+            token = prom_bearer_token_file or settings.prometheus.token_file
+            ca = prom_ca_file or settings.prometheus.ca_file
             timeout_s = (
                 parse_duration(prom_timeout, "--prom-timeout")
                 if prom_timeout is not None
-                else settings.prometheus_timeout_s
+                else settings.prometheus.timeout_s
             )
             source = _prometheus(prometheus, token, ca, prom_insecure, timeout_s)
         cluster = load_cluster(snapshot, kubeconfig, context, strict)

@@ -12,7 +12,6 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,16 +24,13 @@ from defrag.redact import redact_text
 
 if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
     from defrag.adapters.sources import Backend
-    from defrag.daemon.cycle import CycleResult, Detected, Planner
+    from defrag.daemon.cycle import CycleResult
     from defrag.daemon.service import Daemon, Elector
-    from defrag.execute.windows import Window
-    from defrag.model.cluster import Cluster
+    from defrag.decide import Planner
     from defrag.plan.config import PlannerConfig
-    from defrag.plan.model import Plan
     from defrag.plan.planner import OwnerLookup
     from defrag.ports import Actuator, AlertSink, Clock, ClusterSource, MetricsSource
-    from defrag.scoring.profile import ScoringProfile
-    from defrag.settings import Settings, WindowSetting
+    from defrag.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +63,23 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
 
     ``watch``: on a live cluster the cycle reads the store list + watch keeps (a serving daemon);
     False lists every cycle instead (``--once``: one list is all one cycle needs)."""
-    from defrag.daemon.cycle import CycleConfig, CyclePorts, SystemClock
+    from defrag.daemon.cycle import CyclePorts, SystemClock
     from defrag.daemon.service import AlwaysLeader, Daemon
     from defrag.daemon.unmodelled import UnmodelledReporter
-    from defrag.execute.executor import Executor, ExecutorSettings
+    from defrag.execute.executor import Executor
     from defrag.ports import SpendRecord
     from defrag.rules import RulesError, load_rules, rules_paths
     from defrag.settings import SettingsError
 
-    rules_dirs = rules_paths((), settings.rules_dir)
+    rules_dirs = rules_paths((), settings.detection.rules_dir)
     try:
         rules = load_rules(rules_dirs)
     except RulesError as exc:
         raise SettingsError(f"rules in {', '.join(map(str, rules_dirs))}:\n{exc}") from None
     except OSError as exc:
-        raise SettingsError(f"setting rules_dir {settings.rules_dir}: {exc}") from None
+        raise SettingsError(
+            f"setting detection.rules_dir {settings.detection.rules_dir}: {exc}"
+        ) from None
 
     sim = None
     metrics: MetricsSource | None = None
@@ -96,7 +94,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
     if backend.sim is not None:
         sim = backend.sim
         actuator: Actuator = sim
-        clock, time_scale, sleep = sim.clock, settings.sim_speedup, sim.clock.sleep
+        clock, time_scale, sleep = sim.clock, settings.sim.speedup, sim.clock.sleep
     else:
         if watch:
             source = _watched(settings, backend.api)
@@ -109,15 +107,8 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         actuator,
         fresh,
         clock,
-        ExecutorSettings(
-            # the planner's budget, enforced again as evictions go out
-            budgets=planner_config.window_budget(),
-            batch_size=settings.eviction_batch_size,
-            replacement_timeout_s=settings.replacement_timeout_s,
-            poll_interval_s=settings.poll_interval_s,
-            checkpoint_wait_s=settings.checkpoint_wait_s,
-            checkpoint_max_wait_s=settings.checkpoint_max_wait_s,
-        ),
+        # the planner's budget, enforced again as evictions go out
+        settings.executor_settings(planner_config.window_budget()),
         mode=settings.run_mode,  # dry run is decided here, once: the executor owns it
         sleep=sleep,
         time_left=lambda: _cycle_time_left(time_scale),
@@ -133,25 +124,18 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         unmodelled=UnmodelledReporter(actuator, settings.run_mode),
         alerts=_alerts(settings),
     )
-    config = CycleConfig(
-        goal=settings.plan_goal,
-        windows=tuple(_window(w) for w in settings.windows),
-        idle_gate=settings.idle_gate,
-        profile=settings.profile_config(),
-        patience=settings.packing_patience(),
-    )
     daemon = Daemon(
         ports,
-        config,
-        cycle_interval_s=settings.cycle_interval_s,
-        ready_age_limit_s=settings.ready_age_limit_s,
+        settings.cycle_config(),
+        cycle_interval_s=settings.daemon.cycle_interval_s,
+        ready_age_limit_s=settings.daemon.ready_age_limit_s,
         elector=elector,
         time_scale=time_scale,
-        http_host=settings.http_host,
-        http_port=settings.http_port,
-        elector_interval_s=settings.lease_duration_s / 3,
+        http_host=settings.http.host,
+        http_port=settings.http.port,
+        elector_interval_s=settings.leadership.lease_duration_s / 3,
         # a cycle still running when a good one should have been seen is wedged
-        cycle_deadline_s=settings.ready_age_limit_s,
+        cycle_deadline_s=settings.daemon.ready_age_limit_s,
     )
     return Wiring(daemon, sim, watching=source is not fresh)
 
@@ -165,24 +149,19 @@ def _cycle_time_left(time_scale: float) -> float | None:
     return None if budget is None else budget.remaining() * time_scale
 
 
-def _window(w: WindowSetting) -> Window:
-    from defrag.execute.windows import Window
-
-    return Window(w.cron, w.length_s, w.timezone)
-
-
 def _backend(settings: Settings) -> Backend:
     """The cluster the settings name, through the one factory every command uses."""
     from defrag.adapters.sources import SourceError, SourceSpec, open_source
     from defrag.settings import SettingsError
 
-    if settings.cluster == "sim":
+    cluster = settings.cluster
+    if cluster.kind == "sim":
         spec = SourceSpec(
-            sim=True, sim_speedup=settings.sim_speedup, profile=settings.profile_config()
+            sim=True, sim_speedup=settings.sim.speedup, profile=settings.profile_config()
         )
     else:
-        kubeconfig = Path(settings.kubeconfig) if settings.kubeconfig else None
-        spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=settings.kube_context)
+        kubeconfig = Path(cluster.kubeconfig) if cluster.kubeconfig else None
+        spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=cluster.context)
     try:
         return open_source(spec)
     except SourceError as exc:
@@ -197,7 +176,7 @@ def _watched(settings: Settings, api: Any) -> ClusterSource:
 
     # A broken watch is retried well within the staleness limit (the chaos soak saw a 30 s
     # backoff hold the view stale past a 30 s limit after a few faults in a row).
-    limit = settings.ready_age_limit_s
+    limit = settings.daemon.ready_age_limit_s
     source = KubeWatchSource(api, max_backoff_s=max(1.0, min(30.0, limit / 4)))
     return WatchedCluster(source, max_staleness_s=limit)
 
@@ -213,12 +192,13 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
     elector: Elector = AlwaysLeader()
     # Dry run writes nothing to the cluster, not even the Lease: every replica plans and reports.
     if mode.takes_lease:
+        lease = settings.leadership
         elector = LeaseElector(
             api,
-            settings.lease_namespace,
-            settings.lease_name,
-            settings.identity,
-            int(settings.lease_duration_s),
+            lease.lease_namespace,
+            lease.lease_name,
+            lease.identity,
+            int(lease.lease_duration_s),
         )
         # a retried eviction asks the Lease again (a retry may come seconds later)
         actuator.fence = elector.still_leader
@@ -229,56 +209,49 @@ def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:
 def _prometheus(settings: Settings) -> MetricsSource | None:
     from defrag.settings import SettingsError
 
-    if not settings.prometheus_url:
+    prometheus = settings.prometheus
+    if not prometheus.url:
         return None
     from defrag.adapters.prometheus import PrometheusSource
 
     try:
         return PrometheusSource(
-            settings.prometheus_url,
-            timeout_s=settings.prometheus_timeout_s,
-            bearer_token_file=settings.prometheus_token_file,
-            ca_bundle=settings.prometheus_ca_file,
+            prometheus.url,
+            timeout_s=prometheus.timeout_s,
+            bearer_token_file=prometheus.token_file,
+            ca_bundle=prometheus.ca_file,
         )
     except ValueError as exc:
-        raise SettingsError(f"setting prometheus_url: {redact_text(str(exc))}") from None
+        raise SettingsError(f"setting prometheus.url: {redact_text(str(exc))}") from None
 
 
 def _alerts(settings: Settings) -> AlertSink | None:
     from defrag.settings import SettingsError
 
-    if not settings.alertmanager_urls:
+    alerts = settings.alerts
+    if not alerts.urls:
         return None
     from defrag.adapters.alertmanager import AlertmanagerSink
 
     try:
         return AlertmanagerSink(
-            settings.alertmanager_urls,
-            cluster=settings.cluster_name,
-            resend_interval_s=settings.alert_resend_interval_s,
-            runbook_url=settings.alert_runbook_url,
-            generator_url=settings.alert_generator_url,
-            ttl_s=settings.alert_ttl_s,
-            bearer_token_file=settings.alertmanager_token_file,
-            ca_file=settings.alertmanager_ca_file,
+            alerts.urls,
+            cluster=settings.cluster.name,
+            resend_interval_s=alerts.resend_interval_s,
+            runbook_url=alerts.runbook_url,
+            generator_url=alerts.generator_url,
+            ttl_s=alerts.ttl_s,
+            bearer_token_file=alerts.token_file,
+            ca_file=alerts.ca_file,
         )
     except ValueError as exc:
-        raise SettingsError(f"setting alertmanager_urls: {exc}") from None
+        raise SettingsError(f"setting alerts.urls: {exc}") from None
 
 
 def _detector(rules: Any, metrics: MetricsSource | None) -> Any:
-    from defrag.daemon.cycle import Detected
-    from defrag.detection import run_detection
+    from defrag.detection import cycle_detector
 
-    def detect(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Detected:
-        report = run_detection(rules, metrics, cluster, now, profile=profile)
-        # One broken rule never stops the others; the daemon logs, counts and alerts on the
-        # failed ones, and holds their alerts as they were.
-        failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}
-        # missing inputs travel in the cycle's result (the daemon's gauge and log line)
-        return Detected(report.findings, failed, report.skipped)
-
-    return detect
+    return cycle_detector(rules, metrics)
 
 
 def _owner_lookup(api: Any) -> OwnerLookup | None:
@@ -291,44 +264,11 @@ def _owner_lookup(api: Any) -> OwnerLookup | None:
 
 
 def _planner(config: Settings | PlannerConfig, owners: OwnerLookup | None = None) -> Planner:
-    """The cycle's planner port: :func:`~defrag.plan.planner.make_plan` with the one
-    :class:`~defrag.plan.config.PlannerConfig` the settings build (``defrag plan --settings``
-    plans with the same), making room only for the pods the cycle names. With ``owners``,
-    every victim's controlling owner is read first (:func:`~defrag.plan.planner.plan_with_owners`):
-    only a pod its controller will recreate is evicted."""
-    from dataclasses import replace
-
-    from defrag.plan.planner import make_plan, plan_with_owners
+    """The cycle's planner port (:func:`defrag.decide.planner_port`) for these settings."""
+    from defrag.decide import planner_port
     from defrag.settings import Settings
 
-    if isinstance(config, Settings):
-        config = config.planner_config()
-    planner_config = config
-
-    def plan(
-        cluster: Cluster,
-        goal: str,
-        now: datetime,
-        *,
-        profile: ScoringProfile,
-        pods: frozenset[str] | None = None,
-    ) -> Plan:
-        options = replace(planner_config.options, only=pods)
-        if owners is not None:
-            return plan_with_owners(
-                cluster,
-                owners,
-                goal,
-                profile=profile,
-                config=planner_config,
-                options=options,
-                now=now,
-            )
-        return make_plan(
-            cluster, goal, profile=profile, config=planner_config, options=options, now=now
-        )
-
-    return plan
+    return planner_port(config.planner_config() if isinstance(config, Settings) else config, owners)
 
 
 # --- the commands --------------------------------------------------------------------------
@@ -369,13 +309,15 @@ def run(
     rules: Annotated[Path | None, typer.Option("--rules", help="Detection rule directory.")] = None,
     prometheus: Annotated[
         str | None,
-        typer.Option("--prometheus", help="Prometheus base URL (setting prometheus_url)."),
+        typer.Option("--prometheus", help="Prometheus base URL (setting prometheus.url)."),
     ] = None,
     kubeconfig: Annotated[
-        Path | None, typer.Option("--kubeconfig", help="kubeconfig file (setting kubeconfig).")
+        Path | None,
+        typer.Option("--kubeconfig", help="kubeconfig file (setting cluster.kubeconfig)."),
     ] = None,
     context: Annotated[
-        str | None, typer.Option("--context", help="kubeconfig context (setting kube_context).")
+        str | None,
+        typer.Option("--context", help="kubeconfig context (setting cluster.context)."),
     ] = None,
 ) -> None:
     """The daemon: observe, detect, plan and (inside windows, not in dry run) execute."""
@@ -386,15 +328,16 @@ def run(
     settings = _settings(
         settings_file,
         {
-            "cluster": cluster.value if cluster else None,
-            "dry_run": dry_run,
-            "rules_dir": str(rules) if rules else None,
-            "prometheus_url": prometheus,
-            "kubeconfig": str(kubeconfig) if kubeconfig else None,
-            "kube_context": context,
+            "cluster.kind": cluster.value if cluster else None,
+            "execution.dry_run": dry_run,
+            "detection.rules_dir": str(rules) if rules else None,
+            "prometheus.url": prometheus,
+            "cluster.kubeconfig": str(kubeconfig) if kubeconfig else None,
+            "cluster.context": context,
         },
     )
-    configure_logging(settings.log_format, settings.log_level if not once else "WARNING")
+    logs = settings.logging
+    configure_logging(logs.format, logs.level if not once else "WARNING")
     wiring = _build(settings, watch=not once)
     daemon = wiring.daemon
     if not once:

@@ -35,6 +35,7 @@ from defrag.cli.app import (
 from defrag.cli.names import DEFAULT_POLICY, DEFRAGMENTERS
 
 if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
+    from defrag.sim.defragmenters import DaemonOptions
     from defrag.sim.fill import FillRun
     from defrag.sim.runner import Run, Task, Workload
     from defrag.sim.timeline import TimelineRun
@@ -146,6 +147,22 @@ def simulate(
             help=f"Timeline, repeatable: {', '.join(DEFRAGMENTERS)} (default: none).",
         ),
     ] = None,
+    settings: Annotated[
+        Path | None,
+        typer.Option(
+            "--settings",
+            help="The daemon's settings file (the one the Deployment mounts, e.g. "
+            "deploy/base/settings.yaml) for the defrag rows (default: the simulator's).",
+        ),
+    ] = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--set",
+            help="A daemon setting for the defrag rows, KEY=VALUE with a dotted key "
+            "(planner.make_room_worth=2); repeatable, wins over --settings.",
+        ),
+    ] = None,
     checkpoint_scale: Annotated[
         float, typer.Option(help="timeline: multiply every checkpoint interval.")
     ] = 1.0,
@@ -210,9 +227,10 @@ def simulate(
             raise UserError(f"timeline: {exc}") from None
     elif [d for d in names if d not in ("none", "defrag")]:
         raise UserError("--defragmenter: only none and defrag run in the fill protocol")
+    daemon = _daemon_options(settings, set_ or [], hours["window-every"], names, protocol)
     workload = load_workload(trace, nodes, pods, scale)
     tasks = [
-        Task(protocol.value, p, s, timeline=config, defragmenter=d)
+        Task(protocol.value, p, s, timeline=config, defragmenter=d, daemon=daemon)
         for p in policies
         for d in names
         for s in seed_list
@@ -250,6 +268,54 @@ def simulate(
             plot_timeline(runs, plot, title=title)  # type: ignore[arg-type]
         if output is Output.table:
             print_line(f"plot written to {plot}")
+
+
+def parse_sets(items: Sequence[str]) -> dict[str, object]:
+    """``--set KEY=VALUE`` items as dotted settings keys; each value read as a YAML scalar
+    (``2``, ``0.5``, ``true``, ``null``, text)."""
+    import yaml
+
+    out: dict[str, object] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set: expected KEY=VALUE, got {item!r}")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, dict | list):
+            raise UserError(f"--set {key}: give one value, not a mapping or a list")
+        out[key.strip()] = value
+    return out
+
+
+def _daemon_options(
+    settings: Path | None,
+    sets: Sequence[str],
+    window_every_h: float,
+    names: Sequence[str],
+    protocol: Protocol,
+) -> DaemonOptions:
+    """The defrag rows' settings, checked once here (one ``error:`` line naming the file, the
+    key or the rule) before any run starts."""
+    from defrag.rules import RulesError
+    from defrag.settings import SettingsError
+    from defrag.sim.daemon_driver import daemon_setup
+    from defrag.sim.defragmenters import DaemonOptions
+
+    overrides = parse_sets(sets)
+    options = DaemonOptions(str(settings) if settings else None, overrides, window_every_h)
+    if protocol is Protocol.timeline and any(n.startswith("defrag") for n in names):
+        try:
+            daemon_setup(settings, overrides, window_every_h=window_every_h)
+        except (SettingsError, RulesError) as exc:
+            raise UserError(str(exc)) from None
+        except ValueError as exc:  # the default windows of a period no crontab can say
+            raise UserError(f"--window-every: {exc}") from None
+    elif settings is not None or sets:
+        raise UserError("--settings/--set configure the daemon: give --defrag in the timeline")
+    return options
 
 
 def _emit(runs: list[Run], protocol: Protocol, workload: str, output: Output, curves: bool) -> None:

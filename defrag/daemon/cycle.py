@@ -1,85 +1,38 @@
-"""One cycle: observe → detect → plan → execute → alert → report, as a plain function.
+"""One cycle: observe → detect → decide → execute → alert → report, as a plain function.
 
 :func:`run_cycle` takes the ports (cluster source, detector, planner, executor, alert sink,
 clock) and returns a frozen :class:`CycleResult`. It holds no state of its own: the
-executor keeps budgets and the circuit breaker, the alert sink its active alerts. Execution
-happens only for the leader, not in dry run, inside an open window and with the breaker
-closed; in dry run the executor rehearses the plan (Events marked "(dry run)").
-
-Outside the windows, a starvation rule whose action is ``make-room-now`` still gets room made
-for the pods it found (docs/daemon.md, "Windows": starvation plans may run outside windows by rule):
-the cycle plans make-room for those pods only and executes that plan, with the budgets of a
-day's out-of-window allowance (:data:`URGENT_BUDGET_KEY`).
+executor keeps budgets and the circuit breaker, the alert sink its active alerts. What to do
+is :func:`defrag.decide.decide`'s, the one decision the simulator runs too; this module wires
+it to the real adapters. Execution happens only for the leader, not in dry run, inside an open
+window and with the breaker closed; in dry run the executor rehearses the plan (Events marked
+"(dry run)").
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from defrag.daemon.unmodelled import UnmodelledReporter
+from defrag.decide import CycleConfig, Detected, Detector, Planner, decide
 from defrag.detect.findings import Finding
 from defrag.execute.executor import Executor
 from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.reconcile import Reconciler
-from defrag.execute.windows import Window, WindowStatus, window_status
+from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
-from defrag.model.utc import utc
-from defrag.plan.config import Goal
-from defrag.plan.constraints import NOT_WORTH
-from defrag.plan.model import Blocked, Plan
-from defrag.plan.patience import PackingPatience, held_back
+from defrag.plan.model import Plan
 from defrag.ports import AlertSink, Clock, ClusterSource
 from defrag.scoring.fragmentation import fragmentation_report
-from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class Detected:
-    """What a detector found, the rules it could not evaluate (rule → why) and the rules it
-    skipped because their inputs are missing (rule → why)."""
-
-    findings: tuple[Finding, ...]
-    failed: Mapping[str, str] = field(default_factory=dict, hash=False)
-    skipped: Mapping[str, str] = field(default_factory=dict, hash=False)
-
-    def __iter__(self) -> Iterator[Finding]:
-        return iter(self.findings)
-
-
-Detector = Callable[[Cluster, datetime, ScoringProfile], "Sequence[Finding] | Detected"]
-"""Findings for a cluster at a moment, scored with the cycle's profile for that cluster (the
-daemon binds rules and metrics); a detector that can tell which rules it could not evaluate
-returns :class:`Detected`."""
-
-
-class Planner(Protocol):
-    def __call__(
-        self,
-        cluster: Cluster,
-        goal: Goal,
-        now: datetime,
-        *,
-        profile: ScoringProfile,
-        pods: frozenset[str] | None = None,
-    ) -> Plan:
-        """A plan for a cluster, a goal (repack, make-room, all) and a moment, scored with the
-        cycle's ``profile``; ``pods``: make room only for these pending pods (None: every
-        pending pod that qualifies)."""
-        ...
-
-
-URGENT = "make-room-now"
-"""The finding action that asks for room even outside the execution windows."""
-GOALS_BY_ACTION = {"repack": Goal.REPACK, "make-room": Goal.MAKE_ROOM, URGENT: Goal.MAKE_ROOM}
-URGENT_BUDGET_KEY = "outside-windows/{day}"
-"""Out-of-window make-room shares one set of per-window budgets per UTC day."""
 SUMMARY_KEYS = ("free_gpus", "whole_free_nodes", "largest_placeable_job")
 
 
@@ -108,20 +61,6 @@ class CyclePorts:
     def mode(self) -> RunMode:
         """The executor's mode; without an executor nothing is written: a dry run."""
         return self.executor.mode if self.executor is not None else RunMode()
-
-
-@dataclass(frozen=True, slots=True)
-class CycleConfig:
-    goal: str = "auto"
-    """auto: from the findings' actions; or always repack / make-room / all."""
-    windows: tuple[Window, ...] = ()
-    idle_gate: bool = False
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    """The configured scoring profile; each cycle builds one :class:`ScoringProfile` from it
-    for its snapshot and hands that to detection, the planner and the figures (``/metrics``)."""
-    patience: PackingPatience = field(default_factory=PackingPatience)
-    """How long make-room waits for departures while the scheduler packs
-    (:mod:`defrag.plan.patience`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,35 +126,6 @@ class CycleResult:
         }
 
 
-def goal_for(findings: Sequence[Finding], configured: str) -> Goal | None:
-    """The plan goal: the configured one, or (auto) what the findings ask for; None = no plan."""
-    if configured != "auto":
-        return Goal(configured)
-    goals = {GOALS_BY_ACTION[f.action] for f in findings if f.action in GOALS_BY_ACTION}
-    if not goals:
-        return None
-    return goals.pop() if len(goals) == 1 else Goal.ALL
-
-
-def starved_pods(findings: Sequence[Finding], actions: frozenset[str]) -> frozenset[str]:
-    """``namespace/name`` of the pods that findings with one of ``actions`` are about."""
-    return frozenset(
-        f.subject.removeprefix("pod/")
-        for f in findings
-        if f.action in actions and f.subject.startswith("pod/")
-    )
-
-
-def urgent_window(closed: WindowStatus, pods: frozenset[str], now: datetime) -> WindowStatus:
-    """The window a make-room-now plan runs in while the configured windows are closed."""
-    return WindowStatus(
-        open=True,
-        reason=f"{closed.reason}; make-room-now for {len(pods)} starved pod(s)",
-        next_open=closed.next_open,
-        budget_key=URGENT_BUDGET_KEY.format(day=utc(now).date().isoformat()),
-    )
-
-
 def run_cycle(
     ports: CyclePorts,
     config: CycleConfig,
@@ -252,29 +162,13 @@ def run_cycle(
         findings += Reconciler(ports.executor).maintain(cluster)
     if ports.unmodelled is not None and leader:
         ports.unmodelled.report(cluster.warnings)
-    idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
-    window = window_status(config.windows, started, idle=idle)
-
-    goal = goal_for(findings, config.goal)
-    room_for = (
-        starved_pods(findings, frozenset({"make-room", URGENT})) if config.goal == "auto" else None
-    )
-    urgent = starved_pods(findings, frozenset({URGENT}))
-    if not window.open and urgent:  # only the make-room-now pods may be helped now
-        window = urgent_window(window, urgent, started)
-        goal, room_for = Goal.MAKE_ROOM, urgent
-    # While the scheduler packs, a starved pod waits for departures (defrag.plan.patience).
-    packing = config.patience.standing(findings, last_packing, started)
-    held = held_back(findings, room_for, config.patience, started, packing) if room_for else {}
-    if held:
-        room_for = frozenset(room_for or ()) - held.keys()
-        if not room_for:
-            goal = Goal.REPACK if goal is Goal.ALL else None
-    plan = ports.planner(cluster, goal, started, profile=profile, pods=room_for) if goal else None
-    faults = [b for b in plan.blocked if b.constraint != NOT_WORTH] if plan is not None else []
-    if plan is not None and plan.empty and faults:
-        # "not worth it yet" is the planner waiting, not a fault: it raises no alert
-        findings.append(_blocked_finding(plan, faults, started))
+    spent = ports.executor.spent if ports.executor is not None else None
+    decision = decide(
+        cluster, findings, started, config, ports.planner, profile,
+        last_packing=last_packing, spent=spent,
+    )  # fmt: skip
+    window, plan = decision.window, decision.plan
+    findings += decision.findings
 
     executed: Execution | None = None
     if plan is not None and not plan.empty and ports.executor is not None and leader:
@@ -330,8 +224,8 @@ def run_cycle(
         warnings=cluster.warnings,
         rule_failures=failed,
         rules_skipped=skipped,
-        held_back=held,
-        packing=packing,
+        held_back=decision.held_back,
+        packing=decision.packing,
     )
 
 
@@ -384,19 +278,3 @@ def _verify(plan: Plan, achieved: Mapping[str, Any], observed: Cluster) -> dict[
     placed = [t for t in pods if t in observed.pods and observed.pods[t].node is not None]
     met = not short or (bool(pods) and len(placed) == len(pods))
     return {"figures": rows, "short": short, "targets_placed": placed, "met": met}
-
-
-def _blocked_finding(plan: Plan, blocked: Sequence[Blocked], now: datetime) -> Finding:
-    by_constraint: dict[str, int] = {}
-    for b in blocked:
-        by_constraint[b.constraint] = by_constraint.get(b.constraint, 0) + 1
-    parts = ", ".join(f"{n} by {c}" for c, n in sorted(by_constraint.items()))
-    return Finding(
-        kind="plan-blocked",
-        subject="cluster",
-        severity="warning",
-        summary=f"no {plan.goal} plan possible: {len(blocked)} pod(s) blocked ({parts})",
-        evidence={"blocked": [b.to_dict() for b in blocked[:20]], "goal": plan.goal},
-        since=now,
-        labels={"detector": "planner"},
-    )

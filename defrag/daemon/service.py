@@ -37,7 +37,8 @@ from defrag.adapters.health import HealthServer, Probes
 from defrag.adapters.kube import KubeError
 from defrag.adapters.prometheus import MetricsError
 from defrag.alerting import ALERTS
-from defrag.daemon.cycle import CycleConfig, CyclePorts, CycleResult, run_cycle
+from defrag.daemon.cycle import CyclePorts, CycleResult, run_cycle
+from defrag.decide import CycleConfig
 from defrag.detection import NO_METRICS_SOURCE
 from defrag.execute.checkpoint import CHECKPOINT_RESULTS
 from defrag.execute.fence import Fence

@@ -1,8 +1,8 @@
-"""Eviction budgets per window, per node and per namespace, counted as evictions go out.
+"""The window's spend kept across restarts and leaders.
 
-The limits are the planner's :class:`~defrag.plan.config.EvictionBudget` (one value, built
-from the settings with the rest of the planner's configuration): the planner plans within
-it, and this ledger enforces it again across every plan of one window opening.
+The spend is counted by :class:`~defrag.plan.spend.BudgetLedger`, the one eviction count the
+planner, the executor and the simulator share: the planner plans within what is left of it,
+and the executor admits every eviction through it again as they go out.
 
 The spend outlives the process through a :class:`~defrag.ports.SpendRecord` (the leader's
 Lease): :class:`SpendBook` recovers it before admitting anything and records it before the
@@ -12,129 +12,16 @@ evictions it counts go out (write-ahead: a crash in between over-counts, never u
 from __future__ import annotations
 
 import logging
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from defrag.model.status import Status
 from defrag.model.utc import utc
-from defrag.plan.config import EvictionBudget
+from defrag.plan.spend import BudgetLedger
 from defrag.ports import SpendRecord, SpendUnreadable
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class BudgetLedger:
-    """What one window opening has spent. A new window key starts a fresh ledger."""
-
-    budgets: EvictionBudget
-    window: str = ""
-    total: int = 0
-    by_node: Counter[str] = field(default_factory=Counter)
-    by_namespace: Counter[str] = field(default_factory=Counter)
-
-    def for_window(self, key: str) -> BudgetLedger:
-        """This ledger if it counts ``key``'s window, else a fresh one for it."""
-        if key == self.window:
-            return self
-        return BudgetLedger(self.budgets, key)
-
-    def copy(self) -> BudgetLedger:
-        return BudgetLedger(
-            self.budgets, self.window, self.total, Counter(self.by_node), Counter(self.by_namespace)
-        )
-
-    def to_dict(self) -> dict[str, object]:
-        """The spend, without the limits (those come from the settings of whoever reads it)."""
-        return {
-            "window": self.window,
-            "total": self.total,
-            "by_node": {k: n for k, n in sorted(self.by_node.items()) if n > 0},
-            "by_namespace": {k: n for k, n in sorted(self.by_namespace.items()) if n > 0},
-        }
-
-    @classmethod
-    def from_dict(cls, budgets: EvictionBudget, data: Mapping[str, object]) -> BudgetLedger:
-        """The ledger :meth:`to_dict` wrote, counted against ``budgets``; ValueError when
-        ``data`` is not such a spend."""
-        window = spend_window(data)
-        return cls(
-            budgets,
-            window,
-            _count(data, "total"),
-            Counter(_counts(data, "by_node")),
-            Counter(_counts(data, "by_namespace")),
-        )
-
-    def merged(self, other: BudgetLedger) -> BudgetLedger:
-        """The larger spend of the two, key by key (same window): what either saw spent."""
-        return BudgetLedger(
-            self.budgets,
-            self.window,
-            max(self.total, other.total),
-            self.by_node | other.by_node,  # Counter | Counter: the larger count of each key
-            self.by_namespace | other.by_namespace,
-        )
-
-    def admit(self, pods: Sequence[tuple[str, str]]) -> Status:
-        """Spend budget for ``pods`` — (namespace, node) pairs, a gang at once — or refuse all."""
-        total = self.total + len(pods)
-        limit = self.budgets.total
-        if limit is not None and total > limit:
-            return Status.fail(
-                f"window budget: {self.total} of {limit} evictions spent, {len(pods)} more asked"
-            )
-        nodes = Counter(node for _, node in pods)
-        refused = _over("node", "from", nodes, self.by_node, self.budgets.per_node)
-        if refused is not None:
-            return refused
-        spaces = Counter(ns for ns, _ in pods)
-        refused = _over("namespace", "in", spaces, self.by_namespace, self.budgets.per_namespace)
-        if refused is not None:
-            return refused
-        self.total = total
-        self.by_node.update(nodes)
-        self.by_namespace.update(spaces)
-        return Status.success()
-
-    def refund(self, pods: Sequence[tuple[str, str]]) -> None:
-        """Give back what :meth:`admit` spent on ``pods`` (never below nothing): steps that
-        turned out not to need an eviction (a pod already Terminating)."""
-        for namespace, node in pods:
-            self.total = max(self.total - 1, 0)
-            self.by_node[node] = max(self.by_node[node] - 1, 0)
-            self.by_namespace[namespace] = max(self.by_namespace[namespace] - 1, 0)
-
-
-def spend_window(data: Mapping[str, object]) -> str:
-    """The window key of a recorded spend, after checking the whole spend has the shape
-    :meth:`BudgetLedger.to_dict` writes; ValueError naming what is wrong."""
-    window = data.get("window")
-    if not isinstance(window, str):
-        raise ValueError("no window key")
-    _count(data, "total")
-    _counts(data, "by_node")
-    _counts(data, "by_namespace")
-    return window
-
-
-def _count(data: Mapping[str, object], key: str) -> int:
-    value = data.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"{key} is not a count: {value!r}")
-    return value
-
-
-def _counts(data: Mapping[str, object], key: str) -> dict[str, int]:
-    value = data.get(key, {})
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{key} is not a mapping: {value!r}")
-    for name, n in value.items():
-        if not isinstance(name, str) or not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"{key} has {name!r}: {n!r}, not a name and a count")
-    return dict(value)
 
 
 class InMemorySpend:
@@ -250,19 +137,3 @@ def _expired(entry: object, now: datetime | None) -> bool:
     except ValueError:
         return False
     return utc(until) < utc(now)
-
-
-def _over(
-    what: str, where: str, asked: Counter[str], spent: Counter[str], limit: int | None
-) -> Status | None:
-    """The refusal for the first key (in name order) that ``asked`` would take past ``limit``
-    (None: unlimited)."""
-    if limit is None:
-        return None
-    for key, n in sorted(asked.items()):
-        if spent[key] + n > limit:
-            return Status.fail(
-                f"{what} budget: {spent[key]} of {limit} evictions {where} {key} spent, "
-                f"{n} more asked"
-            )
-    return None

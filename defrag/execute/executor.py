@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from defrag.detect.findings import Finding
-from defrag.execute.budgets import BudgetLedger, SpendBook
+from defrag.execute.budgets import SpendBook
 from defrag.execute.checkpoint import (
     CHECKPOINT_DEADLINE_ANNOTATION,
     CHECKPOINT_REQUESTED_ANNOTATION,
@@ -67,6 +67,7 @@ from defrag.model.resources import (
 from defrag.model.utc import utc
 from defrag.plan.config import EvictionBudget
 from defrag.plan.model import Plan, Step
+from defrag.plan.spend import BudgetLedger
 from defrag.ports import Actuator, Clock, ClusterSource, EvictionResult, SpendRecord
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,17 @@ class Executor:
         self._flagged: set[str] = set()
 
     # --- public ----------------------------------------------------------------------------
+
+    def spent(self, window: WindowStatus) -> BudgetLedger | None:
+        """What ``window``'s opening has spent so far (the decision's ledger port): a plan
+        spends only what is left. Live, the record (the Lease) is read too, as :meth:`execute`
+        does; None for a closed window (its plan is only reported)."""
+        if not window.open:
+            return None
+        ledger = self.ledger.for_window(window.key)
+        if self.mode.evicts:
+            ledger, _ = self.book.recover(ledger)
+        return ledger.copy()
 
     def execute(self, plan: Plan, cluster: Cluster, window: WindowStatus) -> Execution:
         """Carry ``plan`` out within ``window`` (live), or rehearse it (dry run: Events at most)."""

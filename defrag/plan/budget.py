@@ -1,6 +1,6 @@
 """An eviction budget per window that follows the demand it serves (issue 25).
 
-A fixed budget (``max_evictions_per_window``, 10 by default) is sized for a scheduler that
+A fixed budget (``windows.max_evictions_per_window``, 10 by default) is sized for a scheduler that
 packs: a room then takes one or two evictions. Under a spreading scheduler (kube-scheduler's
 default ``LeastAllocated``) every node holds a few small pods, so a room for an 8-GPU pod takes
 about eight evictions, and a window of 10 serves about one starved pod while more arrive: the
@@ -37,7 +37,7 @@ class DemandBudget:
     [``floor``, ``ceiling``]."""
 
     floor: int
-    """The fixed budget (``max_evictions_per_window``): the least a window gets."""
+    """The fixed budget (``windows.max_evictions_per_window``): the least a window gets."""
     ceiling: int = DEFAULT_CEILING
     per_gpu: float = DEFAULT_PER_GPU
 

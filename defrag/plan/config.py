@@ -119,7 +119,7 @@ class Constraints:
     """Pods younger than this stay (unknown creation time counts as old enough)."""
     priority_threshold: int | None = None
     """Pods with priority at or above this are never evicted (setting
-    ``evict_priority_threshold``, ``defrag plan --protect-priority``; system-critical pods
+    ``planner.evict_priority_threshold``, ``defrag plan --protect-priority``; system-critical pods
     never are)."""
     budget: EvictionBudget = field(default_factory=EvictionBudget)
     namespaces_include: frozenset[str] = frozenset()
@@ -131,7 +131,7 @@ class Constraints:
     owner_kinds: frozenset[str] = frozenset()
     """Controller kinds (``Kind.group``, or ``Kind`` in the core group) trusted to recreate
     their pods beside :data:`~defrag.plan.owners.RECREATING_KINDS` (setting
-    ``evict_owner_kinds``)."""
+    ``planner.evict_owner_kinds``)."""
 
     def __post_init__(self) -> None:
         if self.namespaces_include and self.namespaces_exclude:
@@ -179,6 +179,13 @@ class PlanOptions:
     """Include per-node rows in ``before``/``after``."""
     sizes: tuple[int, ...] = field(default=(1, 2, 4, 8))
     """Job sizes of the fragmentation reports."""
+    max_rooms: int | None = None
+    """Make room for at most this many starved groups per plan, most urgent first (None: all):
+    a cycle's plan stays small, and what it leaves waits for the next cycle."""
+    repack_on_demand: bool = False
+    """A plan that makes room and repacks (goal ``all``) repacks only when a starved group got
+    no room: a drain no pending pod waits for is paid for now and mostly never used. A
+    repack-only plan always repacks."""
 
 
 DEFAULT_OPTIONS = PlanOptions()

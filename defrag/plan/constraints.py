@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from defrag.model.cluster import PodDisruptionBudget
@@ -37,6 +38,7 @@ from defrag.plan.owners import (
     retry_budget,
     retry_key,
 )
+from defrag.plan.spend import NAMESPACE_BUDGET, NODE_BUDGET, WINDOW_BUDGET, BudgetLedger
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
 SYSTEM_CRITICAL_CLASSES = frozenset({"system-node-critical", "system-cluster-critical"})
@@ -49,27 +51,28 @@ DAEMONSET = "daemonset"
 SYSTEM_CRITICAL = "system-critical"
 MIN_AGE = "min-age"
 PRIORITY = "priority"
-"""At or above the eviction filter ``evict_priority_threshold`` (``--protect-priority``), or
+"""At or above the eviction filter ``planner.evict_priority_threshold`` (``--protect-priority``), or
 (make-room) not below the pending pod where it could only be preempted."""
 EVICT_NAMESPACE = "evict-namespace"
-"""The eviction filter ``evict_namespaces_include`` / ``evict_namespaces_exclude``."""
+"""The eviction filters ``planner.evict_namespaces_include`` / ``…_exclude``."""
 EVICT_LABELS = "evict-label-selector"
-"""The eviction filter ``evict_label_selector``."""
+"""The eviction filter ``planner.evict_label_selector``."""
 PDB = "pdb"
-PLAN_BUDGET = "budget-plan"
-NODE_BUDGET = "budget-node"
-NAMESPACE_BUDGET = "budget-namespace"
+PLAN_BUDGET = WINDOW_BUDGET
+"""A plan spends what is left of its window's eviction budget (:mod:`defrag.plan.spend`)."""
 GANG = "gang"
 NO_ROOM = "no-room"
 NOT_WORTH = "not-worth-it"
 """The cheapest room would lose more work than the pod's wait so far is worth."""
+MOVED = "moved"
+"""A pod this plan has already moved: its replacement is a new pod, not this plan's to evict."""
 SPARED = "spared"
 """A multi-GPU job that does not answer the checkpoint handshake, kept in place for a multi-GPU
 pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
 CONSTRAINT_NAMES = (
     TERMINATING, OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
     EVICT_NAMESPACE, EVICT_LABELS, PDB, JOB_RETRIES, PLAN_BUDGET, NODE_BUDGET,
-    NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH, SPARED,
+    NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH, SPARED, MOVED,
 )  # fmt: skip
 
 
@@ -124,20 +127,22 @@ def check_filters(pod: Pod, constraints: Constraints) -> Status:
     c = constraints
     if c.namespaces_include and pod.namespace not in c.namespaces_include:
         return Status.fail(
-            f"{EVICT_NAMESPACE}: namespace {pod.namespace} is not in evict_namespaces_include "
-            f"({', '.join(sorted(c.namespaces_include))})"
+            f"{EVICT_NAMESPACE}: namespace {pod.namespace} is not in "
+            f"planner.evict_namespaces_include ({', '.join(sorted(c.namespaces_include))})"
         )
     if pod.namespace in c.namespaces_exclude:
         return Status.fail(
-            f"{EVICT_NAMESPACE}: namespace {pod.namespace} is in evict_namespaces_exclude"
+            f"{EVICT_NAMESPACE}: namespace {pod.namespace} is in planner.evict_namespaces_exclude"
         )
     if c.label_selector is not None and not c.label_selector.matches(pod.labels):
         return Status.fail(
-            f"{EVICT_LABELS}: labels do not match evict_label_selector {str(c.label_selector)!r}"
+            f"{EVICT_LABELS}: labels do not match planner.evict_label_selector "
+            f"{str(c.label_selector)!r}"
         )
     if c.priority_threshold is not None and pod.priority >= c.priority_threshold:
         return Status.fail(
-            f"{PRIORITY}: priority {pod.priority} ≥ evict_priority_threshold {c.priority_threshold}"
+            f"{PRIORITY}: priority {pod.priority} ≥ planner.evict_priority_threshold "
+            f"{c.priority_threshold}"
         )
     return Status.success()
 
@@ -155,7 +160,7 @@ def gang_of(pod: Pod) -> str | None:
     return None
 
 
-LedgerState = tuple[dict[str, int], int, Counter[str], Counter[str], Counter[str]]
+LedgerState = tuple[dict[str, int], tuple[int, Counter[str], Counter[str]], Counter[str]]
 
 
 class Ledger:
@@ -170,6 +175,7 @@ class Ledger:
         pdbs: Sequence[PodDisruptionBudget],
         constraints: Constraints,
         owners: Mapping[str, OwnerFacts] | None = None,
+        spent: BudgetLedger | None = None,
     ) -> None:
         self.pdbs = tuple(pdbs)
         self.constraints = constraints
@@ -178,9 +184,11 @@ class Ledger:
         self.pdb_left: dict[str, int] = {p.key: max(p.disruptions_allowed, 0) for p in pdbs}
         self.retries_used: Counter[str] = Counter()
         """Evictions this plan spends on each looked-up Job (or Indexed Job's index)."""
-        self.evictions = 0
-        self.per_node: Counter[str] = Counter()
-        self.per_namespace: Counter[str] = Counter()
+        self.count = (
+            BudgetLedger(constraints.budget) if spent is None else _within(spent, constraints)
+        )
+        """The evictions counted against the budget: the window's spend so far (``spent``),
+        then this plan's."""
         self._pdbs_of: dict[str, tuple[PodDisruptionBudget, ...]] = {}
 
     def pdbs_of(self, pod: Pod) -> tuple[PodDisruptionBudget, ...]:
@@ -192,28 +200,13 @@ class Ledger:
 
     def check(self, evictions: Iterable[tuple[Pod, str]]) -> tuple[Status, str | None]:
         """Whether evicting every (pod, node) pair fits the budgets; the pod that breaks one."""
-        b = self.constraints.budget
+        pairs = list(evictions)
+        status, broken = self.count.check([(pod.namespace, node) for pod, node in pairs])
+        if broken is not None:
+            return status, pairs[broken][0].key
         pdb_use: Counter[str] = Counter()
-        node_use: Counter[str] = Counter()
-        ns_use: Counter[str] = Counter()
         retry_use: Counter[str] = Counter()
-        for count, (pod, node) in enumerate(evictions, start=1):
-            if b.total is not None and self.evictions + count > b.total:
-                return Status.fail(f"{PLAN_BUDGET}: at most {b.total} evictions per plan"), pod.key
-            node_use[node] += 1
-            if b.per_node is not None and self.per_node[node] + node_use[node] > b.per_node:
-                return Status.fail(
-                    f"{NODE_BUDGET}: at most {b.per_node} evictions on node {node}"
-                ), pod.key
-            ns_use[pod.namespace] += 1
-            if (
-                b.per_namespace is not None
-                and self.per_namespace[pod.namespace] + ns_use[pod.namespace] > b.per_namespace
-            ):
-                return Status.fail(
-                    f"{NAMESPACE_BUDGET}: at most {b.per_namespace} evictions in namespace "
-                    f"{pod.namespace}"
-                ), pod.key
+        for pod, _ in pairs:
             for pdb in self.pdbs_of(pod):
                 pdb_use[pdb.key] += 1
                 if pdb_use[pdb.key] > self.pdb_left[pdb.key]:
@@ -243,10 +236,9 @@ class Ledger:
         return None if limit is None or key is None else (key, limit)
 
     def commit(self, evictions: Iterable[tuple[Pod, str]]) -> None:
-        for pod, node in evictions:
-            self.evictions += 1
-            self.per_node[node] += 1
-            self.per_namespace[pod.namespace] += 1
+        pairs = list(evictions)
+        self.count.commit([(pod.namespace, node) for pod, node in pairs])
+        for pod, _ in pairs:
             for pdb in self.pdbs_of(pod):
                 self.pdb_left[pdb.key] -= 1
             retries = self._retries(pod)
@@ -254,26 +246,25 @@ class Ledger:
                 self.retries_used[retries[0]] += 1
 
     def snapshot(self) -> LedgerState:
-        return (
-            dict(self.pdb_left),
-            self.evictions,
-            self.per_node.copy(),
-            self.per_namespace.copy(),
-            self.retries_used.copy(),
-        )
+        return dict(self.pdb_left), self.count.snapshot(), self.retries_used.copy()
 
     def restore(self, state: LedgerState) -> None:
         self.pdb_left = dict(state[0])
-        self.evictions = state[1]
-        self.per_node = state[2].copy()
-        self.per_namespace = state[3].copy()
-        self.retries_used = state[4].copy()
+        self.count.restore(state[1])
+        self.retries_used = state[2].copy()
 
     def remaining(self) -> int | None:
-        total = self.constraints.budget.total
-        if total is None:
-            return None
-        return total - self.evictions
+        return self.count.left
+
+
+def _within(spent: BudgetLedger, constraints: Constraints) -> BudgetLedger:
+    """The window's spend, counted on for one plan: the plan evicts at most its own total (sized
+    by its backlog) and at most what the window's limits (``spent.budgets``: the executor's) have
+    left; the per-node and per-namespace limits are the window's."""
+    own, left = constraints.budget.total, spent.left
+    totals = [t for t in (own, left) if t is not None]
+    total = spent.total + min(totals) if totals else None
+    return spent.within(replace(constraints.budget, total=total))
 
 
 def blocked_from(pod: str, status: Status) -> Blocked:

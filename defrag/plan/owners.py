@@ -8,7 +8,7 @@ that a move rather than a loss, so a pod is a victim only when
   non-controlling owners has no one to recreate it: the garbage collector's owners are not
   controllers);
 * that controller's kind is one known to recreate its pods (:data:`RECREATING_KINDS`), or one
-  the operator opts in (setting ``evict_owner_kinds``);
+  the operator opts in (setting ``planner.evict_owner_kinds``);
 * and, when the owner was looked up (:class:`OwnerFacts`, the daemon looks up every victim's
   owner before it acts), it exists with the UID the pod names, is not being deleted, and — a
   batch/v1 Job — has a retry left for the eviction: Kubernetes counts a pod deleted before it
@@ -49,7 +49,7 @@ spec says (a Job: as long as its looked-up retries allow). A reference without a
 (trace pods) is matched by kind alone. Not here, because whether they recreate depends on
 their spec: Kubeflow's training jobs (a replica whose ``restartPolicy`` is ``Never``, the
 default of TFJob, MPIJob, XGBoostJob and JAXJob, fails the whole job) and Volcano Jobs (a
-``PodEvicted`` policy may abort or restart the job): opt in with ``evict_owner_kinds`` when
+``PodEvicted`` policy may abort or restart the job): opt in with ``planner.evict_owner_kinds`` when
 yours do. Each source in docs/planning.md, "Only what comes back"."""
 
 
@@ -128,7 +128,7 @@ def owner_key(pod: Pod) -> str | None:
 
 def kind_name(owner: OwnerRef) -> str:
     """``Kind.group`` (``Kind`` alone in the core group or without an apiVersion): the form of
-    the setting ``evict_owner_kinds``."""
+    the setting ``planner.evict_owner_kinds``."""
     return f"{owner.kind}.{owner.group}" if owner.group else owner.kind
 
 
@@ -173,7 +173,7 @@ def recreation(
     if not read_only and not known_kind(owner, extra):
         return Status.fail(
             f"{BARE_POD}: its controller {kind_name(owner)} {owner.name} is not a kind known "
-            "to recreate pods (opt in with evict_owner_kinds)"
+            "to recreate pods (opt in with planner.evict_owner_kinds)"
         )
     if facts is None:
         return Status.success()  # known kind; or read kind, to be read before the plan stands

@@ -28,6 +28,7 @@ from defrag.plan.model import Blocked, Plan, Step
 from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
+from defrag.plan.spend import BudgetLedger
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
@@ -47,6 +48,7 @@ def make_plan(
     now: datetime,
     options: PlanOptions | None = None,
     owners: Mapping[str, OwnerFacts] | None = None,
+    spent: BudgetLedger | None = None,
 ) -> Plan:
     """The plan for ``cluster`` and ``goal``, every move scored with ``profile`` (the one the
     caller built for this snapshot; None: the default configuration for this cluster, as
@@ -57,7 +59,8 @@ def make_plan(
     defaults, which are the daemon's); ``constraints`` or ``options``, when given, replace
     its part of that name (tests and benchmarks set one part alone). ``owners``: the
     controlling owners looked up so far (:func:`plan_with_owners`); a victim's owner not among
-    them is judged by its kind alone."""
+    them is judged by its kind alone. ``spent``: what the window has spent so far; the plan
+    spends only what is left of it."""
     try:
         goal = Goal(goal)
     except ValueError:
@@ -67,16 +70,17 @@ def make_plan(
     given = constraints is not None  # the caller's budget, exactly
     constraints = constraints if constraints is not None else config.constraints
     options = options if options is not None else config.options
-    groups = starved_groups(cluster, now, options) if goal.makes_room else []
+    backlog = starved_groups(cluster, now, options) if goal.makes_room else []
+    groups = backlog[: options.max_rooms]  # this plan's rooms; the rest wait for the next
     fixed = constraints.budget.total
     if config.demand is not None and not given and fixed:  # 0: no evictions, whatever waits
-        wanted = config.demand.total(p for g in groups for p in g)  # the backlog's budget
+        wanted = config.demand.total(p for g in backlog for p in g)  # the backlog's budget
         total = max(fixed, min(wanted, config.demand.ceiling))
         constraints = replace(constraints, budget=replace(constraints.budget, total=total))
     profile = profile if profile is not None else ProfileConfig().for_cluster(cluster)
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
-    ledger = Ledger(cluster.pdbs, constraints, owners)
+    ledger = Ledger(cluster.pdbs, constraints, owners, spent)
     ctx = SearchContext(pol, ledger, constraints, options.cost, now)
     before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)
     steps: list[Step] = []
@@ -87,12 +91,14 @@ def make_plan(
         for b in found:
             blocked.setdefault((b.pod, b.constraint), b)
 
+    unserved = 0
     if goal.makes_room:
         made = make_rooms(ws, ctx, groups, options)
         steps.extend(made.steps)
         note(made.blocked)
         targets.extend(made.targets)
-    if goal.repacks:
+        unserved = made.unserved
+    if goal.repacks and (goal is Goal.REPACK or not options.repack_on_demand or unserved):
         packed = repack(ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost)
         steps.extend(packed.steps)
         note(packed.blocked)
@@ -162,6 +168,8 @@ class Rooms:
     blocked: tuple[Blocked, ...]
     targets: tuple[str, ...]
     """``namespace/name (N GPU)`` of each pod given room by evictions."""
+    unserved: int = 0
+    """Groups left without room (those that fit already are served)."""
 
 
 def make_rooms(
@@ -176,6 +184,7 @@ def make_rooms(
     steps: list[Step] = []
     blocked: dict[tuple[str, str], Blocked] = {}
     targets: list[str] = []
+    unserved = 0
 
     def note(found: tuple[Blocked, ...]) -> None:
         for b in found:
@@ -194,6 +203,7 @@ def make_rooms(
                 break
             steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
         if failed:
+            unserved += 1
             ws.rollback(mark)
             del steps[n_steps:]
             ctx.ledger.restore(ledger_state)
@@ -206,7 +216,7 @@ def make_rooms(
             note(failed)
         elif len(steps) > n_steps:  # pods that fit already need no target of their own
             targets.extend(f"{p.key} ({describe(p)})" for p in group)
-    return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets))
+    return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets), unserved)
 
 
 def reserving(steps: tuple[Step, ...], pod: str, node: str) -> list[Step]:

@@ -162,6 +162,13 @@ def find_room(
     return Room(row, tuple(sorted(victims)), round(total, 6), tuple(search.blocked.values()))
 
 
+def moved(ws: Workspace, key: str) -> Status | None:
+    """The refusal of a victim this plan has already moved (None when it has not)."""
+    if not ws.moved(key):
+        return None
+    return Status.fail(f"{c.MOVED}: this plan already moves it (its replacement is a new pod)")
+
+
 class _Search:
     """One node's victim search. Per-GPU state is kept in plain lists (≤ 8 GPUs: faster
     than numpy at this size)."""
@@ -195,7 +202,7 @@ class _Search:
             key = o.pod.key
             known = self._ok.get(key)
             if known is None:
-                status = self.allowed(o.pod)
+                status = moved(self.ws, key) or self.allowed(o.pod)
                 if not status.ok:
                     self.blocked.setdefault(key, blocked_from(key, status))
                 known = status.ok and (self.movable is None or self.movable(o.pod))
@@ -497,7 +504,7 @@ def _with_gangs(
             continue
         running = tuple(m for m in members if m in ws.where)
         for m in running:
-            status = allowed(ws.where[m].pod)
+            status = moved(ws, m) or allowed(ws.where[m].pod)
             if not status.ok:
                 return Blocked(key, c.GANG, f"gang {gang} moves whole; member {m}: {status}")
         groups.append(running)

@@ -87,6 +87,12 @@ class Workspace:
         self._versions: list[int] = []
         """The version before each change of ``_log``."""
         self.version = next(_STATES)
+        self._terminating = frozenset(k for k, o in self.where.items() if o.pod.terminating)
+        self._initial: dict[str, Occupant] = dict(self.where)
+        """Every running pod's seat before the plan: a pod no longer in its own has been moved
+        (:meth:`moved`); a rollback puts the same seat back."""
+        """The running pods that are Terminating: the planner never places one, so the set is
+        known once (a room search asks :meth:`leaving` for every pod)."""
 
     @classmethod
     def from_cluster(cls, cluster: Cluster) -> Workspace:
@@ -132,11 +138,16 @@ class Workspace:
         value = self.reserved_for.get(row)
         return value is not None and not reservation_admits(value, pod)
 
+    def moved(self, key: str) -> bool:
+        """Whether this plan has already moved the running pod ``key``: on the cluster it is a
+        new pod by then (its controller's replacement, under another name), so no later step of
+        the plan may evict it again."""
+        seat = self.where.get(key)
+        return seat is not None and seat is not self._initial.get(key)
+
     def leaving(self) -> list[int]:
         """Rows holding a pod that is Terminating (its resources come free once it is gone)."""
-        return [
-            r for r, seats in enumerate(self.rows) if any(o.pod.terminating for o in seats.values())
-        ]
+        return sorted({self.where[k].row for k in self._terminating if k in self.where})
 
     # --- changes (logged) ----------------------------------------------------------------------
 

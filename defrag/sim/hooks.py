@@ -6,8 +6,9 @@ applies them in order (release on the source row, allocate on the target row), c
 a migration, and then retries the pod. A move that does not fit is a bug in the hook: the
 simulator rolls back the whole batch and raises :class:`~defrag.sim.state.InvalidMove`.
 
-The planner's implementation lives in :mod:`defrag.sim.defrag_hook` (``make_defrag_hook``),
-the peers' in :mod:`defrag.sim.peers`; :mod:`defrag.sim.defragmenters` picks one by name.
+The daemon's hooks are :mod:`defrag.sim.daemon_driver` (timeline) and
+:mod:`defrag.sim.fill_hook` (fill), the peers' :mod:`defrag.sim.peers`;
+:mod:`defrag.sim.defragmenters` picks one by name.
 """
 
 from __future__ import annotations

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Any
 
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
-from defrag.sim.defragmenters import check_defragmenter, make_defragmenter
+from defrag.sim.defragmenters import DaemonOptions, check_defragmenter, make_defragmenter
 from defrag.sim.fill import FILL_RATIO, FillRun, Progress, run_fill
 from defrag.sim.timeline import TimelineConfig, TimelineRun, run_timeline
 
@@ -38,7 +37,8 @@ class Task:
     defrag: bool = False
     timeline: TimelineConfig | None = None
     fill_ratio: float = FILL_RATIO
-    hook_options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    daemon: DaemonOptions = field(default_factory=DaemonOptions, hash=False)
+    """How the daemon of a ``defrag*`` defragmenter is configured (its settings)."""
     defragmenter: str = "none"
     """Timeline: the defragmenter in the loop (:data:`~defrag.sim.defragmenters.DEFRAGMENTERS`);
     ``defrag=True`` is shorthand for ``defrag``."""
@@ -60,9 +60,7 @@ class Task:
 
 def run_task(workload: Workload, task: Task, progress: Progress | None = None) -> Run:
     mix = workload.mix if workload.mix is not None else WorkloadMix.from_pods(workload.pods)
-    hook, scheduler = make_defragmenter(
-        task.defragmenter, task.policy, task.protocol, task.hook_options
-    )
+    hook, scheduler = make_defragmenter(task.defragmenter, task.policy, task.protocol, task.daemon)
     if task.protocol == "fill":
         return run_fill(
             workload.nodes,

@@ -139,8 +139,10 @@ class Timeline:
         self.cost_rng = np.random.default_rng([seed, 17])
         self.seq = 0
         self.next_arrival = 0
+        # a hook with a period of its own (the daemon's cycle interval) ticks at it
+        self.tick_every_h = float(getattr(hook, "tick_every_h", config.tick_every_h))
         self.next_sample, self.next_window, self.next_tick = (
-            self.warm, config.window_every_h, config.tick_every_h
+            self.warm, config.window_every_h, self.tick_every_h
         )  # fmt: skip
         self.ledger = _Ledger()
         self.samples = _Samples([], [], [])
@@ -205,7 +207,7 @@ class Timeline:
         if expired:
             self._retry(expired, now)
         self._apply(self.on_tick(self.state, now), now)
-        self.next_tick += self.config.tick_every_h
+        self.next_tick += self.tick_every_h
 
     def on_arrival(self, now: float) -> None:
         """A new pod: scheduled at once; the hook may make room; else it waits."""

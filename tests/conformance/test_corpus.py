@@ -49,7 +49,8 @@ from defrag.adapters.kube import KubeClusterSource, RetryPolicy
 from defrag.adapters.snapshot import load_snapshot
 from defrag.cli import app
 from defrag.cli.run import _detector, _planner
-from defrag.daemon.cycle import CycleConfig, CyclePorts, run_cycle
+from defrag.daemon.cycle import CyclePorts, run_cycle
+from defrag.decide import CycleConfig
 from defrag.extender.server import serve, stop
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod

@@ -276,9 +276,9 @@ def start_daemon(
         ],
         plane.folder,
         env={
-            "DEFRAG_HTTP_PORT": str(port),
-            "DEFRAG_HTTP_HOST": "127.0.0.1",
-            "DEFRAG_IDENTITY": name,
+            "DEFRAG_HTTP__PORT": str(port),
+            "DEFRAG_HTTP__HOST": "127.0.0.1",
+            "DEFRAG_LEADERSHIP__IDENTITY": name,
             **(env or {}),
         },
     )

@@ -58,21 +58,22 @@ PACKING_RULE = {
 LAYOUT = [("a", 4, "g1"), ("b", 4, "g2"), ("c", 6, "g3")]
 
 
-def daemon_settings(**overrides: Any) -> dict[str, Any]:
-    settings: dict[str, Any] = {
-        "policy": "reserve-binpack",
-        "cycle_interval_s": 2,
-        "ready_max_age_s": 120,  # the cycle deadline: it must hold a whole replacement wait
-        "replacement_timeout_s": 45,
-        "poll_interval_s": 0.5,
-        "lease_duration_s": 6,
-        "leader_election": True,
-        "make_room_worth": 0,  # the pod has waited seconds, not hours: no worth check here
-        "max_evictions_per_window": 10,
-        "max_evictions_per_namespace": 5,
-        "log_format": "json",
+def daemon_settings(**sections: dict[str, Any]) -> dict[str, Any]:
+    """The e2e daemon's settings file, each of ``sections`` merged into its section
+    (``daemon_settings(execution={"dry_run": False})``)."""
+    settings: dict[str, dict[str, Any]] = {
+        "scoring": {"policy": "reserve-binpack"},
+        # the cycle deadline (ready_max_age_s) must hold a whole replacement wait
+        "daemon": {"cycle_interval_s": 2, "ready_max_age_s": 120},
+        "execution": {"replacement_timeout_s": 45, "poll_interval_s": 0.5},
+        "leadership": {"lease_duration_s": 6, "enabled": True},
+        # the pod has waited seconds, not hours: no worth check here
+        "planner": {"make_room_worth": 0},
+        "windows": {"max_evictions_per_window": 10, "max_evictions_per_namespace": 5},
+        "logging": {"format": "json"},
     }
-    settings.update(overrides)
+    for section, values in sections.items():
+        settings[section] = {**settings.get(section, {}), **values}
     return settings
 
 
@@ -86,9 +87,9 @@ class Stage:
     kubeconfig: Path
     rules: Path
 
-    def settings(self, **overrides: Any) -> Path:
+    def settings(self, **sections: dict[str, Any]) -> Path:
         name = f"settings-{len(list(self.folder.glob('settings-*')))}.yaml"
-        return c.write_yaml(self.folder / name, daemon_settings(**overrides))
+        return c.write_yaml(self.folder / name, daemon_settings(**sections))
 
     def node(self, short: str) -> str:
         return f"{self.ns}-{short}"
@@ -152,7 +153,9 @@ def make_room_stage(
     rules.mkdir(parents=True, exist_ok=True)
     c.write_yaml(rules / "starvation.yaml", STARVATION_RULE)
     sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
-    settings = c.write_yaml(folder / "extender-settings.yaml", {"policy": "reserve-binpack"})
+    settings = c.write_yaml(
+        folder / "extender-settings.yaml", {"scoring": {"policy": "reserve-binpack"}}
+    )
     port = free_port()
     scheduler = f"kube-scheduler-{ns}"
     with c.extender(plane, sched_kc, settings, name=f"extender-{ns}", port=port):

@@ -84,7 +84,7 @@ def test_make_room_end_to_end(stage: Stage) -> None:
     assert len(planned) == 1, preview  # one 4-GPU pod moves; the other 4-GPU node takes it
     mark = len(stage.plane.audit_events())
     c.start_daemon(
-        stage.plane, stage.kubeconfig, stage.settings(dry_run=False), stage.rules,
+        stage.plane, stage.kubeconfig, stage.settings(execution={"dry_run": False}), stage.rules,
         f"daemon-{stage.ns}",
     )  # fmt: skip
     bound = bound_train(stage)
@@ -159,7 +159,7 @@ def test_pdb_refusal_is_a_skip_not_a_delete(stage: Stage) -> None:
     stage.starving()
     time.sleep(3.5)
     mark = len(stage.plane.audit_events())
-    result = once(stage, stage.settings(dry_run=False))
+    result = once(stage, stage.settings(execution={"dry_run": False}))
     blocked = " ".join(str(b) for b in (result.get("plan") or {}).get("blocked", []))
     refused = [e for e in stage.evictions(mark) if e["responseStatus"]["code"] == 429]
     # Either the planner already saw the budget (blocked, with the reason) or the Eviction API
@@ -279,7 +279,8 @@ def _a_held_victim(
     time.sleep(3.5)  # past the rule's `for`
     mark = len(stage.plane.audit_events())
     settings = stage.settings(
-        dry_run=False, replacement_timeout_s=replacement_timeout_s, ready_max_age_s=60
+        execution={"dry_run": False, "replacement_timeout_s": replacement_timeout_s},
+        daemon={"ready_max_age_s": 60},
     )
     daemon = c.start_daemon(
         stage.plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}{suffix}"
@@ -304,7 +305,10 @@ def test_contradicting_settings_stop_the_daemon_before_it_touches_the_cluster(
     Lease mid-drain; now the daemon refuses to start, in one line naming both fields."""
     bad = c.write_yaml(
         tmp_path / "settings.yaml",
-        {"dry_run": False, "cycle_interval_s": 20, "replacement_timeout_s": 65},
+        {
+            "execution": {"dry_run": False, "replacement_timeout_s": 65},
+            "daemon": {"cycle_interval_s": 20},
+        },
     )
     kubeconfig = plane.service_account_kubeconfig("defrag-system", "defrag")
     mark = len(plane.audit_events())

@@ -69,7 +69,7 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
     for name in nodes:
         add_node(plane.admin, name, 8)
     c.namespace(plane.admin, ns)
-    settings = c.write_yaml(tmp_path / "settings.yaml", {"policy": "reserve-binpack"})
+    settings = c.write_yaml(tmp_path / "settings.yaml", {"scoring": {"policy": "reserve-binpack"}})
     sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
     daemon_kc = plane.service_account_kubeconfig("defrag-system", "defrag")
     port = free_port()

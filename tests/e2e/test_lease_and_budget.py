@@ -87,7 +87,9 @@ def budget_stage(plane: ControlPlane, ns: str, folder: Path) -> Iterator[dict[st
     sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
     port = free_port()
     scheduler = f"kube-scheduler-{ns}"
-    extender_settings = c.write_yaml(folder / "extender.yaml", {"policy": "reserve-binpack"})
+    extender_settings = c.write_yaml(
+        folder / "extender.yaml", {"scoring": {"policy": "reserve-binpack"}}
+    )
     with c.extender(plane, sched_kc, extender_settings, name=f"extender-{ns}", port=port):
         try:
             for i, node in enumerate(nodes, 1):
@@ -108,11 +110,13 @@ def budget_stage(plane: ControlPlane, ns: str, folder: Path) -> Iterator[dict[st
             settings = c.write_yaml(
                 folder / "settings.yaml",
                 daemon_settings(
-                    dry_run=False,
-                    max_evictions_per_window=BUDGET,
-                    eviction_budget_follows_demand=False,
-                    max_evictions_per_namespace=50,
-                    max_evictions_per_node=50,
+                    execution={"dry_run": False},
+                    windows={
+                        "max_evictions_per_window": BUDGET,
+                        "budget_follows_demand": False,
+                        "max_evictions_per_namespace": 50,
+                        "max_evictions_per_node": 50,
+                    },
                 ),
             )
             yield {

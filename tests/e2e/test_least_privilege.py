@@ -56,10 +56,10 @@ WORK = "least-privilege"
 NODE = "lp-gpu-1"
 AGENT_NODE = "lp-agent-1"
 DAEMON, SCHEDULER, AGENT = "defrag", "defrag-scheduler", "defrag-agent"
-# The daemon's Lease is named by lease_name of the shipped settings.
+# The daemon's Lease is named by leadership.lease_name of the shipped settings.
 DAEMON_LEASE = yaml.safe_load((ROOT / "deploy" / "base" / "settings.yaml").read_text())[
-    "lease_name"
-]
+    "leadership"
+]["lease_name"]
 SCHEDULER_LEASE = "defrag-scheduler"
 OTHER_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 GHOST = {

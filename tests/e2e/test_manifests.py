@@ -12,7 +12,7 @@ Pod Security: ``defrag-system`` enforces ``restricted``; the ReplicaSet and Daem
 controllers must create every defrag pod there (no ``FailedCreate`` naming PodSecurity, the
 pods in the API), and a pod that breaks ``restricted`` is refused (the negative control).
 Switching from dry-run to enforce by applying the other overlay changes the daemon's
-``DEFRAG_DRY_RUN``.
+``DEFRAG_EXECUTION__DRY_RUN``.
 """
 
 from __future__ import annotations
@@ -330,7 +330,7 @@ def test_every_object_applies_reads_back_and_its_pods_pass_pod_security(
     assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
     wait_workload_pods(api, objects)
     want = "true" if overlay == "dry-run" else "false"
-    assert env_of(api, "defrag", "DEFRAG_DRY_RUN") == want
+    assert env_of(api, "defrag", "DEFRAG_EXECUTION__DRY_RUN") == want
 
 
 def compliant_pod(name: str) -> dict[str, Any]:
@@ -403,10 +403,10 @@ def test_a_pod_that_breaks_restricted_is_refused(
 
 def test_switching_dry_run_to_enforce_changes_the_daemon(api: Rest) -> None:
     apply_overlay(api, "dry-run")
-    assert env_of(api, "defrag", "DEFRAG_DRY_RUN") == "true"
+    assert env_of(api, "defrag", "DEFRAG_EXECUTION__DRY_RUN") == "true"
     before = api.get(f"/apis/apps/v1/namespaces/{NS}/deployments/defrag")["metadata"]["generation"]
     objects = apply_overlay(api, "enforce")
-    assert env_of(api, "defrag", "DEFRAG_DRY_RUN") == "false"
+    assert env_of(api, "defrag", "DEFRAG_EXECUTION__DRY_RUN") == "false"
     after = api.get(f"/apis/apps/v1/namespaces/{NS}/deployments/defrag")
     assert after["metadata"]["generation"] == before + 1
 
@@ -419,7 +419,7 @@ def test_switching_dry_run_to_enforce_changes_the_daemon(api: Rest) -> None:
             for rs in sets
             if any(o["name"] == "defrag" for o in rs["metadata"].get("ownerReferences", []))
             and any(
-                v == {"name": "DEFRAG_DRY_RUN", "value": "false"}
+                v == {"name": "DEFRAG_EXECUTION__DRY_RUN", "value": "false"}
                 for ct in rs["spec"]["template"]["spec"]["containers"]
                 for v in ct.get("env", [])
             )

@@ -100,7 +100,9 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
     rules.mkdir()
     c.write_yaml(rules / "starvation.yaml", STARVATION_RULE)
     sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
-    ext_settings = c.write_yaml(tmp_path / "extender.yaml", {"policy": "reserve-binpack"})
+    ext_settings = c.write_yaml(
+        tmp_path / "extender.yaml", {"scoring": {"policy": "reserve-binpack"}}
+    )
     port = free_port()
     with c.extender(plane, sched_kc, ext_settings, name=f"extender-{NS}", port=port):
         try:
@@ -213,10 +215,11 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
             api.delete("/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag")
 
 
-def _once(stage: dict[str, Any], **settings: Any) -> dict[str, Any]:
+def _once(stage: dict[str, Any], **execution: Any) -> dict[str, Any]:
+    """One cycle; ``execution``: settings of the ``execution`` section (``dry_run=False``)."""
     path = c.write_yaml(
         stage["folder"] / f"settings-{time.monotonic_ns()}.yaml",
-        daemon_settings(min_pod_age_s=0, **settings),
+        daemon_settings(planner={"min_pod_age_s": 0}, execution=execution),
     )
     args = ["run", "--once", "--kubeconfig", str(stage["kubeconfig"]), "--settings", str(path)]
     return dict(c.defrag_json(*args, "--rules", str(stage["rules"]), timeout_s=150))

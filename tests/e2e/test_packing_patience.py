@@ -56,7 +56,8 @@ def test_the_daemon_holds_back_while_the_scheduler_packs_then_serves_after_its_p
     # One live cycle: the packing finding, the pod held back with its reason, no plan.
     result = c.defrag_json(
         "run", "--once", "--kubeconfig", str(stage.kubeconfig),
-        "--settings", str(stage.settings(dry_run=False)), "--rules", str(stage.rules),
+        "--settings", str(stage.settings(execution={"dry_run": False})),
+        "--rules", str(stage.rules),
         timeout_s=120,
     )  # fmt: skip
     packing = [f for f in result["findings"] if f["kind"] == "packing"]
@@ -71,7 +72,7 @@ def test_the_daemon_holds_back_while_the_scheduler_packs_then_serves_after_its_p
 
     # The daemon at its default, cycle after cycle (2 s apart): nothing evicted, the pod waits.
     c.start_daemon(
-        stage.plane, stage.kubeconfig, stage.settings(dry_run=False), stage.rules,
+        stage.plane, stage.kubeconfig, stage.settings(execution={"dry_run": False}), stage.rules,
         f"daemon-{stage.ns}",
     )  # fmt: skip
     time.sleep(12)
@@ -86,7 +87,11 @@ def test_the_daemon_holds_back_while_the_scheduler_packs_then_serves_after_its_p
     mark = len(stage.plane.audit_events())
     c.start_daemon(
         stage.plane, stage.kubeconfig,
-        stage.settings(dry_run=False, make_room_packing_patience_s=patience), stage.rules,
+        stage.settings(
+            execution={"dry_run": False},
+            planner={"make_room_packing_patience_s": patience},
+        ),
+        stage.rules,
         f"daemon-{stage.ns}-patient",
     )  # fmt: skip
     bound = bound_train(stage, timeout_s=patience + 90)

@@ -67,7 +67,7 @@ def test_a_stopped_daemons_room_is_the_next_ones_no_second_room(stage: Stage) ->
     time.sleep(3.5)  # past the rule's `for`
     mark = len(plane.audit_events())
     rooms = Rooms(stage, key)
-    settings = stage.settings(dry_run=False)
+    settings = stage.settings(execution={"dry_run": False})
     first = f"daemon-{stage.ns}-1"
     c.start_daemon(plane, stage.kubeconfig, settings, stage.rules, first)
     wait_for("the first eviction", lambda: bool(stage.evictions(mark)), 60)

@@ -29,8 +29,9 @@ from defrag.adapters.alertmanager import AlertmanagerSink
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.cli.app import load_cluster
 from defrag.cli.run import _detector, _planner
-from defrag.daemon.cycle import CycleConfig, CyclePorts
+from defrag.daemon.cycle import CyclePorts
 from defrag.daemon.service import Daemon, configure_logging
+from defrag.decide import CycleConfig
 from defrag.model.cluster import Cluster
 from defrag.rules import load_rules
 from defrag.settings import load_settings
@@ -112,7 +113,7 @@ def test_an_outage_neither_resolves_nor_refires_a_live_alert(prom: str) -> None:
                 source=StaticSource(load_cluster([SCATTERED])),
                 clock=FixedClock(),
                 detector=_detector(rules, metrics),
-                planner=_planner(load_settings(None, {"cluster": "sim"})),
+                planner=_planner(load_settings(None, {"cluster.kind": "sim"})),
                 alerts=sink,
             )
             daemon = Daemon(ports, CycleConfig(), ready_age_limit_s=1e9)
@@ -200,7 +201,7 @@ def test_a_wedged_cycle_fails_liveness_and_lets_the_lease_lapse() -> None:
         source=StaticSource(load_cluster([SCATTERED])),
         clock=FixedClock(),
         detector=stuck,  # type: ignore[arg-type]
-        planner=_planner(load_settings(None, {"cluster": "sim"})),
+        planner=_planner(load_settings(None, {"cluster.kind": "sim"})),
     )
     daemon = Daemon(
         ports,
@@ -252,15 +253,15 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEFRAG_")}
         env.update(
             {
-                "DEFRAG_KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
-                "DEFRAG_PROMETHEUS_URL": prom.url,
-                "DEFRAG_PROMETHEUS_TIMEOUT_S": "600",  # the query outlasts the grace period
-                "DEFRAG_READY_MAX_AGE_S": "2",  # the cycle deadline
+                "DEFRAG_CLUSTER__KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
+                "DEFRAG_PROMETHEUS__URL": prom.url,
+                "DEFRAG_PROMETHEUS__TIMEOUT_S": "600",  # the query outlasts the grace period
+                "DEFRAG_DAEMON__READY_MAX_AGE_S": "2",  # the cycle deadline
                 # must be shorter than ready_max_age_s (settings that must agree)
-                "DEFRAG_CYCLE_INTERVAL_S": "1",
-                "DEFRAG_HTTP_HOST": "127.0.0.1",
-                "DEFRAG_HTTP_PORT": str(port),
-                "DEFRAG_RULES_DIR": str(ROOT / "rules"),
+                "DEFRAG_DAEMON__CYCLE_INTERVAL_S": "1",
+                "DEFRAG_HTTP__HOST": "127.0.0.1",
+                "DEFRAG_HTTP__PORT": str(port),
+                "DEFRAG_DETECTION__RULES_DIR": str(ROOT / "rules"),
             }
         )
         proc = subprocess.Popen(
@@ -309,7 +310,8 @@ HUNG_STOP = """
 import threading, sys
 from defrag.cli.app import load_cluster
 from defrag.cli.run import _planner
-from defrag.daemon.cycle import CycleConfig, CyclePorts
+from defrag.decide import CycleConfig
+from defrag.daemon.cycle import CyclePorts
 from defrag.daemon.service import Daemon, configure_logging
 from defrag.settings import load_settings
 from tests.faults.test_daemon_outages import SCATTERED, FixedClock, StaticSource
@@ -326,7 +328,7 @@ ports = CyclePorts(
     source=StaticSource(load_cluster([SCATTERED])),
     clock=FixedClock(),
     detector=lambda cluster, now, profile: [],
-    planner=_planner(load_settings(None, {"cluster": "sim"})),
+    planner=_planner(load_settings(None, {"cluster.kind": "sim"})),
 )
 daemon = Daemon(ports, CycleConfig(), elector=HungElector(), stop_grace_s=1, cycle_interval_s=3600)
 configure_logging("text", "INFO")
@@ -386,9 +388,9 @@ def test_run_once_with_prometheus_down_reports_the_rules_and_exits_1(tmp_path: P
     url = refused_url().replace("http://", "http://alice:s3cret@")
     with KubeApi(scattered_20()["items"]) as api:
         env = {
-            "DEFRAG_KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
-            "DEFRAG_PROMETHEUS_URL": url,
-            "DEFRAG_RULES_DIR": str(ROOT / "rules"),
+            "DEFRAG_CLUSTER__KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
+            "DEFRAG_PROMETHEUS__URL": url,
+            "DEFRAG_DETECTION__RULES_DIR": str(ROOT / "rules"),
         }
         clean = {k: None for k in os.environ if k.startswith("DEFRAG_")}
         result = CliRunner().invoke(app, ["run", "--once"], env={**clean, **env})
@@ -458,7 +460,7 @@ def test_another_replica_takes_the_lease_from_a_wedged_leader() -> None:
                 source=StaticSource(load_cluster([SCATTERED])),
                 clock=FixedClock(),
                 detector=stuck,  # type: ignore[arg-type]
-                planner=_planner(load_settings(None, {"cluster": "sim"})),
+                planner=_planner(load_settings(None, {"cluster.kind": "sim"})),
             ),
             CycleConfig(),
             cycle_deadline_s=0.5,

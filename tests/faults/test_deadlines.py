@@ -139,9 +139,9 @@ def test_report_with_prometheus_ends_by_the_request_deadline(
     server: SlowServer, tls: Tls, tmp_path: Path
 ) -> None:
     """Before: report took no Prometheus TLS or timeout settings and read a trickle for ever.
-    After: ``prometheus_ca_file`` and ``prometheus_timeout_s`` from ``--settings`` hold."""
+    After: ``prometheus.ca_file`` and ``prometheus.timeout_s`` from ``--settings`` hold."""
     settings = tmp_path / "settings.yaml"
-    settings.write_text(f"prometheus_ca_file: {tls.cert}\nprometheus_timeout_s: 3\n")
+    settings.write_text(f"prometheus:\n  ca_file: {tls.cert}\n  timeout_s: 3\n")
     tail = ["--settings", str(settings)]
     _, baseline = defrag("report", "-s", str(SCATTERED), "--prometheus", refused_url(), *tail)
     url = server.url_with(f"ops:{SECRET}")
@@ -178,19 +178,19 @@ def kubeconfig(tmp_path: Path, url: str, ca: Path | None = None) -> Path:
 @pytest.mark.parametrize("kind", ["trickle", "hang"])
 def test_run_once_ends_by_the_cycle_deadline(kind: Kind, tmp_path: Path, tls: Tls) -> None:
     """The daemon's cycle against a good API server and a wedged Prometheus (HTTPS, its CA from
-    ``prometheus_ca_file``): every rule's query is cut, and the whole cycle ends by its
-    deadline (``ready_max_age_s`` 6 s) although the rules' queries would add up to more.
+    ``prometheus.ca_file``): every rule's query is cut, and the whole cycle ends by its
+    deadline (``daemon.ready_max_age_s`` 6 s) although the rules' queries would add up to more.
     Before: the trickle read for ever (killed at 90 s)."""
     with KubeApi(scattered_20()["items"]) as api, SlowServer(kind, tls=tls) as prom:
         env = {
-            "DEFRAG_KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
-            "DEFRAG_PROMETHEUS_CA_FILE": str(tls.cert),
-            "DEFRAG_PROMETHEUS_TIMEOUT_S": "4",
-            "DEFRAG_CYCLE_INTERVAL_S": "5",
-            "DEFRAG_READY_MAX_AGE_S": "6",
+            "DEFRAG_CLUSTER__KUBECONFIG": str(kubeconfig(tmp_path, api.url)),
+            "DEFRAG_PROMETHEUS__CA_FILE": str(tls.cert),
+            "DEFRAG_PROMETHEUS__TIMEOUT_S": "4",
+            "DEFRAG_DAEMON__CYCLE_INTERVAL_S": "5",
+            "DEFRAG_DAEMON__READY_MAX_AGE_S": "6",
         }
-        _, baseline = defrag("run", "--once", env={**env, "DEFRAG_PROMETHEUS_URL": refused_url()})
-        env["DEFRAG_PROMETHEUS_URL"] = prom.url_with(f"ops:{SECRET}")
+        _, baseline = defrag("run", "--once", env={**env, "DEFRAG_PROMETHEUS__URL": refused_url()})
+        env["DEFRAG_PROMETHEUS__URL"] = prom.url_with(f"ops:{SECRET}")
         done, took = defrag("run", "--once", env=env)
     ends_by(6, took, baseline, done.stderr)
     stderr = one_clear_error(done, prom.url)
@@ -231,11 +231,11 @@ def test_run_once_against_a_trickling_api_server_ends_by_the_cycle_deadline(
     tmp_path: Path,
 ) -> None:
     """Before: the cycle's first list read the trickle for ever (killed at 90 s)."""
-    env = {"DEFRAG_CYCLE_INTERVAL_S": "5", "DEFRAG_READY_MAX_AGE_S": "6"}
+    env = {"DEFRAG_DAEMON__CYCLE_INTERVAL_S": "5", "DEFRAG_DAEMON__READY_MAX_AGE_S": "6"}
     refused = kubeconfig(tmp_path / "refused", refused_url())
-    _, baseline = defrag("run", "--once", env={**env, "DEFRAG_KUBECONFIG": str(refused)})
+    _, baseline = defrag("run", "--once", env={**env, "DEFRAG_CLUSTER__KUBECONFIG": str(refused)})
     with KubeApi(scattered_20()["items"]) as api, SlowServer("trickle", upstream=api.url) as px:
-        env["DEFRAG_KUBECONFIG"] = str(kubeconfig(tmp_path, px.url))
+        env["DEFRAG_CLUSTER__KUBECONFIG"] = str(kubeconfig(tmp_path, px.url))
         done, took = defrag("run", "--once", env=env)
     ends_by(6, took, baseline, done.stderr)
     stderr = one_clear_error(done, px.url)

@@ -357,7 +357,7 @@ def test_tls_serves_https_with_the_given_certificate(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "DEFRAG_LOG_LEVEL": "WARNING"},
+        env={**os.environ, "DEFRAG_LOGGING__LEVEL": "WARNING"},
     )
     try:
         context = ssl.create_default_context(cafile=str(cert))

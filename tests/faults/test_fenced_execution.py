@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from defrag.adapters.kube import KubeActuator, KubeClusterSource, LeaseElector, RetryPolicy
-from defrag.daemon.cycle import CycleConfig, SystemClock, run_cycle
+from defrag.daemon.cycle import SystemClock, run_cycle
 from defrag.daemon.service import Daemon
+from defrag.decide import CycleConfig
 from defrag.execute import EvictionBudget, Executor, ExecutorSettings, WindowStatus
 from defrag.execute.executor import NOT_LEADER
 from defrag.execute.fence import Fence, NoFence, Tenure

@@ -149,17 +149,45 @@ def test_report_on_an_alias_bomb_snapshot_exits_2(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "content", "needle"),
     [
-        ("s.yaml", "poll_interval_s: .inf\n", "setting poll_interval_s (S): not a finite number"),
-        ("s.yaml", "cycle_interval_s: .nan\n", "setting cycle_interval_s (S): not a finite"),
-        ("s.yaml", "sim_speedup: .inf\n", "setting sim_speedup (S): Input should be a finite"),
-        ("s.yaml", "replacement_timeout_s: 1e308\n", "is more than ten years"),
-        ("s.json", '{"poll_interval_s": Infinity}', "setting poll_interval_s (S): not a finite"),
-        ("s.json", '{"lease_duration_s": NaN}', "setting lease_duration_s (S): not a finite"),
-        ("s.yaml", "max_evictions_per_node: 1e999\n", "setting max_evictions_per_node (S)"),
-        ("s.yaml", f"max_evictions_per_window: {10**30}\n", "less than or equal to 1000000"),
-        ("s.yaml", "windows: [{cron: '0 2 * * *', length_s: .inf}]\n", "windows.0.length_s"),
-        ("s.yaml", "alertmanager_urls: {a: 1}\n", "setting alertmanager_urls (S)"),
-        ("s.yaml", "dry_run: [true]\n", "setting dry_run (S)"),
+        (
+            "s.yaml",
+            "execution: {poll_interval_s: .inf}\n",
+            "setting execution.poll_interval_s (S): not a finite number",
+        ),
+        (
+            "s.yaml",
+            "daemon: {cycle_interval_s: .nan}\n",
+            "setting daemon.cycle_interval_s (S): not a finite",
+        ),
+        ("s.yaml", "sim: {speedup: .inf}\n", "setting sim.speedup (S): Input should be a finite"),
+        ("s.yaml", "execution: {replacement_timeout_s: 1e308}\n", "is more than ten years"),
+        (
+            "s.json",
+            '{"execution": {"poll_interval_s": Infinity}}',
+            "setting execution.poll_interval_s (S): not a finite",
+        ),
+        (
+            "s.json",
+            '{"leadership": {"lease_duration_s": NaN}}',
+            "setting leadership.lease_duration_s (S): not a finite",
+        ),
+        (
+            "s.yaml",
+            "windows: {max_evictions_per_node: 1e999}\n",
+            "setting windows.max_evictions_per_node (S)",
+        ),
+        (
+            "s.yaml",
+            f"windows: {{max_evictions_per_window: {10**30}}}\n",
+            "less than or equal to 1000000",
+        ),
+        (
+            "s.yaml",
+            "windows: {schedule: [{cron: '0 2 * * *', length_s: .inf}]}\n",
+            "windows.schedule.0.length_s",
+        ),
+        ("s.yaml", "alerts: {urls: {a: 1}}\n", "setting alerts.urls (S)"),
+        ("s.yaml", "execution: {dry_run: [true]}\n", "setting execution.dry_run (S)"),
         ("s.yaml", ALIAS_BOMB, "line 5 column 8: not valid YAML: aliases expand"),
         ("s.yaml", DEEP, "not valid YAML: nested deeper than 100"),
         ("s.json", "[" * 100_000, "not valid JSON: nested too deeply"),
@@ -188,9 +216,12 @@ def test_a_binary_settings_file_is_named(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("env", "needle"),
     [
-        ({"DEFRAG_POLL_INTERVAL_S": "inf"}, "env DEFRAG_POLL_INTERVAL_S): not a finite number"),
-        ({"DEFRAG_SIM_SPEEDUP": "nan"}, "env DEFRAG_SIM_SPEEDUP): Input should be a finite"),
-        ({"DEFRAG_ALERTMANAGER_URLS": "[not json"}, "env DEFRAG_ALERTMANAGER_URLS): not a JSON"),
+        (
+            {"DEFRAG_EXECUTION__POLL_INTERVAL_S": "inf"},
+            "env DEFRAG_EXECUTION__POLL_INTERVAL_S): not a finite number",
+        ),
+        ({"DEFRAG_SIM__SPEEDUP": "nan"}, "env DEFRAG_SIM__SPEEDUP): Input should be a finite"),
+        ({"DEFRAG_ALERTS__URLS": "[not json"}, "env DEFRAG_ALERTS__URLS): not a JSON"),
     ],
 )
 def test_bad_environment_values_name_the_variable(
@@ -206,11 +237,12 @@ def test_bad_environment_values_name_the_variable(
 @pytest.mark.parametrize(
     ("name", "closest"),
     [
-        ("DEFRAG_DRYRUN", "DEFRAG_DRY_RUN"),
-        ("DEFRAG_POLL_INTERVAL", "DEFRAG_POLL_INTERVAL_S"),
-        ("DEFRAG_CYCLE_INTERVAL_SECONDS", "DEFRAG_CYCLE_INTERVAL_S"),
-        ("DEFRAG_ALERTMANAGER_URL", "DEFRAG_ALERTMANAGER_URLS"),
-        ("defrag_dry_runn", "DEFRAG_DRY_RUN"),
+        ("DEFRAG_EXECUTION__DRYRUN", "DEFRAG_EXECUTION__DRY_RUN"),
+        ("DEFRAG_EXECUTION__POLL_INTERVAL", "DEFRAG_EXECUTION__POLL_INTERVAL_S"),
+        ("DEFRAG_DAEMON__CYCLE_INTERVAL_SECONDS", "DEFRAG_DAEMON__CYCLE_INTERVAL_S"),
+        ("DEFRAG_ALERTS__URL", "DEFRAG_ALERTS__URLS"),
+        ("defrag_execution__dry_runn", "DEFRAG_EXECUTION__DRY_RUN"),
+        ("DEFRAG_EXECUTION_DRY_RUN", "DEFRAG_EXECUTION__DRY_RUN"),
     ],
 )
 def test_an_unknown_defrag_variable_names_the_closest(name: str, closest: str) -> None:
@@ -226,8 +258,8 @@ def test_an_unknown_variable_far_from_any_setting_is_still_refused() -> None:
 def test_settings_and_other_defrag_variables_pass() -> None:
     check_environment(
         {
-            "DEFRAG_DRY_RUN": "false",
-            "defrag_cycle_interval_s": "60",  # pydantic-settings reads names case-blind
+            "DEFRAG_EXECUTION__DRY_RUN": "false",
+            "defrag_daemon__cycle_interval_s": "60",  # pydantic-settings reads names case-blind
             "DEFRAG_AM_BASIC_AUTH": "u:p",  # the alerts CLI's credential, not a setting
             "DEFRAG_FUZZ_EXAMPLES": "10000",
             "PATH": "/usr/bin",
@@ -236,12 +268,25 @@ def test_settings_and_other_defrag_variables_pass() -> None:
 
 
 def test_the_daemon_refuses_a_misspelt_variable_at_start() -> None:
-    proc = cli("run", "--cluster", "sim", "--once", env={"DEFRAG_DRYRUN": "false"})
-    one_clear_line(proc, "env DEFRAG_DRYRUN: unknown setting; did you mean DEFRAG_DRY_RUN?")
+    proc = cli("run", "--cluster", "sim", "--once", env={"DEFRAG_EXECUTION__DRYRUN": "false"})
+    one_clear_line(
+        proc,
+        "env DEFRAG_EXECUTION__DRYRUN: unknown setting; did you mean DEFRAG_EXECUTION__DRY_RUN?",
+    )
+
+
+def test_the_daemon_refuses_a_variable_of_the_old_layout_at_start() -> None:
+    proc = cli("run", "--cluster", "sim", "--once", env={"DEFRAG_DRY_RUN": "false"})
+    one_clear_line(
+        proc,
+        'env DEFRAG_DRY_RUN is now DEFRAG_EXECUTION__DRY_RUN (docs/daemon.md, "Settings")',
+    )
 
 
 def test_the_daemon_refuses_an_infinite_poll_interval(tmp_path: Path) -> None:
     path = tmp_path / "settings.yaml"
-    path.write_text("poll_interval_s: .inf\n")
+    path.write_text("execution:\n  poll_interval_s: .inf\n")
     proc = cli("run", "--cluster", "sim", "--once", "--settings", str(path))
-    one_clear_line(proc, f"setting poll_interval_s ({path}): not a finite number of seconds")
+    one_clear_line(
+        proc, f"setting execution.poll_interval_s ({path}): not a finite number of seconds"
+    )

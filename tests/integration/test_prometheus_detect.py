@@ -227,7 +227,7 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         "is unreachable" in result.stderr
     )
     # the first query asked: the prefilter's first shard, at the range's end
-    assert "query 'deriv(DCGM_FI_DEV_FB_USED{gpu=~\"[0-3]\"}[21600s] @ " in result.stderr
+    assert 'query \'deriv(DCGM_FI_DEV_FB_USED{gpu=~"[0-3]"}[21600s] @ ' in result.stderr
     # leak, idle, and the three from kube-state-metrics, named
     assert (
         "5 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "
