@@ -69,12 +69,14 @@ OTHER_ENV = frozenset(
         "DEFRAG_DATA_DIR",
         "DEFRAG_REVISION",
         "DEFRAG_RECORD_TIMELINE_EVENTS",
+        "DEFRAG_ONE_DECISION_SEED",
     }
 )
 """``DEFRAG_*`` variables that are not settings: the alerts CLI's credentials, the fuzz tests'
 example count, the image's source revision (``defrag_build_info``), the reference data
 directory (``defrag data``, the tests and benchmarks), the switch that re-records the
-timeline's event fixture (the simulator reads the daemon's settings, environment included).
+timeline's event fixture and the differential test's first seed (the simulator reads the
+daemon's settings, environment included).
 Any other ``DEFRAG_*`` name that is not a setting is refused as a typo."""
 
 MAX_SECONDS = 10 * 365 * 86400.0

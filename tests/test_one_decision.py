@@ -591,9 +591,13 @@ def _packing_stands(seen: Seen) -> Seen:
 
 
 def _window_spent(seen: Seen) -> Seen:
+    """The window's whole budget spent (its ceiling: each plan may spend its own total, sized by
+    its backlog, within what the window has left)."""
     ledger = copy_ledger(seen.ledger)
     spent = ledger.ledger(moment(0).isoformat())
-    assert spent.admit([("team-a", f"node-{i}") for i in range(8)]).ok
+    limit = spent.budgets.total
+    assert limit is not None
+    assert spent.admit([("team-a", f"node-{i % 64}") for i in range(limit)]).ok
     return Seen(seen.hour, seen.cluster, ledger, seen.packing)
 
 

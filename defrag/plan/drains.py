@@ -170,7 +170,7 @@ class Drains:
         bar: float,
         exhaustive: bool = False,
     ) -> None:
-        self.base = Workspace(ws.arrays.copy(), ws.rows, where={})
+        self.base = Workspace(ws.arrays.copy(), ws.rows, where={}, moved=ws.moved_keys())
         self.ctx, self.fm, self.allowed, self.bar = ctx, fm, allowed, bar
         rows, ks = candidates(ws, mix)
         if exhaustive:

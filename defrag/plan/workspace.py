@@ -62,6 +62,7 @@ class Workspace:
         gangs: Mapping[str, tuple[str, ...]] | None = None,
         where: Mapping[str, Occupant] | None = None,
         gpuless_cpu: IntArray | None = None,
+        moved: frozenset[str] = frozenset(),
     ) -> None:
         self.arrays = arrays
         self.rows: list[dict[str, Occupant]] = [dict(r) for r in rows]
@@ -91,6 +92,8 @@ class Workspace:
         self._initial: dict[str, Occupant] = dict(self.where)
         """Every running pod's seat before the plan: a pod no longer in its own has been moved
         (:meth:`moved`); a rollback puts the same seat back."""
+        self._moved_before = moved
+        """Pods the plan moved before this workspace was made of another (:meth:`moved_keys`)."""
         """The running pods that are Terminating: the planner never places one, so the set is
         known once (a room search asks :meth:`leaving` for every pod)."""
 
@@ -142,8 +145,15 @@ class Workspace:
         """Whether this plan has already moved the running pod ``key``: on the cluster it is a
         new pod by then (its controller's replacement, under another name), so no later step of
         the plan may evict it again."""
+        if key in self._moved_before:
+            return True
         seat = self.where.get(key)
         return seat is not None and seat is not self._initial.get(key)
+
+    def moved_keys(self) -> frozenset[str]:
+        """Every pod :meth:`moved` says this plan has moved (for a workspace made of this one)."""
+        now = {k for k, seat in self.where.items() if seat is not self._initial.get(k)}
+        return self._moved_before | now
 
     def leaving(self) -> list[int]:
         """Rows holding a pod that is Terminating (its resources come free once it is gone)."""
