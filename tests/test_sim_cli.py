@@ -105,6 +105,21 @@ def test_timeline_defragmenters_side_by_side_json() -> None:
     assert [r["defragmenter"] for r in json.loads(out)["runs"]] == ["none", "defrag"]
 
 
+def test_the_deployments_settings_file_drives_the_daemon_in_the_simulator() -> None:
+    """The file the Deployment mounts: its window (02:00, an hour after the warm-up's start) is
+    the daemon's; a setting given with --set wins over it (no evictions at all)."""
+    args = ("--protocol", "timeline", "--duration", "3", "--warmup", "1", "-p", "least-allocated")
+    base = ("--defrag", "--settings", "deploy/base/settings.yaml", "-o", "json")
+    code, out = invoke(*SMALL, *args, *base)
+    assert code == 0, out
+    runs = {r["defragmenter"]: r for r in json.loads(out)["runs"]}
+    assert runs["defrag"]["evictions"] > 0
+    code, out = invoke(*SMALL, *args, *base, "--set", "windows.max_evictions_per_window=0")
+    assert code == 0, out
+    runs = {r["defragmenter"]: r for r in json.loads(out)["runs"]}
+    assert runs["defrag"]["evictions"] == 0
+
+
 def test_trace_and_nodes_files(tmp_path: Path) -> None:
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,1024,8,G2\nn1,64000,1024,2,T4\n")
@@ -131,8 +146,15 @@ def test_trace_and_nodes_files(tmp_path: Path) -> None:
         (["--protocol", "timeline", "--defragmenter", "tetris"], "--defragmenter: unknown tetris"),
         (["--defragmenter", "descheduler-hnu"], "only none and defrag run in the fill protocol"),
         (["--protocol", "timeline", "--checkpoint-scale", "0"], "checkpoint scale must be > 0"),
+        (["--protocol", "timeline", "--defrag", "--settings", "nowhere.yaml"], "nowhere.yaml"),
+        (["--protocol", "timeline", "--defrag", "--set", "planner.bogus=1"], "planner.bogus"),
+        (["--protocol", "timeline", "--defrag", "--set", "max_evictions_per_window=3"],
+         "is now windows.max_evictions_per_window"),
+        (["--protocol", "timeline", "--defrag", "--set", "planner.depth"], "expected KEY=VALUE"),
+        (["--protocol", "timeline", "--defrag", "--window-every", "5h"], "no crontab form"),
+        (["--settings", "deploy/base/settings.yaml"], "give --defrag in the timeline"),
     ],
-)
+)  # fmt: skip
 def test_user_mistakes_are_one_line_errors(args: list[str], message: str) -> None:
     code, out = invoke(*SMALL, *args)
     assert code == 2
