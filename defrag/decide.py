@@ -195,10 +195,14 @@ def planner_port(config: PlannerConfig, owners: OwnerLookup | None = None) -> Pl
         spent: BudgetLedger | None = None,
     ) -> Plan:
         options = replace(config.options, only=pods)
-        common = {"profile": profile, "config": config, "options": options, "now": now}
         if owners is not None:
-            return plan_with_owners(cluster, owners, goal, spent=spent, **common)
-        return make_plan(cluster, goal, spent=spent, **common)  # type: ignore[arg-type]
+            return plan_with_owners(
+                cluster, owners, goal,
+                profile=profile, config=config, options=options, now=now, spent=spent,
+            )  # fmt: skip
+        return make_plan(
+            cluster, goal, profile=profile, config=config, options=options, now=now, spent=spent
+        )
 
     return plan
 

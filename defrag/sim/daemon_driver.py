@@ -42,8 +42,7 @@ from defrag.plan.spend import BudgetLedger
 from defrag.rules import RuleSet, load_rules, rules_paths
 from defrag.settings import load_settings
 from defrag.sim.daemon_view import ClusterView, moment
-from defrag.sim.fill_hook import moves
-from defrag.sim.moves import Move
+from defrag.sim.moves import Move, plan_moves
 from defrag.sim.state import SimState
 
 
@@ -223,7 +222,7 @@ class DaemonDriver:
                 admitted.append(step)
             else:
                 refused.append(step.pod)
-        return moves(state.arrays.index, admitted), tuple(refused)
+        return plan_moves(state.arrays.index, admitted), tuple(refused)
 
 
 __all__ = [

@@ -12,7 +12,7 @@ packing score; the daemon's decision in the timeline protocol is
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 from defrag.model.resources import Pod
@@ -26,10 +26,9 @@ from defrag.plan.config import (
 )
 from defrag.plan.constraints import Ledger
 from defrag.plan.makeroom import make_room
-from defrag.plan.model import Step
 from defrag.plan.room import SearchContext
 from defrag.plan.workspace import Workspace
-from defrag.sim.moves import REQUEUE, Move
+from defrag.sim.moves import Move, plan_moves
 from defrag.sim.state import SimState
 
 FILL_PLANNER = PlannerConfig(
@@ -61,26 +60,10 @@ class FillHook:
             enforce=False,
         )
         result = make_room(ws, ctx, pod, self.planner.options, MakeRoomMode.FILL)
-        return moves(ws.arrays.index, result.steps) if result.ok else ()
+        return plan_moves(ws.arrays.index, result.steps) if result.ok else ()
 
     def on_window(self, state: SimState, now: float) -> Sequence[Move]:
         return ()
 
 
-def moves(index: Mapping[str, int], steps: Sequence[Step]) -> tuple[Move, ...]:
-    """The plan's evictions as moves (``index``: node name → row): a migration to its target,
-    a preemption to the queue."""
-    return tuple(
-        Move(
-            s.pod,
-            index[s.source],
-            index[s.target] if s.kind == "migrate" and s.target is not None else REQUEUE,
-            s.gpus if s.kind == "migrate" else (),
-            s.for_pod,
-        )
-        for s in steps
-        if s.kind in ("migrate", "preempt")
-    )
-
-
-__all__ = ["FILL_PLANNER", "FillHook", "moves"]
+__all__ = ["FILL_PLANNER", "FillHook"]

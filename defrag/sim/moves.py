@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+from defrag.plan.model import Step
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,4 +30,20 @@ REQUEUE = -1
 """``Move.target_row`` of an eviction without a new node."""
 
 
-__all__ = ["REQUEUE", "Move"]
+def plan_moves(index: Mapping[str, int], steps: Sequence[Step]) -> tuple[Move, ...]:
+    """A plan's evictions as moves (``index``: node name → row): a migration to its target, a
+    preemption to the queue."""
+    return tuple(
+        Move(
+            s.pod,
+            index[s.source],
+            index[s.target] if s.kind == "migrate" and s.target is not None else REQUEUE,
+            s.gpus if s.kind == "migrate" else (),
+            s.for_pod,
+        )
+        for s in steps
+        if s.kind in ("migrate", "preempt")
+    )
+
+
+__all__ = ["REQUEUE", "Move", "plan_moves"]
