@@ -640,6 +640,11 @@ def _judge(
             all_bins, recent, series.usable_mib, end, exhaust_at, params.recent_s
         )
         evidence["recent_slope_mib_per_h"] = round(recent.slope, 1)
+        # its upper end is the rate the ETA may fall back on: shown, so an ETA later than the
+        # level line's can be traced to it (None: an end the last hour's bins cannot bound)
+        evidence["recent_slope_ci_mib_per_h"] = [
+            round(bound, 1) if np.isfinite(bound) else None for bound in (recent.low, recent.high)
+        ]
     if series.usable_mib <= 0:
         # never "no leak" for want of a capacity: a steady grower is reported, its exhaustion
         # time unknown (the summary says why)
