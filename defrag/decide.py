@@ -20,18 +20,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from defrag.detect.findings import Finding
-from defrag.execute.windows import Window, WindowStatus, window_status
+from defrag.execute.windows import EarlyWindows, Window, WindowStatus, window_status
 from defrag.model.cluster import Cluster
+from defrag.model.units import GPU_MILLI
 from defrag.model.utc import utc
 from defrag.plan.config import Goal, PlannerConfig
 from defrag.plan.constraints import NOT_WORTH
+from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.model import Blocked, Plan
-from defrag.plan.patience import PackingPatience, held_back
+from defrag.plan.patience import STARVATION_KIND, PackingPatience, held_back
 from defrag.plan.planner import OwnerLookup, make_plan, plan_with_owners
+from defrag.plan.recent import DEFAULT_GUARD, RecentEvictions
+from defrag.plan.recent import NONE as NO_EVICTIONS
 from defrag.plan.spend import BudgetLedger
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
 
@@ -65,11 +69,13 @@ class Planner(Protocol):
         profile: ScoringProfile,
         pods: frozenset[str] | None = None,
         spent: BudgetLedger | None = None,
+        history: History = NO_HISTORY,
     ) -> Plan:
         """A plan for a cluster, a goal (repack, make-room, all) and a moment, scored with the
         cycle's ``profile``; ``pods``: make room only for these pending pods (None: every
         pending pod that qualifies); ``spent``: what the plan's window has spent so far (the
-        plan spends only what is left)."""
+        plan spends only what is left); ``history``: the daemon's recent evictions and the
+        packing verdict."""
         ...
 
 
@@ -104,6 +110,10 @@ class CycleConfig:
     repack finding alone plans nothing, and a make-room plan in a window may repack (the
     planner's ``PlanOptions.repack_on_demand`` decides when). False: the findings' actions
     alone say whether to repack."""
+    early: EarlyWindows | None = None
+    """Open a window early when the starved pods' backlog piles up (None: never)."""
+    evict_again_after: timedelta | None = DEFAULT_GUARD
+    """How long the daemon remembers its evictions (the planner's anti-thrash guard)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +129,8 @@ class Decision:
     """The packing finding that stood this cycle (the next cycle's ``last_packing``)."""
     findings: tuple[Finding, ...] = ()
     """The decision's own findings (a plan every pod of which is blocked)."""
+    backlog_gpu_h: float = 0.0
+    """The starved pods' GPUs × hours pending, summed (what opens a window early)."""
 
 
 def decide(
@@ -132,22 +144,30 @@ def decide(
     last_packing: Finding | None = None,
     spent: Spent | None = None,
     plan_closed: bool = True,
+    evicted: RecentEvictions = NO_EVICTIONS,
+    opened_early: datetime | None = None,
 ) -> Decision:
     """The cycle's decision at ``now`` for ``cluster`` and its ``findings``.
 
     ``last_packing``: the packing finding an earlier cycle left standing (its
     :attr:`Decision.packing`), which holds for the patience's memory. ``spent``: the ledger
     port (None: every plan starts from nothing spent). ``plan_closed``: plan while the window
-    is closed too (the daemon reports that plan; a driver that only acts passes False)."""
+    is closed too (the daemon reports that plan; a driver that only acts passes False).
+    ``evicted``: the daemon's own evictions so far (a victim evicted within
+    ``config.evict_again_after`` is refused). ``opened_early``: the start of the early window an
+    earlier cycle opened (:attr:`Decision.window`), which stays open its length."""
     idle = any(f.kind == "idle" for f in findings) if config.idle_gate else None
     window = window_status(config.windows, now, idle=idle)
     auto = config.goal == "auto"
     goal = goal_for(findings, config.goal)
     room_for = starved_pods(findings, frozenset({"make-room", URGENT})) if auto else None
     urgent = starved_pods(findings, frozenset({URGENT}))
+    backlog = backlog_gpu_hours(cluster, findings, room_for or frozenset(), now)
     if not window.open and urgent:  # only the make-room-now pods may be helped now
         window = urgent_window(window, urgent, now)
         goal, room_for = Goal.MAKE_ROOM, urgent
+    elif not window.open and config.early is not None and idle is not False:
+        window = config.early.status(window, now, backlog, opened_early)
     elif auto and config.repack_on_demand:
         # a repack serves the starved pods make-room leaves without room, or no one
         goal = Goal.ALL if room_for else None
@@ -161,20 +181,29 @@ def decide(
     plan = None
     if goal is not None and (window.open or plan_closed):
         ledger = spent(window) if spent is not None else None
-        plan = planner(cluster, goal, now, profile=profile, pods=room_for, spent=ledger)
+        history = History(evicted=evicted, packing=packing is not None)
+        plan = planner(
+            cluster, goal, now, profile=profile, pods=room_for, spent=ledger, history=history
+        )
     own: tuple[Finding, ...] = ()
     faults = [b for b in plan.blocked if b.constraint != NOT_WORTH] if plan is not None else []
     if plan is not None and plan.empty and faults:
         # "not worth it yet" is the planner waiting, not a fault: it raises no alert
         own = (blocked_finding(plan, faults, now),)
-    return Decision(window, goal, plan, held, packing, own)
+    return Decision(window, goal, plan, held, packing, own, backlog)
 
 
-def may_act(config: CycleConfig, now: datetime, *, urgent_rules: bool) -> bool:
+def may_act(
+    config: CycleConfig, now: datetime, *, urgent_rules: bool, opened_early: datetime | None = None
+) -> bool:
     """Whether a cycle at ``now`` could admit anything: a configured window is open (the idle
-    gate can only close it), or a rule makes room outside the windows (``urgent_rules``). A
-    cycle that cannot act changes nothing but the packing verdict's memory."""
-    return urgent_rules or window_status(config.windows, now).open
+    gate can only close it), a rule makes room outside the windows (``urgent_rules``), an early
+    window may open now (its check) or is open (``opened_early``). A cycle that cannot act
+    changes nothing but the packing verdict's memory."""
+    if urgent_rules or window_status(config.windows, now).open:
+        return True
+    early = config.early
+    return early is not None and early.may_open(now, opened_early)
 
 
 def planner_port(config: PlannerConfig, owners: OwnerLookup | None = None) -> Planner:
@@ -193,16 +222,18 @@ def planner_port(config: PlannerConfig, owners: OwnerLookup | None = None) -> Pl
         profile: ScoringProfile,
         pods: frozenset[str] | None = None,
         spent: BudgetLedger | None = None,
+        history: History = NO_HISTORY,
     ) -> Plan:
         options = replace(config.options, only=pods)
         if owners is not None:
             return plan_with_owners(
-                cluster, owners, goal,
-                profile=profile, config=config, options=options, now=now, spent=spent,
+                cluster, owners, goal, profile=profile, config=config, options=options,
+                now=now, spent=spent, history=history,
             )  # fmt: skip
         return make_plan(
-            cluster, goal, profile=profile, config=config, options=options, now=now, spent=spent
-        )
+            cluster, goal, profile=profile, config=config, options=options, now=now,
+            spent=spent, history=history,
+        )  # fmt: skip
 
     return plan
 
@@ -215,6 +246,24 @@ def goal_for(findings: Sequence[Finding], configured: str) -> Goal | None:
     if not goals:
         return None
     return goals.pop() if len(goals) == 1 else Goal.ALL
+
+
+def backlog_gpu_hours(
+    cluster: Cluster, findings: Sequence[Finding], pods: frozenset[str], now: datetime
+) -> float:
+    """The starved pods' (``pods``, ``namespace/name``) GPUs × hours pending since their
+    starvation findings say, summed."""
+    total = 0.0
+    for f in findings:
+        key = f.subject.removeprefix("pod/")
+        if f.kind != STARVATION_KIND or key not in pods or f.since is None:
+            continue
+        pod = cluster.pods.get(key)
+        if pod is None:
+            continue
+        hours = max((utc(now) - utc(f.since)).total_seconds() / 3600.0, 0.0)
+        total += pod.gpu_demand_milli / GPU_MILLI * hours
+    return round(total, 6)
 
 
 def starved_pods(findings: Sequence[Finding], actions: frozenset[str]) -> frozenset[str]:
@@ -263,6 +312,7 @@ __all__ = [
     "Detector",
     "Planner",
     "Spent",
+    "backlog_gpu_hours",
     "decide",
     "goal_for",
     "may_act",

@@ -48,13 +48,18 @@ from defrag.plan.config import (
     DEFAULT_MIN_AGE,
     DEFAULT_OPTIONS,
     Goal,
+    RoomValue,
 )
 from defrag.plan.cost import DEFAULT_COST
 from defrag.plan.patience import DEFAULT_MEMORY, DEFAULT_PATIENCE
+from defrag.plan.recent import DEFAULT_GUARD
 
 if TYPE_CHECKING:
+    from datetime import timedelta
+
     from defrag.decide import CycleConfig
     from defrag.execute.executor import ExecutorSettings
+    from defrag.execute.windows import EarlyWindows
     from defrag.plan.config import EvictionBudget, PlannerConfig
     from defrag.plan.patience import PackingPatience
     from defrag.scoring.profile import ProfileConfig
@@ -328,7 +333,18 @@ class PlannerSection(Section):
     make_room_swaps: bool = DEFAULT_OPTIONS.swaps
     """Allow a room that preempts as much GPU as it frees (left to kube-scheduler by default)."""
     make_room_worth: float = Field(DEFAULT_OPTIONS.room_worth, ge=0, le=1e6)
-    """A room is made when the pod's GPUs × hours pending reach this × its known cost; 0: always."""
+    """The margin: a room is made when what it is worth (``make_room_value``) reaches this × its
+    known cost (lost work since the checkpoint and restarts); 0: always."""
+    make_room_value: RoomValue = DEFAULT_OPTIONS.room_value
+    """``forecast``: a room is worth the wait it saves (the pod's GPUs × the hours until the
+    cluster would free such a room by itself); ``waited``: the pod's GPUs × hours pending."""
+    make_room_horizon_s: float = Field(DEFAULT_OPTIONS.room_horizon_h * 3600, gt=0, le=30 * 86400)
+    """The forecast counts waits up to this long."""
+    evict_again_after_s: float | None = Field(
+        None if DEFAULT_GUARD is None else DEFAULT_GUARD.total_seconds(), ge=0
+    )
+    """A pod (or, but for a ReplicaSet's replica, its workload) the daemon evicted less than
+    this ago is not evicted again; ``null``: no guard (docs/planning.md, ``recently-evicted``)."""
     make_room_spares_jobs: bool = DEFAULT_OPTIONS.spare_jobs
     """Never move a multi-GPU job that does not answer the checkpoint handshake to make room for
     a multi-GPU pod of equal or lower priority (docs/planning.md, ``spared``)."""
@@ -416,6 +432,12 @@ class WindowsSection(Section):
     evictions_per_starved_gpu: float = Field(DEFAULT_PER_GPU, ge=0, le=64)
     """Evictions budgeted per GPU a starved pod asks (1: a spreading scheduler's one pod per
     GPU)."""
+    open_early_backlog_gpu_h: float | None = Field(None, gt=0)
+    """Open a window ahead of the schedule when the starved pods' GPUs × hours pending reach
+    this (checked at the start of every ``open_early_every_s``); all early windows of a day
+    spend one window's budgets; ``null`` (the default): only the schedule opens windows."""
+    open_early_every_s: float = Field(3600.0, gt=0, le=86400)
+    open_early_length_s: float = Field(3600.0, gt=0, le=86400)
 
     @field_validator("schedule", mode="before")
     @classmethod
@@ -708,6 +730,7 @@ class Settings(BaseSettings):
             namespaces_exclude=frozenset(planner.evict_namespaces_exclude),
             label_selector=selector if selector.requirements else None,
             owner_kinds=frozenset(planner.evict_owner_kinds),
+            evict_again_after=self.evict_again_after(),
         )
         options = PlanOptions(
             cost=replace(DEFAULT_COST, unknown_hours=planner.unknown_hours),
@@ -717,6 +740,8 @@ class Settings(BaseSettings):
             ),
             swaps=planner.make_room_swaps,
             room_worth=planner.make_room_worth,
+            room_value=planner.make_room_value,
+            room_horizon_h=planner.make_room_horizon_s / 3600.0,
             spare_jobs=planner.make_room_spares_jobs,
             max_moves_per_room=planner.max_moves_per_room,
             depth=planner.depth,
@@ -750,6 +775,30 @@ class Settings(BaseSettings):
             profile=self.profile_config(),
             patience=self.packing_patience(),
             repack_on_demand=self.planner.repack_on_demand,
+            early=self.early_windows(),
+            evict_again_after=self.evict_again_after(),
+        )
+
+    def evict_again_after(self) -> timedelta | None:
+        """The anti-thrash guard (defrag/plan/recent.py); None: none."""
+        from datetime import timedelta
+
+        seconds = self.planner.evict_again_after_s
+        return None if seconds is None else timedelta(seconds=seconds)
+
+    def early_windows(self) -> EarlyWindows | None:
+        """Windows opened early on a backlog (None: not configured); checked within two
+        cycles of each period's start, so one cycle at least sees it."""
+        from defrag.execute.windows import EarlyWindows
+
+        w = self.windows
+        if w.open_early_backlog_gpu_h is None:
+            return None
+        return EarlyWindows(
+            w.open_early_backlog_gpu_h,
+            w.open_early_every_s,
+            w.open_early_length_s,
+            2 * self.daemon.cycle_interval_s,
         )
 
     def executor_settings(self, budgets: EvictionBudget | None = None) -> ExecutorSettings:

@@ -14,6 +14,7 @@ from defrag.execute.windows import Window, WindowStatus
 from defrag.model.cluster import Cluster
 from defrag.plan.config import EvictionBudget, Goal
 from defrag.plan.constraints import NOT_WORTH
+from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.model import Blocked, Plan
 from defrag.plan.patience import PackingPatience
 from defrag.plan.spend import BudgetLedger
@@ -45,6 +46,7 @@ class Planner:
     calls: list[tuple[Goal, frozenset[str] | None, BudgetLedger | None]] = field(
         default_factory=list
     )
+    histories: list[History] = field(default_factory=list)
 
     def __call__(
         self,
@@ -55,8 +57,10 @@ class Planner:
         profile: ScoringProfile,
         pods: frozenset[str] | None = None,
         spent: BudgetLedger | None = None,
+        history: History = NO_HISTORY,
     ) -> Plan:
         self.calls.append((goal, pods, spent))
+        self.histories.append(history)
         return Plan(goal.value, profile.name, (), self.blocked)
 
 

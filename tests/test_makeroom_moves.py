@@ -11,6 +11,7 @@ import pytest
 from defrag.model.resources import CHECKPOINT_ANNOTATION, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.plan import PlanOptions, make_plan
+from defrag.plan.config import RoomValue
 from defrag.scoring.profile import ProfileConfig
 from tests.test_plan_support import NOW, cluster, fill, gpu_node, pending, running
 
@@ -110,7 +111,8 @@ def test_a_room_is_made_only_when_the_wait_outweighs_its_lost_work(
         *fill("n2", 5, annotations=notes),
         replace(pending("job", 4), pending_since=NOW - timedelta(hours=pending_h)),
     ]
-    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW)
+    waited = PlanOptions(room_value=RoomValue.WAITED)  # the wait so far is what it is worth
+    plan = make_plan(cluster(nodes, pods), "make-room", now=NOW, options=waited)
     assert (len(plan.steps) == 1) is made
     if not made:
         assert "not-worth-it" in {b.constraint for b in plan.blocked}

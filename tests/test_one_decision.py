@@ -54,7 +54,8 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -73,6 +74,9 @@ from defrag.model.resources import CHECKPOINT_ANNOTATION, Node, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.plan.config import Constraints, EvictionBudget, PlannerConfig, PlanOptions
 from defrag.plan.model import Plan
+from defrag.plan.patience import PackingPatience
+from defrag.plan.recent import NONE as NO_EVICTIONS
+from defrag.plan.recent import RecentEvictions
 from defrag.rules import RuleSet, load_rules, rules_paths
 from defrag.scoring.policies import make_policy
 from defrag.sim.arrivals import Arrival, TimelineConfig
@@ -123,6 +127,9 @@ class Seen:
     cluster: Cluster
     ledger: SimLedger
     packing: Finding | None
+    evicted: RecentEvictions = NO_EVICTIONS
+    """The daemon's evictions it remembered (the anti-thrash guard's)."""
+    opened_early: datetime | None = None
 
 
 class _Capturing(ClusterView):
@@ -154,6 +161,7 @@ class RecordingDriver(DaemonDriver):
 
     def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
         ledger, packing = copy_ledger(self.ledger), self.packing
+        evicted, opened = self.evicted, self.opened_early
         assert self.history is not None
         recorded = len(self.history)
         moves = super().on_tick(state, now)
@@ -162,11 +170,12 @@ class RecordingDriver(DaemonDriver):
             record = self.history[-1]
         elif compared:  # not simulated: what it would have decided, nothing kept
             decision, findings = self.decide(state, now)
-            self.packing = packing
+            self.packing, self.evicted, self.opened_early = packing, evicted, opened
             record = CycleRecord(now, decision, findings)
         if compared:
             assert self.capturing.last is not None and record.hour == now
-            self.seen.append((Seen(now, self.capturing.last, ledger, packing), record))
+            seen = Seen(now, self.capturing.last, ledger, packing, evicted, opened)
+            self.seen.append((seen, record))
         return self.once_each(moves, now)
 
     def once_each(self, moves: Sequence[Move], now: float) -> Sequence[Move]:
@@ -241,6 +250,7 @@ def daemon_decides(
     decision = decide(
         cluster, findings, at, setup.cycle, planner, profile,
         last_packing=seen.packing, spent=seen.ledger.spent, plan_closed=False,
+        evicted=seen.evicted, opened_early=seen.opened_early,
     )  # fmt: skip
     return decision, tuple(findings)
 
@@ -582,12 +592,12 @@ def _named(objects: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 def _an_hour_late(seen: Seen) -> Seen:
-    return Seen(seen.hour + 1, seen.cluster, seen.ledger, seen.packing)
+    return replace(seen, hour=seen.hour + 1)
 
 
 def _packing_stands(seen: Seen) -> Seen:
     packing = Finding("packing", "cluster", "info", "the scheduler packs", since=moment(0.25))
-    return Seen(seen.hour, seen.cluster, seen.ledger, packing)
+    return replace(seen, packing=packing)
 
 
 def _window_spent(seen: Seen) -> Seen:
@@ -598,7 +608,13 @@ def _window_spent(seen: Seen) -> Seen:
     limit = spent.budgets.total
     assert limit is not None
     assert spent.admit([("team-a", f"node-{i % 64}") for i in range(limit)]).ok
-    return Seen(seen.hour, seen.cluster, ledger, seen.packing)
+    return replace(seen, ledger=ledger)
+
+
+def _all_evicted_an_hour_ago(seen: Seen) -> Seen:
+    """Every running pod evicted an hour before (within the day's anti-thrash guard)."""
+    running = [p for p in seen.cluster.pods.values() if p.node is not None]
+    return replace(seen, evicted=seen.evicted.record(running, moment(seen.hour - 1)))
 
 
 @pytest.mark.parametrize(
@@ -607,16 +623,19 @@ def _window_spent(seen: Seen) -> Seen:
         (_an_hour_late, {"window.open", "window.key", "steps"}),
         (_packing_stands, {"held_back", "goal", "steps"}),
         (_window_spent, {"steps", "findings"}),
+        (_all_evicted_an_hour_ago, {"steps", "findings"}),
     ],
-    ids=["clock", "last-packing", "ledger"],
+    ids=["clock", "last-packing", "ledger", "evicted"],
 )
 def test_the_comparison_sees_another_input(
     served: Served, rules: RuleSet, tweak: Callable[[Seen], Seen], differs: set[str]
 ) -> None:
     """…and the rest of what the daemon's cycle is given: its clock, the packing finding that
-    stands, the window's ledger."""
+    stands (with a patience that holds every pod back while it does), the window's ledger, the
+    evictions it remembers."""
     now = 0.5
-    setup = DaemonSetup(CycleConfig(windows=WINDOWS), ISSUE_PLANNER, rules)
+    config = CycleConfig(windows=WINDOWS, patience=PackingPatience(None))
+    setup = DaemonSetup(config, ISSUE_PLANNER, rules)
     sim, daemon = both_decide(served, _fragmented(now - 20 / 60), now, setup, tweak=tweak)
     assert set(differences(sim, daemon)) == differs
 

@@ -99,13 +99,13 @@ def test_a_remembered_finding_says_when_it_was_found() -> None:
 @pytest.mark.parametrize(
     ("text", "patience"),
     [
-        ("", PackingPatience(None)),  # the default: never while the scheduler packs
+        ("", PackingPatience(timedelta(0))),  # the default: the room's forecast decides
         ("make_room_packing_patience_s: null\n", PackingPatience(None)),
         ("make_room_packing_patience_s: 86400\n", PackingPatience(24 * H)),
         ("make_room_packing_patience_s: 0\n", PackingPatience(timedelta(0))),  # off
         ("make_room_packing_patience_s: 7200\n", PackingPatience(2 * H)),
-        ("make_room_packing_memory_s: 3600\n", PackingPatience(None, H)),
-        ("make_room_packing_memory_s: 0\n", PackingPatience(None, timedelta(0))),
+        ("make_room_packing_memory_s: 3600\n", PackingPatience(timedelta(0), H)),
+        ("make_room_packing_memory_s: 0\n", PackingPatience(timedelta(0), timedelta(0))),
     ],
 )
 def test_the_setting(tmp_path: Path, text: str, patience: PackingPatience) -> None:

@@ -27,6 +27,7 @@ from defrag.plan.config import (
     MakeRoomMode,
     PlannerConfig,
     PlanOptions,
+    RoomValue,
 )
 from defrag.settings import SECTIONS, Settings, load_settings, nested
 
@@ -64,6 +65,10 @@ KNOBS: list[tuple[str, object, Any, object]] = [
      MakeRoomMode.LOWER_PRIORITY),
     ("planner.make_room_swaps", True, lambda c: c.options.swaps, True),
     ("planner.make_room_worth", 2.5, lambda c: c.options.room_worth, 2.5),
+    ("planner.make_room_value", "waited", lambda c: c.options.room_value, RoomValue.WAITED),
+    ("planner.make_room_horizon_s", 7200, lambda c: c.options.room_horizon_h, 2.0),
+    ("planner.evict_again_after_s", 3600, lambda c: c.constraints.evict_again_after,
+     timedelta(hours=1)),
     ("planner.make_room_spares_jobs", True, lambda c: c.options.spare_jobs, True),
     ("planner.evict_namespaces_include", ["ml", "batch"],
      lambda c: c.constraints.namespaces_include, frozenset({"ml", "batch"})),
@@ -105,6 +110,8 @@ def test_every_planner_setting_is_in_the_table() -> None:
     # tests/test_plan_patience.py), not the planner's
     cycle = {"planner.goal", "windows.schedule", "windows.idle_gate"}
     cycle |= {"planner.make_room_packing_patience_s", "planner.make_room_packing_memory_s"}
+    # windows opened early on a backlog are the cycle's too (tests/test_decide.py)
+    cycle |= {f"windows.open_early_{f}" for f in ("backlog_gpu_h", "every_s", "length_s")}
     assert planner_fields - cycle == {name for name, *_ in KNOBS}
 
 

@@ -24,9 +24,11 @@ from defrag.execute.executor import Executor
 from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.reconcile import Reconciler
-from defrag.execute.windows import WindowStatus
+from defrag.execute.windows import EarlyWindows, WindowStatus
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
+from defrag.plan.recent import NONE as NO_EVICTIONS
+from defrag.plan.recent import RecentEvictions
 from defrag.ports import AlertSink, Clock, ClusterSource
 from defrag.scoring.fragmentation import fragmentation_report
 
@@ -94,6 +96,11 @@ class CycleResult:
     packing: Finding | None = field(default=None, hash=False)
     """The packing finding that stood this cycle (found now, or an earlier cycle's within the
     patience's memory): the next cycle's ``last_packing``."""
+    evicted: RecentEvictions = field(default=NO_EVICTIONS, hash=False)
+    """The daemon's evictions within the anti-thrash guard, this cycle's included: the next
+    cycle's ``evicted``."""
+    opened_early: datetime | None = None
+    """The start of the early window this cycle was in (the next cycle's ``opened_early``)."""
 
     @property
     def degraded(self) -> bool:
@@ -132,11 +139,14 @@ def run_cycle(
     *,
     leader: bool = True,
     last_packing: Finding | None = None,
+    evicted: RecentEvictions = NO_EVICTIONS,
+    opened_early: datetime | None = None,
 ) -> CycleResult:
     """One full cycle. Errors observing or planning propagate; alert failures are recorded.
 
-    ``last_packing``: the packing finding an earlier cycle left standing (its
-    :attr:`CycleResult.packing`), which holds for the patience's memory."""
+    ``last_packing``, ``evicted``, ``opened_early``: what the last cycle left
+    (:attr:`CycleResult.packing`, :attr:`~CycleResult.evicted`,
+    :attr:`~CycleResult.opened_early`)."""
     started = ports.clock.now()
     cluster = ports.source.snapshot()
     # One profile for this snapshot: the detectors, the planner and the figures on /metrics
@@ -163,9 +173,11 @@ def run_cycle(
     if ports.unmodelled is not None and leader:
         ports.unmodelled.report(cluster.warnings)
     spent = ports.executor.spent if ports.executor is not None else None
+    if config.evict_again_after is not None:
+        evicted = evicted.pruned(started, config.evict_again_after)
     decision = decide(
         cluster, findings, started, config, ports.planner, profile,
-        last_packing=last_packing, spent=spent,
+        last_packing=last_packing, spent=spent, evicted=evicted, opened_early=opened_early,
     )  # fmt: skip
     window, plan = decision.window, decision.plan
     findings += decision.findings
@@ -177,6 +189,8 @@ def run_cycle(
         elif window.open and not ports.executor.breaker.state.open:
             executed = ports.executor.execute(plan, cluster, window)
             findings += executed.findings
+            gone = (cluster.pods.get(o.pod) for o in executed.evicted)
+            evicted = evicted.record((p for p in gone if p is not None), executed.finished)
     if (
         breaker is not None
         and breaker.state.open
@@ -226,6 +240,8 @@ def run_cycle(
         rules_skipped=skipped,
         held_back=decision.held_back,
         packing=decision.packing,
+        evicted=evicted,
+        opened_early=EarlyWindows.opened(window),
     )
 
 

@@ -45,6 +45,7 @@ from defrag.execute.fence import Fence
 from defrag.execute.outcome import ReconcileOutcome
 from defrag.execute.reconcile import Reconciler
 from defrag.model.status import Status
+from defrag.plan.recent import NONE as NO_EVICTIONS
 from defrag.redact import redact_text
 
 log = logging.getLogger(__name__)
@@ -330,6 +331,8 @@ class Daemon:
                         self.config,
                         leader=leader,
                         last_packing=last.packing if last is not None else None,
+                        evicted=last.evicted if last is not None else NO_EVICTIONS,
+                        opened_early=last.opened_early if last is not None else None,
                     )
             except Exception as exc:
                 self.metrics.failed(time.perf_counter() - t0)

@@ -141,3 +141,70 @@ def window_status(
     nxt = min(upcoming) if upcoming else None
     when = f"; next opens {nxt.isoformat()}" if nxt else ""
     return WindowStatus(False, f"outside every execution window{when}", next_open=nxt)
+
+
+EARLY_KEY = "backlog/{day}"
+"""Early windows share one set of per-window budgets per UTC day."""
+
+
+@dataclass(frozen=True, slots=True)
+class EarlyWindows:
+    """A window opened ahead of the schedule when the starved pods' backlog piles up.
+
+    At the start of every period (``every_s`` from midnight UTC) a cycle within ``check_s``
+    of it may open one when the backlog (the starved pods' GPUs × hours pending) is at least
+    ``backlog_gpu_h``; it stays open ``length_s``. All early windows of a UTC day spend one
+    window's budgets (:data:`EARLY_KEY`): the operator's limits hold however often they open.
+    Checked at the periods' starts only, so the cycles between them change nothing (the
+    simulator need not run them)."""
+
+    backlog_gpu_h: float
+    every_s: float = 3600.0
+    length_s: float = 3600.0
+    check_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.backlog_gpu_h < 0 or self.every_s <= 0 or self.length_s <= 0 or self.check_s <= 0:
+            raise ValueError("early windows: backlog >= 0, period, length and check > 0")
+
+    def period_start(self, now: datetime) -> datetime:
+        now = utc(now)
+        midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        periods = (now - midnight).total_seconds() // self.every_s
+        return midnight + timedelta(seconds=periods * self.every_s)
+
+    def open_since(self, now: datetime, opened: datetime | None) -> bool:
+        return opened is not None and opened <= utc(now) < opened + timedelta(seconds=self.length_s)
+
+    def may_open(self, now: datetime, opened: datetime | None) -> bool:
+        """Whether a cycle at ``now`` could be in an early window (open, or its check)."""
+        start = self.period_start(now)
+        return self.open_since(now, opened) or (utc(now) - start).total_seconds() < self.check_s
+
+    def status(
+        self, closed: WindowStatus, now: datetime, backlog: float, opened: datetime | None
+    ) -> WindowStatus:
+        """The early window at ``now`` (``opened``: the start of one an earlier cycle opened),
+        else ``closed``."""
+        start = opened if self.open_since(now, opened) else None
+        if start is None and self.may_open(now, None) and backlog >= self.backlog_gpu_h > 0:
+            start = self.period_start(now)
+        if start is None:
+            return closed
+        end = start + timedelta(seconds=self.length_s)
+        return WindowStatus(
+            True,
+            f"{closed.reason}; opened early until {end.isoformat()}: the starved pods' backlog "
+            f"({backlog:.1f} GPU-hours) reached windows.open_early_backlog_gpu_h "
+            f"({self.backlog_gpu_h:g})",
+            start,
+            end,
+            closed.next_open,
+            EARLY_KEY.format(day=start.date().isoformat()),
+        )
+
+    @staticmethod
+    def opened(window: WindowStatus) -> datetime | None:
+        """The start of ``window`` when it is an early one (the next cycle's ``opened``)."""
+        early = window.open and window.budget_key.startswith(EARLY_KEY.split("{")[0])
+        return window.start if early else None

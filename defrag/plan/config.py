@@ -25,6 +25,21 @@ from enum import StrEnum
 from defrag.model.selectors import LabelSelector
 from defrag.plan.budget import DemandBudget
 from defrag.plan.cost import DEFAULT_COST, CostModel
+from defrag.plan.departures import DEFAULT_HORIZON_H
+from defrag.plan.recent import DEFAULT_GUARD
+
+
+class RoomValue(StrEnum):
+    """What a room is worth, weighed against its cost (docs/planning.md, "What a room is
+    worth")."""
+
+    FORECAST = "forecast"
+    """The wait it saves: the pod's GPUs × the hours until the cluster would free such a room
+    by itself (:mod:`defrag.plan.departures`; the horizon when the scheduler does not pack, as
+    it fills what departures free)."""
+    WAITED = "waited"
+    """The wait so far: the pod's GPUs × the hours it has been pending (the planner before
+    the forecast)."""
 
 
 class Goal(StrEnum):
@@ -132,6 +147,9 @@ class Constraints:
     """Controller kinds (``Kind.group``, or ``Kind`` in the core group) trusted to recreate
     their pods beside :data:`~defrag.plan.owners.RECREATING_KINDS` (setting
     ``planner.evict_owner_kinds``)."""
+    evict_again_after: timedelta | None = DEFAULT_GUARD
+    """A pod (or its workload) the daemon evicted less than this ago is not evicted again
+    (:mod:`defrag.plan.recent`; setting ``planner.evict_again_after_s``); None: no guard."""
 
     def __post_init__(self) -> None:
         if self.namespaces_include and self.namespaces_exclude:
@@ -159,8 +177,12 @@ class PlanOptions:
     """Allow a room that preempts as much GPU as it frees (one job run instead of another:
     the scheduler's own priority preemption does that; defrag leaves it to it by default)."""
     room_worth: float = 1.0
-    """Make room only when the pod's GPUs × hours pending reach this × the room's cost (the
-    lost work and restarts of its evictions, :mod:`defrag.plan.cost`); 0: always."""
+    """The margin: make room only when what it is worth (``room_value``) reaches this × its
+    cost (the lost work and restarts of its evictions, :mod:`defrag.plan.cost`); 0: always."""
+    room_value: RoomValue = RoomValue.FORECAST
+    """What a room is worth: the wait it saves (forecast) or the pod's wait so far."""
+    room_horizon_h: float = DEFAULT_HORIZON_H
+    """The forecast counts waits up to this many hours."""
     spare_jobs: bool = False
     """Never move a multi-GPU job that does not answer the checkpoint handshake to make room
     for a multi-GPU pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
@@ -236,4 +258,5 @@ __all__ = [
     "MakeRoomMode",
     "PlanOptions",
     "PlannerConfig",
+    "RoomValue",
 ]

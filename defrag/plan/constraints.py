@@ -38,6 +38,7 @@ from defrag.plan.owners import (
     retry_budget,
     retry_key,
 )
+from defrag.plan.recent import RECENTLY_EVICTED
 from defrag.plan.spend import NAMESPACE_BUDGET, NODE_BUDGET, WINDOW_BUDGET, BudgetLedger
 
 SYSTEM_CRITICAL_PRIORITY = 2_000_000_000
@@ -63,7 +64,8 @@ PLAN_BUDGET = WINDOW_BUDGET
 GANG = "gang"
 NO_ROOM = "no-room"
 NOT_WORTH = "not-worth-it"
-"""The cheapest room would lose more work than the pod's wait so far is worth."""
+"""The cheapest room costs more lost work and restarts than it is worth (the wait it saves,
+or the pod's wait so far; :class:`~defrag.plan.config.RoomValue`)."""
 MOVED = "moved"
 """A pod this plan has already moved: its replacement is a new pod, not this plan's to evict."""
 SPARED = "spared"
@@ -72,7 +74,7 @@ pod of equal or lower priority (:mod:`defrag.plan.spare`)."""
 CONSTRAINT_NAMES = (
     TERMINATING, OPT_OUT, BARE_POD, DAEMONSET, SYSTEM_CRITICAL, MIN_AGE, PRIORITY,
     EVICT_NAMESPACE, EVICT_LABELS, PDB, JOB_RETRIES, PLAN_BUDGET, NODE_BUDGET,
-    NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH, SPARED, MOVED,
+    NAMESPACE_BUDGET, GANG, NO_ROOM, NOT_WORTH, SPARED, MOVED, RECENTLY_EVICTED,
 )  # fmt: skip
 
 

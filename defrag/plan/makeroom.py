@@ -34,7 +34,7 @@ from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.config import MakeRoomMode, PlanOptions
 from defrag.plan.cost import workload_kind
-from defrag.plan.model import Blocked, Step
+from defrag.plan.model import Blocked, RoomWorth, Step
 from defrag.plan.room import (
     Nest,
     Preemptable,
@@ -60,6 +60,8 @@ class RoomResult:
     blocked: tuple[Blocked, ...]
     row: int | None
     gpus: tuple[int, ...] = ()
+    worth: RoomWorth | None = None
+    """What the room made by evictions is worth against its cost (None: not weighed)."""
 
     @property
     def ok(self) -> bool:
@@ -90,8 +92,8 @@ def make_room(
     nothing is lost). From ``options``: a victim that fits nowhere may get room made for it in
     turn, ``depth`` levels deep (a chain of migrations); ``max_moves_per_room`` skips rooms
     with more victims; ``swaps`` allows a preemption that frees no more GPU share than it
-    preempts (see the module's docstring); ``room_worth`` > 0 makes a room only when the
-    pod's GPUs × hours pending reach ``room_worth`` × the room's cost (:func:`room_value`);
+    preempts (see the module's docstring); ``room_worth`` > 0 makes a room only when what it
+    is worth (:func:`room_worth`) reaches ``room_worth`` × the room's cost;
     ``spare_jobs`` keeps a multi-GPU job that cannot checkpoint on request in place for a
     multi-GPU pod of equal or lower priority (:mod:`defrag.plan.spare`);
     ``candidates`` and ``tries`` bound the search.
@@ -169,7 +171,8 @@ def _make_room(
     blocked: dict[str, Blocked] = {}
     reason = f"make room for {pod.key} ({describe(pod)})"
     nest = _nest(ws, ctx, allowed, depth - 1, candidates, tries) if depth > 0 else None
-    value = room_value(pod, ctx.now) if worth > 0 and not chained else None
+    weighed = room_worth(ws, ctx, pod, rows) if worth > 0 and not chained else None
+    value = None if weighed is None else weighed[0]
     budget = None if value is None else value / worth
     passes: list[_Pass] = []
     if migrate_any and not any_priority and not chained:
@@ -212,6 +215,7 @@ def _make_room(
                 reason=f"{reason} on {ws.node(room.row)}",
                 allowed=p.allowed, preempt=p.preempt, place=place, nest=p.nest,
             )  # fmt: skip
+            price = None
             if isinstance(done, Relocation) and budget is not None:
                 price = known_cost(ctx, done, ws)
                 if price > budget:
@@ -232,15 +236,26 @@ def _make_room(
             if isinstance(done, Relocation):
                 for b in room.blocked:
                     blocked.setdefault(b.pod, b)
-                return RoomResult(pod.key, done.steps, tuple(blocked.values()), room.row, done.gpus)
+                weight = None
+                if weighed is not None and price is not None and done.steps:
+                    weight = RoomWorth(pod.key, ws.node(room.row), weighed[0], price, weighed[1])
+                return RoomResult(
+                    pod.key, done.steps, tuple(blocked.values()), room.row, done.gpus, weight
+                )
             for b in done:
                 blocked.setdefault(b.pod, b)
-    if dear is not None and value is not None:
+    if dear is not None and weighed is not None:
+        value, wait = weighed
+        basis = (
+            f"the wait it would save is worth {value:.2f} ({describe(pod)} × {wait:.2f} h "
+            "until the cluster frees such a room by itself)"
+            if ctx.departures is not None
+            else f"the pod's wait so far is worth {value:.2f} ({describe(pod)} × hours pending)"
+        )
         blocked[pod.key] = Blocked(
             pod.key, c.NOT_WORTH,
             f"the cheapest room ({ws.node(dear[0])}) costs {dear[1]:.2f} GPU-hours of lost "
-            f"work and restarts; the pod's wait so far is worth {value:.2f} "
-            f"({describe(pod)} × hours pending)",
+            f"work and restarts; {basis}",
         )  # fmt: skip
     if not blocked:
         blocked[pod.key] = Blocked(pod.key, c.NO_ROOM, placed.summary)
@@ -262,6 +277,39 @@ def known_cost(ctx: SearchContext, done: Relocation, ws: Workspace) -> float:
         price = ctx.cost_model.known(pod, ctx.now)
         total += price * (ctx.cost_model.preempt_factor if step.kind == "preempt" else 1.0)
     return round(total, 6)
+
+
+def room_worth(
+    ws: Workspace, ctx: SearchContext, pod: Pod, rows: np.ndarray
+) -> tuple[float, float] | None:
+    """(what making room for ``pod`` now is worth in GPU-hours, the hours of waiting it
+    counts), or None when unknown (no limit).
+
+    With a forecast (``ctx.departures``): the pod's GPUs × the hours until the cluster would
+    free such a room by itself — under a packing scheduler the soonest any candidate node
+    (``rows``) frees enough as its pods leave in the order they are expected to
+    (:meth:`~defrag.plan.departures.Departures.room_wait`); under any other scheduler the
+    horizon, as the scheduler puts pending and arriving pods on what departures free. Without
+    one: :func:`room_value`, the wait so far."""
+    deps = ctx.departures
+    if deps is None:
+        value = room_value(pod, ctx.now)
+        if value is None:
+            return None
+        return value, value / max(pod.gpu_demand_milli / GPU_MILLI, 1e-9)
+    if ctx.now is None or pod.gpu_demand_milli == 0:
+        return None
+    wait = deps.horizon_h
+    if ctx.history.packing:
+        a = ws.arrays
+        for row in rows:
+            r = int(row)
+            free = a.gpu_free[r][: int(a.gpu_total[r])]
+            seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
+            wait = min(wait, deps.room_wait(pod, free, seats, ctx.now))
+            if wait == 0:
+                break
+    return pod.gpu_demand_milli / GPU_MILLI * wait, wait
 
 
 def room_value(pod: Pod, now: datetime | None) -> float | None:

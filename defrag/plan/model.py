@@ -91,6 +91,38 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
+class RoomWorth:
+    """A room the plan makes: for which pod, on which node, what it is worth against what it
+    costs (GPU-hours), and the wait the worth counts (hours: the forecast wait it saves, or the
+    pod's wait so far; :class:`~defrag.plan.config.RoomValue`)."""
+
+    pod: str
+    node: str
+    value: float
+    cost: float
+    wait_h: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pod": self.pod,
+            "node": self.node,
+            "value": round(self.value, 3),
+            "cost": round(self.cost, 3),
+            "wait_h": round(self.wait_h, 3),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "room") -> RoomWorth:
+        return cls(
+            pod=_field(data, "pod", str, where),
+            node=_field(data, "node", str, where),
+            value=float(_number(data, "value", where, 0.0)),
+            cost=float(_number(data, "cost", where, 0.0)),
+            wait_h=float(_number(data, "wait_h", where, 0.0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Blocked:
     """A pod a better plan would have moved, and the named constraint that kept it in place."""
 
@@ -129,6 +161,8 @@ class Plan:
     after: Mapping[str, Any] = field(default_factory=dict, hash=False)
     targets: tuple[str, ...] = ()
     id: str = ""
+    rooms: tuple[RoomWorth, ...] = ()
+    """Each room made by evictions: what it is worth against what it costs."""
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -163,6 +197,7 @@ class Plan:
             "cost": self.cost,
             "migrations": self.migrations,
             "preemptions": self.preemptions,
+            "rooms": [r.to_dict() for r in self.rooms],
         }
 
     @classmethod
@@ -181,6 +216,9 @@ class Plan:
         targets = data.get("targets", [])
         if not isinstance(targets, list):
             raise PlanFormatError("plan.targets: expected a list")
+        rooms = data.get("rooms", [])
+        if not isinstance(rooms, list):
+            raise PlanFormatError("plan.rooms: expected a list")
         plan = cls(
             goal=_field(data, "goal", str, "plan"),
             policy=_field(data, "policy", str, "plan"),
@@ -196,6 +234,10 @@ class Plan:
             after=dict(data.get("after", {})),
             targets=tuple(str(t) for t in targets),
             id=str(data.get("id", "")),
+            rooms=tuple(
+                RoomWorth.from_dict(_mapping(r, f"plan.rooms[{i}]"), f"plan.rooms[{i}]")
+                for i, r in enumerate(rooms)
+            ),
         )
         return plan
 

@@ -39,8 +39,10 @@ SPREADING_KIND = "spreading"
 """The spreading rule's finding that the scheduler spreads: evidence against packing, so no
 earlier packing finding stands beside it."""
 
-DEFAULT_PATIENCE: timedelta | None = None
-"""Never make room while the scheduler packs (docs/benchmarks.md says why)."""
+DEFAULT_PATIENCE: timedelta | None = timedelta(0)
+"""Hold nothing back: whether a room is worth making while the scheduler packs is the room's
+forecast value against its cost (:mod:`defrag.plan.departures`; the packing verdict is its
+input). None (never while the scheduler packs) was the default before the forecast."""
 
 DEFAULT_MEMORY = timedelta(hours=24)
 """How long a packing finding stands after the last cycle that reported it: the spreading

@@ -21,10 +21,13 @@ from defrag.plan.config import (
     Goal,
     PlannerConfig,
     PlanOptions,
+    RoomValue,
 )
 from defrag.plan.constraints import Ledger, gang_of
+from defrag.plan.departures import Departures
+from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.makeroom import describe, make_room
-from defrag.plan.model import Blocked, Plan, Step
+from defrag.plan.model import Blocked, Plan, RoomWorth, Step
 from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
@@ -49,6 +52,7 @@ def make_plan(
     options: PlanOptions | None = None,
     owners: Mapping[str, OwnerFacts] | None = None,
     spent: BudgetLedger | None = None,
+    history: History = NO_HISTORY,
 ) -> Plan:
     """The plan for ``cluster`` and ``goal``, every move scored with ``profile`` (the one the
     caller built for this snapshot; None: the default configuration for this cluster, as
@@ -60,7 +64,8 @@ def make_plan(
     its part of that name (tests and benchmarks set one part alone). ``owners``: the
     controlling owners looked up so far (:func:`plan_with_owners`); a victim's owner not among
     them is judged by its kind alone. ``spent``: what the window has spent so far; the plan
-    spends only what is left of it."""
+    spends only what is left of it. ``history``: what earlier cycles tell it (the daemon's
+    recent evictions, whether the scheduler packs; :mod:`defrag.plan.history`)."""
     try:
         goal = Goal(goal)
     except ValueError:
@@ -81,7 +86,15 @@ def make_plan(
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
     ledger = Ledger(cluster.pdbs, constraints, owners, spent)
-    ctx = SearchContext(pol, ledger, constraints, options.cost, now)
+    forecast = (
+        goal.makes_room and options.room_value is RoomValue.FORECAST and options.room_worth > 0
+    )
+    departures = (
+        Departures.of(cluster.bound_pods(), now, options.room_horizon_h) if forecast else None
+    )
+    ctx = SearchContext(
+        pol, ledger, constraints, options.cost, now, history=history, departures=departures
+    )
     before = fragmentation_report(cluster, mix, options.sizes).to_dict(options.report_nodes)
     steps: list[Step] = []
     blocked: dict[tuple[str, str], Blocked] = {}
@@ -92,8 +105,10 @@ def make_plan(
             blocked.setdefault((b.pod, b.constraint), b)
 
     unserved = 0
+    rooms: tuple[RoomWorth, ...] = ()
     if goal.makes_room:
         made = make_rooms(ws, ctx, groups, options)
+        rooms = made.worth
         steps.extend(made.steps)
         note(made.blocked)
         targets.extend(made.targets)
@@ -113,6 +128,7 @@ def make_plan(
         before=before,
         after=after,
         targets=tuple(targets),
+        rooms=rooms,
     )
 
 
@@ -170,6 +186,8 @@ class Rooms:
     """``namespace/name (N GPU)`` of each pod given room by evictions."""
     unserved: int = 0
     """Groups left without room (those that fit already are served)."""
+    worth: tuple[RoomWorth, ...] = ()
+    """Each room made by evictions: what it is worth against its cost."""
 
 
 def make_rooms(
@@ -184,6 +202,7 @@ def make_rooms(
     steps: list[Step] = []
     blocked: dict[tuple[str, str], Blocked] = {}
     targets: list[str] = []
+    worth: list[RoomWorth] = []
     unserved = 0
 
     def note(found: tuple[Blocked, ...]) -> None:
@@ -192,7 +211,7 @@ def make_rooms(
 
     for group in groups:
         mark = ws.mark()
-        n_steps = len(steps)
+        n_steps, n_worth = len(steps), len(worth)
         ledger_state = ctx.ledger.snapshot()
         failed: tuple[Blocked, ...] = ()
         for pod in group:
@@ -202,10 +221,13 @@ def make_rooms(
                 failed = result.blocked
                 break
             steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
+            if result.worth is not None:
+                worth.append(result.worth)
         if failed:
             unserved += 1
             ws.rollback(mark)
             del steps[n_steps:]
+            del worth[n_worth:]
             ctx.ledger.restore(ledger_state)
             gang = gang_of(group[0]) if len(group) > 1 else None
             if gang:
@@ -216,7 +238,7 @@ def make_rooms(
             note(failed)
         elif len(steps) > n_steps:  # pods that fit already need no target of their own
             targets.extend(f"{p.key} ({describe(p)})" for p in group)
-    return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets), unserved)
+    return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets), unserved, tuple(worth))
 
 
 def reserving(steps: tuple[Step, ...], pod: str, node: str) -> list[Step]:

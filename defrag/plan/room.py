@@ -27,6 +27,8 @@ from defrag.plan import constraints as c
 from defrag.plan.config import Constraints
 from defrag.plan.constraints import Ledger, blocked_from, check_filters, check_pod, gang_of
 from defrag.plan.cost import CostModel, gpus_held
+from defrag.plan.departures import Departures
+from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.model import Blocked, Step
 from defrag.plan.workspace import Occupant, Workspace
 from defrag.scoring.framework import Placement, Policy
@@ -52,6 +54,11 @@ class SearchContext:
     enforce: bool = True
     """False in the simulator: trace pods have no owners, ages or PDBs, so only the operator's
     eviction filters (:func:`~defrag.plan.constraints.check_filters`) apply."""
+    history: History = NO_HISTORY
+    """The daemon's recent evictions (a victim evicted within the guard is refused) and the
+    packing verdict (:mod:`defrag.plan.history`)."""
+    departures: Departures | None = None
+    """The running pods' expected departures (make-room's forecast); None: not forecast."""
     _checks: dict[str, Status] = field(default_factory=dict)
     _costs: dict[int, tuple[Pod, float]] = field(default_factory=dict)
     """By the pod object's id (the pod is kept, so the id is not reused while cached)."""
@@ -91,6 +98,10 @@ class SearchContext:
                 if self.enforce
                 else check_filters(pod, self.constraints)
             )
+            if status.ok:
+                status = self.history.evicted.check(
+                    pod, self.now, self.constraints.evict_again_after
+                )
             self._checks[pod.key] = status
         return status
 

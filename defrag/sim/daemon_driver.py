@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -34,10 +35,12 @@ from typing import Any
 from defrag.decide import URGENT, CycleConfig, Decision, decide, may_act, planner_port
 from defrag.detect.findings import Finding
 from defrag.detection import cycle_detector
-from defrag.execute.windows import WindowStatus
+from defrag.execute.windows import EarlyWindows, WindowStatus
+from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.plan.config import PlannerConfig
 from defrag.plan.model import Plan, Step
+from defrag.plan.recent import NONE as NO_EVICTIONS
 from defrag.plan.spend import BudgetLedger
 from defrag.rules import RuleSet, load_rules, rules_paths
 from defrag.settings import load_settings
@@ -165,6 +168,11 @@ class DaemonDriver:
         self.planner = planner_port(setup.planner)
         self.ledger = SimLedger(setup.planner)
         self.packing: Finding | None = None
+        self.evicted = NO_EVICTIONS
+        """The daemon's evictions within the anti-thrash guard (the actuator records them)."""
+        self.opened_early: datetime | None = None
+        self.observed: Cluster | None = None
+        """The cluster the last decision was made on."""
         self.tick_every_h = setup.cycle_interval_s / 3600.0
         self.urgent_rules = any(
             getattr(loaded.rule, "action", None) == URGENT for loaded in setup.rules.enabled()
@@ -180,7 +188,10 @@ class DaemonDriver:
         return ()
 
     def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
-        if not may_act(self.setup.cycle, moment(now), urgent_rules=self.urgent_rules):
+        at = moment(now)
+        if not may_act(
+            self.setup.cycle, at, urgent_rules=self.urgent_rules, opened_early=self.opened_early
+        ):
             return ()  # nothing could be admitted: the cycle is not simulated
         decision, findings = self.decide(state, now)
         moves: tuple[Move, ...] = ()
@@ -188,6 +199,10 @@ class DaemonDriver:
         plan = decision.plan
         if plan is not None and not plan.empty and decision.window.open:
             moves, refused = self.actuate(state, plan, decision.window)
+            # as the daemon does: the evicted pods as the cluster showed them (their owners)
+            shown = self.observed.pods if self.observed is not None else {}
+            gone = (shown.get(s.pod) for s in plan.steps if s.pod not in refused)
+            self.evicted = self.evicted.record((p for p in gone if p is not None), at)
         if self.history is not None:
             self.history.append(CycleRecord(now, decision, findings, moves, refused))
         return moves
@@ -196,14 +211,19 @@ class DaemonDriver:
         """The daemon's decision for the state at simulated hour ``now``, and the findings it
         was made on."""
         at = moment(now)
-        cluster = self.view.cluster(state, now)
+        cluster = self.observed = self.view.cluster(state, now)
         profile = self.setup.cycle.profile.for_cluster(cluster)
         findings = tuple(self.detector(cluster, at, profile))
+        guard = self.setup.cycle.evict_again_after
+        if guard is not None:
+            self.evicted = self.evicted.pruned(at, guard)
         decision = decide(
             cluster, findings, at, self.setup.cycle, self.planner, profile,
             last_packing=self.packing, spent=self.ledger.spent, plan_closed=False,
+            evicted=self.evicted, opened_early=self.opened_early,
         )  # fmt: skip
         self.packing = decision.packing
+        self.opened_early = EarlyWindows.opened(decision.window)
         return decision, findings
 
     def actuate(
