@@ -2,9 +2,10 @@
 
 defrag in the loop on the openb cluster (the peer table's setting: load 0.9, 12 h warm-up, 36 h
 measured, default costs). With the handshake on, a share ``--share`` of the ``training`` and
-``batch`` pods answer defrag's checkpoint request before their eviction and lose only their
-restart (docs/simulator.md, "The checkpoint handshake"); off, every eviction loses the work since
-the pod's last periodic checkpoint, as before. The same arrivals, seeds and cost draws in both:
+``batch`` pods answer defrag's checkpoint request before their eviction: they lose no work and
+pay the checkpoint's stall and their restart (docs/simulator.md, "The checkpoint handshake"; the
+"restart GPU·h" column counts both); off, every eviction loses the work since the pod's last
+periodic checkpoint, as before. The same arrivals, seeds and cost draws in both:
 the runs of one seed differ by the handshake alone. Seeds 42–44 are the peer table's; 45 is
 held out (its figure is reported apart).
 

@@ -7,8 +7,16 @@ descheduler LowNodeUtilization (the control), KAI consolidation (KAI binpack); e
 its own documented configuration (defrag.sim.peers), and HighNodeUtilization's sensitivity rows
 on request (``--defragmenters descheduler-hnu-gpu50,…``).
 
+The checkpoint handshake (defrag.sim.migration): in the defrag rows a share
+``--handshake-share`` (default 0.5, the stated model's) of the training and batch pods answer
+defrag's checkpoint request before an eviction — no work lost, the checkpoint's stall and the
+restart paid; 0 turns it off. The peers never ask: their rows are the same either way.
+``--compare-handshake`` adds each defrag row without it, named ``<row> (no handshake)``, on the
+same arrivals and draws; the table's "handshake" column says which rows had it.
+
     .venv/bin/python -m bench.bench_peers                       # 90% load, 3 seeds, 2 policies
     .venv/bin/python -m bench.bench_peers --checkpoint-scale 2  # sensitivity
+    .venv/bin/python -m bench.bench_peers --compare-handshake   # defrag rows with and without
     .venv/bin/python -m bench.bench_peers --scale 10 --hours 2 --warmup 1 \\
         --policies least-allocated --defragmenters defrag --seeds 1      # the 10x cluster
 
@@ -33,7 +41,7 @@ from bench import data
 from bench.bench_packing_limit import load_trace
 from defrag.model.resources import Node
 from defrag.sim.defragmenters import DEFRAGMENTERS, EXTENDER_POLICY, DaemonOptions
-from defrag.sim.migration import MigrationCost
+from defrag.sim.migration import CHECKPOINT_STALL_HOURS, HANDSHAKE_SHARE, MigrationCost
 from defrag.sim.report import markdown_table
 from defrag.sim.runner import Task, Workload, run_tasks
 from defrag.sim.timeline import TimelineConfig, TimelineRun
@@ -62,6 +70,13 @@ FIXED_SCHEDULER = (
 )
 """Defragmenters that install their own scheduler score: the run does not depend on the
 policy the cluster had, so it is made once and shown under each policy."""
+NO_HANDSHAKE = " (no handshake)"
+"""The suffix of a defrag row run without the checkpoint handshake (``--compare-handshake``)."""
+
+
+def asks_for_checkpoints(defragmenter: str) -> bool:
+    """The rows whose evictions ask for a checkpoint first: the daemon's (``defrag*``)."""
+    return defragmenter == "defrag" or defragmenter.startswith("defrag-")
 
 
 def scaled_nodes(nodes: tuple[Node, ...], factor: int) -> tuple[Node, ...]:
@@ -85,6 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hours", type=float, default=36.0)
     ap.add_argument("--warmup", type=float, default=12.0)
     ap.add_argument("--checkpoint-scale", type=float, default=1.0)
+    ap.add_argument(
+        "--handshake-share", type=float, default=HANDSHAKE_SHARE,
+        help=f"share of training/batch pods that answer defrag's checkpoint request "
+        f"(default {HANDSHAKE_SHARE:g}; 0: no handshake); the peers never ask",
+    )  # fmt: skip
+    ap.add_argument(
+        "--compare-handshake", action="store_true",
+        help="also run each defrag row without the handshake, as '<row> (no handshake)'",
+    )  # fmt: skip
     ap.add_argument("--window-every", type=float, default=6.0, help="hours between windows")
     ap.add_argument("--scale", type=int, default=1, help="cluster copies (10: ~12,000 nodes)")
     ap.add_argument(
@@ -107,15 +131,22 @@ def main(argv: list[str] | None = None) -> int:
             ap.error("--plot-from needs --plot")
         replot(args.plot_from, args.plot)
         return 0
+    if not 0 <= args.handshake_share <= 1:
+        ap.error(f"--handshake-share: expected a share in [0, 1], got {args.handshake_share:g}")
+    if args.compare_handshake and not args.handshake_share:
+        ap.error("--compare-handshake: the handshake is off (--handshake-share 0)")
     data.require(args.data, data.trace_files([args.trace]))
     nodes, shapes = load_trace(args.data, args.trace)
     nodes = scaled_nodes(nodes, args.scale)
     workload = Workload(args.trace, nodes, shapes)
     cost = MigrationCost().scaled(args.checkpoint_scale)
+    # One config for every row: the runner turns the handshake off where no one asks (peers).
     config = TimelineConfig(
-        load=args.load, hours=args.hours, warmup_hours=args.warmup, cost=cost,
+        load=args.load, hours=args.hours, warmup_hours=args.warmup,
+        cost=replace(cost, handshake_share=args.handshake_share),
         window_every_h=args.window_every,
     )  # fmt: skip
+    without = replace(config, cost=replace(cost, handshake_share=0.0))
     policies = [p for p in args.policies.split(",") if p]
     names = [d for d in args.defragmenters.split(",") if d]
     unknown = [d for d in names if d not in DEFRAGMENTERS]
@@ -124,21 +155,20 @@ def main(argv: list[str] | None = None) -> int:
             f"--defragmenters: unknown {', '.join(unknown)}; known: {', '.join(DEFRAGMENTERS)}"
         )
     daemon = daemon_options(ap, args.settings, args.sets, args.window_every)
-    tasks = [
-        Task(
-            "timeline",
-            p,
-            s,
-            timeline=config,
-            defragmenter=d,
-            daemon=daemon,
-        )
+    variants: dict[str, list[tuple[str, TimelineConfig]]] = {d: [(d, config)] for d in names}
+    for d in names:  # (the name shown, the config) of each row's runs
+        if args.compare_handshake and asks_for_checkpoints(d):
+            variants[d].append((d + NO_HANDSHAKE, without))
+    shown = [
+        (row, Task("timeline", p, s, timeline=c, defragmenter=d, daemon=daemon))
         for i, p in enumerate(policies)
         for d in names
         if not (p == EXTENDER_POLICY and d == "defrag-extender")  # the same run as "defrag"
         if not (i > 0 and d in FIXED_SCHEDULER)  # the same runs as under the first policy
+        for row, c in variants[d]
         for s in range(args.first_seed, args.first_seed + args.seeds)
     ]
+    tasks = [task for _, task in shown]
     started = time.perf_counter()
 
     def done(task: Task, run: object) -> None:
@@ -151,8 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     runs = [
-        r
-        for r in run_tasks(workload, tasks, jobs=args.jobs, on_result=done)
+        r if r.defragmenter == row else replace(r, defragmenter=row)
+        for (row, _), r in zip(
+            shown, run_tasks(workload, tasks, jobs=args.jobs, on_result=done), strict=True
+        )
         if isinstance(r, TimelineRun)
     ]
     args.run_seconds = [r.seconds for r in runs]  # the runs made, not their copies
@@ -160,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         replace(r, policy=p)
         for p in policies[1:]
         for r in list(runs)
-        if r.policy == policies[0] and r.defragmenter in FIXED_SCHEDULER
+        if r.policy == policies[0] and r.defragmenter.removesuffix(NO_HANDSHAKE) in FIXED_SCHEDULER
     ]
     wall = time.perf_counter() - started
     text = render(runs, args, wall, len(nodes))
@@ -171,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [{**r.to_dict(), "multi_waits": [round(w, 4) for w in r.multi_waits]} for r in runs]
         args.json.write_text(json.dumps(rows, indent=1), encoding="utf-8")
     if args.plot:
-        plot_cdfs(runs, args.plot, policies, names)
+        plot_cdfs(runs, args.plot, policies, list(dict.fromkeys(r.defragmenter for r in runs)))
     return 0
 
 
@@ -203,6 +235,15 @@ def _cls(run: TimelineRun, name: str, field: str) -> float:
     return float(getattr(c, field)) if c is not None else 0.0
 
 
+def handshake_cell(run: TimelineRun) -> str:
+    """The share of training/batch pods that answered in ``run`` (its costs say), "off" for a
+    defrag row without it, "—" for a row that never asks (no defragmenter, a peer)."""
+    share = run.cost.get("checkpoint_handshake_share")
+    if isinstance(share, int | float) and share:
+        return f"{share:.0%}"
+    return "off" if asks_for_checkpoints(run.defragmenter.removesuffix(NO_HANDSHAKE)) else "—"
+
+
 def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nodes: int) -> str:
     rows = []
     for policy in dict.fromkeys(r.policy for r in runs):
@@ -215,6 +256,7 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
                     policy,
                     name,
                     mine[0].scheduler,
+                    handshake_cell(mine[0]),
                     f"{_mean([_cls(r, 'multi', 'mean_wait_h') for r in mine]):.2f}",
                     f"{_mean([_cls(r, 'multi', 'p95_wait_h') for r in mine]):.2f}",
                     f"{_mean([_cls(r, '1', 'mean_wait_h') for r in mine]):.2f}",
@@ -232,6 +274,7 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         "policy",
         "defragmenter",
         "scheduler",
+        "handshake",
         "multi-GPU wait h",
         "multi p95 h",
         "1-GPU wait h",
@@ -258,8 +301,9 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         f"offered load {args.load:.0%} (realised per seed: "
         + ", ".join(f"{s}: {x}%" for s, x in loads)
         + f"), {args.warmup:g} h warm-up + {args.hours:g} h measured, seeds {first}–"
-        f"{first + args.seeds - 1}, checkpoint intervals ×{args.checkpoint_scale:g}, windows every "
-        f"{args.window_every:g} h"
+        f"{first + args.seeds - 1}, checkpoint intervals ×{args.checkpoint_scale:g}, "
+        + handshake_caption(getattr(args, "handshake_share", 0.0))
+        + f", windows every {args.window_every:g} h"
         + (f", settings {args.settings}" if getattr(args, "settings", None) else "")
         + (f", --set {' '.join(args.sets)}" if getattr(args, "sets", []) else "")
         + "; means over seeds "
@@ -269,6 +313,18 @@ def render(runs: list[TimelineRun], args: argparse.Namespace, wall: float, n_nod
         + f"\n{_mean(secs):.0f} s per run on average (max {max(secs, default=0):.0f} s; "
         f"{_mean(secs) / sim_h:.2f} s per simulated hour); wall {wall / 60:.1f} min with "
         f"{args.jobs} processes; peak process memory {rss / 1024:.0f} MiB.\n"
+    )
+
+
+def handshake_caption(share: float) -> str:
+    """The checkpoint handshake the defrag rows ran with, for the table's caption."""
+    if not share:
+        return "no checkpoint handshake"
+    stalls = "/".join(f"{h * 60:g}" for h in CHECKPOINT_STALL_HOURS.values())
+    kinds = "/".join(CHECKPOINT_STALL_HOURS)
+    return (
+        f"checkpoint handshake in the defrag rows ({share:.0%} of {kinds} pods answer: no work "
+        f"lost, a {stalls}-min stall + the restart; the peers never ask)"
     )
 
 

@@ -158,14 +158,14 @@ def test_gang_from_field_or_label() -> None:
         (running("a", "n", 1, hours=1000), 168.083333),
         # CPU-only: no GPU held, no GPU time lost: 0
         (running("a", "n", 0, hours=5), 0.0),
-        # answers the checkpoint handshake: asked first, loses no work → its restart,
-        # 4 × 10/60 = 0.666667
+        # answers the checkpoint handshake: asked first, loses no work → the requested
+        # checkpoint's stall and its restart, 4 × (2/60 + 10/60) = 0.8
         (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported"}),
-         0.666667),
-        # ... even with an old checkpoint (10 h ago): still 0.666667 (known() too, below)
+         0.8),
+        # ... even with an old checkpoint (10 h ago): still 0.8 (known() too, below)
         (running("a", "n", 4, hours=10, annotations={"defrag.io/checkpoint": "supported",
                                                       CHECKPOINT: "2026-11-29T02:00:00Z"}),
-         0.666667),
+         0.8),
     ],
 )  # fmt: skip
 def test_cost_formula(pod: Pod, expected: float) -> None:

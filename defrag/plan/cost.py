@@ -23,8 +23,8 @@ default: docs/benchmarks.md measured no gain from it on the held-out seed).
 Make-room weighs a room by it against the pod's wait (``PlanOptions.room_worth``).
 
 A pod that answers the checkpoint handshake (``defrag.io/checkpoint: supported``: the executor
-asks it to checkpoint before the eviction, docs/daemon.md) loses no work: both prices count its
-restart alone.
+asks it to checkpoint before the eviction, docs/daemon.md) loses no work: both prices count the
+stall of the requested checkpoint (:data:`CHECKPOINT_STALL_HOURS`) and its restart.
 """
 
 from __future__ import annotations
@@ -49,6 +49,14 @@ RESTART_HOURS: Mapping[str, float] = MappingProxyType(
 costs"). The one source of the planner's restart price and the simulator's restart overhead."""
 
 KINDS = tuple(RESTART_HOURS)
+
+CHECKPOINT_STALL_HOURS: Mapping[str, float] = MappingProxyType(
+    {"training": 2 / 60, "batch": 1 / 60}
+)
+"""Hours a pod that answers the checkpoint handshake spends writing the requested checkpoint
+before its eviction, GPUs held (a large model's weights and optimizer state; a smaller job's
+state): assumptions within the executor's default wait (``execution.checkpoint_wait_s``, 120 s).
+The one source of the planner's price and the simulator's stall (``defrag.sim.migration``)."""
 
 STATELESS_KINDS = frozenset({"serving", "cpu"})
 """Kinds whose eviction loses no work beyond the restart when they show no checkpoint:
@@ -90,8 +98,11 @@ class CostModel:
         return round((self.per_eviction + held * hours) * weight, 6)
 
     def restart(self, pod: Pod) -> float:
-        """The restart overhead of ``pod``'s kind, hours (0 for a kind the table lacks)."""
-        return self.restart_hours.get(workload_kind(pod), 0.0)
+        """The restart overhead of ``pod``'s kind, hours (0 for a kind the table lacks), and
+        for a pod asked to checkpoint first the stall of that checkpoint."""
+        kind = workload_kind(pod)
+        stall = CHECKPOINT_STALL_HOURS.get(kind, 0.0) if pod.checkpoints_on_request else 0.0
+        return self.restart_hours.get(kind, 0.0) + stall
 
     def known(self, pod: Pod, now: datetime | None) -> float:
         """The eviction's price with the work at risk: since the checkpoint annotation; without
@@ -120,7 +131,9 @@ class CostModel:
             created = np.fromiter(
                 (
                     utc(p.created_at).timestamp()
-                    if p.created_at is not None and CHECKPOINT_ANNOTATION not in p.annotations
+                    if p.created_at is not None
+                    and CHECKPOINT_ANNOTATION not in p.annotations
+                    and not p.checkpoints_on_request  # asked to checkpoint first: none lost
                     else stamp
                     for p in pods
                 ),

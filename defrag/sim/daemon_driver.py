@@ -19,8 +19,9 @@ The cycles that cannot act are not simulated: on a cluster they change only how 
 verdict stands (the spreading rule's finding, remembered for
 ``planner.make_room_packing_memory_s``), which the next simulated cycle judges afresh. What
 the simulator cannot have is left out, and said so: Prometheus series (leak and idle
-rules are skipped, so the idle gate never opens), disruption budgets and the checkpoint
-handshake (trace pods carry none), the drain's taint and timing (evictions land at once).
+rules are skipped, so the idle gate never opens), disruption budgets, the checkpoint
+handshake's wait (a pod that answers it shows ``defrag.io/checkpoint: supported`` and is billed
+its stall, ``defrag.sim.migration``), the drain's taint and timing (evictions land at once).
 """
 
 from __future__ import annotations

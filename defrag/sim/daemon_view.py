@@ -7,6 +7,12 @@ cluster would show it at the cycle's moment (simulated hour 0 is :data:`EPOCH`):
 * a running pod is bound to its node and GPUs, created at its (re)start, bound then, and
   annotated ``defrag.io/last-checkpoint`` when it has checkpointed since (a pod that never
   checkpoints shows none; a serving pod's state is always fresh, so it shows ``now``);
+* a pod that answers the checkpoint handshake in the run (``Job.answers_handshake``, set from
+  the run's costs, :mod:`defrag.sim.migration`) shows ``defrag.io/checkpoint: supported``, as
+  its workload would declare it, running or pending: the daemon prices its eviction at its
+  restart (it is asked to checkpoint first); no other pod shows it (a run with the handshake
+  off shows it on none). Its state is saved on request, so it also shows its last checkpoint
+  at ``now``, as a serving pod does (unless the view shows no checkpoints);
 * a pending pod is pending since it was (re-)queued;
 * the trace's QoS classes carry the PriorityClass values :data:`QOS_CLASS_PRIORITY` (their
   order is the trace's; the shipped starvation rule's ``min_priority: 1000`` takes every class
@@ -27,8 +33,15 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from defrag.model.cluster import Cluster
-from defrag.model.resources import CHECKPOINT_ANNOTATION, OwnerRef, Pod
+from defrag.model.resources import (
+    CHECKPOINT_ANNOTATION,
+    CHECKPOINT_SUPPORT_ANNOTATION,
+    CHECKPOINT_SUPPORTED,
+    OwnerRef,
+    Pod,
+)
 from defrag.sim.kai import sim_owner_kind
+from defrag.sim.migration import Job
 from defrag.sim.state import Placed, SimState
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -107,7 +120,7 @@ class ClusterView:
 
     def _bound(self, state: SimState, placed: Placed, started: float) -> Pod:
         return replace(
-            _as_cluster_shows(placed.pod),
+            _as_cluster_shows(placed.pod, _answers(state.jobs.get(placed.pod.key))),
             node=state.nodes[placed.row].name,
             gpu_indices=placed.gpus,
             phase="Running",
@@ -125,7 +138,7 @@ class ClusterView:
         def show() -> Pod:
             since = moment(queued) if queued is not None else pod.pending_since
             return replace(
-                _as_cluster_shows(pod), node=None, gpu_indices=(), phase="Pending",
+                _as_cluster_shows(pod, _answers(job)), node=None, gpu_indices=(), phase="Pending",
                 pending_since=since, created_at=since or pod.created_at,
             )  # fmt: skip
 
@@ -152,15 +165,25 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return a[0] is b[0] and a[1:] == b[1:]
 
 
-def _as_cluster_shows(pod: Pod) -> Pod:
-    """The pod's priority as its class's value, its QoS class as a cluster computes it and a
-    controlling owner that recreates it."""
+def _answers(job: Job | None) -> bool:
+    return job is not None and job.answers_handshake
+
+
+def _as_cluster_shows(pod: Pod, answers: bool = False) -> Pod:
+    """The pod's priority as its class's value, its QoS class as a cluster computes it, a
+    controlling owner that recreates it and, when it ``answers`` the checkpoint handshake, the
+    annotation its workload declares that with."""
     priority = QOS_CLASS_PRIORITY.get(pod.qos, pod.priority)
+    annotations = (
+        {**pod.annotations, CHECKPOINT_SUPPORT_ANNOTATION: CHECKPOINT_SUPPORTED}
+        if answers
+        else pod.annotations
+    )
     if pod.owner is not None:
-        return replace(pod, priority=priority, qos=SHOWN_QOS)
+        return replace(pod, priority=priority, qos=SHOWN_QOS, annotations=annotations)
     kind, api_version = _OWNERS[sim_owner_kind(pod)]
     owner = OwnerRef(kind, f"{pod.name}-owner", True, api_version)
-    return replace(pod, priority=priority, qos=SHOWN_QOS, owner=owner)
+    return replace(pod, priority=priority, qos=SHOWN_QOS, owner=owner, annotations=annotations)
 
 
 __all__ = ["EPOCH", "QOS_CLASS_PRIORITY", "SHOWN_QOS", "ClusterView", "moment"]

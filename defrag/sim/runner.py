@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from defrag.model.resources import Node, Pod
 from defrag.model.workload import WorkloadMix
 from defrag.scoring.policies import POLICY_NAMES, UnknownPolicy
+from defrag.sim.daemon_driver import DaemonDriver
 from defrag.sim.defragmenters import DaemonOptions, check_defragmenter, make_defragmenter
 from defrag.sim.fill import FILL_RATIO, FillRun, Progress, run_fill
 from defrag.sim.timeline import TimelineConfig, TimelineRun, run_timeline
@@ -59,8 +60,14 @@ class Task:
 
 
 def run_task(workload: Workload, task: Task, progress: Progress | None = None) -> Run:
+    """One task's run. Only the daemon asks a pod to checkpoint before evicting it: a run
+    without it in the loop has the checkpoint handshake off, whatever its costs say
+    (``defrag.sim.migration``)."""
     mix = workload.mix if workload.mix is not None else WorkloadMix.from_pods(workload.pods)
     hook, scheduler = make_defragmenter(task.defragmenter, task.policy, task.protocol, task.daemon)
+    config = task.timeline
+    if config is not None and config.cost.handshake_share and not isinstance(hook, DaemonDriver):
+        config = replace(config, cost=replace(config.cost, handshake_share=0.0))
     if task.protocol == "fill":
         return run_fill(
             workload.nodes,
@@ -77,7 +84,7 @@ def run_task(workload: Workload, task: Task, progress: Progress | None = None) -
         workload.pods,
         task.policy,
         task.seed,
-        config=task.timeline,
+        config=config,
         mix=mix,
         hook=hook,
         progress=progress,

@@ -24,7 +24,9 @@ in the default trace), so only the pod *shapes* come from the trace:
   ``on_window`` every ``window_every_h`` hours; after moves the waiting pods are retried on
   the rows the moves freed. A move with ``for_pod`` holds its source row for that pod.
 * **Evictions are priced** (:mod:`defrag.sim.migration`): an evicted pod loses the work since
-  its last checkpoint, re-queues (or binds to its planned node), and restarts with an overhead.
+  its last checkpoint, re-queues (or binds to its planned node), and restarts with an overhead;
+  one that answers the checkpoint handshake loses no work and restarts with the stall of its
+  requested checkpoint before the overhead (both charged as overhead).
 * **The loop** (:class:`Timeline`): one method per event kind — a departure, an idle window,
   a hook tick, an arrival, a sample — and a run loop that takes the earliest; on a tie the
   order is departure, window, tick, arrival, sample. The score, the hook and the defragmenter's
@@ -214,8 +216,7 @@ class Timeline:
         arrival = self.arrivals[self.next_arrival]
         self.next_arrival += 1
         pod = arrival.pod
-        interval, overhead = self.config.cost.draw(pod, self.cost_rng)
-        job = Job(pod, now, arrival.duration_h, interval, overhead)
+        job = self.config.cost.job(pod, now, arrival.duration_h, self.cost_rng)
         self.state.jobs[pod.key] = job
         result = self._schedule(pod)
         if result is None and self.hook is not None:
@@ -294,8 +295,9 @@ class Timeline:
         self._retry(freed, now)
 
     def _spent(self, job: Job, until: float) -> None:
-        """Charge the restart overhead the running segment spent by ``until``, inside the
-        measured period (a pod evicted during its overhead spent only part of it)."""
+        """Charge the restart overhead (with a requested checkpoint's stall before it) the
+        running segment spent by ``until``, inside the measured period (a pod evicted during
+        its overhead spent only part of it)."""
         if job.started is None or not job.segment_overhead_h:
             return
         lo = max(job.started, self.warm)
