@@ -10,8 +10,9 @@ import pytest
 
 from defrag.decide import URGENT_BUDGET_KEY, CycleConfig, decide, may_act
 from defrag.detect.findings import Finding
-from defrag.execute.windows import Window, WindowStatus
+from defrag.execute.windows import EarlyWindows, Window, WindowStatus
 from defrag.model.cluster import Cluster
+from defrag.model.resources import Pod
 from defrag.plan.config import EvictionBudget, Goal
 from defrag.plan.constraints import NOT_WORTH
 from defrag.plan.history import NO_HISTORY, History
@@ -154,3 +155,32 @@ def test_a_cycle_may_act_inside_a_window_or_when_a_rule_acts_outside_them() -> N
     assert not may_act(CycleConfig(windows=CLOSED), NOW, urgent_rules=False)
     assert may_act(CycleConfig(windows=CLOSED), NOW, urgent_rules=True)
     assert not may_act(CycleConfig(), NOW, urgent_rules=False)  # no window configured
+
+
+def test_a_window_opens_early_when_the_backlog_piles_up_and_stays_open_its_length() -> None:
+    """The windows are closed (CLOSED: noon only); a starved 8-GPU pod pending 3 h is a backlog
+    of 24 GPU-hours. At 01:00, the start of an hourly period, a window opens when the backlog
+    reaches the bar, on the day's early-window budget; later in the hour it stays open for the
+    cycle that remembers it, and at 01:30 no new one opens (checked at a period's start)."""
+    pod = Pod("big", num_gpu=8, phase="Pending", created_at=NOW - timedelta(hours=3))
+    cluster = Cluster.build([], [pod])
+    findings = [starved("big", waited_h=3.0)]
+    early = EarlyWindows(backlog_gpu_h=20.0, check_s=120.0)
+    config = CycleConfig(windows=CLOSED, early=early)
+    opened = decide(cluster, findings, NOW, config, Planner(), PROFILE, plan_closed=False)
+    assert opened.backlog_gpu_h == pytest.approx(24.0)
+    assert opened.window.open and opened.window.key == "backlog/2026-01-01"
+    assert "backlog (24.0 GPU-hours)" in opened.window.reason and opened.plan is not None
+    start = EarlyWindows.opened(opened.window)
+    assert start == NOW
+    later = NOW + timedelta(minutes=30)
+    assert may_act(config, later, urgent_rules=False, opened_early=start)
+    kept = decide(cluster, findings, later, config, Planner(), PROFILE, opened_early=start)
+    assert kept.window.open and kept.window.end == NOW + timedelta(hours=1)
+    assert not may_act(config, later, urgent_rules=False)
+    fresh = decide(cluster, findings, later, config, Planner(), PROFILE, plan_closed=False)
+    assert not fresh.window.open and fresh.plan is None
+    # below the bar: nothing opens
+    high = CycleConfig(windows=CLOSED, early=EarlyWindows(backlog_gpu_h=30.0))
+    shut = decide(cluster, findings, NOW, high, Planner(), PROFILE, plan_closed=False)
+    assert not shut.window.open and EarlyWindows.opened(shut.window) is None

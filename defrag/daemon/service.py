@@ -111,6 +111,13 @@ class DaemonMetrics:
             "Starved pods the last cycle made no room for because the scheduler packs.",
             registry=r,
         )
+        self.rooms = Gauge(
+            "defrag_plan_rooms",
+            "Rooms the last plan makes by evictions: their count, what they are worth and what "
+            "they cost (GPU-hours; docs/planning.md, what a room is worth).",
+            ["measure"],
+            registry=r,
+        )
         self.evictions = Counter(
             "defrag_evictions", "Evictions by result (planned = dry run).", ["result"], registry=r
         )
@@ -196,6 +203,10 @@ class DaemonMetrics:
         steps = result.plan.steps if result.plan else ()
         for kind in ("migrate", "preempt"):
             self.plan_steps.labels(kind=kind).set(sum(1 for s in steps if s.kind == kind))
+        rooms = result.plan.rooms if result.plan else ()
+        self.rooms.labels(measure="count").set(len(rooms))
+        self.rooms.labels(measure="value_gpu_hours").set(sum(r.value for r in rooms))
+        self.rooms.labels(measure="cost_gpu_hours").set(sum(r.cost for r in rooms))
         if result.executed is not None:
             for outcome in result.executed.outcomes:
                 self.evictions.labels(result=outcome.result).inc()

@@ -10,7 +10,7 @@ time left to a pod aged ``a``, counted up to a horizon ``H``, is
                              = (F(a + H) − F(a)) / f(a)
 
 with ``F`` the distribution of the running pods' ages and ``f`` its density, read from the ages
-by a window ``bandwidth_h`` wide. Exponential run times give their mean whatever the age;
+in a window ``bandwidth_h`` wide centred on ``a`` (starting at 0 for a younger pod). Exponential run times give their mean whatever the age;
 heavy-tailed ones (the openb traces') give more the older the pod, as they should.
 
 Too few running pods to read a distribution from (fewer than :data:`MIN_PODS`): a pod is
@@ -72,8 +72,11 @@ class Departures:
         n = len(self.ages_h)
         if n < MIN_PODS:
             return float(min(max(age, w), h))
-        f_a, f_aw, f_ah = np.searchsorted(self.ages_h, (age, age + w, age + h), side="left")
-        density = (f_aw - f_a) / w
+        lo = max(age - w / 2, 0.0)  # a window centred on the age where it can be
+        f_lo, f_hi, f_a, f_ah = np.searchsorted(
+            self.ages_h, (lo, lo + w, age, age + h), side="left"
+        )
+        density = (f_hi - f_lo) / w
         if density <= 0:  # nothing of this age runs: nothing says it ends soon
             return h
         return float(min((f_ah - f_a) / density, h))

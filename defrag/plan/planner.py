@@ -220,9 +220,11 @@ def make_rooms(
             if result.row is None:
                 failed = result.blocked
                 break
-            steps.extend(reserving(result.steps, pod.key, ws.node(result.row)))
+            made = reserving(result.steps, pod.key, ws.node(result.row))
             if result.worth is not None:
                 worth.append(result.worth)
+                made = [replace(s, reason=f"{s.reason}; {weighed(result.worth)}") for s in made]
+            steps.extend(made)
         if failed:
             unserved += 1
             ws.rollback(mark)
@@ -239,6 +241,14 @@ def make_rooms(
         elif len(steps) > n_steps:  # pods that fit already need no target of their own
             targets.extend(f"{p.key} ({describe(p)})" for p in group)
     return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets), unserved, tuple(worth))
+
+
+def weighed(worth: RoomWorth) -> str:
+    """What a room is worth against its cost, as its steps' reason (and so the Event) says."""
+    return (
+        f"the room is worth {worth.value:.1f} GPU-hours ({worth.wait_h:.1f} h of waiting "
+        f"saved) against {worth.cost:.1f} of lost work and restarts"
+    )
 
 
 def reserving(steps: tuple[Step, ...], pod: str, node: str) -> list[Step]:
