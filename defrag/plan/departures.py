@@ -9,9 +9,10 @@ time left to a pod aged ``a``, counted up to a horizon ``H``, is
     E[min(T − a, H) | T > a] = ∫ₐ^{a+H} S(t) dt / S(a)
                              = (F(a + H) − F(a)) / f(a)
 
-with ``F`` the distribution of the running pods' ages and ``f`` its density, read from the ages
-in a window ``bandwidth_h`` wide centred on ``a`` (starting at 0 for a younger pod). Exponential run times give their mean whatever the age;
-heavy-tailed ones (the openb traces') give more the older the pod, as they should.
+with ``F`` the distribution of the running pods' ages and ``f`` its density, read from the
+ages in a window ``bandwidth_h`` wide centred on ``a`` (starting at 0 for a younger pod).
+Exponential run times give their mean whatever the age; heavy-tailed ones (the openb traces')
+give more the older the pod, as they should.
 
 Too few running pods to read a distribution from (fewer than :data:`MIN_PODS`): a pod is
 expected to run as long again as it has run already (at least ``bandwidth_h``), capped at the
