@@ -4,14 +4,12 @@ restart; no work lost), and that the handshake changes nothing else in a run."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from defrag.model.resources import Node, Pod
-from defrag.sim.hooks import REQUEUE, Move
 from defrag.sim.migration import (
     CHECKPOINT_STALL_HOURS,
     HANDSHAKE_KINDS,
@@ -21,8 +19,8 @@ from defrag.sim.migration import (
     answers_handshake,
     kind_of,
 )
-from defrag.sim.state import SimState
 from defrag.sim.timeline import Arrival, TimelineConfig, replay_timeline
+from tests.test_sim_cost import EvictAt
 
 NODE = (Node("n0", cpu_milli=64_000, memory_mib=65_536, num_gpu=8, gpu_model="G2"),)
 STALL = 2 / 60
@@ -45,25 +43,6 @@ def pod(name: str, gpus: int, qos: str = "Burstable", milli: int = 1000) -> Pod:
 def test_the_named_pods_are_on_either_side_of_half() -> None:
     assert answers_handshake(pod(ANSWERS, 2), 0.5)
     assert not answers_handshake(pod(SILENT, 2), 0.5)
-
-
-class EvictAt:
-    """Evicts ``victim`` back to the queue at the ticks at ``at`` hours."""
-
-    def __init__(self, victim: str, *at: float) -> None:
-        self.victim, self.at = victim, at
-
-    def on_unschedulable(self, state: SimState, p: Pod, now: float) -> Sequence[Move]:
-        return ()
-
-    def on_window(self, state: SimState, now: float) -> Sequence[Move]:
-        return ()
-
-    def on_tick(self, state: SimState, now: float) -> Sequence[Move]:
-        placed = state.placed.get(f"default/{self.victim}")
-        if all(abs(now - t) > 1e-6 for t in self.at) or placed is None:
-            return ()
-        return [Move(placed.pod.key, placed.row, REQUEUE, ())]
 
 
 def run(name: str, share: float, *at: float, tick: float = 1 / 6) -> dict[str, float]:
