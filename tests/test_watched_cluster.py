@@ -100,7 +100,7 @@ def test_a_stale_cycle_says_so_and_plans_nothing(api: KubeApi, watched: WatchedC
 
     def planner(
         cluster: Cluster, goal: str, now: datetime, *, profile: ScoringProfile,
-        pods: frozenset[str] | None = None, spent: object = None,
+        pods: frozenset[str] | None = None, spent: object = None, history: object = None,
     ) -> Plan:  # fmt: skip
         planned.append(goal)
         return make_plan(cluster, goal, now=now, profile=profile)

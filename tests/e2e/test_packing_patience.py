@@ -3,8 +3,9 @@
 The make-room stage (``tests/e2e/stage.py``) with a packing history before it: eight 1-GPU pods
 placed one at a time by kube-scheduler with the extender, then the fragmented layout (4, 4 and 6
 GPUs used on three 8-GPU nodes) and the 8-GPU high-priority pod that waits. The spreading rule
-reads 7 of 8 informative placements as packing, so the daemon, live (not a dry run), at its
-default (``make_room_packing_patience_s: null``) evicts nothing, cycle after cycle, and says
+reads 7 of 8 informative placements as packing, so the daemon, live (not a dry run), with
+``make_room_packing_patience_s: null`` (the default before the room forecast) evicts nothing,
+cycle after cycle, and says
 which pod it held back and why; with a patience, it makes the room once the pod has waited
 that long, and the pod binds.
 """
@@ -44,6 +45,10 @@ def _pending(stage: Stage) -> list[dict[str, Any]]:
     ]
 
 
+NEVER = {"make_room_packing_patience_s": None}
+"""No room while the scheduler packs (a setting's null)."""
+
+
 def test_the_daemon_holds_back_while_the_scheduler_packs_then_serves_after_its_patience(
     stage: Stage,
 ) -> None:
@@ -56,7 +61,8 @@ def test_the_daemon_holds_back_while_the_scheduler_packs_then_serves_after_its_p
     # One live cycle: the packing finding, the pod held back with its reason, no plan.
     result = c.defrag_json(
         "run", "--once", "--kubeconfig", str(stage.kubeconfig),
-        "--settings", str(stage.settings(execution={"dry_run": False})),
+        "--settings",
+        str(stage.settings(execution={"dry_run": False}, planner=NEVER)),
         "--rules", str(stage.rules),
         timeout_s=120,
     )  # fmt: skip
@@ -72,7 +78,8 @@ def test_the_daemon_holds_back_while_the_scheduler_packs_then_serves_after_its_p
 
     # The daemon at its default, cycle after cycle (2 s apart): nothing evicted, the pod waits.
     c.start_daemon(
-        stage.plane, stage.kubeconfig, stage.settings(execution={"dry_run": False}), stage.rules,
+        stage.plane, stage.kubeconfig,
+        stage.settings(execution={"dry_run": False}, planner=NEVER), stage.rules,
         f"daemon-{stage.ns}",
     )  # fmt: skip
     time.sleep(12)
