@@ -132,6 +132,11 @@ class Decision:
     backlog_gpu_h: float = 0.0
     """The starved pods' GPUs × hours pending, summed (what opens a window early)."""
 
+    @property
+    def opened_early(self) -> datetime | None:
+        """The start of the early window this cycle is in (the next cycle's ``opened_early``)."""
+        return EarlyWindows.opened(self.window)
+
 
 def decide(
     cluster: Cluster,

@@ -24,7 +24,7 @@ from defrag.execute.executor import Executor
 from defrag.execute.mode import RunMode
 from defrag.execute.outcome import Execution
 from defrag.execute.reconcile import Reconciler
-from defrag.execute.windows import EarlyWindows, WindowStatus
+from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
 from defrag.plan.model import Plan
 from defrag.plan.recent import NONE as NO_EVICTIONS
@@ -241,7 +241,7 @@ def run_cycle(
         held_back=decision.held_back,
         packing=decision.packing,
         evicted=evicted,
-        opened_early=EarlyWindows.opened(window),
+        opened_early=decision.opened_early,
     )
 
 

@@ -143,7 +143,8 @@ def window_status(
     return WindowStatus(False, f"outside every execution window{when}", next_open=nxt)
 
 
-EARLY_KEY = "backlog/{day}"
+EARLY_PREFIX = "backlog/"
+EARLY_KEY = EARLY_PREFIX + "{day}"
 """Early windows share one set of per-window budgets per UTC day."""
 
 
@@ -206,5 +207,5 @@ class EarlyWindows:
     @staticmethod
     def opened(window: WindowStatus) -> datetime | None:
         """The start of ``window`` when it is an early one (the next cycle's ``opened``)."""
-        early = window.open and window.budget_key.startswith(EARLY_KEY.split("{")[0])
+        early = window.open and window.budget_key.startswith(EARLY_PREFIX)
         return window.start if early else None

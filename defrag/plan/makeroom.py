@@ -290,38 +290,36 @@ def room_worth(
     (``rows``) frees enough as its pods leave in the order they are expected to
     (:meth:`~defrag.plan.departures.Departures.room_wait`); under any other scheduler the
     horizon, as the scheduler puts pending and arriving pods on what departures free. Without
-    one: :func:`room_value`, the wait so far."""
+    one: the pod's GPUs × :func:`hours_pending`, its wait so far."""
     deps = ctx.departures
-    if deps is None:
-        value = room_value(pod, ctx.now)
-        if value is None:
-            return None
-        return value, value / max(pod.gpu_demand_milli / GPU_MILLI, 1e-9)
     if ctx.now is None or pod.gpu_demand_milli == 0:
         return None
-    wait = deps.horizon_h
-    if ctx.history.packing:
-        a = ws.arrays
-        for row in rows:
-            r = int(row)
-            free = a.gpu_free[r][: int(a.gpu_total[r])]
-            seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
-            wait = min(wait, deps.room_wait(pod, free, seats, ctx.now))
-            if wait == 0:
-                break
+    if deps is None:
+        wait = hours_pending(pod, ctx.now)
+        if wait is None:
+            return None
+    else:
+        wait = deps.horizon_h
+        if ctx.history.packing:
+            a = ws.arrays
+            for row in rows:
+                r = int(row)
+                free = a.gpu_free[r][: int(a.gpu_total[r])]
+                seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
+                wait = min(wait, deps.room_wait(pod, free, seats, ctx.now))
+                if wait == 0:
+                    break
     return pod.gpu_demand_milli / GPU_MILLI * wait, wait
 
 
-def room_value(pod: Pod, now: datetime | None) -> float | None:
-    """What making room for ``pod`` now is worth, in GPU-hours: the GPU share it asks × the
-    hours it has been pending (since ``pending_since``, else its creation) — its wait so far,
-    taken as the forecast of the wait a room would spare it. None when unknown (no time, no
-    GPU asked): no limit."""
+def hours_pending(pod: Pod, now: datetime) -> float | None:
+    """Hours ``pod`` has been pending (since ``pending_since``, else its creation): its wait so
+    far, which ``make_room_value: waited`` takes as the wait a room would spare it. None when
+    unknown (no limit)."""
     since = pod.pending_since or pod.created_at
-    if now is None or since is None or pod.gpu_demand_milli == 0:
+    if since is None:
         return None
-    hours = (utc(now) - utc(since)).total_seconds() / 3600.0
-    return max(hours, 0.0) * pod.gpu_demand_milli / GPU_MILLI
+    return max((utc(now) - utc(since)).total_seconds() / 3600.0, 0.0)
 
 
 def is_swap(pod: Pod, steps: tuple[Step, ...], ws: Workspace) -> bool:

@@ -86,9 +86,7 @@ def make_plan(
     policy_name, pol, mix = profile.name, profile.policy, profile.mix
     ws = Workspace.from_cluster(cluster)
     ledger = Ledger(cluster.pdbs, constraints, owners, spent)
-    forecast = (
-        goal.makes_room and options.room_value is RoomValue.FORECAST and options.room_worth > 0
-    )
+    forecast = bool(groups) and options.room_value is RoomValue.FORECAST and options.room_worth > 0
     departures = (
         Departures.of(cluster.bound_pods(), now, options.room_horizon_h) if forecast else None
     )

@@ -36,7 +36,7 @@ from typing import Any
 from defrag.decide import URGENT, CycleConfig, Decision, decide, may_act, planner_port
 from defrag.detect.findings import Finding
 from defrag.detection import cycle_detector
-from defrag.execute.windows import EarlyWindows, WindowStatus
+from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.plan.config import PlannerConfig
@@ -224,7 +224,7 @@ class DaemonDriver:
             evicted=self.evicted, opened_early=self.opened_early,
         )  # fmt: skip
         self.packing = decision.packing
-        self.opened_early = EarlyWindows.opened(decision.window)
+        self.opened_early = decision.opened_early
         return decision, findings
 
     def actuate(
