@@ -94,6 +94,10 @@ LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/defrag"
 LEASE_S = 4
 DRAIN_TAINT = "defrag.io/draining"
 RESERVED = "defrag.io/reserved-for"
+RESERVED_AT = "defrag.io/reserved-at"
+# How long a mark still there when the drain ends may take to go: the reservation's timeout
+# (execution.replacement_timeout_s) plus a leader cycle slowed by a loaded machine.
+MARK_GRACE_S = 60.0
 SIZES = (1, 2, 2, 4, 4, 6)
 
 # Execution windows that chaos makes bind (see the module docstring): one opens every 2 minutes
@@ -201,6 +205,14 @@ class AuditTail:
         new = [json.loads(line) for line in lines if line.strip()]
         self.events.extend(new)
         return new
+
+
+def _age(reserved_at: str, now: float) -> str:
+    """How old a reservation is at ``now`` (its ``reserved-at``), for the report."""
+    try:
+        return f"{now - datetime.fromisoformat(reserved_at).timestamp():.1f} s old"
+    except ValueError:
+        return "age unknown"
 
 
 def stamp(value: str) -> float:
@@ -406,9 +418,10 @@ class Soak:
         self.proxy.enabled = False
         self._heal()
         time.sleep(self.drain_s)
-        # A room made in the drain's last seconds is a drain under way, not something left:
-        # it gets up to another drain_s to be taken (then whatever still marks a node counts).
-        deadline = time.monotonic() + self.drain_s
+        # A room made in the drain's last seconds is a drain under way, not something left: it
+        # gets time to be taken or to time out and be released by the leader's next cycle, which
+        # on a loaded machine can take tens of seconds (then whatever still marks a node counts).
+        deadline = time.monotonic() + max(self.drain_s, MARK_GRACE_S)
         while self._marked_nodes() and time.monotonic() < deadline:
             time.sleep(0.5)
         self.stop.set()
@@ -1013,6 +1026,7 @@ class Soak:
                     f"(holder {holder})"
                 )
         # 4. marks left on the nodes
+        checked = time.time()
         leftovers = []
         for node in self.plane.admin.get("/api/v1/nodes")["items"]:
             keys = [t["key"] for t in node["spec"].get("taints", [])]
@@ -1020,7 +1034,11 @@ class Soak:
             if DRAIN_TAINT in keys:
                 leftovers.append(f"{node['metadata']['name']}: taint {DRAIN_TAINT}")
             if RESERVED in notes:
-                leftovers.append(f"{node['metadata']['name']}: annotation {RESERVED}")
+                at = notes.get(RESERVED_AT, "")
+                leftovers.append(
+                    f"{node['metadata']['name']}: annotation {RESERVED} "
+                    f"({notes[RESERVED]}, {RESERVED_AT} {at or 'missing'}, {_age(at, checked)})"
+                )
         # 5. alerts resolved then fired again for a finding that never cleared
         refired = self._refires()
         # 6. tracebacks in any log
