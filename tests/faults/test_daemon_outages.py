@@ -288,7 +288,14 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
             if health[0] == 503:
                 assert "past its deadline of 2 s" in health[1]
             proc.send_signal(signal.SIGTERM)
-            _, err = proc.communicate(timeout=GRACE_S)
+            try:
+                _, err = proc.communicate(timeout=GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                _, err = proc.communicate()
+                raise AssertionError(
+                    f"still running {GRACE_S} s after SIGTERM; its log ends:\n{err[-8000:]}"
+                ) from None
         finally:
             if proc.poll() is None:
                 proc.kill()
