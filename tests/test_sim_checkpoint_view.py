@@ -5,8 +5,6 @@ through the API server alike."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -21,21 +19,24 @@ from defrag.model.resources import (
 )
 from defrag.model.workload import WorkloadMix
 from defrag.plan.cost import CostModel
-from defrag.rules import RuleSet, load_rules, rules_paths
+from defrag.rules import RuleSet
 from defrag.scoring.policies import make_policy
 from defrag.sim.daemon_driver import DaemonSetup
 from defrag.sim.daemon_view import ClusterView, moment
 from defrag.sim.migration import Job, MigrationCost, answers_handshake
 from defrag.sim.state import SimState
-from tests.support.kubeapi import running
 from tests.support.sim_objects import kube_objects
-from tests.test_one_decision import (
+
+# rules and served are test_one_decision's module fixtures (shared, not copied): hence F401
+from tests.test_one_decision import (  # noqa: F401
     GPU_MODELS,
     ISSUE_PLANNER,
     WINDOWS,
     Served,
     as_the_api_shows,
     both_decide,
+    rules,
+    served,
 )
 
 NOW = 0.5
@@ -134,17 +135,6 @@ def test_the_annotation_is_read_back_from_the_api_objects() -> None:
 # --- the daemon through the API server and the simulator's daemon decide the same -----------
 
 
-@pytest.fixture(scope="module")
-def rules() -> RuleSet:
-    return load_rules(rules_paths(()))
-
-
-@pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    for api in running():
-        yield Served(api)
-
-
 def _fragmented(answering: str) -> SimState:
     """gpu-a and gpu-b, four 1-GPU pods on each since hour 0 (a spreading scheduler's seats),
     none of which ever checkpoints (all their work at risk); those on ``answering`` answer the
@@ -168,7 +158,9 @@ def _fragmented(answering: str) -> SimState:
 
 @pytest.mark.parametrize("answering", ["gpu-a", "gpu-b"])
 def test_the_room_is_made_where_the_pods_answer_alike_in_both_drivers(
-    served: Served, rules: RuleSet, answering: str
+    served: Served,  # noqa: F811
+    rules: RuleSet,  # noqa: F811
+    answering: str,
 ) -> None:
     setup = DaemonSetup(CycleConfig(windows=WINDOWS), ISSUE_PLANNER, rules)
     sim, daemon = both_decide(served, _fragmented(answering), NOW, setup)
