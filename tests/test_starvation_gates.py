@@ -96,7 +96,9 @@ def test_a_cordon_or_a_node_condition_is_not_forever_but_a_dedicated_taint_is() 
     big = Node("big", 64_000, 512_000, num_gpu=16, gpu_model="H100", unschedulable=True)
     job = pending("job", 16)
     # the only 16-GPU node is cordoned (maintenance): the job waits, it is not unsatisfiable
-    assert satisfiable(job, empty_nodes(scattered(job, nodes=(node("n1"), node("n2"), node("n3"), big)))).ok
+    assert satisfiable(
+        job, empty_nodes(scattered(job, nodes=(node("n1"), node("n2"), node("n3"), big)))
+    ).ok
     # ... or NotReady (the node lifecycle controller's taint, kubernetes/api core/v1
     # well_known_taints.go): a condition, gone when the node is back
     not_ready = replace(
@@ -104,7 +106,9 @@ def test_a_cordon_or_a_node_condition_is_not_forever_but_a_dedicated_taint_is() 
     )
     assert satisfiable(job, empty_nodes(Cluster.build([not_ready], [job]))).ok
     # a taint that dedicates the node to others is the node's for good
-    dedicated = replace(big, unschedulable=False, taints=(Taint("dedicated", "NoSchedule", "infer"),))
+    dedicated = replace(
+        big, unschedulable=False, taints=(Taint("dedicated", "NoSchedule", "infer"),)
+    )
     assert not satisfiable(job, empty_nodes(Cluster.build([dedicated], [job]))).ok
     tolerant = replace(job, tolerations=(Toleration("dedicated", "Equal", "infer", "NoSchedule"),))
     assert satisfiable(tolerant, empty_nodes(Cluster.build([dedicated], [tolerant]))).ok
@@ -274,10 +278,15 @@ class KubeStateMetrics:
             ],
             "gpu_requests": [
                 ksm(
-                    {**pod_labels(p), "container": "main", "node": on,
-                     "resource": "nvidia_com_gpu", "unit": "integer"},
+                    {
+                        **pod_labels(p),
+                        "container": "main",
+                        "node": on,
+                        "resource": "nvidia_com_gpu",
+                        "unit": "integer",
+                    },
                     gpus,
-                )  # fmt: skip
+                )
                 for p, (on, gpus) in pods.items()
             ],
             "phase": [
@@ -285,9 +294,19 @@ class KubeStateMetrics:
                 for p, (on, _) in pods.items()
             ],
             "info": [
-                ksm({**pod_labels(p), "node": on, "priority_class": "high-priority",
-                     "host_ip": "", "pod_ip": "", "created_by_kind": "<none>",
-                     "created_by_name": "<none>", "host_network": "false"}, 1)  # fmt: skip
+                ksm(
+                    {
+                        **pod_labels(p),
+                        "node": on,
+                        "priority_class": "high-priority",
+                        "host_ip": "",
+                        "pod_ip": "",
+                        "created_by_kind": "<none>",
+                        "created_by_name": "<none>",
+                        "host_network": "false",
+                    },
+                    1,
+                )
                 for p, (on, _) in pods.items()
             ],
             "gated": reasons,
