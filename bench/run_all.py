@@ -166,6 +166,8 @@ BENCHES: tuple[Bench, ...] = (
           targets=DETECT_10K),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
+    Bench("starvation-corpus", "bench_starvation_corpus", ("--seeds", "100-119"),
+          ("--seeds", "0", "--pending", "10"), needs_prometheus=True),
     # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).
     Bench("soak", "bench_soak", ("--seed", "1", "--cycles", "1000"),
           ("--seed", "1", "--cycles", "40", "--nodes", "6", "--drain-s", "15")),

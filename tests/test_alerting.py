@@ -42,6 +42,7 @@ def finding(kind: str = "leak", subject: str = "pod/ml/train-0", **kw: object) -
         ("fragmentation", "gpu/gpu-7/3", {"node": "gpu-7"}, "GPUNodeFragmented"),
         ("leak", "pod/ml/train-0", {}, "GPUMemoryLeakSuspected"),
         ("starvation", "pod/ml/big-job", {}, "GPUJobStarved"),
+        ("unsatisfiable", "pod/ml/huge-job", {}, "GPUJobUnsatisfiable"),
         ("plan-blocked", "plan/p-1", {}, "DefragPlanBlocked"),
         ("execution-failed", "plan/p-1", {}, "DefragExecutionFailed"),
         ("circuit-open", "cluster", {}, "DefragCircuitOpen"),

@@ -75,25 +75,25 @@ def test_unreachable_prometheus_is_not_no_findings() -> None:
     assert result.exit_code == 3, result.output
     assert "no findings" not in result.stdout
     assert "nothing evaluated: no rule ran" in result.stdout
-    assert "rules: 0 ran, 1 skipped, 5 not evaluated" in result.stderr  # spreading: no cluster
-    assert "error: 5 rule(s) could not be evaluated" in result.stderr
+    assert "rules: 0 ran, 1 skipped, 6 not evaluated" in result.stderr  # spreading: no cluster
+    assert "error: 6 rule(s) could not be evaluated" in result.stderr
     doc = json.loads(
         runner.invoke(
             app, ["detect", "--prometheus", DOWN, "--prom-timeout", "1", "-o", "json"]
         ).stdout
     )
-    assert doc["complete"] is False and doc["ran"] == [] and len(doc["failures"]) == 5
+    assert doc["complete"] is False and doc["ran"] == [] and len(doc["failures"]) == 6
 
 
 @pytest.mark.parametrize(
     ("args", "code", "stdout", "stderr"),
     [
         # every rule ran, nothing found: the only "no findings"
-        (SNAPSHOT_RULES, 0, "no findings: all 3 rule(s) ran", "rules: 3 ran (gpu-fragmentation"),
+        (SNAPSHOT_RULES, 0, "no findings: all 4 rule(s) ran", "rules: 4 ran (gpu-fragmentation"),
         # the metric rules skip without Prometheus, by choice: said, not an error
-        ([], 0, "no findings from the 3 rule(s) that ran", "skipped rule cluster-idle: no metr"),
+        ([], 0, "no findings from the 4 rule(s) that ran", "skipped rule cluster-idle: no metr"),
         # a rule that could not be evaluated: incomplete
-        (["--prometheus", DOWN], 3, "no findings from the 3 rule(s)", "not evaluated: rule clu"),
+        (["--prometheus", DOWN], 3, "no findings from the 4 rule(s)", "not evaluated: rule clu"),
     ],
 )
 def test_what_ran_and_the_exit_code(
@@ -116,7 +116,12 @@ def test_findings_exit_0_unless_asked_to_fail(flag: list[str], code: int) -> Non
 def test_json_says_ran_skipped_and_failed(empty_cluster: str) -> None:
     result = runner.invoke(app, ["detect", "-s", empty_cluster, "--at", AT, "-o", "json"])
     doc = json.loads(result.stdout)
-    assert doc["ran"] == ["gpu-fragmentation", "high-priority-starved", "fragmented-starved"]
+    assert doc["ran"] == [
+        "gpu-fragmentation",
+        "high-priority-starved",
+        "fragmented-starved",
+        "unsatisfiable-pending",
+    ]
     # an empty cluster has no placement to judge: the spreading rule is skipped, not run
     assert set(doc["skipped"]) == {"cluster-idle", "gpu-memory-leak", "gpu-pods-spread"}
     assert doc["failures"] == [] and doc["alerts"] is None and doc["complete"] is True

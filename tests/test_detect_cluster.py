@@ -57,7 +57,7 @@ def scattered(*extra: Pod) -> Cluster:
     ("pod", "reason"),
     [
         (pending("p", 4, 2000), "fragmented"),  # 8 free, largest per node 3
-        (pending("p", 10, 2000), "insufficient-gpus"),  # 8 free < 10
+        (pending("p", 10, 2000), "unsatisfiable"),  # 10 > 8 on the largest node, even empty
         (pending("p", 2, 2000), "placeable"),  # fits on n3 (2 free)
     ],
 )
@@ -161,11 +161,14 @@ SHIPPED = load_rules([Path(__file__).parent.parent / "rules" / "starvation.yaml"
         (pending("p", 4, priority=2000), "high-priority-starved", "fragmented"),
         # high priority and fragmented: both rules match; reported once, by the first
         (pending("p", 4, priority=2000, minutes=300), "high-priority-starved", "fragmented"),
-        (pending("p", 10, priority=2000), "high-priority-starved", "insufficient-gpus"),
+        # 10 GPUs, nodes of 8: no node could ever hold it (its own kind, never fragmented)
+        (pending("p", 10, priority=2000), "high-priority-starved", "unsatisfiable"),
         # priority 0, no class (a cluster without PriorityClasses): fragmented only, ≥ 30 min
         (pending("p", 4, minutes=31), "fragmented-starved", "fragmented"),
         (pending("p", 4, minutes=29), None, None),  # under the rule's 30 min
-        (pending("p", 10, minutes=300), None, None),  # 10 > 8 free: insufficient-gpus
+        # priority 0 and larger than any node: the third rule warns, whatever the priority
+        (pending("p", 10, minutes=300), "unsatisfiable-pending", "unsatisfiable"),
+        (pending("p", 10, minutes=14), None, None),  # under that rule's 15 min
         (pending("p", 2, minutes=300), None, None),  # fits on n3: placeable
         (pending("p", 4, priority=-10, minutes=60), "fragmented-starved", "fragmented"),
     ],
@@ -174,12 +177,17 @@ def test_shipped_starvation_rules(pod: Pod, rule: str | None, reason: str | None
     cluster = scattered(pod)
     profile = ScoringProfile.default(cluster)
     report = run_detection(SHIPPED, None, cluster, NOW, profile=profile)
-    assert report.ran == ("high-priority-starved", "fragmented-starved")
+    assert report.ran == ("high-priority-starved", "fragmented-starved", "unsatisfiable-pending")
     found = [(f.labels["rule"], f.evidence["reason"]) for f in report.findings]
     assert found == ([(rule, reason)] if rule else [])
     if rule == "fragmented-starved":
         [finding] = report.findings
         assert finding.severity == "warning" and finding.action == "make-room"
+    for finding in report.findings:
+        never = finding.evidence["reason"] == "unsatisfiable"
+        assert finding.kind == ("unsatisfiable" if never else "starvation")
+        if never:  # the rule's make-room is not this finding's: no room ever places it
+            assert finding.action == "alert"
 
 
 def test_first_per_pod_keeps_other_kinds_and_other_pods() -> None:

@@ -89,6 +89,7 @@ def test_cluster_rules_build_the_cluster_from_kube_state_metrics() -> None:
         "gpu-fragmentation": KSM_MISSING,
         "high-priority-starved": KSM_MISSING,
         "fragmented-starved": KSM_MISSING,
+        "unsatisfiable-pending": KSM_MISSING,
         "gpu-memory-leak": FREE_MISSING,
         "gpu-pods-spread": "no cluster snapshot",  # no queries: bind times are not in KSM
     }
@@ -100,7 +101,7 @@ def test_cluster_rules_build_the_cluster_from_kube_state_metrics() -> None:
     )
     assert allocatable.startswith("kube_node_status_allocatable{resource=~")
     assert "nvidia_com_" in allocatable
-    # built once for the three rules (same queries): allocatable asked once
+    # built once for the four rules (same queries): allocatable asked once
     assert metrics.queries.count(allocatable) == 1
 
 
@@ -111,6 +112,7 @@ def test_without_cluster_only_metric_rules_run() -> None:
         "gpu-fragmentation": "no cluster snapshot",
         "high-priority-starved": "no cluster snapshot",
         "fragmented-starved": "no cluster snapshot",
+        "unsatisfiable-pending": "no cluster snapshot",
         "gpu-memory-leak": FREE_MISSING,
         "gpu-pods-spread": "no cluster snapshot",
     }

@@ -46,6 +46,8 @@ def test_built_in_detectors_are_registered_with_their_alerts() -> None:
         "spreading": ["GPUSchedulerSpreads"],
         "starvation": ["GPUJobStarved"],
     }
+    # the starvation detector's second kind: a pod no node could ever hold
+    assert [a.name for a in ALERTS.alerted("unsatisfiable")] == ["GPUJobUnsatisfiable"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,5 +355,5 @@ def test_gated_pod_reads_its_gates() -> None:
     obj = k.pod("w", "ml", 1, pending_reason="SchedulingGated")
     obj["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
     pod, _ = pod_from_json(obj)
-    assert pod.scheduling_gates == ("kueue.x-k8s.io/admission",) and pod.is_gated
+    assert pod.scheduling_gates == ("kueue.x-k8s.io/admission",) and pod.is_gated and pod.gated
     assert pod.pending_reason == "SchedulingGated"

@@ -247,7 +247,7 @@ rules:
     detector: fragmentation
     severity: warning
     action: alert
-    sizes: [8]
+    sizes: [2, 4, 8]
     include_waiting: false
     node_stranded_min_gpus: 100
     cluster_stranded_min_gpus: 0.5
@@ -257,8 +257,9 @@ rules:
 
 @pytest.fixture(scope="module")
 def eager_rules(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fragmentation rule that fires for the cluster as soon as one GPU is stranded for an
-    8-GPU job, so that random clusters carry the cluster finding (and its evidence)."""
+    """A fragmentation rule that fires for the cluster as soon as one GPU is stranded for a 2-,
+    4- or 8-GPU job some node could hold, so that random clusters carry the cluster finding
+    (and its evidence)."""
     folder = tmp_path_factory.mktemp("rules")
     (folder / "fragmentation.yaml").write_text(FRAGMENTED_RULE)
     return folder
@@ -318,8 +319,9 @@ def assert_one_figure(cluster: Cluster, rules_dir: Path, policy: str) -> float:
     result, seen = one_cycle(cluster, rules_dir, policy)
     gauge = on_metrics(result)
     alert = in_alert(result)
-    if alert is None:  # the rule did not fire: no GPU is stranded for an 8-GPU job
-        assert result.before["stranded"]["8"] == 0
+    if alert is None:  # the rule did not fire: nothing stranded for a size some node holds
+        largest = max((n.num_gpu for n in seen.nodes), default=0)
+        assert all(result.before["stranded"][str(k)] == 0 for k in (2, 4, 8) if k <= largest)
         event("not fragmented")
     else:
         assert alert == gauge

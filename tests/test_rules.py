@@ -35,9 +35,11 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
         "spreading",
         "starvation",
         "starvation",
+        "starvation",
     ]
-    # high priority first (it speaks for a pod both find), then any priority, fragmented only
-    high, fragmented = (r.rule.params() for r in rules.enabled("starvation"))
+    # high priority first (it speaks for a pod both find), then any priority, fragmented only,
+    # then any priority, unsatisfiable only (never make-room)
+    high, fragmented, never = (r.rule.params() for r in rules.enabled("starvation"))
     assert (high.name, high.any_priority, high.every_reason) == (
         "high-priority-starved",
         False,
@@ -45,6 +47,12 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
     )
     assert (fragmented.name, fragmented.any_priority) == ("fragmented-starved", True)
     assert fragmented.reasons == {"fragmented"} and fragmented.for_s == 1800.0
+    assert (never.name, never.any_priority, never.reasons, never.action) == (
+        "unsatisfiable-pending",
+        True,
+        {"unsatisfiable"},
+        "alert",
+    )
     leak = rules.enabled("leak")[0]
     assert leak.rule.params().lookback_s == 6 * 3600  # "6h"
     assert leak.file.endswith("leak.yaml") and leak.line == 4
@@ -94,7 +102,7 @@ def test_shipped_rules_load_one_file_per_detector() -> None:
             "rules:\n  - name: s\n    detector: starvation\n    reasons: [fragmentd]\n",
             4,
             "rules[0].reasons[0]",
-            "'fragmented', 'insufficient-gpus', 'constrained' or 'placeable'",
+            "'fragmented', 'insufficient-gpus', 'constrained', 'placeable' or 'unsatisfiable'",
         ),
         (
             "rules:\n  - name: s\n    detector: starvation\n    reasons: []\n",

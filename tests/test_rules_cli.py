@@ -19,7 +19,7 @@ def test_rules_check_passes_on_shipped_rules(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("PATH", "/nonexistent")  # no promtool: types only, said so
     result = runner.invoke(app, ["rules", "check", str(ROOT / "rules")])
     assert result.exit_code == 0, result.output
-    assert "6 rule(s) in 5 file(s) OK; PromQL not checked (no promtool)" in result.output
+    assert "7 rule(s) in 5 file(s) OK; PromQL not checked (no promtool)" in result.output
 
 
 @pytest.mark.parametrize(

@@ -27,8 +27,10 @@ def cluster_from_kube_state(
     queries: KubeStateQueries, metrics: MetricsSource, now: datetime
 ) -> Cluster:
     """A GPU-only cluster from kube-state-metrics at ``now``: nodes with their allocatable GPUs,
-    pods bound or pending with their GPU requests, priority class and (from the ``pending``
-    range over ``lookback``) since when they are pending. CPU and memory are not modelled.
+    pods bound or pending with their GPU requests, priority class, whether scheduling gates hold
+    them (``gated``: ``kube_pod_status_reason{reason="SchedulingGated"}``) and (from the
+    ``pending`` range over ``lookback``) since when they are pending. CPU and memory are not
+    modelled.
 
     Pods whose requests do not fit what their node has left (scrapes a moment apart) are left
     out rather than failing the cycle. ``resource`` labels of MIG profiles and renamed
@@ -71,9 +73,10 @@ def cluster_from_kube_state(
     requests_series = metrics.instant(queries.gpu_requests, now)
     phase_series = metrics.instant(queries.phase, now)
     info_series = metrics.instant(queries.info, now)
+    gated_series = metrics.instant(queries.gated, now)
     start = now - timedelta(seconds=queries.lookback)
     pending_series = metrics.range(queries.pending, start, now, queries.step)
-    every = [requests_series, phase_series, info_series, pending_series]
+    every = [requests_series, phase_series, info_series, pending_series, gated_series]
     targets = scrape_targets(
         (s.labels for series in every for s in series), (s.labels for s in allocatable)
     )
@@ -112,6 +115,8 @@ def cluster_from_kube_state(
         for s in info_series
         if (key := pod_key(s.labels, targets))
     }
+    # 2.19 writes a 0 row for every pod not gated: a query without `== 1` must not gate them
+    gated = {key for s in gated_series if (key := pod_key(s.labels, targets)) and s.last}
     since: dict[str, datetime] = {}
     for s in pending_series:
         key = pod_key(s.labels, targets)
@@ -142,6 +147,7 @@ def cluster_from_kube_state(
                 phase=phase,
                 node=node if node in nodes else None,
                 pending_since=since.get(key) if phase == "Pending" else None,
+                gated=phase == "Pending" and key in gated,
             )
         )
     cluster = Cluster.build(nodes.values(), warnings=warnings)

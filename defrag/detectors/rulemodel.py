@@ -115,11 +115,21 @@ class RuleModel(Model):
         return settings_of(self)
 
 
+GATED_QUERY = 'kube_pod_status_reason{reason="SchedulingGated"} == 1'
+"""Pods whose PodScheduled condition has the reason ``SchedulingGated`` (k8s.io/api core/v1
+``PodReasonSchedulingGated``: "one or more scheduling gates are still present").
+kube-state-metrics exports it from 2.19.0 (kubernetes/kube-state-metrics
+``internal/store/pod.go``, ``podStatusReasons``; 2.19 writes a 0 or 1 row per known reason for
+every pod, 2.20 only the reason that is set: ``== 1`` reads both)."""
+
+
 class KubeStateQueries(Model):
     """kube-state-metrics queries that build a GPU-only cluster when no snapshot is given.
 
     Labels read: ``node`` (allocatable, requests, info), ``namespace``/``pod``, ``phase``,
-    ``priority_class`` (info) — kube-state-metrics' own names.
+    ``priority_class`` (info) — kube-state-metrics' own names. ``gated``: the pods held by
+    scheduling gates, one series per pod with a value of 1 (kube-state-metrics ≥ 2.19; before,
+    no series, and a gated pod reads as pending).
     """
 
     allocatable: PromQL
@@ -127,11 +137,12 @@ class KubeStateQueries(Model):
     phase: PromQL
     pending: PromQL
     info: PromQL
+    gated: PromQL = GATED_QUERY
     lookback: Duration = 6 * 3600.0
     step: Duration = 60.0
 
     def promql(self, prefix: str) -> dict[str, str]:
-        names = ("allocatable", "gpu_requests", "phase", "pending", "info")
+        names = ("allocatable", "gpu_requests", "phase", "pending", "info", "gated")
         return {f"{prefix}.{n}": getattr(self, n) for n in names}
 
 

@@ -21,6 +21,12 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 FloatArray = npt.NDArray[np.float64]
 
+CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
+"""The taints the node lifecycle controller sets for a node's passing conditions (``not-ready``,
+``unreachable``, ``unschedulable``, ``memory-pressure``, ``disk-pressure``, ``pid-pressure``,
+``network-unavailable``, ``out-of-service``: kubernetes/api ``core/v1/well_known_taints.go``):
+they say what a node is now, not what it could ever take."""
+
 DEMAND_CLASSES = ("cpu-only", "gpu-share", "1-gpu", "2-gpu", "4-gpu", "8+-gpu")
 """GPU-demand classes (gpu-clustering groups pods of one class on the same nodes)."""
 
@@ -185,6 +191,47 @@ class NodeArrays:
             share_free=self.share_free.copy(),
             domain_whole=self.domain_whole.copy(),
             share_max=self.share_max.copy(),
+        )
+
+    def emptied(self) -> NodeArrays:
+        """These nodes with nothing on them and nothing passing: every GPU, core, MiB and pool
+        unit free, cordons lifted and the node lifecycle's condition taints
+        (``node.kubernetes.io/…``) gone. Labels, GPU models, GPU memory, NVLink domains and every
+        other taint stay: what a pod could ever get, asked with the scheduler's own filters
+        (:func:`defrag.scoring.satisfiable.satisfiable`)."""
+        taints = tuple(
+            tuple(t for t in row if not t.key.startswith(CONDITION_TAINT_PREFIX))
+            for row in self.taints
+        )
+        return NodeArrays(
+            names=self.names,
+            index=self.index,
+            gpu_total=self.gpu_total,
+            gpu_free=np.where(self.gpu_exists, GPU_MILLI, 0).astype(np.int64),
+            gpu_exists=self.gpu_exists,
+            gpu_domain=self.gpu_domain,
+            domain_size=self.domain_size,
+            cpu_total=self.cpu_total,
+            cpu_free=self.cpu_total.copy(),
+            mem_total=self.mem_total,
+            mem_free=self.mem_total.copy(),
+            gpu_mem=self.gpu_mem,
+            model_code=self.model_code,
+            models=self.models,
+            schedulable=np.ones(len(self), dtype=bool),
+            taints=taints,
+            tainted_rows=tuple(
+                i
+                for i, row in enumerate(taints)
+                if any(t.effect != "PreferNoSchedule" for t in row)
+            ),
+            class_count=np.zeros_like(self.class_count),
+            pool_names=self.pool_names,
+            pool_index=self.pool_index,
+            pool_total=self.pool_total,
+            pool_free=self.pool_total.copy(),
+            labels=self.labels,
+            selector_cache=self.selector_cache,
         )
 
     def row_view(self, row: int) -> NodeArrays:

@@ -168,6 +168,11 @@ class Pod:
     """The required node affinity (``requiredDuringSchedulingIgnoredDuringExecution``)."""
     scheduling_gates: tuple[str, ...] = ()
     """``spec.schedulingGates``: while any remains, the scheduler does not consider the pod."""
+    gated: bool = False
+    """Held by scheduling gates, as the source tells it: ``spec.schedulingGates`` non-empty (the
+    API), or the reason ``SchedulingGated`` (kube-state-metrics' ``kube_pod_status_reason``,
+    which names no gate). A gated pod is not the scheduler's to place yet: never starving,
+    never given room (read :attr:`is_gated`, which also holds for gates alone)."""
     pool: str = ""
     """A request of pool units (a MIG profile, ``nvidia.com/gpu.shared``); see ``Node.pools``."""
     pool_units: int = 0
@@ -202,7 +207,7 @@ class Pod:
     @property
     def is_gated(self) -> bool:
         """Held back by scheduling gates (Kueue admission, …): not schedulable yet."""
-        return bool(self.scheduling_gates)
+        return self.gated or bool(self.scheduling_gates)
 
     @property
     def uses_gpu(self) -> bool:

@@ -35,6 +35,7 @@ from defrag.plan.spend import BudgetLedger
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
+from defrag.scoring.satisfiable import empty_nodes, satisfiable
 
 
 class PlanError(ValueError):
@@ -259,17 +260,29 @@ def reserving(steps: tuple[Step, ...], pod: str, node: str) -> list[Step]:
 
 
 def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> list[list[Pod]]:
-    """Pending pods that qualify for make-room, a gang as one group, most urgent first."""
+    """Pending pods that qualify for make-room, a gang as one group, most urgent first.
+
+    Never a gated pod (scheduling gates: not the scheduler's to place yet; reported nowhere) nor
+    one no node could ever hold (reported by the starvation detector as ``unsatisfiable``,
+    alert ``GPUJobUnsatisfiable``): no room places either, and trying would only evict. A gang
+    with such a member gets no room at all (it is placed whole or not at all)."""
     groups: dict[str, list[Pod]] = defaultdict(list)
+    never: set[str] = set()
+    empty = None
     for pod in cluster.pending_pods():
         if pod.priority < options.starved_priority or pod.is_gated:
-            continue  # a gated pod (Kueue admission, …) is not the scheduler's to place yet
+            continue
         since = pod.pending_since or pod.created_at
         if options.starved_after > timedelta(0) and (
             since is None or utc(now) - utc(since) < options.starved_after
         ):
             continue
-        groups[gang_of(pod) or pod.key].append(pod)
+        empty = empty if empty is not None else empty_nodes(cluster)
+        key = gang_of(pod) or pod.key
+        if not satisfiable(pod, empty).ok:
+            never.add(key)
+        groups[key].append(pod)
+    groups = {k: g for k, g in groups.items() if k not in never}
     if options.only is not None:
         named = options.only
         groups = {k: g for k, g in groups.items() if any(p.key in named for p in g)}

@@ -182,7 +182,7 @@ def pod_fields(pod: Pod) -> dict[str, Any]:
         "pool_units": pod.pool_units,
         "gang": pod.gang,
         "priority": pod.priority,
-        "gated": bool(pod.scheduling_gates),
+        "gated": pod.gated and bool(pod.scheduling_gates),
     }
 
 
@@ -437,6 +437,8 @@ def test_gated_pods_get_no_room(name: str) -> None:
     ungated = cluster
     for key in gated:
         pod = cluster.pods[key]
-        ungated = ungated.with_pod_removed(key).with_pod_added(replace(pod, scheduling_gates=()))
+        ungated = ungated.with_pod_removed(key).with_pod_added(
+            replace(pod, scheduling_gates=(), gated=False)
+        )
     again = make_plan(ungated, "make-room", now=NOW, options=options)
     assert {t.split(" ", 1)[0] for t in again.targets} & gated, "ungated, they are served"

@@ -228,10 +228,10 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
     )
     # the first query asked: the prefilter's first shard, at the range's end
     assert 'query \'deriv(DCGM_FI_DEV_FB_USED{gpu=~"[0-3]"}[21600s] @ ' in result.stderr
-    # leak, idle, and the three from kube-state-metrics, named
+    # leak, idle, and the four from kube-state-metrics, named
     assert (
-        "5 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "
-        "high-priority-starved, fragmented-starved" in result.stderr
+        "6 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "
+        "high-priority-starved, fragmented-starved, unsatisfiable-pending" in result.stderr
     )
     assert "Traceback" not in result.output
 

@@ -2,7 +2,12 @@
 
 Three 8-GPU nodes with 5, 5 and 6 GPUs requested (8 free, at most 3 on a node); pending 4-GPU
 pods: ``urgent`` (high-priority, 30 min), ``batch`` (low priority, 5 h) and ``fresh``
-(high-priority, 5 min, under the rule's 15 min ``for``). Beside them, shapes kube-state-metrics
+(high-priority, 5 min, under the rule's 15 min ``for``); ``held`` (high-priority, 4 GPUs, 2 h)
+held by a scheduling gate, and ``huge`` (high-priority, 16 GPUs, 2 h: larger than any node).
+``kube_pod_status_reason`` is written as kube-state-metrics v2.19.0 writes it (internal/store/
+pod.go, ``createPodStatusReasonFamilyGenerator`` at 2ef24549: one row per known reason for every
+pod, 1 for the reason set, else 0), so the shipped ``== 1`` is what keeps the others ungated.
+Beside them, shapes kube-state-metrics
 names by its sanitised ``resource`` label (kube-state-metrics docs/metrics/workload/pod-metrics.md,
 node-metrics.md): a MIG-mixed node ``n4`` (``nvidia_com_mig_1g_10gb``: 7, one slice used) and an
 AMD node ``n5`` (``amd_com_gpu``: 8) with a pending AMD pod.
@@ -33,7 +38,19 @@ STEP = 30.0
 TIMES = np.arange(END.timestamp() - 6 * 3600, END.timestamp() + 1, STEP)
 
 RUNNING = {"a": ("n1", 5), "b": ("n2", 5), "c": ("n3", 6)}
-PENDING = {"urgent": ("high-priority", 30), "batch": ("low", 300), "fresh": ("high-priority", 5)}
+PENDING = {
+    "urgent": ("high-priority", 30, 4),
+    "batch": ("low", 300, 4),
+    "fresh": ("high-priority", 5, 4),
+    "held": ("high-priority", 120, 4),
+    "huge": ("high-priority", 120, 16),
+}
+GATED = {"held"}
+# internal/store/pod.go podStatusReasons at v2.19.0 (2ef24549)
+REASONS = (
+    "Evicted", "NodeAffinity", "NodeLost", "PreemptionByScheduler", "SchedulingGated",
+    "Shutdown", "TerminationByKubelet", "UnexpectedAdmissionError",
+)  # fmt: skip
 
 
 def since(minutes: float) -> np.ndarray:
@@ -81,7 +98,7 @@ def history(mode: str = "honor") -> str:
         ({"node": "n4", "resource": "nvidia_com_mig_1g_10gb", "unit": "integer"}, TIMES, ones * 7)
     )
     alloc.append(({"node": "n5", "resource": "amd_com_gpu", "unit": "integer"}, TIMES, ones * 8))
-    requests, phase, info = [], [], []
+    requests, phase, info, reason = [], [], [], []
     for pod, node, res in (("mig", "n4", "nvidia_com_mig_1g_10gb"), ("rocm", "", "amd_com_gpu")):
         base = {"namespace": "ml", "pod": pod}
         labels = {**base, "container": "main", "node": node, "resource": res, "unit": "integer"}
@@ -105,9 +122,12 @@ def history(mode: str = "honor") -> str:
         )
         phase.append(({**base, "phase": "Running"}, TIMES, ones))
         info.append(({**base, "node": node, "priority_class": "low"}, TIMES, ones))
-    for pod, (cls, minutes) in PENDING.items():
+    for pod, (cls, minutes, gpus) in PENDING.items():
         base = {"namespace": "ml", "pod": pod}
         t = since(minutes)
+        for why in REASONS:
+            gated = why == "SchedulingGated" and pod in GATED
+            reason.append(({**base, "reason": why}, t, np.full(len(t), 1.0 if gated else 0.0)))
         requests.append(
             (
                 {
@@ -118,7 +138,7 @@ def history(mode: str = "honor") -> str:
                     "unit": "integer",
                 },
                 t,
-                np.full(len(t), 4),
+                np.full(len(t), gpus),
             )
         )
         phase.append(({**base, "phase": "Pending"}, t, np.ones(len(t))))
@@ -128,6 +148,7 @@ def history(mode: str = "honor") -> str:
         ("kube_pod_container_resource_requests", requests),
         ("kube_pod_status_phase", phase),
         ("kube_pod_info", info),
+        ("kube_pod_status_reason", reason),
     )
     return (
         "".join(
@@ -164,6 +185,8 @@ def test_cluster_from_kube_state_metrics(prom: str) -> None:
     urgent = cluster.pods["ml/urgent"]
     assert urgent.node is None and urgent.num_gpu == 4 and urgent.priority_class == "high-priority"
     assert urgent.pending_since == END - timedelta(minutes=30)
+    # kube_pod_status_reason{reason="SchedulingGated"} == 1: only the held pod is gated
+    assert {key for key, pod in cluster.pods.items() if pod.gated} == {"ml/held"}
 
 
 @pytest.mark.parametrize("policy", ["reserve-binpack", "fgd"])
@@ -184,8 +207,20 @@ def test_starvation_from_prometheus_alone_says_fragmented(prom: str, policy: str
     assert starving[0].evidence["reason"] == "fragmented"
     assert "fragmented" in starving[0].summary and "8 GPU(s) free in total" in starving[0].summary
     assert starving[0].evidence["policy"] == policy
-    frag = {f.subject for f in findings if f.kind == "fragmentation"}
-    assert frag == {"cluster", "node/n1", "node/n2", "node/n3"}
+    # held (gated) is reported nowhere; huge is unsatisfiable, alerted but never make-room
+    assert "pod/ml/held" not in {f.subject for f in findings}
+    [huge] = [f for f in findings if f.kind == "unsatisfiable"]
+    assert (huge.subject, huge.labels["rule"], huge.action) == (
+        "pod/ml/huge",
+        "high-priority-starved",
+        "alert",
+    )
+    assert "asks 16 GPUs, the largest node has 8" in huge.summary
+    frag = {f.subject: f for f in findings if f.kind == "fragmentation"}
+    assert set(frag) == {"cluster", "node/n1", "node/n2", "node/n3"}
+    # no "stranded for 16-GPU jobs": no node could hold one
+    assert frag["cluster"].evidence["sizes"] == [4, 8]
+    assert "16-GPU" not in frag["cluster"].summary
 
 
 def test_pods_that_cannot_be_told_apart_make_the_rules_skipped(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 A node is fragmented when it is partly used and at least ``node_stranded_min_gpus`` of its free
 GPUs are stranded for a job size that matters (no job of that size can use them). Sizes that
-matter: the rule's ``sizes``, plus the sizes of pending GPU pods when ``include_waiting``; sizes
-larger than a node are skipped for that node (they never fit there, fragmented or not).
+matter: the rule's ``sizes``, plus the sizes of pending GPU pods when ``include_waiting`` — only
+shapes some node could hold: a size larger than every node, or a pending pod no node could ever
+hold (:mod:`defrag.scoring.satisfiable`; the starvation detector reports it as
+``unsatisfiable``), strands nothing, since no repack would ever place it. Sizes larger than a
+node are skipped for that node too (they never fit there, fragmented or not).
 
 The cluster is fragmented when its stranded GPUs for a size that matters reach
 ``cluster_stranded_min_gpus``, or when it has fewer whole free nodes than
@@ -27,6 +30,7 @@ from defrag.scoring.fragmentation import (
     fragmentation_report,
 )
 from defrag.scoring.profile import ScoringProfile
+from defrag.scoring.satisfiable import empty_nodes, largest_gpu_node, satisfiable
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +48,17 @@ class FragmentationParams:
 
 
 def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[int, ...]:
+    """The rule's sizes and (``include_waiting``) the pending whole-GPU pods' sizes, each one
+    some node could hold: no larger than the largest node, and of a pod some emptied node
+    admits (its GPU model, selector, CPU and memory included)."""
     sizes = set(params.sizes)
     if params.include_waiting:
-        sizes |= {p.num_gpu for p in cluster.pending_pods() if p.num_gpu and not p.is_sharing}
-    return tuple(sorted(sizes))
+        waiting = [p for p in cluster.pending_pods() if p.num_gpu and not p.is_sharing]
+        if waiting:
+            empty = empty_nodes(cluster)
+            sizes |= {p.num_gpu for p in waiting if satisfiable(p, empty).ok}
+    largest = largest_gpu_node(cluster.arrays)
+    return tuple(sorted(k for k in sizes if k <= largest))
 
 
 def detect_fragmentation(

@@ -14,7 +14,15 @@ The reason is told with the scheduler's own filter (docs/concepts.md), never gue
 * ``insufficient-gpus`` — fewer free GPUs than it asks, anywhere: only preemption helps;
 * ``constrained`` — GPUs would fit, other filters (CPU, memory, taints, model) reject every node;
 * ``placeable`` — the scheduler's filter finds a node now (the pod waits for something the model
-  does not see, or the scheduler has not retried yet).
+  does not see, or the scheduler has not retried yet);
+* ``unsatisfiable`` — no node could hold it even with nothing on it (more GPUs than any node
+  has, a GPU model or node selector no node offers, more CPU or memory than any node's
+  allocatable: :mod:`defrag.scoring.satisfiable`). Reported as its own finding kind,
+  ``unsatisfiable`` (alert ``GPUJobUnsatisfiable``), with the action ``alert`` whatever the
+  rule's: no room made anywhere ever places it, and it is never called ``fragmented``.
+
+A gated pod (``Pod.is_gated``: scheduling gates, e.g. Kueue's admission) is skipped before any
+of this: it waits for its gates, not for room, and is reported nowhere (docs/rules.md).
 """
 
 from __future__ import annotations
@@ -36,10 +44,21 @@ from defrag.model.units import GPU_MILLI
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
 from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.profile import ScoringProfile
+from defrag.scoring.satisfiable import empty_nodes, satisfiable
 from defrag.scoring.scheduler import schedule
 
-Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable"]
-REASONS: tuple[Reason, ...] = ("fragmented", "insufficient-gpus", "constrained", "placeable")
+Reason = Literal["fragmented", "insufficient-gpus", "constrained", "placeable", "unsatisfiable"]
+REASONS: tuple[Reason, ...] = (
+    "fragmented",
+    "insufficient-gpus",
+    "constrained",
+    "placeable",
+    "unsatisfiable",
+)
+STARVATION_KIND = "starvation"
+UNSATISFIABLE_KIND = "unsatisfiable"
+"""The finding kind of a pending pod no node could ever hold (its own alert, never make-room)."""
+POD_KINDS = frozenset({STARVATION_KIND, UNSATISFIABLE_KIND})
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +114,16 @@ def pending_since(pod: Pod) -> datetime | None:
     return pod.pending_since or pod.created_at
 
 
-def diagnose(pod: Pod, cluster: Cluster | NodeArrays, policy: Policy) -> Diagnosis:
+def diagnose(
+    pod: Pod, cluster: Cluster | NodeArrays, policy: Policy, empty: NodeArrays | None = None
+) -> Diagnosis:
     """Why ``pod`` cannot be placed right now, by the scheduler's own filter and the score
     function of the cluster's profile (``ScoringProfile.policy``); on a cluster or its arrays
-    (the simulator's state)."""
+    (the simulator's state). ``empty``: the nodes emptied
+    (:func:`~defrag.scoring.satisfiable.empty_nodes`; built here when not given), on which a
+    pod no node could ever hold is told ``unsatisfiable`` first."""
     arrays = cluster.arrays if isinstance(cluster, Cluster) else cluster
+    ever = satisfiable(pod, empty if empty is not None else empty_nodes(arrays))
     usable = node_mask(pod, arrays) & arrays.model_allowed(pod)  # nodes it may ever use
     if pod.pool:
         needed = float(pod.pool_units)
@@ -110,6 +134,8 @@ def diagnose(pod: Pod, cluster: Cluster | NodeArrays, policy: Policy) -> Diagnos
     else:
         needed = float(pod.num_gpu)
         free = float(arrays.free_whole_count()[usable].sum())
+    if not ever.ok:
+        return Diagnosis("unsatisfiable", str(ever), needed, free)
     verdict = schedule(pod, arrays, policy)
     if isinstance(verdict, Placement):
         return Diagnosis("placeable", f"fits on {verdict.node} now", needed, free)
@@ -138,20 +164,25 @@ def detect_starvation(
     findings = []
     candidates = cluster.pending_pods() if pods is None else pods
     policy = profile.policy
+    empty: NodeArrays | None = None
     for pod in candidates:
         since = pending_since(pod)
         if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
-            continue  # a gated pod waits for its gates (Kueue admission, …), not for room
+            # A gated pod waits for its gates (Kueue admission, …), not for room: no finding
+            # of any kind (docs/rules.md, "Gated pods"), and the planner skips it too.
+            continue
         waited = (now - since).total_seconds()
         if waited < params.for_s:
             continue
-        why = diagnose(pod, cluster, policy)
+        empty = empty if empty is not None else empty_nodes(cluster)
+        why = diagnose(pod, cluster, policy, empty)
         if why.reason not in params.reasons:
             continue
         prio = priority_of(pod, cluster)
+        never = why.reason == "unsatisfiable"
         findings.append(
             Finding(
-                kind="starvation",
+                kind=UNSATISFIABLE_KIND if never else STARVATION_KIND,
                 subject=f"pod/{pod.key}",
                 severity=params.severity,
                 summary=(
@@ -179,21 +210,22 @@ def detect_starvation(
                     "rule": params.name,
                     "reason": why.reason,
                 },
-                action=params.action,
+                # no room made anywhere ever places it: alerted, never given make-room
+                action="alert" if never else params.action,
             )
         )
     return sorted(findings, key=lambda f: f.subject)
 
 
 def first_per_pod(findings: Iterable[Finding]) -> list[Finding]:
-    """The findings with one starvation finding per pod: the first rule's (file order), so a
-    high-priority pod that is also fragmented is reported (and alerted) once, by the
-    high-priority rule when it comes first, as in the shipped file. Other kinds pass as they
-    are."""
+    """The findings with one starvation (or unsatisfiable) finding per pod: the first rule's
+    (file order), so a high-priority pod that is also fragmented is reported (and alerted)
+    once, by the high-priority rule when it comes first, as in the shipped file. Other kinds
+    pass as they are."""
     seen: set[str] = set()
     out = []
     for f in findings:
-        if f.kind == "starvation":
+        if f.kind in POD_KINDS:
             if f.subject in seen:
                 continue
             seen.add(f.subject)

@@ -4,7 +4,8 @@ Rule model: :class:`StarvationRule` (kube-state-metrics ``queries`` for a cluste
 Prometheus; the settings are :class:`~.core.StarvationParams`). Needs the
 cluster. Pure function: :func:`~.core.detect_starvation`, with the scoring
 profile of the snapshot (the policy is configured once, in the settings: a rule's ``policy:``
-is an error that says so). Alert: ``GPUJobStarved``. docs/rules.md, "starvation".
+is an error that says so). Alerts: ``GPUJobStarved`` for a starving pod, ``GPUJobUnsatisfiable``
+for one no node could ever hold. docs/rules.md, "starvation".
 """
 
 from __future__ import annotations
@@ -13,7 +14,15 @@ from defrag.alerting import AlertSpec
 from defrag.detect.findings import Finding
 from defrag.detectors.registry import Detector, Inputs, register
 from defrag.detectors.rulemodel import ClusterRuleModel
-from defrag.detectors.starvation.core import StarvationParams, detect_starvation
+from defrag.detectors.starvation.core import (
+    STARVATION_KIND,
+    UNSATISFIABLE_KIND,
+    StarvationParams,
+    detect_starvation,
+)
+
+STARVED = "GPUJobStarved"
+UNSATISFIABLE = "GPUJobUnsatisfiable"
 
 POLICY_MOVED = (
     "the scheduler policy is no longer a rule field: it is configured once, in the settings "
@@ -33,7 +42,10 @@ STARVATION: Detector[ClusterRuleModel, StarvationParams] = register(
         settings=StarvationParams,
         needs=frozenset({"cluster"}),
         run=_run,
-        alerts={"starvation": [AlertSpec("GPUJobStarved")]},
+        alerts={
+            STARVATION_KIND: [AlertSpec(STARVED)],
+            UNSATISFIABLE_KIND: [AlertSpec(UNSATISFIABLE)],
+        },
         moved={"policy": POLICY_MOVED},
     )
 )
