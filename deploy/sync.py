@@ -143,9 +143,8 @@ def wanted() -> dict[Path, str]:
         for path in sorted(RULES.glob("*.yaml"))
     }
     files[PROMETHEUS_RULE] = prometheus_rule()
-    files[CHART / "files" / "grafana" / "defrag.json"] = (BASE / "grafana" / "defrag.json").read_text(
-        encoding="utf-8"
-    )
+    dashboard = BASE / "grafana" / "defrag.json"
+    files[CHART / "files" / "grafana" / "defrag.json"] = dashboard.read_text(encoding="utf-8")
     files[CHART / "files" / "prometheus-rules.yaml"] = HEADER + _dump({"groups": _groups()})
     files[CHART_VALUES] = chart_values()
     files[CHART_SCHEMA] = chart_schema()
