@@ -94,6 +94,26 @@ def test_lint_refuses_values_the_schema_does_not_allow(
     assert (ERROR, "values.yaml") in found, found
 
 
+def value_paths(values: dict[str, Any], prefix: str = "") -> list[str]:
+    """Dotted paths of the chart's values, maps of the user's own (labels, resources) whole."""
+    whole = ("settings", "rules", "resources", "nodeSelector", "labels", "podLabels")
+    paths = []
+    for k, v in values.items():
+        path = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and v and not path.endswith(whole):
+            paths += value_paths(v, path)
+        else:
+            paths.append(path)
+    return paths
+
+
+def test_the_chart_readme_has_every_value() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    readme = (CHART / "README.md").read_text(encoding="utf-8")
+    missing = [p for p in value_paths(values) if f"| `{p}` |" not in readme]
+    assert missing == []
+
+
 # --- the parity machinery ---------------------------------------------------------------------
 
 
