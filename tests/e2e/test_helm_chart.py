@@ -15,6 +15,7 @@ elsewhere they skip with one line naming what to run.
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -126,6 +127,18 @@ def test_install_renders_the_dry_run_overlay_and_its_pods_pass_pod_security(
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
     wait_workload_pods(api, objects)
     assert pod_security_refusals(api) == []
+    # The negative control: the agent's pod as its DaemonSet makes it, run as root, is refused.
+    agent = next(o for o in objects if o["kind"] == "DaemonSet")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "root-agent", "namespace": NS},
+        "spec": copy.deepcopy(agent["spec"]["template"]["spec"]),
+    }
+    pod["spec"]["securityContext"]["runAsUser"] = 0
+    answer = api.session.post(api.url(f"/api/v1/namespaces/{NS}/pods"), json=pod, timeout=30)
+    assert answer.status_code == 403, answer.text
+    assert 'violates PodSecurity "restricted:' in answer.json()["message"]
     assert env_of(api, "DEFRAG_EXECUTION__DRY_RUN") == "true"
     notes = installed["info"]["notes"]
     assert "Mode: dry-run" in notes and "evicts nothing" in notes
@@ -176,6 +189,21 @@ def test_upgrade_of_a_window_changes_the_settings_and_rolls_the_daemon(
     key = "checksum/settings"
     assert rolled["metadata"]["annotations"][key] != template["metadata"]["annotations"][key]
     assert "Mode: enforce" in release["info"]["notes"]
+
+
+def test_enforce_as_the_notes_say_keeps_the_other_values(
+    plane: ControlPlane, helm: Helm, installed: dict[str, Any]
+) -> None:
+    """`helm upgrade ... --reuse-values --set mode=enforce`, the command NOTES.txt gives."""
+    api = plane.admin
+    helm.upgrade(RELEASE, NS, plane.admin_kubeconfig, case("dry-run").values())
+    assert env_of(api, "DEFRAG_EXECUTION__DRY_RUN") == "true"
+    release = helm.upgrade(
+        RELEASE, NS, plane.admin_kubeconfig, {"mode": "enforce"}, reuse_values=True
+    )
+    assert env_of(api, "DEFRAG_EXECUTION__DRY_RUN") == "false"
+    # The dry-run values' pinned kube-scheduler stays: the rest equals the enforce overlay.
+    assert compare(manifest_objects(release["manifest"]), case("enforce").kustomize()) == []
 
 
 def test_the_scheduler_image_follows_the_cluster_version_unless_set(
