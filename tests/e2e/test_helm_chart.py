@@ -248,6 +248,18 @@ def test_bad_values_are_refused_by_the_schema_before_anything_changes(
     assert [r["version"] for r in helm.list(NS, plane.admin_kubeconfig)] == history_before
 
 
+def test_a_lease_the_admission_policy_refuses_is_refused_by_the_chart_naming_it(
+    plane: ControlPlane, helm: Helm, installed: dict[str, Any]
+) -> None:
+    values = case("enforce").values()
+    values["settings"] = {"leadership": {"lease_name": "my-defrag"}}
+    with pytest.raises(HelmError) as refused:
+        helm.upgrade(RELEASE, NS, plane.admin_kubeconfig, values)
+    message = str(refused.value)
+    assert 'settings.leadership.lease_name is "my-defrag"' in message, message
+    assert "defrag-own-lease" in message, message
+
+
 def test_list_shows_the_release(plane: ControlPlane, helm: Helm, installed: dict[str, Any]) -> None:
     releases = helm.list(NS, plane.admin_kubeconfig)
     assert [(r["name"], r["namespace"], r["info"]["status"]) for r in releases] == [

@@ -119,3 +119,24 @@ extenders:
     ignorable: true
     httpTimeout: {{ .Values.extender.httpTimeout }}
 {{- end -}}
+
+{{/* The daemon's HTTP port (settings.http.port; the daemon's default is 8080). */}}
+{{- define "defrag.httpPort" -}}
+{{ dig "http" "port" 8080 .Values.settings }}
+{{- end -}}
+
+{{/*
+Settings the RBAC and the admission policies fix: the daemon may write only its Lease "defrag"
+(policy defrag-own-lease), in the release namespace (its Role's). Refused here with the field's
+name rather than by the API server at the first election.
+*/}}
+{{- define "defrag.validate" -}}
+{{- $name := dig "leadership" "lease_name" "defrag" .Values.settings -}}
+{{- if ne $name "defrag" -}}
+{{- fail (printf "settings.leadership.lease_name is %q: it must be \"defrag\", the one Lease the admission policy defrag-own-lease lets the daemon write" $name) -}}
+{{- end -}}
+{{- $ns := dig "leadership" "lease_namespace" .Release.Namespace .Values.settings -}}
+{{- if ne $ns .Release.Namespace -}}
+{{- fail (printf "settings.leadership.lease_namespace is %q: it must be the release namespace %q, where the daemon's Role lets it write its Lease (or leave it unset)" $ns .Release.Namespace) -}}
+{{- end -}}
+{{- end -}}
