@@ -149,7 +149,6 @@ def test_upgrade_renders_the_overlay_its_values_stand_for(
     plane: ControlPlane, helm: Helm, installed: dict[str, Any], name: str
 ) -> None:
     api = plane.admin
-    before = api.get(f"/apis/apps/v1/namespaces/{NS}/deployments/defrag")["metadata"]
     release = helm.upgrade(RELEASE, NS, plane.admin_kubeconfig, case(name).values())
     assert release["info"]["status"] == "deployed"
     assert release["version"] > installed["version"]
@@ -164,8 +163,6 @@ def test_upgrade_renders_the_overlay_its_values_stand_for(
                 held = api.get(api.object_path(obj))
                 assert held["metadata"]["labels"]["release"] == "kube-prometheus-stack"
         api.get("/api/v1/namespaces/kube-system/configmaps/defrag-most-allocated-scheduler-config")
-    after = api.get(f"/apis/apps/v1/namespaces/{NS}/deployments/defrag")["metadata"]
-    assert after["generation"] >= before["generation"]
 
 
 def test_upgrade_of_a_window_changes_the_settings_and_rolls_the_daemon(
