@@ -93,7 +93,7 @@ def chart_values() -> str:
     block = (
         VALUES_BEGIN
         + " from deploy/base/settings.yaml and rules/*.yaml: edit those,\n"
-        + "# or override here per cluster ---\n"
+        + "# this block is rewritten from them; per cluster, use -f values-<cluster>.yaml ---\n"
         + "# The daemon's settings file (docs/daemon.md). execution.dry_run follows `mode`;\n"
         + "# leadership.lease_namespace is the release namespace unless set.\n"
         + _dump({"settings": settings})
