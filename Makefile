@@ -23,7 +23,13 @@ IMAGE ?= $(shell sed -n 's/^ *newName: *//p' $(IMAGE_COMPONENT)):$(shell sed -n 
 # docker only where its daemon answers; else podman, else buildah.
 CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v podman || command -v buildah)
 
-.PHONY: venv tools kube-assets data lint test test-fast e2e demo bench image image-name clean
+# The real Helm engine for the chart's tests (tests/support/helm.py): Helm v4's Go library as
+# PyPI's helm-sdkpy, pinned, in its own virtualenv (a test tool, never a dependency of defrag).
+# It declares Python >= 3.12 and runs on 3.11, hence --ignore-requires-python.
+HELM_SDKPY_VERSION := 0.1.32
+HELM_TOOLS ?= .tools/helm
+
+.PHONY: venv tools tools-helm kube-assets data lint test test-fast e2e demo bench image image-name clean
 
 venv: $(VENV)/.installed
 
@@ -44,6 +50,14 @@ tools:
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
 	    prometheus prometheus-alertmanager etcd-server >/dev/null; \
 	fi
+
+tools-helm: $(HELM_TOOLS)/.installed-$(HELM_SDKPY_VERSION)
+
+$(HELM_TOOLS)/.installed-$(HELM_SDKPY_VERSION):
+	rm -rf $(HELM_TOOLS)
+	$(PYTHON) -m venv $(HELM_TOOLS)
+	$(HELM_TOOLS)/bin/python -m pip install -q --ignore-requires-python 'helm-sdkpy==$(HELM_SDKPY_VERSION)'
+	touch '$@'
 
 # Unpack the control plane binaries from $(SHARED)/controlplane (checked against SHA256SUMS)
 # once; a no-op when they are unpacked already or not there to unpack (the e2e tests skip).
@@ -69,11 +83,11 @@ lint: venv
 	$(PY) deploy/sync.py --check
 	$(BIN)/hadolint Dockerfile
 
-test: venv tools kube-assets lint
+test: venv tools tools-helm kube-assets lint
 	$(BIN)/pytest -q -n 2 --dist loadfile
 
 # The end-to-end suite alone, on the real control plane.
-e2e: venv tools kube-assets
+e2e: venv tools tools-helm kube-assets
 	$(BIN)/pytest -q -n 2 --dist loadfile tests/e2e
 
 test-fast: venv
@@ -95,7 +109,7 @@ bench: venv
 	$(PY) -m bench.run_all
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .tools build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # The chaos soak (bench/bench_soak.py): two daemon replicas on the real control plane under API
 # faults and chaos, every invariant checked. SEED and CYCLES may be given: make soak SEED=2

@@ -332,6 +332,10 @@ def test_every_prometheus_side_alert_links_its_runbook_section() -> None:
         "DefragEvictionsFailing",
         "DefragLeaseFlapping",
         "DefragRuleEvaluationFailing",
+        "DefragSchedulerUnavailable",
+        "DefragExtenderDown",
+        "DefragAgentUnavailable",
+        "DefragAgentDown",
     } <= names
     assert not names & set(own_alert_names())  # never the daemon's own names
     for rule in alerts:
@@ -349,10 +353,18 @@ def test_self_monitoring_alerts_read_series_the_daemon_exports() -> None:
     families = list(DaemonMetrics().registry.collect())
     exported = {f.name for f in families if f.type == "gauge"}
     exported |= {f"{f.name}_total" for f in families if f.type == "counter"} | {"up"}
+    # The second scheduler's and the agent's workloads, as kube-state-metrics exports them
+    # (kubernetes/kube-state-metrics docs/metrics/workload/deployment-metrics.md and
+    # daemonset-metrics.md, both STABLE).
+    exported |= {
+        "kube_deployment_spec_replicas",
+        "kube_deployment_status_replicas_available",
+        "kube_daemonset_status_number_unavailable",
+    }
     for rule in _prometheus_alerts():
         if rule["labels"].get("detector") != "self":
             continue
-        used = set(re.findall(r"\b(defrag_[a-z_]+|up)\b", rule["expr"]))
+        used = set(re.findall(r"\b(defrag_[a-z_]+|kube_[a-z_]+|up)\b", rule["expr"]))
         assert used and used <= exported, (rule["alert"], used - exported)
 
 

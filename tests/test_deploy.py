@@ -329,6 +329,34 @@ def test_prometheus_rule_passes_promtool(rendered: dict[str, list[Obj]], tmp_pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_self_monitoring_alerts_name_jobs_the_monitors_make(
+    rendered: dict[str, list[Obj]],
+) -> None:
+    """``up{job=...}`` in an alert matches a job the shipped monitors give their targets: a
+    ServiceMonitor's is its Service's name, a PodMonitor's ``<namespace>/<name>``
+    (prometheus-operator's defaults, pkg/prometheus/promcfg.go); one that matched nothing would
+    never fire."""
+    objs = rendered["dry-run"]
+    jobs = {o["metadata"]["name"] for o in objs if o["kind"] == "Service"}
+    jobs |= {
+        f"{o['metadata']['namespace']}/{o['metadata']['name']}"
+        for o in objs
+        if o["kind"] == "PodMonitor"
+    }
+    rule = one(objs, "PrometheusRule", "defrag")
+    selectors = [
+        (m["op"], m["job"])
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+        for m in re.finditer(r'up\{job(?P<op>=~?)"(?P<job>[^"]+)"\}', r["expr"])
+    ]
+    assert {job for _, job in selectors} >= {"defrag", ".+/defrag-scheduler", ".+/defrag-agent"}
+    for op, job in selectors:
+        matched = [j for j in jobs if (re.fullmatch(job, j) if op == "=~" else j == job)]
+        assert matched, f"up{{job{op}{job!r}}} matches no monitor's job of {sorted(jobs)}"
+
+
 def defined_metrics() -> set[str]:
     """Metric names the code registers (prometheus_client adds _total/_bucket suffixes)."""
     names: set[str] = set()
