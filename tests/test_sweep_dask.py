@@ -107,7 +107,7 @@ def start_loopback(tmp: Path, workers: int = 2) -> Loopback:
                     stderr=subprocess.STDOUT,
                     env=env,
                     cwd=tmp,
-                )  # fmt: skip
+                )
             )
         with Client(address, timeout=60) as client:
             client.wait_for_workers(workers, timeout=90)
