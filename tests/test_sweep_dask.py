@@ -229,3 +229,27 @@ def test_an_unreachable_scheduler_is_one_error(tmp_path: Path) -> None:
     address = f"tcp://127.0.0.1:{free_port()}"
     with pytest.raises(EngineError, match=f"dask scheduler {address}: cannot connect"):
         run_sweep(plan, RunCache(tmp_path / "c"), DaskEngine(address, connect_timeout_s=2))
+
+
+def test_a_run_that_raises_is_retried_then_reported_not_dropped(
+    loopback: Loopback, tmp_path: Path
+) -> None:
+    from dataclasses import replace
+
+    from defrag.sim.runner import Workload
+    from defrag.sim.sweep.tasks import TraceInput
+
+    plan = make_plan(tmp_path)
+    good = plan.traces[0]
+    broken = TraceInput(good.label, good.digest, Workload(good.label, (), good.workload.pods))
+    cache = RunCache(tmp_path / "cache")
+    counted = Counting()
+    outcome = run_sweep(
+        replace(plan, traces=(broken,)), cache, DaskEngine(loopback.address, retries=1), counted
+    )
+    keys = {t.key for t in plan.tasks}
+    assert set(outcome.failures) == keys and len(counted.failures) == len(keys)
+    assert all(e == "ValueError: the cluster has no GPU" for e in outcome.failures.values())
+    assert not outcome.rows and not cache.keys()  # nothing failed is cached: a rerun retries
+    again = run_sweep(plan, cache, DaskEngine(loopback.address))
+    assert again.computed == len(keys) and not again.failures
