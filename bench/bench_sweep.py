@@ -107,6 +107,17 @@ def loopback(tmp: Path, workers: int) -> tuple[str, list[subprocess.Popen[bytes]
     return address, procs
 
 
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """The workers, then the scheduler: SIGTERM, and SIGKILL when one lingers."""
+    for p in [*procs[1:], procs[0]]:
+        p.terminate()
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def timed(plan: SweepPlan, engine: object, cache: Path) -> tuple[Outcome, float]:
     started = time.perf_counter()
     outcome = run_sweep(plan, RunCache(cache), engine)  # type: ignore[arg-type]
@@ -132,16 +143,14 @@ def main(argv: list[str] | None = None) -> int:
         reference = to_csv(table_columns(plan), tidy_rows(plan, local))
         own = sum(local.seconds.values())
         rows = [("local runner, 1 process", wall, own)]
+        print(f"{rows[-1][0]}: {wall:.1f} s", file=sys.stderr, flush=True)
         same = []
         for w in counts:
             address, procs = loopback(tmp, w)
             try:
                 out, wall = timed(plan, DaskEngine(address), tmp / f"dask{w}")
             finally:
-                for p in procs:
-                    p.terminate()
-                for p in procs:
-                    p.wait(timeout=30)
+                stop(procs)
             assert not out.failures, out.failures
             same.append(to_csv(table_columns(plan), tidy_rows(plan, out)) == reference)
             rows.append(
@@ -151,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                     sum(out.seconds.values()),
                 )
             )
+            print(f"{rows[-1][0]}: {wall:.1f} s", file=sys.stderr, flush=True)
     cal_after = calibrate(3)
     print(f"{n} runs ({sum(1 for t in plan.tasks if t.point is not None)} defrag at "
           f"{len(plan.points)} settings points, {sum(1 for t in plan.tasks if t.point is None)} "

@@ -68,13 +68,13 @@ class Loopback:
                 proc.wait()
 
 
-def start_loopback(tmp: Path, workers: int = 2) -> Loopback:
+def start_loopback(tmp: Path, workers: int = 2, code: Path = ROOT) -> Loopback:
     require_distributed()
     from distributed import Client
 
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(code)}
     log = (tmp / "scheduler.log").open("wb")
     scheduler = subprocess.Popen(
         [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
@@ -253,3 +253,21 @@ def test_a_run_that_raises_is_retried_then_reported_not_dropped(
     assert not outcome.rows and not cache.keys()  # nothing failed is cached: a rerun retries
     again = run_sweep(plan, cache, DaskEngine(loopback.address))
     assert again.computed == len(keys) and not again.failures
+
+
+def test_workers_running_other_code_are_refused(tmp_path: Path) -> None:
+    import shutil
+
+    from defrag.sim.sweep.engine import EngineError
+
+    other = tmp_path / "other"
+    shutil.copytree(ROOT / "defrag", other / "defrag", ignore=shutil.ignore_patterns("__pycache__"))
+    with (other / "defrag" / "sim" / "sweep" / "tasks.py").open("a") as handle:
+        handle.write("# another revision\n")
+    cluster = start_loopback(tmp_path, workers=1, code=other)
+    try:
+        plan = make_plan(tmp_path)
+        with pytest.raises(EngineError, match="workers run other defrag code"):
+            run_sweep(plan, RunCache(tmp_path / "c"), DaskEngine(cluster.address))
+    finally:
+        cluster.stop()

@@ -85,6 +85,8 @@ class _Bar:
 
 def sweep_command(path: Path, dask: str | None, best: bool) -> None:
     """Run the sweep file ``path`` and write its results beside it (or where it says)."""
+    from rich.markup import escape
+
     from defrag.sim.sweep.best import choose, write_best
     from defrag.sim.sweep.cache import RunCache
     from defrag.sim.sweep.engine import DaskEngine, EngineError, run_sweep
@@ -149,8 +151,8 @@ def sweep_command(path: Path, dask: str | None, best: bool) -> None:
             else "no peer in the sweep: highest goodput on the front"
         )
         print_line(
-            f"best: {w.label} ({w.row}): goodput {w.goodput:.2f} %, lost {w.lost:.1f} GPU·h "
-            f"(medians over {w.runs} runs; {bound})"
+            f"best: {escape(w.label)} ({w.row}): goodput {w.goodput:.2f} %, "
+            f"lost {w.lost:.1f} GPU·h (medians over {w.runs} runs; {bound})"
         )
         print_line(f"settings: {settings}")
     if outcome.failures:

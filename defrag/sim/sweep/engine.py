@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from defrag.sim.runner import Run, Task, run_tasks
 from defrag.sim.sweep.cache import RunCache
-from defrag.sim.sweep.tasks import SweepPlan, SweepTask, execute, metrics
+from defrag.sim.sweep.tasks import SweepPlan, SweepTask, code_version, execute, metrics
 from defrag.sim.timeline import TimelineRun
 
 RETRIES = 2
@@ -159,7 +159,15 @@ class DaskEngine:
                 cluster.close()
             raise EngineError(f"dask scheduler {address}: cannot connect ({exc})") from None
         try:
-            outcome.workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+            outcome.workers = len(client.nthreads())
+            # A run's key names the client's code; a worker running other code would file
+            # its figures under keys they do not belong to.
+            theirs = set(client.run(code_version).values())
+            if theirs - {code_version()}:
+                raise EngineError(
+                    f"dask scheduler {address or 'local'}: workers run other defrag code "
+                    f"({', '.join(sorted(theirs))}) than this client ({code_version()})"
+                )
             # A trace's workload goes to every worker once; the runs name it.
             held = {
                 t.label: client.scatter(t.workload, broadcast=True, hash=False)

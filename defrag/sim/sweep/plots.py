@@ -3,6 +3,7 @@ and the Pareto front of goodput against lost work, with the peers beside the poi
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,6 +17,11 @@ PANELS = (
     ("p95_wait_h_multi", "multi-GPU p95 wait, h"),
     ("lost_gpu_hours", "lost GPU·h"),
 )
+
+
+def _shown(value: Any) -> Any:
+    """A setting's value as a plot can key it (a list or a mapping as its JSON text)."""
+    return json.dumps(value) if isinstance(value, list | dict) else value
 
 
 def _numeric(values: Sequence[Any]) -> bool:
@@ -34,7 +40,7 @@ def plot_setting(plan: SweepPlan, rows: Sequence[dict[str, Any]], key: str, path
     others = [k for k in plan.spec.swept_keys() if k != key]
     fig, axes = plt.subplots(1, len(PANELS), figsize=(5.2 * len(PANELS), 4.2))
     daemon = [r for r in rows if is_daemon(r["row"]) and r["point"] and r.get(key) is not None]
-    values = list(dict.fromkeys(r[key] for r in daemon))
+    values = list(dict.fromkeys(_shown(r[key]) for r in daemon))
     numeric = _numeric(values)
     if numeric:
         values.sort()
@@ -43,7 +49,7 @@ def plot_setting(plan: SweepPlan, rows: Sequence[dict[str, Any]], key: str, path
     for r in daemon:
         rest = ", ".join(f"{k}={r.get(k)}" for k in others if r.get(k) is not None)
         label = r["row"] + (f" ({rest})" if rest else "")
-        lines.setdefault(label, {}).setdefault(r[key], []).append(r)
+        lines.setdefault(label, {}).setdefault(_shown(r[key]), []).append(r)
     peers: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         if not r["point"]:
