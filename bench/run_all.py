@@ -166,6 +166,8 @@ BENCHES: tuple[Bench, ...] = (
           targets=DETECT_10K),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
+    # A settings sweep on a loopback distributed cluster against the local runner (the sweep extra).
+    Bench("sweep", "bench_sweep", (), ("--runs", "9", "--workers", "1")),
     # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).
     Bench("soak", "bench_soak", ("--seed", "1", "--cycles", "1000"),
           ("--seed", "1", "--cycles", "40", "--nodes", "6", "--drain-s", "15")),
