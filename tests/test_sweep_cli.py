@@ -141,3 +141,29 @@ def test_sweep_error_names_the_file(tmp_path: Path) -> None:
     path.write_text("seeds: [\n", encoding="utf-8")
     with pytest.raises(SweepError, match=f"^{path}: line"):
         load_sweep(path)
+
+
+def test_openb_and_file_traces_are_keyed_by_their_bytes(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import hashlib
+
+    from defrag.sim.sweep.tasks import plan_sweep
+    from tests.support.data import require_data
+
+    data = require_data("openb/openb_node_list_gpu_node.csv", "openb/openb_pod_list_default.csv")
+    monkeypatch.setenv("DEFRAG_DATA_DIR", str(data))
+    nodes = data / "openb" / "openb_node_list_gpu_node.csv"
+    pods = data / "openb" / "openb_pod_list_default.csv"
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"traces: [openb:default, {{pods: {pods}, nodes: {nodes}, name: mine}}]\n"
+        "rows: [none]\nseeds: [42]\n",
+        encoding="utf-8",
+    )
+    plan = plan_sweep(load_sweep(path), path)
+    default, mine = plan.traces
+    assert (default.label, mine.label) == ("default", "mine")
+    digest = hashlib.sha256(pods.read_bytes() + nodes.read_bytes()).hexdigest()
+    assert default.digest == mine.digest == digest
+    assert len(default.workload.nodes) == 1213  # the openb GPU node list
+    # the same inputs make the same key, whichever way the trace was named
+    assert plan.tasks[0].key == plan.tasks[1].key
