@@ -167,3 +167,17 @@ def test_openb_and_file_traces_are_keyed_by_their_bytes(tmp_path: Path, monkeypa
     assert len(default.workload.nodes) == 1213  # the openb GPU node list
     # the same inputs make the same key, whichever way the trace was named
     assert plan.tasks[0].key == plan.tasks[1].key
+
+
+def test_without_the_sweep_extra_it_says_what_to_install(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a)
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(GOOD, encoding="utf-8")
+    code, _, err = invoke("--sweep", str(path))
+    assert code == 2
+    assert err.strip() == "error: --sweep needs pyarrow: pip install 'defrag[sweep]'"

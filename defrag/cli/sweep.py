@@ -9,6 +9,7 @@ stderr and in ``failed.csv``; the finished ones are cached, a rerun makes only t
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -95,6 +96,9 @@ def sweep_command(path: Path, dask: str | None, best: bool) -> None:
     from defrag.sim.sweep.spec import SweepError, load_sweep
     from defrag.sim.sweep.tasks import plan_sweep
 
+    absent = [m for m in ("distributed", "pyarrow") if importlib.util.find_spec(m) is None]
+    if absent:
+        raise UserError(f"--sweep needs {' and '.join(absent)}: pip install 'defrag[sweep]'")
     try:
         spec = load_sweep(path)
         plan = plan_sweep(spec, path)
