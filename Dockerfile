@@ -10,9 +10,14 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY rules ./rules
 COPY defrag ./defrag
+# EXTRAS: the optional dependencies the image carries; `sweep` (distributed, pyarrow) lets the
+# same image run a settings sweep's scheduler, workers and runner (deploy/sweep/). EXTRAS=""
+# builds the daemon alone.
+ARG EXTRAS=sweep
 RUN python -m venv /opt/defrag \
     && /opt/defrag/bin/pip wheel --no-deps --wheel-dir /tmp/dist . \
-    && /opt/defrag/bin/pip install /tmp/dist/defrag-*.whl \
+    && wheel="$(ls /tmp/dist/defrag-*.whl)" \
+    && /opt/defrag/bin/pip install "${wheel}${EXTRAS:+[$EXTRAS]}" \
     && /opt/defrag/bin/python -m pip uninstall --yes --quiet pip \
     && /opt/defrag/bin/defrag --version
 

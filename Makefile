@@ -36,7 +36,7 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,sweep]'
 	touch $@
 
 # Debian's prometheus (with promtool) and prometheus-alertmanager, for the integration tests;

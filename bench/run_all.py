@@ -168,6 +168,8 @@ BENCHES: tuple[Bench, ...] = (
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
     Bench("starvation-corpus", "bench_starvation_corpus", ("--seeds", "100-119"),
           ("--seeds", "0", "--pending", "10"), needs_prometheus=True),
+    # A settings sweep on a loopback distributed cluster against the local runner (the sweep extra).
+    Bench("sweep", "bench_sweep", (), ("--runs", "9", "--workers", "1")),
     # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).
     Bench("soak", "bench_soak", ("--seed", "1", "--cycles", "1000"),
           ("--seed", "1", "--cycles", "40", "--nodes", "6", "--drain-s", "15")),

@@ -178,8 +178,25 @@ def simulate(
     pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.")] = 2000,
     scale: Annotated[float, typer.Option(help="Synthetic cluster: × 150 nodes.")] = 1.0,
     curves: Annotated[bool, typer.Option(help="JSON: include each run's curve / series.")] = False,
+    sweep: Annotated[
+        Path | None,
+        typer.Option(help="A sweep file: settings points over traces, seeds and rows, on Dask."),
+    ] = None,
+    dask: Annotated[
+        str | None, typer.Option(help="--sweep: a distributed scheduler (tcp://host:8786).")
+    ] = None,
+    best: Annotated[
+        bool, typer.Option("--best", help="--sweep: write the winning settings file.")
+    ] = False,
 ) -> None:
     """Replay a workload under several policies; a table, a JSON record and a PNG plot."""
+    if sweep is not None or dask is not None or best:
+        from defrag.cli.sweep import sweep_command
+
+        if sweep is None:
+            raise UserError("--dask/--best go with --sweep FILE")
+        sweep_command(sweep, dask, best)
+        return
     from defrag.scoring.policies import POLICY_NAMES
     from defrag.sim.defragmenters import DEFRAGMENTERS
     from defrag.sim.migration import MigrationCost
