@@ -24,11 +24,143 @@ if TYPE_CHECKING:  # the CLI imports the model (numpy) only when a command runs
     from defrag.model.cluster import Cluster
 
 try:  # typer ≥ 0.20 carries its own copy of click and only catches that copy's exceptions
-    from typer._click.exceptions import ClickException as _ClickException
+    from typer._click import exceptions as _click_errors
 except ImportError:  # pragma: no cover - older typer on plain click
-    from click import ClickException as _ClickException  # type: ignore[assignment]
+    from click import exceptions as _click_errors  # type: ignore[no-redef]
+from typer.core import TyperGroup
+
+from defrag.cli.exitcodes import ExitCode
+
+_ClickException = _click_errors.ClickException
+
+
+class UserError(_ClickException):
+    """A user's mistake (bad file, bad flag, unreachable server): one clear line, no traceback.
+
+    Printed as ``error: <message>`` on stderr; the process exits with ``exit_code`` (an
+    :class:`~defrag.cli.exitcodes.ExitCode`, bad input by default).
+    """
+
+    exit_code = int(ExitCode.BAD_INPUT)
+
+    def __init__(self, message: str, exit_code: int = ExitCode.BAD_INPUT) -> None:
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        print(f"error: {self.format_message()}", file=file or sys.stderr)
+
+
+class DefragGroup(TyperGroup):
+    """The ``defrag`` command group: Click's usage errors (an unknown option, a missing value,
+    a value of the wrong type) become the one-line ``error: --flag: why`` every other mistake
+    is said with, and every option without a metavar of its own gets one from its type
+    (``PATH``, ``N``, ``NUMBER``, ``a|b``) instead of Typer's Python type names."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for command in walk_commands(self):
+            for param in command.params:
+                if param.metavar is None and not getattr(param, "is_flag", False):
+                    param.metavar = default_metavar(param)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().make_context(*args, **kwargs)
+        except _click_errors.UsageError as exc:
+            raise usage_error(exc) from None
+
+    def invoke(self, ctx: Any) -> Any:
+        try:
+            return super().invoke(ctx)
+        except _click_errors.UsageError as exc:
+            raise usage_error(exc) from None
+
+
+def walk_commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[Any]:
+    """``command`` and every command under it (the groups' sub-commands, depth first)."""
+    yield command
+    for name, sub in sorted(getattr(command, "commands", {}).items()):
+        yield from walk_commands(sub, (*path, name))
+
+
+def default_metavar(param: Any) -> str:
+    """What ``--help`` shows for a value of ``param``'s type (an explicit metavar wins)."""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:
+        return str(param.name).upper()
+    if desc.is_choice:
+        return "|".join(str(getattr(c, "value", c)) for c in desc.choices or ())
+    annotation = desc.annotation
+    if getattr(annotation, "__origin__", None) is list:
+        (annotation,) = annotation.__args__
+    if desc.is_path or desc.is_file or annotation is Path:
+        return "PATH"
+    if annotation is int:
+        return "N"
+    if annotation is float:
+        return "NUMBER"
+    return "TEXT"
+
+
+def flag_name(param: Any) -> str:
+    """The name a message gives ``param``: its long option (``--max-evictions``) or, for an
+    argument, its metavar."""
+    opts = [o for o in getattr(param, "opts", ()) if o.startswith("--")]
+    if opts:
+        return str(opts[0])
+    return str(param.metavar or param.name or "value").upper()
+
+
+def _reason(exc: Any) -> str:
+    """A bad value's reason in the project's words, not pydantic's."""
+    cause = exc.__cause__
+    errors = getattr(cause, "errors", None)
+    if not callable(errors):
+        return str(exc.message)
+    (first, *_) = errors() or [{}]
+    kind, got, limits = first.get("type", ""), first.get("input"), first.get("ctx") or {}
+    shown = repr(got) if isinstance(got, str) else str(got)
+    words = {
+        "int_parsing": "expected a whole number",
+        "int_from_float": "expected a whole number",
+        "float_parsing": "expected a number",
+        "bool_parsing": "expected true or false",
+        "greater_than_equal": f"must be at least {limits.get('ge')}",
+        "greater_than": f"must be more than {limits.get('gt')}",
+        "less_than_equal": f"must be at most {limits.get('le')}",
+        "less_than": f"must be less than {limits.get('lt')}",
+        "enum": f"expected {limits.get('expected')}",
+        "literal_error": f"expected {limits.get('expected')}",
+    }
+    if kind in words:
+        return f"{words[kind]}, got {shown}"
+    text = str(first.get("msg") or exc.message).removeprefix("Value error, ").rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+def usage_error(exc: Any) -> Any:
+    """Click's usage error as one ``error:`` line (a :class:`UserError`, exit 2); the help
+    Click prints for a bare group is left as it is."""
+    if isinstance(exc, _click_errors.NoArgsIsHelpError):
+        return exc
+    command = "defrag"
+    ctx = exc.ctx
+    if ctx is not None:
+        command = " ".join(["defrag", *ctx.command_path.split()[1:]])
+    param = getattr(exc, "param", None)
+    if isinstance(exc, _click_errors.MissingParameter) and param is not None:
+        message = f"{flag_name(param)}: required (see '{command} --help')"
+    elif isinstance(exc, _click_errors.BadParameter) and param is not None:
+        message = f"{flag_name(param)}: {_reason(exc)}"
+    else:
+        text = exc.format_message().rstrip(".")
+        message = f"{text[:1].lower()}{text[1:]} (see '{command} --help')"
+    return UserError(message)
+
 
 app = typer.Typer(
+    cls=DefragGroup,
     name="defrag",
     help="Keeps GPU Kubernetes clusters unfragmented.",
     no_args_is_help=True,
@@ -118,22 +250,6 @@ def command_deadline(text: str, command: str) -> Iterator[float]:
         raise UserError(f"--deadline: must be positive, got {text!r}")
     with time_budget(seconds, f"defrag {command}'s deadline of {seconds:g} s (--deadline)"):
         yield seconds
-
-
-class UserError(_ClickException):
-    """A user's mistake (bad file, bad flag, unreachable server): one clear line, no traceback.
-
-    Click prints ``Error: <message>`` to stderr and exits with ``exit_code`` (2 by default).
-    """
-
-    exit_code = 2
-
-    def __init__(self, message: str, exit_code: int = 2) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
-
-    def show(self, file: IO[Any] | None = None) -> None:
-        print(f"error: {self.format_message()}", file=file or sys.stderr)
 
 
 def print_json(data: Any, stream: IO[str] | None = None) -> None:
@@ -322,4 +438,4 @@ def _root(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    app(prog_name="defrag")
