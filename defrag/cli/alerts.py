@@ -27,6 +27,7 @@ from defrag.cli.app import (
     print_data,
     print_table,
 )
+from defrag.cli.exitcodes import ExitCode
 
 if TYPE_CHECKING:  # imported when a command runs: the sink pulls in the detectors (scipy)
     from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
@@ -201,7 +202,12 @@ def test_alert(
     failed = [row for row in rows if row["reason"]]
     if failed:
         detail = "; ".join(f"{row['url']}: {row['reason']}" for row in failed)
-        raise UserError(f"test alert not delivered to every Alertmanager ({detail})", exit_code=1)
+        # none reached (the sink's "cannot connect"): a server problem, not an answer
+        unreached = all("cannot connect" in str(row["reason"]) for row in failed)
+        raise UserError(
+            f"test alert not delivered to every Alertmanager ({detail})",
+            ExitCode.UNREACHABLE if unreached else ExitCode.NO,
+        )
 
 
 def _reason(fired: SendResult, resolved: SendResult) -> str:

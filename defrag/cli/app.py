@@ -215,6 +215,12 @@ StrictOpt = Annotated[
 ]
 
 
+def PortOpt(help: str, lowest: int = 0) -> Any:
+    """A TCP port option: ``lowest``..65535 (0: any free port), checked with the flag's name
+    before anything binds."""
+    return typer.Option(help=help, min=lowest, max=65535, metavar="PORT")
+
+
 PromTokenOpt = Annotated[
     Path | None,
     typer.Option("--prom-bearer-token-file", help="File holding a bearer token for Prometheus."),
@@ -382,20 +388,33 @@ def load_live_cluster(
 ) -> tuple[Cluster, Any]:
     """:func:`load_cluster`, with the live API client it was read through (None for snapshot
     files), for a command that reads more of the cluster."""
-    from defrag.adapters.sources import SourceError, SourceSpec, open_source
+    from defrag.adapters.sources import SourceError, SourceSpec, SourceUnreachable, open_source
 
     try:
         spec = SourceSpec.from_flags(paths, kubeconfig, context, strict=strict)
         backend = open_source(spec)
+    except SourceUnreachable as exc:
+        raise UserError(str(exc), ExitCode.UNREACHABLE) from None
+    except SourceError as exc:
+        raise UserError(str(exc)) from None
+    try:
         cluster = backend.source.snapshot()
     except SourceError as exc:
         raise UserError(str(exc)) from None
-    except Exception as exc:  # the client's own errors: unreachable server, refused, …
-        if not paths:
-            raise UserError(f"cluster from {kubeconfig or 'kubeconfig'}: {exc}") from None
-        raise
+    except Exception as exc:  # the client's own errors: refused, cut off, timed out, …
+        if backend.api is None:
+            raise
+        raise UserError(f"{api_server(backend.api)}: {exc}", ExitCode.UNREACHABLE) from None
     say_warnings(cluster)
     return cluster, backend.api
+
+
+def api_server(api: Any) -> str:
+    """ "the API server at <url>" of a live client, for a message (no credentials)."""
+    from defrag.redact import redact_url
+
+    host = getattr(getattr(api, "configuration", None), "host", None)
+    return f"the API server at {redact_url(str(host))}" if host else "the API server"
 
 
 def say_warnings(cluster: Cluster) -> None:

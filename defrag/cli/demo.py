@@ -76,7 +76,7 @@ def demo(
         },
     )
     configure_logging("text", "WARNING")
-    wiring = _build(settings)
+    wiring = _build(settings, once=False)
     daemon, sim = wiring.daemon, wiring.sim
     sim.clock.speedup = 0.0  # the demo moves simulated time itself, cycle by cycle
     first = sim.snapshot()
