@@ -84,8 +84,33 @@ def walk_commands(command: Any, path: tuple[str, ...] = ()) -> Iterator[Any]:
         yield from walk_commands(sub, (*path, name))
 
 
+TEXT_METAVARS: dict[str, str] = {
+    "--prometheus": "URL",
+    "--alertmanager": "URL",
+    "--from": "URL",
+    "--at": "TIME",
+    "--hold": "DURATION",
+    "--timeout": "DURATION",
+    "--prom-timeout": "DURATION",
+    "--context": "NAME",
+    "--policy": "NAME",
+    "--defragmenter": "NAME",
+    "--cluster-label": "NAME",
+    "--node": "NAME",
+    "--gpu-model": "NAME",
+    "--am-basic-auth": "USER:PASSWORD",
+    "--seeds": "N|LIST",
+    "--set": "KEY=VALUE",
+}
+"""What a text option's value is, by the option's name (one name, one meaning, every command):
+``--help`` shows these, never ``TEXT``; ``tests/test_cli_bad_input.py`` fails on one missing."""
+
+
 def default_metavar(param: Any) -> str:
     """What ``--help`` shows for a value of ``param``'s type (an explicit metavar wins)."""
+    for name in getattr(param, "opts", ()):
+        if name in TEXT_METAVARS:
+            return TEXT_METAVARS[name]
     desc = getattr(param, "type_descriptor", None)
     if desc is None:
         return str(param.name).upper()
@@ -232,7 +257,10 @@ PromInsecureOpt = Annotated[
     bool, typer.Option("--prom-insecure", help="Do not verify Prometheus's TLS certificate.")
 ]
 PromTimeoutOpt = Annotated[
-    str, typer.Option("--prom-timeout", help="Per Prometheus request (10s; bare: seconds).")
+    str,
+    typer.Option(
+        "--prom-timeout", help="Per Prometheus request (10s; bare: seconds).", metavar="DURATION"
+    ),
 ]
 DeadlineOpt = Annotated[
     str,
@@ -240,6 +268,7 @@ DeadlineOpt = Annotated[
         "--deadline",
         help="Wall-clock limit on the whole command (2m, 90s; bare: seconds): every request "
         "to Prometheus, the API server or Alertmanager ends by it.",
+        metavar="DURATION",
     ),
 ]
 DEFAULT_DEADLINE = "120s"
@@ -348,9 +377,13 @@ def parse_time(text: str | None, flag: str = "--at") -> datetime:
     return utc(value)
 
 
-def parse_duration(text: str, flag: str, bare_unit: str = "s") -> float:
+def parse_duration(text: str, flag: str, bare_was: str | None = None) -> float:
     """Seconds in a duration written as Prometheus does (``90s``, ``15m``, ``2h``, ``1h30m``).
-    A bare number keeps the option's old unit (``bare_unit``: ``s``, ``m`` or ``h``)."""
+
+    A bare number is seconds, in every option. Where a bare number used to mean another unit
+    (``bare_was``: ``m`` for ``plan --min-age``, ``h`` for the ``simulate`` spans), it is
+    refused with the spelling that keeps its old meaning, rather than silently read in a new
+    unit; ``0`` means the same in every unit and is read."""
     from defrag.settings import duration_seconds
 
     try:
@@ -360,7 +393,13 @@ def parse_duration(text: str, flag: str, bare_unit: str = "s") -> float:
     else:
         if number < 0:
             raise UserError(f"{flag}: must not be negative, got {text!r}")
-        return number * {"s": 1.0, "m": 60.0, "h": 3600.0}[bare_unit]
+        if bare_was is not None and number != 0:
+            unit = {"m": "minutes", "h": "hours"}[bare_was]
+            raise UserError(
+                f"{flag}: give a unit, e.g. {text}{bare_was} ({text} alone meant {unit} "
+                "here before; a bare number is seconds in every other option)"
+            )
+        return number
     try:
         return duration_seconds(text)
     except ValueError as exc:

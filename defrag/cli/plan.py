@@ -84,8 +84,9 @@ def plan_command(
     min_age: Annotated[
         str | None,
         typer.Option(
-            help="How long a pod must have run before it may move (15m, 2h; bare: min; "
-            "default: the setting planner.min_pod_age_s, 0)."
+            help="How long a pod must have run before it may move (15m, 2h; "
+            "default: the setting planner.min_pod_age_s, 0).",
+            metavar="DURATION",
         ),
     ] = None,
     protect_priority: Annotated[
@@ -126,7 +127,7 @@ def plan_command(
         "windows.max_evictions_per_node": max_per_node,
         "windows.max_evictions_per_namespace": max_per_namespace,
         "planner.min_pod_age_s": (
-            None if min_age is None else parse_duration(min_age, "--min-age", bare_unit="m")
+            None if min_age is None else parse_duration(min_age, "--min-age", bare_was="m")
         ),
         "planner.evict_priority_threshold": protect_priority,
     }

@@ -126,16 +126,16 @@ def simulate(
     ] = Protocol.fill,
     load: Annotated[float, typer.Option(help="timeline: offered GPU load (0.9 = 90%).")] = 0.9,
     duration: Annotated[
-        str, typer.Option(help="timeline: measured time (36h; bare: hours).")
+        str, typer.Option(help="timeline: measured time (36h).", metavar="DURATION")
     ] = "36h",
     warmup: Annotated[
-        str, typer.Option(help="timeline: warm-up time, not measured (12h; bare: hours).")
+        str, typer.Option(help="timeline: warm-up time, not measured (12h).", metavar="DURATION")
     ] = "12h",
     run_time_scale: Annotated[
         float, typer.Option(help="timeline: multiply the median run times (2 h / 12 h multi-GPU).")
     ] = 1.0,
     window_every: Annotated[
-        str, typer.Option(help="timeline: defrag window period (6h; bare: hours).")
+        str, typer.Option(help="timeline: defrag window period (6h).", metavar="DURATION")
     ] = "6h",
     defrag: Annotated[
         bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
@@ -197,7 +197,7 @@ def simulate(
     if plot is not None:
         writable_path(plot, "--plot", ".png")
     spans = {"duration": duration, "warmup": warmup, "window-every": window_every}
-    hours = {k: parse_duration(v, f"--{k}", bare_unit="h") / 3600 for k, v in spans.items()}
+    hours = {k: parse_duration(v, f"--{k}", bare_was="h") / 3600 for k, v in spans.items()}
     names = list(dict.fromkeys(defragmenter or ["none"]))
     if defrag:
         names = list(dict.fromkeys(["none", *names, "defrag"]))
