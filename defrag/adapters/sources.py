@@ -102,10 +102,11 @@ def has_default_cluster(environ: Any = None) -> bool:
     """Whether a live cluster is named without a flag, as kubectl finds one: ``$KUBECONFIG``,
     the pod's service account, or ``~/.kube/config``."""
     env = os.environ if environ is None else environ
+    home = env.get("HOME")
     return bool(
         env.get(KUBECONFIG_ENV)
         or IN_CLUSTER_ENV in env
-        or DEFAULT_KUBECONFIG.expanduser().is_file()
+        or (home and (Path(home) / ".kube" / "config").is_file())
     )
 
 

@@ -3,7 +3,7 @@ trace comes from, and the checksum of every file.
 
 The data is never part of the package or the repository (the trace's terms allow research use
 and ask for a citation, see docs/benchmarks.md). It lives in one directory, ``DEFRAG_DATA_DIR``
-(default ``../shared/data`` beside a checkout), laid out as ``openb/<file>.csv`` (the Alibaba GPU
+(default ``~/.cache/defrag/data``, under ``$XDG_CACHE_HOME`` when that is set), laid out as ``openb/<file>.csv`` (the Alibaba GPU
 trace, cluster-trace-gpu-v2023) and ``fgd/<file>.csv`` (the published results of the FGD
 paper's simulator). ``defrag data fetch`` downloads the openb files and checks each one against
 its SHA-256 below before it is put in place; ``defrag data check`` says what is missing or
@@ -24,9 +24,15 @@ from typing import IO
 DATA_ENV = "DEFRAG_DATA_DIR"
 """The one data setting: the directory holding ``openb/`` and ``fgd/``."""
 
-DEFAULT_DATA_DIR = Path("..") / "shared" / "data"
-"""Beside a checkout: where ``make test``, ``make bench`` and CI look when ``DEFRAG_DATA_DIR``
-is not set (relative to the checkout's root)."""
+
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's cache: ``$XDG_CACHE_HOME/defrag/data``, else ``~/.cache/defrag/data`` — where
+    ``defrag data fetch`` puts the files and every reader looks when ``DEFRAG_DATA_DIR`` is not
+    set."""
+    env = os.environ if environ is None else environ
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "defrag" / "data"
+
 
 OPENB_URL = (
     "https://raw.githubusercontent.com/alibaba/clusterdata/master/cluster-trace-gpu-v2023/csv/"
@@ -74,10 +80,12 @@ class FileState:
     state: str
 
 
-def data_dir(default: Path = DEFAULT_DATA_DIR, environ: Mapping[str, str] | None = None) -> Path:
-    """``DEFRAG_DATA_DIR`` when set (and not empty), else ``default``."""
-    value = (os.environ if environ is None else environ).get(DATA_ENV, "")
-    return Path(value) if value else default
+def data_dir(default: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """``DEFRAG_DATA_DIR`` when set (and not empty), else ``default``, else the user's cache
+    (:func:`default_data_dir`)."""
+    env = os.environ if environ is None else environ
+    value = env.get(DATA_ENV, "")
+    return Path(value) if value else default or default_data_dir(env)
 
 
 def missing_message(data: Path, names: list[str]) -> str:

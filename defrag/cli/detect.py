@@ -392,7 +392,7 @@ def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
 
 
 def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[RuleIssue]:
-    from defrag.adapters.prometheus import MetricsError, PromQLError
+    from defrag.adapters.prometheus import MetricsError, PrometheusUnreachable, PromQLError
 
     issues = []
     for loaded, path, query in queries:
@@ -400,6 +400,8 @@ def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[R
             source.instant(query)
         except PromQLError as exc:
             issues.append(_issue(loaded, path, f"invalid PromQL: {exc.prometheus_message}"))
+        except PrometheusUnreachable as exc:
+            raise UserError(str(exc), ExitCode.UNREACHABLE) from None
         except MetricsError as exc:
             raise UserError(str(exc)) from None
     return issues

@@ -32,6 +32,7 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.exitcodes import ExitCode
 from defrag.cli.names import GPU_MILLI
 from defrag.cli.profile import PolicyOpt, SettingsOpt, cli_settings, profile_config
 
@@ -157,13 +158,17 @@ def _prometheus(
 
 def _prometheus_extras(source: PrometheusSource, when: datetime) -> dict[str, Any]:
     """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
-    from defrag.adapters.prometheus import MetricsError
+    from defrag.adapters.prometheus import MetricsError, PrometheusUnreachable
     from defrag.cli.detect import read_rules
     from defrag.detection import report_extras
     from defrag.redact import redact_text
 
     try:
         return report_extras(source, read_rules([]), when)
+    except PrometheusUnreachable as exc:
+        raise UserError(
+            f"--prometheus {source.shown}: {redact_text(str(exc))}", ExitCode.UNREACHABLE
+        ) from None
     except (MetricsError, ValueError) as exc:
         raise UserError(f"--prometheus {source.shown}: {redact_text(str(exc))}") from None
 

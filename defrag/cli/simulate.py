@@ -77,6 +77,9 @@ def load_workload(trace: Path | None, nodes: Path | None, pods: int, scale: floa
     try:
         if trace is not None and nodes is None:
             raise UserError("--trace needs --nodes (the node list the pods run on)")
+        for flag, path in (("--trace", trace), ("--nodes", nodes)):
+            if path is not None and not path.is_file():
+                raise UserError(f"{flag} {path}: no such file")
         node_list = load_nodes(nodes) if nodes is not None else synthetic_nodes(scale)
         if trace is not None:
             return Workload(trace.stem, node_list, load_pods(trace).pods)
@@ -175,7 +178,7 @@ def simulate(
     output: OutputOpt = Output.table,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
     jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 1,
-    pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.")] = 2000,
+    pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.", min=1)] = 2000,
     scale: Annotated[float, typer.Option(help="Synthetic cluster: × 150 nodes.")] = 1.0,
     curves: Annotated[bool, typer.Option(help="JSON: include each run's curve / series.")] = False,
 ) -> None:
