@@ -3,11 +3,11 @@ trace comes from, and the checksum of every file.
 
 The data is never part of the package or the repository (the trace's terms allow research use
 and ask for a citation, see docs/benchmarks.md). It lives in one directory, ``DEFRAG_DATA_DIR``
-(default ``~/.cache/defrag/data``, under ``$XDG_CACHE_HOME`` when that is set), laid out as ``openb/<file>.csv`` (the Alibaba GPU
-trace, cluster-trace-gpu-v2023) and ``fgd/<file>.csv`` (the published results of the FGD
-paper's simulator). ``defrag data fetch`` downloads the openb files and checks each one against
-its SHA-256 below before it is put in place; ``defrag data check`` says what is missing or
-altered.
+(default ``~/.cache/defrag/data``, under ``$XDG_CACHE_HOME`` when that is set), laid out as
+``openb/<file>.csv`` (the Alibaba GPU trace, cluster-trace-gpu-v2023) and ``fgd/<file>.csv``
+(the published results of the FGD paper's simulator). ``defrag data fetch`` downloads the
+openb files and checks each one against its SHA-256 below before it is put in place;
+``defrag data check`` says what is missing or altered.
 """
 
 from __future__ import annotations

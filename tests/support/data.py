@@ -1,9 +1,10 @@
 """The reference data (the openb trace, the FGD paper's figures) for the tests that need it.
 
 The data lives outside the repository, in ``DEFRAG_DATA_DIR`` (default the user's cache,
-``~/.cache/defrag/data``, where ``defrag data fetch`` puts it). A test that needs a file that is not there skips with one line naming the
-file and how to get it; under ``CI=true`` (where ``.ci/run`` lays the data beside the clone) a
-missing file fails the test instead, so CI never passes by skipping."""
+``~/.cache/defrag/data``, where ``defrag data fetch`` puts it). A test that needs a file that
+is not there skips with one line naming the file and how to get it; under ``CI=true`` (where
+``.ci/run`` points ``DEFRAG_DATA_DIR`` at its copy) a missing file fails the test instead, so
+CI never passes by skipping."""
 
 from __future__ import annotations
 
