@@ -253,10 +253,10 @@ def agent(
     from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
     from defrag.agent.service import EXIT_NO_NVML, Agent, NodeAnnotator
 
+    interval_seconds = _span(interval, interval_s, "--interval")
     node_name = node or os.environ.get("NODE_NAME") or ""
     if publish and not node_name:
         raise UserError("no node name: pass --node or set NODE_NAME (or use --no-publish)")
-    interval_seconds = _span(interval, interval_s, "--interval")
     _logging()
     inventory = NvmlInventory()
     try:
