@@ -23,7 +23,6 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from defrag.cli import app
-from defrag.cli.app import walk_commands
 from defrag.cli.exitcodes import MEANING, ExitCode
 from tests.support.binaries import free_port
 
@@ -99,8 +98,9 @@ CASES: dict[str, list[Case]] = {
         case("malformed snapshot", "extender -s {bad_snapshot}", B, "bad_snapshot.json"),
         case("bad duration", f"extender -s {SNAPSHOT} --relist-interval 0", B,
              "--relist-interval: must be positive"),
-        case("missing TLS files", f"extender -s {SNAPSHOT} --tls-cert {{tmp}}/c --tls-key {{tmp}}/k",
-             B, "--tls-cert {tmp}/c"),
+        case("missing TLS files",
+             f"extender -s {SNAPSHOT} --tls-cert {{tmp}}/c --tls-key {{tmp}}/k", B,
+             "--tls-cert {tmp}/c"),
     ],
     "agent": [
         case("port out of range", "agent --port 70000", B, "--port: must be at most 65535"),
