@@ -304,13 +304,14 @@ def print_data(data: Any, output: Output) -> None:
         print_json(data)
 
 
-def print_table(table: Table, drop: Sequence[str] = ()) -> None:
+def print_table(table: Table, drop: Sequence[str] = (), whole: Sequence[str] = ()) -> None:
     """On a terminal rich fits the table to its width, leaving out the columns named in
-    ``drop`` (first named, first left out) while it cannot show every cell whole; into a pipe
-    or a file each row is one line of tab-separated cells (title as a ``#`` line), never
-    wrapped or cut, every column kept."""
+    ``drop`` (first named, first left out) while it cannot show every cell whole; the columns
+    named in ``whole`` (identities: pod and node names) are never cut or wrapped, the others
+    fold to make room. Into a pipe or a file each row is one line of tab-separated cells (title
+    as a ``#`` line), never wrapped or cut, every column kept."""
     if console.is_terminal:
-        console.print(fit_table(table, console, drop))
+        console.print(fit_table(keep_whole(table, whole), console, drop))
         return
     out = sys.stdout
     if table.title:
@@ -320,6 +321,21 @@ def print_table(table: Table, drop: Sequence[str] = ()) -> None:
     columns = [[_plain(cell) for cell in c.cells] for c in table.columns]
     for row in zip(*columns, strict=True):
         out.write("\t".join(row) + "\n")
+
+
+def keep_whole(table: Table, names: Sequence[str]) -> Table:
+    """``table`` with the columns ``names`` as wide as their longest cell and never wrapped;
+    every other column folds (a long reason wraps onto more lines instead of cutting a pod
+    name to ``inference/ch…``)."""
+    if not names:
+        return table
+    for column in table.columns:
+        if _plain(column.header) in names:
+            longest = max((len(_plain(c)) for c in [column.header, *column.cells]), default=0)
+            column.no_wrap, column.min_width, column.overflow = True, longest, "ignore"
+        elif column.overflow == "ellipsis":
+            column.overflow = "fold"
+    return table
 
 
 def fit_table(table: Table, on: Console, drop: Sequence[str] = ()) -> Table:

@@ -193,7 +193,7 @@ def _print_table(plan: Plan) -> None:
             f"{s.gpus_held:g}", f"{s.cost:.1f}", s.reason,
         )  # fmt: skip
     if plan.steps:
-        print_table(steps)
+        print_table(steps, drop=("cost", "#"), whole=("pod", "from", "to"))
     else:
         print_line("No steps: nothing to move within the constraints.")
     if plan.blocked:
@@ -202,7 +202,7 @@ def _print_table(plan: Plan) -> None:
             blocked.add_column(col)
         for b in plan.blocked:
             blocked.add_row(b.pod, b.constraint, b.detail)
-        print_table(blocked)
+        print_table(blocked, whole=("pod",))
     gain = Table(title="Expected gain", show_header=True)
     for col in ("metric", "before", "after"):
         gain.add_column(col, justify="left" if col == "metric" else "right")
