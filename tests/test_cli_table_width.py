@@ -84,7 +84,7 @@ def test_the_steps_table_keeps_pod_and_node_names_whole_at_80_columns(
     column stayed. Now every pod and node name of the plan is a whole cell; the reason folds."""
     args = [a.format(tmp=tmp_path) for a in args]
     doc = json.loads(runner.invoke(app, [*args, "-o", "json"]).stdout)
-    plan = doc["plan"] if "plan" in doc else doc
+    plan = doc.get("plan", doc)
     if "steps" not in plan:  # the demo's document: its plan is the first cycle's
         plan = next(c["plan"] for c in doc["cycles"] if c.get("plan"))
     names = {s["pod"] for s in plan["steps"]} | {s["from"] for s in plan["steps"]}
