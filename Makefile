@@ -23,7 +23,7 @@ IMAGE ?= $(shell sed -n 's/^ *newName: *//p' $(IMAGE_COMPONENT)):$(shell sed -n 
 # docker only where its daemon answers; else podman, else buildah.
 CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v podman || command -v buildah)
 
-.PHONY: venv tools kube-assets data lint test test-fast e2e demo bench image image-name clean
+.PHONY: venv tools kube-assets data lint test test-fast e2e demo demo-note bench image image-name clean
 
 venv: $(VENV)/.installed
 
@@ -70,17 +70,23 @@ lint: venv
 	$(BIN)/hadolint Dockerfile
 
 test: venv tools kube-assets lint
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -rs -n 2 --dist loadfile
 
 # The end-to-end suite alone, on the real control plane.
 e2e: venv tools kube-assets
-	$(BIN)/pytest -q -n 2 --dist loadfile tests/e2e
+	$(BIN)/pytest -q -rs -n 2 --dist loadfile tests/e2e
 
 test-fast: venv
-	$(BIN)/pytest -q -x -m "not integration"
+	$(BIN)/pytest -q -rs -x -m "not integration"
 
-demo: venv
+# On a fresh clone the venv is made first: pip shows each package as it goes (PIP_VERBOSE=1
+# cancels the venv recipe's -q for this target and its prerequisites), after one line saying so.
+demo: export PIP_VERBOSE = 1
+demo: demo-note venv
 	$(BIN)/defrag demo
+
+demo-note:
+	@test -f $(VENV)/.installed || echo "make demo: first, a virtualenv in $(VENV) with defrag and its dependencies (about 90 s; pip's progress below)"
 
 # docker/podman build, or buildah bud; see docs/operations.md for building without a daemon.
 image:
