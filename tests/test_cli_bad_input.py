@@ -98,6 +98,8 @@ CASES: dict[str, list[Case]] = {
         case("malformed snapshot", "extender -s {bad_snapshot}", B, "bad_snapshot.json"),
         case("bad duration", f"extender -s {SNAPSHOT} --relist-interval 0", B,
              "--relist-interval: must be positive"),
+        case("old flag name", f"extender -s {SNAPSHOT} --max-staleness-s 0", B,
+             "--max-staleness-s: must be positive"),
         case("missing TLS files",
              f"extender -s {SNAPSHOT} --tls-cert {{tmp}}/c --tls-key {{tmp}}/k", B,
              "--tls-cert {tmp}/c"),
