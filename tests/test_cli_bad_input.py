@@ -160,8 +160,10 @@ CASES: dict[str, list[Case]] = {
         case("no Alertmanager", "alerts test", B, "--alertmanager: required"),
     ],
     "data fetch": [
-        case("source unreachable", "data fetch --dir {tmp}/data --from file://{tmp}/none", B,
+        case("missing source", "data fetch --dir {tmp}/data --from file://{tmp}/none", B,
              "cannot download"),
+        case("source unreachable", "data fetch --dir {tmp}/data --from {down}", U,
+             "{down}/openb_node_list_all_node.csv: cannot download"),
         case("unwritable folder", f"data fetch --dir {SNAPSHOT}/data", B, "--dir"),
     ],
     "data check": [

@@ -69,7 +69,12 @@ HOW_TO_GET = "run `make data` (or `defrag data fetch --dir DIR`) and set DEFRAG_
 
 
 class DataError(Exception):
-    """A data file that is missing, cannot be downloaded or does not match its checksum."""
+    """A data file that is missing, cannot be downloaded or does not match its checksum;
+    ``unreachable`` when the server could not be reached at all (no answer, not a refusal)."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +160,14 @@ def fetch(
         except (OSError, urllib.error.URLError) as exc:
             partial.unlink(missing_ok=True)
             reason = getattr(exc, "reason", None) or exc.strerror or exc
-            raise DataError(f"{url}: cannot download: {reason}") from None
+            # no connection to an http(s) server, as opposed to its answer or a local file
+            unreachable = (
+                isinstance(exc, urllib.error.URLError)
+                and not isinstance(exc, urllib.error.HTTPError)
+                and isinstance(exc.reason, OSError)
+                and url.startswith(("http://", "https://"))
+            )
+            raise DataError(f"{url}: cannot download: {reason}", unreachable) from None
         got = sha256(partial)
         if got != digest:
             partial.unlink()

@@ -18,6 +18,7 @@ from defrag.adapters.tracedata import (
     fetch,
 )
 from defrag.cli.app import UserError, app, print_line, print_table
+from defrag.cli.exitcodes import ExitCode
 
 data_app = typer.Typer(
     help="The openb trace the simulator's benchmarks and tests read.", no_args_is_help=True
@@ -51,7 +52,8 @@ def fetch_cmd(
     try:
         done = fetch(dest, source, force=force)
     except DataError as exc:
-        raise UserError(str(exc)) from None
+        code = ExitCode.UNREACHABLE if exc.unreachable else ExitCode.BAD_INPUT
+        raise UserError(str(exc), code) from None
     fetched = sum(1 for _, how in done if how == "fetched")
     print_line(f"{dest}: {fetched} fetched, {len(done) - fetched} already present and verified")
 
