@@ -25,6 +25,15 @@ DOWN = "http://127.0.0.1:9"  # port 9 (discard): nothing listens, refused at onc
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def no_default_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``detect`` without --snapshot reads the cluster kubectl would (``$KUBECONFIG``,
+    ``~/.kube/config``): none here, whatever the machine running the tests has."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
 @pytest.fixture()
 def empty_cluster(tmp_path: Path) -> str:
     """The scattered cluster's nodes without a pod: nothing to find."""
