@@ -269,9 +269,18 @@ def agent(
             from defrag.adapters.kube import KubeActuator, KubeError, connect
 
             try:
-                annotator = KubeActuator(connect(str(kubeconfig) if kubeconfig else None))
+                api = connect(str(kubeconfig) if kubeconfig else None)
             except KubeError as exc:
                 raise UserError(str(exc)) from None
+            if once:  # one try, said at once; serving, the agent retries every --interval
+                from defrag.adapters.reach import ServerUnreachable, check_reachable
+
+                try:
+                    check_reachable(api.configuration.host, "the API server",
+                                    proxy=api.configuration.proxy)  # fmt: skip
+                except ServerUnreachable as exc:
+                    raise UserError(str(exc), ExitCode.UNREACHABLE) from None
+            annotator = KubeActuator(api)
         worker = Agent(node_name or "local", inventory, annotator, interval_seconds)
         if once:
             try:
