@@ -113,7 +113,7 @@ def make_sink(
     if bearer_token_file is not None and not bearer_token_file.is_file():
         raise UserError(f"--am-bearer-token-file {bearer_token_file}: no such file")
     try:
-        return AlertmanagerSink(
+        sink = AlertmanagerSink(
             urls,
             cluster=cluster,
             bearer_token_file=bearer_token_file,
@@ -126,6 +126,8 @@ def make_sink(
         )
     except ValueError as exc:
         raise UserError(f"--alertmanager: {exc}") from exc
+    sink.probe()  # one that is not there fails at once, not after every retry
+    return sink
 
 
 @alerts_app.command("test")
