@@ -107,6 +107,9 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
             metrics.probe()
         owners = _owner_lookup(backend.api)
 
+    alerts = _alerts(settings)
+    if probe and alerts is not None and hasattr(alerts, "probe"):
+        alerts.probe()
     planner_config = settings.planner_config()
     executor = Executor(
         actuator,
@@ -127,7 +130,7 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
         planner=_planner(planner_config, owners),
         executor=executor,
         unmodelled=UnmodelledReporter(actuator, settings.run_mode),
-        alerts=_alerts(settings),
+        alerts=alerts,
     )
     daemon = Daemon(
         ports,
