@@ -29,7 +29,7 @@ CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v po
 HELM_SDKPY_VERSION := 0.1.32
 HELM_TOOLS ?= .tools/helm
 
-.PHONY: venv tools tools-helm kube-assets data lint test test-fast e2e demo bench image image-name clean
+.PHONY: venv tools tools-helm kube-assets data lint test test-fast e2e demo demo-note bench image image-name clean
 
 venv: $(VENV)/.installed
 
@@ -84,17 +84,23 @@ lint: venv
 	$(BIN)/hadolint Dockerfile
 
 test: venv tools tools-helm kube-assets lint
-	$(BIN)/pytest -q -n 2 --dist loadfile
+	$(BIN)/pytest -q -rs -n 2 --dist loadfile
 
 # The end-to-end suite alone, on the real control plane.
 e2e: venv tools tools-helm kube-assets
-	$(BIN)/pytest -q -n 2 --dist loadfile tests/e2e
+	$(BIN)/pytest -q -rs -n 2 --dist loadfile tests/e2e
 
 test-fast: venv
-	$(BIN)/pytest -q -x -m "not integration"
+	$(BIN)/pytest -q -rs -x -m "not integration"
 
-demo: venv
+# On a fresh clone the venv is made first: pip shows each package as it goes (PIP_VERBOSE=1
+# cancels the venv recipe's -q for this target and its prerequisites), after one line saying so.
+demo: export PIP_VERBOSE = 1
+demo: demo-note venv
 	$(BIN)/defrag demo
+
+demo-note:
+	@test -f $(VENV)/.installed || echo "make demo: first, a virtualenv in $(VENV) with defrag and its dependencies (about 90 s; pip's progress below)"
 
 # docker/podman build, or buildah bud; see docs/operations.md for building without a daemon.
 image:

@@ -1,5 +1,5 @@
 """Where the benchmarks read the reference data (the openb trace, the FGD paper's figures):
-``--data DIR``, default ``$DEFRAG_DATA_DIR``, else ``../shared/data`` beside the checkout. A bench
+``--data DIR``, default ``$DEFRAG_DATA_DIR``, else ``~/.cache/defrag/data``. A bench
 given a directory without the files it reads stops with one line, not a traceback."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from defrag.adapters.tracedata import data_dir, missing, missing_message
 __all__ = ["DEFAULT", "NODES", "missing", "missing_message", "pods", "require", "trace_files"]
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = data_dir(ROOT.parent / "shared" / "data")
+DEFAULT = data_dir()
 
 NODES = "openb/openb_node_list_gpu_node.csv"
 

@@ -55,9 +55,9 @@ class RuleIssue:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        return (
-            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-        )
+        # a key read from the file may hold a line break: shown escaped, the issue stays a line
+        field = self.field if self.field.isprintable() else repr(self.field)[1:-1]
+        return f"{where}: {field}: {self.message}" if field else f"{where}: {self.message}"
 
 
 class RulesError(ValueError):

@@ -41,14 +41,14 @@ def test_bad_options_are_one_clear_line(args: list[str], message: str) -> None:
     assert "Traceback" not in result.output
 
 
-def test_unreachable_alertmanager_exits_1_naming_each_url(tmp_path: Path) -> None:
+def test_unreachable_alertmanager_exits_3_naming_each_url(tmp_path: Path) -> None:
     # port 9 (discard) on 127.0.0.1: nothing listens, the connection is refused at once
     urls = ["http://127.0.0.1:9", "http://user:secret@127.0.0.1:9/prefix"]
     args = ["alerts", "test", "--hold", "0", "-o", "json"]
     for url in urls:
         args += ["--alertmanager", url]
     result = CliRunner().invoke(app, args)
-    assert result.exit_code == 1
+    assert result.exit_code == 3  # none reached: unreachable (docs/cli.md, Exit codes)
     payload = json.loads(result.stdout)
     assert payload["alert"]["alertname"] == "DefragTestAlert"
     assert [(r["url"], r["fired"], r["resolved"]) for r in payload["results"]] == [
@@ -62,10 +62,10 @@ def test_unreachable_alertmanager_exits_1_naming_each_url(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("flags", "code", "label", "stderr"),
     [
-        (["--cluster-label", "prod-a"], 1, "prod-a", ""),
-        ([], 1, "default", ""),
+        (["--cluster-label", "prod-a"], 3, "prod-a", ""),
+        ([], 3, "default", ""),
         # the old name still works, with one warning line
-        (["--cluster", "prod-a"], 1, "prod-a", "warning: --cluster (the alert label) is deprec"),
+        (["--cluster", "prod-a"], 3, "prod-a", "warning: --cluster (the alert label) is deprec"),
         (["--cluster", "a", "--cluster-label", "b"], 2, None, "error: --cluster is the old name"),
     ],
 )

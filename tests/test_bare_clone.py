@@ -36,6 +36,7 @@ def test_a_bare_clone_skips_the_data_tests_with_one_line(tmp_path: Path) -> None
     assert not (tmp_path / "shared").exists()
     env = {k: v for k, v in os.environ.items() if k not in {"CI", "DEFRAG_DATA_DIR"}}
     env["PYTHONPATH"] = str(clone)
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")  # the default data directory: empty
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:xdist",
          *DATA_TESTS],
@@ -46,6 +47,8 @@ def test_a_bare_clone_skips_the_data_tests_with_one_line(tmp_path: Path) -> None
     assert skips, proc.stdout[-3000:]
     for line in skips:
         assert "reference data not found" in line and "make data" in line, line
+        # the user's own default, never the project's CI copy beside the checkout
+        assert str(tmp_path / "cache" / "defrag" / "data") in line and "shared" not in line
     assert "failed" not in proc.stdout.splitlines()[-1]
     # Under CI=true the same missing data is a failure, never a skip.
     ci = subprocess.run(

@@ -84,7 +84,7 @@ def test_detect_fail_on_findings_exits_1() -> None:
 
 @pytest.mark.parametrize(
     ("short", "old"),
-    [(["--min-age", "15m"], ["--min-age", "15"]), (["--at", AT], ["--now", AT])],
+    [(["--min-age", "15m"], ["--min-age", "900s"]), (["--at", AT], ["--now", AT])],
 )
 def test_durations_with_units_and_the_old_forms_mean_the_same(
     short: list[str], old: list[str]
@@ -95,6 +95,25 @@ def test_durations_with_units_and_the_old_forms_mean_the_same(
     old_doc = runner.invoke(app, [*base, *fixed, *old])
     assert new_doc.exit_code == 0, new_doc.output
     assert json.loads(new_doc.stdout) == json.loads(old_doc.stdout)
+
+
+@pytest.mark.parametrize(
+    ("args", "spelling"),
+    [
+        (["plan", "-s", SCATTERED, "--min-age", "15"], "15m"),  # minutes before
+        (["simulate", "--protocol", "timeline", "--duration", "3"], "3h"),  # hours before
+        (["simulate", "--protocol", "timeline", "--warmup", "1"], "1h"),
+    ],
+)
+def test_a_bare_number_that_meant_another_unit_is_refused_with_its_spelling(
+    args: list[str], spelling: str
+) -> None:
+    """A bare number is seconds in every option; where it meant minutes or hours it is not
+    silently read in seconds now, but refused with the spelling that keeps its meaning."""
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: --") and f"e.g. {spelling}" in line, line
 
 
 @pytest.mark.parametrize(

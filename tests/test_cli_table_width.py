@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -64,3 +65,32 @@ def test_json_keeps_every_column() -> None:
     doc = json.loads(runner.invoke(app, [*TIMELINE, "-o", "json"]).stdout)
     run = doc["runs"][0] if "runs" in doc else doc
     assert "evictions" in json.dumps(run) and "scheduler" in json.dumps(run)
+
+
+SCATTERED = str(Path(__file__).parent / "fixtures" / "snapshots" / "scattered_20.json")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["plan", "-s", SCATTERED, "--at", "2026-11-29T12:00:00Z"],
+        ["demo", "--cycles", "3", "--plot", "{tmp}/demo.png"],
+    ],
+)
+def test_the_steps_table_keeps_pod_and_node_names_whole_at_80_columns(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, args: list[str]
+) -> None:
+    """Before: four rows of the demo's Steps read ``inference/ch…`` while the long reason
+    column stayed. Now every pod and node name of the plan is a whole cell; the reason folds."""
+    args = [a.format(tmp=tmp_path) for a in args]
+    doc = json.loads(runner.invoke(app, [*args, "-o", "json"]).stdout)
+    plan = doc.get("plan", doc)
+    if "steps" not in plan:  # the demo's document: its plan is the first cycle's
+        plan = next(c["plan"] for c in doc["cycles"] if c.get("plan"))
+    names = {s["pod"] for s in plan["steps"]} | {s["from"] for s in plan["steps"]}
+    text = _on_terminal(monkeypatch, 80, args)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    steps = text.split("Steps", 1)[1].split("└", 1)[0]
+    cells = set(_cells(steps))
+    assert names and names <= cells, sorted(names - cells)
+    assert not any(c.endswith("…") for c in cells), cells

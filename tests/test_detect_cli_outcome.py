@@ -25,6 +25,15 @@ DOWN = "http://127.0.0.1:9"  # port 9 (discard): nothing listens, refused at onc
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True)
+def no_default_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``detect`` without --snapshot reads the cluster kubectl would (``$KUBECONFIG``,
+    ``~/.kube/config``): none here, whatever the machine running the tests has."""
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+
 @pytest.fixture()
 def empty_cluster(tmp_path: Path) -> str:
     """The scattered cluster's nodes without a pod: nothing to find."""
@@ -150,3 +159,59 @@ def test_undelivered_alerts_are_incomplete() -> None:
     assert "error: alerts not sent:" in result.stderr
     doc = json.loads(runner.invoke(app, [*args, "-o", "json"]).stdout)
     assert doc["alerts"]["delivered"] is False and doc["complete"] is False
+
+
+@pytest.fixture()
+def empty_prometheus(tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus with an empty TSDB and nothing to scrape: every query answers, with no
+    series."""
+    import subprocess
+
+    from tests.support.binaries import free_port, require_binary, stop_process, wait_ready
+
+    binary = require_binary("prometheus")
+    config = tmp_path / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "prometheus.log"
+    with log.open("ab") as err:
+        proc = subprocess.Popen(
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tmp_path / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--log.level=warn",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+    try:
+        wait_ready("prometheus", url, proc, log, timeout_s=30, interval_s=0.1)
+        yield url
+    finally:
+        stop_process(proc)
+
+
+@pytest.mark.integration
+def test_an_empty_prometheus_has_its_own_exit_code(empty_prometheus: str) -> None:
+    """Before: "nothing evaluated" and exit 0, where an unreachable Prometheus exits 3 and
+    findings (with --fail-on-findings) exit 1. Now: every rule skipped for lack of data is
+    exit 4 (docs/cli.md, Exit codes), said in one error line."""
+    empty = runner.invoke(app, ["detect", "--prometheus", empty_prometheus, "--fail-on-findings"])
+    down = runner.invoke(app, ["detect", "--prometheus", DOWN, "--fail-on-findings"])
+    assert (empty.exit_code, down.exit_code) == (4, 3), empty.output + down.output
+    assert "rules: 0 ran, 6 skipped" in empty.stderr
+    (error,) = [line for line in empty.stderr.splitlines() if line.startswith("error:")]
+    assert "nothing evaluated: all 6 rule(s) were skipped" in error
+
+
+def test_the_summary_names_the_rules_that_ran_after_ran(empty_cluster: str) -> None:
+    """Before: ``rules: 3 ran, 3 skipped (gpu-fragmentation, …)`` put the rules that ran
+    after the word "skipped"."""
+    result = runner.invoke(app, ["detect", "-s", empty_cluster, "--at", AT])
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("rules:")]
+    assert line == (
+        "rules: 3 ran (gpu-fragmentation, high-priority-starved, fragmented-starved), 3 skipped"
+    )

@@ -123,7 +123,7 @@ def test_agent_without_nvml_exits_3(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--metrics-port", "0"], "Invalid value for '--metrics-port'"),
+        (["--metrics-port", "0"], "error: --metrics-port: must be at least 1, got '0'"),
         (
             ["--metrics-host", "127.0.0.1", "--metrics-port", "{port}"],
             "cannot listen on 127.0.0.1:",

@@ -67,7 +67,7 @@ def test_fill_json_has_runs_and_summary(tmp_path: Path) -> None:
 
 def test_timeline_table_and_plot(tmp_path: Path) -> None:
     png = tmp_path / "timeline.png"
-    args = ("--protocol", "timeline", "--duration", "3", "--warmup", "1", "-p", "least-allocated")
+    args = ("--protocol", "timeline", "--duration", "3h", "--warmup", "1h", "-p", "least-allocated")
     code, out = invoke(*SMALL, *args, "--plot", str(png))
     assert code == 0, out
     assert "mean pending time" in out and "least-allocated" in out and "8-GPU h" in out
@@ -84,7 +84,7 @@ def test_timeline_table_and_plot(tmp_path: Path) -> None:
 
 
 def test_timeline_defragmenters_side_by_side_json() -> None:
-    args = ("--protocol", "timeline", "--duration", "3", "--warmup", "1", "-p", "least-allocated")
+    args = ("--protocol", "timeline", "--duration", "3h", "--warmup", "1h", "-p", "least-allocated")
     names = ("none", "descheduler-hnu", "kai-consolidation")
     code, out = invoke(
         *SMALL, *args, *(x for n in names for x in ("--defragmenter", n)), "-o", "json"
@@ -108,7 +108,7 @@ def test_timeline_defragmenters_side_by_side_json() -> None:
 def test_the_deployments_settings_file_drives_the_daemon_in_the_simulator() -> None:
     """The file the Deployment mounts: its window (02:00, an hour after the warm-up's start) is
     the daemon's; a setting given with --set wins over it (no evictions at all)."""
-    args = ("--protocol", "timeline", "--duration", "3", "--warmup", "1", "-p", "least-allocated")
+    args = ("--protocol", "timeline", "--duration", "3h", "--warmup", "1h", "-p", "least-allocated")
     base = ("--defrag", "--settings", "deploy/base/settings.yaml", "-o", "json")
     code, out = invoke(*SMALL, *args, *base)
     assert code == 0, out

@@ -44,7 +44,7 @@ def test_flags_name_one_backend(
     ("snapshots", "kubeconfig", "env", "message"),
     [
         ([Path("a.json")], Path("k"), {}, "give --snapshot or --kubeconfig, not both"),
-        ([], None, {}, "no cluster given (--snapshot FILE or --kubeconfig FILE, or $KUBECONFIG"),
+        ([], None, {}, "no cluster given (--snapshot FILE or --kubeconfig FILE; else $KUBECONFIG"),
         ([], None, {"KUBECONFIG": ""}, "no cluster given"),
     ],
 )
@@ -53,6 +53,20 @@ def test_flags_that_name_no_single_backend(
 ) -> None:
     with pytest.raises(SourceError, match=re.escape(message)):
         SourceSpec.from_flags(snapshots, kubeconfig, None, environ=env)
+
+
+def test_without_flags_or_kubeconfig_env_the_default_kubeconfig_names_the_live_cluster(
+    tmp_path: Path,
+) -> None:
+    """~/.kube/config, as kubectl reads it, for every command (report, plan, place and detect
+    asked for a flag where run and extender read it)."""
+    home = {"HOME": str(tmp_path)}
+    with pytest.raises(SourceError, match="no cluster given"):
+        SourceSpec.from_flags([], None, None, environ=home)
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text("apiVersion: v1\nkind: Config\n")
+    spec = SourceSpec.from_flags([], None, None, environ=home)
+    assert spec.kind == "kube" and spec.kubeconfig is None and spec.probe
 
 
 def test_each_backend_opens_to_its_source(tmp_path: Path) -> None:

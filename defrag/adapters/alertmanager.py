@@ -192,6 +192,7 @@ class AlertmanagerSink:
         self.state = ActiveAlerts()
         self.last_report: SyncReport | None = None
         self._targets = [_Target(check_url(u), redact(u)) for u in dict.fromkeys(urls)]
+        self._unreachable: dict[str, str] = {}
         self._rebuilt = False
         self._clock_warned = False
         self._bearer_token = bearer_token
@@ -389,7 +390,25 @@ class AlertmanagerSink:
         )
         return retrying(call)
 
+    def probe(self, timeout_s: float | None = None) -> dict[str, str]:
+        """Connect once to each Alertmanager, within ``timeout_s``
+        (:mod:`defrag.adapters.reach`): each one no connection can be made to fails its
+        requests at once from then on, without retries. Returns why, by URL as shown. A
+        one-shot command asks this; a serving daemon, whose Alertmanagers may come back, does
+        not."""
+        from defrag.adapters.reach import CONNECT_TIMEOUT_S, unreachable_reason
+
+        self._unreachable = {}
+        for target in self._targets:
+            why = unreachable_reason(target.url, timeout_s or CONNECT_TIMEOUT_S)
+            if why is not None:
+                self._unreachable[target.url] = why
+        return {redact(url): why for url, why in self._unreachable.items()}
+
     def _request(self, method: str, url: str, **kwargs: Any) -> requests.Response:
+        for base, why in self._unreachable.items():
+            if url.startswith(base):
+                raise _Rejected(f"cannot connect: {why}")
         headers = {}
         token = self._token()
         if token:

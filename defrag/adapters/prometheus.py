@@ -130,6 +130,17 @@ class PrometheusSource:
         # Our adapter replaces the client's for this URL: retries happen in _call, under the
         # deadline, and every connection it opens is watched.
         session.mount(self.url, DeadlineAdapter(max_retries=0))
+        self._unreachable: str | None = None
+
+    def probe(self, timeout_s: float | None = None) -> str | None:
+        """Connect once, within ``timeout_s`` (:mod:`defrag.adapters.reach`): when no
+        connection can be made, the reason — and from then on every query of this source fails
+        at once with it, without retries. A one-shot command asks this before its queries; a
+        serving daemon, whose Prometheus may come back, does not."""
+        from defrag.adapters.reach import CONNECT_TIMEOUT_S, unreachable_reason
+
+        self._unreachable = unreachable_reason(self.url, timeout_s or CONNECT_TIMEOUT_S)
+        return self._unreachable
 
     def close(self) -> None:
         self._client.close()
@@ -204,6 +215,11 @@ class PrometheusSource:
 
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""
+        if self._unreachable is not None:
+            raise PrometheusUnreachable(
+                f"Prometheus at {self.shown} is unreachable ({self._unreachable}); query {query!r}",
+                query,
+            )
         self._client.headers = self._auth_headers()
         with request_deadline(self.timeout_s) as deadline:
             attempt = 0

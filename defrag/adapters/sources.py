@@ -34,6 +34,14 @@ class SourceError(ValueError):
     """The cluster cannot be read from what was given; the message says which and why."""
 
 
+class SourceUnreachable(SourceError):
+    """The live cluster's API server could not be reached; the message names it."""
+
+
+DEFAULT_KUBECONFIG = Path("~/.kube/config")
+"""Where kubectl and the Kubernetes client look last (expanded against the user's home)."""
+
+
 @dataclass(frozen=True, slots=True)
 class SourceSpec:
     """One backend: ``snapshots``, or ``live`` (``kubeconfig``/``context``, else in-cluster),
@@ -49,6 +57,10 @@ class SourceSpec:
     """The simulated cluster's own scheduler profile (None: the default)."""
     strict: bool = False
     """Snapshot files: an object that cannot be read is an error, not a warning."""
+    probe: bool = False
+    """Live: connect to the API server once (a few seconds) before the first request, so an
+    unreachable one is said at once (:mod:`defrag.adapters.reach`); one-shot commands ask it,
+    a serving daemon, whose API server may come back, does not."""
     watch: bool = False
     """The live API kept by list + watch (:class:`~defrag.adapters.kube_watch.KubeWatchSource`,
     the extender's choice) rather than relisted per snapshot; snapshot files and the simulated
@@ -65,24 +77,37 @@ class SourceSpec:
         environ: Any = None,
     ) -> SourceSpec:
         """The CLI's rule: ``--snapshot`` files, or ``--kubeconfig``/``--context`` for the live
-        cluster, not both; neither, the live cluster of ``$KUBECONFIG`` when it is set (as
-        kubectl: a colon-separated list), else inside a pod the service account."""
+        cluster, not both; neither, the live cluster kubectl would read: ``$KUBECONFIG`` when it
+        is set (a colon-separated list), else inside a pod the service account, else
+        ``~/.kube/config`` when it exists. A live cluster is probed before its first request."""
         env = os.environ if environ is None else environ
         live = kubeconfig is not None or context is not None
         if snapshots and live:
             raise SourceError("give --snapshot or --kubeconfig, not both")
         if not snapshots and not live:
-            if not env.get(KUBECONFIG_ENV) and IN_CLUSTER_ENV not in env:
+            if not has_default_cluster(env):
                 raise SourceError(
-                    "no cluster given (--snapshot FILE or --kubeconfig FILE, or $KUBECONFIG; "
-                    "inside a pod the service account is used)"
+                    "no cluster given (--snapshot FILE or --kubeconfig FILE; else $KUBECONFIG, "
+                    "the pod's service account or ~/.kube/config is read, and none is there)"
                 )
             live = True
-        return cls(tuple(snapshots), live, kubeconfig, context, strict=strict)
+        return cls(tuple(snapshots), live, kubeconfig, context, strict=strict, probe=live)
 
     @property
     def kind(self) -> str:
         return "sim" if self.sim else "kube" if self.live else "snapshot"
+
+
+def has_default_cluster(environ: Any = None) -> bool:
+    """Whether a live cluster is named without a flag, as kubectl finds one: ``$KUBECONFIG``,
+    the pod's service account, or ``~/.kube/config``."""
+    env = os.environ if environ is None else environ
+    home = env.get("HOME")
+    return bool(
+        env.get(KUBECONFIG_ENV)
+        or IN_CLUSTER_ENV in env
+        or (home and (Path(home) / ".kube" / "config").is_file())
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,11 +155,35 @@ def _live(spec: SourceSpec) -> Backend:
         api = connect(str(spec.kubeconfig) if spec.kubeconfig else None, spec.context)
     except KubeError as exc:
         raise SourceError(str(exc)) from None
+    if spec.probe:
+        from defrag.adapters.reach import ServerUnreachable, check_reachable
+
+        configuration = api.configuration
+        try:
+            check_reachable(
+                configuration.host,
+                "the API server",
+                named_by=_named_by(spec),
+                proxy=configuration.proxy,
+            )
+        except ServerUnreachable as exc:
+            raise SourceUnreachable(str(exc)) from None
     if spec.watch:
         from defrag.adapters.kube_watch import KubeWatchSource
 
         return Backend(spec, KubeWatchSource(api), api=api)
     return Backend(spec, KubeClusterSource(api), api=api)
+
+
+def _named_by(spec: SourceSpec) -> str:
+    """Where the API server's address came from, for a message."""
+    if spec.kubeconfig is not None:
+        return f"(from kubeconfig {spec.kubeconfig})"
+    if os.environ.get(KUBECONFIG_ENV):
+        return f"(from $KUBECONFIG={os.environ[KUBECONFIG_ENV]})"
+    if IN_CLUSTER_ENV in os.environ:
+        return "(the pod's service account)"
+    return f"(from {DEFAULT_KUBECONFIG})"
 
 
 def _sim(spec: SourceSpec) -> Backend:
@@ -159,5 +208,7 @@ __all__ = [
     "Backend",
     "SourceError",
     "SourceSpec",
+    "SourceUnreachable",
+    "has_default_cluster",
     "open_source",
 ]

@@ -3,11 +3,11 @@ trace comes from, and the checksum of every file.
 
 The data is never part of the package or the repository (the trace's terms allow research use
 and ask for a citation, see docs/benchmarks.md). It lives in one directory, ``DEFRAG_DATA_DIR``
-(default ``../shared/data`` beside a checkout), laid out as ``openb/<file>.csv`` (the Alibaba GPU
-trace, cluster-trace-gpu-v2023) and ``fgd/<file>.csv`` (the published results of the FGD
-paper's simulator). ``defrag data fetch`` downloads the openb files and checks each one against
-its SHA-256 below before it is put in place; ``defrag data check`` says what is missing or
-altered.
+(default ``~/.cache/defrag/data``, under ``$XDG_CACHE_HOME`` when that is set), laid out as
+``openb/<file>.csv`` (the Alibaba GPU trace, cluster-trace-gpu-v2023) and ``fgd/<file>.csv``
+(the published results of the FGD paper's simulator). ``defrag data fetch`` downloads the
+openb files and checks each one against its SHA-256 below before it is put in place;
+``defrag data check`` says what is missing or altered.
 """
 
 from __future__ import annotations
@@ -24,9 +24,15 @@ from typing import IO
 DATA_ENV = "DEFRAG_DATA_DIR"
 """The one data setting: the directory holding ``openb/`` and ``fgd/``."""
 
-DEFAULT_DATA_DIR = Path("..") / "shared" / "data"
-"""Beside a checkout: where ``make test``, ``make bench`` and CI look when ``DEFRAG_DATA_DIR``
-is not set (relative to the checkout's root)."""
+
+def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """The user's cache: ``$XDG_CACHE_HOME/defrag/data``, else ``~/.cache/defrag/data`` — where
+    ``defrag data fetch`` puts the files and every reader looks when ``DEFRAG_DATA_DIR`` is not
+    set."""
+    env = os.environ if environ is None else environ
+    cache = env.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "defrag" / "data"
+
 
 OPENB_URL = (
     "https://raw.githubusercontent.com/alibaba/clusterdata/master/cluster-trace-gpu-v2023/csv/"
@@ -63,7 +69,12 @@ HOW_TO_GET = "run `make data` (or `defrag data fetch --dir DIR`) and set DEFRAG_
 
 
 class DataError(Exception):
-    """A data file that is missing, cannot be downloaded or does not match its checksum."""
+    """A data file that is missing, cannot be downloaded or does not match its checksum;
+    ``unreachable`` when the server could not be reached at all (no answer, not a refusal)."""
+
+    def __init__(self, message: str, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +85,12 @@ class FileState:
     state: str
 
 
-def data_dir(default: Path = DEFAULT_DATA_DIR, environ: Mapping[str, str] | None = None) -> Path:
-    """``DEFRAG_DATA_DIR`` when set (and not empty), else ``default``."""
-    value = (os.environ if environ is None else environ).get(DATA_ENV, "")
-    return Path(value) if value else default
+def data_dir(default: Path | None = None, environ: Mapping[str, str] | None = None) -> Path:
+    """``DEFRAG_DATA_DIR`` when set (and not empty), else ``default``, else the user's cache
+    (:func:`default_data_dir`)."""
+    env = os.environ if environ is None else environ
+    value = env.get(DATA_ENV, "")
+    return Path(value) if value else default or default_data_dir(env)
 
 
 def missing_message(data: Path, names: list[str]) -> str:
@@ -147,7 +160,14 @@ def fetch(
         except (OSError, urllib.error.URLError) as exc:
             partial.unlink(missing_ok=True)
             reason = getattr(exc, "reason", None) or exc.strerror or exc
-            raise DataError(f"{url}: cannot download: {reason}") from None
+            # no connection to an http(s) server, as opposed to its answer or a local file
+            unreachable = (
+                isinstance(exc, urllib.error.URLError)
+                and not isinstance(exc, urllib.error.HTTPError)
+                and isinstance(exc.reason, OSError)
+                and url.startswith(("http://", "https://"))
+            )
+            raise DataError(f"{url}: cannot download: {reason}", unreachable) from None
         got = sha256(partial)
         if got != digest:
             partial.unlink()

@@ -27,6 +27,7 @@ from defrag.cli.app import (
     print_data,
     print_table,
 )
+from defrag.cli.exitcodes import ExitCode
 
 if TYPE_CHECKING:  # imported when a command runs: the sink pulls in the detectors (scipy)
     from defrag.adapters.alertmanager import AlertmanagerSink, SendResult
@@ -112,7 +113,7 @@ def make_sink(
     if bearer_token_file is not None and not bearer_token_file.is_file():
         raise UserError(f"--am-bearer-token-file {bearer_token_file}: no such file")
     try:
-        return AlertmanagerSink(
+        sink = AlertmanagerSink(
             urls,
             cluster=cluster,
             bearer_token_file=bearer_token_file,
@@ -125,6 +126,8 @@ def make_sink(
         )
     except ValueError as exc:
         raise UserError(f"--alertmanager: {exc}") from exc
+    sink.probe()  # one that is not there fails at once, not after every retry
+    return sink
 
 
 @alerts_app.command("test")
@@ -201,7 +204,12 @@ def test_alert(
     failed = [row for row in rows if row["reason"]]
     if failed:
         detail = "; ".join(f"{row['url']}: {row['reason']}" for row in failed)
-        raise UserError(f"test alert not delivered to every Alertmanager ({detail})", exit_code=1)
+        # none reached (the sink's "cannot connect"): a server problem, not an answer
+        unreached = all("cannot connect" in str(row["reason"]) for row in failed)
+        raise UserError(
+            f"test alert not delivered to every Alertmanager ({detail})",
+            ExitCode.UNREACHABLE if unreached else ExitCode.NO,
+        )
 
 
 def _reason(fired: SendResult, resolved: SendResult) -> str:

@@ -18,6 +18,7 @@ from defrag.adapters.tracedata import (
     fetch,
 )
 from defrag.cli.app import UserError, app, print_line, print_table
+from defrag.cli.exitcodes import ExitCode
 
 data_app = typer.Typer(
     help="The openb trace the simulator's benchmarks and tests read.", no_args_is_help=True
@@ -28,7 +29,7 @@ DirOpt = Annotated[
     Path | None,
     typer.Option(
         "--dir",
-        help=f"The data directory (default: ${DATA_ENV}, else ../shared/data).",
+        help=f"The data directory (default: ${DATA_ENV}, else ~/.cache/defrag/data).",
     ),
 ]
 
@@ -44,9 +45,15 @@ def fetch_cmd(
     """Download the openb trace files into DIR/openb, each checked against its SHA-256."""
     dest = directory or data_dir()
     try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        flag = "--dir" if directory else f"the data directory (${DATA_ENV} or the default)"
+        raise UserError(f"{flag} {dest}: cannot create: {exc.strerror or exc}") from None
+    try:
         done = fetch(dest, source, force=force)
     except DataError as exc:
-        raise UserError(str(exc)) from None
+        code = ExitCode.UNREACHABLE if exc.unreachable else ExitCode.BAD_INPUT
+        raise UserError(str(exc), code) from None
     fetched = sum(1 for _, how in done if how == "fetched")
     print_line(f"{dest}: {fetched} fetched, {len(done) - fetched} already present and verified")
 
@@ -55,6 +62,11 @@ def fetch_cmd(
 def check_cmd(directory: DirOpt = None) -> None:
     """Which reference files are present, missing or altered (exit 1 unless all are present)."""
     dest = directory or data_dir()
+    if not dest.is_dir():
+        where = "--dir" if directory else f"the data directory (${DATA_ENV} or the default)"
+        raise UserError(
+            f"{where} {dest}: no such folder (`defrag data fetch --dir {dest}` fills it)"
+        )
     states = check(dest)
     table = Table("file", "state", title=str(dest))
     for state in states:

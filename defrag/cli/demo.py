@@ -76,7 +76,7 @@ def demo(
         },
     )
     configure_logging("text", "WARNING")
-    wiring = _build(settings)
+    wiring = _build(settings, once=False)
     daemon, sim = wiring.daemon, wiring.sim
     sim.clock.speedup = 0.0  # the demo moves simulated time itself, cycle by cycle
     first = sim.snapshot()
@@ -191,7 +191,7 @@ def _plan_tables(plan: Plan) -> None:
             str(i), s.kind, s.pod, s.source, s.target or "(waits)",
             f"{s.gpus_held:g}", f"{s.cost:.1f}", s.reason,
         )  # fmt: skip
-    print_table(steps)
+    print_table(steps, drop=("cost", "#"), whole=("pod", "from", "to"))
     if plan.blocked:
         blocked = Table(title="Not moved (the plan works around them)", show_header=True)
         for col in ("pod", "why", "detail"):
@@ -199,7 +199,7 @@ def _plan_tables(plan: Plan) -> None:
         for b in plan.blocked:
             why = _BLOCKED_WHY.get(b.constraint, b.constraint)
             blocked.add_row(b.pod, why, "" if b.detail == why else b.detail)
-        print_table(blocked)
+        print_table(blocked, whole=("pod",))
 
 
 def _cycle_line(r: CycleResult) -> str:

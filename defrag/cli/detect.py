@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 import shutil
 import subprocess
@@ -56,6 +55,7 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.exitcodes import ExitCode
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 from defrag.redact import redact_text, redact_url
 
@@ -94,11 +94,13 @@ def make_source(
     if ca is not None and not ca.is_file():
         raise UserError(f"--prom-ca-file {ca}: no such file")
     try:
-        return PrometheusSource(
+        source = PrometheusSource(
             url, timeout_s=timeout_s, bearer_token_file=token, ca_bundle=ca, verify_tls=not insecure
         )
     except ValueError as exc:
         raise UserError(f"--prometheus: {redact_text(str(exc))}") from None
+    source.probe()  # an unreachable Prometheus fails each query at once, not after retries
+    return source
 
 
 def fail_with_issues(issues: Sequence[object], exit_code: int = 2) -> NoReturn:
@@ -146,19 +148,19 @@ def detect(
 ) -> None:
     """Run the detection rules once and print the findings (optionally send them as alerts)."""
     from defrag.adapters.prometheus import MetricsError
+    from defrag.adapters.sources import has_default_cluster
     from defrag.detection import run_detection, with_dcgm_gpu_indices
     from defrag.model.workload import WorkloadMix
 
-    # The live cluster: --kubeconfig or --context, else $KUBECONFIG when set (the client's own
-    # rule, as every other command reads it); --snapshot files win over both.
-    live = not snapshot and (
-        kubeconfig is not None or context is not None or bool(os.environ.get("KUBECONFIG"))
-    )
+    # The live cluster: --kubeconfig or --context, else the one kubectl would read ($KUBECONFIG,
+    # the pod's service account, ~/.kube/config), as every other command reads it; --snapshot
+    # files win over them.
+    live = not snapshot and (kubeconfig is not None or context is not None or has_default_cluster())
     with command_deadline(deadline, "detect"):
         if prometheus is None and not snapshot and not live:
             raise UserError(
                 "nothing to detect from: give --prometheus URL and/or --snapshot FILE "
-                "(or --kubeconfig FILE, or set $KUBECONFIG)"
+                "(or --kubeconfig FILE; else $KUBECONFIG or ~/.kube/config is read)"
             )
         if at is not None and alertmanager:
             raise UserError("--at cannot be combined with --alertmanager: alerts are sent for now")
@@ -216,11 +218,17 @@ def detect(
             incomplete.append(f"alerts not sent: {alerts.error}")
         if incomplete:
             raise UserError("; ".join(incomplete), exit_code=EXIT_INCOMPLETE)
+        if not report.ran and report.skipped:
+            raise UserError(
+                f"nothing evaluated: all {len(report.skipped)} rule(s) were skipped, their "
+                "sources hold none of the data they read (above)",
+                exit_code=ExitCode.NO_DATA,
+            )
         if fail_on_findings and report.findings:
-            raise typer.Exit(1)
+            raise typer.Exit(ExitCode.NO)
 
 
-EXIT_INCOMPLETE = 3
+EXIT_INCOMPLETE = ExitCode.UNREACHABLE
 """``defrag detect``'s exit code when it could not do all it was asked: a rule could not be
 evaluated, or no Alertmanager took the alerts (docs/cli.md, *Exit codes*)."""
 
@@ -300,13 +308,13 @@ def _say_rules_and_alerts(report: DetectionReport, alerts: AlertsSent | None) ->
     """On stderr, for people: which rules ran, which were skipped and why, which could not be
     evaluated, and where the alerts went (how many)."""
     err = sys.stderr
-    parts = [f"{len(report.ran)} ran"]
+    ran = f" ({', '.join(report.ran)})" if report.ran else ""
+    parts = [f"{len(report.ran)} ran{ran}"]
     if report.skipped:
         parts.append(f"{len(report.skipped)} skipped")
     if report.failures:
         parts.append(f"{len(report.failures)} not evaluated")
-    names = f" ({', '.join(report.ran)})" if report.ran else ""
-    err.write(f"rules: {', '.join(parts)}{names}\n")
+    err.write(f"rules: {', '.join(parts)}\n")
     for name, why in report.skipped.items():
         err.write(f"skipped rule {name}: {why}\n")
     for failure in report.failures:
@@ -384,7 +392,7 @@ def _issue(loaded: LoadedRule, path: str, message: str) -> RuleIssue:
 
 
 def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[RuleIssue]:
-    from defrag.adapters.prometheus import MetricsError, PromQLError
+    from defrag.adapters.prometheus import MetricsError, PrometheusUnreachable, PromQLError
 
     issues = []
     for loaded, path, query in queries:
@@ -392,6 +400,8 @@ def _check_with_server(queries: list[Query], source: PrometheusSource) -> list[R
             source.instant(query)
         except PromQLError as exc:
             issues.append(_issue(loaded, path, f"invalid PromQL: {exc.prometheus_message}"))
+        except PrometheusUnreachable as exc:
+            raise UserError(str(exc), ExitCode.UNREACHABLE) from None
         except MetricsError as exc:
             raise UserError(str(exc)) from None
     return issues

@@ -8,7 +8,7 @@ import signal
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -16,21 +16,46 @@ from rich.table import Table
 from defrag.cli.app import (
     Output,
     OutputOpt,
+    PortOpt,
     UserError,
+    api_server,
     app,
     console,
     err_console,
+    parse_duration,
     print_data,
 )
+from defrag.cli.exitcodes import ExitCode
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
 
 if TYPE_CHECKING:
     from defrag.extender.server import ExtenderHTTPServer
 
-HostOpt = Annotated[str, typer.Option(help="Address to bind.")]
+HostOpt = Annotated[str, typer.Option(help="Address to bind.", metavar="ADDRESS")]
 KubeconfigOpt = Annotated[
-    Path | None, typer.Option(help="Kubeconfig (default: in-cluster, else ~/.kube/config).")
+    Path | None,
+    typer.Option(
+        help="Kubeconfig (default: $KUBECONFIG, else in-cluster, else ~/.kube/config).",
+        metavar="PATH",
+    ),
 ]
+
+
+def _old_name(flag: str) -> Any:
+    """The option's name before durations took units (``--relist-interval-s``): still read,
+    in seconds as before, and hidden from the help."""
+    return typer.Option(f"{flag}-s", hidden=True, metavar="SECONDS")
+
+
+def _span(text: str, old: str | None, flag: str) -> float:
+    """Seconds in ``flag``'s duration (or in its old ``-s`` spelling, when that was given);
+    positive and finite."""
+    if old is not None:
+        text, flag = old, f"{flag}-s"
+    seconds = parse_duration(text, flag)
+    if not 0 < seconds < 1e6:
+        raise UserError(f"{flag}: must be positive and under 11 days, got {text!r}")
+    return seconds
 
 
 def _on_sigterm(stop: threading.Event) -> None:
@@ -50,7 +75,7 @@ def _logging() -> None:
 
 @app.command()
 def extender(
-    port: Annotated[int, typer.Option(help="Port to serve /filter and /prioritize on.")] = 8888,
+    port: Annotated[int, PortOpt("Port to serve /filter and /prioritize on.")] = 8888,
     host: HostOpt = "0.0.0.0",
     snapshot: Annotated[
         list[Path],
@@ -62,25 +87,27 @@ def extender(
     ] = [],  # noqa: B006
     policy: PolicyOpt = None,
     settings_file: SettingsOpt = None,
-    relist_interval_s: Annotated[
-        float,
-        typer.Option(help="Seconds between rereads of --snapshot files (the API is watched)."),
-    ] = 10.0,
-    max_staleness_s: Annotated[
-        float, typer.Option(help="/readyz fails when the state is older than this.")
-    ] = 120.0,
+    relist_interval: Annotated[
+        str,
+        typer.Option(
+            help="Between rereads of --snapshot files (the API is watched).", metavar="DURATION"
+        ),
+    ] = "10s",
+    max_staleness: Annotated[
+        str,
+        typer.Option(help="/readyz fails when the state is older than this.", metavar="DURATION"),
+    ] = "120s",
     metrics_port: Annotated[
         int | None,
-        typer.Option(
-            help="Also serve GET /metrics, /healthz and /readyz (nothing else) on this port, for "
+        PortOpt(
+            "Also serve GET /metrics, /healthz and /readyz (nothing else) on this port, for "
             "probes and Prometheus when --host is a loopback address.",
-            min=1,
-            max=65535,
+            lowest=1,
         ),
     ] = None,
-    metrics_host: Annotated[str, typer.Option(help="Address to bind --metrics-port.")] = (
-        "0.0.0.0"
-    ),
+    metrics_host: Annotated[
+        str, typer.Option(help="Address to bind --metrics-port.", metavar="ADDRESS")
+    ] = ("0.0.0.0"),
     kubeconfig: KubeconfigOpt = None,
     tls_cert: Annotated[
         Path | None,
@@ -88,29 +115,36 @@ def extender(
     ] = None,
     tls_key: Annotated[Path | None, typer.Option(help="PEM private key of --tls-cert.")] = None,
     max_connections: Annotated[
-        int, typer.Option(help="Connections served at once; more get 503 and are closed.")
+        int,
+        typer.Option(help="Connections served at once; more get 503 and are closed.", min=1),
     ] = 64,
-    idle_timeout_s: Annotated[
-        float, typer.Option(help="Close a keep-alive connection idle this long.")
-    ] = 30.0,
-    read_timeout_s: Annotated[
-        float, typer.Option(help="A request's headers and body must arrive within this.")
-    ] = 10.0,
+    idle_timeout: Annotated[
+        str,
+        typer.Option(help="Close a keep-alive connection idle this long.", metavar="DURATION"),
+    ] = "30s",
+    read_timeout: Annotated[
+        str,
+        typer.Option(
+            help="A request's headers and body must arrive within this.", metavar="DURATION"
+        ),
+    ] = "10s",
+    relist_interval_s: Annotated[str | None, _old_name("--relist-interval")] = None,
+    max_staleness_s: Annotated[str | None, _old_name("--max-staleness")] = None,
+    idle_timeout_s: Annotated[str | None, _old_name("--idle-timeout")] = None,
+    read_timeout_s: Annotated[str | None, _old_name("--read-timeout")] = None,
 ) -> None:
     """Serve the kube-scheduler extender (filter, prioritize) with defrag's score function."""
     import ssl
 
     from defrag.adapters.httpserve import ServerLimits
-    from defrag.adapters.sources import SourceError, SourceSpec, open_source
+    from defrag.adapters.sources import SourceError, SourceSpec, SourceUnreachable, open_source
     from defrag.extender.server import serve, serve_status, stop, tls_context
 
     config = profile_config(settings_file, policy)
-    if relist_interval_s <= 0 or max_staleness_s <= 0:
-        raise UserError("--relist-interval-s and --max-staleness-s must be positive")
-    if max_connections < 1 or not 0 < idle_timeout_s < 1e6 or not 0 < read_timeout_s < 1e6:
-        raise UserError(
-            "--max-connections, --idle-timeout-s and --read-timeout-s must be positive and finite"
-        )
+    relist_s = _span(relist_interval, relist_interval_s, "--relist-interval")
+    staleness_s = _span(max_staleness, max_staleness_s, "--max-staleness")
+    idle_s = _span(idle_timeout, idle_timeout_s, "--idle-timeout")
+    read_s = _span(read_timeout, read_timeout_s, "--read-timeout")
     if (tls_cert is None) != (tls_key is None):
         raise UserError("--tls-cert and --tls-key go together: give both, or neither")
     tls = None
@@ -127,25 +161,34 @@ def extender(
     spec = (
         SourceSpec(tuple(snapshot))
         if snapshot
-        else SourceSpec(live=True, kubeconfig=kubeconfig, watch=True)
+        else SourceSpec(live=True, kubeconfig=kubeconfig, watch=True, probe=True)
     )
     try:
-        source = open_source(spec).source
+        backend = open_source(spec)
+    except SourceUnreachable as exc:
+        raise UserError(str(exc), ExitCode.UNREACHABLE) from None
     except SourceError as exc:
         raise UserError(str(exc)) from None
+    source = backend.source
     try:
         server = serve(
             source,
             profile=config,
             host=host,
             port=port,
-            relist_interval_s=relist_interval_s,
-            max_staleness_s=max_staleness_s,
-            limits=ServerLimits(max_connections, idle_timeout_s, read_timeout_s),
+            relist_interval_s=relist_s,
+            max_staleness_s=staleness_s,
+            limits=ServerLimits(max_connections, idle_s, read_s),
             tls=tls,
         )
     except OSError as exc:
         raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
+    except Exception as exc:  # the first list of the live cluster: refused, cut off, timed out
+        if backend.api is None:
+            raise
+        raise UserError(
+            f"{api_server(backend.api)}: cannot list the cluster: {exc}", ExitCode.UNREACHABLE
+        ) from None
     servers = [server]
     if metrics_port is not None:
         try:
@@ -186,11 +229,12 @@ def agent(
         str | None,
         typer.Option(help="This node's name (default: $NODE_NAME, set by the DaemonSet)."),
     ] = None,
-    port: Annotated[int, typer.Option(help="Port for /metrics and /healthz.")] = 9410,
+    port: Annotated[int, PortOpt("Port for /metrics and /healthz.")] = 9410,
     host: HostOpt = "0.0.0.0",
-    interval_s: Annotated[
-        float, typer.Option(help="Seconds between topology checks (published on change).")
-    ] = 300.0,
+    interval: Annotated[
+        str,
+        typer.Option(help="Between topology checks (published on change).", metavar="DURATION"),
+    ] = "5m",
     once: Annotated[
         bool, typer.Option("--once", help="Read the GPUs once, publish, print, exit.")
     ] = False,
@@ -199,6 +243,7 @@ def agent(
     ] = True,
     kubeconfig: KubeconfigOpt = None,
     output: OutputOpt = Output.table,
+    interval_s: Annotated[str | None, _old_name("--interval")] = None,
 ) -> None:
     """The node agent: NVLink domains → node annotation; GPU memory on /metrics.
 
@@ -208,11 +253,10 @@ def agent(
     from defrag.adapters.nvml import NvmlInventory, NvmlUnavailable
     from defrag.agent.service import EXIT_NO_NVML, Agent, NodeAnnotator
 
+    interval_seconds = _span(interval, interval_s, "--interval")
     node_name = node or os.environ.get("NODE_NAME") or ""
     if publish and not node_name:
         raise UserError("no node name: pass --node or set NODE_NAME (or use --no-publish)")
-    if interval_s <= 0:
-        raise UserError("--interval-s must be positive")
     _logging()
     inventory = NvmlInventory()
     try:
@@ -225,10 +269,19 @@ def agent(
             from defrag.adapters.kube import KubeActuator, KubeError, connect
 
             try:
-                annotator = KubeActuator(connect(str(kubeconfig) if kubeconfig else None))
+                api = connect(str(kubeconfig) if kubeconfig else None)
             except KubeError as exc:
                 raise UserError(str(exc)) from None
-        worker = Agent(node_name or "local", inventory, annotator, interval_s)
+            if once:  # one try, said at once; serving, the agent retries every --interval
+                from defrag.adapters.reach import ServerUnreachable, check_reachable
+
+                try:
+                    check_reachable(api.configuration.host, "the API server",
+                                    proxy=api.configuration.proxy)  # fmt: skip
+                except ServerUnreachable as exc:
+                    raise UserError(str(exc), ExitCode.UNREACHABLE) from None
+            annotator = KubeActuator(api)
+        worker = Agent(node_name or "local", inventory, annotator, interval_seconds)
         if once:
             try:
                 topology = worker.sync_once()

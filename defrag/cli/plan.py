@@ -84,8 +84,9 @@ def plan_command(
     min_age: Annotated[
         str | None,
         typer.Option(
-            help="How long a pod must have run before it may move (15m, 2h; bare: min; "
-            "default: the setting planner.min_pod_age_s, 0)."
+            help="How long a pod must have run before it may move (15m, 2h; "
+            "default: the setting planner.min_pod_age_s, 0).",
+            metavar="DURATION",
         ),
     ] = None,
     protect_priority: Annotated[
@@ -126,7 +127,7 @@ def plan_command(
         "windows.max_evictions_per_node": max_per_node,
         "windows.max_evictions_per_namespace": max_per_namespace,
         "planner.min_pod_age_s": (
-            None if min_age is None else parse_duration(min_age, "--min-age", bare_unit="m")
+            None if min_age is None else parse_duration(min_age, "--min-age", bare_was="m")
         ),
         "planner.evict_priority_threshold": protect_priority,
     }
@@ -192,7 +193,7 @@ def _print_table(plan: Plan) -> None:
             f"{s.gpus_held:g}", f"{s.cost:.1f}", s.reason,
         )  # fmt: skip
     if plan.steps:
-        print_table(steps)
+        print_table(steps, drop=("cost", "#"), whole=("pod", "from", "to"))
     else:
         print_line("No steps: nothing to move within the constraints.")
     if plan.blocked:
@@ -201,7 +202,7 @@ def _print_table(plan: Plan) -> None:
             blocked.add_column(col)
         for b in plan.blocked:
             blocked.add_row(b.pod, b.constraint, b.detail)
-        print_table(blocked)
+        print_table(blocked, whole=("pod",))
     gain = Table(title="Expected gain", show_header=True)
     for col in ("metric", "before", "after"):
         gain.add_column(col, justify="left" if col == "metric" else "right")

@@ -32,6 +32,7 @@ from defrag.cli.app import (
     print_line,
     print_table,
 )
+from defrag.cli.exitcodes import ExitCode
 from defrag.cli.names import GPU_MILLI
 from defrag.cli.profile import PolicyOpt, SettingsOpt, cli_settings, profile_config
 
@@ -137,8 +138,38 @@ def report(
         return
     print_table(report_table(rep))
     print_table(node_table(rep))
-    for key, value in extras.items():
-        print_line(f"{key}: {value}")
+    if extras:
+        print_extras(extras)
+
+
+def print_extras(extras: dict[str, Any]) -> None:
+    """``report --prometheus``'s additions in words and a table (``-o json`` has the fields):
+    the GPU utilisation percentiles, the leak suspects, the rules that could not run."""
+    from rich.markup import escape
+
+    use = extras.get("utilisation")
+    if use:
+        hours = float(use["window_s"]) / 3600
+        print_line(
+            f"GPU utilisation over the last {hours:g} h ({use['gpus']} GPU(s), "
+            f"{use['samples']} samples): p50 {use['p50']:g}%, p90 {use['p90']:g}%, "
+            f"p99 {use['p99']:g}%"
+        )
+    elif "utilisation" in extras:
+        print_line("GPU utilisation: no samples (is the DCGM exporter scraped?)")
+    suspects = extras.get("leak_suspects") or []
+    if suspects:
+        table = Table(title="GPU memory leak suspects", show_header=True)
+        for col in ("subject", "severity", "summary"):
+            table.add_column(col, overflow="fold")
+        for f in suspects:
+            table.add_row(str(f.get("subject", "")), str(f.get("severity", "")),
+                          str(f.get("summary", "")))  # fmt: skip
+        print_table(table, whole=("subject",))
+    else:
+        print_line("GPU memory leak suspects: none")
+    for name, why in dict(extras.get("skipped") or {}).items():
+        print_line(f"skipped rule {escape(str(name))}: {escape(str(why))}")
 
 
 def _prometheus(
@@ -157,13 +188,17 @@ def _prometheus(
 
 def _prometheus_extras(source: PrometheusSource, when: datetime) -> dict[str, Any]:
     """GPU utilisation percentiles and leak suspects from Prometheus (see docs/rules.md)."""
-    from defrag.adapters.prometheus import MetricsError
+    from defrag.adapters.prometheus import MetricsError, PrometheusUnreachable
     from defrag.cli.detect import read_rules
     from defrag.detection import report_extras
     from defrag.redact import redact_text
 
     try:
         return report_extras(source, read_rules([]), when)
+    except PrometheusUnreachable as exc:
+        raise UserError(
+            f"--prometheus {source.shown}: {redact_text(str(exc))}", ExitCode.UNREACHABLE
+        ) from None
     except (MetricsError, ValueError) as exc:
         raise UserError(f"--prometheus {source.shown}: {redact_text(str(exc))}") from None
 

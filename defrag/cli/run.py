@@ -20,6 +20,7 @@ import typer
 from rich.markup import escape
 
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
+from defrag.cli.exitcodes import ExitCode
 from defrag.redact import redact_text
 
 if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
@@ -58,11 +59,13 @@ class Wiring:
     """The cycle reads a watched store (its watch threads cannot be joined promptly at exit)."""
 
 
-def build(settings: Settings, *, watch: bool = True) -> Wiring:
+def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wiring:
     """Every port the settings ask for, wired into a daemon. Bad settings → SettingsError.
 
     ``watch``: on a live cluster the cycle reads the store list + watch keeps (a serving daemon);
-    False lists every cycle instead (``--once``: one list is all one cycle needs)."""
+    False lists every cycle instead (``--once``: one list is all one cycle needs). ``probe``:
+    connect to the API server and Prometheus once first, so an unreachable one is said at once
+    (:class:`~defrag.adapters.sources.SourceUnreachable`, or every query failing at once)."""
     from defrag.daemon.cycle import CyclePorts, SystemClock
     from defrag.daemon.service import AlwaysLeader, Daemon
     from defrag.daemon.unmodelled import UnmodelledReporter
@@ -88,7 +91,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
     clock: Clock = SystemClock()
     time_scale = 1.0
     sleep: Callable[[float], None] = time.sleep
-    backend = _backend(settings)
+    backend = _backend(settings, probe=probe)
     source: ClusterSource = backend.source
     fresh: ClusterSource = source  # what the executor re-reads before and after it evicts
     if backend.sim is not None:
@@ -100,8 +103,13 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
             source = _watched(settings, backend.api)
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
+        if probe and metrics is not None and hasattr(metrics, "probe"):
+            metrics.probe()
         owners = _owner_lookup(backend.api)
 
+    alerts = _alerts(settings)
+    if probe and alerts is not None and hasattr(alerts, "probe"):
+        alerts.probe()
     planner_config = settings.planner_config()
     executor = Executor(
         actuator,
@@ -122,7 +130,7 @@ def build(settings: Settings, *, watch: bool = True) -> Wiring:
         planner=_planner(planner_config, owners),
         executor=executor,
         unmodelled=UnmodelledReporter(actuator, settings.run_mode),
-        alerts=_alerts(settings),
+        alerts=alerts,
     )
     daemon = Daemon(
         ports,
@@ -149,9 +157,9 @@ def _cycle_time_left(time_scale: float) -> float | None:
     return None if budget is None else budget.remaining() * time_scale
 
 
-def _backend(settings: Settings) -> Backend:
+def _backend(settings: Settings, *, probe: bool = False) -> Backend:
     """The cluster the settings name, through the one factory every command uses."""
-    from defrag.adapters.sources import SourceError, SourceSpec, open_source
+    from defrag.adapters.sources import SourceError, SourceSpec, SourceUnreachable, open_source
     from defrag.settings import SettingsError
 
     cluster = settings.cluster
@@ -161,9 +169,11 @@ def _backend(settings: Settings) -> Backend:
         )
     else:
         kubeconfig = Path(cluster.kubeconfig) if cluster.kubeconfig else None
-        spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=cluster.context)
+        spec = SourceSpec(live=True, kubeconfig=kubeconfig, context=cluster.context, probe=probe)
     try:
         return open_source(spec)
+    except SourceUnreachable:
+        raise
     except SourceError as exc:
         raise SettingsError(str(exc)) from None
 
@@ -283,11 +293,14 @@ def _settings(path: Path | None, overrides: dict[str, Any]) -> Settings:
         raise UserError(redact_text(str(exc))) from None
 
 
-def _build(settings: Settings, *, watch: bool = True) -> Wiring:
+def _build(settings: Settings, *, once: bool) -> Wiring:
+    from defrag.adapters.sources import SourceUnreachable
     from defrag.settings import SettingsError
 
     try:
-        return build(settings, watch=watch)
+        return build(settings, watch=not once, probe=once)
+    except SourceUnreachable as exc:
+        raise UserError(redact_text(str(exc)), ExitCode.UNREACHABLE) from None
     except SettingsError as exc:
         raise UserError(redact_text(str(exc))) from None
 
@@ -338,33 +351,47 @@ def run(
     )
     logs = settings.logging
     configure_logging(logs.format, logs.level if not once else "WARNING")
-    wiring = _build(settings, watch=not once)
+    wiring = _build(settings, once=once)
     daemon = wiring.daemon
     if not once:
-        daemon.serve_forever()
+        try:
+            daemon.serve_forever()
+        except OSError as exc:  # the HTTP port: taken, not ours to bind, no such address
+            http = settings.http
+            raise UserError(
+                f"cannot listen on {http.host}:{http.port} (setting http.port, env "
+                f"DEFRAG_HTTP__PORT): {exc.strerror or exc}"
+            ) from None
         # A cycle stuck past the grace period, or the watch threads (blocked reading their
         # streams), cannot be joined promptly: leave without waiting for them.
         if daemon.cycle_running or wiring.watching:
             logging.shutdown()
             os._exit(0)
         return
+    from defrag.daemon.service import EXPECTED_FAILURES
+
     try:
         result = daemon.run_once()  # reconciles first when leading outside dry run
     except UserError:
         raise
+    except EXPECTED_FAILURES as exc:  # the outside failed: a server, a deadline
+        raise UserError(
+            redact_text(f"cycle failed: {type(exc).__name__}: {exc}"), ExitCode.UNREACHABLE
+        ) from None
     except Exception as exc:
-        raise UserError(f"cycle failed: {type(exc).__name__}: {exc}", exit_code=1) from None
+        raise UserError(f"cycle failed: {type(exc).__name__}: {exc}", ExitCode.NO) from None
     if output is not Output.table:
         print_data(result.to_dict(), output)
     else:
         print_cycle(result)
+    # as `detect`: what could not be done because a server failed is incomplete (exit 3)
     if result.alert_error:
-        raise UserError(f"alerts not delivered: {result.alert_error}", exit_code=1)
+        raise UserError(f"alerts not delivered: {result.alert_error}", ExitCode.UNREACHABLE)
     if result.rule_failures:
         raise UserError(
             f"{len(result.rule_failures)} rule(s) could not be evaluated: "
             + ", ".join(sorted(result.rule_failures)),
-            exit_code=1,
+            ExitCode.UNREACHABLE,
         )
 
 

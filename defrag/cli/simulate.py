@@ -77,6 +77,9 @@ def load_workload(trace: Path | None, nodes: Path | None, pods: int, scale: floa
     try:
         if trace is not None and nodes is None:
             raise UserError("--trace needs --nodes (the node list the pods run on)")
+        for flag, path in (("--trace", trace), ("--nodes", nodes)):
+            if path is not None and not path.is_file():
+                raise UserError(f"{flag} {path}: no such file")
         node_list = load_nodes(nodes) if nodes is not None else synthetic_nodes(scale)
         if trace is not None:
             return Workload(trace.stem, node_list, load_pods(trace).pods)
@@ -126,16 +129,16 @@ def simulate(
     ] = Protocol.fill,
     load: Annotated[float, typer.Option(help="timeline: offered GPU load (0.9 = 90%).")] = 0.9,
     duration: Annotated[
-        str, typer.Option(help="timeline: measured time (36h; bare: hours).")
+        str, typer.Option(help="timeline: measured time (36h).", metavar="DURATION")
     ] = "36h",
     warmup: Annotated[
-        str, typer.Option(help="timeline: warm-up time, not measured (12h; bare: hours).")
+        str, typer.Option(help="timeline: warm-up time, not measured (12h).", metavar="DURATION")
     ] = "12h",
     run_time_scale: Annotated[
         float, typer.Option(help="timeline: multiply the median run times (2 h / 12 h multi-GPU).")
     ] = 1.0,
     window_every: Annotated[
-        str, typer.Option(help="timeline: defrag window period (6h; bare: hours).")
+        str, typer.Option(help="timeline: defrag window period (6h).", metavar="DURATION")
     ] = "6h",
     defrag: Annotated[
         bool, typer.Option("--defrag", help="Also run each policy with the planner in the loop.")
@@ -175,7 +178,7 @@ def simulate(
     output: OutputOpt = Output.table,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG plot here.")] = None,
     jobs: Annotated[int, typer.Option(help="Parallel processes.")] = 1,
-    pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.")] = 2000,
+    pods: Annotated[int, typer.Option(help="Synthetic workload: pods in the pool.", min=1)] = 2000,
     scale: Annotated[float, typer.Option(help="Synthetic cluster: × 150 nodes.")] = 1.0,
     curves: Annotated[bool, typer.Option(help="JSON: include each run's curve / series.")] = False,
     sweep: Annotated[
@@ -214,7 +217,7 @@ def simulate(
     if plot is not None:
         writable_path(plot, "--plot", ".png")
     spans = {"duration": duration, "warmup": warmup, "window-every": window_every}
-    hours = {k: parse_duration(v, f"--{k}", bare_unit="h") / 3600 for k, v in spans.items()}
+    hours = {k: parse_duration(v, f"--{k}", bare_was="h") / 3600 for k, v in spans.items()}
     names = list(dict.fromkeys(defragmenter or ["none"]))
     if defrag:
         names = list(dict.fromkeys(["none", *names, "defrag"]))

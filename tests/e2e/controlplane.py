@@ -36,8 +36,8 @@ ASSETS_ENV = "KUBEBUILDER_ASSETS"
 COMPONENTS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 HOW_TO_GET = (
     f"no control plane binaries: set {ASSETS_ENV} to a folder with kube-apiserver, "
-    "kube-controller-manager and kube-scheduler (`make kube-assets` unpacks ../shared/controlplane)"
-    " and install etcd (Debian: etcd-server)"
+    "kube-controller-manager and kube-scheduler (envtest's `setup-envtest use` fetches them; "
+    "`make kube-assets` unpacks the project's copy) and install etcd (Debian: etcd-server)"
 )
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 

@@ -383,10 +383,11 @@ def test_sigterm_ends_the_process_whatever_the_stop_waits_on() -> None:
     assert "in release" in err and "in stop" in err, err
 
 
-def test_run_once_with_prometheus_down_reports_the_rules_and_exits_1(tmp_path: Path) -> None:
+def test_run_once_with_prometheus_down_reports_the_rules_and_exits_3(tmp_path: Path) -> None:
     """Before: ``run --once`` logged "rule failed" and exited 0, and its output and log
     carried the Prometheus password. Now the cycle's other work is printed, the rules that
-    could not be evaluated are named, the exit status is 1, and the password appears nowhere."""
+    could not be evaluated are named, the exit status is 3 (a server, as for ``detect``;
+    docs/cli.md), and the password appears nowhere."""
     from typer.testing import CliRunner
 
     from defrag.cli import app
@@ -401,7 +402,7 @@ def test_run_once_with_prometheus_down_reports_the_rules_and_exits_1(tmp_path: P
         }
         clean = {k: None for k in os.environ if k.startswith("DEFRAG_")}
         result = CliRunner().invoke(app, ["run", "--once"], env={**clean, **env})
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 3, result.output
     assert "rule gpu-memory-leak not evaluated (its alerts held)" in result.stdout
     assert "2 rule(s) could not be evaluated: cluster-idle, gpu-memory-leak" in result.stderr
     assert "s3cret" not in result.output and "alice" not in result.output

@@ -48,3 +48,16 @@ def test_report_adds_utilisation_and_leak_suspects(prom: str) -> None:
     assert util["p50"] <= util["p90"] <= util["p99"]
     # exactly the leaking GPU's pod is a suspect; the flat and plateau GPUs are not
     assert [s["subject"] for s in data["leak_suspects"]] == ["pod/ml/leak-0"]
+
+
+def test_the_table_says_them_in_words_not_python(prom: str) -> None:
+    """Before: ``utilisation: {'p50': …}`` and ``leak_suspects: [{…}]`` — Python's reprs of
+    the JSON fields. Now a sentence for the percentiles and a table of the suspects."""
+    args = ["report", "-s", str(SNAPSHOT), "--prometheus", prom, "--at", END.isoformat()]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for repr_ in ("{'", "[{", "None", "utilisation:", "leak_suspects:"):
+        assert repr_ not in out, (repr_, out)
+    assert "GPU utilisation over the last 24 h (" in out and "p50 " in out
+    assert "# GPU memory leak suspects" in out and "pod/ml/leak-0" in out
