@@ -202,9 +202,9 @@ def test_an_empty_prometheus_has_its_own_exit_code(empty_prometheus: str) -> Non
     empty = runner.invoke(app, ["detect", "--prometheus", empty_prometheus, "--fail-on-findings"])
     down = runner.invoke(app, ["detect", "--prometheus", DOWN, "--fail-on-findings"])
     assert (empty.exit_code, down.exit_code) == (4, 3), empty.output + down.output
-    assert "rules: 0 ran, 6 skipped" in empty.stderr
+    assert "rules: 0 ran, 7 skipped" in empty.stderr
     (error,) = [line for line in empty.stderr.splitlines() if line.startswith("error:")]
-    assert "nothing evaluated: all 6 rule(s) were skipped" in error
+    assert "nothing evaluated: all 7 rule(s) were skipped" in error
 
 
 def test_the_summary_names_the_rules_that_ran_after_ran(empty_cluster: str) -> None:
@@ -213,5 +213,6 @@ def test_the_summary_names_the_rules_that_ran_after_ran(empty_cluster: str) -> N
     result = runner.invoke(app, ["detect", "-s", empty_cluster, "--at", AT])
     (line,) = [x for x in result.stderr.splitlines() if x.startswith("rules:")]
     assert line == (
-        "rules: 3 ran (gpu-fragmentation, high-priority-starved, fragmented-starved), 3 skipped"
+        "rules: 4 ran (gpu-fragmentation, high-priority-starved, fragmented-starved, "
+        "unsatisfiable-pending), 3 skipped"
     )

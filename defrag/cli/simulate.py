@@ -186,7 +186,8 @@ def simulate(
         typer.Option(help="A sweep file: settings points over traces, seeds and rows, on Dask."),
     ] = None,
     dask: Annotated[
-        str | None, typer.Option(help="--sweep: a distributed scheduler (tcp://host:8786).")
+        str | None,
+        typer.Option(help="--sweep: a distributed scheduler (tcp://host:8786).", metavar="URL"),
     ] = None,
     best: Annotated[
         bool, typer.Option("--best", help="--sweep: write the winning settings file.")
