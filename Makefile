@@ -5,9 +5,10 @@ PY := $(VENV)/bin/python
 BIN := $(VENV)/bin
 SHARED ?= ../shared
 # The reference data (the openb trace, the FGD paper's figures) that the simulator's tests and
-# benchmarks read; `make data` fetches the openb files into it. Without them those tests skip
-# with one line, except under CI=true, where a missing file is a failure.
-DATA ?= $(SHARED)/data
+# benchmarks read; `make data` fetches the openb files into it. The project's CI keeps a copy
+# beside the checkout; anywhere else it is the user's cache, the CLI's default too. Without the
+# files those tests skip with one line, except under CI=true, where a missing file is a failure.
+DATA ?= $(if $(wildcard $(SHARED)/data),$(SHARED)/data,$(HOME)/.cache/defrag/data)
 export DEFRAG_DATA_DIR ?= $(abspath $(DATA))
 # The e2e suite's control plane (tests/e2e/): kube-apiserver, kube-controller-manager and
 # kube-scheduler unpacked once from $(SHARED)/controlplane into this cache; KUBEBUILDER_ASSETS
