@@ -81,7 +81,7 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
             settings,
             name=f"extender-{tag}",
             port=port,
-            extra=("--relist-interval-s", "1"),
+            extra=("--relist-interval", "1s"),
         ) as ext:
             plane.start_scheduler(c.scheduler_config(port, node_cache_capable), sched_kc, scheduler)
             bound = 0
