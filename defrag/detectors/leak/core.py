@@ -143,6 +143,11 @@ class DcgmLabels:
     uuid: tuple[str, ...] = ("UUID", "uuid")
     pod: tuple[str, ...] = ("exported_pod", "pod_name", "pod")
     namespace: tuple[str, ...] = ("exported_namespace", "pod_namespace", "namespace")
+    uid: tuple[str, ...] = ("pod_uid", "exported_pod_uid")
+    """The pod's UID: one incarnation of a pod (a pod re-created under its name has a new one).
+    ``internal/pkg/transformation/const.go`` names it ``pod_uid``; it is on every per-pod series
+    of ``--kubernetes-virtual-gpus`` (4.5.3+), elsewhere only with
+    ``--kubernetes-enable-pod-uid``."""
     gpu_instance: str = "GPU_I_ID"
     gpu_profile: str = "GPU_I_PROFILE"
     exporter_pod: Regex = r"^(nvidia-)?dcgm-exporter(-.*)?$"
@@ -160,6 +165,9 @@ class DcgmLabels:
 
     def uuid_of(self, labels: Mapping[str, str]) -> str:
         return self.first(labels, self.uuid)
+
+    def uid_of(self, labels: Mapping[str, str]) -> str:
+        return self.first(labels, self.uid)
 
     def key(self, labels: Mapping[str, str]) -> tuple[str, ...] | None:
         """Which GPU (MIG instance) a series is about: its UUID when it has one, so GPUs of
@@ -233,6 +241,11 @@ class GpuMemorySeries:
     """The raw samples (times, MiB) of the recent past, when ``times``/``used_mib`` are coarser
     (through Prometheus each point is a step's median): the stop test (growth that stopped
     within ``stop_tail``) reads these; None: it reads ``times``/``used_mib``."""
+    pod_uid: str = ""
+    """The UID of the pod (its incarnation) when the exporter names it."""
+    per_pod: bool = False
+    """``used_mib`` is the pod's own memory on a GPU it shares (dcgm-exporter's per-process
+    series), not the GPU's: ``total_mib`` is then the pod's memory plus the GPU's free."""
 
     @property
     def subject(self) -> str:
@@ -260,10 +273,53 @@ class Occupancy:
     pod: str
     times: FloatArray
     used_mib: FloatArray
+    uid: str = ""
+    """The pod's UID where exported, else ``@<first sample time>`` for an incarnation told
+    apart by a hole in its series (see :func:`split_incarnations`), else ''."""
 
     @property
     def last(self) -> float:
         return float(self.times[-1]) if len(self.times) else -np.inf
+
+
+def split_incarnations(life: Occupancy, others: FloatArray, hole_s: float) -> list[Occupancy]:
+    """A pod's samples on one GPU cut into incarnations where the exporter gives no UID: a new
+    incarnation begins after a hole of more than ``hole_s`` in the pod's series during which the
+    GPU's other series (``others``: their sample times — the GPU without a pod, or another pod)
+    went on. A hole the whole GPU shares is the exporter's silence, not a new pod. Each
+    incarnation after the first is marked ``@<its first sample time>``."""
+    t = life.times
+    if life.uid or len(t) < 2 or not len(others):
+        return [life]
+    gaps = np.flatnonzero(np.diff(t) > hole_s)
+    cuts = [0]
+    for g in gaps:
+        inside = (others > t[g]) & (others < t[g + 1])
+        if bool(inside.any()):
+            cuts.append(int(g) + 1)
+    if len(cuts) == 1:
+        return [life]
+    cuts.append(len(t))
+    out = []
+    for k, (a, b) in enumerate(itertools.pairwise(cuts)):
+        uid = "" if k == 0 else f"@{t[a]:.0f}"
+        out.append(Occupancy(life.pod, t[a:b], life.used_mib[a:b], uid))
+    return out
+
+
+def per_pod_occupants(current: Sequence[Occupancy], min_common: int = 3) -> bool:
+    """Whether the current occupants of a GPU are dcgm-exporter's per-process series
+    (``--kubernetes-virtual-gpus``, 4.5.3+): the device-level series (no pod labels) goes on
+    beside pod-labelled series, at the same scrapes (``min_common`` shared timestamps). Without
+    per-process data the exporter copies the device's value onto each pod's series and drops the
+    unlabelled one while pods hold the GPU (``internal/pkg/transformation/kubernetes.go``,
+    ``Process``)."""
+    device = [o for o in current if not o.pod]
+    pods = [o for o in current if o.pod]
+    if not device or not pods:
+        return False
+    shared = np.concatenate([d.times for d in device])
+    return any(len(np.intersect1d(p.times, shared)) >= min_common for p in pods)
 
 
 def split_occupancy(
@@ -318,7 +374,9 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     keep = (t > start) & (t <= end) & np.isfinite(y)
     t, y = t[keep], y[keep]
     rt, ry = (t, y) if series.raw is None else series.raw
-    keep = (rt > start) & (rt <= end) & np.isfinite(ry)
+    # raw samples from before the series' first point are another incarnation's
+    first = float(t[0]) - params.bin_s if len(t) else start
+    keep = (rt > max(start, first)) & (rt <= end) & np.isfinite(ry)
     rt, ry = rt[keep], ry[keep]
     if series.stale_s > 0 and len(t) > 3:
         # the exporter fell silent inside the last step: its last point (through Prometheus,
@@ -1117,14 +1175,18 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
     if len(s.pods) == 1:
         namespace, _, pod = s.pods[0].partition("/")
         labels |= {"namespace": namespace, "pod": pod}
+        if s.pod_uid:
+            ev["pod_uid"] = s.pod_uid
+        whose = f"GPU memory of pod {s.pods[0]} on {s.subject}"
+        if s.per_pod:
+            # the exporter's per-process series: the pod's own memory on a GPU it may share
+            whose = f"pod {s.pods[0]}'s own GPU memory on {s.subject} (shared)"
+            ev["memory_of"] = "pod"
         return Finding(
             kind="leak",
             subject=f"pod/{s.pods[0]}",
             severity=severity,
-            summary=(
-                f"GPU memory of pod {s.pods[0]} on {s.subject} grows {rate} MiB/h "
-                f"(95% CI {lo}–{hi}); {eta}"
-            ),
+            summary=f"{whose} grows {rate} MiB/h (95% CI {lo}–{hi}); {eta}",
             evidence=ev | {"pods": list(s.pods), "gpu_subject": s.subject},
             since=since,
             labels=labels,

@@ -31,6 +31,8 @@ from defrag.detectors.leak.core import (
     detect_leaks,
     detect_workload_leaks,
     memory_of_model,
+    per_pod_occupants,
+    split_incarnations,
     split_lives,
     split_occupancy,
 )
@@ -132,7 +134,8 @@ def recent_samples(
         pods = set(one.pods)
         mine = [
             s for s in samples.get(key, [])
-            if not pods or names.pod_key(s.labels, frozenset()) in pods
+            if (not pods or names.pod_key(s.labels, frozenset()) in pods)
+            and (not one.pod_uid or names.uid_of(s.labels) == one.pod_uid)
         ]  # fmt: skip
         out.append(_merge_points(mine) if mine and any(s.points for s in mine) else None)
     return out
@@ -412,9 +415,21 @@ def leak_series(
             f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
         )
     targets = names.target_pods(s.labels for s in [*used, *free])
-    last_of = {
+    last_of: dict[str, dict[Any, float]] = {
         kind: _last_by_key(samples, names)
-        for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now))
+        for kind, samples in (("free", free), ("reserved", reserved))
+    }
+    # used now: the device's own series where the exporter adds each pod's beside it (its
+    # labels name no pod), else the copies on the pods' series (the same value); and each
+    # pod's own, by pod and UID
+    unlabelled = [s for s in used_now if not names.pod_key(s.labels, targets)]
+    last_of["used"] = _last_by_key(used_now, names) | _last_by_key(unlabelled, names)
+    last_of["pod_used"] = {
+        (k, pod, names.uid_of(s.labels)): s.last
+        for s in used_now
+        if (k := names.key(s.labels)) is not None
+        and (pod := names.pod_key(s.labels, targets))
+        and s.last is not None
     }
     live_nodes = {names.node_of(s.labels) for s in free} - {""}
     unkeyed = 0
@@ -433,26 +448,60 @@ def leak_series(
         )
     end = now.timestamp()
     final: dict[tuple[str, ...], GpuMemorySeries] = {}
+    series: GpuMemorySeries
     silent: list[tuple[tuple[str, ...], GpuMemorySeries]] = []
     occupied: dict[tuple[str, ...], tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]] = {}
     for key, samples in sorted(groups.items()):
-        by_pod: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_pod.setdefault(names.pod_key(s.labels, targets) or "", []).append(s)
-        occupancies = [Occupancy(pod, *_merge_points(group)) for pod, group in by_pod.items()]
+        occupancies, labels_of = _occupancies(samples, names, targets, params.bin_s)
         current, ended = split_occupancy(occupancies, params.bin_s)
         if not current:
             continue
-        occupant = [s for life in current for s in by_pod[life.pod]]
-        times, values = _merge_points(occupant)
-        latest = max(occupant, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        latest = labels_of[max(current, key=lambda o: o.last)]
         node = names.node_of(latest)
+        gpu_fresh = key in last_of["free"] or node in live_nodes
+        reserved_mib = last_of["reserved"].get(key, 0.0)
+        free_now = last_of["free"].get(key)
+        if per_pod_occupants(current):
+            # the device's series and each pod's own: each pod judged on its own memory, which
+            # runs out when it has taken all the GPU's free memory
+            occupied[key] = (current, ended)
+            for life in current:
+                if not life.pod:
+                    continue
+                stale_s = end - float(life.times[-1])
+                if stale_s > 0 and gpu_fresh:
+                    continue  # the exporter still speaks: this pod has left the GPU
+                series = GpuMemorySeries(
+                    node=node,
+                    gpu=latest.get(names.gpu, ""),
+                    times=life.times,
+                    used_mib=life.used_mib,
+                    total_mib=0.0,
+                    pods=(life.pod,),
+                    uuid=names.uuid_of(latest),
+                    instance=latest.get(names.gpu_instance, ""),
+                    profile=latest.get(names.gpu_profile, ""),
+                    reserved_mib=0.0,
+                    stale_s=stale_s,
+                    pod_uid=life.uid if not life.uid.startswith("@") else "",
+                    per_pod=True,
+                )
+                own = last_of["pod_used"].get((key, life.pod, life.uid))
+                if free_now is not None:
+                    mine = own if own is not None else float(life.used_mib[-1])
+                    series = replace(series, total_mib=mine + free_now, capacity_from="used+free")
+                    final[(*key, life.pod, life.uid)] = series
+                else:
+                    silent.append(((*key, life.pod, life.uid), series))
+            continue
+        times, values = _merge_points_arrays([(o.times, o.used_mib) for o in current])
         # the last point is the bin ending at ``end`` when a sample came within the last bin
         stale_s = end - float(times[-1]) if len(times) else 0.0
-        if stale_s > 0 and (key in last_of["free"] or node in live_nodes):
+        if stale_s > 0 and gpu_fresh:
             continue  # the exporter still speaks: this GPU's occupant has ended
-        pods = tuple(sorted(life.pod for life in current if life.pod))
-        named = any(s.labels.get(p) for s in occupant for p in names.pod)
+        pods = tuple(sorted({life.pod for life in current if life.pod}))
+        uids = {life.uid for life in current if life.pod}
+        named = any(labels_of[o].get(p) for o in current for p in names.pod)
         series = GpuMemorySeries(
             node=node,
             gpu=latest.get(names.gpu, ""),
@@ -463,12 +512,12 @@ def leak_series(
             uuid=names.uuid_of(latest),
             instance=latest.get(names.gpu_instance, ""),
             profile=latest.get(names.gpu_profile, ""),
-            reserved_mib=last_of["reserved"].get(key, 0.0),
+            reserved_mib=reserved_mib,
             exporter_only=named and not pods,
             stale_s=stale_s,
+            pod_uid=next(iter(uids)) if len(pods) == 1 and len(uids) == 1 else "",
         )
         occupied[key] = (current, ended)
-        free_now = last_of["free"].get(key)
         if free_now is not None:
             used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
             total = used_at + free_now + series.reserved_mib
@@ -480,13 +529,47 @@ def leak_series(
         last_free = _last_by_key(metrics.instant(_last_over(rule.queries.free, window), now), names)
         last_used = _last_by_key(metrics.instant(_last_over(rule.queries.used, window), now), names)
         for key, series in silent:
-            if key in last_free and key in last_used:
+            gpu_key = key[:3] if key[0] == "uuid" else key[:4]
+            if series.per_pod and gpu_key in last_free:
+                mine = float(series.used_mib[-1])
+                series = replace(
+                    series, total_mib=mine + last_free[gpu_key], capacity_from="last used+free"
+                )
+            elif key in last_free and key in last_used:
                 total = last_used[key] + last_free[key] + series.reserved_mib
                 series = replace(series, total_mib=total, capacity_from="last used+free")
             final[key] = series
     if lives is not None:
         lives += _lives(rule, metrics, now, occupied, final)
-    return sorted(final.values(), key=lambda s: (s.node, s.gpu, s.uuid, s.instance))
+    return sorted(
+        final.values(), key=lambda s: (s.node, s.gpu, s.uuid, s.instance, s.pods, s.pod_uid)
+    )
+
+
+def _occupancies(
+    samples: list[Sample], names: DcgmLabels, targets: frozenset[str], bin_s: float
+) -> tuple[list[Occupancy], dict[Occupancy, Mapping[str, str]]]:
+    """The occupants of one GPU: one per pod incarnation — the pod's UID where the exporter
+    names it, else its name, cut where its series has a hole while the GPU's other series went
+    on (a pod re-created under its name) — and one for the series that name no pod. With the
+    labels of each one's latest series."""
+    by_pod: dict[tuple[str, str], list[Sample]] = {}
+    for s in samples:
+        pod = names.pod_key(s.labels, targets) or ""
+        by_pod.setdefault((pod, names.uid_of(s.labels) if pod else ""), []).append(s)
+    merged = {ident: _merge_points(group) for ident, group in by_pod.items()}
+    out: list[Occupancy] = []
+    labels_of: dict[Occupancy, Mapping[str, str]] = {}
+    for (pod, uid), group in by_pod.items():
+        whole = Occupancy(pod, *merged[(pod, uid)], uid)
+        others = [t for ident, (t, _) in merged.items() if ident[0] != pod]
+        other_times = np.concatenate(others) if others else np.empty(0)
+        latest = max(group, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        parts = split_incarnations(whole, other_times, 2 * bin_s) if pod else [whole]
+        for part in parts:
+            out.append(part)
+            labels_of[part] = latest
+    return out, labels_of
 
 
 def _lives(
@@ -498,8 +581,11 @@ def _lives(
 ) -> list[Life]:
     """Every pod's lives on the judged GPUs, with their owners (the pod itself without one)."""
     runs: list[tuple[str, Life]] = []
+    by_gpu: dict[tuple[str, ...], GpuMemorySeries] = {}
+    for k, one in series.items():
+        by_gpu.setdefault(k if not one.per_pod else k[:-2], one)
     for key, (current, ended) in occupied.items():
-        gpu = series.get(key)
+        gpu = by_gpu.get(key)
         if gpu is None:
             continue
         for occupancy, now_ in [(o, True) for o in current] + [(o, False) for o in ended]:
@@ -567,6 +653,20 @@ def _model_capacity(labels: Mapping[str, str]) -> dict[str, Any]:
     if mib is None:
         return {"total_mib": 0.0, "capacity_from": "unknown"}
     return {"total_mib": mib, "capacity_from": "model"}
+
+
+def _merge_points_arrays(
+    parts: list[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """One time-ordered series from several (times, values): values at a time averaged (the
+    same value copied onto each pod's series of a GPU without per-process data)."""
+    if len(parts) == 1:
+        return parts[0]
+    times = np.concatenate([t for t, _ in parts])
+    values = np.concatenate([v for _, v in parts])
+    uniq, inverse, counts = np.unique(times, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=values, minlength=len(uniq))
+    return uniq, sums / counts
 
 
 def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
