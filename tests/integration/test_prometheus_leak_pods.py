@@ -110,6 +110,22 @@ def recreated(variant: str, uids: bool, second_leaks: bool) -> tuple[Series, Ser
     return used, free
 
 
+def neighbour_leaves() -> tuple[Series, Series]:
+    """No per-process data: each pod's series carries the device's value. Pod ``a`` leaks
+    1.5 GiB/h from 30 GiB; its time-slice neighbour ``b`` holds 25 GiB and leaves 2 h before END,
+    taking its memory out of the GPU's total (on ``a``'s series: a 25 GiB fall)."""
+    base = gpu("neighbour", "node-n", "GPU-n0")
+    a = 30720.0 + 1536.0 * H
+    b_there = HOURS - 2.0 > H
+    device = noisy(a + np.where(b_there, 25600.0, 0.0))
+    used: Series = [
+        (base | pod("a", None), TIMES, device),
+        (base | pod("b", None), TIMES[b_there], device[b_there]),
+    ]
+    free: Series = [(lab, t, GPU_MIB - v) for lab, t, v in used]
+    return used, free
+
+
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     used, free, _ = timesliced()
@@ -122,6 +138,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         u, f = recreated(variant, uids, leaks)
         used += u
         free += f
+    u, f = neighbour_leaves()
+    used += u
+    free += f
     path = tmp_path_factory.mktemp("om") / "pods.om"
     with path.open("w") as out:
         out.write(gauge_family("DCGM_FI_DEV_FB_USED", used))
@@ -179,3 +198,14 @@ def test_a_re_created_pods_own_leak_is_found(
     assert finding.evidence["slope_mib_per_h"] == pytest.approx(2 * LEAK_RATE, rel=0.25)
     if variant == "uid-leak":
         assert finding.evidence["pod_uid"] == "b2"
+
+
+@pytest.mark.parametrize("prefilter", [True, False])
+def test_a_neighbour_leaving_a_shared_gpu_hides_no_leak(
+    prom: str, tmp_path: Path, prefilter: bool
+) -> None:
+    [finding] = detect(prom, tmp_path, "neighbour", prefilter)
+    assert finding.subject == "pod/ml/a"
+    assert finding.evidence["slope_mib_per_h"] == pytest.approx(1536.0, rel=0.25)
+    truth_h = (GPU_MIB - 30720.0 - 1536.0 * H[-1]) / 1536.0
+    assert finding.evidence["hours_to_exhaust"] == pytest.approx(truth_h, rel=0.15)

@@ -307,6 +307,27 @@ def split_incarnations(life: Occupancy, others: FloatArray, hole_s: float) -> li
     return out
 
 
+def without_neighbours(
+    times: FloatArray, values: FloatArray, changes: Sequence[float], width_s: float
+) -> FloatArray:
+    """The memory of a GPU's current occupants with the steps that other pods' arrivals and
+    departures made removed: where the exporter copies the device's value onto each pod's series
+    (no per-process data), a time-slice neighbour leaving takes its memory out of the GPU's
+    total — a fall that is neither a restart nor a cache freed — and one arriving adds a step.
+    At each change time, latest first, what came before is moved by the step (the median of the
+    ``width_s`` after less the median of the ``width_s`` before), so the present level — the
+    one that runs out — stays as measured; changes with fewer than three samples on either side
+    are left alone."""
+    out = values.astype(float, copy=True)
+    for at in sorted(changes, reverse=True):
+        before = (times > at - width_s) & (times <= at)
+        after = (times > at) & (times <= at + width_s)
+        if int(before.sum()) < 3 or int(after.sum()) < 3:
+            continue
+        out[times <= at] += median(out[after]) - median(out[before])
+    return out
+
+
 def per_pod_occupants(current: Sequence[Occupancy], min_common: int = 3) -> bool:
     """Whether the current occupants of a GPU are dcgm-exporter's per-process series
     (``--kubernetes-virtual-gpus``, 4.5.3+): the device-level series (no pod labels) goes on

@@ -35,6 +35,7 @@ from defrag.detectors.leak.core import (
     split_incarnations,
     split_lives,
     split_occupancy,
+    without_neighbours,
 )
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
@@ -218,11 +219,27 @@ def _medians(rule: LeakRuleFields, selector: str) -> str:
 
 
 def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
-    """The series whose least-squares slope over the lookback ending at ``at`` is at least
-    half the minimum."""
+    """The series that may make their GPU's verdict a leak at ``at``: those whose least-squares
+    slope over the lookback is at least half the minimum; those that began, or have a hole of
+    more than 1.5 steps, inside the lookback (fewer samples than the fleet's fullest series
+    less 1.5 steps' worth: a new pod, a pod re-created under its name, a neighbour arriving);
+    and those that ended inside it (no sample in the last step: a neighbour or an incarnation
+    gone). The detector judges each incarnation apart and removes the steps neighbours make, so
+    a GPU whose history changed hands is always fetched whatever its overall slope. The fullest
+    series is found over the whole ``queries.used`` (not the shard's), so every shard compares
+    with the same count."""
     params = LEAK.settings_of(rule)
     threshold = params.min_slope_mib_per_h / 2
-    return f"deriv({selector}[{params.lookback_s:.0f}s] @ {at}) * 3600 > {threshold:g}"
+    look = f"[{params.lookback_s:.0f}s] @ {at}"
+    whole = rule.queries.used.strip()
+    fewer = 1.0 - 1.5 * params.bin_s / params.lookback_s
+    return (
+        f"deriv({selector}{look}) * 3600 > {threshold:g}"
+        f" or count_over_time({selector}{look}) < {fewer:.6g} * "
+        f"scalar(max(count_over_time({whole}{look})))"
+        f" or count_over_time({selector}{look}) unless "
+        f"count_over_time({selector}[{params.bin_s:.0f}s] @ {at})"
+    )
 
 
 def _gpu_labels(rule: LeakRuleFields) -> list[str]:
@@ -495,6 +512,16 @@ def leak_series(
                     silent.append(((*key, life.pod, life.uid), series))
             continue
         times, values = _merge_points_arrays([(o.times, o.used_mib) for o in current])
+        holders = {o.pod for o in current}
+        changes = [
+            edge
+            for o in occupancies
+            if o.pod and o.pod not in holders and len(o.times)
+            for edge in (float(o.times[0]) - params.bin_s / 2, float(o.times[-1]))
+            if times[0] < edge < times[-1]
+        ]
+        if changes and any(o.pod for o in current):
+            values = without_neighbours(times, values, changes, 3 * params.bin_s)
         # the last point is the bin ending at ``end`` when a sample came within the last bin
         stale_s = end - float(times[-1]) if len(times) else 0.0
         if stale_s > 0 and gpu_fresh:
