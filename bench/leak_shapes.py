@@ -20,8 +20,8 @@ Moving histories for a real Prometheus (:func:`shape_moving_corpus`, :func:`writ
   ``pod_uid`` where exported, else only a hole) 2.5–4 h before the end, on its old GPU or on
   another node's; the old incarnation leaked or held steady, the new one leaks (``leak``) or not;
 * ``restart-in-pod`` — a container OOM-killed and restarted in the same pod, each run leaking
-  to the GPU's memory in 1–2 h;
-* ``restart-new-pod`` — a ReplicaSet whose every life is a new pod (``kube_pod_owner``).
+  to the GPU's memory in 1.5–3 h;
+* ``restart-new-pod`` — the same, each life a new pod of a ReplicaSet (``kube_pod_owner``).
 
 Seeds: tune on 1–3, held out 101–103 (docs/benchmarks.md).
 """
@@ -223,7 +223,7 @@ def moving_case(family: str, rng: np.random.Generator, name: str) -> ShapeCase:
         owners: list[tuple[str, str, str, float, float]] = []
         pod_same = f"ml/{owner}-x2k4p"
         while t0 < END:
-            span = float(rng.uniform(1.0, 2.0))
+            span = float(rng.uniform(1.5, 3.0))
             load = float(rng.uniform(5.0, 10.0)) * 60.0
             level = float(rng.uniform(2000.0, 12000.0))
             rate = (GPU_MIB - level) / (span - load / HOUR)

@@ -87,9 +87,35 @@ def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Findi
         inputs.now,
         lambda flagged: recent_samples(rule, inputs.prometheus, inputs.now, flagged),
     )
-    return found + detect_workload_leaks(
+    workloads = detect_workload_leaks(
         _may_crash_loop(lives, params, inputs.now), params, inputs.now
     )
+    return _one_per_workload(found, workloads, lives)
+
+
+def _one_per_workload(
+    found: list[Finding], workloads: list[Finding], lives: Sequence[Life]
+) -> list[Finding]:
+    """A workload that crash-loops on its leak is one finding: its pod now leaking (each life a
+    new pod, or the same pod restarted) is named in the workload's evidence
+    (``leaking_now``), not reported apart — else every life would page anew."""
+    if not workloads:
+        return found
+    owner_of = {life.pod: life.owner for life in lives}
+    by_owner = {w.subject.removeprefix("workload/"): w for w in workloads}
+    kept: list[Finding] = []
+    folded: dict[str, list[str]] = {}
+    for f in found:
+        owner = owner_of.get(f.subject.removeprefix("pod/"))
+        if f.subject.startswith("pod/") and owner is not None and owner in by_owner:
+            folded.setdefault(owner, []).append(f.summary)
+        else:
+            kept.append(f)
+    merged = [
+        replace(w, evidence={**w.evidence, "leaking_now": folded[o]}) if o in folded else w
+        for o, w in by_owner.items()
+    ]
+    return kept + merged
 
 
 def recent_samples(
@@ -224,8 +250,10 @@ def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
     more than 1.5 steps, inside the lookback (fewer samples than the fleet's fullest series
     less 1.5 steps' worth: a new pod, a pod re-created under its name, a neighbour arriving);
     and those that ended inside it (no sample in the last step: a neighbour or an incarnation
-    gone). The detector judges each incarnation apart and removes the steps neighbours make, so
-    a GPU whose history changed hands is always fetched whatever its overall slope. The fullest
+    gone); and those that fell to half their peak or less (a restart, an OOM kill: the
+    detector judges what follows, and a workload's lives). The detector judges each incarnation
+    apart and removes the steps neighbours make, so a GPU whose history changed hands or
+    restarted is always fetched whatever its overall slope. The fullest
     series is found over the whole ``queries.used`` (not the shard's), so every shard compares
     with the same count."""
     params = LEAK.settings_of(rule)
@@ -239,6 +267,7 @@ def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
         f"scalar(max(count_over_time({whole}{look})))"
         f" or count_over_time({selector}{look}) unless "
         f"count_over_time({selector}[{params.bin_s:.0f}s] @ {at})"
+        f" or min_over_time({selector}{look}) < 0.5 * max_over_time({selector}{look})"
     )
 
 
