@@ -19,8 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.leak_corpus import Case
 from bench.leak_shapes import (
+    Run,
     ShapeCase,
+    ShapeTruth,
     shape_moving_corpus,
     single_corpus,
     write_shapes,
@@ -73,6 +76,69 @@ def single_rows(seeds: list[int], n: int) -> list[str]:
     rows.append(f"| cache-stops, flat 15 min | – | {at_15}/{len(stops)} | – |")
     rows.append(f"| cache-stops, flat ≥ 30 min (any evaluation) | – | {at_30}/{len(stops)} | – |")
     return rows
+
+
+def prometheus_single_rows(seeds: list[int], n: int) -> list[str]:
+    """The single histories as dcgm-exporter series of their own GPU each, through a real
+    Prometheus and the shipped rule, evaluated every 5 min over the last 6 h."""
+    from defrag.adapters.prometheus import PrometheusSource
+    from defrag.detection import run_detection
+    from defrag.rules import load_rules
+    from defrag.scoring.profile import ScoringProfile
+    from tests.support.prometheus import prometheus_server
+
+    cases = [c for seed in seeds for c in single_corpus(seed, n)]
+    shapes = [
+        ShapeCase(c.name, ShapeTruth(c.truth.family, c.truth.leak), (_run_of(c),)) for c in cases
+    ]
+    rules = load_rules([ROOT / "rules" / "leak.yaml"])
+    end = max(float(c.series.times[-1]) for c in cases)
+    evals = np.arange(end - 6 * 3600, end + 1, 300.0)
+    seen: dict[float, set[str]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "single.om"
+        with path.open("w") as out:
+            write_shapes(shapes, out)
+        with prometheus_server(path) as server:
+            source = PrometheusSource(server.url, retries=0, timeout_s=60)
+            for at in evals:
+                report = run_detection(
+                    rules, source, None, _at(float(at)), profile=ScoringProfile.default()
+                )
+                seen[float(at)] = {f.subject for f in report.findings}
+    rows = []
+    for family in ("spiky-leak", "slow-leak"):
+        group = [c for c in cases if c.truth.family == family]
+        found = sum(f"pod/ml/{c.name}" in seen[end] for c in group)
+        rows.append(f"| {family} (Prometheus, at the end) | {found}/{len(group)} | – | – |")
+    healthy = [c for c in cases if c.truth.family == "spiky-healthy"]
+    fp = sum(
+        any(f"pod/ml/{c.name}" in seen[at] for at in evals if at >= end - 5 * 3600) for c in healthy
+    )
+    rows.append(
+        f"| spiky-healthy (Prometheus, every 5 min over 5 h) | – | {fp}/{len(healthy)} | – |"
+    )
+    stops = [c for c in cases if c.truth.family == "cache-stops"]
+    at_15, at_30, judged = 0, 0, 0
+    for c in stops:
+        flat = c.truth.flat_since
+        assert flat is not None
+        first = [at for at in evals if at >= flat + 900]
+        if not first:
+            continue
+        judged += 1
+        at_15 += f"pod/ml/{c.name}" in seen[first[0]]
+        at_30 += any(f"pod/ml/{c.name}" in seen[at] for at in evals if at >= flat + 1800)
+    rows.append(f"| cache-stops, flat 15 min (Prometheus) | – | {at_15}/{judged} | – |")
+    rows.append(
+        f"| cache-stops, flat ≥ 30 min (Prometheus, every 5 min) | – | {at_30}/{judged} | – |"
+    )
+    return rows
+
+
+def _run_of(case: Case) -> Run:
+    s = case.series
+    return Run(f"node-{case.name}", "0", f"ml/{case.name}", None, s.times, s.used_mib)
 
 
 def _of_case(case: ShapeCase, findings: list[Finding]) -> list[Finding]:
@@ -164,6 +230,8 @@ def main() -> None:
     for row in single_rows(seeds, args.per_family):
         print(row)
     if not args.no_prometheus:
+        for row in prometheus_single_rows(seeds, args.per_family):
+            print(row)
         for row in moving_rows(seeds, args.moving_per_family):
             print(row)
 

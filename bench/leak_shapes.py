@@ -152,7 +152,9 @@ def _grid(start: float, stop: float) -> np.ndarray:
     return np.arange(first, stop + 1e-6, STEP_S)
 
 
-def moving_case(family: str, rng: np.random.Generator, name: str) -> ShapeCase:
+def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) -> ShapeCase:
+    """One case; ``i`` alternates a re-created pod's new leak (even) or health (odd) and its
+    ``pod_uid`` label (exported for i mod 4 in 0–1)."""
     begin = END - HISTORY_H * HOUR
     sigma = float(rng.uniform(100.0, 300.0))
     node = f"node-{name}"
@@ -183,12 +185,12 @@ def moving_case(family: str, rng: np.random.Generator, name: str) -> ShapeCase:
         return ShapeCase(name, truth, tuple(runs), ((node, "0", t, device),))
     if family in ("recreated-stayed", "recreated-moved"):
         moved = family.endswith("moved")
-        uids = bool(rng.random() < 0.5)
+        uids = (i // 2) % 2 == 0
         back = END - float(rng.uniform(2.5, 4.0)) * HOUR
         gone = back - float(rng.uniform(10.0, 30.0)) * 60.0
         pod = f"ml/{name}-0"
         old_leaks = bool(rng.random() < 0.5)
-        new_leaks = bool(rng.random() < 0.5)
+        new_leaks = i % 2 == 0
         t_old = _grid(begin, gone)
         old = noisy(
             float(rng.uniform(10000.0, 30000.0))
@@ -197,7 +199,9 @@ def moving_case(family: str, rng: np.random.Generator, name: str) -> ShapeCase:
         runs = [Run(node, "0", pod, f"uid-{name}-a" if uids else None, t_old, old)]
         t_new = _grid(back, END)
         level = float(rng.uniform(8000.0, 30000.0))
-        rate = float(rng.uniform(1024.0, 3072.0)) if new_leaks else 0.0
+        # exhausted within 30 h of the end (inside the shipped 48 h horizon)
+        least = (GPU_MIB - level) / (30.0 + (END - back) / HOUR)
+        rate = float(rng.uniform(max(1024.0, least), 3072.0)) if new_leaks else 0.0
         new = noisy(level + rate * (t_new - back) / HOUR)
         where = f"{node}-b" if moved else node
         runs.append(Run(where, "0", pod, f"uid-{name}-b" if uids else None, t_new, new))
@@ -256,7 +260,7 @@ def shape_moving_corpus(seed: int, per_family: int = 8) -> list[ShapeCase]:
         fi = zlib.crc32(family.encode())
         for i in range(per_family):
             rng = np.random.default_rng([seed, fi, i])
-            out.append(moving_case(family, rng, f"{family}-{seed}-{i}"))
+            out.append(moving_case(family, rng, f"{family}-{seed}-{i}", i))
     return out
 
 

@@ -621,7 +621,7 @@ def _occupancies(
         others = [t for ident, (t, _) in merged.items() if ident[0] != pod]
         other_times = np.concatenate(others) if others else np.empty(0)
         latest = max(group, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
-        parts = split_incarnations(whole, other_times, 2 * bin_s) if pod else [whole]
+        parts = split_incarnations(whole, other_times, 1.5 * bin_s) if pod else [whole]
         for part in parts:
             out.append(part)
             labels_of[part] = latest
