@@ -166,6 +166,11 @@ BENCHES: tuple[Bench, ...] = (
           targets=DETECT_10K),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
+    # Held-out seeds (tuned on 1-3): docs/benchmarks.md, "Leaks on every workload shape".
+    Bench("leak-shapes", "bench_leak_shapes",
+          ("--seeds", "101,102,103", "--per-family", "10", "--moving-per-family", "6"),
+          ("--seeds", "1", "--per-family", "1", "--moving-per-family", "1"),
+          needs_prometheus=True),
     # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).
     Bench("soak", "bench_soak", ("--seed", "1", "--cycles", "1000"),
           ("--seed", "1", "--cycles", "40", "--nodes", "6", "--drain-s", "15")),
