@@ -126,6 +126,21 @@ def neighbour_leaves() -> tuple[Series, Series]:
     return used, free
 
 
+def neighbour_arrives() -> tuple[Series, Series]:
+    """The same without per-process data: pod ``a`` leaks 1.5 GiB/h from 30 GiB, and ``b``
+    arrives with 20 GiB 45 min before END and stays (on ``a``'s series: a 20 GiB step)."""
+    base = gpu("arrives", "node-r", "GPU-r0")
+    a = 30720.0 + 1536.0 * H
+    b_there = HOURS - 0.75 <= H
+    device = noisy(a + np.where(b_there, 20480.0, 0.0))
+    used: Series = [
+        (base | pod("a", None), TIMES, device),
+        (base | pod("b", None), TIMES[b_there], device[b_there]),
+    ]
+    free: Series = [(lab, t, GPU_MIB - v) for lab, t, v in used]
+    return used, free
+
+
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     used, free, _ = timesliced()
@@ -138,9 +153,9 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         u, f = recreated(variant, uids, leaks)
         used += u
         free += f
-    u, f = neighbour_leaves()
-    used += u
-    free += f
+    for u, f in (neighbour_leaves(), neighbour_arrives()):
+        used += u
+        free += f
     path = tmp_path_factory.mktemp("om") / "pods.om"
     with path.open("w") as out:
         out.write(gauge_family("DCGM_FI_DEV_FB_USED", used))
@@ -208,4 +223,17 @@ def test_a_neighbour_leaving_a_shared_gpu_hides_no_leak(
     assert finding.subject == "pod/ml/a"
     assert finding.evidence["slope_mib_per_h"] == pytest.approx(1536.0, rel=0.25)
     truth_h = (GPU_MIB - 30720.0 - 1536.0 * H[-1]) / 1536.0
+    assert finding.evidence["hours_to_exhaust"] == pytest.approx(truth_h, rel=0.15)
+
+
+@pytest.mark.parametrize("prefilter", [True, False])
+def test_a_neighbour_arriving_on_a_shared_gpu_is_no_step(
+    prom: str, tmp_path: Path, prefilter: bool
+) -> None:
+    # both pods carry the device's value: the GPU's growth, unattributable between them
+    [finding] = detect(prom, tmp_path, "arrives", prefilter)
+    assert finding.subject == "gpu/node-r/0"
+    assert "unattributable" in finding.summary
+    assert finding.evidence["slope_mib_per_h"] == pytest.approx(1536.0, rel=0.25)
+    truth_h = (GPU_MIB - 30720.0 - 20480.0 - 1536.0 * H[-1]) / 1536.0
     assert finding.evidence["hours_to_exhaust"] == pytest.approx(truth_h, rel=0.15)

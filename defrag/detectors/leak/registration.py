@@ -541,12 +541,18 @@ def leak_series(
                     silent.append(((*key, life.pod, life.uid), series))
             continue
         times, values = _merge_points_arrays([(o.times, o.used_mib) for o in current])
+        # pods arriving (a holder now among them) or leaving (another pod, not an earlier
+        # incarnation of a holder) while the GPU's present holders were there
         holders = {o.pod for o in current}
         changes = [
             edge
             for o in occupancies
-            if o.pod and o.pod not in holders and len(o.times)
-            for edge in (float(o.times[0]) - params.bin_s / 2, float(o.times[-1]))
+            if o.pod and len(o.times) and (o in current or o.pod not in holders)
+            for edge in (
+                (float(o.times[0]) - params.bin_s / 2,)
+                if o in current
+                else (float(o.times[0]) - params.bin_s / 2, float(o.times[-1]))
+            )
             if times[0] < edge < times[-1]
         ]
         if changes and any(o.pod for o in current):
