@@ -36,7 +36,6 @@ from typing import TextIO
 import numpy as np
 
 from bench.leak_corpus import END, GPU_MIB, HOUR, MODEL, STEP_S, Case, Truth, _plain, _times
-from defrag.detectors.leak.core import GpuMemorySeries
 
 SINGLE_FAMILIES = ("spiky-leak", "spiky-healthy", "cache-stops", "slow-leak")
 TUNING_SEEDS = (1, 2, 3)
@@ -322,8 +321,3 @@ def write_shapes(cases: Sequence[ShapeCase], out: TextIO) -> None:
             )
             out.writelines(f"kube_pod_owner{{{labels}}} 1 {int(t)}\n" for t in _grid(start, stop))
     out.write("# EOF\n")
-
-
-def as_series(case: ShapeCase) -> GpuMemorySeries:  # pragma: no cover - convenience
-    run = case.runs[0]
-    return _plain(case.name, run.times, run.used)

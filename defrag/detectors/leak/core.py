@@ -4,7 +4,8 @@ Real ``DCGM_FI_DEV_FB_USED`` jitters by hundreds of MiB between scrapes (allocat
 activations), so nothing here is judged on raw samples. The series is reduced first:
 
 1. **bins** — the median of each ``bin_s`` bin (5 min: ten 30 s scrapes); a short spike or a
-   missed scrape does not move it;
+   missed scrape does not move it; evaluation spikes that span whole bins (up to ``spike_s``)
+   are dropped where they stand above the bins' lower envelope (a morphological opening);
 2. **restart** — a fall to a tenth of the running peak (by more than ``cycle_noise`` × noise) is
    a job restarting or a new one: only what follows the last such fall is judged;
 3. **floor** — when the bins fall back by more than ``cycle_noise`` × their noise (a cache freed),
@@ -27,9 +28,14 @@ A GPU (or MIG instance) is *leaking* when, over the lookback,
 * and the level line (the Theil–Sen slope through the bins' median) reaches the memory the
   workload can use (used + free) within ``horizon_s``.
 
-A leaking GPU held by exactly one pod is that pod's finding; a GPU shared by several pods, held
-by none that DCGM names, or labelled only with the exporter's own pod, is reported as
-unattributable rather than guessed.
+The stop tests (growth that stopped below the GPU's memory) fit the growth from its onset, the
+break of a flat-then-line hinge, so a flat stretch before a cache began to fill does not dilute
+the slope it lost.
+
+A leaking GPU held by exactly one pod is that pod's finding; so is a pod's own series where the
+exporter gives one per pod on a time-sliced GPU (``per_pod``); a GPU shared by several pods
+without such series, held by none that DCGM names, or labelled only with the exporter's own pod,
+is reported as unattributable rather than guessed.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from typing import Annotated
 import numpy as np
 import numpy.typing as npt
 from annotated_types import Ge, Gt, Le
+from numpy.lib.stride_tricks import sliding_window_view
 
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.series import (
@@ -854,8 +861,6 @@ def _without_spikes(bins: Binned, params: LeakParams) -> Binned:
 
 def _opening(v: FloatArray, width: int) -> FloatArray:
     """Grey opening with a flat window of ``width`` (edges padded with the nearest value)."""
-    from numpy.lib.stride_tricks import sliding_window_view
-
     pad = np.concatenate((np.full(width - 1, v[0]), v, np.full(width - 1, v[-1])))
     low = sliding_window_view(pad, width).min(axis=1)  # low[i]: min of pad[i : i + width]
     high = sliding_window_view(low, width).max(axis=1)
