@@ -101,3 +101,26 @@ def test_an_exporter_silent_just_under_a_step_is_no_stopped_growth(silent_s: flo
         if not verdict.leaking and "stopped" in verdict.reasons[0]:
             stopped.append(seed)
     assert stopped == []
+
+
+# 5-min medians as a real Prometheus answered them (``quantile_over_time(0.5, used[300s])``) for
+# GPU 107 of ``bench/bench_detect.py --corpus`` (bench/leak_corpus.py ``random_mix(1000, seed=5)``,
+# family ``restart``: a job at 40 GiB restarts and reloads towards it, σ 446 MiB)
+RELOAD = [40367.0, 40366.0, 40353.0, 40360.0, 40433.0, 40499.0, 40243.0, 40068.0, 40108.0]
+RELOAD += [40090.0, 40157.0, 40286.0, 40470.0, 40433.0, 40482.0, 40336.0, 40083.0, 40277.0]
+RELOAD += [40400.0, 40556.0, 40412.0, 40183.0, 40183.0, 40121.0, 40246.0, 40142.0, 40366.0]
+RELOAD += [40268.0, 40099.0, 40048.0, 40073.0, 40253.0, 40062.0, 40404.0, 40315.0, 40084.0]
+RELOAD += [40026.0, 40128.0, 40256.0, 40121.0, 40532.0, 40287.0, 40334.0, 40112.0, 40098.0]
+RELOAD += [346.0, 5380.0, 9199.0, 14078.0, 17268.0, 20309.0, 22745.0, 25186.0, 26984.0]
+RELOAD += [28735.0, 30140.0, 31467.0, 32432.0, 33560.0, 34305.0, 35282.0, 35637.0, 36380.0]
+RELOAD += [36923.0, 37172.0, 37099.0, 38232.0, 38484.0, 38834.0, 39368.0, 39310.0, 39454.0]
+RELOAD += [39859.0]
+
+
+def test_a_job_reloading_towards_its_level_before_a_restart_is_no_fast_leak() -> None:
+    """Before: its last hour (still rising 4.6 GiB/h towards the 40 GiB it held) was reported
+    by the 1 h window once a prefilter that fetches GPUs that restarted let it through."""
+    end = 1_772_452_800.0
+    times = end - 300.0 * np.arange(len(RELOAD))[::-1]
+    series = GpuMemorySeries("n", "0", times, np.array(RELOAD), 81920.0, ("ml/p",), "GPU-x")
+    assert not assess_leak(series, PARAMS, _at(end)).leaking

@@ -424,6 +424,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     noise = robust_noise(bins.values)
     restart = _last_restart(bins, noise * params.cycle_noise, series.usable_mib)
     restarted = restart is not None
+    regrow_to: float | None = None
     # the noise of the bins every window reads (their ``all_bins``), computed once: unless the
     # job restarted (then the bins are drawn again from what followed)
     bins_noise = noise if restart is None else None
@@ -432,6 +433,11 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         # memory fell to near nothing: the job restarted (or a new one began); what came before
         # is another job's history, so only what follows is judged
         since = bins.times[restart] + params.bin_s / 2
+        # the level the job held before it restarted, unless that was the GPU's memory (an OOM
+        # kill: regrowing towards it is the leak again)
+        held = median(bins.values[max(restart - 3, 0) : restart]) if restart > 0 else 0.0
+        if series.usable_mib <= 0 or held < 0.9 * series.usable_mib:
+            regrow_to = held
         keep = t >= since
         t, y = t[keep], y[keep]
         keep = rt >= since
@@ -478,6 +484,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             climb=climb,
             raw=raw,
             noise=bins_noise,
+            regrow_to=regrow_to,
         )
         if short.leaking:
             return short
@@ -537,6 +544,7 @@ def _judge(
     min_slope: float | None = None,
     min_growth: float | None = None,
     climb: bool = False,
+    regrow_to: float | None = None,
     raw: tuple[FloatArray, FloatArray] | None = None,
     noise: float | None = None,
 ) -> LeakAssessment:
@@ -672,6 +680,13 @@ def _judge(
         reasons.append(
             f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
             f"{min_growth:g} × the noise ({spread:.0f} MiB)"
+        )
+    if climb and regrow_to is not None and median(all_bins.values[-3:]) <= regrow_to:
+        # after a restart a job reloads towards where it was; the fast window's hour of growth
+        # is a leak only once it climbs past that (the 2 h window's steadiness tests judge a
+        # reload's deceleration themselves)
+        reasons.append(
+            f"regrowing to the {regrow_to:.0f} MiB it held before it restarted (a reload)"
         )
     if climb:
         # a new leak climbs past anything the job held before the window; noise that lingers
