@@ -170,6 +170,11 @@ BENCHES: tuple[Bench, ...] = (
           ("--seeds", "0", "--pending", "10"), needs_prometheus=True),
     # A settings sweep on a loopback distributed cluster against the local runner (the sweep extra).
     Bench("sweep", "bench_sweep", (), ("--runs", "9", "--workers", "1")),
+    # Held-out seeds (tuned on 1-3): docs/benchmarks.md, "Leaks on every workload shape".
+    Bench("leak-shapes", "bench_leak_shapes",
+          ("--seeds", "101,102,103", "--per-family", "10", "--moving-per-family", "6"),
+          ("--seeds", "1", "--per-family", "1", "--moving-per-family", "1"),
+          needs_prometheus=True),
     # The chaos soak on the real control plane (KUBEBUILDER_ASSETS; "skipped" without).
     Bench("soak", "bench_soak", ("--seed", "1", "--cycles", "1000"),
           ("--seed", "1", "--cycles", "40", "--nodes", "6", "--drain-s", "15")),

@@ -134,24 +134,41 @@ def test_idle_query_with_several_series_fails_that_rule_only() -> None:
 ON = "UUID, uuid, Hostname, hostname, node, kubernetes_node, gpu, GPU_I_ID"
 
 
+JOB = 'DCGM_FI_DEV_FB_USED{job="dcgm"}'
+
+
+def passes(sel: str, whole: str) -> str:
+    """The prefilter of a 6 h lookback, 5-min steps and a 64 MiB/h minimum: series rising at
+    half the minimum, or with fewer samples than the fleet's fullest (``whole``) less 1.5 steps
+    (0.979167 of them: began or had a hole inside the lookback), or none in the last step
+    (ended), or that fell to half their peak (a restart)."""
+    look = "[21600s] @ end()"
+    return (
+        f"deriv({sel}{look}) * 3600 > 32"
+        f" or count_over_time({sel}{look}) < 0.979167 * scalar(max(count_over_time({whole}{look})))"
+        f" or count_over_time({sel}{look}) unless count_over_time({sel}[300s] @ end())"
+        f" or min_over_time({sel}{look}) < 0.5 * max_over_time({sel}{look})"
+    )
+
+
 @pytest.mark.parametrize(
     ("used", "prefilter", "query"),
     [
         (
             "DCGM_FI_DEV_FB_USED",
             True,
-            # 5-min medians, every series of the GPUs one of whose series has a slope of at
-            # least half of 256 MiB/h over the 6 h lookback (evaluated once at the end of the
-            # range); on() the labels that name a GPU, not instance nor the pod labels
+            # 5-min medians, every series of the GPUs one of whose series passes (evaluated
+            # once at the end of the range); on() the labels that name a GPU, not instance nor
+            # the pod labels
             f"(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED[300s])) and on({ON}) "
-            "(deriv(DCGM_FI_DEV_FB_USED[21600s] @ end()) * 3600 > 128)",
+            f"({passes('DCGM_FI_DEV_FB_USED', 'DCGM_FI_DEV_FB_USED')})",
         ),
         (
             'DCGM_FI_DEV_FB_USED{job="dcgm"}',
             True,
             '(quantile_over_time(0.5, DCGM_FI_DEV_FB_USED{job="dcgm"}[300s])) and '
             f"on({ON}) "
-            '(deriv(DCGM_FI_DEV_FB_USED{job="dcgm"}[21600s] @ end()) * 3600 > 128)',
+            f"({passes(JOB, JOB)})",
         ),
         (
             "DCGM_FI_DEV_FB_USED",
@@ -234,4 +251,9 @@ def test_leak_range_shards_split_both_sides_of_the_prefilter(
         {"name": "l", "detector": "leak", "queries": {"used": used, "free": "F"}}
     )
     whole = leak_range_query(rule)
-    assert leak_range_shards(rule) == [whole.replace(used.strip(), s) for s in selectors]
+    # … except the fleet's fullest series, counted over the whole selector in every shard
+    fullest = f"scalar(max(count_over_time({used.strip()}"
+    assert leak_range_shards(rule) == [
+        whole.replace(used.strip(), s).replace(f"scalar(max(count_over_time({s}", fullest)
+        for s in selectors
+    ]

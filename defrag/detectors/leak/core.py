@@ -4,7 +4,8 @@ Real ``DCGM_FI_DEV_FB_USED`` jitters by hundreds of MiB between scrapes (allocat
 activations), so nothing here is judged on raw samples. The series is reduced first:
 
 1. **bins** — the median of each ``bin_s`` bin (5 min: ten 30 s scrapes); a short spike or a
-   missed scrape does not move it;
+   missed scrape does not move it; evaluation spikes that span whole bins (up to ``spike_s``)
+   are dropped where they stand above the bins' lower envelope (a morphological opening);
 2. **restart** — a fall to a tenth of the running peak (by more than ``cycle_noise`` × noise) is
    a job restarting or a new one: only what follows the last such fall is judged;
 3. **floor** — when the bins fall back by more than ``cycle_noise`` × their noise (a cache freed),
@@ -27,9 +28,14 @@ A GPU (or MIG instance) is *leaking* when, over the lookback,
 * and the level line (the Theil–Sen slope through the bins' median) reaches the memory the
   workload can use (used + free) within ``horizon_s``.
 
-A leaking GPU held by exactly one pod is that pod's finding; a GPU shared by several pods, held
-by none that DCGM names, or labelled only with the exporter's own pod, is reported as
-unattributable rather than guessed.
+The stop tests (growth that stopped below the GPU's memory) fit the growth from its onset, the
+break of a flat-then-line hinge, so a flat stretch before a cache began to fill does not dilute
+the slope it lost.
+
+A leaking GPU held by exactly one pod is that pod's finding; so is a pod's own series where the
+exporter gives one per pod on a time-sliced GPU (``per_pod``); a GPU shared by several pods
+without such series, held by none that DCGM names, or labelled only with the exporter's own pod,
+is reported as unattributable rather than guessed.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ from typing import Annotated
 import numpy as np
 import numpy.typing as npt
 from annotated_types import Ge, Gt, Le
+from numpy.lib.stride_tricks import sliding_window_view
 
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.series import (
@@ -78,7 +85,11 @@ class LeakParams:
     lookback_s: Annotated[Seconds, RuleName("lookback")] = 6 * HOUR_S
     bin_s: Annotated[Seconds, Gt(0), RuleName("step")] = 300.0
     floor_window_s: Annotated[Seconds, RuleName("floor_window")] = HOUR_S
-    min_slope_mib_per_h: Annotated[float, Gt(0)] = 256.0
+    min_slope_mib_per_h: Annotated[float, Gt(0)] = 64.0
+    """A noise guard only: what makes a leak worth a page is its time to exhaustion
+    (``horizon``, ``critical_within``)."""
+    short_min_slope_mib_per_h: Annotated[float, Gt(0)] = 256.0
+    """The short window's minimum slope (2 h of a slower leak stand too little above noise)."""
     max_trend_p: Annotated[float, Gt(0), Le(1)] = 0.01
     horizon_s: Annotated[Seconds, RuleName("horizon")] = 48 * HOUR_S
     critical_within_s: Annotated[Seconds | None, RuleName("critical_within")] = None
@@ -115,6 +126,9 @@ class LeakParams:
     short_persistence: Annotated[float, INTERNAL] = 0.7
     short_slice_z: Annotated[float, INTERNAL] = 1.5
     max_step_share: Annotated[float, INTERNAL] = 0.4
+    spike_s: Annotated[Seconds, Ge(0), RuleName("spike")] = 600.0
+    """Rises that fall back within this long (evaluation spikes) are dropped from the bins
+    before judging: the lower envelope (a morphological opening) is what leaks."""
     min_lives: Annotated[int, Ge(2)] = 2
     """A workload whose pods died this many times at their GPU's memory within the lookback,
     each after growing steadily, is a leak across restarts."""
@@ -143,6 +157,11 @@ class DcgmLabels:
     uuid: tuple[str, ...] = ("UUID", "uuid")
     pod: tuple[str, ...] = ("exported_pod", "pod_name", "pod")
     namespace: tuple[str, ...] = ("exported_namespace", "pod_namespace", "namespace")
+    uid: tuple[str, ...] = ("pod_uid", "exported_pod_uid")
+    """The pod's UID: one incarnation of a pod (a pod re-created under its name has a new one).
+    ``internal/pkg/transformation/const.go`` names it ``pod_uid``; it is on every per-pod series
+    of ``--kubernetes-virtual-gpus`` (4.5.3+), elsewhere only with
+    ``--kubernetes-enable-pod-uid``."""
     gpu_instance: str = "GPU_I_ID"
     gpu_profile: str = "GPU_I_PROFILE"
     exporter_pod: Regex = r"^(nvidia-)?dcgm-exporter(-.*)?$"
@@ -160,6 +179,9 @@ class DcgmLabels:
 
     def uuid_of(self, labels: Mapping[str, str]) -> str:
         return self.first(labels, self.uuid)
+
+    def uid_of(self, labels: Mapping[str, str]) -> str:
+        return self.first(labels, self.uid)
 
     def key(self, labels: Mapping[str, str]) -> tuple[str, ...] | None:
         """Which GPU (MIG instance) a series is about: its UUID when it has one, so GPUs of
@@ -233,6 +255,11 @@ class GpuMemorySeries:
     """The raw samples (times, MiB) of the recent past, when ``times``/``used_mib`` are coarser
     (through Prometheus each point is a step's median): the stop test (growth that stopped
     within ``stop_tail``) reads these; None: it reads ``times``/``used_mib``."""
+    pod_uid: str = ""
+    """The UID of the pod (its incarnation) when the exporter names it."""
+    per_pod: bool = False
+    """``used_mib`` is the pod's own memory on a GPU it shares (dcgm-exporter's per-process
+    series), not the GPU's: ``total_mib`` is then the pod's memory plus the GPU's free."""
 
     @property
     def subject(self) -> str:
@@ -260,10 +287,74 @@ class Occupancy:
     pod: str
     times: FloatArray
     used_mib: FloatArray
+    uid: str = ""
+    """The pod's UID where exported, else ``@<first sample time>`` for an incarnation told
+    apart by a hole in its series (see :func:`split_incarnations`), else ''."""
 
     @property
     def last(self) -> float:
         return float(self.times[-1]) if len(self.times) else -np.inf
+
+
+def split_incarnations(life: Occupancy, others: FloatArray, hole_s: float) -> list[Occupancy]:
+    """A pod's samples on one GPU cut into incarnations where the exporter gives no UID: a new
+    incarnation begins after a hole of more than ``hole_s`` in the pod's series during which the
+    GPU's other series (``others``: their sample times — the GPU without a pod, or another pod)
+    went on. A hole the whole GPU shares is the exporter's silence, not a new pod. Each
+    incarnation after the first is marked ``@<its first sample time>``."""
+    t = life.times
+    if life.uid or len(t) < 2 or not len(others):
+        return [life]
+    gaps = np.flatnonzero(np.diff(t) > hole_s)
+    cuts = [0]
+    for g in gaps:
+        inside = (others > t[g]) & (others < t[g + 1])
+        if bool(inside.any()):
+            cuts.append(int(g) + 1)
+    if len(cuts) == 1:
+        return [life]
+    cuts.append(len(t))
+    out = []
+    for k, (a, b) in enumerate(itertools.pairwise(cuts)):
+        uid = "" if k == 0 else f"@{t[a]:.0f}"
+        out.append(Occupancy(life.pod, t[a:b], life.used_mib[a:b], uid))
+    return out
+
+
+def without_neighbours(
+    times: FloatArray, values: FloatArray, changes: Sequence[float], width_s: float
+) -> FloatArray:
+    """The memory of a GPU's current occupants with the steps that other pods' arrivals and
+    departures made removed: where the exporter copies the device's value onto each pod's series
+    (no per-process data), a time-slice neighbour leaving takes its memory out of the GPU's
+    total — a fall that is neither a restart nor a cache freed — and one arriving adds a step.
+    At each change time, latest first, what came before is moved by the step (the median of the
+    ``width_s`` after less the median of the ``width_s`` before), so the present level — the
+    one that runs out — stays as measured; changes with fewer than three samples on either side
+    are left alone."""
+    out = values.astype(float, copy=True)
+    for at in sorted(changes, reverse=True):
+        before = (times > at - width_s) & (times <= at)
+        after = (times > at) & (times <= at + width_s)
+        if int(before.sum()) < 3 or int(after.sum()) < 3:
+            continue
+        out[times <= at] += median(out[after]) - median(out[before])
+    return out
+
+
+def per_pod_occupants(current: Sequence[Occupancy], min_common: int = 3) -> bool:
+    """Whether the current occupants of a GPU are dcgm-exporter's per-process series
+    (``--kubernetes-virtual-gpus``, 4.5.3+): the device-level series (no pod labels) goes on
+    beside pod-labelled series, at the same scrapes (``min_common`` shared timestamps). Without
+    per-process data the exporter copies the device's value onto each pod's series and drops the
+    unlabelled one while pods hold the GPU (``internal/pkg/transformation/kubernetes.go``,
+    ``Process``)."""
+    device = [o for o in current if not o.pod]
+    pods = [o for o in current if o.pod]
+    if not device or not pods:
+        return False
+    shared = np.concatenate([d.times for d in device])
+    return any(len(np.intersect1d(p.times, shared)) >= min_common for p in pods)
 
 
 def split_occupancy(
@@ -318,7 +409,9 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
     keep = (t > start) & (t <= end) & np.isfinite(y)
     t, y = t[keep], y[keep]
     rt, ry = (t, y) if series.raw is None else series.raw
-    keep = (rt > start) & (rt <= end) & np.isfinite(ry)
+    # raw samples from before the series' first point are another incarnation's
+    first = float(t[0]) - params.bin_s if len(t) else start
+    keep = (rt > max(start, first)) & (rt <= end) & np.isfinite(ry)
     rt, ry = rt[keep], ry[keep]
     if series.stale_s > 0 and len(t) > 3:
         # the exporter fell silent inside the last step: its last point (through Prometheus,
@@ -327,10 +420,11 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         t, y = t[:-1], y[:-1]
     if len(t) < 3:
         return LeakAssessment(series, False, ("too little history (0.0 h)",))
-    bins = bin_medians(t, y, params.bin_s, end)
+    bins = _without_spikes(bin_medians(t, y, params.bin_s, end), params)
     noise = robust_noise(bins.values)
     restart = _last_restart(bins, noise * params.cycle_noise, series.usable_mib)
     restarted = restart is not None
+    regrow_to: float | None = None
     # the noise of the bins every window reads (their ``all_bins``), computed once: unless the
     # job restarted (then the bins are drawn again from what followed)
     bins_noise = noise if restart is None else None
@@ -339,13 +433,18 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
         # memory fell to near nothing: the job restarted (or a new one began); what came before
         # is another job's history, so only what follows is judged
         since = bins.times[restart] + params.bin_s / 2
+        # the level the job held before it restarted, unless that was the GPU's memory (an OOM
+        # kill: regrowing towards it is the leak again)
+        held = median(bins.values[max(restart - 3, 0) : restart]) if restart > 0 else 0.0
+        if series.usable_mib <= 0 or held < 0.9 * series.usable_mib:
+            regrow_to = held
         keep = t >= since
         t, y = t[keep], y[keep]
         keep = rt >= since
         rt, ry = rt[keep], ry[keep]
         if len(t) < 3:
             return LeakAssessment(series, False, ("too little history since the job restarted",))
-        bins = bin_medians(t, y, params.bin_s, end)
+        bins = _without_spikes(bin_medians(t, y, params.bin_s, end), params)
     span_h = (t[-1] - t[0]) / HOUR_S
     raw = (t, y) if series.raw is None else (rt, ry)
     verdict: LeakAssessment | None = None
@@ -385,6 +484,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             climb=climb,
             raw=raw,
             noise=bins_noise,
+            regrow_to=regrow_to,
         )
         if short.leaking:
             return short
@@ -399,7 +499,7 @@ def _short_windows(params: LeakParams) -> tuple[tuple[float, float, float, bool]
     short window at the rule's minimum slope, the fast window at its own (a fast leak is visible
     in less time; in one hour, noise that lingers can look like one unless it must climb)."""
     return (
-        (params.short_window_s, params.min_slope_mib_per_h, params.short_min_growth, False),
+        (params.short_window_s, params.short_min_slope_mib_per_h, params.short_min_growth, False),
         (params.fast_window_s, params.fast_min_slope_mib_per_h, params.fast_min_growth, True),
     )
 
@@ -444,6 +544,7 @@ def _judge(
     min_slope: float | None = None,
     min_growth: float | None = None,
     climb: bool = False,
+    regrow_to: float | None = None,
     raw: tuple[FloatArray, FloatArray] | None = None,
     noise: float | None = None,
 ) -> LeakAssessment:
@@ -580,6 +681,13 @@ def _judge(
             f"grows {growth:.0f} MiB in the {window / HOUR_S:g} h window, less than "
             f"{min_growth:g} × the noise ({spread:.0f} MiB)"
         )
+    if climb and regrow_to is not None and median(all_bins.values[-3:]) <= regrow_to:
+        # after a restart a job reloads towards where it was; the fast window's hour of growth
+        # is a leak only once it climbs past that (the 2 h window's steadiness tests judge a
+        # reload's deceleration themselves)
+        reasons.append(
+            f"regrowing to the {regrow_to:.0f} MiB it held before it restarted (a reload)"
+        )
     if climb:
         # a new leak climbs past anything the job held before the window; noise that lingers
         # wanders back up to levels it has held before
@@ -619,9 +727,17 @@ def _judge(
         if short:
             loaded = _loaded_at(all_bins, params)
             settled = _after(all_bins, loaded) if loaded is not None else all_bins
-        stalled = _stalled_since(settled, slope, float(noise), fit.variance_ratio, params)
+        # the stop tests fit the growth from its onset: a flat stretch before a cache began to
+        # fill would dilute the slope it lost (the line through few bins has its own error)
+        onset = _onset(settled, need=2 * max(int(np.ceil(params.flat_for_s / bins.width)), 2))
+        if onset is not None:
+            settled = _after(settled, onset)
+            evidence["onset"] = _iso(onset)
+        stalled = _stalled_since(
+            settled, slope, float(noise), fit.variance_ratio, params, line_error=onset is not None
+        )
         if stalled is None and raw is not None:
-            stalled = _stopped_on_samples(settled, *raw, params)
+            stalled = _stopped_on_samples(settled, *raw, params, flat_before=onset is not None)
     if stalled is not None:
         evidence["flat_since"] = _iso(stalled)
         reasons.append(
@@ -665,7 +781,7 @@ def _judge(
 
 
 def _stopped_on_samples(
-    bins: Binned, t: FloatArray, y: FloatArray, params: LeakParams
+    bins: Binned, t: FloatArray, y: FloatArray, params: LeakParams, flat_before: bool = False
 ) -> float | None:
     """When growth stopped, judged on the raw samples of a short tail (``flat_for`` to
     ``stop_tail`` long, in bin steps), where bins are too few to tell: the line through the bins
@@ -686,6 +802,9 @@ def _stopped_on_samples(
     t, y = t[keep], y[keep]
     hours = (bins.times - bins.times[0]) / HOUR_S
     t_h = (t - bins.times[0]) / HOUR_S
+    # growth began at the bins' start (``flat_before``): before it the line is flat
+    line_h = np.maximum(t_h, -bins.width / 2 / HOUR_S) if flat_before else t_h
+    last_h = float(t_h[-1]) if len(t_h) else -np.inf
     found: float | None = None
     heads = PrefixSlopes(hours, bins.values)
     for size in range(need, min(most, n // 4) + 1):
@@ -694,7 +813,9 @@ def _stopped_on_samples(
             continue
         base = median(bins.values[:-size] - before * hours[:-size])
         start_h = hours[-size] - bins.width / 2 / HOUR_S
-        gap = base + before * t_h - y
+        if last_h - start_h < (params.flat_for_s - bins.width / 2) / HOUR_S:
+            continue  # the samples stop well short of ``flat_for`` (the exporter silent since)
+        gap = base + before * line_h - y
         tail = t_h > start_h
         if int(tail.sum()) < params.stop_min_samples:
             continue  # already medians (Prometheus's 5-min points): the bins' test has judged
@@ -702,12 +823,17 @@ def _stopped_on_samples(
         if lost < before / 2:
             continue
         length = size * bins.width / HOUR_S
+        # the blocks where nothing stopped are read as the tail is: up to as far into the
+        # block as the tail's samples reach, when a silent exporter cut the tail short by more
+        # than a tenth (its statistic is noisier, and so must its null be)
+        reach = last_h - start_h if last_h - start_h < 0.9 * length else np.inf
         head = t_h <= start_h
         block = np.floor((start_h - t_h[head]) / length)  # 0: the block just before the tail
-        null = [
-            _lost_slope(t_h[head][block == k] - (start_h - (k + 1) * length), gap[head][block == k])
-            for k in range(int(block.max()) if block.size else 0)  # whole blocks only
-        ]
+        null = []
+        for k in range(int(block.max()) if block.size else 0):  # whole blocks only
+            u = t_h[head][block == k] - (start_h - (k + 1) * length)
+            inside = u <= reach
+            null.append(_lost_slope(u[inside], gap[head][block == k][inside]))
         if len(null) < params.stop_blocks:
             continue
         spread = float(np.sqrt(np.mean(np.square(null))))
@@ -718,6 +844,88 @@ def _stopped_on_samples(
     return found
 
 
+def _without_spikes(bins: Binned, params: LeakParams) -> Binned:
+    """The bins without evaluation spikes: bins more than ``cycle_noise`` × the noise above the
+    lower envelope — the morphological opening (a running minimum, then a running maximum)
+    over ``spike_s`` plus a bin — are dropped. A rise that falls back within ``spike_s`` leaves
+    the envelope; a leak, a step that stays, a warm-up do not (the opening of a series that
+    never falls back within the window is the series). Judged only where the bins fall back
+    by more than ``cycle_noise`` × noise at all (else nothing is a spike)."""
+    width = int(np.ceil(params.spike_s / bins.width)) + 1
+    v = bins.values
+    if params.spike_s <= 0 or len(v) < 2 * width:
+        return bins
+    noise = robust_noise(v)
+    if _drawdown(v) <= params.cycle_noise * noise:
+        return bins
+    opened = _opening(v, width)
+    spike = v - opened > params.cycle_noise * noise
+    # a rise in the last ``spike_s`` has had no time to fall back: a jump there larger than
+    # any rise between two bins before it is held back until it shows whether it stays
+    tail = len(v) - width + 1
+    kept = np.flatnonzero(~spike[:tail])
+    usual = float(np.diff(v[kept]).max()) if len(kept) > 1 else np.inf
+    for i in range(max(tail, 1), len(v)):
+        if v[i] - v[i - 1] > max(params.cycle_noise * noise, 2 * usual):
+            spike[i:] = True
+            break
+    if not bool(spike.any()):
+        return bins
+    return Binned(bins.times[~spike], v[~spike], bins.width)
+
+
+def _opening(v: FloatArray, width: int) -> FloatArray:
+    """Grey opening with a flat window of ``width`` (edges padded with the nearest value)."""
+    pad = np.concatenate((np.full(width - 1, v[0]), v, np.full(width - 1, v[-1])))
+    low = sliding_window_view(pad, width).min(axis=1)  # low[i]: min of pad[i : i + width]
+    high = sliding_window_view(low, width).max(axis=1)
+    return high[: len(v)]
+
+
+ONSET_SSE_SHARE = 0.8
+"""A break is an onset when the hinge leaves at most this share of one line's squared
+residuals …"""
+ONSET_FLAT_SHARE = 0.25
+"""… and the stretch before it rises at most this share of the growth after it."""
+
+
+def _onset(bins: Binned, need: int) -> float | None:
+    """When the growth began, if it began after the bins' start: the break of the best
+    least-squares hinge (flat, then a line) whose rising part has at least ``need`` bins and
+    whose flat part has at least three; None when no break fits better than one line or the
+    hinge does not rise."""
+    n = len(bins.times)
+    if n < need + 3:
+        return None
+    h = (bins.times - bins.times[0]) / HOUR_S
+    v = bins.values
+    best_k, best_sse = 0, _line_sse(h, v)
+    for k in range(3, n - need + 1):
+        x = np.maximum(h - h[k], 0.0)
+        sse = _line_sse(x, v)
+        if sse < best_sse:
+            best_k, best_sse = k, sse
+    # a break that explains little of what one line leaves (AR(1) noise bends a steady leak
+    # this way and that) is no onset; nor one whose flat part itself rises
+    if best_k == 0 or best_sse > ONSET_SSE_SHARE * _line_sse(h, v):
+        return None
+    x = np.maximum(h - h[best_k], 0.0)
+    rise = float(np.polyfit(x, v, 1)[0])
+    if rise <= 0 or median_pairwise_slope(h[:best_k], v[:best_k]) > ONSET_FLAT_SHARE * rise:
+        return None
+    return float(bins.times[best_k] - bins.width / 2)
+
+
+def _line_sse(x: FloatArray, y: FloatArray) -> float:
+    """The residual sum of squares of the least-squares line of ``y`` on ``x``."""
+    xc = x - x.mean()
+    yc = y - y.mean()
+    sxx = float(xc @ xc)
+    b = float(xc @ yc) / sxx if sxx > 0 else 0.0
+    r = yc - b * xc
+    return float(r @ r)
+
+
 def _lost_slope(u: FloatArray, gap: FloatArray) -> float:
     """Σ u·gap / Σ u²: the slope of a line through the origin fitted to ``gap`` against ``u``."""
     weight = float(u @ u)
@@ -725,7 +933,12 @@ def _lost_slope(u: FloatArray, gap: FloatArray) -> float:
 
 
 def _stalled_since(
-    bins: Binned, slope: float, noise: float, ratio: float, params: LeakParams
+    bins: Binned,
+    slope: float,
+    noise: float,
+    ratio: float,
+    params: LeakParams,
+    line_error: bool = False,
 ) -> float | None:
     """When growth stopped, if it did at least ``flat_for`` ago: the longest tail of bins (at
     least ``flat_for``, at most half the window) whose own slope is less than
@@ -752,16 +965,37 @@ def _stalled_since(
         # had growth stopped at the tail's start, the gap would grow like this; half of it at
         # least must be missing, beside the noise test (a noiseless leak has no spread)
         stopped = before * (hours[-size:] - hours[-size] + bins.width / 2 / HOUR_S)
-        if _mean(gap) <= max(3.5 * spread * math.sqrt(ratio / size), _mean(stopped) / 2):
+        # ``line_error``: the line before the tail is fitted on few bins (growth since its
+        # onset), so its own error, carried to the tail, widens what a gap must exceed
+        whole = _line_se(head_h, hours[-size:], spread, ratio) if line_error else 0.0
+        if _mean(gap) <= max(
+            3.5 * math.sqrt(spread * spread * ratio / size + whole * whole), _mean(stopped) / 2
+        ):
             continue
         last = _mean(gap[-need:])
-        if last <= max(3.5 * spread * math.sqrt(ratio / need), _mean(stopped[-need:]) / 2):
+        end_se = _line_se(head_h, hours[-need:], spread, ratio) if line_error else 0.0
+        if last <= max(
+            3.5 * math.sqrt(spread * spread * ratio / need + end_se * end_se),
+            _mean(stopped[-need:]) / 2,
+        ):
             continue
         # a tail of a few bins has too noisy a slope of its own: its two gaps decide
         own = median_pairwise_slope(hours[-size:], bins.values[-size:]) if size >= 6 else 0.0
         if own < params.min_persistence * before:
             return float(bins.times[-size] - bins.width / 2)
     return None
+
+
+def _line_se(head_h: FloatArray, at_h: FloatArray, spread: float, ratio: float) -> float:
+    """The standard error of a least-squares line through ``head_h`` at the mean of ``at_h``,
+    for residuals of ``spread`` (variance inflated by ``ratio``)."""
+    m = len(head_h)
+    centre = float(head_h.mean())
+    sxx = float(np.sum((head_h - centre) ** 2))
+    if m < 2 or sxx <= 0:
+        return np.inf
+    far = float(at_h.mean()) - centre
+    return spread * math.sqrt(ratio * (1.0 / m + far * far / sxx))
 
 
 def _mean(values: FloatArray) -> float:
@@ -1117,14 +1351,18 @@ def _finding(verdict: LeakAssessment, params: LeakParams, now: datetime) -> Find
     if len(s.pods) == 1:
         namespace, _, pod = s.pods[0].partition("/")
         labels |= {"namespace": namespace, "pod": pod}
+        if s.pod_uid:
+            ev["pod_uid"] = s.pod_uid
+        whose = f"GPU memory of pod {s.pods[0]} on {s.subject}"
+        if s.per_pod:
+            # the exporter's per-process series: the pod's own memory on a GPU it may share
+            whose = f"pod {s.pods[0]}'s own GPU memory on {s.subject} (shared)"
+            ev["memory_of"] = "pod"
         return Finding(
             kind="leak",
             subject=f"pod/{s.pods[0]}",
             severity=severity,
-            summary=(
-                f"GPU memory of pod {s.pods[0]} on {s.subject} grows {rate} MiB/h "
-                f"(95% CI {lo}–{hi}); {eta}"
-            ),
+            summary=f"{whose} grows {rate} MiB/h (95% CI {lo}–{hi}); {eta}",
             evidence=ev | {"pods": list(s.pods), "gpu_subject": s.subject},
             since=since,
             labels=labels,

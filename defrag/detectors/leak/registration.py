@@ -31,8 +31,11 @@ from defrag.detectors.leak.core import (
     detect_leaks,
     detect_workload_leaks,
     memory_of_model,
+    per_pod_occupants,
+    split_incarnations,
     split_lives,
     split_occupancy,
+    without_neighbours,
 )
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
@@ -84,9 +87,35 @@ def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Findi
         inputs.now,
         lambda flagged: recent_samples(rule, inputs.prometheus, inputs.now, flagged),
     )
-    return found + detect_workload_leaks(
+    workloads = detect_workload_leaks(
         _may_crash_loop(lives, params, inputs.now), params, inputs.now
     )
+    return _one_per_workload(found, workloads, lives)
+
+
+def _one_per_workload(
+    found: list[Finding], workloads: list[Finding], lives: Sequence[Life]
+) -> list[Finding]:
+    """A workload that crash-loops on its leak is one finding: its pod now leaking (each life a
+    new pod, or the same pod restarted) is named in the workload's evidence
+    (``leaking_now``), not reported apart — else every life would page anew."""
+    if not workloads:
+        return found
+    owner_of = {life.pod: life.owner for life in lives}
+    by_owner = {w.subject.removeprefix("workload/"): w for w in workloads}
+    kept: list[Finding] = []
+    folded: dict[str, list[str]] = {}
+    for f in found:
+        owner = owner_of.get(f.subject.removeprefix("pod/"))
+        if f.subject.startswith("pod/") and owner is not None and owner in by_owner:
+            folded.setdefault(owner, []).append(f.summary)
+        else:
+            kept.append(f)
+    merged = [
+        replace(w, evidence={**w.evidence, "leaking_now": folded[o]}) if o in folded else w
+        for o, w in by_owner.items()
+    ]
+    return kept + merged
 
 
 def recent_samples(
@@ -132,7 +161,8 @@ def recent_samples(
         pods = set(one.pods)
         mine = [
             s for s in samples.get(key, [])
-            if not pods or names.pod_key(s.labels, frozenset()) in pods
+            if (not pods or names.pod_key(s.labels, frozenset()) in pods)
+            and (not one.pod_uid or names.uid_of(s.labels) == one.pod_uid)
         ]  # fmt: skip
         out.append(_merge_points(mine) if mine and any(s.points for s in mine) else None)
     return out
@@ -215,11 +245,30 @@ def _medians(rule: LeakRuleFields, selector: str) -> str:
 
 
 def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
-    """The series whose least-squares slope over the lookback ending at ``at`` is at least
-    half the minimum."""
+    """The series that may make their GPU's verdict a leak at ``at``: those whose least-squares
+    slope over the lookback is at least half the minimum; those that began, or have a hole of
+    more than 1.5 steps, inside the lookback (fewer samples than the fleet's fullest series
+    less 1.5 steps' worth: a new pod, a pod re-created under its name, a neighbour arriving);
+    and those that ended inside it (no sample in the last step: a neighbour or an incarnation
+    gone); and those that fell to half their peak or less (a restart, an OOM kill: the
+    detector judges what follows, and a workload's lives). The detector judges each incarnation
+    apart and removes the steps neighbours make, so a GPU whose history changed hands or
+    restarted is always fetched whatever its overall slope. The fullest
+    series is found over the whole ``queries.used`` (not the shard's), so every shard compares
+    with the same count."""
     params = LEAK.settings_of(rule)
     threshold = params.min_slope_mib_per_h / 2
-    return f"deriv({selector}[{params.lookback_s:.0f}s] @ {at}) * 3600 > {threshold:g}"
+    look = f"[{params.lookback_s:.0f}s] @ {at}"
+    whole = rule.queries.used.strip()
+    fewer = 1.0 - 1.5 * params.bin_s / params.lookback_s
+    return (
+        f"deriv({selector}{look}) * 3600 > {threshold:g}"
+        f" or count_over_time({selector}{look}) < {fewer:.6g} * "
+        f"scalar(max(count_over_time({whole}{look})))"
+        f" or count_over_time({selector}{look}) unless "
+        f"count_over_time({selector}[{params.bin_s:.0f}s] @ {at})"
+        f" or min_over_time({selector}{look}) < 0.5 * max_over_time({selector}{look})"
+    )
 
 
 def _gpu_labels(rule: LeakRuleFields) -> list[str]:
@@ -412,9 +461,21 @@ def leak_series(
             f"queries.free ({rule.queries.free}) returns no series: no GPU's capacity is known"
         )
     targets = names.target_pods(s.labels for s in [*used, *free])
-    last_of = {
+    last_of: dict[str, dict[Any, float]] = {
         kind: _last_by_key(samples, names)
-        for kind, samples in (("free", free), ("reserved", reserved), ("used", used_now))
+        for kind, samples in (("free", free), ("reserved", reserved))
+    }
+    # used now: the device's own series where the exporter adds each pod's beside it (its
+    # labels name no pod), else the copies on the pods' series (the same value); and each
+    # pod's own, by pod and UID
+    unlabelled = [s for s in used_now if not names.pod_key(s.labels, targets)]
+    last_of["used"] = _last_by_key(used_now, names) | _last_by_key(unlabelled, names)
+    last_of["pod_used"] = {
+        (k, pod, names.uid_of(s.labels)): s.last
+        for s in used_now
+        if (k := names.key(s.labels)) is not None
+        and (pod := names.pod_key(s.labels, targets))
+        and s.last is not None
     }
     live_nodes = {names.node_of(s.labels) for s in free} - {""}
     unkeyed = 0
@@ -433,26 +494,76 @@ def leak_series(
         )
     end = now.timestamp()
     final: dict[tuple[str, ...], GpuMemorySeries] = {}
+    series: GpuMemorySeries
     silent: list[tuple[tuple[str, ...], GpuMemorySeries]] = []
     occupied: dict[tuple[str, ...], tuple[tuple[Occupancy, ...], tuple[Occupancy, ...]]] = {}
     for key, samples in sorted(groups.items()):
-        by_pod: dict[str, list[Sample]] = {}
-        for s in samples:
-            by_pod.setdefault(names.pod_key(s.labels, targets) or "", []).append(s)
-        occupancies = [Occupancy(pod, *_merge_points(group)) for pod, group in by_pod.items()]
+        occupancies, labels_of = _occupancies(samples, names, targets, params.bin_s)
         current, ended = split_occupancy(occupancies, params.bin_s)
         if not current:
             continue
-        occupant = [s for life in current for s in by_pod[life.pod]]
-        times, values = _merge_points(occupant)
-        latest = max(occupant, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        latest = labels_of[max(current, key=lambda o: o.last)]
         node = names.node_of(latest)
+        gpu_fresh = key in last_of["free"] or node in live_nodes
+        reserved_mib = last_of["reserved"].get(key, 0.0)
+        free_now = last_of["free"].get(key)
+        if per_pod_occupants(current):
+            # the device's series and each pod's own: each pod judged on its own memory, which
+            # runs out when it has taken all the GPU's free memory
+            occupied[key] = (current, ended)
+            for life in current:
+                if not life.pod:
+                    continue
+                stale_s = end - float(life.times[-1])
+                if stale_s > 0 and gpu_fresh:
+                    continue  # the exporter still speaks: this pod has left the GPU
+                series = GpuMemorySeries(
+                    node=node,
+                    gpu=latest.get(names.gpu, ""),
+                    times=life.times,
+                    used_mib=life.used_mib,
+                    total_mib=0.0,
+                    pods=(life.pod,),
+                    uuid=names.uuid_of(latest),
+                    instance=latest.get(names.gpu_instance, ""),
+                    profile=latest.get(names.gpu_profile, ""),
+                    reserved_mib=0.0,
+                    stale_s=stale_s,
+                    pod_uid=life.uid if not life.uid.startswith("@") else "",
+                    per_pod=True,
+                )
+                own = last_of["pod_used"].get((key, life.pod, life.uid))
+                if free_now is not None:
+                    mine = own if own is not None else float(life.used_mib[-1])
+                    series = replace(series, total_mib=mine + free_now, capacity_from="used+free")
+                    final[(*key, life.pod, life.uid)] = series
+                else:
+                    silent.append(((*key, life.pod, life.uid), series))
+            continue
+        times, values = _merge_points_arrays([(o.times, o.used_mib) for o in current])
+        # pods arriving (a holder now among them) or leaving (another pod, not an earlier
+        # incarnation of a holder) while the GPU's present holders were there
+        holders = {o.pod for o in current}
+        changes = [
+            edge
+            for o in occupancies
+            if o.pod and len(o.times) and (o in current or o.pod not in holders)
+            for edge in (
+                (float(o.times[0]) - params.bin_s / 2,)
+                if o in current
+                else (float(o.times[0]) - params.bin_s / 2, float(o.times[-1]))
+            )
+            if times[0] < edge < times[-1]
+        ]
+        if changes and any(o.pod for o in current):
+            values = without_neighbours(times, values, changes, 3 * params.bin_s)
         # the last point is the bin ending at ``end`` when a sample came within the last bin
         stale_s = end - float(times[-1]) if len(times) else 0.0
-        if stale_s > 0 and (key in last_of["free"] or node in live_nodes):
+        if stale_s > 0 and gpu_fresh:
             continue  # the exporter still speaks: this GPU's occupant has ended
-        pods = tuple(sorted(life.pod for life in current if life.pod))
-        named = any(s.labels.get(p) for s in occupant for p in names.pod)
+        pods = tuple(sorted({life.pod for life in current if life.pod}))
+        uids = {life.uid for life in current if life.pod}
+        named = any(labels_of[o].get(p) for o in current for p in names.pod)
         series = GpuMemorySeries(
             node=node,
             gpu=latest.get(names.gpu, ""),
@@ -463,12 +574,12 @@ def leak_series(
             uuid=names.uuid_of(latest),
             instance=latest.get(names.gpu_instance, ""),
             profile=latest.get(names.gpu_profile, ""),
-            reserved_mib=last_of["reserved"].get(key, 0.0),
+            reserved_mib=reserved_mib,
             exporter_only=named and not pods,
             stale_s=stale_s,
+            pod_uid=next(iter(uids)) if len(pods) == 1 and len(uids) == 1 else "",
         )
         occupied[key] = (current, ended)
-        free_now = last_of["free"].get(key)
         if free_now is not None:
             used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
             total = used_at + free_now + series.reserved_mib
@@ -480,13 +591,47 @@ def leak_series(
         last_free = _last_by_key(metrics.instant(_last_over(rule.queries.free, window), now), names)
         last_used = _last_by_key(metrics.instant(_last_over(rule.queries.used, window), now), names)
         for key, series in silent:
-            if key in last_free and key in last_used:
+            gpu_key = key[:3] if key[0] == "uuid" else key[:4]
+            if series.per_pod and gpu_key in last_free:
+                mine = float(series.used_mib[-1])
+                series = replace(
+                    series, total_mib=mine + last_free[gpu_key], capacity_from="last used+free"
+                )
+            elif key in last_free and key in last_used:
                 total = last_used[key] + last_free[key] + series.reserved_mib
                 series = replace(series, total_mib=total, capacity_from="last used+free")
             final[key] = series
     if lives is not None:
         lives += _lives(rule, metrics, now, occupied, final)
-    return sorted(final.values(), key=lambda s: (s.node, s.gpu, s.uuid, s.instance))
+    return sorted(
+        final.values(), key=lambda s: (s.node, s.gpu, s.uuid, s.instance, s.pods, s.pod_uid)
+    )
+
+
+def _occupancies(
+    samples: list[Sample], names: DcgmLabels, targets: frozenset[str], bin_s: float
+) -> tuple[list[Occupancy], dict[Occupancy, Mapping[str, str]]]:
+    """The occupants of one GPU: one per pod incarnation — the pod's UID where the exporter
+    names it, else its name, cut where its series has a hole while the GPU's other series went
+    on (a pod re-created under its name) — and one for the series that name no pod. With the
+    labels of each one's latest series."""
+    by_pod: dict[tuple[str, str], list[Sample]] = {}
+    for s in samples:
+        pod = names.pod_key(s.labels, targets) or ""
+        by_pod.setdefault((pod, names.uid_of(s.labels) if pod else ""), []).append(s)
+    merged = {ident: _merge_points(group) for ident, group in by_pod.items()}
+    out: list[Occupancy] = []
+    labels_of: dict[Occupancy, Mapping[str, str]] = {}
+    for (pod, uid), group in by_pod.items():
+        whole = Occupancy(pod, *merged[(pod, uid)], uid)
+        others = [t for ident, (t, _) in merged.items() if ident[0] != pod]
+        other_times = np.concatenate(others) if others else np.empty(0)
+        latest = max(group, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
+        parts = split_incarnations(whole, other_times, 1.5 * bin_s) if pod else [whole]
+        for part in parts:
+            out.append(part)
+            labels_of[part] = latest
+    return out, labels_of
 
 
 def _lives(
@@ -498,8 +643,11 @@ def _lives(
 ) -> list[Life]:
     """Every pod's lives on the judged GPUs, with their owners (the pod itself without one)."""
     runs: list[tuple[str, Life]] = []
+    by_gpu: dict[tuple[str, ...], GpuMemorySeries] = {}
+    for k, one in series.items():
+        by_gpu.setdefault(k if not one.per_pod else k[:-2], one)
     for key, (current, ended) in occupied.items():
-        gpu = series.get(key)
+        gpu = by_gpu.get(key)
         if gpu is None:
             continue
         for occupancy, now_ in [(o, True) for o in current] + [(o, False) for o in ended]:
@@ -567,6 +715,20 @@ def _model_capacity(labels: Mapping[str, str]) -> dict[str, Any]:
     if mib is None:
         return {"total_mib": 0.0, "capacity_from": "unknown"}
     return {"total_mib": mib, "capacity_from": "model"}
+
+
+def _merge_points_arrays(
+    parts: list[tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray]:
+    """One time-ordered series from several (times, values): values at a time averaged (the
+    same value copied onto each pod's series of a GPU without per-process data)."""
+    if len(parts) == 1:
+        return parts[0]
+    times = np.concatenate([t for t, _ in parts])
+    values = np.concatenate([v for _, v in parts])
+    uniq, inverse, counts = np.unique(times, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=values, minlength=len(uniq))
+    return uniq, sums / counts
 
 
 def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:

@@ -49,6 +49,8 @@ class ScreenParams(Protocol):
     @property
     def min_slope_mib_per_h(self) -> float: ...
     @property
+    def short_min_slope_mib_per_h(self) -> float: ...
+    @property
     def short_window_s(self) -> float: ...
     @property
     def fast_window_s(self) -> float: ...
@@ -106,7 +108,7 @@ def _screen(times: FloatArray, used: FloatArray, params: ScreenParams, end: floa
     windows = [
         (w, slope)
         for w, slope in (
-            (params.short_window_s, params.min_slope_mib_per_h),
+            (params.short_window_s, params.short_min_slope_mib_per_h),
             (params.fast_window_s, params.fast_min_slope_mib_per_h),
         )
         if not (w <= 0 or w >= params.lookback_s or (t[-1] - t[0]) < 0.9 * w)
