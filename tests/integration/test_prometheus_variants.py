@@ -279,16 +279,19 @@ def test_missing_and_unlabelled_inputs_are_reported_as_skipped(prom: str, tmp_pa
 
 
 def test_cli_detect_lists_skipped_rules_in_json_and_table(prom: str) -> None:
+    """Every rule skipped (no kube-state-metrics series): nothing evaluated, exit 4
+    (docs/cli.md, Exit codes), with the skipped rules and why in both outputs."""
     runner = CliRunner()
     args = ["detect", "--prometheus", prom, "--at", END.isoformat(), "--rules", str(KSM)]
     result = runner.invoke(app, [*args, "-o", "json"])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 4, result.output
     data = json.loads(result.stdout)
     assert data["findings"] == [] and data["failures"] == []
     assert "kube-state-metrics" in data["skipped"]["high-priority-starved"]
     table = runner.invoke(app, args)
-    assert table.exit_code == 0
+    assert table.exit_code == 4
     assert "skipped rule high-priority-starved: queries.allocatable" in table.stderr
+    assert "error: nothing evaluated" in table.stderr
 
 
 def test_daemon_detector_sets_the_skipped_gauge_and_logs_once(
