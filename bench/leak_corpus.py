@@ -27,9 +27,9 @@ the history's end (inside the shipped 48 h horizon).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -383,7 +383,8 @@ class MovingCase:
     """(pod, owner kind, owner name, from, to) for ``kube_pod_owner``."""
 
 
-def _grid(start: float, stop: float) -> np.ndarray:
+def grid(start: float, stop: float) -> np.ndarray:
+    """The scrape times (multiples of STEP_S) from ``start`` to ``stop``."""
     first = np.ceil(start / STEP_S) * STEP_S
     return np.arange(first, stop + 1e-6, STEP_S)
 
@@ -395,7 +396,7 @@ def moving_case(family: str, rng: np.random.Generator, name: str, node: str) -> 
     def life(
         gpu: str, pod: str, start: float, stop: float, level: float, slope: float = 0.0
     ) -> Life:
-        t = _grid(start, stop)
+        t = grid(start, stop)
         clean = level + slope * (t - start) / HOUR
         return Life(gpu, pod, t, np.clip(clean + rng.normal(0.0, noise, len(t)), 0.0, GPU_MIB))
 
@@ -403,7 +404,7 @@ def moving_case(family: str, rng: np.random.Generator, name: str, node: str) -> 
         gpu: str, pod: str, begin: float, stop: float, load: float, level: float, rate: float
     ) -> Life:
         """A life that loads its model from nothing in ``load`` seconds, then grows."""
-        t = _grid(begin, stop)
+        t = grid(begin, stop)
         x = t - begin
         clean = 300.0 + (level - 300.0) * np.clip(x / load, 0.0, 1.0)
         clean = clean + rate * np.maximum(x - load, 0.0) / HOUR
@@ -509,6 +510,17 @@ def write_moving(cases: Sequence[MovingCase], out: TextIO, *, exported: bool = F
                     f"{metric}{{{labels}}} {v:.0f} {int(t)}\n"
                     for t, v in zip(lf.times[keep], values[keep], strict=True)
                 )
+    write_owners(cases, out)
+    out.write("# EOF\n")
+
+
+Owner = tuple[str, str, str, float, float]
+"""A pod's owner while it lived: (namespace/pod, owner kind, owner name, start s, stop s)."""
+
+
+def write_owners(cases: Iterable[Any], out: TextIO) -> None:
+    """kube-state-metrics' ``kube_pod_owner`` for each case's ``owners`` (:data:`Owner`), one
+    sample per step while each pod lived."""
     out.write("# TYPE kube_pod_owner gauge\n")
     for case in cases:
         for pod, kind, owner, start, stop in case.owners:
@@ -517,8 +529,7 @@ def write_moving(cases: Sequence[MovingCase], out: TextIO, *, exported: bool = F
                 f'namespace="{ns}",pod="{name}",uid="uid-{name}",owner_kind="{kind}",'
                 f'owner_name="{owner}",owner_is_controller="true"'
             )
-            out.writelines(f"kube_pod_owner{{{labels}}} 1 {int(t)}\n" for t in _grid(start, stop))
-    out.write("# EOF\n")
+            out.writelines(f"kube_pod_owner{{{labels}}} 1 {int(t)}\n" for t in grid(start, stop))
 
 
 # --- fast leaks: a leak that begins mid-history, a leak that OOM-kills its pod ------------------

@@ -35,7 +35,19 @@ from typing import TextIO
 
 import numpy as np
 
-from bench.leak_corpus import END, GPU_MIB, HOUR, MODEL, STEP_S, Case, Truth, _plain, _times
+from bench.leak_corpus import (
+    END,
+    GPU_MIB,
+    HOUR,
+    MODEL,
+    STEP_S,
+    Case,
+    Truth,
+    _plain,
+    _times,
+    grid,
+    write_owners,
+)
 
 SINGLE_FAMILIES = ("spiky-leak", "spiky-healthy", "cache-stops", "slow-leak")
 TUNING_SEEDS = (1, 2, 3)
@@ -146,11 +158,6 @@ MOVING_FAMILIES = (
 HISTORY_H = 8.0
 
 
-def _grid(start: float, stop: float) -> np.ndarray:
-    first = np.ceil(start / STEP_S) * STEP_S
-    return np.arange(first, stop + 1e-6, STEP_S)
-
-
 def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) -> ShapeCase:
     """One case; ``i`` alternates a re-created pod's new leak (even) or health (odd) and its
     ``pod_uid`` label (exported for i mod 4 in 0–1)."""
@@ -162,7 +169,7 @@ def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) ->
         return np.clip(np.round(clean + rng.normal(0.0, sigma, len(clean))), 0.0, GPU_MIB)
 
     if family == "timesliced":
-        t = _grid(begin, END)
+        t = grid(begin, END)
         h = (t - begin) / HOUR
         k = int(rng.integers(2, 5))
         others = [float(rng.uniform(2048.0, 12288.0)) for _ in range(k - 1)]
@@ -190,13 +197,13 @@ def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) ->
         pod = f"ml/{name}-0"
         old_leaks = bool(rng.random() < 0.5)
         new_leaks = i % 2 == 0
-        t_old = _grid(begin, gone)
+        t_old = grid(begin, gone)
         old = noisy(
             float(rng.uniform(10000.0, 30000.0))
             + (1536.0 if old_leaks else 0.0) * (t_old - begin) / HOUR
         )
         runs = [Run(node, "0", pod, f"uid-{name}-a" if uids else None, t_old, old)]
-        t_new = _grid(back, END)
+        t_new = grid(back, END)
         level = float(rng.uniform(8000.0, 30000.0))
         # exhausted within 30 h of the end (inside the shipped 48 h horizon)
         least = (GPU_MIB - level) / (30.0 + (END - back) / HOUR)
@@ -205,10 +212,10 @@ def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) ->
         where = f"{node}-b" if moved else node
         runs.append(Run(where, "0", pod, f"uid-{name}-b" if uids else None, t_new, new))
         # the old GPU without a pod after the old incarnation left (and while it is away)
-        t_idle = _grid(gone + STEP_S, END if moved else back - STEP_S)
+        t_idle = grid(gone + STEP_S, END if moved else back - STEP_S)
         runs.append(Run(node, "0", "", None, t_idle, noisy(np.full(len(t_idle), 400.0))))
         if moved:
-            t_pre = _grid(begin, back - STEP_S)
+            t_pre = grid(begin, back - STEP_S)
             runs.append(Run(where, "0", "", None, t_pre, noisy(np.full(len(t_pre), 400.0))))
         exhaust = (
             END + (GPU_MIB - float(level + rate * (END - back) / HOUR)) / rate * HOUR
@@ -231,7 +238,7 @@ def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) ->
             level = float(rng.uniform(2000.0, 12000.0))
             rate = (GPU_MIB - level) / (span - load / HOUR)
             stop = min(t0 + span * HOUR, END)
-            t = _grid(t0, stop)
+            t = grid(t0, stop)
             x = t - t0
             clean = 300.0 + (level - 300.0) * np.clip(x / load, 0.0, 1.0)
             clean = clean + rate * np.maximum(x - load, 0.0) / HOUR
@@ -311,13 +318,5 @@ def write_shapes(cases: Sequence[ShapeCase], out: TextIO) -> None:
     out.writelines(used_lines)
     out.write("# TYPE DCGM_FI_DEV_FB_FREE gauge\n")
     out.writelines(free_lines)
-    out.write("# TYPE kube_pod_owner gauge\n")
-    for case in cases:
-        for pod, kind, owner, start, stop in case.owners:
-            ns, _, name = pod.partition("/")
-            labels = (
-                f'namespace="{ns}",pod="{name}",uid="uid-{name}",owner_kind="{kind}",'
-                f'owner_name="{owner}",owner_is_controller="true"'
-            )
-            out.writelines(f"kube_pod_owner{{{labels}}} 1 {int(t)}\n" for t in _grid(start, stop))
+    write_owners(cases, out)
     out.write("# EOF\n")
