@@ -17,8 +17,6 @@ caching). Each configuration starts from an empty cache.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +28,7 @@ from defrag.sim.sweep.engine import DaskEngine, LocalEngine, Outcome, run_sweep
 from defrag.sim.sweep.results import table_columns, tidy_rows, to_csv
 from defrag.sim.sweep.spec import load_sweep
 from defrag.sim.sweep.tasks import SweepPlan, plan_sweep
+from tests.support.dask_loopback import start_loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 WORTHS = (0.5, 1, 2, 4)
@@ -55,67 +54,6 @@ def sweep_text(runs: int) -> str:
         "timeline: {load: 0.9, duration: 2h, warmup: 30m, window_every: 1h}\n"
         f"points:\n{listed}\n"
     )
-
-
-def loopback(tmp: Path, workers: int) -> tuple[str, list[subprocess.Popen[bytes]]]:
-    """A scheduler and ``workers`` single-threaded workers on 127.0.0.1."""
-    import socket
-
-    from distributed import Client
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "env": env}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distributed.cli.dask_scheduler",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--no-dashboard",
-            ],
-            **quiet,
-        )
-    ]
-    for i in range(workers):
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "distributed.cli.dask_worker",
-                    address,
-                    "--nthreads",
-                    "1",
-                    "--no-nanny",
-                    "--no-dashboard",
-                    "--local-directory",
-                    str(tmp / f"w{i}"),
-                ],
-                **quiet,
-            )
-        )
-    with Client(address, timeout=60) as client:
-        client.wait_for_workers(workers, timeout=120)
-    return address, procs
-
-
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """The workers, then the scheduler: SIGTERM, and SIGKILL when one lingers."""
-    for p in [*procs[1:], procs[0]]:
-        p.terminate()
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def timed(plan: SweepPlan, engine: object, cache: Path) -> tuple[Outcome, float]:
@@ -146,11 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{rows[-1][0]}: {wall:.1f} s", file=sys.stderr, flush=True)
         same = []
         for w in counts:
-            address, procs = loopback(tmp, w)
+            (tmp / f"cluster{w}").mkdir()
+            cluster = start_loopback(tmp / f"cluster{w}", w, ROOT)
             try:
-                out, wall = timed(plan, DaskEngine(address), tmp / f"dask{w}")
+                out, wall = timed(plan, DaskEngine(cluster.address), tmp / f"dask{w}")
             finally:
-                stop(procs)
+                cluster.stop()
             assert not out.failures, out.failures
             same.append(to_csv(table_columns(plan), tidy_rows(plan, out)) == reference)
             rows.append(

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,6 +19,8 @@ from defrag.sim.sweep.results import table_columns, tidy_rows, to_csv
 from defrag.sim.sweep.spec import load_sweep
 from defrag.sim.sweep.tasks import SweepPlan, SweepTask, plan_sweep
 from tests.support.binaries import free_port
+from tests.support.dask_loopback import Loopback
+from tests.support.dask_loopback import start_loopback as start
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -48,74 +47,12 @@ def require_distributed() -> None:
         pytest.skip(message)
 
 
-@dataclass
-class Loopback:
-    """A scheduler and its workers, each a process of its own."""
-
-    address: str
-    scheduler: subprocess.Popen[bytes]
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
-
-    def stop(self) -> None:
-        for proc in [*self.workers, self.scheduler]:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in [*self.workers, self.scheduler]:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def start_loopback(tmp: Path, workers: int = 2, code: Path = ROOT) -> Loopback:
     require_distributed()
-    from distributed import Client
-
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(code)}
-    log = (tmp / "scheduler.log").open("wb")
-    scheduler = subprocess.Popen(
-        [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
-         "--port", str(port), "--no-dashboard"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp,
-    )  # fmt: skip
-    cluster = Loopback(address, scheduler)
     try:
-        for i in range(workers):
-            wlog = (tmp / f"worker-{i}.log").open("wb")
-            cluster.workers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "distributed.cli.dask_worker",
-                        address,
-                        "--nthreads",
-                        "1",
-                        "--nworkers",
-                        "1",
-                        "--no-nanny",
-                        "--no-dashboard",
-                        "--name",
-                        f"w{i}",
-                        "--local-directory",
-                        str(tmp / f"w{i}"),
-                    ],
-                    stdout=wlog,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    cwd=tmp,
-                )
-            )
-        with Client(address, timeout=60) as client:
-            client.wait_for_workers(workers, timeout=90)
-    except Exception:
-        cluster.stop()
-        logs = "\n".join(p.read_text(errors="replace")[-800:] for p in tmp.glob("*.log"))
-        pytest.fail(f"the loopback cluster did not start: {logs}")
-    return cluster
+        return start(tmp, workers, code)
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 @pytest.fixture
