@@ -426,7 +426,14 @@ def main(argv: list[str] | None = None) -> int:
                 started = time.monotonic()
                 add_nodes(plane, f"n{size}", size - made, args.threads)
                 made = size
-                print(f"{size} nodes up in {time.monotonic() - started:.0f} s", flush=True)
+                one = plane.admin.session.get(
+                    plane.admin.url(f"/api/v1/nodes/n{size}-00000"), timeout=30
+                )
+                print(
+                    f"{size} nodes up in {time.monotonic() - started:.0f} s; one Node object "
+                    f"as the API server serves it: {len(one.content):,} bytes of JSON",
+                    flush=True,
+                )
                 for run in range(args.runs):
                     order = modes[run % len(modes) :] + modes[: run % len(modes)]
                     for qps, mode in [(q, m) for q in qps_list for m in order]:
