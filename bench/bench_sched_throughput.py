@@ -49,6 +49,7 @@ import datetime as dt
 import json
 import os
 import re
+import signal
 import statistics
 import sys
 import tempfile
@@ -413,6 +414,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(f"skipped: {exc}")
         return 0
+    # A SIGTERM ends the run through the cleanup (the control plane's processes stopped).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     cal = calibrate(3)
     print(f"calibration: {cal:.3f} s; load {os.getloadavg()}", flush=True)
     results: list[ModeRun] = []

@@ -455,7 +455,8 @@ class ControlPlane:
     ) -> Process:
         """kube-scheduler with ``config`` (a KubeSchedulerConfiguration), ``kubeconfig`` and
         ``extra`` command-line flags; returns once it answers /readyz."""
-        config = {**config, "clientConnection": {"kubeconfig": str(kubeconfig)}}
+        connection = {**config.get("clientConnection", {}), "kubeconfig": str(kubeconfig)}
+        config = {**config, "clientConnection": connection}
         path = self.folder / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
