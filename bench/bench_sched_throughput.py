@@ -91,6 +91,10 @@ class ModeRun:
     extender_calls: dict[str, int]
     extender_mean_ms: dict[str, float]
     algorithm_mean_ms: float
+    view_builds: int = 0
+    """Builds of the extender's view (after watch events) while kube-scheduler ran."""
+    view_build_s: float = float("nan")
+    """The last one's duration."""
 
 
 # --- reading figures ---------------------------------------------------------------------
@@ -177,6 +181,13 @@ def extender_figures(
     }
     mean = {v: round(sums[v] / n * 1e3, 2) for v, n in calls.items() if n and v in sums}
     return p50, p99, calls, mean
+
+
+def view_builds(text: str) -> tuple[int, float]:
+    """The extender's view builds so far and the last one's seconds (its /metrics)."""
+    builds = sum(v for _, v in samples(text, "defrag_extender_relists_total"))
+    last = samples(text, "defrag_extender_relist_seconds")
+    return int(builds), (last[0][1] if last else float("nan"))
 
 
 def algorithm_mean_ms(text: str) -> float:
@@ -275,7 +286,9 @@ def run_mode(
     p99: dict[str, float] = {}
     calls: dict[str, int] = {}
     mean: dict[str, float] = {}
+    builds, build_s = 0, float("nan")
     with extender_for(mode, plane, sched_kc, settings, port) as ext:
+        builds_before = view_builds(ext.get("/metrics").text)[0] if ext is not None else 0
         try:
             # /metrics opened to anonymous reads, as /readyz is by default
             plane.start_scheduler(
@@ -291,7 +304,10 @@ def run_mode(
                 time.sleep(1.0)
             algorithm = algorithm_mean_ms(scheduler_metrics(plane.scheduler_ports[SCHEDULER]))
             if ext is not None:
-                p50, p99, calls, mean = extender_figures(ext.get("/metrics").text)
+                text = ext.get("/metrics").text
+                p50, p99, calls, mean = extender_figures(text)
+                builds, build_s = view_builds(text)
+                builds -= builds_before
         finally:
             if SCHEDULER in plane.processes:
                 plane.processes.pop(SCHEDULER).stop()
@@ -311,6 +327,8 @@ def run_mode(
         extender_calls=calls,
         extender_mean_ms=mean,
         algorithm_mean_ms=algorithm,
+        view_builds=builds,
+        view_build_s=round(build_s, 4),
     )
 
 
@@ -449,7 +467,9 @@ def main(argv: list[str] | None = None) -> int:
                             f"{result.pods_per_s} pods/s ({result.pods} in "
                             f"{result.bind_span_s} s), algorithm mean "
                             f"{result.algorithm_mean_ms} ms, extender p99 "
-                            f"{result.extender_p99_ms} ms; load {os.getloadavg()[0]:.2f}",
+                            f"{result.extender_p99_ms} ms, mean {result.extender_mean_ms} ms; "
+                            f"extender view builds {result.view_builds} (last "
+                            f"{result.view_build_s} s); load {os.getloadavg()[0]:.2f}",
                             flush=True,
                         )
     after = calibrate(3)

@@ -17,6 +17,7 @@ from bench.bench_sched_throughput import (
     extender_figures,
     histogram_quantile,
     report,
+    view_builds,
 )
 from bench.run_all import BENCHES
 from defrag.extender.server import ExtenderMetrics
@@ -122,3 +123,11 @@ def test_the_cost_lines_are_what_the_targets_read() -> None:
         "extender cost (names), 5,000 nodes, kube-scheduler qps 1000": 10.0,
         "extender cost (nodes), 5,000 nodes, kube-scheduler qps 1000": 90.0,
     }
+
+
+def test_view_builds_from_the_extenders_metrics() -> None:
+    metrics = ExtenderMetrics.create()
+    metrics.relists.labels(result="ok").inc(3)
+    metrics.relists.labels(result="failed").inc()
+    metrics.relist_seconds.set(0.041)
+    assert view_builds(generate_latest(metrics.registry).decode()) == (4, 0.041)
