@@ -42,7 +42,8 @@ class Target:
     pattern: str
     limit: float
     unit: str
-    """``s``/``ms`` (a time: divided by the calibration too) or ``x`` (a ratio: as it is)."""
+    """``s``/``ms`` (a time: divided by the calibration too) or ``x``/``%`` (a ratio: as it
+    is)."""
 
     def figure(self, output: str) -> float | None:
         found = re.search(self.pattern, output)
@@ -99,6 +100,17 @@ EXTENDER_LOAD = (
     Target("prioritize p99, 4 clients, 1,000 nodes",
            rf"1\. 4 x \d+ prioritize at 1,000 nodes: p50 [\d.]+ ms, p99 {NUMBER} ms", 10.0, "ms"),
 )  # fmt: skip
+# Pods bound per second with the extender in kube-scheduler's path ÷ without: its cost in %.
+SCHED_THROUGHPUT = tuple(
+    Target(
+        f"extender cost ({mode}), {n:,} nodes, kube-scheduler qps 1000",
+        rf"extender cost, {mode}, {n} nodes, qps 1000: (-?[\d.]+) %",
+        20.0,
+        "%",
+    )
+    for n in (1000, 5000)
+    for mode in ("names", "nodes")
+)
 
 SIMULATOR_BENCHES = frozenset(
     {
@@ -158,6 +170,12 @@ BENCHES: tuple[Bench, ...] = (
     # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.
     Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
           ("drain-to-bind", "--runs", "1")),
+    # The real kube-scheduler with and without the extender (KUBEBUILDER_ASSETS; "skipped"
+    # without, a failure under CI=true).
+    Bench("sched-throughput", "bench_sched_throughput",
+          ("--nodes", "1000,5000", "--pods", "2000", "--runs", "3", "--qps", "shipped,1000"),
+          ("--nodes", "20", "--pods", "40", "--runs", "1", "--window", "20"),
+          targets=SCHED_THROUGHPUT),
     Bench("detect", "bench_detect", ("--runs", "5"),
           ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True,
           targets=DETECT_1K),

@@ -401,6 +401,8 @@ class ControlPlane:
     admin: Rest
     admin_kubeconfig: Path
     processes: dict[str, Process] = field(default_factory=dict)
+    scheduler_ports: dict[str, int] = field(default_factory=dict)
+    """kube-scheduler name → its secure (HTTPS) port."""
 
     @property
     def audit_log(self) -> Path:
@@ -444,9 +446,17 @@ class ControlPlane:
     def as_service_account(self, namespace: str, name: str, **kwargs: Any) -> Rest:
         return rest(self.server, self.pki.ca, token=self.token(namespace, name, **kwargs))
 
-    def start_scheduler(self, config: dict[str, Any], kubeconfig: Path, name: str) -> Process:
-        """kube-scheduler with ``config`` (a KubeSchedulerConfiguration) and ``kubeconfig``."""
-        config = {**config, "clientConnection": {"kubeconfig": str(kubeconfig)}}
+    def start_scheduler(
+        self,
+        config: dict[str, Any],
+        kubeconfig: Path,
+        name: str,
+        extra: tuple[str, ...] = (),
+    ) -> Process:
+        """kube-scheduler with ``config`` (a KubeSchedulerConfiguration), ``kubeconfig`` and
+        ``extra`` command-line flags; returns once it answers /readyz."""
+        connection = {**config.get("clientConnection", {}), "kubeconfig": str(kubeconfig)}
+        config = {**config, "clientConnection": connection}
         path = self.folder / f"{name}-config.yaml"
         path.write_text(yaml.safe_dump(config))
         port = free_port()
@@ -458,10 +468,12 @@ class ControlPlane:
                 "--bind-address=127.0.0.1",
                 f"--secure-port={port}",
                 "--v=2",
+                *extra,
             ],
             self.folder,
         )
         self.processes[name] = proc
+        self.scheduler_ports[name] = port
         with warnings.catch_warnings():  # its serving certificate is self-signed
             warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
             wait_for(
