@@ -210,7 +210,7 @@ class AuditTail:
 def _age(reserved_at: str, now: float) -> str:
     """How old a reservation is at ``now`` (its ``reserved-at``), for the report."""
     try:
-        return f"{now - datetime.fromisoformat(reserved_at).timestamp():.1f} s old"
+        return f"{now - stamp(reserved_at):.1f} s old"
     except ValueError:
         return "age unknown"
 

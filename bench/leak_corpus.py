@@ -313,14 +313,18 @@ def _plain(name: str, t: np.ndarray, used: np.ndarray) -> GpuMemorySeries:
     return GpuMemorySeries("node-0", "0", t, used, GPU_MIB, (f"ml/{name}",), f"GPU-{name}")
 
 
+def family_rng(seed: int, family: str, i: int) -> np.random.Generator:
+    """The generator of a family's ``i``-th case for ``seed``: a case does not depend on which
+    other families or how many cases are drawn."""
+    return np.random.default_rng([seed, zlib.crc32(family.encode()), i])
+
+
 def correlated_corpus(seed: int, n: int = 20) -> list[Case]:
     """``n`` histories of each :data:`AR1_FAMILIES` family, deterministic for a seed."""
     out = []
     for family in AR1_FAMILIES:
-        fi = zlib.crc32(family.encode())
         for i in range(n):
-            rng = np.random.default_rng([seed, fi, i])
-            out.append(correlated_case(family, rng, f"{family}-{i}"))
+            out.append(correlated_case(family, family_rng(seed, family, i), f"{family}-{i}"))
     return out
 
 
@@ -472,11 +476,9 @@ def moving_corpus(seed: int = 1, per_family: int = 10) -> list[MovingCase]:
     deterministic for a seed."""
     out = []
     for family in MOVING_FAMILIES:
-        fi = zlib.crc32(family.encode())
         for i in range(per_family):
-            rng = np.random.default_rng([seed, fi, i])
             name = f"{family}-{i}"
-            out.append(moving_case(family, rng, name, f"node-{name}"))
+            out.append(moving_case(family, family_rng(seed, family, i), name, f"node-{name}"))
     return out
 
 

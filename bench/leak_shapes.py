@@ -28,7 +28,6 @@ Seeds: tune on 1–3, held out 101–103 (docs/benchmarks.md).
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TextIO
@@ -45,6 +44,7 @@ from bench.leak_corpus import (
     Truth,
     _plain,
     _times,
+    family_rng,
     grid,
     write_owners,
 )
@@ -104,10 +104,8 @@ def single_case(family: str, rng: np.random.Generator, name: str) -> Case:
 def single_corpus(seed: int, n: int = 10, families: Sequence[str] = SINGLE_FAMILIES) -> list[Case]:
     out = []
     for family in families:
-        fi = zlib.crc32(family.encode())
         for i in range(n):
-            rng = np.random.default_rng([seed, fi, i])
-            out.append(single_case(family, rng, f"{family}-{seed}-{i}"))
+            out.append(single_case(family, family_rng(seed, family, i), f"{family}-{seed}-{i}"))
     return out
 
 
@@ -263,10 +261,8 @@ def moving_case(family: str, rng: np.random.Generator, name: str, i: int = 0) ->
 def shape_moving_corpus(seed: int, per_family: int = 8) -> list[ShapeCase]:
     out = []
     for family in MOVING_FAMILIES:
-        fi = zlib.crc32(family.encode())
         for i in range(per_family):
-            rng = np.random.default_rng([seed, fi, i])
-            out.append(moving_case(family, rng, f"{family}-{seed}-{i}", i))
+            out.append(moving_case(family, family_rng(seed, family, i), f"{family}-{seed}-{i}", i))
     return out
 
 
