@@ -1,21 +1,28 @@
-"""Every benchmark through one runner: ``make bench`` runs them at full size, ``--quick`` at a
-size that finishes in seconds (``make test`` smoke-runs it, so a benchmark cannot rot).
+"""Every benchmark through one runner, at HEAD and at a base commit in the same run: ``make
+bench`` prints each target's figure beside the base's, the gain, the target and whether it is
+met, with the machine's calibration.
 
-    .venv/bin/python -m bench.run_all                 # full size: the figures in docs/benchmarks.md
-    .venv/bin/python -m bench.run_all --quick         # every bench, tiny, as a smoke test
-    .venv/bin/python -m bench.run_all --only fill,plan
+    .venv/bin/python -m bench.run_all                       # full size, against HEAD~1
+    .venv/bin/python -m bench.run_all --base 6966236 --only plan,cycle --out build/bench
+    .venv/bin/python -m bench.run_all --quick --base none   # every bench, tiny, no comparison
 
 Each bench runs as its own process (``python -m bench.<module> <args>``) so one that fails or
-leaks cannot spoil the others; the runner prints each one's output, then a summary table, and
-exits non-zero when any failed. The machine is calibrated before and after (``bench.calibrate``:
-one fixed reference workload timed in the same run), and a second table puts each target
-beside its figure, read from the bench's output, and the figure divided by the calibration, so
-that a figure from another machine, or under another load, compares as a ratio.
+leaks cannot spoil the others. The base commit is checked out in a temporary ``git worktree
+--detach`` and its benches run there with the same arguments, each one right before or after the
+same bench at HEAD (the order alternating), so that a change of load hits both alike. A bench the
+base lacks, or that fails there, shows "—" and why; it never stops the run. The machine is
+calibrated before and after (``bench.calibrate``: one fixed reference workload) so that a figure
+from another machine, or under another load, compares as a ratio. The targets are
+``bench.targets.TARGETS``; ``--out DIR`` writes the table to ``DIR/bench.md`` and
+``DIR/bench.json``.
 
 Benches that need a real Prometheus say so and are run only when
 the ``prometheus`` binary is on PATH; benches that replay the openb trace run only when its files
-are in the data directory (``$DEFRAG_DATA_DIR``, else ``../shared/data``; ``make data`` fetches
-them). Under ``CI=true`` either absence is a failure, never a skip.
+are in the data directory (``$DEFRAG_DATA_DIR``, else ``~/.cache/defrag/data``; ``make data``
+fetches them). Under ``CI=true`` either absence is a failure, never a skip.
+
+Exit status: 0 when every bench ran (or was skipped) at HEAD, 1 when one failed there (a failure
+at the base does not count), 2 for a bad option or a base that is not a commit.
 """
 
 from __future__ import annotations
@@ -26,28 +33,21 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
 
 from bench import data
 from bench.calibrate import calibrate
+from bench.comparison import BenchRun, Run, Side, as_json, markdown
+from bench.targets import Target, of_bench
+from defrag.adapters.tracedata import DATA_ENV
 
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    """One target of a full-size run: the figure is the first group of ``pattern`` in the
-    bench's output; met when it is at most ``limit``."""
-
-    label: str
-    pattern: str
-    limit: float
-    unit: str
-    """``s``/``ms`` (a time: divided by the calibration too) or ``x``/``%`` (a ratio: as it
-    is)."""
-
-    def figure(self, output: str) -> float | None:
-        found = re.search(self.pattern, output)
-        return float(found.group(1)) if found else None
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,58 +59,20 @@ class Bench:
     needs_prometheus: bool = False
     needs_data: tuple[str, ...] = ()
     """Reference files (relative to the data directory) the quick and full runs read."""
-    targets: tuple[Target, ...] = ()
-    """Issue 26's targets (full size; a quick run reports no target)."""
 
     @property
     def simulator(self) -> bool:
         """Replays the openb trace (the heavier half of the smoke run)."""
         return self.name in SIMULATOR_BENCHES
 
+    @property
+    def targets(self) -> tuple[Target, ...]:
+        """The targets read from this bench's output (``bench.targets``)."""
+        return of_bench(self.name)
 
-NUMBER = r"([\d.]+)"
-SCORING = tuple(
-    Target(
-        f"schedule() at {n:,} nodes ÷ one numpy pass",
-        rf"schedule\(\) at {n} nodes: [\d.]+ ms, {NUMBER}x one pass",
-        2.0,
-        "x",
-    )
-    for n in (1000, 10000, 100000)
-)
-PLAN = (
-    Target("plan, openb 90%", rf"\| openb 90% \|(?:[^|]*\|){{5}}\s*{NUMBER}", 2.0, "s"),
-    Target("plan, 10,000 nodes", rf"\| synthetic 10000 \|(?:[^|]*\|){{5}}\s*{NUMBER}", 5.0, "s"),
-)
-CYCLE = (
-    Target("cycle, 5,000 nodes / 40,000 pods", rf"best cycle: {NUMBER} s", 3.0, "s"),
-    Target("its snapshot", rf"best snapshot: {NUMBER} s", 0.5, "s"),
-    Target("peak memory", rf"peak RSS: {NUMBER} MiB", 500.0, "MiB"),
-)
-EXTENDER = (
-    Target("prioritize p99, 5,000 nodes, HTTP", rf"HTTP keep-alive\s+[\d.]+\s+{NUMBER}", 5.0, "ms"),
-)
-DETECT_1K = (
-    Target("detection, 1,000 GPUs, median", rf"detect, median of \d+ \(s\)\s+{NUMBER}", 2.0, "s"),
-)
-DETECT_10K = (
-    Target("detection, 10,000 GPUs, median", rf"detect, median of \d+ \(s\)\s+{NUMBER}", 5.0, "s"),
-)
-EXTENDER_LOAD = (
-    Target("prioritize p99, 4 clients, 1,000 nodes",
-           rf"1\. 4 x \d+ prioritize at 1,000 nodes: p50 [\d.]+ ms, p99 {NUMBER} ms", 10.0, "ms"),
-)  # fmt: skip
-# Pods bound per second with the extender in kube-scheduler's path ÷ without: its cost in %.
-SCHED_THROUGHPUT = tuple(
-    Target(
-        f"extender cost ({mode}), {n:,} nodes, kube-scheduler qps 1000",
-        rf"extender cost, {mode}, {n} nodes, qps 1000: (-?[\d.]+) %",
-        20.0,
-        "%",
-    )
-    for n in (1000, 5000)
-    for mode in ("names", "nodes")
-)
+    def argv(self, quick: bool) -> tuple[str, ...]:
+        return (f"bench.{self.module}", *(self.quick if quick else self.full))
+
 
 SIMULATOR_BENCHES = frozenset(
     {
@@ -128,8 +90,7 @@ OPENB = tuple(data.trace_files(["default"]))
 
 
 BENCHES: tuple[Bench, ...] = (
-    Bench("scoring", "bench_scoring", (), ("--pods", "20", "--sizes", "1000"), needs_data=OPENB,
-          targets=SCORING),
+    Bench("scoring", "bench_scoring", (), ("--pods", "20", "--sizes", "1000"), needs_data=OPENB),
     Bench("fill", "bench_fill", (), ("--traces", "default", "--policies", "reserve-binpack",
                                      "--seeds", "1", "--jobs", "1"),
           needs_data=(*OPENB, "fgd/allo.csv")),
@@ -154,19 +115,15 @@ BENCHES: tuple[Bench, ...] = (
     Bench("packing-limit", "bench_packing_limit", (),
           ("--traces", "default", "--seeds", "1", "--jobs", "1", "--no-online"),
           needs_data=OPENB),
-    Bench("plan", "bench_plan", (), ("--only", "synthetic", "--nodes", "200"),
-          targets=PLAN),
+    Bench("plan", "bench_plan", (), ("--only", "synthetic", "--nodes", "200")),
     Bench("exact-gap", "bench_exact_gap", (), ("--cases", "2")),
     Bench("cycle", "bench_cycle", ("--repeat", "3"),
-          ("--nodes", "50", "--pods", "300", "--repeat", "1"),
-          targets=CYCLE),
+          ("--nodes", "50", "--pods", "300", "--repeat", "2")),
     Bench("kube", "bench_kube", ("--plan",), ("--nodes", "50", "--pods", "300")),
-    Bench("extender", "bench_extender", ("--nodes", "5000"), ("--nodes", "50", "--calls", "50"),
-          targets=EXTENDER),
-    Bench("watch", "bench_watch", (), ("--nodes", "50", "--pods", "300", "--repeat", "1")),
+    Bench("extender", "bench_extender", ("--nodes", "5000"), ("--nodes", "50", "--calls", "50")),
+    Bench("watch", "bench_watch", (), ("--nodes", "50", "--pods", "300", "--repeat", "2")),
     Bench("extender-load", "bench_extender_load", (),
-          ("--calls", "50", "--clients", "2", "--skip-maximal"),
-          targets=EXTENDER_LOAD),
+          ("--calls", "50", "--clients", "2", "--skip-maximal")),
     # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.
     Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
           ("drain-to-bind", "--runs", "1")),
@@ -174,14 +131,11 @@ BENCHES: tuple[Bench, ...] = (
     # without, a failure under CI=true).
     Bench("sched-throughput", "bench_sched_throughput",
           ("--nodes", "1000,5000", "--pods", "2000", "--runs", "3", "--qps", "shipped,1000"),
-          ("--nodes", "20", "--pods", "40", "--runs", "1", "--window", "20"),
-          targets=SCHED_THROUGHPUT),
+          ("--nodes", "20", "--pods", "40", "--runs", "1", "--window", "20")),
     Bench("detect", "bench_detect", ("--runs", "5"),
-          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True,
-          targets=DETECT_1K),
+          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True),
     Bench("detect-10k", "bench_detect", ("--gpus", "10000", "--runs", "3"),
-          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True,
-          targets=DETECT_10K),
+          ("--gpus", "20", "--hours", "2", "--runs", "1"), needs_prometheus=True),
     Bench("leak-corpus", "bench_leak_corpus", ("--per-cell", "10"),
           ("--per-cell", "1", "--mix", "20", "--noises", "0", "400")),
     Bench("starvation-corpus", "bench_starvation_corpus", ("--seeds", "100-119"),
@@ -205,11 +159,22 @@ class Outcome:
     status: str
     seconds: float
     output: str = ""
+    reason: str = ""
+    load: float | None = None
+
+    def side(self) -> Side:
+        return Side(self.status, self.seconds, self.output, self.reason, self.load)
 
 
-def run(bench: Bench, quick: bool) -> Outcome:
+class BaseError(Exception):
+    """The base given is not a commit of this repository (or git cannot check it out)."""
+
+
+def _unavailable(bench: Bench) -> Outcome | None:
+    """A skip (or, under ``CI=true``, a failure) when the bench's binary or data is missing."""
+    ci = os.environ.get("CI") == "true"
     if bench.needs_prometheus and shutil.which("prometheus") is None:
-        if os.environ.get("CI") == "true":
+        if ci:
             print(f"== {bench.name}: prometheus is not installed (CI=true: a failure)", flush=True)
             return Outcome(bench, "failed: no prometheus", 0.0)
         print(f"== {bench.name}: skipped, prometheus is not installed", flush=True)
@@ -217,73 +182,186 @@ def run(bench: Bench, quick: bool) -> Outcome:
     absent = data.missing(data.DEFAULT, bench.needs_data)
     if absent:
         message = data.missing_message(data.DEFAULT, absent)
-        if os.environ.get("CI") == "true":
+        if ci:
             print(f"== {bench.name}: {message} (CI=true: a failure)", flush=True)
             return Outcome(bench, f"failed: {message}", 0.0)
         print(f"== {bench.name}: skipped, {message}", flush=True)
         return Outcome(bench, f"skipped: {message}", 0.0)
-    argv = [sys.executable, "-m", f"bench.{bench.module}", *(bench.quick if quick else bench.full)]
-    print(f"== {bench.name}: {' '.join(argv[1:])}", flush=True)
+    return None
+
+
+def _last_line(output: str) -> str:
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def run(
+    bench: Bench,
+    quick: bool,
+    tree: Path = ROOT,
+    *,
+    label: str = "",
+    check_keys: bool = True,
+) -> Outcome:
+    """``bench`` run from the checkout ``tree`` (its own ``PYTHONPATH`` and working directory).
+
+    With ``check_keys`` a bench that exits 0 but prints no line for one of its targets fails:
+    the smoke runs keep the targets' keys true to what the benches print."""
+    unavailable = _unavailable(bench)
+    if unavailable is not None:
+        return unavailable
+    where = f" @ {label}" if label else ""
+    if not (tree / "bench" / f"{bench.module}.py").is_file():
+        reason = f"bench/{bench.module}.py is not in {label or tree}"
+        print(f"== {bench.name}{where}: absent ({reason})", flush=True)
+        return Outcome(bench, "absent", 0.0, reason=reason)
+    argv = [sys.executable, "-m", *bench.argv(quick)]
+    # Both checkouts read the same reference data, wherever the runner found it.
+    env = {**os.environ, "PYTHONPATH": str(tree), DATA_ENV: str(data.DEFAULT.resolve())}
+    print(f"== {bench.name}{where}: {' '.join(argv[1:])}", flush=True)
     started = time.monotonic()
     lines: list[str] = []
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, text=True) as proc:
+    with subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env
+    ) as proc:
         assert proc.stdout is not None
         for line in proc.stdout:  # shown as it comes, kept for the targets table
             print(line, end="", flush=True)
             lines.append(line)
     took = time.monotonic() - started
-    status = "ok" if proc.returncode == 0 else f"failed ({proc.returncode})"
-    return Outcome(bench, status, took, "".join(lines))
+    output = "".join(lines)
+    load = os.getloadavg()[0]
+    if proc.returncode != 0:
+        return Outcome(bench, f"failed ({proc.returncode})", took, output, _last_line(output), load)
+    skipped = re.search(r"^skipped:? (.*)$", output, re.MULTILINE)
+    if skipped:  # the control-plane benches without their binaries
+        return Outcome(bench, f"skipped: {skipped.group(1)}", took, output, load=load)
+    if check_keys:
+        unread = [t.label for t in bench.targets if t.read(output, full=False) is None]
+        if unread:
+            reason = f"printed no line for target(s) {'; '.join(unread)} (bench/targets.py)"
+            return Outcome(bench, f"failed: {reason}", took, output, reason, load)
+    return Outcome(bench, "ok", took, output, load=load)
 
 
-def targets_table(outcomes: list[Outcome], cal_s: float) -> list[str]:
-    """Each target beside its figure, and the figure ÷ the calibration (times only)."""
-    rows = [
-        f"\ncalibration (bench.calibrate, median of 5, before and after): {cal_s:.3f} s",
-        "| bench | figure | value | target | met | value ÷ calibration |",
-        "|---|---|---|---|---|---|",
-    ]
-    for o in outcomes:
-        for t in o.bench.targets:
-            value = t.figure(o.output)
-            if value is None:
-                rows.append(f"| {o.bench.name} | {t.label} | not found | ≤ {t.limit:g} {t.unit} |")
-                continue
-            seconds = {"s": value, "ms": value / 1e3}.get(t.unit)
-            ratio = f"{seconds / cal_s:.2f}" if seconds is not None else "—"
-            met = "yes" if value <= t.limit else "no"
-            rows.append(
-                f"| {o.bench.name} | {t.label} | {value:g} {t.unit} | ≤ {t.limit:g} {t.unit} "
-                f"| {met} | {ratio} |"
-            )
-    return rows
+def _git(root: Path, *args: str) -> str:
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BaseError(_last_line(done.stderr or done.stdout))
+    return done.stdout.strip()
+
+
+def head_label(root: Path) -> str:
+    """HEAD's short commit, ``+changes`` when tracked files differ from it (what is measured)."""
+    try:
+        sha = _git(root, "rev-parse", "--short", "HEAD")
+        dirty = _git(root, "status", "--porcelain", "--untracked-files=no")
+    except (BaseError, OSError):
+        return "working tree"
+    return f"{sha}+changes" if dirty else sha
+
+
+@contextmanager
+def checkout(root: Path, rev: str) -> Iterator[tuple[str, Path]]:
+    """``rev`` checked out in a temporary detached worktree of ``root``'s repository, removed
+    afterwards: its short commit and its folder."""
+    try:
+        sha = _git(root, "rev-parse", "--verify", "--quiet", "--short", f"{rev}^{{commit}}")
+    except BaseError as exc:
+        raise BaseError(f"{rev!r} is not a commit of {root} ({exc})") from None
+    except OSError as exc:
+        raise BaseError(f"git could not be run ({exc})") from None
+    folder = Path(tempfile.mkdtemp(prefix="defrag-bench-base-"))
+    tree = folder / sha
+    try:
+        _git(root, "worktree", "add", "--detach", "--quiet", str(tree), sha)
+        yield sha, tree
+    finally:
+        with suppress(BaseError):
+            _git(root, "worktree", "remove", "--force", str(tree))
+        shutil.rmtree(folder, ignore_errors=True)
+        subprocess.run(["git", "-C", str(root), "worktree", "prune"], capture_output=True)
+
+
+def run_pair(
+    bench: Bench, quick: bool, head: Path, base: tuple[str, Path] | None, base_first: bool
+) -> BenchRun:
+    """``bench`` at HEAD and at the base, one right after the other."""
+    command = " ".join(bench.argv(quick))
+    if base is None:
+        return BenchRun(bench.name, command, run(bench, quick, head).side())
+    label, tree = base
+    sides: dict[str, Side] = {}
+    for which in ("base", "head") if base_first else ("head", "base"):
+        if which == "head":
+            sides["head"] = run(bench, quick, head, label="HEAD").side()
+        else:
+            sides["base"] = run(bench, quick, tree, label=label, check_keys=False).side()
+    return BenchRun(bench.name, command, sides["head"], sides["base"])
+
+
+def measure(benches: list[Bench], quick: bool, root: Path, base: tuple[str, Path] | None) -> Run:
+    """Calibrate, run each bench at HEAD and the base (alternating which goes first),
+    calibrate again."""
+    runs = 1 if quick else 5
+    load_before = os.getloadavg()[0]
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    before = calibrate(runs)
+    print(f"calibration: {before:.3f} s (bench.calibrate, median of {runs})", flush=True)
+    results = tuple(run_pair(b, quick, root, base, i % 2 == 1) for i, b in enumerate(benches))
+    after = calibrate(runs)
+    return Run(
+        head=head_label(root),
+        base=base[0] if base else None,
+        quick=quick,
+        calibration=(before, after),
+        loads=(load_before, os.getloadavg()[0]),
+        benches=results,
+        started=started,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of each bench")
     ap.add_argument("--only", default="", help="comma-separated bench names")
+    ap.add_argument(
+        "--base",
+        default="HEAD~1",
+        help="the commit each bench is also run at, in the same run (default HEAD~1; "
+        "'none': HEAD only)",
+    )
+    ap.add_argument("--out", type=Path, help="write bench.md and bench.json into this folder")
     args = ap.parse_args(argv)
     names = {n for n in args.only.split(",") if n}
-    known = {b.name for b in BENCHES}
-    if names - known:
-        ap.error(f"unknown bench(es) {', '.join(sorted(names - known))}; known: {', '.join(known)}")
+    known = [b.name for b in BENCHES]
+    if names - set(known):
+        ap.error(f"unknown bench(es) {', '.join(sorted(names - set(known)))}; known: "
+                 f"{', '.join(known)}")  # fmt: skip
     chosen = [b for b in BENCHES if not names or b.name in names]
-    runs = 1 if args.quick else 5
-    before = calibrate(runs)
-    print(f"calibration: {before:.3f} s (bench.calibrate, median of {runs})", flush=True)
-    outcomes = [run(b, args.quick) for b in chosen]
-    after = calibrate(runs)
-    print("\n| bench | command | result | seconds |\n|---|---|---|---|")
-    for o in outcomes:
-        used = o.bench.quick if args.quick else o.bench.full
-        cmd = " ".join((f"bench.{o.bench.module}", *used))
-        print(f"| {o.bench.name} | `{cmd}` | {o.status} | {o.seconds:.1f} |")
-    if not args.quick:
-        for row in targets_table(outcomes, (before + after) / 2):
-            print(row)
-        print(f"(calibration before {before:.3f} s, after {after:.3f} s; load {os.getloadavg()})")
-    return 0 if all(o.status == "ok" or o.status.startswith("skipped") for o in outcomes) else 1
+    if args.out is not None:
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            print(f"error: --out {args.out}: {exc.strerror}", file=sys.stderr)
+            return 2
+    try:
+        if args.base == "none":
+            result = measure(chosen, args.quick, ROOT, None)
+        else:
+            with checkout(ROOT, args.base) as base:
+                result = measure(chosen, args.quick, ROOT, base)
+    except BaseError as exc:
+        print(f"error: --base: {exc}", file=sys.stderr)
+        return 2
+    table = markdown(result)
+    print("\n" + "\n".join(table), flush=True)
+    if args.out is not None:
+        (args.out / "bench.md").write_text("\n".join(table) + "\n")
+        (args.out / "bench.json").write_text(as_json(result) + "\n")
+        print(f"(written: {args.out / 'bench.md'}, {args.out / 'bench.json'})")
+    failed = [b.name for b in result.benches if b.head.status.startswith(("failed", "absent"))]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
