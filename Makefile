@@ -112,8 +112,12 @@ image:
 image-name:
 	@echo $(IMAGE)
 
+# Every bench at HEAD and at BASE (default HEAD~1; BASE=none: HEAD only) in one run, each figure
+# beside its target (docs/benchmarks.md). BENCH=a,b picks benches; QUICK=1 their small sizes.
+# The table is also written to build/bench/bench.md and bench.json.
 bench: venv
-	$(PY) -m bench.run_all
+	$(PY) -m bench.run_all --base $(or $(BASE),HEAD~1) --out build/bench \
+	  $(if $(BENCH),--only $(BENCH)) $(if $(QUICK),--quick)
 
 clean:
 	rm -rf $(VENV) .tools build *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import takewhile
 from typing import Any
 
 from bench.targets import TARGETS, Better, Reading, Target
@@ -100,20 +99,6 @@ def _reading(target: Target, side: Side | None, full: bool) -> tuple[Reading | N
     return (found, "") if found else (None, "not in its output")
 
 
-def _prefix(a: str, b: str) -> int:
-    return sum(1 for _ in takewhile(lambda pair: pair[0] == pair[1], zip(a, b, strict=False)))
-
-
-def _likeness(target: Target, reading: Reading) -> tuple[int, int]:
-    """How close a quick line is to the one ``target`` is judged on: the qualifiers equal, then
-    the characters their values share at the start ("synthetic 200" is nearer "synthetic 10000"
-    than "openb 90%")."""
-    about = dict(reading.about)
-    equal = sum(about.get(k) == v for k, v in target.where)
-    shared = sum(_prefix(about.get(k, ""), v) for k, v in target.where)
-    return equal, shared
-
-
 def rows(run: Run, targets: Sequence[Target] = TARGETS) -> list[Row]:
     """Every target of the benches run, in the table's order. At a quick size several targets
     can read the same line (they differ only in a size the quick run does not reach): that line
@@ -136,7 +121,7 @@ def rows(run: Run, targets: Sequence[Target] = TARGETS) -> list[Row]:
             continue
         line = (row.target.bench, row.target.key, row.head.about)
         kept = best.get(line)
-        if kept is None or _likeness(row.target, row.head) > _likeness(kept.target, row.head):
+        if kept is None or row.target.likeness(row.head) > kept.target.likeness(row.head):
             best[line] = row
     chosen = {id(r) for r in best.values()}
     return [r for r in out if r.head is None or id(r) in chosen]
@@ -159,7 +144,7 @@ def _per_cal(row: Row, cal_s: float) -> str:
     scale = TIME_UNITS.get(row.target.unit)
     if row.head is None or scale is None or cal_s <= 0:
         return "—"
-    return f"{row.head.value * scale / cal_s:.2f}"
+    return f"{row.head.value * scale / cal_s:.3g}"
 
 
 def _short(text: str, width: int = 90) -> str:

@@ -89,6 +89,21 @@ def test_the_extender_cost_lines_the_throughput_bench_writes_are_read() -> None:
     ) == pytest.approx(50.0)
 
 
+def test_a_quick_run_reads_each_mode_from_its_own_line() -> None:
+    def mode(name: str, rate: float) -> ModeRun:
+        ext = {} if name == "alone" else {"filter": 1.0, "prioritize": 2.0}
+        return ModeRun(name, "shipped", 20, 40, rate, 10.0, ext, ext, {}, ext, 1.0)
+
+    runs = [mode(m, r) for m, r in (("alone", 200.0), ("names", 100.0), ("nodes", 40.0))]
+    bench = BenchRun("sched-throughput", "", Side("ok", output="\n".join(report(runs))))
+    shown = {
+        dict(r.head.about)["mode"]: r.head.value
+        for r in rows(_run((bench,), quick=True))
+        if r.head is not None
+    }
+    assert shown == pytest.approx({"names": 50.0, "nodes": 80.0})
+
+
 def _run(benches: tuple[BenchRun, ...], quick: bool = False) -> Run:
     return Run("bbbbbbb", "aaaaaaa", quick, (0.5, 0.7), (3.0, 4.0), benches)
 
@@ -132,10 +147,10 @@ def test_figures_are_paired_with_the_base_and_judged() -> None:
 
     table = "\n".join(markdown(_run(benches)))
     assert "calibration 0.500 s before, 0.700 s after" in table
-    assert "| plan, 10,000 nodes | plan | 6.2 s | 12.4 s | 2.00× | ≤ 5 s | no | 10.33 |" in table
+    assert "| plan, 10,000 nodes | plan | 6.2 s | 12.4 s | 2.00× | ≤ 5 s | no | 10.3 |" in table
     assert (
         "| prioritize p99 over HTTP, 5,000 nodes | extender | 33.79 ms "
-        "| — (error: unrecognized arguments: --nodes) | — | ≤ 5 ms | no | 0.06 |"
+        "| — (error: unrecognized arguments: --nodes) | — | ≤ 5 ms | no | 0.0563 |"
     ) in table
     assert "| — (bench/bench_detect.py is not in aaaaaaa) |" in table
     doc = __import__("json").loads(as_json(_run(benches)))
