@@ -352,7 +352,8 @@ def main(argv: list[str] | None = None) -> int:
             with checkout(ROOT, args.base) as base:
                 result = measure(chosen, args.quick, ROOT, base)
     except BaseError as exc:
-        print(f"error: --base: {exc}", file=sys.stderr)
+        print(f"error: --base: {exc}; --base none (make bench BASE=none) runs HEAD only",
+              file=sys.stderr)  # fmt: skip
         return 2
     table = markdown(result)
     print("\n" + "\n".join(table), flush=True)
