@@ -147,6 +147,11 @@ def _per_cal(row: Row, cal_s: float) -> str:
     return f"{row.head.value * scale / cal_s:.3g}"
 
 
+def _took(side: Side) -> str:
+    """Its wall time, "—" for a bench that never started (absent, or skipped before)."""
+    return f"{side.seconds:.1f}" if side.seconds > 0 else "—"
+
+
 def _short(text: str, width: int = 90) -> str:
     text = " ".join(text.split()).replace("|", "/")
     return text if len(text) <= width else text[: width - 1] + "…"
@@ -167,7 +172,7 @@ def markdown(run: Run, targets: Sequence[Target] = TARGETS) -> list[str]:
     ]
     for b in run.benches:
         base_status = _short(b.base.status if b.base.ok else f"{b.base.why()}") if b.base else "—"
-        seconds = f"{b.head.seconds:.1f}" + (f" / {b.base.seconds:.1f}" if b.base else "")
+        seconds = " / ".join(_took(s) for s in (b.head, b.base) if s is not None)
         loads = " / ".join(
             f"{s.load:.1f}" for s in (b.head, b.base) if s is not None and s.load is not None
         )

@@ -153,6 +153,8 @@ def test_figures_are_paired_with_the_base_and_judged() -> None:
         "| — (error: unrecognized arguments: --nodes) | — | ≤ 5 ms | no | 0.0563 |"
     ) in table
     assert "| — (bench/bench_detect.py is not in aaaaaaa) |" in table
+    assert "| plan | `bench.bench_plan` | ok | ok | 9.0 / 20.0 |" in table
+    assert "| bench/bench_detect.py is not in aaaaaaa | 30.0 / — |" in table
     doc = __import__("json").loads(as_json(_run(benches)))
     assert doc["calibration_s"] == {"before": 0.5, "after": 0.7}
     assert {f["figure"]: f["met"] for f in doc["figures"]}["plan, 10,000 nodes"] is False
