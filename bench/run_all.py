@@ -31,6 +31,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -225,9 +226,13 @@ def run(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tree, env=env
     ) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:  # shown as it comes, kept for the targets table
-            print(line, end="", flush=True)
-            lines.append(line)
+        try:
+            for line in proc.stdout:  # shown as it comes, kept for the targets table
+                print(line, end="", flush=True)
+                lines.append(line)
+        except BaseException:  # the runner stopped (Ctrl-C, SIGTERM): the bench ends with it
+            proc.terminate()
+            raise
     took = time.monotonic() - started
     output = "".join(lines)
     load = os.getloadavg()[0]
@@ -321,6 +326,11 @@ def measure(benches: list[Bench], quick: bool, root: Path, base: tuple[str, Path
     )
 
 
+def _stop(signum: int, _frame: object) -> None:
+    # A SIGTERM unwinds like Ctrl-C: the running bench is stopped, the base's worktree removed.
+    sys.exit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test of each bench")
@@ -345,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"error: --out {args.out}: {exc.strerror}", file=sys.stderr)
             return 2
+    signal.signal(signal.SIGTERM, _stop)
     try:
         if args.base == "none":
             result = measure(chosen, args.quick, ROOT, None)
