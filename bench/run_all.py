@@ -309,6 +309,7 @@ def measure(benches: list[Bench], quick: bool, root: Path, base: tuple[str, Path
     """Calibrate, run each bench at HEAD and the base (alternating which goes first),
     calibrate again."""
     runs = 1 if quick else 5
+    head = head_label(root)
     load_before = os.getloadavg()[0]
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     before = calibrate(runs)
@@ -316,7 +317,7 @@ def measure(benches: list[Bench], quick: bool, root: Path, base: tuple[str, Path
     results = tuple(run_pair(b, quick, root, base, i % 2 == 1) for i, b in enumerate(benches))
     after = calibrate(runs)
     return Run(
-        head=head_label(root),
+        head=head,
         base=base[0] if base else None,
         quick=quick,
         calibration=(before, after),
