@@ -17,7 +17,7 @@ import pytest
 
 from bench.bench_sched_throughput import ModeRun, report
 from bench.comparison import BenchRun, Run, Side, as_json, markdown, rows
-from bench.run_all import BENCHES, BaseError, Bench, checkout, main, run, run_pair
+from bench.run_all import BENCHES, BaseError, Bench, checkout, main, measure, run, run_pair
 from bench.targets import TARGETS, Better, Target
 
 # Printed by `python -m bench.bench_plan --nodes 300` (bench/bench_plan.py, this repository).
@@ -242,6 +242,25 @@ def test_each_bench_runs_at_head_and_at_the_base_in_one_run(repo: Path) -> None:
     assert by_label["broken time"].head is not None and by_label["broken time"].base is None
     assert by_label["broken time"].base_missing == "error: --size: no such option"
     assert by_label["new time"].base_missing == f"bench/bench_new.py is not in {sha}"
+
+
+def test_head_and_base_alternate_which_runs_first(
+    repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "order.log"
+    monkeypatch.setenv("FAKE_ORDER_LOG", str(log))
+    logging = "import os, pathlib\nwith open(os.environ['FAKE_ORDER_LOG'], 'a') as f:\n"
+    _write(repo, "bench_order.py", logging + "    f.write(pathlib.Path.cwd().name + '\\n')\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "order")
+    benches = [Bench("one", "bench_order", (), ()), Bench("two", "bench_order", (), ())]
+    with checkout(repo, "HEAD") as base:
+        result = measure(benches, True, repo, base)
+    sha = base[0]
+    assert log.read_text().split() == ["repo", sha, sha, "repo"]
+    assert result.base == sha and result.head == sha  # the base may be HEAD itself: the noise
+    assert all(c > 0 for c in result.calibration)
+    assert [b.head.status for b in result.benches] == ["ok", "ok"]
 
 
 def test_a_bench_printing_no_line_for_its_target_fails(repo: Path) -> None:
