@@ -327,6 +327,16 @@ def measure(benches: list[Bench], quick: bool, root: Path, base: tuple[str, Path
     )
 
 
+def write_logs(result: Run, folder: Path) -> None:
+    """Each bench's output at HEAD and at the base, as it printed it: ``<name>.head.log``."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for b in result.benches:
+        for which, side in (("head", b.head), ("base", b.base)):
+            if side is not None and side.output:
+                (folder / f"{b.name}.{which}.log").write_text(side.output)
+
+
 def _stop(signum: int, _frame: object) -> None:
     # A SIGTERM unwinds like Ctrl-C: the running bench is stopped, the base's worktree removed.
     sys.exit(128 + signum)
@@ -372,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is not None:
         (args.out / "bench.md").write_text("\n".join(table) + "\n")
         (args.out / "bench.json").write_text(as_json(result) + "\n")
-        print(f"(written: {args.out / 'bench.md'}, {args.out / 'bench.json'})")
+        write_logs(result, args.out / "logs")
+        print(f"(written: {args.out / 'bench.md'}, {args.out / 'bench.json'}, {args.out / 'logs'})")
     failed = [b.name for b in result.benches if b.head.status.startswith(("failed", "absent"))]
     return 1 if failed else 0
 

@@ -17,7 +17,17 @@ import pytest
 
 from bench.bench_sched_throughput import ModeRun, report
 from bench.comparison import BenchRun, Run, Side, as_json, markdown, rows
-from bench.run_all import BENCHES, BaseError, Bench, checkout, main, measure, run, run_pair
+from bench.run_all import (
+    BENCHES,
+    BaseError,
+    Bench,
+    checkout,
+    main,
+    measure,
+    run,
+    run_pair,
+    write_logs,
+)
 from bench.targets import TARGETS, Better, Target
 
 # Printed by `python -m bench.bench_plan --nodes 300` (bench/bench_plan.py, this repository).
@@ -217,7 +227,7 @@ def repo(tmp_path: Path) -> Path:
 FAKE = Target("fake time", "fake", r"fake took (?P<value>[\d.]+) s", "s", 1.5, Better.LOWER, "t")
 
 
-def test_each_bench_runs_at_head_and_at_the_base_in_one_run(repo: Path) -> None:
+def test_each_bench_runs_at_head_and_at_the_base_in_one_run(repo: Path, tmp_path: Path) -> None:
     benches = [Bench(n, f"bench_{n}", (), ()) for n in ("fake", "broken", "new", "skips")]
     with checkout(repo, "HEAD~1") as base:
         sha, tree = base
@@ -242,6 +252,9 @@ def test_each_bench_runs_at_head_and_at_the_base_in_one_run(repo: Path) -> None:
     assert by_label["broken time"].head is not None and by_label["broken time"].base is None
     assert by_label["broken time"].base_missing == "error: --size: no such option"
     assert by_label["new time"].base_missing == f"bench/bench_new.py is not in {sha}"
+    write_logs(result, tmp_path / "logs")
+    assert (tmp_path / "logs" / "fake.base.log").read_text() == "fake took 2.0 s\n"
+    assert not (tmp_path / "logs" / "new.base.log").exists()
 
 
 def test_head_and_base_alternate_which_runs_first(
