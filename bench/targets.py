@@ -124,7 +124,7 @@ def _plan(label: str, cluster: str, limit: float) -> Target:
     )
 
 
-def _detect(gpus: int, bench: str, limit: float) -> Target:
+def _detect(gpus: int, bench: str, limit: float, source: str = FLEET_26) -> Target:
     # bench_detect's two-column table: the "GPUs" row, then "detect, median of N (s)".
     return Target(
         f"detection, {gpus:,} GPUs, median",
@@ -133,7 +133,7 @@ def _detect(gpus: int, bench: str, limit: float) -> Target:
         "s",
         limit,
         Better.LOWER,
-        FLEET_26,
+        source,
         (("gpus", str(gpus)),),
     )
 
