@@ -48,8 +48,15 @@ class Extender:
         """The last request's node names and their rows: kube-scheduler asks about the same
         nodes pod after pod, and comparing the names is cheaper than looking each one up."""
 
-    def _view(self) -> ClusterView:
-        view = self.cache.view()
+    def _view(self, fresh: bool = True) -> ClusterView:
+        """The view to answer from. ``fresh``: one with every change the store held when the
+        request came (waiting for its build, :meth:`ClusterCache.view`); else the newest one
+        built, without waiting — what ``prioritize`` answers from: kube-scheduler asks it in
+        the same scheduling cycle, right after ``filter``, about the nodes the filter passed,
+        and scores them on the snapshot the cycle began with; the newest view is at least the
+        one that filter answered from, and waiting again for a binding made meanwhile would
+        only put another build in the cycle's path."""
+        view = self.cache.view() if fresh else self.cache.latest()
         if view is None:
             raise StateUnavailable(str(self.cache.readiness()))
         return view
@@ -159,7 +166,7 @@ class Extender:
 
     def _scored(self, args: ExtenderArgs) -> tuple[ClusterView, IntArray, IntArray]:
         """(the view, each requested node's 0..10 score, its row in the view or -1)."""
-        view = self._view()
+        view = self._view(fresh=False)
         if args.unmodelled:
             get = view.cluster.arrays.index.get
             at = np.fromiter((get(n, -1) for n in args.node_names), np.int64)
