@@ -100,6 +100,18 @@ EXTENDER_LOAD = (
     Target("prioritize p99, 4 clients, 1,000 nodes",
            rf"1\. 4 x \d+ prioritize at 1,000 nodes: p50 [\d.]+ ms, p99 {NUMBER} ms", 10.0, "ms"),
 )  # fmt: skip
+# A large fleet (bench_extender_load --fleet): the node lists kube-scheduler sends at 20,000
+# nodes (numFeasibleNodesToFind: 1,000 names), the slower verb's p99; the server's peak RSS.
+EXTENDER_FLEET = (
+    Target("extender p99, 20,000 nodes, kube-scheduler's lists, 1 client",
+           rf"fleet 20000 nodes, kube-scheduler's lists, 1 client\(s\): p99 {NUMBER} ms", 5.0,
+           "ms"),
+    Target("extender p99, 20,000 nodes, kube-scheduler's lists, 4 clients",
+           rf"fleet 20000 nodes, kube-scheduler's lists, 4 client\(s\): p99 {NUMBER} ms", 15.0,
+           "ms"),
+    Target("extender peak RSS, 20,000 nodes / 200,000 pods",
+           rf"fleet 20000 nodes: extender peak RSS {NUMBER} MiB", 1536.0, "MiB"),
+)  # fmt: skip
 # Pods bound per second with the extender in kube-scheduler's path ÷ without: its cost in %.
 SCHED_THROUGHPUT = tuple(
     Target(
@@ -167,6 +179,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("extender-load", "bench_extender_load", (),
           ("--calls", "50", "--clients", "2", "--skip-maximal"),
           targets=EXTENDER_LOAD),
+    Bench("extender-fleet", "bench_extender_load", ("--fleet", "1000,5000,20000"),
+          ("--fleet", "60,120", "--fleet-calls", "20"), targets=EXTENDER_FLEET),
     # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.
     Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
           ("drain-to-bind", "--runs", "1")),
