@@ -10,16 +10,21 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from defrag.adapters import jsonio
-from defrag.extender.state import ClusterView, make_view
+from defrag.extender.state import MIX_POLICIES, ClusterView, make_view
 from defrag.extender.verbs import Extender
 from defrag.extender.wire import parse_args
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
+from defrag.model.workload import Shape, WorkloadMix
+from defrag.scoring.filters import feasible_mask
+from defrag.scoring.policies import POLICY_NAMES, make_policy
 from defrag.scoring.profile import ProfileConfig
+from defrag.scoring.scheduler import node_scores
 from tests import test_store_build as sb
 from tests.support import kubeobjects as k
 
@@ -33,6 +38,9 @@ class _Fixed:
         self._view = view
 
     def view(self) -> ClusterView:
+        return self._view
+
+    def latest(self) -> ClusterView:
         return self._view
 
     def nudge(self) -> None:
@@ -104,8 +112,9 @@ def test_a_carried_view_is_the_view_from_scratch(
 
 def test_a_binding_carries_everything_but_the_counts_it_moves() -> None:
     """The usual change: a pending pod bound. The reservations and answer prefixes are the
-    last view's objects; the counts move only where the pod's shape went."""
-    config = ProfileConfig()
+    last view's objects; the counts (kept for fgd, the policy that reads the mix) move only
+    where the pod's shape went."""
+    config = ProfileConfig(policy="fgd")
     store = sb.seeded()
     sb.apply(store, "ADDED", sb.pod_obj("p-9", 0, 0, 4))  # pending, 4 GPUs
     cluster, generation = store.build()
@@ -135,3 +144,28 @@ def test_no_gpu_pods_left_is_the_default_mix(policy: str) -> None:
     view = make_view(cluster, config, 0.0, generation, previous=view)
     assert not view.shape_counts
     assert_same_view(view, make_view(cluster, config, 0.0, generation))
+
+
+def test_only_the_mix_policies_read_the_mix() -> None:
+    """Every policy but those of ``MIX_POLICIES`` scores and picks GPUs alike under any mix (so
+    a view that counts no shapes for them answers as one that does); fgd does not."""
+    cluster, _ = sb.seeded().build()
+    other = WorkloadMix((Shape(4000, 8, 1000),), (1.0,))
+    pods = [parse_args(body).pod for body in requests()]
+    differs = set()
+    for name in POLICY_NAMES:
+        plain = make_policy(name, mix=WorkloadMix.default(), seed=3)
+        skewed = make_policy(name, mix=other, seed=3)
+        for pod in pods:
+            feasible = feasible_mask(pod, cluster.arrays)
+            a = node_scores(pod, cluster.arrays, plain, feasible)
+            b = node_scores(pod, cluster.arrays, skewed, feasible)
+            same = bool(np.array_equal(a, b, equal_nan=True))
+            if same and feasible.any():
+                row = int(np.flatnonzero(feasible)[0])
+                same = plain.choose_gpus(pod, cluster.arrays, row) == skewed.choose_gpus(
+                    pod, cluster.arrays, row
+                )
+            if not same:
+                differs.add(name)
+    assert differs == set(MIX_POLICIES)
