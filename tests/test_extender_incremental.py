@@ -21,7 +21,7 @@ from defrag.extender.verbs import Extender
 from defrag.extender.wire import parse_args
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from defrag.model.workload import Shape, WorkloadMix
-from defrag.scoring.filters import feasible_mask
+from defrag.scoring.filters import feasible_mask, filter_reasons
 from defrag.scoring.policies import POLICY_NAMES, make_policy
 from defrag.scoring.profile import ProfileConfig
 from defrag.scoring.scheduler import node_scores
@@ -169,3 +169,28 @@ def test_only_the_mix_policies_read_the_mix() -> None:
             if not same:
                 differs.add(name)
     assert differs == set(MIX_POLICIES)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sb.events)
+def test_the_filters_reasons_are_filter_reasons(
+    sequence: list[tuple[str, str, int, int, int, int]],
+) -> None:
+    """The filter answer's reason for each node it refuses is ``filter_reasons``' for that node
+    (worked out for the requested rows only), on clusters after random watch events."""
+    store = sb.seeded()
+    for kind, what, index, variant, node, gpus in sequence:
+        sb.apply(store, what, event_obj(kind, index, variant, node, gpus))
+    cluster, generation = store.build()
+    view = make_view(cluster, ProfileConfig(), 0.0, generation)
+    extender = Extender(_Fixed(view))  # type: ignore[arg-type]
+    arrays = cluster.arrays
+    for body in requests():
+        args = parse_args(body)
+        want = filter_reasons(args.pod, arrays)
+        answer = extender.filter(args)
+        for name, reason in answer["FailedNodes"].items():
+            if name in arrays.index:
+                assert reason == ("; ".join(want[arrays.index[name]]) or "does not fit")
+        for name in answer["NodeNames"]:
+            assert not want[arrays.index[name]]

@@ -18,7 +18,7 @@ from defrag.extender.wire import (
 )
 from defrag.model.arrays import BoolArray, IntArray
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, reservation_admits
-from defrag.scoring.filters import filter_reasons
+from defrag.scoring.filters import filter_masks
 from defrag.scoring.scheduler import feasible_mask, node_scores, select, tie_order
 
 log = logging.getLogger(__name__)
@@ -120,13 +120,21 @@ class Extender:
             if not ok and row >= 0 and n not in unresolvable
         ]
         if infeasible:
-            # The filter's own reasons, without scoring: a filter call never draws from the
-            # profile's score function (``random`` answers prioritize as `defrag place` does).
+            # The filter's own reasons (``filter_reasons``' for these rows only: a request names
+            # a few hundred of the cluster's nodes), without scoring: a filter call never draws
+            # from the profile's score function (``random`` answers prioritize as `defrag
+            # place` does).
             arrays = view.cluster.arrays
-            reasons_of = filter_reasons(args.pod, arrays)
-            for name in infeasible:
-                reasons = reasons_of[arrays.index[name]]
-                failed[name] = "; ".join(reasons) or "does not fit"
+            masks = filter_masks(args.pod, arrays)
+            at = np.fromiter(map(arrays.index.__getitem__, infeasible), np.int64, len(infeasible))
+            passes_each = np.array([mask[at] for _reason, mask in masks]).T.tolist()
+            said: dict[tuple[bool, ...], str] = {}
+            for name, passed_each in zip(infeasible, map(tuple, passes_each), strict=True):
+                text = said.get(passed_each)
+                if text is None:
+                    reasons = [r for (r, _m), ok in zip(masks, passed_each, strict=True) if not ok]
+                    text = said[passed_each] = "; ".join(reasons) or "does not fit"
+                failed[name] = text
         # Every field, in ExtenderFilterResult's order, as Go's json.Marshal writes it: the node
         # list in the request's mode, the other one null (kube-scheduler reads NodeNames when
         # nodeCacheCapable and it is non-null, else Nodes).
