@@ -11,7 +11,9 @@ cluster are plain :class:`~defrag.ports.ClusterSource` objects):
   that arrives while the store holds changes the view lacks waits for the view that has them
   (the builder is hurried), up to ``fresh_wait_s``; after that it is answered from the last
   view. So a node freed by a drain is seen by the next scheduling attempt, and the answer's
-  latency is bounded.
+  latency is bounded. A view after a change is carried from the last one (:func:`make_view`):
+  the store rebuilds only the nodes the change touched, and what the change did not touch is
+  kept; every ``scratch_interval_s`` one is made from scratch.
 - **relisted** (snapshot files, the simulated cluster): :meth:`ClusterCache.refresh` every
   ``relist_interval_s``.
 
