@@ -8,7 +8,15 @@
    (55 MB, ``bench/extender_bodies.py``) against a 5,000-node server: the answers (200, or 503
    while the body budget is taken) and the server's peak RSS (``VmHWM``) against its 1 GiB limit.
 
+4. (``--fleet 1000,5000,20000``, alone) a large fleet: per size N, N nodes of 8 GPUs and 10 pods
+   each (200,000 pods at 20,000 nodes), real-shaped objects applied to the watched store as ADDED
+   watch events (``KubeWatchSource``'s own event path; no API server), served in its own process;
+   ``filter`` then ``prioritize`` per pod, with the node lists kube-scheduler sends at that size
+   (:func:`nodes_to_find`) and with every node, one client and four: p50/p99 per verb, the
+   server's RSS, and how each grows with N (the exponent of a log-log fit).
+
     nice -n 15 .venv/bin/python -m bench.bench_extender_load [--calls 2000] [--clients 4]
+    .venv/bin/python -m bench.bench_extender_load --fleet 1000,5000,20000
 """
 
 from __future__ import annotations
@@ -19,17 +27,29 @@ import multiprocessing
 import multiprocessing.queues
 import os
 import socket
+import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from kubernetes import client as kube_client
 
 from bench.bench_extender import _Static, make_cluster, request_body
 from bench.extender_bodies import nodes_body
 from defrag.adapters.httpserve import ServerLimits
-from defrag.extender.server import serve, stop
+from defrag.adapters.kube_convert import paused_gc
+from defrag.adapters.kube_watch import KubeWatchSource
+from defrag.extender.server import ExtenderHTTPServer, ExtenderMetrics, serve, stop
+from defrag.extender.state import ClusterCache, make_view
+from defrag.extender.verbs import Extender
+from defrag.model.cluster import Cluster
+from defrag.ports import WatchHealth
+from defrag.scoring.profile import ProfileConfig
+from tests.support import kubeobjects
 
 
 def _serve(n_nodes: int, ready: multiprocessing.queues.Queue[int]) -> None:
@@ -171,12 +191,304 @@ def maximal(port: int, pid: int | None) -> None:
     )
 
 
+# --- 4. a large fleet: the watched store fed through the watch's event path -------------------
+
+MIN_FEASIBLE_NODES = 100
+"""kube-scheduler's ``minFeasibleNodesToFind`` (kubernetes/kubernetes
+pkg/scheduler/schedule_one.go)."""
+MIN_FEASIBLE_PERCENT = 5
+"""kube-scheduler's ``minFeasibleNodesPercentageToFind`` (same file)."""
+
+
+def nodes_to_find(n: int) -> int:
+    """How many feasible nodes kube-scheduler looks for before it stops (and so the longest node
+    list it sends an extender), with ``percentageOfNodesToScore`` unset: its
+    ``numFeasibleNodesToFind`` (kubernetes/kubernetes pkg/scheduler/schedule_one.go) — every node
+    below 100; else max(50 − n/125, 5) % of n (integer division), at least 100."""
+    if n < MIN_FEASIBLE_NODES:
+        return n
+    percent = max(50 - n // 125, MIN_FEASIBLE_PERCENT)
+    return max(n * percent // 100, MIN_FEASIBLE_NODES)
+
+
+class _Fed:
+    """A :class:`~defrag.ports.WatchedClusterSource` over a :class:`KubeWatchSource` whose store
+    was filled by hand through its own event path (no API server: nothing is listed or watched)."""
+
+    def __init__(self, store: KubeWatchSource) -> None:
+        self.store = store
+
+    def snapshot(self) -> Cluster:
+        return self.store.build()[0]
+
+    def start(self, on_change: Callable[[], None]) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def generation(self) -> int:
+        return self.store.generation()
+
+    def build(self) -> tuple[Cluster, int]:
+        return self.store.build()
+
+    def health(self) -> WatchHealth:
+        return self.store.health()
+
+
+PODS_PER_NODE = 10
+"""200,000 pods on 20,000 nodes of 8 GPUs (the issue's large fleet)."""
+POD_GPUS = (1, 1, 1, 1, 2, 0, 0, 0, 0, 0)
+"""Each node's pods: four of 1 GPU, one of 2, five without GPUs (6 of its 8 GPUs taken)."""
+
+
+def fed_store(n_nodes: int) -> KubeWatchSource:
+    """A store holding ``n_nodes`` 8-GPU nodes and 10 bound pods on each (real-shaped objects,
+    tests/support/kubeobjects.py), each applied as an ADDED watch event."""
+    config = kube_client.Configuration()
+    config.host = "http://127.0.0.1:9"  # never reached: nothing is listed or watched
+    store = KubeWatchSource(kube_client.ApiClient(config))
+    kinds = {kind.name: kind for kind in store._kinds}
+    for kind in kinds.values():
+        kind.listed = True
+    with paused_gc():
+        for i in range(n_nodes):
+            node = f"gpu-{i:05d}"
+            store._apply(kinds["Node"], {"type": "ADDED", "raw_object": kubeobjects.node(node)})
+            for j, gpus in enumerate(POD_GPUS):
+                pod = kubeobjects.pod(
+                    f"w-{i:05d}-{j}", f"team-{i % 50}", gpus, node_name=node, phase="Running"
+                )
+                store._apply(kinds["Pod"], {"type": "ADDED", "raw_object": pod})
+    return store
+
+
+def binding_costs(store: KubeWatchSource, config: ProfileConfig, bindings: int) -> dict[str, float]:
+    """Median milliseconds of what one pod's binding costs the extender, by part: the store's
+    build after the MODIFIED event (its partial build, ``adapters/store_build.py``), the view
+    carried from the last (``make_view(..., previous=)``) and, of the same cluster, the view from
+    scratch and the workload mix observed over every pod (``ProfileConfig.for_cluster``): a view
+    from scratch plus that mix is what each binding cost before the view was carried."""
+    kind = next(k for k in store._kinds if k.name == "Pod")
+    n_nodes = len(store.objects("Node"))
+    pending = [
+        kubeobjects.pod(f"bench-{i:04d}", "bench", 1, phase="Pending") for i in range(bindings)
+    ]
+    for pod in pending:
+        store._apply(kind, {"type": "ADDED", "raw_object": pod})
+    cluster, generation = store.build()
+    view = make_view(cluster, config, 0.0, generation)
+    parts: dict[str, list[float]] = {"store": [], "carried": [], "scratch": [], "mix": []}
+    for i, pod in enumerate(pending):
+        pod["spec"]["nodeName"] = f"gpu-{(i * 7919) % n_nodes:05d}"
+        pod["metadata"]["resourceVersion"] = str(10_000 + i)
+        store._apply(kind, {"type": "MODIFIED", "raw_object": pod})
+        t0 = time.perf_counter()
+        cluster, generation = store.build()
+        t1 = time.perf_counter()
+        view = make_view(cluster, config, 0.0, generation, previous=view)
+        t2 = time.perf_counter()
+        make_view(cluster, config, 0.0, generation)
+        t3 = time.perf_counter()
+        config.for_cluster(cluster)  # the observed mix, which every view derived before
+        t4 = time.perf_counter()
+        parts["store"].append(t1 - t0)
+        parts["carried"].append(t2 - t1)
+        parts["scratch"].append(t3 - t2)
+        parts["mix"].append(t4 - t3)
+    return {name: statistics.median(values) * 1e3 for name, values in parts.items()}
+
+
+def _serve_fed(
+    n_nodes: int, ready: multiprocessing.queues.Queue[tuple[int, float, dict[str, float]]]
+) -> None:
+    t0 = time.perf_counter()
+    store = fed_store(n_nodes)
+    t1 = time.perf_counter()
+    costs = binding_costs(store, ProfileConfig(), 50)  # before the cache builds beside it
+    t0 += time.perf_counter() - t1  # not part of the fill and first build
+    cache = ClusterCache(_Fed(store), ProfileConfig())
+    metrics = ExtenderMetrics.create(cache)
+    srv = ExtenderHTTPServer(
+        ("127.0.0.1", 0),
+        Extender(cache),
+        metrics,
+        ServerLimits(max_connections=64, idle_timeout_s=30.0, read_timeout_s=10.0),
+    )
+    cache.start()
+    built_s = time.perf_counter() - t0
+    ready.put((int(srv.server_address[1]), built_s, costs))
+    try:
+        srv.serve_forever(0.5)
+    finally:
+        stop(srv)
+
+
+def lists(n_nodes: int, length: int, count: int) -> list[list[str]]:
+    """``count`` node lists of ``length`` names as kube-scheduler sends them: each starts where
+    the last stopped (its ``nextStartNodeIndex``), wrapping around the node list."""
+    names = [f"gpu-{i:05d}" for i in range(n_nodes)]
+    out, start = [], 0
+    for _ in range(count):
+        out.append([names[(start + k) % n_nodes] for k in range(length)])
+        start = (start + length) % n_nodes
+    return out
+
+
+def verb_client(
+    port: int, bodies: list[bytes], out: dict[str, list[float]], codes: Counter[int]
+) -> None:
+    """Each body as kube-scheduler sends it for one pod: ``filter``, then ``prioritize``."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for body in bodies:
+        for verb in ("filter", "prioritize"):
+            t0 = time.perf_counter()
+            conn.request("POST", f"/{verb}", body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            resp.read()
+            out[verb].append(time.perf_counter() - t0)
+            codes[resp.status] += 1
+    conn.close()
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFigure:
+    nodes: int
+    list_len: int
+    clients: int
+    p99_ms: dict[str, float]
+    p50_ms: dict[str, float]
+
+
+def fleet_one(n_nodes: int, calls: int) -> tuple[list[FleetFigure], dict[str, float]]:
+    ctx = multiprocessing.get_context("fork")
+    ready: multiprocessing.queues.Queue[tuple[int, float, dict[str, float]]] = ctx.Queue()
+    proc = ctx.Process(target=_serve_fed, args=(n_nodes, ready), daemon=True)
+    proc.start()
+    figures: list[FleetFigure] = []
+    try:
+        port, built_s, costs = ready.get(timeout=3600)
+        memory = {"rss_mib": rss_mib(proc.pid), "built_s": built_s}
+        print(
+            f"4. {n_nodes:,} nodes: one binding costs the extender (median of 50) the store's "
+            f"build {costs['store']:.2f} ms + the view carried {costs['carried']:.2f} ms = "
+            f"{costs['store'] + costs['carried']:.2f} ms; before, with a view from scratch "
+            f"({costs['scratch']:.2f} ms) and the mix of every pod ({costs['mix']:.2f} ms): "
+            f"{costs['store'] + costs['scratch'] + costs['mix']:.2f} ms",
+            flush=True,
+        )
+        for length in sorted({nodes_to_find(n_nodes), n_nodes}):
+            pods = [
+                request_body(names, g)
+                for names, g in zip(
+                    lists(n_nodes, length, calls), (1, 2, 4, 8) * calls, strict=False
+                )
+            ]
+            verb_client(port, pods[:20], {"filter": [], "prioritize": []}, Counter())  # warm-up
+            for clients in (1, 4):
+                samples: dict[str, list[float]] = {"filter": [], "prioritize": []}
+                codes: Counter[int] = Counter()
+                share = max(calls // clients, 1)
+                threads = [
+                    threading.Thread(
+                        target=verb_client,
+                        args=(port, pods[c * share : (c + 1) * share], samples, codes),
+                    )
+                    for c in range(clients)
+                ]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if set(codes) != {200}:
+                    raise SystemExit(f"{n_nodes} nodes: answers {dict(codes)}")
+                p99 = {v: float(np.percentile(s, 99) * 1e3) for v, s in samples.items()}
+                p50 = {v: float(np.percentile(s, 50) * 1e3) for v, s in samples.items()}
+                figures.append(FleetFigure(n_nodes, length, clients, p99, p50))
+                scheduler_list = length == nodes_to_find(n_nodes)
+                which = "kube-scheduler's lists" if scheduler_list else "full lists"
+                print(
+                    f"4. {n_nodes:,} nodes, {length:,}-node lists, {clients} client(s), "
+                    f"{len(samples['filter'])} pods: filter p50 {p50['filter']:.2f} / p99 "
+                    f"{p99['filter']:.2f} ms, prioritize p50 {p50['prioritize']:.2f} / p99 "
+                    f"{p99['prioritize']:.2f} ms; load {os.getloadavg()[0]:.2f}",
+                    flush=True,
+                )
+                print(
+                    f"fleet {n_nodes} nodes, {which}, {clients} client(s): p99 "
+                    f"{max(p99.values()):.2f} ms (the slower verb)",
+                    flush=True,
+                )
+        memory["rss_after_mib"] = rss_mib(proc.pid)
+        memory["hwm_mib"] = rss_mib(proc.pid, "VmHWM")
+    finally:
+        proc.terminate()
+        proc.join()
+    print(
+        f"4. {n_nodes:,} nodes, {n_nodes * PODS_PER_NODE:,} pods: store filled and first view "
+        f"built in {memory['built_s']:.0f} s; server RSS {memory['rss_mib']:.0f} MiB, "
+        f"{memory['rss_after_mib']:.0f} after the calls, peak (VmHWM) {memory['hwm_mib']:.0f} MiB",
+        flush=True,
+    )
+    print(f"fleet {n_nodes} nodes: extender peak RSS {memory['hwm_mib']:.0f} MiB", flush=True)
+    return figures, memory
+
+
+def exponent(sizes: list[int], values: list[float]) -> float:
+    """The least-squares slope of log(value) over log(size): value ∝ size^slope."""
+    return float(np.polyfit(np.log(sizes), np.log(values), 1)[0])
+
+
+def fleet(sizes: list[int], calls: int) -> None:
+    figures: list[FleetFigure] = []
+    memory: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        got, memory[n] = fleet_one(n, calls)
+        figures += got
+    if len(sizes) < 2:
+        return
+    rss = [memory[n]["hwm_mib"] for n in sizes]
+    print(f"4. growth with size ({', '.join(f'{n:,}' for n in sizes)} nodes):")
+    per_node, fixed = np.polyfit(sizes, rss, 1)
+    print(
+        f"   server peak RSS ∝ N^{exponent(sizes, rss):.2f}; linear fit {fixed:.0f} MiB + "
+        f"{per_node * 1000:.1f} MiB per 1,000 nodes (10 pods each)"
+    )
+    for which, pick in (("kube-scheduler's lists", min), ("full lists", max)):
+        for clients in (1, 4):
+            for verb in ("filter", "prioritize"):
+                at = [
+                    next(
+                        f
+                        for f in sorted(figures, key=lambda f: f.list_len)
+                        if f.nodes == n
+                        and f.clients == clients
+                        and f.list_len == pick(g.list_len for g in figures if g.nodes == n)
+                    ).p99_ms[verb]
+                    for n in sizes
+                ]
+                print(
+                    f"   {verb} p99, {which}, {clients} client(s) ∝ N^{exponent(sizes, at):.2f} "
+                    f"({' / '.join(f'{v:.2f}' for v in at)} ms)"
+                )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--skip-maximal", action="store_true")
+    parser.add_argument(
+        "--fleet",
+        help="comma-separated node counts: run only part 4 (a fed watched store of 10 pods a "
+        "node; kube-scheduler's node lists and the full list; 1 and 4 clients) at each",
+    )
+    parser.add_argument("--fleet-calls", type=int, default=400, help="pods per measurement")
     opts = parser.parse_args()
+    if opts.fleet:
+        fleet([int(n) for n in opts.fleet.split(",") if n], opts.fleet_calls)
+        return
     proc, port = start(1000)
     try:
         load(port, proc.pid, opts.clients, opts.calls)

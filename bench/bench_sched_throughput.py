@@ -71,6 +71,9 @@ from tests.e2e.kubelet import add_node
 from tests.support.binaries import free_port
 
 MODES = ("alone", "names", "nodes")
+BASE = "-base"
+"""A mode's suffix when its extender runs another tree's code (``--base DIR``): e.g.
+``names-base``, measured in the same run as ``names``."""
 NAMESPACE = "throughput"
 SCHEDULER = "kube-scheduler-throughput"
 METRIC_PATHS = "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
@@ -247,6 +250,7 @@ def delete_pods(plane: ControlPlane, timeout_s: float = 300) -> None:
 
 
 def scheduler_config(mode: str, extender_port: int, qps: str) -> dict[str, Any]:
+    mode = mode.removesuffix(BASE)
     config = c.scheduler_config(extender_port, node_cache_capable=mode != "nodes")
     config["leaderElection"] = {"leaderElect": False}
     if mode == "alone":
@@ -258,13 +262,44 @@ def scheduler_config(mode: str, extender_port: int, qps: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def extender_for(
-    mode: str, plane: ControlPlane, kubeconfig: Path, settings: Path, port: int
+    mode: str,
+    plane: ControlPlane,
+    kubeconfig: Path,
+    settings: Path,
+    port: int,
+    base: Path | None = None,
 ) -> Iterator[c.Served | None]:
+    """The extender of ``mode`` (none alone); a ``-base`` mode's runs ``base``'s code (its
+    directory first on PYTHONPATH, in the extender's process only)."""
     if mode == "alone":
         yield None
         return
-    with c.extender(plane, kubeconfig, settings, name=f"extender-{mode}", port=port) as served:
+    with contextlib.ExitStack() as stack:
+        path: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if mode.endswith(BASE):
+            if base is None:
+                raise ValueError(f"{mode}: needs --base")
+            path = _pythonpath(base)
+        with path:  # only while its process starts
+            served = stack.enter_context(
+                c.extender(plane, kubeconfig, settings, name=f"extender-{mode}", port=port)
+            )
         yield served
+
+
+@contextlib.contextmanager
+def _pythonpath(folder: Path) -> Iterator[None]:
+    """PYTHONPATH set to ``folder`` while a child process is spawned (it inherits the
+    environment as it is at its start)."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(folder)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def run_mode(
@@ -276,6 +311,7 @@ def run_mode(
     folder: Path,
     threads: int,
     window_s: float,
+    base: Path | None = None,
 ) -> ModeRun:
     create_pods(plane, pods, threads)
     sched_kc = plane.service_account_kubeconfig("defrag-system", "defrag-scheduler")
@@ -287,7 +323,7 @@ def run_mode(
     calls: dict[str, int] = {}
     mean: dict[str, float] = {}
     builds, build_s = 0, float("nan")
-    with extender_for(mode, plane, sched_kc, settings, port) as ext:
+    with extender_for(mode, plane, sched_kc, settings, port, base) as ext:
         builds_before = view_builds(ext.get("/metrics").text)[0] if ext is not None else 0
         try:
             # /metrics opened to anonymous reads, as /readyz is by default
@@ -354,7 +390,7 @@ def report(results: list[ModeRun]) -> list[str]:
     for nodes, qps in sorted({(r.nodes, r.qps) for r in results}):
         at = [r for r in results if r.nodes == nodes and r.qps == qps]
         alone = statistics.median(r.pods_per_s for r in at if r.mode == "alone")
-        for mode in MODES:
+        for mode in [m + suffix for m in MODES for suffix in ("", BASE)]:
             runs = [r for r in at if r.mode == mode]
             if not runs:
                 continue
@@ -413,10 +449,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--threads", type=int, default=16, help="API client threads for setup")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        help="another checkout (e.g. a worktree of main): the extender modes named with a "
+        f"'{BASE}' suffix in --modes (names{BASE}, nodes{BASE}) run its code, in the same run",
+    )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
-    if set(modes) - set(MODES) or "alone" not in modes:
-        parser.error(f"--modes: from {', '.join(MODES)}, alone included")
+    known = {*MODES, *(m + BASE for m in MODES if m != "alone")}
+    if set(modes) - known or "alone" not in modes:
+        parser.error(f"--modes: from {', '.join(sorted(known))}, alone included")
+    if any(m.endswith(BASE) for m in modes) and (args.base is None or not args.base.is_dir()):
+        parser.error(f"--base: a checkout's directory is needed for the {BASE} modes")
     qps_list = [q for q in args.qps.split(",") if q]
     if not qps_list or any(q != "shipped" and not q.isdigit() for q in qps_list):
         parser.error("--qps: comma-separated 'shipped' or whole numbers")
@@ -459,7 +504,15 @@ def main(argv: list[str] | None = None) -> int:
                     order = modes[run % len(modes) :] + modes[: run % len(modes)]
                     for qps, mode in [(q, m) for q in qps_list for m in order]:
                         result = run_mode(
-                            plane, mode, size, args.pods, qps, folder, args.threads, args.window
+                            plane,
+                            mode,
+                            size,
+                            args.pods,
+                            qps,
+                            folder,
+                            args.threads,
+                            args.window,
+                            args.base,
                         )
                         results.append(result)
                         print(

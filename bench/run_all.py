@@ -125,6 +125,8 @@ BENCHES: tuple[Bench, ...] = (
     Bench("watch", "bench_watch", (), ("--nodes", "50", "--pods", "300", "--repeat", "2")),
     Bench("extender-load", "bench_extender_load", (),
           ("--calls", "50", "--clients", "2", "--skip-maximal")),
+    Bench("extender-fleet", "bench_extender_load", ("--fleet", "1000,5000,20000"),
+          ("--fleet", "60,120", "--fleet-calls", "20")),
     # Needs the control plane binaries (KUBEBUILDER_ASSETS); says "skipped" and exits 0 without.
     Bench("controlplane", "bench_controlplane", ("drain-to-bind", "--runs", "20"),
           ("drain-to-bind", "--runs", "1")),

@@ -95,6 +95,7 @@ def _prefix(a: str, b: str) -> int:
 
 NUMBER = r"(?P<value>-?[\d.]+)"
 FLEET_26 = "issue 26 (docs/benchmarks.md, Fast at fleet scale)"
+FLEET_40 = "issue 40, item 2 (20,000 nodes)"
 
 
 def _scoring(nodes: int) -> Target:
@@ -135,6 +136,21 @@ def _detect(gpus: int, bench: str, limit: float, source: str = FLEET_26) -> Targ
         Better.LOWER,
         source,
         (("gpus", str(gpus)),),
+    )
+
+
+def _extender_fleet(clients: int, limit: float) -> Target:
+    return Target(
+        f"extender p99, 20,000 nodes, kube-scheduler's lists, {clients} client"
+        + ("s" if clients > 1 else ""),
+        "extender-fleet",
+        rf"fleet (?P<nodes>\d+) nodes, kube-scheduler's lists, (?P<clients>\d+) client\(s\): "
+        rf"p99 {NUMBER} ms",
+        "ms",
+        limit,
+        Better.LOWER,
+        FLEET_40,
+        (("nodes", "20000"), ("clients", str(clients))),
     )
 
 
@@ -214,6 +230,19 @@ TARGETS: tuple[Target, ...] = (
         (("clients", "4"),),
     ),
     *(_extender_cost(mode, n) for n in (1000, 5000) for mode in ("names", "nodes")),
+    # A large fleet (bench_extender_load --fleet): the node lists kube-scheduler sends at 20,000
+    # nodes (numFeasibleNodesToFind: 1,000 names), the slower verb's p99; the server's peak RSS.
+    *(_extender_fleet(clients, limit) for clients, limit in ((1, 5.0), (4, 15.0))),
+    Target(
+        "extender peak RSS, 20,000 nodes / 200,000 pods",
+        "extender-fleet",
+        rf"fleet (?P<nodes>\d+) nodes: extender peak RSS {NUMBER} MiB",
+        "MiB",
+        1536.0,
+        Better.LOWER,
+        FLEET_40,
+        (("nodes", "20000"),),
+    ),
     _detect(1000, "detect", 2.0),
     _detect(10000, "detect-10k", 5.0),
 )

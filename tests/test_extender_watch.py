@@ -423,3 +423,29 @@ def test_request_waits_for_the_view_with_the_changes() -> None:
         assert view is not None and view.generation == 2
     finally:
         cache.stop()
+
+
+def test_prioritize_answers_from_the_newest_view_without_waiting() -> None:
+    """kube-scheduler asks prioritize right after filter, in the same cycle: it is answered
+    from the newest view built (at least the one the filter saw), without waiting for a build
+    of a change made since; filter waits for that build."""
+    from defrag.adapters.kube_convert import cluster_from_items
+    from defrag.extender.verbs import Extender
+    from defrag.extender.wire import parse_args
+    from tests.test_extender import NAMES, args_body, v1_pod, worked_example
+
+    source = FakeWatched(cluster_from_items(worked_example()))
+    cache = ClusterCache(source, ProfileConfig(), min_interval_s=3600, fresh_wait_s=60)
+    cache.start()
+    try:
+        extender = Extender(cache)
+        args = parse_args(args_body(v1_pod("new", 2), NAMES))
+        source.gen = 2  # a change the builder has not built (it spaces builds an hour apart)
+        extender.prioritize(args)
+        latest = cache.latest()
+        assert latest is not None and latest.generation == 1
+        extender.filter(args)  # hurries the build with the change, and answers from it
+        latest = cache.latest()
+        assert latest is not None and latest.generation == 2
+    finally:
+        cache.stop()

@@ -18,7 +18,7 @@ from defrag.extender.wire import (
 )
 from defrag.model.arrays import BoolArray, IntArray
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, reservation_admits
-from defrag.scoring.filters import filter_reasons
+from defrag.scoring.filters import filter_masks
 from defrag.scoring.scheduler import feasible_mask, node_scores, select, tie_order
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,15 @@ class Extender:
         """The last request's node names and their rows: kube-scheduler asks about the same
         nodes pod after pod, and comparing the names is cheaper than looking each one up."""
 
-    def _view(self) -> ClusterView:
-        view = self.cache.view()
+    def _view(self, fresh: bool = True) -> ClusterView:
+        """The view to answer from. ``fresh``: one with every change the store held when the
+        request came (waiting for its build, :meth:`ClusterCache.view`); else the newest one
+        built, without waiting — what ``prioritize`` answers from: kube-scheduler asks it in
+        the same scheduling cycle, right after ``filter``, about the nodes the filter passed,
+        and scores them on the snapshot the cycle began with; the newest view is at least the
+        one that filter answered from, and waiting again for a binding made meanwhile would
+        only put another build in the cycle's path."""
+        view = self.cache.view() if fresh else self.cache.latest()
         if view is None:
             raise StateUnavailable(str(self.cache.readiness()))
         return view
@@ -113,13 +120,21 @@ class Extender:
             if not ok and row >= 0 and n not in unresolvable
         ]
         if infeasible:
-            # The filter's own reasons, without scoring: a filter call never draws from the
-            # profile's score function (``random`` answers prioritize as `defrag place` does).
+            # The filter's own reasons (``filter_reasons``' for these rows only: a request names
+            # a few hundred of the cluster's nodes), without scoring: a filter call never draws
+            # from the profile's score function (``random`` answers prioritize as `defrag
+            # place` does).
             arrays = view.cluster.arrays
-            reasons_of = filter_reasons(args.pod, arrays)
-            for name in infeasible:
-                reasons = reasons_of[arrays.index[name]]
-                failed[name] = "; ".join(reasons) or "does not fit"
+            masks = filter_masks(args.pod, arrays)
+            at = np.fromiter(map(arrays.index.__getitem__, infeasible), np.int64, len(infeasible))
+            passes_each = np.array([mask[at] for _reason, mask in masks]).T.tolist()
+            said: dict[tuple[bool, ...], str] = {}
+            for name, passed_each in zip(infeasible, map(tuple, passes_each), strict=True):
+                text = said.get(passed_each)
+                if text is None:
+                    reasons = [r for (r, _m), ok in zip(masks, passed_each, strict=True) if not ok]
+                    text = said[passed_each] = "; ".join(reasons) or "does not fit"
+                failed[name] = text
         # Every field, in ExtenderFilterResult's order, as Go's json.Marshal writes it: the node
         # list in the request's mode, the other one null (kube-scheduler reads NodeNames when
         # nodeCacheCapable and it is non-null, else Nodes).
@@ -159,7 +174,7 @@ class Extender:
 
     def _scored(self, args: ExtenderArgs) -> tuple[ClusterView, IntArray, IntArray]:
         """(the view, each requested node's 0..10 score, its row in the view or -1)."""
-        view = self._view()
+        view = self._view(fresh=False)
         if args.unmodelled:
             get = view.cluster.arrays.index.get
             at = np.fromiter((get(n, -1) for n in args.node_names), np.int64)

@@ -123,38 +123,51 @@ def _no_constant(name: str) -> Any:
 
 
 def _nesting(body: bytes | bytearray | str) -> int:
-    """The deepest ``[``/``{`` nesting outside strings, cheaply (a bound before json.loads)."""
-    if isinstance(body, bytes | bytearray):
-        # ASCII brackets are never part of a multi-byte UTF-8 sequence: the bytes' count is
-        # the text's, and most bodies end here without being decoded
-        if body.count(b"[") + body.count(b"{") < MAX_NESTING:
-            return 0
-        text = body.decode(errors="replace")
-    elif body.count("[") + body.count("{") < MAX_NESTING:
+    """The deepest ``[``/``{`` nesting outside strings, cheaply (a bound before json.loads).
+
+    Vectorised over the body's bytes: ASCII brackets, quotes and backslashes are never part of
+    a multi-byte UTF-8 sequence, so the bytes say what the text says, and most bodies end at the
+    first count without being looked at further. A quote ends or starts a string unless an odd
+    run of backslashes comes right before it; a bracket is inside a string when an odd number of
+    such quotes come before it. That is the JSON grammar's reading wherever backslashes appear
+    only inside strings, as in every JSON text; a body with one outside a string is not JSON and
+    is refused either way (too deep here, or not JSON by the decoder).
+    """
+    raw = body.encode("utf-8", "surrogatepass") if isinstance(body, str) else body
+    if raw.count(b"[") + raw.count(b"{") < MAX_NESTING:
         return 0
-    else:
-        text = body
-    depth = deepest = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
-            depth += 1
-            if depth > deepest:
-                deepest = depth
-                if deepest > MAX_NESTING:
-                    return deepest
-        elif ch in "]}":
-            depth -= 1
-    return deepest
+    data = np.frombuffer(raw, dtype=np.uint8)
+    folded = data | 0x20  # '[' → '{', ']' → '}': one comparison for each pair
+    opens = np.flatnonzero(folded == ord("{"))
+    closes = np.flatnonzero(folded == ord("}"))
+    del folded
+    quotes = _unescaped(np.flatnonzero(data == ord('"')), np.flatnonzero(data == ord("\\")))
+    at = np.concatenate([opens, closes])
+    step = np.concatenate(
+        [np.ones(len(opens), dtype=np.int64), np.full(len(closes), -1, dtype=np.int64)]
+    )
+    outside = np.searchsorted(quotes, at) % 2 == 0  # an even number of quotes before it
+    at, step = at[outside], step[outside]
+    depth = np.cumsum(step[np.argsort(at, kind="stable")])
+    return int(depth.max(initial=0))
+
+
+def _unescaped(quotes: IntArray, backslashes: IntArray) -> IntArray:
+    """The positions of the quotes not escaped (not right after an odd run of backslashes)."""
+    if not len(backslashes) or not len(quotes):
+        return quotes
+    # the runs of consecutive backslashes: where each ends and how long it is
+    breaks = np.flatnonzero(np.diff(backslashes) != 1)
+    ends = np.append(backslashes[breaks], backslashes[-1])
+    starts = np.insert(backslashes[breaks + 1], 0, backslashes[0])
+    place = np.searchsorted(ends, quotes - 1)
+    place_ok = place < len(ends)
+    after_run = np.zeros(len(quotes), dtype=bool)
+    after_run[place_ok] = ends[place[place_ok]] == quotes[place_ok] - 1
+    odd = np.zeros(len(quotes), dtype=bool)
+    runs = place[after_run]
+    odd[after_run] = (ends[runs] - starts[runs] + 1) % 2 == 1
+    return quotes[~odd]
 
 
 def parse_args(body: bytes | bytearray | str) -> ExtenderArgs:
