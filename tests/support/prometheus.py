@@ -161,9 +161,31 @@ class PrometheusServer:
     data_dir: Path
 
 
+@dataclass(frozen=True, slots=True)
+class RuleBackfill:
+    """Recording rules (the text of one rule file) evaluated from ``start`` to ``end`` over the
+    raw history and written as blocks (``promtool tsdb create-blocks-from rules``)."""
+
+    text: str
+    start: float
+    end: float
+
+
 @contextmanager
-def prometheus_server(openmetrics: Path, workdir: Path | None = None) -> Iterator[PrometheusServer]:
-    """Backfill ``openmetrics`` into a fresh TSDB and serve it on 127.0.0.1 until the block ends."""
+def prometheus_server(
+    openmetrics: Path,
+    workdir: Path | None = None,
+    *,
+    rules: Sequence[RuleBackfill] = (),
+    rule_file_name: str = "rules.yaml",
+) -> Iterator[PrometheusServer]:
+    """Backfill ``openmetrics`` into a fresh TSDB and serve it on 127.0.0.1 until the block ends.
+
+    ``rules``: recording rules backfilled from the served raw history by promtool (Prometheus's
+    own evaluation, through its query API), one after the other, each written to the same
+    ``rule_file_name`` (a rule group's evaluation times are offset by a hash of its name and
+    file, so rules backfilled in parts share their times); the server is then restarted on the
+    raw and the recorded blocks."""
     promtool = require_binary("promtool")
     prometheus = require_binary("prometheus")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -182,21 +204,57 @@ def prometheus_server(openmetrics: Path, workdir: Path | None = None) -> Iterato
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         log = Path(tmp) / "prometheus.log"
-        with log.open("ab") as err:
-            proc = subprocess.Popen(
-                [
-                    prometheus,
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={data}",
-                    "--storage.tsdb.retention.time=100y",
-                    f"--web.listen-address=127.0.0.1:{port}",
-                    "--log.level=warn",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=err,
-            )
+        args = [
+            prometheus,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={data}",
+            "--storage.tsdb.retention.time=100y",
+            f"--web.listen-address=127.0.0.1:{port}",
+            "--log.level=warn",
+        ]
+
+        def start() -> subprocess.Popen[bytes]:
+            with log.open("ab") as err:
+                proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                wait_ready("prometheus", url, proc, log, timeout_s=120, interval_s=0.1)
+            except BaseException:
+                stop_process(proc)
+                raise
+            return proc
+
+        proc = start()
         try:
-            wait_ready("prometheus", url, proc, log, timeout_s=30, interval_s=0.1)
+            if rules:
+                rule_file = Path(tmp) / rule_file_name
+                blocks = Path(tmp) / "recorded"
+                for part in rules:
+                    rule_file.write_text(part.text)
+                    done = subprocess.run(
+                        [
+                            promtool,
+                            "tsdb",
+                            "create-blocks-from",
+                            "rules",
+                            f"--start={part.start:.0f}",
+                            f"--end={part.end:.0f}",
+                            f"--url={url}",
+                            f"--output-dir={blocks}",
+                            "--quiet",
+                            str(rule_file),
+                        ],
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
+                    if done.returncode != 0:
+                        raise RuntimeError(
+                            f"promtool rules backfill failed: {done.stderr or done.stdout}"
+                        )
+                stop_process(proc)
+                for block in blocks.iterdir():
+                    block.rename(data / block.name)
+                proc = start()
             yield PrometheusServer(url, proc, data)
         finally:
             stop_process(proc)
