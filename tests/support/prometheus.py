@@ -171,90 +171,98 @@ class RuleBackfill:
     end: float
 
 
+def backfill_openmetrics(openmetrics: Path, data: Path) -> None:
+    """``promtool tsdb create-blocks-from openmetrics`` into ``data``."""
+    done = subprocess.run(
+        [
+            require_binary("promtool"),
+            *("tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(data)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {done.stderr or done.stdout}")
+
+
+def backfill_rules(url: str, rules: Sequence[RuleBackfill], rule_file: Path, blocks: Path) -> None:
+    """Each of ``rules`` evaluated by the Prometheus at ``url`` (its query API, so Prometheus's
+    own evaluation) and written as blocks into ``blocks`` by ``promtool tsdb create-blocks-from
+    rules``, one after the other, each rule text written to the same ``rule_file`` (a group's
+    evaluation times are offset by a hash of its name and file: parts share their times)."""
+    for part in rules:
+        rule_file.write_text(part.text)
+        done = subprocess.run(
+            [
+                require_binary("promtool"),
+                *("tsdb", "create-blocks-from", "rules"),
+                f"--start={part.start:.0f}",
+                f"--end={part.end:.0f}",
+                f"--url={url}",
+                f"--output-dir={blocks}",
+                "--quiet",
+                str(rule_file),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"promtool rules backfill failed: {done.stderr or done.stdout}")
+
+
+@contextmanager
+def serve_tsdb(data: Path, workdir: Path | None = None) -> Iterator[PrometheusServer]:
+    """A Prometheus serving the TSDB in ``data`` on 127.0.0.1 (no scrapes) until the block ends."""
+    prometheus = require_binary("prometheus")
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        config = Path(tmp) / "prometheus.yml"
+        config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        log = Path(tmp) / "prometheus.log"
+        with log.open("ab") as err:
+            proc = subprocess.Popen(
+                [
+                    prometheus,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={data}",
+                    "--storage.tsdb.retention.time=100y",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        try:
+            wait_ready("prometheus", url, proc, log, timeout_s=300, interval_s=0.1)
+            yield PrometheusServer(url, proc, data)
+        finally:
+            stop_process(proc)
+
+
 @contextmanager
 def prometheus_server(
     openmetrics: Path,
     workdir: Path | None = None,
     *,
     rules: Sequence[RuleBackfill] = (),
-    rule_file_name: str = "rules.yaml",
 ) -> Iterator[PrometheusServer]:
     """Backfill ``openmetrics`` into a fresh TSDB and serve it on 127.0.0.1 until the block ends.
 
-    ``rules``: recording rules backfilled from the served raw history by promtool (Prometheus's
-    own evaluation, through its query API), one after the other, each written to the same
-    ``rule_file_name`` (a rule group's evaluation times are offset by a hash of its name and
-    file, so rules backfilled in parts share their times); the server is then restarted on the
-    raw and the recorded blocks."""
-    promtool = require_binary("promtool")
-    prometheus = require_binary("prometheus")
+    ``rules``: recording rules backfilled from the served raw history (:func:`backfill_rules`);
+    the server is then restarted on the raw and the recorded blocks."""
+    require_binary("promtool")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         data = Path(tmp) / "data"
         data.mkdir()
-        done = subprocess.run(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(data)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"promtool backfill failed: {done.stderr or done.stdout}")
-        config = Path(tmp) / "prometheus.yml"
-        config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        log = Path(tmp) / "prometheus.log"
-        args = [
-            prometheus,
-            f"--config.file={config}",
-            f"--storage.tsdb.path={data}",
-            "--storage.tsdb.retention.time=100y",
-            f"--web.listen-address=127.0.0.1:{port}",
-            "--log.level=warn",
-        ]
-
-        def start() -> subprocess.Popen[bytes]:
-            with log.open("ab") as err:
-                proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err)
-            try:
-                wait_ready("prometheus", url, proc, log, timeout_s=120, interval_s=0.1)
-            except BaseException:
-                stop_process(proc)
-                raise
-            return proc
-
-        proc = start()
-        try:
-            if rules:
-                rule_file = Path(tmp) / rule_file_name
-                blocks = Path(tmp) / "recorded"
-                for part in rules:
-                    rule_file.write_text(part.text)
-                    done = subprocess.run(
-                        [
-                            promtool,
-                            "tsdb",
-                            "create-blocks-from",
-                            "rules",
-                            f"--start={part.start:.0f}",
-                            f"--end={part.end:.0f}",
-                            f"--url={url}",
-                            f"--output-dir={blocks}",
-                            "--quiet",
-                            str(rule_file),
-                        ],
-                        capture_output=True,
-                        text=True,
-                        check=False,
-                    )
-                    if done.returncode != 0:
-                        raise RuntimeError(
-                            f"promtool rules backfill failed: {done.stderr or done.stdout}"
-                        )
-                stop_process(proc)
-                for block in blocks.iterdir():
-                    block.rename(data / block.name)
-                proc = start()
-            yield PrometheusServer(url, proc, data)
-        finally:
-            stop_process(proc)
+        backfill_openmetrics(openmetrics, data)
+        if rules:
+            blocks = Path(tmp) / "recorded"
+            with serve_tsdb(data, Path(tmp)) as server:
+                backfill_rules(server.url, rules, Path(tmp) / "rules.yaml", blocks)
+            for block in blocks.iterdir():
+                block.rename(data / block.name)
+        with serve_tsdb(data, Path(tmp)) as server:
+            yield server
