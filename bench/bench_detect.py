@@ -244,7 +244,7 @@ def main() -> None:
         with serve_tsdb(data, tmp) as server:
             t_start = time.perf_counter() - t0
             source = PrometheusSource(
-                server.url, retries=0, timeout_s=120, concurrency=args.concurrency
+                server.url, retries=0, timeout_s=600, concurrency=args.concurrency
             )
             profile = ScoringProfile.default()
             judged = {}
