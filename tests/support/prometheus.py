@@ -213,8 +213,11 @@ def backfill_rules(url: str, rules: Sequence[RuleBackfill], rule_file: Path, blo
 
 
 @contextmanager
-def serve_tsdb(data: Path, workdir: Path | None = None) -> Iterator[PrometheusServer]:
-    """A Prometheus serving the TSDB in ``data`` on 127.0.0.1 (no scrapes) until the block ends."""
+def serve_tsdb(
+    data: Path, workdir: Path | None = None, *, query_timeout: str = "2m"
+) -> Iterator[PrometheusServer]:
+    """A Prometheus serving the TSDB in ``data`` on 127.0.0.1 (no scrapes) until the block ends;
+    ``query_timeout``: its own limit on one query (``--query.timeout``, 2m by default)."""
     prometheus = require_binary("prometheus")
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         config = Path(tmp) / "prometheus.yml"
@@ -230,6 +233,7 @@ def serve_tsdb(data: Path, workdir: Path | None = None) -> Iterator[PrometheusSe
                     f"--storage.tsdb.path={data}",
                     "--storage.tsdb.retention.time=100y",
                     f"--web.listen-address=127.0.0.1:{port}",
+                    f"--query.timeout={query_timeout}",
                     "--log.level=warn",
                 ],
                 stdout=subprocess.DEVNULL,
