@@ -242,6 +242,9 @@ class PrometheusSection(Section):
     token_file: str | None = None
     ca_file: str | None = None
     timeout_s: float = Field(10.0, gt=0)
+    concurrent_queries: int = Field(4, ge=1, le=64)
+    """The most queries in flight to Prometheus at once; the leak rule's queries are split
+    into at least this many shards (by GPU index, then by node)."""
 
 
 class AlertsSection(Section):

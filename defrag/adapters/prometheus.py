@@ -70,7 +70,8 @@ class PromQLError(MetricsError):
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 
 CONCURRENT_QUERIES = 4
-"""At most this many of :meth:`PrometheusSource.ask_all`'s queries in flight at once."""
+"""By default, at most this many of :meth:`PrometheusSource.ask_all`'s queries in flight at once
+(``concurrency``; the setting ``prometheus.concurrent_queries``)."""
 
 POST_ABOVE_CHARS = 4000
 """Longer queries go in a POST body: proxies in front of Prometheus commonly refuse request
@@ -102,6 +103,7 @@ class PrometheusSource:
         ca_bundle: str | Path | None = None,
         verify_tls: bool = True,
         headers: Mapping[str, str] | None = None,
+        concurrency: int = CONCURRENT_QUERIES,
     ) -> None:
         if not url.startswith(("http://", "https://")):
             raise ValueError(
@@ -109,6 +111,11 @@ class PrometheusSource:
             )
         if not (timeout_s > 0 and math.isfinite(timeout_s)):
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout_s!r}")
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be at least 1, got {concurrency!r}")
+        self.concurrency = concurrency
+        """The most queries :meth:`ask_all` has in flight at once; queries split into shards
+        (the leak rule's) make at least this many."""
         self.url = url.rstrip("/")
         self.shown = redact_url(self.url)
         """The URL as logs and messages show it (no credentials)."""
@@ -159,15 +166,20 @@ class PrometheusSource:
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
         if end < start:
             raise ValueError(f"range end {end} before start {start}")
-        if len(query) > POST_ABOVE_CHARS:
+        whole = _whole_seconds(start) and _whole_seconds(end)
+        if len(query) > POST_ABOVE_CHARS or not whole:
+            # start and end to the millisecond (Prometheus's resolution), so a range ending at
+            # a recording rule's evaluation time has its points exactly there
             form = {
                 "query": query,
-                "start": str(round(start.timestamp())),  # whole seconds, as the client's GET
-                "end": str(round(end.timestamp())),
+                "start": _stamp(start),
+                "end": _stamp(end),
                 "step": f"{step_s:g}",
             }
-            return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
-        # The client rounds start/end to whole seconds itself; step in seconds as a float.
+            if len(query) > POST_ABOVE_CHARS:
+                return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
+            return self._call(query, lambda t: self._get("/api/v1/query_range", form, t))
+        # The client sends whole seconds itself; step in seconds as a float.
         return self._call(
             query,
             lambda t: self._client.custom_query_range(
@@ -191,7 +203,7 @@ class PrometheusSource:
             with time_budget(budget.remaining(), budget.what):
                 return ask(self, query)
 
-        workers = min(len(queries), CONCURRENT_QUERIES)
+        workers = min(len(queries), self.concurrency)
         with ThreadPoolExecutor(workers, thread_name_prefix="prometheus") as pool:
             futures = [pool.submit(one, q) for q in queries]
             return [f.result() for f in futures]
@@ -207,11 +219,15 @@ class PrometheusSource:
         response = self._session.post(
             f"{self.url}{path}", data=dict(form), headers=self._client.headers, timeout=timeout
         )
-        if response.status_code != 200:
-            raise PrometheusApiClientException(
-                f"HTTP Status Code {response.status_code} ({response.content!r})"
-            )
-        return response.json()["data"]["result"]
+        return _result(response)
+
+    def _get(self, path: str, params: Mapping[str, str], timeout: Any) -> Any:
+        """The same request as a GET with ``params`` (the client's GET rounds a range's start
+        and end to whole seconds; this one sends them as given)."""
+        response = self._session.get(
+            f"{self.url}{path}", params=dict(params), headers=self._client.headers, timeout=timeout
+        )
+        return _result(response)
 
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""
@@ -298,6 +314,28 @@ class PrometheusSource:
                 ) from None
             headers["Authorization"] = f"Bearer {token}"
         return headers
+
+
+def _result(response: requests.Response) -> Any:
+    """``data.result`` of an answer; a non-200 raises the client's exception, with the text
+    :func:`_prometheus_error` reads."""
+    if response.status_code != 200:
+        raise PrometheusApiClientException(
+            f"HTTP Status Code {response.status_code} ({response.content!r})"
+        )
+    return response.json()["data"]["result"]
+
+
+def _whole_seconds(at: datetime) -> bool:
+    return at.microsecond == 0
+
+
+def _stamp(at: datetime) -> str:
+    """Unix seconds as Prometheus's API takes them: whole when whole, else to the millisecond
+    (its resolution)."""
+    if _whole_seconds(at):
+        return str(round(at.timestamp()))
+    return f"{at.timestamp():.3f}"
 
 
 class _RetryableError(Exception):

@@ -230,6 +230,7 @@ def _prometheus(settings: Settings) -> MetricsSource | None:
             timeout_s=prometheus.timeout_s,
             bearer_token_file=prometheus.token_file,
             ca_bundle=prometheus.ca_file,
+            concurrency=prometheus.concurrent_queries,
         )
     except ValueError as exc:
         raise SettingsError(f"setting prometheus.url: {redact_text(str(exc))}") from None

@@ -226,8 +226,9 @@ def test_cli_detect_unreachable_prometheus_exits_nonzero() -> None:
         f"rule gpu-memory-leak ({ROOT / 'rules' / 'leak.yaml'}:4): Prometheus at {url} "
         "is unreachable" in result.stderr
     )
-    # the first query asked: the prefilter's first shard, at the range's end
-    assert 'query \'deriv(DCGM_FI_DEV_FB_USED{gpu=~"[0-3]"}[21600s] @ ' in result.stderr
+    # the first query asked: whether Prometheus records the leak rule's series
+    # (rules/prometheus/defrag.detection.rules.yaml's last rule)
+    assert "query 'max(timestamp(cluster:DCGM_FI_DEV_FB_USED:count))'" in result.stderr
     # leak, idle, and the four from kube-state-metrics, named
     assert (
         "6 rule(s) could not be evaluated: gpu-fragmentation, cluster-idle, gpu-memory-leak, "

@@ -161,22 +161,65 @@ class PrometheusServer:
     data_dir: Path
 
 
-@contextmanager
-def prometheus_server(openmetrics: Path, workdir: Path | None = None) -> Iterator[PrometheusServer]:
-    """Backfill ``openmetrics`` into a fresh TSDB and serve it on 127.0.0.1 until the block ends."""
-    promtool = require_binary("promtool")
-    prometheus = require_binary("prometheus")
-    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        data = Path(tmp) / "data"
-        data.mkdir()
+@dataclass(frozen=True, slots=True)
+class RuleBackfill:
+    """Recording rules (the text of one rule file) evaluated from ``start`` to ``end`` over the
+    raw history and written as blocks (``promtool tsdb create-blocks-from rules``)."""
+
+    text: str
+    start: float
+    end: float
+
+
+def backfill_openmetrics(openmetrics: Path, data: Path) -> None:
+    """``promtool tsdb create-blocks-from openmetrics`` into ``data``."""
+    done = subprocess.run(
+        [
+            require_binary("promtool"),
+            *("tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(data)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {done.stderr or done.stdout}")
+
+
+def backfill_rules(url: str, rules: Sequence[RuleBackfill], rule_file: Path, blocks: Path) -> None:
+    """Each of ``rules`` evaluated by the Prometheus at ``url`` (its query API, so Prometheus's
+    own evaluation) and written as blocks into ``blocks`` by ``promtool tsdb create-blocks-from
+    rules``, one after the other, each rule text written to the same ``rule_file`` (a group's
+    evaluation times are offset by a hash of its name and file: parts share their times)."""
+    for part in rules:
+        rule_file.write_text(part.text)
         done = subprocess.run(
-            [promtool, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(data)],
+            [
+                require_binary("promtool"),
+                *("tsdb", "create-blocks-from", "rules"),
+                f"--start={part.start:.0f}",
+                f"--end={part.end:.0f}",
+                f"--url={url}",
+                f"--output-dir={blocks}",
+                "--quiet",
+                str(rule_file),
+            ],
             capture_output=True,
             text=True,
             check=False,
         )
         if done.returncode != 0:
-            raise RuntimeError(f"promtool backfill failed: {done.stderr or done.stdout}")
+            raise RuntimeError(f"promtool rules backfill failed: {done.stderr or done.stdout}")
+
+
+@contextmanager
+def serve_tsdb(
+    data: Path, workdir: Path | None = None, *, query_timeout: str = "2m"
+) -> Iterator[PrometheusServer]:
+    """A Prometheus serving the TSDB in ``data`` on 127.0.0.1 (no scrapes) until the block ends;
+    ``query_timeout``: its own limit on one query (``--query.timeout``, 2m by default)."""
+    prometheus = require_binary("prometheus")
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         config = Path(tmp) / "prometheus.yml"
         config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
         port = free_port()
@@ -190,13 +233,40 @@ def prometheus_server(openmetrics: Path, workdir: Path | None = None) -> Iterato
                     f"--storage.tsdb.path={data}",
                     "--storage.tsdb.retention.time=100y",
                     f"--web.listen-address=127.0.0.1:{port}",
+                    f"--query.timeout={query_timeout}",
                     "--log.level=warn",
                 ],
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
         try:
-            wait_ready("prometheus", url, proc, log, timeout_s=30, interval_s=0.1)
+            wait_ready("prometheus", url, proc, log, timeout_s=300, interval_s=0.1)
             yield PrometheusServer(url, proc, data)
         finally:
             stop_process(proc)
+
+
+@contextmanager
+def prometheus_server(
+    openmetrics: Path,
+    workdir: Path | None = None,
+    *,
+    rules: Sequence[RuleBackfill] = (),
+) -> Iterator[PrometheusServer]:
+    """Backfill ``openmetrics`` into a fresh TSDB and serve it on 127.0.0.1 until the block ends.
+
+    ``rules``: recording rules backfilled from the served raw history (:func:`backfill_rules`);
+    the server is then restarted on the raw and the recorded blocks."""
+    require_binary("promtool")
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        data = Path(tmp) / "data"
+        data.mkdir()
+        backfill_openmetrics(openmetrics, data)
+        if rules:
+            blocks = Path(tmp) / "recorded"
+            with serve_tsdb(data, Path(tmp)) as server:
+                backfill_rules(server.url, rules, Path(tmp) / "rules.yaml", blocks)
+            for block in blocks.iterdir():
+                block.rename(data / block.name)
+        with serve_tsdb(data, Path(tmp)) as server:
+            yield server

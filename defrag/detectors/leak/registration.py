@@ -11,11 +11,12 @@ medians computed by Prometheus, see :func:`leak_range_query`), ``queries.free`` 
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from defrag.detectors.leak.core import (
     split_occupancy,
     without_neighbours,
 )
+from defrag.detectors.leak.recorded import RecordedSeries, nameless, recorded_at, recorded_series
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
     Model,
@@ -45,7 +47,7 @@ from defrag.detectors.rulemodel import (
     settings_model,
     settings_of,
 )
-from defrag.ports import ConcurrentMetricsSource, MetricsSource, Query, Sample
+from defrag.ports import ConcurrentMetricsSource, MetricsSource, Query, Sample, ask
 
 DcgmLabelNames = settings_model(DcgmLabels)
 """The ``labels:`` of a leak rule, generated from :class:`~.core.DcgmLabels`."""
@@ -68,6 +70,11 @@ class LeakRuleFields(RuleModel):
     labels: DcgmLabelNames = DcgmLabelNames()  # type: ignore[valid-type]
     prefilter: bool = True
     """Ask Prometheus only for GPUs whose least-squares slope is at least half the minimum."""
+    recorded: Literal["auto", "never"] = "auto"
+    """``auto``: read the series of rules/prometheus/defrag.detection.rules.yaml where
+    Prometheus has recorded them every ``step`` over the whole lookback (the rule is then
+    judged as at their last evaluation, with the raw series' answers); else, and with
+    ``never``, the raw series."""
 
     def promql(self) -> dict[str, str]:
         out = {"queries.used": self.queries.used, "queries.free": self.queries.free}
@@ -80,17 +87,29 @@ class LeakRuleFields(RuleModel):
 
 def _run(rule: LeakRuleFields, params: LeakParams, inputs: Inputs) -> list[Finding]:
     lives: list[Life] = []
-    series = leak_series(rule, inputs.prometheus, inputs.now, lives)
+    now, recorded = judged_at(rule, inputs.prometheus, inputs.now)
+    series = leak_series(rule, inputs.prometheus, now, lives, recorded=recorded)
     found = detect_leaks(
         series,
         params,
-        inputs.now,
-        lambda flagged: recent_samples(rule, inputs.prometheus, inputs.now, flagged),
+        now,
+        lambda flagged: recent_samples(rule, inputs.prometheus, now, flagged),
     )
-    workloads = detect_workload_leaks(
-        _may_crash_loop(lives, params, inputs.now), params, inputs.now
-    )
+    workloads = detect_workload_leaks(_may_crash_loop(lives, params, now), params, now)
     return _one_per_workload(found, workloads, lives)
+
+
+def judged_at(
+    rule: LeakRuleFields, metrics: MetricsSource, now: datetime
+) -> tuple[datetime, RecordedSeries | None]:
+    """When the rule is judged and from which series: at ``now`` from the raw series, or — with
+    ``recorded: auto`` and the recording rules evaluated over the whole lookback — at their
+    last evaluation (at most one ``step`` before ``now``) from the recorded series."""
+    recorded = recorded_series(rule.queries.used, LEAK.settings_of(rule))
+    if rule.recorded == "never" or recorded is None:
+        return now, None
+    at = recorded_at(recorded, metrics, now)
+    return (now, None) if at is None else (at, recorded)
 
 
 def _one_per_workload(
@@ -240,11 +259,21 @@ def leak_range_query(rule: LeakRuleFields, matcher: str = "") -> str:
     return f"({query}) and on({on}) ({_prefilter(rule, sel, 'end()')})"
 
 
+def _at(now: datetime) -> str:
+    """``now`` as the ``@`` of a query ending there: as the adapter sends a range's end (whole
+    seconds when whole, else to the millisecond, Prometheus's resolution)."""
+    if now.microsecond == 0:
+        return f"{round(now.timestamp())}"
+    return f"{now.timestamp():.3f}"
+
+
 def _medians(rule: LeakRuleFields, selector: str) -> str:
     return f"quantile_over_time(0.5, {selector}[{LEAK.settings_of(rule).bin_s:.0f}s])"
 
 
-def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
+def _prefilter(
+    rule: LeakRuleFields, selector: str, at: str, recorded: RecordedSeries | None = None
+) -> str:
     """The series that may make their GPU's verdict a leak at ``at``: those whose least-squares
     slope over the lookback is at least half the minimum; those that began, or have a hole of
     more than 1.5 steps, inside the lookback (fewer samples than the fleet's fullest series
@@ -261,6 +290,9 @@ def _prefilter(rule: LeakRuleFields, selector: str, at: str) -> str:
     look = f"[{params.lookback_s:.0f}s] @ {at}"
     whole = rule.queries.used.strip()
     fewer = 1.0 - 1.5 * params.bin_s / params.lookback_s
+    if recorded is not None:  # the same terms, recorded; asked at ``at`` itself
+        own = selector[len(recorded.metric) :].strip()
+        return recorded.prefilter({n: f"{n}{own}" for n in recorded.names}, threshold, fewer)
     return (
         f"deriv({selector}{look}) * 3600 > {threshold:g}"
         f" or count_over_time({selector}{look}) < {fewer:.6g} * "
@@ -320,7 +352,11 @@ NARROW_AT_MOST = 20_000
 
 
 def _ask_leak_queries(
-    rule: LeakRuleFields, metrics: MetricsSource, start: datetime, now: datetime
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    start: datetime,
+    now: datetime,
+    recorded: RecordedSeries | None = None,
 ) -> tuple[list[Sample], list[Sample], list[Sample], list[Sample]]:
     """``queries.used`` over the lookback as :func:`leak_range_query` answers it, and
     ``free``, ``reserved`` and ``used`` now.
@@ -329,16 +365,19 @@ def _ask_leak_queries(
     in two rounds. First the prefilter — the slope of every series over the lookback
     ending where the range ends (``@`` its end, which ``end()`` would be), in the shards of
     :data:`SHARDS` so the server evaluates it on several cores — beside the instants. Then the
-    medians of only the GPUs that passed, in shards
-    (:func:`leak_range_shards`): their selector names them by the GPU label that tells most of
-    them apart (a superset: every series the prefilter's ``and on(...)`` would keep has one of
-    those values), and the join itself is done here, on the same labels, so the answer is the
-    one query's — while Prometheus computes the medians of the passing GPUs only, not of all.
-    Any other source is asked the one query, then the instants (``used`` now only when the
-    range has series)."""
+    medians of only the GPUs that passed, in chunks of whole nodes (at least the source's
+    ``concurrency`` of them, :func:`_node_chunks`): each chunk's selector names its GPUs by the
+    GPU label that tells most of them apart (a superset: every series the prefilter's
+    ``and on(...)`` would keep has one of those values), and the join itself is done here, on
+    the same labels, so the answer is the one query's — while Prometheus computes the medians
+    of the passing GPUs only, not of all. With ``recorded`` (:func:`judged_at`), the prefilter
+    and the medians read the recorded series, asked the same way (any source). Any other
+    source is asked the one query, then the instants (``used`` now only when the range has
+    series)."""
     params = LEAK.settings_of(rule)
     reserved_q = rule.queries.reserved
-    if not isinstance(metrics, ConcurrentMetricsSource):
+    concurrent = isinstance(metrics, ConcurrentMetricsSource)
+    if not concurrent and recorded is None:
         used = metrics.range(leak_range_query(rule), start, now, params.bin_s)
         free = metrics.instant(rule.queries.free, now)
         reserved = metrics.instant(reserved_q, now) if reserved_q else []
@@ -347,62 +386,98 @@ def _ask_leak_queries(
     plain = _SELECTOR.match(rule.queries.used) is not None
     prefilter = rule.prefilter and plain
     sel = rule.queries.used.strip()
-    # where the range ends: whole seconds, as the adapter sends it (and end() would be)
-    at = f"{round(now.timestamp())}"
+    at = _at(now)
     first = (
-        [Query(_prefilter(rule, _with_matcher(sel, m), at), now) for m in _shard_matchers(rule)]
+        [
+            Query(_prefilter(rule, _with_matcher(sel, m), at, recorded), now)
+            for m in _shard_matchers(rule)
+        ]
         if prefilter
         else []
     )
     instants = [Query(rule.queries.free, now), Query(rule.queries.used, now)]
     if reserved_q:
         instants.append(Query(reserved_q, now))
-    answers = metrics.ask_all([*first, *instants])
+    answers = _ask_all(metrics, [*first, *instants])
     passed = [s for part in answers[: len(first)] for s in part]
     free, used_now = answers[len(first)], answers[len(first) + 1]
     reserved = answers[len(first) + 2] if reserved_q else []
+    medians = (lambda s: recorded.read(_as_recorded(recorded, s))) if recorded else None
     if not plain:
         used = metrics.range(rule.queries.used, start, now, params.bin_s)
     elif not prefilter:
-        used = _sharded(rule, metrics, start, now, [_medians(rule, sel)])
+        used = _sharded(rule, metrics, start, now, [sel], medians)
     elif not passed:
         used = []  # no GPU passed the prefilter: the one query's answer is empty too
     else:
         on = _gpu_labels(rule)
         wanted = {tuple(s.labels.get(k, "") for k in on) for s in passed}
-        narrowed = _one_of(on, wanted)
-        queries = [_medians(rule, _with_matcher(sel, narrowed) if narrowed else sel)]
+        names: DcgmLabels = settings_of(rule.labels)
+        chunks = _node_chunks(on, names, wanted, getattr(metrics, "concurrency", len(SHARDS)))
+        narrowed = [_one_of(on, chunk) for chunk in chunks]
+        # a chunk too large to name (one node past NARROW_AT_MOST GPUs): every series, once
+        selectors = [_with_matcher(sel, m) for m in narrowed] if all(narrowed) else [sel]
         used = [
             s
-            for s in _sharded(rule, metrics, start, now, queries)
+            for s in _sharded(rule, metrics, start, now, selectors, medians, split=False)
             if tuple(s.labels.get(k, "") for k in on) in wanted
         ]
     return used, free, reserved, used_now if used else []
 
 
+def _ask_all(metrics: MetricsSource, queries: Sequence[Query]) -> list[list[Sample]]:
+    if isinstance(metrics, ConcurrentMetricsSource):
+        return metrics.ask_all(queries)
+    return [ask(metrics, q) for q in queries]
+
+
+def _as_recorded(recorded: RecordedSeries, selector: str) -> str:
+    """``queries.used``'s selector (with a shard's matchers) as the recorded medians'."""
+    return f"{recorded.median}{selector[len(recorded.metric) :].strip()}"
+
+
 def _sharded(
     rule: LeakRuleFields,
-    metrics: ConcurrentMetricsSource,
+    metrics: MetricsSource,
     start: datetime,
     now: datetime,
-    queries: list[str],
+    selectors: list[str],
+    medians: Callable[[str], str] | None = None,
+    *,
+    split: bool = True,
 ) -> list[Sample]:
-    """Each of ``queries`` (a medians query over a selector) in the shards of
-    :data:`SHARDS`, asked at once, answered as one query would be."""
+    """The medians of each of ``selectors`` (``split``: each in the shards of :data:`SHARDS`)
+    asked at once, answered as one query would be; ``medians`` reads them from the recorded
+    series instead of computing them."""
     params = LEAK.settings_of(rule)
+    matchers = _shard_matchers(rule) if split else [""]
+    of = medians or (lambda s: _medians(rule, s))
     shards = [
-        Query(_with_matcher_in(q, m), now, start, params.bin_s)
-        for q in queries
-        for m in _shard_matchers(rule)
+        Query(of(_with_matcher(sel, m) if m else sel), now, start, params.bin_s)
+        for sel in selectors
+        for m in matchers
     ]
-    return _in_answer_order([s for part in metrics.ask_all(shards) for s in part])
+    answer = [s for part in _ask_all(metrics, shards) for s in part]
+    return _in_answer_order(nameless(answer) if medians else answer)
 
 
-def _with_matcher_in(medians: str, matcher: str) -> str:
-    """The medians query with ``matcher`` added to its selector."""
-    head, _, rest = medians.partition(", ")
-    selector, bracket, window = rest.rpartition("[")
-    return f"{head}, {_with_matcher(selector, matcher)}{bracket}{window}"
+def _node_chunks(
+    on: list[str], names: DcgmLabels, wanted: set[tuple[str, ...]], at_least: int
+) -> list[set[tuple[str, ...]]]:
+    """``wanted`` (GPU signatures on the labels ``on``) split by node, round robin over the
+    sorted node names, into at least ``at_least`` chunks and enough that none names more than
+    :data:`NARROW_AT_MOST` GPUs (a node's GPUs stay together; fewer nodes, fewer chunks).
+    Together they are ``wanted``: each GPU is in the chunk of its node."""
+    at = [i for i, k in enumerate(on) if k in names.node]
+    by_node: dict[str, set[tuple[str, ...]]] = {}
+    for w in wanted:
+        node = next((w[i] for i in at if w[i]), "")
+        by_node.setdefault(node, set()).add(w)
+    count = max(at_least, math.ceil(len(wanted) / NARROW_AT_MOST), 1)
+    chunks: list[set[tuple[str, ...]]] = [set() for _ in range(min(count, len(by_node)))]
+    for i, node in enumerate(sorted(by_node)):
+        chunks[i % len(chunks)] |= by_node[node]
+    return chunks
 
 
 def _one_of(on: list[str], wanted: set[tuple[str, ...]]) -> str:
@@ -431,6 +506,8 @@ def leak_series(
     metrics: MetricsSource,
     now: datetime,
     lives: list[Life] | None = None,
+    *,
+    recorded: RecordedSeries | None = None,
 ) -> list[GpuMemorySeries]:
     """One memory series per GPU (per MIG instance) over the rule's lookback: its present
     occupant's (pods that ended are not its present), with the pods DCGM names on it. Raises
@@ -446,10 +523,11 @@ def leak_series(
 
     ``lives``, when given, receives every pod's lives on the GPUs seen (cut at restarts, the
     ended ones marked), each with its owner from ``queries.owner`` — asked only when some life
-    ended at its GPU's memory."""
+    ended at its GPU's memory. ``recorded``: the medians and the prefilter read from the
+    recorded series (``now`` must then be their evaluation time, :func:`judged_at`)."""
     params = LEAK.settings_of(rule)
     start = now - timedelta(seconds=params.lookback_s)
-    used, free, reserved, used_now = _ask_leak_queries(rule, metrics, start, now)
+    used, free, reserved, used_now = _ask_leak_queries(rule, metrics, start, now, recorded)
     names: DcgmLabels = settings_of(rule.labels)
     if not used and not free:
         raise MissingInput(
