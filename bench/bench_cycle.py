@@ -42,6 +42,7 @@ from defrag.decide import CycleConfig
 from defrag.detect.findings import Finding
 from defrag.execute import Executor
 from defrag.model.cluster import Cluster
+from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.model import Plan
 from defrag.plan.spend import BudgetLedger
 from defrag.rules import load_rules
@@ -178,8 +179,11 @@ def main() -> None:
             profile: ScoringProfile,
             pods: frozenset[str] | None = None,
             spent: BudgetLedger | None = None,
+            history: History = NO_HISTORY,
         ) -> Plan:
-            return plan(cluster, goal, now, profile=profile, pods=pods, spent=spent)  # type: ignore[no-any-return]
+            return plan(  # type: ignore[no-any-return]
+                cluster, goal, now, profile=profile, pods=pods, spent=spent, history=history
+            )
 
         ports = CyclePorts(Source(), SystemClock(), detector, planner, executor)
         builder = source.watch._builder
