@@ -12,9 +12,16 @@ server replaces ``--churn`` bound pods by new ones (a DELETED and an ADDED event
 by the watch before the cycle starts), so each later snapshot is built from those changes. Each
 cycle runs the shipped detection rules (no Prometheus: cluster rules only) and plans with the
 default policy, in dry run with no Events — the work of ``defrag run --once``.
-Prints every cycle's phases, min / median / max of the later cycles and their snapshots, and
-the peak RSS. Targets (issue 26): every cycle ≤ 3 s for 5,000 nodes and 40,000 pods, its
-snapshot ≤ 0.5 s, ≤ 500 MiB.
+Prints every cycle's phases, min / median / max of the later cycles and their snapshots, the
+RSS once the first cycle is done and the peak RSS, and the load average. Targets: at 5,000 nodes
+and 40,000 pods (issues 26, 40) the first cycle ≤ 5 s, every later cycle ≤ 3 s, its snapshot
+≤ 0.5 s, ≤ 500 MiB; at 20,000 nodes / 200,000 pods (issue 40) the first cycle ≤ 30 s, every
+later cycle ≤ 1 s, ≤ 1.5 GiB.
+
+The emulator json-encodes an object the first time it serves it and keeps the bytes: the first
+list pays that in the server process (which a real API server, encoding in Go on its own cores,
+pays far less of). ``--warm-server`` lists once through another client before the cycles, so
+the first cycle's list is the client's work and the transfer alone.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import argparse
 import copy
 import gc
 import multiprocessing as mp
+import os
 import random
 import resource
 import statistics
@@ -69,11 +77,21 @@ class Timed:
             self.last_cpu_s = time.process_time() - cpu
 
 
+LISTS = (
+    "/apis/scheduling.k8s.io/v1/priorityclasses",
+    "/api/v1/nodes",
+    "/api/v1/pods",
+    "/apis/policy/v1/poddisruptionbudgets",
+)
+"""What the watched store lists."""
+
+
 def serve(nodes: int, pods: int, conn: Connection) -> None:
     """Child process: the emulated API server with the cluster; answers its URL, then each
     request: ``("churn", n)`` replaces ``n`` bound pods by new ones of the same shape on the
     same nodes (jobs ending and starting, as in a live cluster), ``("writes",)`` answers how
-    many writes it saw, ``("stop",)`` ends it."""
+    many writes it saw, ``("warm",)`` lists every kind once in the server (its encoding kept),
+    ``("stop",)`` ends it."""
     objects = cluster_objects(nodes, pods)
     api = KubeApi(objects).start()
     conn.send(api.url)
@@ -97,6 +115,10 @@ def serve(nodes: int, pods: int, conn: Connection) -> None:
             conn.send(2 * request[1])  # a DELETED and an ADDED event each
         elif request[0] == "writes":
             conn.send(len(api.writes()))
+        elif request[0] == "warm":
+            for path in LISTS:  # each object encoded once and kept, as the lists read it
+                api.handle("GET", path, b"", "")
+            conn.send(True)
         else:
             break
     api.stop()
@@ -128,6 +150,11 @@ class RemoteApi:
         self.conn.send(("writes",))
         return int(self.conn.recv())
 
+    def warm(self) -> None:
+        """Have the emulator encode every listed object now."""
+        self.conn.send(("warm",))
+        self.conn.recv()
+
     def stop(self) -> None:
         if self.proc.is_alive():
             self.conn.send(("stop",))
@@ -139,6 +166,11 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=5000)
     parser.add_argument("--pods", type=int, default=40000)
     parser.add_argument("--repeat", type=int, default=4, help="cycles, the first one listing")
+    parser.add_argument(
+        "--warm-server",
+        action="store_true",
+        help="have the emulator encode every object once before the first cycle lists",
+    )
     parser.add_argument(
         "--churn", type=int, default=20, help="bound pods replaced before each later cycle"
     )
@@ -152,6 +184,8 @@ def main() -> None:
     )
     try:
         client = api.client()
+        if args.warm_server:
+            api.warm()
         retry = RetryPolicy(attempts=1, timeout_s=120)
         fresh = KubeClusterSource(client, retry=retry)  # the executor's own reads
         # The daemon's cycle reads the store list + watch keeps (as `defrag run` wires it):
@@ -190,6 +224,7 @@ def main() -> None:
         pauses = GcPauses()
         rows = []
         list_cpu = 0.0
+        first_rss = 0.0
         for i in range(args.repeat):
             full = builder.full_builds
             if i and args.churn:
@@ -209,6 +244,7 @@ def main() -> None:
             kind = "list" if i == 0 else "full" if builder.full_builds > full else "changes"
             if i == 0:
                 list_cpu = snapshot.last_cpu_s
+                first_rss = _rss_mib()
             rows.append(
                 (
                     i + 1,
@@ -255,7 +291,23 @@ def main() -> None:
             f"their snapshots (built from the changes): {_spread(snaps)} s (target ≤ 0.5 s): "
             f"{'PASS' if max(snaps) <= 0.5 else 'FAIL'}"
         )
-    print(f"peak RSS: {peak:.0f} MiB (target ≤ 500 MiB; this process, the API server apart)")
+    large = args.nodes >= 20_000
+    first_target, later_target, rss_target = (30.0, 1.0, 1536) if large else (5.0, 3.0, 500)
+    print(
+        f"first cycle target ≤ {first_target:g} s: "
+        f"{'PASS' if rows[0][5] <= first_target else 'FAIL'}"
+    )
+    if later and large:
+        print(
+            f"every later cycle target ≤ {later_target:g} s: "
+            f"{'PASS' if max(r[5] for r in later) <= later_target else 'FAIL'}"
+        )
+    print(f"RSS after the first cycle: {first_rss:.0f} MiB")
+    print(
+        f"peak RSS: {peak:.0f} MiB (target ≤ {rss_target} MiB: "
+        f"{'PASS' if peak <= rss_target else 'FAIL'}; this process, the API server apart)"
+    )
+    print(f"load average (1 min) at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
 
 
 class GcPauses:
@@ -271,6 +323,12 @@ class GcPauses:
             self._started = time.perf_counter()
         else:
             self.total_s += time.perf_counter() - self._started
+
+
+def _rss_mib() -> float:
+    """This process's resident memory now."""
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
 def _spread(values: Sequence[float]) -> str:
