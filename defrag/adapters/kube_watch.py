@@ -2,21 +2,25 @@
 
 :class:`KubeWatchSource` lists every kind :class:`~defrag.adapters.kube.KubeClusterSource`
 lists (PriorityClasses, nodes, pods without the finished ones, PodDisruptionBudgets) page by
-page (``limit``/``continue``), remembers each list's ``resourceVersion``, then watches each kind
-from it on a thread of its own (``kubernetes.watch.Watch().stream(..., resource_version=,
-allow_watch_bookmarks=True, timeout_seconds=)``) and applies ADDED / MODIFIED / DELETED to an
-in-memory store keyed by ``namespace/name``. Every event and BOOKMARK moves the kind's
-resourceVersion on; a watch the server ends (``timeoutSeconds``) is resumed from it, a dropped
-connection too, after a backoff (tenacity); only a 410 Gone — an ``ApiException`` with status
-410, or an ERROR event whose object is a Status with code 410, as the client surfaces it
-either way depending on its version and ``timeout_seconds`` — lists that kind again.
+page (``limit``/``continue``; the next page is asked for on a thread of its own while the last
+one is converted, as client-go's pager buffers pages), remembers each list's
+``resourceVersion``, then watches each kind from it on a thread of its own
+(``kubernetes.watch.Watch().stream(..., resource_version=, allow_watch_bookmarks=True,
+timeout_seconds=)``) and applies ADDED / MODIFIED / DELETED to an in-memory store keyed by
+``namespace/name``. Every event and BOOKMARK moves the kind's resourceVersion on; a watch the
+server ends (``timeoutSeconds``) is resumed from it, a dropped connection too, after a backoff
+(tenacity); only a 410 Gone — an ``ApiException`` with status 410, or an ERROR event whose
+object is a Status with code 410, as the client surfaces it either way depending on its version
+and ``timeout_seconds`` — lists that kind again.
 
 Memory: the store keeps each object trimmed to the fields :mod:`~defrag.adapters.kube_convert`
 reads (:data:`KEEP`; no ``managedFields``, images, env, volumes, status but the phase, QoS class
-and conditions, no ``kubectl.kubernetes.io/last-applied-configuration``), and beside it the
-object's conversion, made once per change, so a new cluster (:meth:`KubeWatchSource.build`) is
-only :meth:`ClusterParts.build` over what is held. The events are applied whole, never merged:
-a MODIFIED object replaces what was held.
+and conditions, no ``kubectl.kubernetes.io/last-applied-configuration``), encoded as compact
+JSON (one ``bytes`` per object, :class:`Held`: a fraction of the parsed dicts' memory), and
+beside it the object's conversion, made once per change, so a new cluster
+(:meth:`KubeWatchSource.build`) is only :meth:`ClusterParts.build` over what is held. The events
+are applied whole, never merged: a MODIFIED object replaces what was held; one whose trimmed JSON
+is the held one but for its resourceVersion changes nothing else.
 """
 
 from __future__ import annotations
