@@ -86,13 +86,13 @@ LISTS = (
 """What the watched store lists."""
 
 
-def serve(nodes: int, pods: int, conn: Connection) -> None:
+def serve(nodes: int, pods: int, pending: int | None, conn: Connection) -> None:
     """Child process: the emulated API server with the cluster; answers its URL, then each
     request: ``("churn", n)`` replaces ``n`` bound pods by new ones of the same shape on the
     same nodes (jobs ending and starting, as in a live cluster), ``("writes",)`` answers how
     many writes it saw, ``("warm",)`` lists every kind once in the server (its encoding kept),
     ``("stop",)`` ends it."""
-    objects = cluster_objects(nodes, pods)
+    objects = cluster_objects(nodes, pods, pending=pending)
     api = KubeApi(objects).start()
     conn.send(api.url)
     bound = [o for o in objects if o["kind"] == "Pod" and o["spec"].get("nodeName")]
@@ -127,9 +127,9 @@ def serve(nodes: int, pods: int, conn: Connection) -> None:
 class RemoteApi:
     """The client side of :func:`serve`."""
 
-    def __init__(self, nodes: int, pods: int) -> None:
+    def __init__(self, nodes: int, pods: int, pending: int | None = None) -> None:
         self.conn, child = mp.Pipe()
-        self.proc = mp.Process(target=serve, args=(nodes, pods, child), daemon=True)
+        self.proc = mp.Process(target=serve, args=(nodes, pods, pending, child), daemon=True)
         self.proc.start()
         self.url: str = self.conn.recv()
 
@@ -167,6 +167,12 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=40000)
     parser.add_argument("--repeat", type=int, default=4, help="cycles, the first one listing")
     parser.add_argument(
+        "--pending",
+        type=int,
+        help="at most this many pods Pending; the pods past 8 per node and these are CPU-only "
+        "pods bound round the nodes (default: every pod past 8 per node is Pending)",
+    )
+    parser.add_argument(
         "--warm-server",
         action="store_true",
         help="have the emulator encode every object once before the first cycle lists",
@@ -177,7 +183,7 @@ def main() -> None:
     args = parser.parse_args()
 
     t0 = time.perf_counter()
-    api = RemoteApi(args.nodes, args.pods)
+    api = RemoteApi(args.nodes, args.pods, args.pending)
     print(
         f"emulated cluster: {args.nodes} nodes, {args.pods} pods "
         f"(set up in {time.perf_counter() - t0:.1f} s)\n"
@@ -258,6 +264,12 @@ def main() -> None:
                     len(result.findings),
                     steps,
                 )
+            )
+            print(  # as it goes: a long run leaves what it measured
+                f"cycle {i + 1} ({kind}): snapshot {snapshot.last_s:.2f} s, detect "
+                f"{detect.last_s:.2f} s, plan {plan.last_s:.2f} s, cycle {total:.2f} s "
+                f"({cpu:.2f} s CPU), RSS {_rss_mib():.0f} MiB",
+                flush=True,
             )
         assert api.writes() == 0, "a dry-run cycle must not write"
         source.stop()
