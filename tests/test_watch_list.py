@@ -218,3 +218,39 @@ def test_a_page_read_ahead_ends_by_the_listing_threads_budget(tmp_path: Path) ->
         with pytest.raises(TimeoutError) as caught, time_budget(1.0, "the test's budget of 1 s"):
             store.sync()
     assert "did not answer before the test's budget of 1 s" in str(caught.value)
+
+
+# --- a build from changes keeps the pods in the full build's order ----------------------------
+
+
+@pytest.mark.parametrize("unnamespaced", [False, True])
+def test_pods_added_by_events_take_their_place_in_order(unnamespaced: bool) -> None:
+    """New pods (store keys before, between and after the held ones) built from the changes
+    come in the order a full build gives them — also when one pod object has no namespace
+    (stored as ``name``, its pod keyed ``default/name``: the keys' order is not the store's)."""
+    from tests.test_store_build import apply, full_build, source
+
+    store = source()
+    for name in ("node-0", "node-1"):
+        apply(store, "ADDED", {"kind": "Node", **k.node(name)})
+    for name in ("b-1", "d-1", "f-1"):
+        apply(store, "ADDED", {"kind": "Pod", **k.pod(name, "ml", 1, node_name="node-0")})
+    if unnamespaced:
+        pod = {"kind": "Pod", **k.pod("zz", "ml", 1, node_name="node-1")}
+        del pod["metadata"]["namespace"]
+        apply(store, "ADDED", pod)
+    store.build()
+    for name in ("a-1", "c-1", "e-1", "g-1"):
+        apply(store, "ADDED", {"kind": "Pod", **k.pod(name, "ml", 1, node_name="node-1")})
+    got, _ = store.build()
+    assert store._builder.partial_builds == 1
+    assert_same(got, full_build(store)[0])
+    assert [p.name for p in got.pods.values()][:7] == [
+        "a-1",
+        "b-1",
+        "c-1",
+        "d-1",
+        "e-1",
+        "f-1",
+        "g-1",
+    ]
