@@ -36,9 +36,13 @@ PATTERNS = (
 )
 
 
-def cluster_objects(nodes: int, pods: int, seed: int = 7) -> list[dict[str, Any]]:
+def cluster_objects(
+    nodes: int, pods: int, seed: int = 7, pending: int | None = None
+) -> list[dict[str, Any]]:
     """``nodes`` 8-GPU nodes and ``pods`` pods (8 per node bound, the rest Pending), a PDB per
-    namespace and two PriorityClasses, all real-shaped."""
+    namespace and two PriorityClasses, all real-shaped. ``pending``: at most that many Pending;
+    the pods past them are CPU-only pods bound round the nodes (a fleet's daemons and
+    services: 200,000 pods on 20,000 nodes are not 40,000 GPU jobs waiting)."""
     rng = random.Random(seed)
     items: list[dict[str, Any]] = [
         k.priority_class("training-high", 1000),
@@ -65,6 +69,12 @@ def cluster_objects(nodes: int, pods: int, seed: int = 7) -> list[dict[str, Any]
                 )
             )
             count += 1
+    waiting = pods - count if pending is None else min(pending, pods - count)
+    for i in range(pods - count - waiting):
+        ns = namespaces[count % len(namespaces)]
+        node = f"gpu-{i % nodes:05d}"
+        items.append(k.pod(f"w-{count:06d}", ns, 0, node_name=node, cpu="1", memory="2Gi"))
+        count += 1
     while count < pods:
         ns = namespaces[count % len(namespaces)]
         items.append(k.pod(f"w-{count:06d}", ns, rng.choice((1, 2, 4, 8)), priority=1000))

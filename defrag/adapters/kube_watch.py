@@ -2,39 +2,46 @@
 
 :class:`KubeWatchSource` lists every kind :class:`~defrag.adapters.kube.KubeClusterSource`
 lists (PriorityClasses, nodes, pods without the finished ones, PodDisruptionBudgets) page by
-page (``limit``/``continue``), remembers each list's ``resourceVersion``, then watches each kind
-from it on a thread of its own (``kubernetes.watch.Watch().stream(..., resource_version=,
-allow_watch_bookmarks=True, timeout_seconds=)``) and applies ADDED / MODIFIED / DELETED to an
-in-memory store keyed by ``namespace/name``. Every event and BOOKMARK moves the kind's
-resourceVersion on; a watch the server ends (``timeoutSeconds``) is resumed from it, a dropped
-connection too, after a backoff (tenacity); only a 410 Gone — an ``ApiException`` with status
-410, or an ERROR event whose object is a Status with code 410, as the client surfaces it
-either way depending on its version and ``timeout_seconds`` — lists that kind again.
+page (``limit``/``continue``; the next page is asked for on a thread of its own while the last
+one is converted, as client-go's pager buffers pages), remembers each list's
+``resourceVersion``, then watches each kind from it on a thread of its own
+(``kubernetes.watch.Watch().stream(..., resource_version=, allow_watch_bookmarks=True,
+timeout_seconds=)``) and applies ADDED / MODIFIED / DELETED to an in-memory store keyed by
+``namespace/name``. Every event and BOOKMARK moves the kind's resourceVersion on; a watch the
+server ends (``timeoutSeconds``) is resumed from it, a dropped connection too, after a backoff
+(tenacity); only a 410 Gone — an ``ApiException`` with status 410, or an ERROR event whose
+object is a Status with code 410, as the client surfaces it either way depending on its version
+and ``timeout_seconds`` — lists that kind again.
 
 Memory: the store keeps each object trimmed to the fields :mod:`~defrag.adapters.kube_convert`
 reads (:data:`KEEP`; no ``managedFields``, images, env, volumes, status but the phase, QoS class
-and conditions, no ``kubectl.kubernetes.io/last-applied-configuration``), and beside it the
-object's conversion, made once per change, so a new cluster (:meth:`KubeWatchSource.build`) is
-only :meth:`ClusterParts.build` over what is held. The events are applied whole, never merged:
-a MODIFIED object replaces what was held.
+and conditions, no ``kubectl.kubernetes.io/last-applied-configuration``), encoded as compact
+JSON (one ``bytes`` per object, :class:`Held`: a fraction of the parsed dicts' memory), and
+beside it the object's conversion, made once per change, so a new cluster
+(:meth:`KubeWatchSource.build`) is only :meth:`ClusterParts.build` over what is held. The events
+are applied whole, never merged: a MODIFIED object replaces what was held; one whose trimmed JSON
+is the held one but for its resourceVersion changes nothing else.
 """
 
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+import orjson
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from defrag.adapters import jsonio
-from defrag.adapters.deadline import request_deadline
+from defrag.adapters.deadline import Budget, current_budget, request_deadline, time_budget
 from defrag.adapters.kube import (
     API_SECONDS,
     KubeClusterSource,
@@ -145,6 +152,50 @@ def trim(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
     return out
 
 
+Trimmer = Callable[[Mapping[str, Any]], dict[str, Any]]
+
+
+def trimmer(spec: Spec) -> Trimmer:
+    """:func:`trim` for one ``spec``, made once: the spec is walked when the trimmer is made,
+    not for every object, and each nested spec is a function of its own (the same result as
+    :func:`trim`, field for field; tests/test_watch_list.py checks it on random objects)."""
+    fields = tuple((key, None if keep is True else trimmer(keep)) for key, keep in spec.items())
+
+    def trim_one(obj: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, sub in fields:
+            if key not in obj:
+                continue
+            value = obj[key]
+            if sub is None:
+                out[key] = value
+            elif isinstance(value, dict):
+                out[key] = sub(value)
+            elif isinstance(value, list):
+                out[key] = [sub(v) if isinstance(v, dict) else v for v in value]
+            else:
+                out[key] = value
+        return out
+
+    if "metadata" not in spec:
+        return trim_one
+
+    def trim_top(obj: Mapping[str, Any]) -> dict[str, Any]:
+        out = trim_one(obj)
+        meta = out.get("metadata")
+        if isinstance(meta, dict):
+            annotations = meta.get("annotations")
+            if isinstance(annotations, dict) and LAST_APPLIED in annotations:
+                meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+        return out
+
+    return trim_top
+
+
+TRIMMERS: Mapping[str, Trimmer] = {kind: trimmer(spec) for kind, spec in KEEP.items()}
+"""Each kind's :data:`KEEP` as a made :func:`trimmer`."""
+
+
 SETTLE_FROM = 20_000
 """Objects listed or built from which :func:`settle` freezes (below, a collection is cheap)."""
 
@@ -163,6 +214,58 @@ def settle(objects: int) -> None:
     """
     if objects >= SETTLE_FROM:
         gc.freeze()
+
+
+class Held(NamedTuple):
+    """One object as the store holds it: its trimmed JSON without ``metadata.resourceVersion``
+    (compact, keys sorted: one ``bytes`` object, a fraction of the memory of the parsed
+    dicts), its resourceVersion, and its conversion."""
+
+    body: bytes | dict[str, Any]
+    """The encoded trimmed object; the object itself in the rare case JSON cannot encode it
+    compactly (an integer past 64 bits, a key that is not a string)."""
+    version: str
+    piece: Piece
+
+    def same_but_version(self, other: Held) -> bool:
+        """The two trimmed objects are equal but for ``metadata.resourceVersion``."""
+        return type(self.body) is type(other.body) and self.body == other.body
+
+    def trimmed(self) -> dict[str, Any]:
+        """The trimmed object, resourceVersion and all."""
+        if isinstance(self.body, bytes):
+            obj: dict[str, Any] = jsonio.loads(self.body)
+        else:
+            obj = copy.deepcopy(self.body)
+        meta = obj.get("metadata")
+        if self.version and isinstance(meta, dict):
+            meta["resourceVersion"] = self.version
+        return obj
+
+
+def encode(kind: str, obj: Mapping[str, Any]) -> tuple[dict[str, Any], Held]:
+    """``obj`` (a ``kind``) trimmed, and held without its conversion yet (an empty
+    :class:`Piece`: :func:`hold` makes it). The conversion reads no resourceVersion."""
+    trimmed = TRIMMERS[kind](obj)
+    version = ""
+    meta = trimmed.get("metadata")
+    if isinstance(meta, dict) and "resourceVersion" in meta:
+        version = str(meta.pop("resourceVersion") or "")  # trim made this dict: ours to change
+    try:
+        # Copied to its own size: orjson's bytes keep the capacity of its write buffer (4 kB
+        # for a small object), several times the JSON.
+        body: bytes | dict[str, Any] = bytes(
+            memoryview(orjson.dumps(trimmed, option=orjson.OPT_SORT_KEYS))
+        )
+    except orjson.JSONEncodeError:
+        body = trimmed
+    return trimmed, Held(body, version, Piece())
+
+
+def hold(kind: str, obj: Mapping[str, Any], key: str) -> Held:
+    """``obj`` (a ``kind``, stored under ``key``) trimmed, encoded and converted."""
+    trimmed, held = encode(kind, obj)
+    return held._replace(piece=convert(kind, trimmed, f"{kind} {key}"))
 
 
 class Expired(Exception):
@@ -187,7 +290,7 @@ class _Kind:
     name: str
     lister: Callable[..., Any]
     kwargs: dict[str, Any]
-    objects: dict[str, tuple[dict[str, Any], Piece]] = field(default_factory=dict)
+    objects: dict[str, Held] = field(default_factory=dict)
     resource_version: str = ""
     listed: bool = False
     broken_since: float | None = None
@@ -222,20 +325,6 @@ def _key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{name}" if namespace else name
 
 
-def _same_but_version(held: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
-    """Two trimmed objects equal but for ``metadata.resourceVersion``."""
-    if held.keys() != new.keys():
-        return False
-    for field_name, value in new.items():
-        before = held[field_name]
-        if field_name == "metadata" and isinstance(value, dict) and isinstance(before, dict):
-            if {**before, "resourceVersion": ""} != {**value, "resourceVersion": ""}:
-                return False
-        elif before != value:
-            return False
-    return True
-
-
 def _rv(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata")
     return str(meta.get("resourceVersion") or "") if isinstance(meta, dict) else ""
@@ -262,12 +351,14 @@ class KubeWatchSource:
         backoff_s: float = 0.5,
         max_backoff_s: float = 30.0,
         skip_finished_pods: bool = True,
+        read_ahead: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         lister = KubeClusterSource(
             api, page_size=page_size, retry=retry, skip_finished_pods=skip_finished_pods
         )
         self.page_size = page_size
+        self.read_ahead = read_ahead
         self.call = _Caller(retry or RetryPolicy(), api)
         self.watch_timeout_s = watch_timeout_s
         self.grace_s = grace_s
@@ -364,7 +455,7 @@ class KubeWatchSource:
                 changed = {}
                 for kind, key in changes:
                     entry = by_kind[kind].get(key)
-                    changed[kind, key] = entry[1] if entry is not None else None
+                    changed[kind, key] = entry.piece if entry is not None else None
         built = None
         if changed is not None:
             try:
@@ -377,8 +468,7 @@ class KubeWatchSource:
             generation = self._generation
             self._changes = {}
             kinds = [
-                (k.name, {key: piece for key, (_obj, piece) in k.objects.items()})
-                for k in self._kinds
+                (k.name, {key: held.piece for key, held in k.objects.items()}) for k in self._kinds
             ]
         try:
             built = self._builder.full(kinds)
@@ -393,7 +483,7 @@ class KubeWatchSource:
         """The trimmed objects held of ``kind``, by ``namespace/name``."""
         with self._lock:
             of_kind = next(k for k in self._kinds if k.name == kind)
-            return {key: obj for key, (obj, _piece) in of_kind.objects.items()}
+            return {key: held.trimmed() for key, held in of_kind.objects.items()}
 
     def resource_version(self, kind: str) -> str:
         with self._lock:
@@ -430,30 +520,47 @@ class KubeWatchSource:
             return
         raise KubeError(f"cannot list {kind.plural}: the continue token kept expiring")
 
-    def _pages(self, kind: _Kind) -> tuple[dict[str, tuple[dict[str, Any], Piece]], str]:
+    def _pages(self, kind: _Kind) -> tuple[dict[str, Held], str]:
         with self._lock:
             held = dict(kind.objects)
-        objects: dict[str, tuple[dict[str, Any], Piece]] = {}
-        token: str | None = None
+        objects: dict[str, Held] = {}
         version = ""
-        with paused_gc():
+        budget = current_budget()
+        with paused_gc(), ThreadPoolExecutor(1, f"defrag-list-{kind.plural}") as ahead:
+            page = self._page(kind, None)
             while True:
-                page = self._page(kind, token)
+                meta = page.get("metadata") or {}
+                token = meta.get("continue") or None
+                # The next page is asked for while this one is converted: the server makes it
+                # and the answer crosses the network meanwhile, as client-go's pager fetches
+                # chunks in the background (kubernetes/client-go tools/pager/pager.go,
+                # eachListChunkBuffered), here one page ahead.
+                following = (
+                    ahead.submit(self._page, kind, token, budget)
+                    if token and self.read_ahead
+                    else None
+                )
                 for item in page.get("items") or []:
                     key = _key(item)
                     old = held.get(key)
-                    if old is not None and _rv(old[0]) == _rv(item) != "":
+                    if old is not None and old.version == _rv(item) != "":
                         objects[key] = old
                     else:
-                        objects[key] = self._entry(kind.name, item)
-                meta = page.get("metadata") or {}
+                        objects[key] = hold(kind.name, item, key)
                 version = str(meta.get("resourceVersion") or version)
-                token = meta.get("continue") or None
                 if not token:
                     settle(len(objects))  # before the collector is back: it would walk them
                     return objects, version
+                del page
+                page = following.result() if following else self._page(kind, token)
 
-    def _page(self, kind: _Kind, token: str | None) -> dict[str, Any]:
+    def _page(self, kind: _Kind, token: str | None, budget: Budget | None = None) -> dict[str, Any]:
+        """One page of ``kind`` after ``token``; ``budget``: the listing thread's time budget,
+        when another thread asks for the page (it holds there too)."""
+        if budget is not None and current_budget() is None:
+            with time_budget(budget.remaining(), budget.what):
+                return self._page(kind, token)
+
         def call() -> dict[str, Any]:
             args = dict(kind.kwargs, limit=self.page_size)
             if token:
@@ -467,10 +574,6 @@ class KubeWatchSource:
             return data
 
         return self.call(call)
-
-    def _entry(self, kind: str, obj: Mapping[str, Any]) -> tuple[dict[str, Any], Piece]:
-        trimmed = trim(obj, KEEP[kind])
-        return trimmed, convert(kind, trimmed, f"{kind} {_key(obj)}")
 
     # --- watch -------------------------------------------------------------------------------
 
@@ -595,20 +698,20 @@ class KubeWatchSource:
             return
         key = _key(obj)
         if what in ("ADDED", "MODIFIED"):
-            trimmed = trim(obj, KEEP[kind.name])
+            trimmed, entry = encode(kind.name, obj)
             with self._lock:
                 held = kind.objects.get(key)
-            if held is not None and _same_but_version(held[0], trimmed):
+            if held is not None and held.same_but_version(entry):
                 # Nothing defrag reads changed (a node's heartbeat, a pod's IP): the version
                 # moves on, the conversion and the cluster built from it stay.
                 with self._lock:
-                    kind.objects[key] = (trimmed, held[1])
+                    kind.objects[key] = held._replace(version=entry.version)
                     kind.resource_version = version or kind.resource_version
                     self.stats.events += 1
                     self.stats.unchanged += 1
                 self._healthy(kind)
                 return
-            entry = trimmed, convert(kind.name, trimmed, f"{kind.name} {key}")
+            entry = entry._replace(piece=convert(kind.name, trimmed, f"{kind.name} {key}"))
             with self._lock:
                 kind.objects[key] = entry
                 self._changes[kind.name, key] = None
@@ -668,4 +771,17 @@ class KubeWatchSource:
             self._on_change()
 
 
-__all__ = ["KEEP", "Expired", "KubeWatchSource", "Piece", "WatchStats", "convert", "trim"]
+__all__ = [
+    "KEEP",
+    "TRIMMERS",
+    "Expired",
+    "Held",
+    "KubeWatchSource",
+    "Piece",
+    "WatchStats",
+    "convert",
+    "encode",
+    "hold",
+    "trim",
+    "trimmer",
+]
