@@ -130,7 +130,7 @@ def _detect(gpus: int, bench: str, limit: float, source: str = FLEET_26) -> Targ
     return Target(
         f"detection, {gpus:,} GPUs, median",
         bench,
-        rf"GPUs\s+(?P<gpus>\d+)\n[\s\S]*?detect, median of \d+ \(s\)\s+{NUMBER}",
+        rf"GPUs\s+(?P<gpus>\d+)\b[^\n]*\n[\s\S]*?detect, median of \d+ \(s\)\s+{NUMBER}",
         "s",
         limit,
         Better.LOWER,
