@@ -9,7 +9,10 @@ or a speed-up that changes any decision fails here with the first event that dif
 rows were recorded again at 20fbf78, with their ports made faithful (issue 25) and the old
 timeline; the rows whose scheduler is ``reserve-binpack`` (defrag-extender, defrag-blind,
 reserve-binpack+defrag) again with that score's tie-break (the fewest GPUs among equals,
-issue 25); every other row is as first recorded. Make-room's patience under a packing scheduler
+issue 25); the rows of the daemon (defrag, defrag-extender, defrag-blind, defrag-proposed,
+reserve-binpack+defrag) again once a repack for starved pods kept only the drains worth their
+cost by the pods they seat (docs/planning.md, "What a room is worth"); every other row is as
+first recorded. Make-room's patience under a packing scheduler
 changes no row: on this 45-node slice at 110% load no window's placements say "packs"
 (docs/planning.md); its hold-back is pinned in tests/test_plan_hook.py.
 

@@ -215,9 +215,10 @@ def _make_room(
                 reason=f"{reason} on {ws.node(room.row)}",
                 allowed=p.allowed, preempt=p.preempt, place=place, nest=p.nest,
             )  # fmt: skip
-            price = None
+            price = waits = None
             if isinstance(done, Relocation) and budget is not None:
-                price = known_cost(ctx, done, ws)
+                waits = victims_wait(ws, ctx, done, candidates)
+                price = round(known_cost(ctx, done, ws) + waits, 6)
                 if price > budget:
                     ws.rollback(mark)
                     ctx.ledger.restore(ledger_state)
@@ -238,7 +239,10 @@ def _make_room(
                     blocked.setdefault(b.pod, b)
                 weight = None
                 if weighed is not None and price is not None and done.steps:
-                    weight = RoomWorth(pod.key, ws.node(room.row), weighed[0], price, weighed[1])
+                    weight = RoomWorth(
+                        pod.key, ws.node(room.row), weighed[0], price, weighed[1],
+                        victims_wait=waits or 0.0,
+                    )  # fmt: skip
                 return RoomResult(
                     pod.key, done.steps, tuple(blocked.values()), room.row, done.gpus, weight
                 )
@@ -255,7 +259,7 @@ def _make_room(
         blocked[pod.key] = Blocked(
             pod.key, c.NOT_WORTH,
             f"the cheapest room ({ws.node(dear[0])}) costs {dear[1]:.2f} GPU-hours of lost "
-            f"work and restarts; {basis}",
+            f"work, restarts and its victims' wait; {basis}",
         )  # fmt: skip
     if not blocked:
         blocked[pod.key] = Blocked(pod.key, c.NO_ROOM, placed.summary)
@@ -276,6 +280,34 @@ def known_cost(ctx: SearchContext, done: Relocation, ws: Workspace) -> float:
             pod = seat.pod
         price = ctx.cost_model.known(pod, ctx.now)
         total += price * (ctx.cost_model.preempt_factor if step.kind == "preempt" else 1.0)
+    return round(total, 6)
+
+
+def victims_wait(ws: Workspace, ctx: SearchContext, done: Relocation, candidates: int) -> float:
+    """GPUs × hours the room's victims will wait to be placed again, summed: a victim the
+    plan re-places at once (a move) waits for nothing; a preempted one waits until some node
+    frees a seat for it as its pods leave, the soonest of its ``candidates`` nodes (the
+    forecast, :meth:`~defrag.plan.departures.Departures.room_wait`; the horizon when none
+    does). 0 without a forecast (``ctx.departures``)."""
+    deps = ctx.departures
+    if deps is None or ctx.now is None:
+        return 0.0
+    pods = {pod.key: pod for pod, _ in done.evictions}
+    a = ws.arrays
+    total = 0.0
+    for step in done.steps:
+        pod = pods.get(step.pod)
+        if step.kind != "preempt" or pod is None or pod.gpu_demand_milli == 0:
+            continue
+        wait = deps.horizon_h
+        for row in candidate_rows(ws, pod, candidates):
+            r = int(row)
+            free = a.gpu_free[r][: int(a.gpu_total[r])]
+            seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
+            wait = min(wait, deps.room_wait(pod, free, seats, ctx.now))
+            if wait == 0:
+                break
+        total += pod.gpu_demand_milli / GPU_MILLI * wait
     return round(total, 6)
 
 

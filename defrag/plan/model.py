@@ -94,31 +94,45 @@ class Step:
 class RoomWorth:
     """A room the plan makes: for which pod, on which node, what it is worth against what it
     costs (GPU-hours), and the wait the worth counts (hours: the forecast wait it saves, or the
-    pod's wait so far; :class:`~defrag.plan.config.RoomValue`)."""
+    pod's wait so far; :class:`~defrag.plan.config.RoomValue`).
+
+    ``kind`` is ``room`` (make-room's) or ``drain`` (a repack drain weighed by the starved pods
+    it seats: ``pod`` is the first of them, ``value`` counts them all); ``victims_wait`` is the
+    part of ``cost`` that is its victims' wait to be placed again (GPUs × hours), the rest
+    their lost work and restarts."""
 
     pod: str
     node: str
     value: float
     cost: float
     wait_h: float
+    kind: str = "room"
+    victims_wait: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "pod": self.pod,
             "node": self.node,
+            "kind": self.kind,
             "value": round(self.value, 3),
             "cost": round(self.cost, 3),
+            "victims_wait": round(self.victims_wait, 3),
             "wait_h": round(self.wait_h, 3),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str = "room") -> RoomWorth:
+        kind = data.get("kind", "room")
+        if kind not in ("room", "drain"):
+            raise PlanFormatError(f"{where}.kind: expected 'room' or 'drain', got {kind!r}")
         return cls(
             pod=_field(data, "pod", str, where),
             node=_field(data, "node", str, where),
             value=float(_number(data, "value", where, 0.0)),
             cost=float(_number(data, "cost", where, 0.0)),
             wait_h=float(_number(data, "wait_h", where, 0.0)),
+            kind=kind,
+            victims_wait=float(_number(data, "victims_wait", where, 0.0)),
         )
 
 

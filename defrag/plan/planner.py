@@ -25,8 +25,9 @@ from defrag.plan.config import (
 )
 from defrag.plan.constraints import Ledger, gang_of
 from defrag.plan.departures import Departures
+from defrag.plan.drainworth import Beneficiaries, Waiting
 from defrag.plan.history import NO_HISTORY, History
-from defrag.plan.makeroom import describe, make_room
+from defrag.plan.makeroom import candidate_rows, describe, make_room, room_worth
 from defrag.plan.model import Blocked, Plan, RoomWorth, Step
 from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
@@ -105,6 +106,7 @@ def make_plan(
 
     unserved = 0
     rooms: tuple[RoomWorth, ...] = ()
+    left: list[Sequence[Pod]] = []
     if goal.makes_room:
         made = make_rooms(ws, ctx, groups, options)
         rooms = made.worth
@@ -112,11 +114,19 @@ def make_plan(
         note(made.blocked)
         targets.extend(made.targets)
         unserved = made.unserved
+        left = [*made.left, *backlog[len(groups) :]]
     if goal.repacks and (goal is Goal.REPACK or not options.repack_on_demand or unserved):
-        packed = repack(ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost)
+        # On demand, a drain is weighed by the starved pods it seats, as a room is.
+        on_demand = goal is Goal.ALL and options.repack_on_demand and forecast
+        want = waiting_for(ws, ctx, left, options) if on_demand else None
+        packed = repack(
+            ws, ctx, mix, min_gain_per_cost=options.min_gain_per_cost, want=want,
+            margin=options.room_worth, candidates=options.candidates,
+        )  # fmt: skip
         steps.extend(packed.steps)
         note(packed.blocked)
         targets.extend(f"repack {node}" for node in packed.drained)
+        rooms = (*rooms, *packed.worth)
     ws.release_reservations()
     after = fragmentation_report(ws.arrays, mix, options.sizes).to_dict(options.report_nodes)
     return Plan(
@@ -129,6 +139,21 @@ def make_plan(
         targets=tuple(targets),
         rooms=rooms,
     )
+
+
+def waiting_for(
+    ws: Workspace, ctx: SearchContext, groups: Iterable[Sequence[Pod]], options: PlanOptions
+) -> Beneficiaries:
+    """The starved groups left without room, each with the forecast wait a room would save
+    it (its largest pod's, :func:`~defrag.plan.makeroom.room_worth` over its candidate
+    nodes): what a drain that seats one is worth."""
+    waiting: list[Waiting] = []
+    for group in groups:
+        pod = max(group, key=lambda p: (p.gpu_demand_milli, p.key))
+        weighed = room_worth(ws, ctx, pod, candidate_rows(ws, pod, options.candidates))
+        if weighed is not None:
+            waiting.append(Waiting(tuple(group), weighed[1]))
+    return Beneficiaries(waiting)
 
 
 OwnerLookup = Callable[[Mapping[str, tuple[str, OwnerRef]]], Mapping[str, OwnerFacts]]
@@ -187,6 +212,8 @@ class Rooms:
     """Groups left without room (those that fit already are served)."""
     worth: tuple[RoomWorth, ...] = ()
     """Each room made by evictions: what it is worth against its cost."""
+    left: tuple[tuple[Pod, ...], ...] = ()
+    """The groups left without room, in order."""
 
 
 def make_rooms(
@@ -202,6 +229,7 @@ def make_rooms(
     blocked: dict[tuple[str, str], Blocked] = {}
     targets: list[str] = []
     worth: list[RoomWorth] = []
+    left: list[tuple[Pod, ...]] = []
     unserved = 0
 
     def note(found: tuple[Blocked, ...]) -> None:
@@ -226,6 +254,7 @@ def make_rooms(
             steps.extend(made)
         if failed:
             unserved += 1
+            left.append(tuple(group))
             ws.rollback(mark)
             del steps[n_steps:]
             del worth[n_worth:]
@@ -239,7 +268,9 @@ def make_rooms(
             note(failed)
         elif len(steps) > n_steps:  # pods that fit already need no target of their own
             targets.extend(f"{p.key} ({describe(p)})" for p in group)
-    return Rooms(tuple(steps), tuple(blocked.values()), tuple(targets), unserved, tuple(worth))
+    return Rooms(
+        tuple(steps), tuple(blocked.values()), tuple(targets), unserved, tuple(worth), tuple(left)
+    )
 
 
 def weighed(worth: RoomWorth) -> str:
