@@ -107,7 +107,8 @@ POOL = "soak.defrag.io/pool"
 FILL_NS = "soak-fill"
 FILL_PER_DEPLOYMENT = 50
 WARMUP_S = 900.0
-"""RSS slopes of the memory soak are fitted from this long after the soak's start."""
+"""RSS slopes of the memory soak are fitted from this long after the chaos began (the fleet
+made, filled, the load and faults on)."""
 
 # Execution windows that chaos makes bind (see the module docstring): one opens every 2 minutes
 # (UTC) for 60 s, each with a fixed budget of WINDOW_BUDGET evictions; between them the
@@ -326,6 +327,7 @@ class Soak:
         self.rss_rows: list[tuple[float, str, int, int]] = []
         """(time, process, pid, VmRSS kB) sampled every ``rss_every_s`` (memory soak)."""
         self.started_at = time.time()
+        self.chaos_started: float | None = None
         if self.memory and self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
 
@@ -441,6 +443,7 @@ class Soak:
             self._fill_fleet()
         self.proxy.enabled = True
         self.chaos_on.set()
+        self.chaos_started = time.time()
         loops = [self._workload_loop, self._chaos_loop, self._observe_loop, self._keeper_loop]
         if self.memory:
             loops += [self._fleet_churn_loop, self._rss_loop]
@@ -625,11 +628,12 @@ class Soak:
         """Per process: RSS slope (least squares, kB/min) after the first ``WARMUP_S``, and
         what grew most in each probed process's object counts (first probe after the warm-up
         against the last)."""
-        out: dict[str, Any] = {"rss": long_rss_figures(self.rss_rows, self.started_at)}
+        since = self.chaos_started or self.started_at
+        out: dict[str, Any] = {"rss": long_rss_figures(self.rss_rows, since)}
         growth = {}
         for path in sorted((self.out or self.folder).glob("objects-*.jsonl")):
             lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
-            after = [x for x in lines if x["time"] - self.started_at >= WARMUP_S] or lines
+            after = [x for x in lines if x["time"] - since >= WARMUP_S] or lines
             if len(after) >= 2:
                 a, b = after[0]["types"], after[-1]["types"]
                 diff = {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b)}
@@ -1800,8 +1804,8 @@ def rss_figures(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
 
 
 def long_rss_figures(rows: list[tuple[float, str, int, int]], started: float) -> dict[str, Any]:
-    """Per process: the least-squares RSS slope (kB/min) over the samples taken after the
-    first ``WARMUP_S`` of the soak, its start, end and peak, and how many PIDs it had (1 when
+    """Per process: the least-squares RSS slope (kB/min) over the samples taken ``WARMUP_S``
+    or more after ``started``, its start, end and peak, and how many PIDs it had (1 when
     nothing restarted it)."""
     by: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
     for t, name, pid, kb in rows:
