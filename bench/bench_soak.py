@@ -223,12 +223,10 @@ def kept(event: dict[str, Any]) -> bool:
     """The audit events the invariants read (node and Lease writes, evictions, pod deletions):
     a soak of hours logs millions of others, which the harness need not hold."""
     ref = event.get("objectRef", {})
-    resource = ref.get("resource")
+    resource, verb = ref.get("resource"), event.get("verb")
     if resource in ("nodes", "leases"):
-        return True
-    return resource == "pods" and (
-        ref.get("subresource") == "eviction" or event.get("verb") == "delete"
-    )
+        return verb in ("create", "update", "patch", "delete")
+    return resource == "pods" and (ref.get("subresource") == "eviction" or verb == "delete")
 
 
 def _age(reserved_at: str, now: float) -> str:

@@ -81,6 +81,8 @@ def test_the_soak_keeps_only_the_audit_events_its_invariants_read() -> None:
     assert kept(event("patch", "nodes"))
     assert kept(event("update", "leases"))
     assert not kept(event("get", "pods"))
+    assert not kept(event("list", "nodes"))
+    assert not kept(event("get", "leases"))
     assert not kept(event("patch", "pods", "status"))
     assert not kept(event("create", "deployments"))
     assert not kept({"kind": "Event", "verb": "get"})
