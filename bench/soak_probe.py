@@ -6,7 +6,9 @@ The long soak (``bench/bench_soak.py --memory``) starts its daemons and the exte
 this, so that when RSS grows the growth can be named: every ``SOAK_PROBE_EVERY_S``
 seconds (600 by default) one JSON line is appended to ``SOAK_PROBE_FILE`` with the time,
 the interpreter's garbage collector counts and the number of live objects of each type (the
-60 most numerous). Nothing is collected or freed by the probe: it only counts, so the daemon
+60 most numerous); with ``SOAK_PROBE_TRACE=Node,Pod`` also, for the name with the most
+live instances of each type, the chain of objects that hold them (referrers, up to 8 levels).
+Nothing is collected or freed by the probe: it only counts, so the daemon
 behaves as it would without it (the count holds the GIL for a moment, ~0.1–1 s at a few
 hundred MB of heap).
 """
@@ -14,6 +16,7 @@ hundred MB of heap).
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import os
 import sys
@@ -28,8 +31,52 @@ def count_types() -> dict[str, int]:
     return dict(counts.most_common(60))
 
 
+def describe(obj: object) -> str:
+    """A short name for a referrer: its type, and for an instance's ``__dict__`` or a bound
+    method whose it is."""
+    kind = type(obj).__qualname__
+    if isinstance(obj, dict):
+        for owner in gc.get_referrers(obj):
+            if getattr(owner, "__dict__", None) is obj:
+                return f"{type(owner).__module__}.{type(owner).__qualname__}.__dict__"
+        return f"dict({len(obj)} keys)"
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return f"{kind}({len(obj)})"
+    return f"{type(obj).__module__}.{kind}"
+
+
+def holders(kind: str, chains: int = 3, depth: int = 8) -> dict[str, object]:
+    """Which objects hold the live instances of ``kind``: for the ``name`` with the most
+    instances, a chain of referrers (each the first that is not a frame or the probe's own
+    list) from up to ``chains`` of them."""
+    objs = [o for o in gc.get_objects() if type(o).__qualname__ == kind]
+    names = Counter(str(getattr(o, "name", "?")) for o in objs)
+    if not names:
+        return {}
+    name, copies = names.most_common(1)[0]
+    picked = [o for o in objs if str(getattr(o, "name", "?")) == name][:chains]
+    del objs
+    out: list[list[str]] = []
+    for obj in picked:
+        chain, current, seen = [], obj, {id(picked)}
+        for _ in range(depth):
+            refs = [
+                r
+                for r in gc.get_referrers(current)
+                if id(r) not in seen and not inspect.isframe(r) and r is not picked
+            ]
+            if not refs:
+                break
+            current = refs[0]
+            seen.add(id(current))
+            chain.append(describe(current))
+        out.append(chain)
+    return {"name": name, "copies": copies, "instances": sum(names.values()), "chains": out}
+
+
 def probe(path: Path, every_s: float) -> None:
     started = time.time()
+    trace = os.environ.get("SOAK_PROBE_TRACE", "")
     while True:
         t0 = time.monotonic()
         line = {
@@ -39,6 +86,8 @@ def probe(path: Path, every_s: float) -> None:
             "gc_stats": gc.get_stats(),
             "types": count_types(),
         }
+        if trace:
+            line["holders"] = {kind: holders(kind) for kind in trace.split(",")}
         line["probe_s"] = round(time.monotonic() - t0, 3)
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")
