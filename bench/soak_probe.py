@@ -57,14 +57,19 @@ def holders(kind: str, chains: int = 3, depth: int = 8) -> dict[str, object]:
     picked = [o for o in objs if str(getattr(o, "name", "?")) == name][:chains]
     del objs
     out: list[list[str]] = []
+    mine = {id(picked), id(out)}  # the probe's own containers refer to what it walks
     for obj in picked:
-        chain, current, seen = [], obj, {id(picked)}
+        chain: list[str] = []
+        current: object = obj
+        mine.add(id(chain))
+        seen = set(mine)
         for _ in range(depth):
-            refs = [
-                r
-                for r in gc.get_referrers(current)
-                if id(r) not in seen and not inspect.isframe(r) and r is not picked
-            ]
+            found = gc.get_referrers(current)
+            mine.add(id(found))
+            refs = [r for r in found if id(r) not in seen and id(r) not in mine]
+            refs = [r for r in refs if not inspect.isframe(r)]
+            mine.add(id(refs))
+            del found
             if not refs:
                 break
             current = refs[0]
