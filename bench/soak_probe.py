@@ -7,7 +7,9 @@ this, so that when RSS grows the growth can be named: every ``SOAK_PROBE_EVERY_S
 seconds (600 by default) one JSON line is appended to ``SOAK_PROBE_FILE`` with the time,
 the interpreter's garbage collector counts and the number of live objects of each type (the
 60 most numerous); with ``SOAK_PROBE_TRACE=Node,Pod`` also, for the name with the most
-live instances of each type, the chain of objects that hold them (referrers, up to 8 levels).
+live instances of each type, the chain of objects that hold them (referrers, up to 8 levels);
+``SOAK_PROBE_GC_OFF=1`` starts the process with the cyclic collector off (a diagnosis: what
+reference cycles keep when nothing collects them).
 Nothing is collected or freed by the probe: it only counts, so the daemon
 behaves as it would without it (the count holds the GIL for a moment, ~0.1–1 s at a few
 hundred MB of heap).
@@ -100,6 +102,10 @@ def probe(path: Path, every_s: float) -> None:
 
 
 def main() -> None:
+    if os.environ.get("SOAK_PROBE_GC_OFF"):
+        # The collector off from the start, as overlapping pauses left it in the long soak:
+        # with SOAK_PROBE_TRACE, which reference cycles keep what then piles up.
+        gc.disable()
     target = os.environ.get("SOAK_PROBE_FILE")
     if target:
         every = float(os.environ.get("SOAK_PROBE_EVERY_S", "600"))
