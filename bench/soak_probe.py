@@ -44,13 +44,16 @@ def describe(obj: object) -> str:
         return f"dict({len(obj)} keys)"
     if isinstance(obj, (list, tuple, set, frozenset)):
         return f"{kind}({len(obj)})"
+    if inspect.isframe(obj):
+        where = f"{Path(obj.f_code.co_filename).name}:{obj.f_lineno}"
+        return f"frame {obj.f_code.co_qualname} ({where})"
     return f"{type(obj).__module__}.{kind}"
 
 
 def holders(kind: str, chains: int = 3, depth: int = 8) -> dict[str, object]:
     """Which objects hold the live instances of ``kind``: for the ``name`` with the most
-    instances, a chain of referrers (each the first that is not a frame or the probe's own
-    list) from up to ``chains`` of them."""
+    instances, a chain of referrers (each the first that is not the probe's own list or
+    frame) from up to ``chains`` of them."""
     objs = [o for o in gc.get_objects() if type(o).__qualname__ == kind]
     names = Counter(str(getattr(o, "name", "?")) for o in objs)
     if not names:
@@ -69,7 +72,7 @@ def holders(kind: str, chains: int = 3, depth: int = 8) -> dict[str, object]:
             found = gc.get_referrers(current)
             mine.add(id(found))
             refs = [r for r in found if id(r) not in seen and id(r) not in mine]
-            refs = [r for r in refs if not inspect.isframe(r)]
+            refs = [r for r in refs if not (inspect.isframe(r) and r.f_code in _PROBE_CODE)]
             mine.add(id(refs))
             del found
             if not refs:
@@ -99,6 +102,10 @@ def probe(path: Path, every_s: float) -> None:
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")
         time.sleep(every_s)
+
+
+_PROBE_CODE = {holders.__code__, probe.__code__, describe.__code__}
+"""The probe's own frames, which refer to what it walks."""
 
 
 def main() -> None:
