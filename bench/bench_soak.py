@@ -100,6 +100,16 @@ RESERVED_AT = "defrag.io/reserved-at"
 MARK_GRACE_S = 60.0
 SIZES = (1, 2, 2, 4, 4, 6)
 
+# The long memory soak (``--memory``): the soak's workloads and chaos keep to a pool of nodes
+# labelled ``hot``; the rest of the fleet (``cold``) holds filler Deployments in their own
+# namespace whose sizes change at a steady seeded rate (pods created and deleted).
+POOL = "soak.defrag.io/pool"
+FILL_NS = "soak-fill"
+FILL_PER_DEPLOYMENT = 50
+WARMUP_S = 900.0
+"""RSS slopes of the memory soak are fitted from this long after the chaos began (the fleet
+made, filled, the load and faults on)."""
+
 # Execution windows that chaos makes bind (see the module docstring): one opens every 2 minutes
 # (UTC) for 60 s, each with a fixed budget of WINDOW_BUDGET evictions; between them the
 # make-room-now rule spends the day's out-of-window allowance (the same limit, per UTC day).
@@ -162,12 +172,14 @@ RULES = {
 }
 
 
-def daemon_settings(prometheus: str, alertmanager: str) -> dict[str, Any]:
+def daemon_settings(
+    prometheus: str, alertmanager: str, cycle_interval_s: float = 1.0, ready_max_age_s: float = 30
+) -> dict[str, Any]:
     return {
         "scoring": {"policy": "reserve-binpack"},
         "execution": {"dry_run": False, "replacement_timeout_s": 8, "poll_interval_s": 0.5},
         "leadership": {"enabled": True, "lease_duration_s": LEASE_S},
-        "daemon": {"cycle_interval_s": 1, "ready_max_age_s": 30},
+        "daemon": {"cycle_interval_s": cycle_interval_s, "ready_max_age_s": ready_max_age_s},
         "planner": {"make_room_worth": 0},
         "windows": {
             "schedule": [{"cron": WINDOW_CRON, "length_s": WINDOW_LENGTH_S}],
@@ -203,8 +215,18 @@ class AuditTail:
         lines = data.split(b"\n")
         self._rest = lines.pop()
         new = [json.loads(line) for line in lines if line.strip()]
-        self.events.extend(new)
+        self.events.extend(e for e in new if kept(e))
         return new
+
+
+def kept(event: dict[str, Any]) -> bool:
+    """The audit events the invariants read (node and Lease writes, evictions, pod deletions):
+    a soak of hours logs millions of others, which the harness need not hold."""
+    ref = event.get("objectRef", {})
+    resource, verb = ref.get("resource"), event.get("verb")
+    if resource in ("nodes", "leases"):
+        return verb in ("create", "update", "patch", "delete")
+    return resource == "pods" and (ref.get("subresource") == "eviction" or verb == "delete")
 
 
 def _age(reserved_at: str, now: float) -> str:
@@ -249,6 +271,18 @@ class Soak:
     rates: FaultRates = field(default_factory=FaultRates)
     max_wall_s: float = 7200.0
     verbose: bool = True
+    memory: bool = False
+    """The long memory soak: no SIGKILL of a daemon or the extender (SIGSTOP pauses stay),
+    the workloads on a pool of ``pool`` nodes among ``nodes``, ``fill_pods`` filler pods on
+    the rest with churn, Prometheus trickling, API answers trickled, RSS to ``out``/rss.csv
+    every ``rss_every_s`` seconds, the daemons and the extender run through
+    ``bench/soak_probe.py`` (object counts by type every ``probe_every_s``)."""
+    pool: int = 8
+    fill_pods: int = 0
+    out: Path | None = None
+    rss_every_s: float = 60.0
+    probe_every_s: float = 600.0
+    cycle_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -285,6 +319,15 @@ class Soak:
         self.harness_deleted: set[str] = set()
         """Never-evict pods (and their Jobs) the chaos itself deleted, with their node."""
         self.owner_uids: dict[str, str] = {}
+        self.cold_nodes: list[str] = []
+        self.fillers: dict[str, int] = {}  # filler Deployment → replicas asked
+        self.churn: Counter[str] = Counter()
+        self.rss_rows: list[tuple[float, str, int, int]] = []
+        """(time, process, pid, VmRSS kB) sampled every ``rss_every_s`` (memory soak)."""
+        self.started_at = time.time()
+        self.chaos_started: float | None = None
+        if self.memory and self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
 
     def say(self, text: str) -> None:
         if self.verbose:
@@ -330,8 +373,11 @@ class Soak:
         self.kubelet = Kubelet(plane.admin, delete_delay_s=2.0).start()
         c.namespace(plane.admin, NS)
         c.priority_class(plane.admin, HIGH, 100000, preempt=False)
-        for i in range(self.nodes):
-            self._add_node(f"g{i + 1}")
+        if self.memory:
+            self._add_fleet()
+        else:
+            for i in range(self.nodes):
+                self._add_node(f"g{i + 1}")
         self.audit = AuditTail(plane.audit_log)
         self.proxy = FaultProxy(
             plane.server,
@@ -362,7 +408,11 @@ class Soak:
         rules.mkdir(parents=True, exist_ok=True)
         c.write_yaml(rules / "soak.yaml", RULES)
         settings = c.write_yaml(
-            self.folder / "daemon-settings.yaml", daemon_settings(self.prom.url, self.am.url)
+            self.folder / "daemon-settings.yaml",
+            # a cycle at thousands of nodes on a loaded machine takes longer than 30 s at times
+            daemon_settings(
+                self.prom.url, self.am.url, self.cycle_interval_s, 120 if self.memory else 30
+            ),
         )
         # the extender and kube-scheduler (the scheduler talks to the API directly)
         ext_token = plane.token(SYSTEM, "defrag-scheduler")
@@ -385,27 +435,32 @@ class Soak:
         # then faults and chaos
         self._never_setup()
         self._keep_never()
-        while self._used() < 8 * self.nodes * 0.75:
+        while self._used() < 8 * len(self.node_names) * 0.75:
             self._arrive()
+        if self.memory:
+            self._fill_fleet()
         self.proxy.enabled = True
         self.chaos_on.set()
-        threads = [
-            threading.Thread(target=self._guard(self._workload_loop), daemon=True),
-            threading.Thread(target=self._guard(self._chaos_loop), daemon=True),
-            threading.Thread(target=self._guard(self._observe_loop), daemon=True),
-            threading.Thread(target=self._guard(self._keeper_loop), daemon=True),
-        ]
+        self.chaos_started = time.time()
+        loops = [self._workload_loop, self._chaos_loop, self._observe_loop, self._keeper_loop]
+        if self.memory:
+            loops += [self._fleet_churn_loop, self._rss_loop]
+        threads = [threading.Thread(target=self._guard(loop), daemon=True) for loop in loops]
         for t in threads:
             t.start()
-        self.say(f"running to {self.cycles} cycles (seed {self.seed}, {self.nodes} nodes)")
+        self.say(
+            f"running to {self.cycles} cycles or {self.max_wall_s:.0f} s "
+            f"(seed {self.seed}, {self.nodes} nodes)"
+        )
         last_said = 0
         while True:
             done = self.total_cycles()
             if done >= self.cycles or time.monotonic() - started > self.max_wall_s:
                 break
-            if done - last_said >= 50:
+            if done - last_said >= (500 if self.memory else 50):
                 self.say(
                     f"{done} cycles, faults {dict(self.proxy.counts)}, chaos {dict(self.chaos)}"
+                    + (f", churn {dict(self.churn)}" if self.memory else "")
                 )
                 last_said = done
             if self.errors:
@@ -433,6 +488,8 @@ class Soak:
         report = self.check()
         report["wall_s"] = round(time.monotonic() - started, 1)
         report["chaos_wall_s"] = round(chaos_wall, 1)
+        if self.memory:
+            report["memory"] = self._memory_report()
         return report
 
     def _guard(self, fn: Any) -> Any:
@@ -447,20 +504,173 @@ class Soak:
 
     def _add_node(self, short: str) -> None:
         name = f"{NS}-{short}"
-        add_node(self.plane.admin, name, 8)
+        if self.memory:
+            add_node(self.plane.admin, name, 8, labels={POOL: "hot"})
+        else:
+            add_node(self.plane.admin, name, 8)
         self.node_names.append(name)
+
+    # --- the memory soak's fleet ---------------------------------------------------------
+
+    def _add_fleet(self) -> None:
+        """``pool`` hot nodes (the soak's workloads and chaos), the rest cold (filler), made
+        by four threads (a node is four requests)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        for i in range(self.pool):
+            self._add_node(f"g{i + 1}")
+        cold = [f"{NS}-c{i + 1}" for i in range(self.nodes - self.pool)]
+
+        def one(name: str) -> None:
+            add_node(self.plane.admin, name, 8, labels={POOL: "cold"})
+
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            for n, _ in enumerate(pool.map(one, cold), 1):
+                if n % 1000 == 0:
+                    self.say(f"{n} cold nodes ({time.monotonic() - t0:.0f} s)")
+        self.cold_nodes = cold
+        self.say(f"{self.nodes} nodes ({self.pool} hot) in {time.monotonic() - t0:.0f} s")
+
+    def _fill_fleet(self) -> None:
+        """Filler Deployments of 1-GPU pods on the cold nodes, ``FILL_PER_DEPLOYMENT`` pods
+        each, until ``fill_pods`` are bound (or 20 minutes)."""
+        c.namespace(self.plane.admin, FILL_NS)
+        count = max(1, -(-self.fill_pods // FILL_PER_DEPLOYMENT))
+        for i in range(count):
+            name = f"fill-{i + 1}"
+            self._deployment(FILL_NS, name, 1, FILL_PER_DEPLOYMENT, pool="cold")
+            self.fillers[name] = FILL_PER_DEPLOYMENT
+        t0 = time.monotonic()
+        bound = 0
+        while time.monotonic() - t0 < 1200:
+            pods = self.plane.admin.get(f"/api/v1/namespaces/{FILL_NS}/pods")["items"]
+            bound = sum(1 for p in pods if p["spec"].get("nodeName"))
+            if bound >= self.fill_pods * 0.98:
+                break
+            self.say(f"filler pods bound: {bound} / {self.fill_pods}")
+            time.sleep(15)
+        self.say(f"{bound} filler pods bound in {time.monotonic() - t0:.0f} s")
+
+    def _fleet_churn_loop(self) -> None:
+        """Every 5-15 s (seeded) one filler Deployment resized to 30-70 pods: on average
+        some 10 pods created or deleted each time, the fleet's size steady."""
+        rng = random.Random(self.seed * 104729 + 3)
+        while not self.stop.is_set():
+            time.sleep(rng.uniform(5.0, 15.0))
+            if not self.chaos_on.is_set() or not self.fillers:
+                continue
+            name = rng.choice(sorted(self.fillers))
+            replicas = rng.randint(30, 70)
+            with contextlib.suppress(requests.RequestException):
+                self.plane.admin.patch(
+                    f"/apis/apps/v1/namespaces/{FILL_NS}/deployments/{name}",
+                    {"spec": {"replicas": replicas}},
+                )
+                delta = replicas - self.fillers[name]
+                self.churn["created" if delta > 0 else "deleted"] += abs(delta)
+                self.churn["resizes"] += 1
+                self.fillers[name] = replicas
+
+    def _watched_processes(self) -> dict[str, int]:
+        """name → PID of every process whose RSS the memory soak records."""
+        out = {}
+        for name, replica in self.replicas.items():
+            if replica.process is not None and replica.process.alive():
+                out[f"daemon-{name}"] = replica.process.proc.pid
+        with contextlib.suppress(AttributeError):
+            if self.extender.process.alive():
+                out["extender"] = self.extender.process.proc.pid
+        for name in ("kube-apiserver", "etcd"):
+            proc = self.plane.processes.get(name)
+            if proc is not None and proc.alive():
+                out[name] = proc.proc.pid
+        out["harness"] = os.getpid()
+        return out
+
+    def _rss_loop(self) -> None:
+        """VmRSS of each watched process every ``rss_every_s``, appended to rss.csv as it goes
+        (a soak cut short keeps what it sampled), and a progress line beside it."""
+        folder = self.out or self.folder
+        csv = folder / "rss.csv"
+        if not csv.exists():
+            csv.write_text("time_utc,elapsed_s,process,pid,rss_kb\n")
+        while not self.stop.is_set():
+            now = time.time()
+            rows = []
+            for name, pid in self._watched_processes().items():
+                with contextlib.suppress(OSError, ValueError):
+                    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                        if line.startswith("VmRSS:"):
+                            kb = int(line.split()[1])
+                            rows.append((now, name, pid, kb))
+            self.rss_rows.extend(rows)
+            with csv.open("a") as f:
+                for t, name, pid, kb in rows:
+                    f.write(f"{iso(t)},{t - self.started_at:.0f},{name},{pid},{kb}\n")
+            progress = {
+                "time": iso(now),
+                "elapsed_s": round(now - self.started_at),
+                "cycles": self.total_cycles(),
+                "faults": dict(self.proxy.counts),
+                "chaos": dict(self.chaos),
+                "churn": dict(self.churn),
+                "load": os.getloadavg(),
+                "rss_kb": {name: kb for _, name, _, kb in rows},
+            }
+            with (folder / "progress.jsonl").open("a") as f:
+                f.write(json.dumps(progress) + "\n")
+            self.stop.wait(self.rss_every_s)
+
+    def _memory_report(self) -> dict[str, Any]:
+        """Per process: RSS slope (least squares, kB/min) after the first ``WARMUP_S``, and
+        what grew most in each probed process's object counts (first probe after the warm-up
+        against the last)."""
+        since = self.chaos_started or self.started_at
+        out: dict[str, Any] = {"rss": long_rss_figures(self.rss_rows, since)}
+        growth = {}
+        for path in sorted((self.out or self.folder).glob("objects-*.jsonl")):
+            lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+            after = [x for x in lines if x["time"] - since >= WARMUP_S] or lines
+            if len(after) >= 2:
+                a, b = after[0]["types"], after[-1]["types"]
+                diff = {k: b.get(k, 0) - a.get(k, 0) for k in set(a) | set(b)}
+                top = sorted(diff.items(), key=lambda kv: -kv[1])[:10]
+                growth[path.stem.removeprefix("objects-")] = {
+                    "minutes": round((after[-1]["time"] - after[0]["time"]) / 60, 1),
+                    "grew_most": dict(top),
+                }
+        out["objects"] = growth
+        out["churn"] = dict(self.churn)
+        out["nodes"] = {"hot": len(self.node_names), "cold": len(self.cold_nodes)}
+        return out
+
+    def _command(self, who: str) -> tuple[list[str], dict[str, str]]:
+        """How to start ``defrag``: the command, or in the memory soak the probe around it."""
+        if not self.memory:
+            return [c.defrag_path()], {}
+        env = {
+            "SOAK_PROBE_FILE": str((self.out or self.folder) / f"objects-{who}.jsonl"),
+            "SOAK_PROBE_EVERY_S": str(self.probe_every_s),
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        }
+        return [sys.executable, "-m", "bench.soak_probe"], env
 
     def _start_extender(self) -> None:
         metrics = free_port()
+        command, env = self._command("extender")
         proc = spawn(
             "defrag-extender",
             [
-                c.defrag_path(), "extender", "--kubeconfig", str(self.ext_kubeconfig),
+                *command, "extender", "--kubeconfig", str(self.ext_kubeconfig),
                 "--host", "127.0.0.1", "--port", str(self.ext_port),
                 "--metrics-port", str(metrics), "--metrics-host", "127.0.0.1",
                 "--settings", str(self.ext_settings),
             ],
             self.plane.folder,
+            env=env,
         )  # fmt: skip
         self.plane.processes["defrag-extender"] = proc
         self.extender = c.Served(proc, metrics)
@@ -470,10 +680,11 @@ class Soak:
         replica.port = free_port()
         replica.incarnation += 1
         name = f"daemon-{replica.name}"
+        command, env = self._command(replica.name)
         replica.process = spawn(
             name,
             [
-                c.defrag_path(), "run", "--kubeconfig", str(replica.kubeconfig),
+                *command, "run", "--kubeconfig", str(replica.kubeconfig),
                 "--settings", str(replica.settings), "--rules", str(replica.rules),
             ],
             self.plane.folder,
@@ -481,6 +692,7 @@ class Soak:
                 "DEFRAG_HTTP__PORT": str(replica.port),
                 "DEFRAG_HTTP__HOST": "127.0.0.1",
                 "DEFRAG_LEADERSHIP__IDENTITY": replica.name,
+                **env,
             },
         )  # fmt: skip
         self.plane.processes[name] = replica.process
@@ -653,7 +865,7 @@ class Soak:
         if x < 0.3 and len(self.jobs) < 3:
             self.serial += 1
             name = f"job-{self.serial}"
-            c.deployment(self.plane.admin, NS, name, 8, priority_class_name=HIGH)
+            self._deployment(NS, name, 8, priority_class_name=HIGH)
             self.jobs[name] = 0.0
             return
         # jobs complete some seconds after they run
@@ -677,8 +889,40 @@ class Soak:
         self.serial += 1
         gpus = self.rng.choice(SIZES)
         name = f"w{gpus}-{self.serial}"
-        c.deployment(self.plane.admin, NS, name, gpus)
+        self._deployment(NS, name, gpus)
         self.deployments[name] = gpus
+
+    def _deployment(
+        self,
+        ns: str,
+        name: str,
+        gpus: int,
+        replicas: int = 1,
+        priority_class_name: str | None = None,
+        pool: str = "hot",
+    ) -> None:
+        """A Deployment (tests/e2e/cluster.py's shape); in the memory soak kept to its pool."""
+        if not self.memory:
+            c.deployment(
+                self.plane.admin, ns, name, gpus, replicas, priority_class_name=priority_class_name
+            )
+            return
+        labels = {"app": name}
+        spec = c.pod_spec(gpus, priority_class_name)
+        spec["nodeSelector"] = {POOL: pool}
+        self.plane.admin.post(
+            f"/apis/apps/v1/namespaces/{ns}/deployments",
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {
+                    "replicas": replicas,
+                    "selector": {"matchLabels": labels},
+                    "template": {"metadata": {"labels": labels}, "spec": spec},
+                },
+            },
+        )
 
     def _delete_deployment(self, name: str) -> None:
         self.plane.admin.delete(
@@ -692,10 +936,11 @@ class Soak:
     # --- chaos ---------------------------------------------------------------------------
 
     def _chaos_loop(self) -> None:
+        kills = 0 if self.memory else 1  # the memory soak restarts no process it measures
         actions = [
-            ("leader-kill", 3, self._kill_leader),
+            ("leader-kill", 3 * kills, self._kill_leader),
             ("leader-pause", 3, self._pause_leader),
-            ("extender-kill", 1, self._kill_extender),
+            ("extender-kill", 1 * kills, self._kill_extender),
             ("prometheus", 2, self._prometheus_fault),
             ("alertmanager-restart", 1, self._restart_alertmanager),
             ("pdb", 3, self._pdb_change),
@@ -757,15 +1002,21 @@ class Soak:
         return True
 
     def _prometheus_fault(self) -> bool:
-        mode = self.chaos_rng.choice(["refused", "garbage", "500"])
+        modes = ["refused", "garbage", "500"] + (["trickle", "refused"] if self.memory else [])
+        mode = self.chaos_rng.choice(modes)
         self.prom_modes.append((time.time(), mode))
         if mode == "refused":
             self.prom.stop()
         elif mode == "garbage":
             self.prom.set(Fault("body", body="<html>not prometheus</html>"))
+        elif mode == "trickle":  # a byte every 20-200 ms: some answers end in time, most not
+            interval = self.chaos_rng.uniform(0.02, 0.2)
+            self.prom.set(Fault("trickle", interval_s=interval, trickle_bytes=60))
         else:
             self.prom.set(Fault("status"))
-        time.sleep(self.chaos_rng.uniform(3.0, 10.0))
+        # the memory soak's Prometheus stays down for minutes at times
+        longest = 120.0 if self.memory else 10.0
+        time.sleep(self.chaos_rng.uniform(3.0, longest))
         if mode == "refused":
             self.prom.start()
         self.prom.set(Fault())
@@ -899,7 +1150,7 @@ class Soak:
         while not self.stop.is_set():
             with contextlib.suppress(requests.RequestException):
                 self._observe_once()
-            time.sleep(0.25)
+            time.sleep(2.0 if self.memory else 0.25)
 
     def _observe_once(self) -> None:
         now = time.time()
@@ -1393,6 +1644,7 @@ class Soak:
             "429": ('defrag_kube_api_transient_errors_total{reason="429"}', "429"),
             "reset": ('defrag_kube_api_transient_errors_total{reason="connection"}', "connection"),
             "latency": ("defrag_kube_api_call_seconds, calls over 0.25 s", "slow"),
+            "trickle": ("defrag_kube_api_call_seconds, calls over 0.25 s", "slow"),
             "watch-drop": (
                 "the watcher's log: 'watching …: …; retrying in' or 'before its timeoutSeconds'",
                 "dropped",
@@ -1549,6 +1801,36 @@ def rss_figures(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
     }
 
 
+def long_rss_figures(rows: list[tuple[float, str, int, int]], started: float) -> dict[str, Any]:
+    """Per process: the least-squares RSS slope (kB/min) over the samples taken ``WARMUP_S``
+    or more after ``started``, its start, end and peak, and how many PIDs it had (1 when
+    nothing restarted it)."""
+    by: dict[str, list[tuple[float, int, int]]] = defaultdict(list)
+    for t, name, pid, kb in rows:
+        by[name].append((t, pid, kb))
+    out: dict[str, Any] = {}
+    for name, samples in sorted(by.items()):
+        late = [(t, kb) for t, _, kb in samples if t - started >= WARMUP_S]
+        slope = None
+        if len(late) >= 3:
+            ts = [t for t, _ in late]
+            ks = [k for _, k in late]
+            mt, mk = sum(ts) / len(ts), sum(ks) / len(ks)
+            den = sum((t - mt) ** 2 for t in ts)
+            slope = round(sum((t - mt) * (k - mk) for t, k in late) / den * 60, 1) if den else 0.0
+        out[name] = {
+            "samples": len(samples),
+            "samples_after_warmup": len(late),
+            "pids": len({pid for _, pid, _ in samples}),
+            "slope_kb_per_min_after_warmup": slope,
+            "minutes_after_warmup": round((late[-1][0] - late[0][0]) / 60, 1) if late else 0,
+            "mb_at_warmup_end": round(late[0][1] / 1024, 1) if late else None,
+            "mb_at_end": round(samples[-1][2] / 1024, 1),
+            "peak_mb": round(max(kb for _, _, kb in samples) / 1024, 1),
+        }
+    return out
+
+
 def table(report: dict[str, Any]) -> str:
     rows = [("seed", report["seed"]), ("cycles (both replicas)", report["cycles"]),
             ("leader cycles", report["leader_cycles"]),
@@ -1571,6 +1853,12 @@ def table(report: dict[str, Any]) -> str:
         rows.append((f"RSS {name}", f"peak {fig.get('peak_mb')} MB, slope "
                      f"{fig.get('slope_kb_per_min_second_half')} kB/min over the second half "
                      f"of a {fig.get('longest_minutes')} min incarnation"))  # fmt: skip
+    for name, fig in report.get("memory", {}).get("rss", {}).items():
+        rows.append((f"RSS {name} (memory soak)",
+                     f"{fig['slope_kb_per_min_after_warmup']} kB/min over "
+                     f"{fig['minutes_after_warmup']} min after the first "
+                     f"{WARMUP_S / 60:.0f}; {fig['mb_at_warmup_end']} → {fig['mb_at_end']} MB, "
+                     f"peak {fig['peak_mb']} MB, {fig['pids']} PID(s)"))  # fmt: skip
     width = max(len(str(k)) for k, _ in rows)
     return "\n".join(f"{k!s:<{width}}  {v}" for k, v in rows)
 
@@ -1584,6 +1872,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-wall-s", type=float, default=7200.0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--keep", type=Path, help="keep the logs and audit log in this folder")
+    parser.add_argument(
+        "--memory",
+        action="store_true",
+        help="the long memory soak: no daemon or extender killed, a fleet of --nodes with "
+        "--pool hot nodes and --fill-pods filler pods churned, RSS to --out/rss.csv",
+    )
+    parser.add_argument("--pool", type=int, default=8)
+    parser.add_argument("--fill-pods", type=int, default=4000)
+    parser.add_argument("--out", type=Path, help="the memory soak's rss.csv, progress, probes")
+    parser.add_argument("--rss-every-s", type=float, default=60.0)
+    parser.add_argument("--probe-every-s", type=float, default=600.0)
+    parser.add_argument("--cycle-interval-s", type=float, default=1.0)
     args = parser.parse_args(argv)
     # SIGTERM ends the soak through its clean-up (every process it started stopped by PID)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -1595,7 +1895,13 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         folder = args.keep or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="soak-")))
         soak = Soak(args.seed, args.cycles, folder, nodes=args.nodes, drain_s=args.drain_s,
-                    max_wall_s=args.max_wall_s)  # fmt: skip
+                    max_wall_s=args.max_wall_s, memory=args.memory, pool=args.pool,
+                    fill_pods=args.fill_pods if args.memory else 0, out=args.out,
+                    rss_every_s=args.rss_every_s, probe_every_s=args.probe_every_s,
+                    cycle_interval_s=args.cycle_interval_s)  # fmt: skip
+        if args.memory:
+            soak.chaos_every_s = (8.0, 20.0)
+            soak.rates = FaultRates(trickle=0.02)
         report = soak.run()
     print(table(report))
     if args.json:

@@ -4,6 +4,7 @@ collector is as it was after it — enabled or not, the same thresholds — also
 from __future__ import annotations
 
 import gc
+import threading
 from collections.abc import Iterator
 from contextlib import nullcontext
 
@@ -74,4 +75,73 @@ def test_paused_gc_is_the_policy_paused(raises: bool) -> None:
         assert not gc.isenabled()
         if raises:
             raise _Boom
+    assert gc.isenabled()
+
+
+def test_blocks_of_two_threads_that_overlap_leave_the_collector_as_it_was() -> None:
+    """Before: each block put back the collector as it had found it, so when a watch thread's
+    list (paused) began during the cycle's build (paused) and ended after it, the list put
+    back "paused" — the collector stayed off for the rest of the process's life. Seen in the
+    long soak: a replica's young generation at a million allocations and no collection in 10
+    minutes, its RSS growing by whole copies of the cluster. Now the collector is back as it
+    was once the last block of any thread has closed, and paused while any is open."""
+    gc.enable()
+    gc.set_threshold(700, 10, 10)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, bool] = {}
+
+    def first() -> None:
+        with paused_gc():
+            first_in.set()
+            second_in.wait(10)
+        seen["after the first closed, the second still open"] = gc.isenabled()
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with gc_deferred(YOUNG_EVERY):
+            second_in.set()
+            first_out.wait(10)
+            seen["inside the second, rarer young collections"] = gc.get_threshold()[0] == (
+                YOUNG_EVERY
+            )
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert seen == {
+        "after the first closed, the second still open": True,
+        "inside the second, rarer young collections": True,
+    }
+    assert gc.isenabled()
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_overlapping_pauses_of_two_threads_leave_the_collector_enabled() -> None:
+    """The soak's case exactly: two paused blocks, the first closing while the second is open."""
+    gc.enable()
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    inside: list[bool] = []
+
+    def first() -> None:
+        with paused_gc():
+            first_in.set()
+            second_in.wait(10)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(10)
+        with paused_gc():
+            second_in.set()
+            first_out.wait(10)
+            inside.append(gc.isenabled())
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert inside == [False]  # still paused while the second was open
     assert gc.isenabled()

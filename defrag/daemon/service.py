@@ -68,6 +68,14 @@ STOP_SLACK_S = 10.0
 on (the Lease's release, the HTTP server, a thread that will not be joined): exit status 1, every
 thread's stack on stderr. 10 + 10 s stays inside Kubernetes' default grace period of 30 s."""
 
+SIGNAL_POLL_S = 0.2
+"""The longest the main thread waits before looking for a stop signal again. A Python signal
+handler runs only when the main thread executes bytecode: a main thread parked in a wait
+without a timeout runs it only when the kernel happens to interrupt that very wait. A SIGTERM
+taken by another thread, or by the main thread just before it blocked, interrupts nothing, and
+the handler — the stop and the watchdog with it — waited for a wake-up that never came
+(python/cpython#85300). Waiting in slices bounds that to this long."""
+
 
 class AlwaysLeader:
     """A single replica, or the simulated cluster: always the leader."""
@@ -495,24 +503,31 @@ class Daemon:
 
     def serve_forever(self) -> None:
         """Run until SIGTERM or SIGINT, then :meth:`stop`; the process ends by ``stop_grace_s``
-        + :data:`STOP_SLACK_S` after the first signal whatever the stop waits on."""
+        + :data:`STOP_SLACK_S` after the first signal whatever the stop waits on.
 
-        asked = threading.Event()
+        The handler only records the signal; the main thread, waiting in slices of
+        :data:`SIGNAL_POLL_S`, sees it, arms the watchdog, logs and stops. The handler runs
+        between any two bytecodes of the main thread, inside whatever lock that holds at the
+        time (logging's, threading's): taking a lock there, as logging and starting a thread
+        do, can deadlock it, and a handler stuck so never armed the watchdog."""
+        received: list[int] = []
 
         def _on_signal(signum: int, frame: FrameType | None) -> None:
-            log.warning("signal %d: finishing the current step and stopping", signum)
-            if asked.is_set():
-                return
-            asked.set()
-            # The last resort, from a thread of faulthandler's own (no Python lock can hold it):
-            # past the bound, every thread's stack goes to stderr and the process exits 1.
-            faulthandler.dump_traceback_later(self.stop_grace_s + STOP_SLACK_S, exit=True)
-            threading.Thread(target=self.stop, name="defrag-stop", daemon=True).start()
+            received.append(signum)  # no lock, no I/O: see above
 
         signal.signal(signal.SIGTERM, _on_signal)
         signal.signal(signal.SIGINT, _on_signal)
         self.start()
-        self.stopped.wait()
+        while not received and not self.stopped.wait(SIGNAL_POLL_S):
+            pass
+        if not received:  # stopped by a call to stop(), not by a signal
+            return
+        # The last resort first, from a thread of faulthandler's own (no Python lock can hold
+        # it; a stderr that blocks the log line below cannot keep it from being armed): past
+        # the bound, every thread's stack goes to stderr and the process exits 1.
+        faulthandler.dump_traceback_later(self.stop_grace_s + STOP_SLACK_S, exit=True)
+        log.warning("signal %d: finishing the current step and stopping", received[0])
+        self.stop()
 
     @property
     def http_address(self) -> tuple[str, int]:

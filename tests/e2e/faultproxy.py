@@ -10,6 +10,8 @@ drawn from a seeded generator, answers some requests itself or spoils them on th
 - ``latency``: a pause of 0.3–2 s before forwarding;
 - ``reset``: forwarded and answered by the API server, then the connection is reset halfway
   through the response body (the client cannot tell whether its request took effect);
+- ``trickle``: forwarded and answered by the API server, then the body sent in small pieces
+  over 0.3–2 s (each read succeeds, the whole answer is slow);
 - ``watch-drop``: a watch stream closed after a moment;
 - ``watch-410``: a watch answered with one ``ERROR`` event carrying a 410 Expired Status.
 
@@ -38,7 +40,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-FAULT_KINDS = ("5xx", "429", "latency", "reset", "watch-drop", "watch-410")
+FAULT_KINDS = ("5xx", "429", "latency", "reset", "trickle", "watch-drop", "watch-410")
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -64,6 +66,8 @@ class FaultRates:
     watch_410: float = 0.1
     eviction_reset: float = 0.15
     """Evictions are the writes that matter: an extra chance of a reset on each."""
+    trickle: float = 0.0
+    """A slow body (off unless asked: the short soak's seeded draws stay as they were)."""
 
     @classmethod
     def off(cls) -> FaultRates:
@@ -199,10 +203,12 @@ class FaultProxy:
                 ("429", r.throttle_429),
                 ("latency", r.latency),
                 ("reset", r.reset),
+                ("trickle", r.trickle),
             ):
                 if x < p:
-                    # a reset of a watch is its drop (above): only the non-watch path resets
-                    return None if watch and kind == "reset" else kind
+                    # a reset of a watch is its drop (above), a watch is slow by nature: only
+                    # the non-watch path resets or trickles
+                    return None if watch and kind in ("reset", "trickle") else kind
                 x -= p
         return None
 
@@ -262,6 +268,8 @@ class FaultProxy:
             out = {k: v for k, v in upstream.getheaders() if k.lower() not in HOP_BY_HOP}
             if fault == "reset":
                 return self._reset(h, upstream.status, out, data)
+            if fault == "trickle":
+                return self._trickle(h, upstream.status, out, data)
             return self._answer(h, upstream.status, data, out)
         except (OSError, http.client.HTTPException) as exc:
             with contextlib.suppress(OSError):
@@ -312,6 +320,26 @@ class FaultProxy:
         h.wfile.write(data[: len(data) // 2])
         h.wfile.flush()
         self._rst(h)
+
+    def _trickle(
+        self, h: BaseHTTPRequestHandler, code: int, headers: dict[str, str], data: bytes
+    ) -> None:
+        """The whole answer, its body in up to 20 pieces spread over 0.3-2 s."""
+        h.send_response(code)
+        for key, value in headers.items():
+            h.send_header(key, value)
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.flush()
+        size = max(1, -(-len(data) // 20))
+        starts = range(0, len(data), size)
+        pause = self._uniform(0.3, 2.0) / max(1, len(starts))
+        if not data:
+            time.sleep(pause)
+        for i in starts:
+            time.sleep(pause)
+            h.wfile.write(data[i : i + size])
+            h.wfile.flush()
 
     @staticmethod
     def _rst(h: BaseHTTPRequestHandler) -> None:

@@ -37,3 +37,52 @@ def test_short_chaos_soak_holds_every_invariant(tmp_path: Path) -> None:
     assert sum(report["budget"]["evictions_by_key"].values()) == report["evictions_201"]
     assert report["faults"], "no fault was injected"
     assert sum(report["chaos"].values()) >= 3, report["chaos"]
+
+
+def test_the_memory_soaks_slope_is_fitted_after_the_warm_up_per_process() -> None:
+    """The long soak's figure (``bench_soak.long_rss_figures``): a least-squares slope over
+    the samples taken ``WARMUP_S`` or more after the start, per process; a warm-up that grows
+    fast does not count, a restart shows as a second PID."""
+    from bench.bench_soak import WARMUP_S, long_rss_figures
+
+    start = 1_000_000.0
+    rows = []
+    for minute in range(60):
+        t = start + 60 * minute
+        warm = t - start < WARMUP_S
+        # 5 MB/min during the warm-up, then 8 kB/min with a sawtooth of ±40 kB (GC)
+        flat = 100_000 + (5_000 * minute if warm else 75_000 + 8 * minute + 40 * (minute % 2))
+        rows.append((t, "daemon", 11, flat))
+        rows.append((t, "leaky", 12 if minute < 30 else 13, 100_000 + 300 * minute))
+    figures = long_rss_figures(rows, start)
+    daemon, leaky = figures["daemon"], figures["leaky"]
+    assert daemon["samples"] == 60 and daemon["pids"] == 1
+    assert daemon["samples_after_warmup"] == 60 - int(WARMUP_S // 60)
+    assert 6 <= daemon["slope_kb_per_min_after_warmup"] <= 10, daemon
+    assert 290 <= leaky["slope_kb_per_min_after_warmup"] <= 310, leaky
+    assert leaky["pids"] == 2
+    assert daemon["peak_mb"] >= daemon["mb_at_end"]
+
+
+def test_the_soak_keeps_only_the_audit_events_its_invariants_read() -> None:
+    """A soak of hours logs millions of requests; the harness holds node and Lease writes,
+    evictions and pod deletions only (audit.k8s.io/v1 Event ``objectRef``: kubernetes
+    staging/src/k8s.io/apiserver/pkg/apis/audit/v1/types.go)."""
+    from bench.bench_soak import kept
+
+    def event(verb: str, resource: str, subresource: str | None = None) -> dict[str, object]:
+        ref = {"resource": resource, "namespace": "soak", "name": "x", "apiVersion": "v1"}
+        if subresource:
+            ref["subresource"] = subresource
+        return {"kind": "Event", "verb": verb, "objectRef": ref}
+
+    assert kept(event("create", "pods", "eviction"))
+    assert kept(event("delete", "pods"))
+    assert kept(event("patch", "nodes"))
+    assert kept(event("update", "leases"))
+    assert not kept(event("get", "pods"))
+    assert not kept(event("list", "nodes"))
+    assert not kept(event("get", "leases"))
+    assert not kept(event("patch", "pods", "status"))
+    assert not kept(event("create", "deployments"))
+    assert not kept({"kind": "Event", "verb": "get"})

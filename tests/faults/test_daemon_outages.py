@@ -383,6 +383,64 @@ def test_sigterm_ends_the_process_whatever_the_stop_waits_on() -> None:
     assert "in release" in err and "in stop" in err, err
 
 
+SIGTERM_OFF_MAIN = """
+import signal, sys, threading
+from defrag.cli.app import load_cluster
+from defrag.cli.run import _planner
+from defrag.decide import CycleConfig
+from defrag.daemon.cycle import CyclePorts
+from defrag.daemon.service import Daemon, configure_logging
+from defrag.settings import load_settings
+from tests.faults.test_daemon_outages import SCATTERED, FixedClock, StaticSource
+
+ports = CyclePorts(
+    source=StaticSource(load_cluster([SCATTERED])),
+    clock=FixedClock(),
+    detector=lambda cluster, now, profile: [],
+    planner=_planner(load_settings(None, {"cluster.kind": "sim"})),
+)
+daemon = Daemon(ports, CycleConfig(), stop_grace_s=1, cycle_interval_s=3600)
+sent = []
+
+def on_cycle(result):  # on the scheduler's worker thread, once the main thread waits
+    if not sent:
+        sent.append(1)
+        print("SIGTERM taken by a worker thread", file=sys.stderr, flush=True)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+daemon.on_cycle = on_cycle
+configure_logging("text", "INFO")
+daemon.serve_forever()
+print("serve_forever returned", file=sys.stderr, flush=True)
+"""
+
+
+def test_sigterm_taken_by_another_thread_than_the_main_one_stops_the_daemon() -> None:
+    """Before: the main thread waited for the stop without a timeout, and a Python signal
+    handler runs only when the main thread executes bytecode. A SIGTERM whose C-level handler
+    ran on another thread, or on the main thread just before it blocked (a daemon sent SIGTERM
+    as it started, on a loaded machine, hung so once in 95 tries: no "signal 15" line, alive
+    40 s later), interrupted no wait: the handler never ran, so neither the stop nor the
+    watchdog it armed — the process ran on until something else woke the main thread
+    (python/cpython#85300). Here the signal is sent to a worker thread, which makes the lost
+    wake-up certain. Now the main thread waits in slices and stops as asked, exit status 0."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_OFF_MAIN], cwd=ROOT, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _, err = proc.communicate(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(
+            f"still running {GRACE_S} s after a SIGTERM taken by a worker thread:\n{err[-4000:]}"
+        ) from None
+    assert "SIGTERM taken by a worker thread" in err, err
+    assert proc.returncode == 0, err
+    assert "signal 15: finishing the current step and stopping" in err, err
+    assert "serve_forever returned" in err, err
+
+
 def test_run_once_with_prometheus_down_reports_the_rules_and_exits_3(tmp_path: Path) -> None:
     """Before: ``run --once`` logged "rule failed" and exited 0, and its output and log
     carried the Prometheus password. Now the cycle's other work is printed, the rules that
