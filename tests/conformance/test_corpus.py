@@ -426,8 +426,9 @@ def test_gated_pods_get_no_room(name: str) -> None:
     cluster = snapshot(name)
     gated = set(expect(name)["gated"])
     # The control pod's only room preempts a 6-GPU batch pod for 4 GPUs (a swap, refused by
-    # default: docs/planning.md); this test is about gates, so swaps are allowed.
-    options = PlanOptions(swaps=True)
+    # default: docs/planning.md), and by the worth rule once that victim's own wait is priced;
+    # this test is about gates, so swaps are allowed and every room is worth making.
+    options = PlanOptions(swaps=True, room_worth=0.0)
     plan = make_plan(cluster, "make-room", now=NOW, options=options)
     served = {t.split(" ", 1)[0] for t in plan.targets}
     assert not served & gated
