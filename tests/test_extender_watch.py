@@ -17,7 +17,7 @@ from prometheus_client import REGISTRY
 
 from defrag.adapters.kube import RetryPolicy
 from defrag.adapters.kube_convert import ClusterParts
-from defrag.adapters.kube_watch import KEEP, LAST_APPLIED, KubeWatchSource, convert, trim
+from defrag.adapters.kube_watch import KEEP, LAST_APPLIED, KubeWatchSource, convert
 from defrag.adapters.sources import SourceSpec, open_source
 from defrag.extender.server import ExtenderHTTPServer, serve, stop
 from defrag.extender.state import ClusterCache
@@ -26,6 +26,7 @@ from defrag.ports import WatchHealth
 from defrag.scoring.profile import ProfileConfig
 from tests.support import kubeobjects as k
 from tests.support.extender_http import post_ok as post
+from tests.support.kube_trim import trim
 from tests.support.kubeapi import KubeApi, running
 from tests.test_extender import v1_node, v1_pod
 

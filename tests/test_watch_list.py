@@ -1,8 +1,8 @@
 """The watched store's list: page by page with the next page read ahead, each object trimmed by
 a made trimmer and held as compact JSON beside its conversion. What it builds is what the plain
 lister (``KubeClusterSource``, whole objects, no store) builds from the same API; the made
-trimmer keeps what :func:`~defrag.adapters.kube_watch.trim` keeps; the held JSON gives back the
-trimmed object; a page read ahead on another thread still ends by the listing thread's budget.
+trimmer keeps what the plain recursive trim (tests/support/kube_trim.py) keeps; the held JSON
+gives back the trimmed object; a page read ahead on another thread still ends by the listing thread's budget.
 
 The objects are :mod:`tests.support.kubeobjects`' (shaped as the API server serves them), with
 the ``managedFields`` a real API server adds to every object (read by nothing here)."""
@@ -28,9 +28,9 @@ from defrag.adapters.kube_watch import (
     KubeWatchSource,
     encode,
     hold,
-    trim,
 )
 from tests.support import kubeobjects as k
+from tests.support.kube_trim import trim
 from tests.support.kubeapi import KubeApi, running
 from tests.test_extender_watch import bulky
 from tests.test_store_build import assert_same

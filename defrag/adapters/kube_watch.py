@@ -128,37 +128,15 @@ KEEP: Mapping[str, Spec] = {
 """What :mod:`~defrag.adapters.kube_convert` reads of each kind (and ``resourceVersion``)."""
 
 
-def trim(obj: Mapping[str, Any], spec: Spec) -> dict[str, Any]:
-    """``obj`` with only the fields ``spec`` names. A value of an unexpected type is kept as it
-    is, so the conversion reports the same error it would on the whole object."""
-    out: dict[str, Any] = {}
-    for key, keep in spec.items():
-        if key not in obj:
-            continue
-        value = obj[key]
-        if keep is True:
-            out[key] = value
-        elif isinstance(value, dict):
-            out[key] = trim(value, keep)
-        elif isinstance(value, list):
-            out[key] = [trim(v, keep) if isinstance(v, dict) else v for v in value]
-        else:
-            out[key] = value
-    meta = out.get("metadata")
-    if isinstance(meta, dict):
-        annotations = meta.get("annotations")
-        if isinstance(annotations, dict) and LAST_APPLIED in annotations:
-            meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    return out
-
-
 Trimmer = Callable[[Mapping[str, Any]], dict[str, Any]]
 
 
 def trimmer(spec: Spec) -> Trimmer:
-    """:func:`trim` for one ``spec``, made once: the spec is walked when the trimmer is made,
-    not for every object, and each nested spec is a function of its own (the same result as
-    :func:`trim`, field for field; tests/test_watch_list.py checks it on random objects)."""
+    """``obj`` with only the fields ``spec`` names (a value of an unexpected type is kept as it
+    is, so the conversion reports the same error it would on the whole object), made once per
+    spec: the spec is walked when the trimmer is made, not for every object, and each nested
+    spec is a function of its own (tests/test_watch_list.py checks it field for field against
+    a plain recursive reading, ``tests/support/kube_trim.py``, on random objects)."""
     fields = tuple((key, None if keep is True else trimmer(keep)) for key, keep in spec.items())
 
     def trim_one(obj: Mapping[str, Any]) -> dict[str, Any]:
@@ -782,6 +760,5 @@ __all__ = [
     "convert",
     "encode",
     "hold",
-    "trim",
     "trimmer",
 ]

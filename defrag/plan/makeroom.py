@@ -19,7 +19,7 @@ and it throws away the victim's work since its checkpoint (docs/planning.md).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -34,6 +34,7 @@ from defrag.model.workload import Shape
 from defrag.plan import constraints as c
 from defrag.plan.config import MakeRoomMode, PlanOptions
 from defrag.plan.cost import workload_kind
+from defrag.plan.departures import Departures
 from defrag.plan.model import Blocked, RoomWorth, Step
 from defrag.plan.room import (
     Nest,
@@ -293,20 +294,12 @@ def victims_wait(ws: Workspace, ctx: SearchContext, done: Relocation, candidates
     if deps is None or ctx.now is None:
         return 0.0
     pods = {pod.key: pod for pod, _ in done.evictions}
-    a = ws.arrays
     total = 0.0
     for step in done.steps:
         pod = pods.get(step.pod)
         if step.kind != "preempt" or pod is None or pod.gpu_demand_milli == 0:
             continue
-        wait = deps.horizon_h
-        for row in candidate_rows(ws, pod, candidates):
-            r = int(row)
-            free = a.gpu_free[r][: int(a.gpu_total[r])]
-            seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
-            wait = min(wait, deps.room_wait(pod, free, seats, ctx.now))
-            if wait == 0:
-                break
+        wait = soonest_room(ws, deps, pod, candidate_rows(ws, pod, candidates), ctx.now)
         total += pod.gpu_demand_milli / GPU_MILLI * wait
     return round(total, 6)
 
@@ -333,15 +326,26 @@ def room_worth(
     else:
         wait = deps.horizon_h
         if ctx.history.packing:
-            a = ws.arrays
-            for row in rows:
-                r = int(row)
-                free = a.gpu_free[r][: int(a.gpu_total[r])]
-                seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
-                wait = min(wait, deps.room_wait(pod, free, seats, ctx.now))
-                if wait == 0:
-                    break
+            wait = soonest_room(ws, deps, pod, rows, ctx.now)
     return pod.gpu_demand_milli / GPU_MILLI * wait, wait
+
+
+def soonest_room(
+    ws: Workspace, deps: Departures, pod: Pod, rows: Iterable[int] | np.ndarray, now: datetime
+) -> float:
+    """Hours until the first of ``rows`` frees a seat for ``pod`` as its pods leave in the
+    order they are expected to (:meth:`~defrag.plan.departures.Departures.room_wait`); the
+    horizon when none does within it."""
+    a = ws.arrays
+    wait = deps.horizon_h
+    for row in rows:
+        r = int(row)
+        free = a.gpu_free[r][: int(a.gpu_total[r])]
+        seats = [(o.pod, o.gpus) for o in ws.occupants(r) if not o.pod.terminating]
+        wait = min(wait, deps.room_wait(pod, free, seats, now))
+        if wait == 0:
+            break
+    return wait
 
 
 def hours_pending(pod: Pod, now: datetime) -> float | None:
