@@ -415,7 +415,9 @@ class Soak:
             ),
         )
         # the extender and kube-scheduler (the scheduler talks to the API directly)
-        ext_token = plane.token(SYSTEM, "defrag-scheduler")
+        # tokens outlive the soak (the harness's default, 2 h, locked a 2 h soak's daemons out)
+        lifetime = max(7200, int(self.max_wall_s + 3600))
+        ext_token = plane.token(SYSTEM, "defrag-scheduler", seconds=lifetime)
         self.ext_kubeconfig = self.proxy.kubeconfig(
             self.folder / "extender.kubeconfig", ext_token, "extender"
         )
@@ -427,7 +429,7 @@ class Soak:
         sched_kc = plane.service_account_kubeconfig(SYSTEM, "defrag-scheduler")
         plane.start_scheduler(c.scheduler_config(self.ext_port, True), sched_kc, "kube-scheduler")
         for name in REPLICAS:
-            token = plane.token(SYSTEM, name)
+            token = plane.token(SYSTEM, name, seconds=lifetime)
             kc = self.proxy.kubeconfig(self.folder / f"{name}.kubeconfig", token, name)
             self.replicas[name] = Replica(name, kc, settings, rules)
             self._start_replica(self.replicas[name])
