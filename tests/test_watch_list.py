@@ -2,7 +2,8 @@
 a made trimmer and held as compact JSON beside its conversion. What it builds is what the plain
 lister (``KubeClusterSource``, whole objects, no store) builds from the same API; the made
 trimmer keeps what the plain recursive trim (tests/support/kube_trim.py) keeps; the held JSON
-gives back the trimmed object; a page read ahead on another thread still ends by the listing thread's budget.
+gives back the trimmed object; a page read ahead on another thread still ends by the listing
+thread's budget.
 
 The objects are :mod:`tests.support.kubeobjects`' (shaped as the API server serves them), with
 the ``managedFields`` a real API server adds to every object (read by nothing here)."""
