@@ -238,6 +238,20 @@ def test_a_wedged_cycle_fails_liveness_and_lets_the_lease_lapse() -> None:
 GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds
 
 
+def stderr_within_grace(proc: subprocess.Popen[str], after: str, tail: int) -> str:
+    """``proc``'s stderr once it ends within the grace period; else it is killed and the test
+    fails with the end of its log."""
+    try:
+        _, err = proc.communicate(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(
+            f"still running {GRACE_S} s {after}; its log ends:\n{err[-tail:]}"
+        ) from None
+    return err
+
+
 def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_period(
     tmp_path: Path,
 ) -> None:
@@ -245,11 +259,13 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
     timeout bounded each read), /healthz stayed 200, and SIGTERM waited for the cycle
     (scheduler shutdown with wait=True): the process was still there after 30 s. Now /healthz
     turns 503 past the cycle deadline and SIGTERM ends the process within the grace period."""
-    port = free_port()
     with (
         KubeApi(scattered_20()["items"]) as api,
         broken_prometheus(Fault("trickle", interval_s=2.0, trickle_bytes=10_000)) as prom,
     ):
+        # drawn once the test's own servers hold their ports: drawn before, the OS could hand
+        # the same port to one of them, and /healthz would be that server's 404
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("DEFRAG_")}
         env.update(
             {
@@ -288,14 +304,7 @@ def test_sigterm_ends_a_daemon_stuck_on_a_stalled_prometheus_within_the_grace_pe
             if health[0] == 503:
                 assert "past its deadline of 2 s" in health[1]
             proc.send_signal(signal.SIGTERM)
-            try:
-                _, err = proc.communicate(timeout=GRACE_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                _, err = proc.communicate()
-                raise AssertionError(
-                    f"still running {GRACE_S} s after SIGTERM; its log ends:\n{err[-8000:]}"
-                ) from None
+            err = stderr_within_grace(proc, "after SIGTERM", 8000)
         finally:
             if proc.poll() is None:
                 proc.kill()
@@ -427,14 +436,7 @@ def test_sigterm_taken_by_another_thread_than_the_main_one_stops_the_daemon() ->
     proc = subprocess.Popen(
         [sys.executable, "-c", SIGTERM_OFF_MAIN], cwd=ROOT, stderr=subprocess.PIPE, text=True
     )
-    try:
-        _, err = proc.communicate(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(
-            f"still running {GRACE_S} s after a SIGTERM taken by a worker thread:\n{err[-4000:]}"
-        ) from None
+    err = stderr_within_grace(proc, "after a SIGTERM taken by a worker thread", 4000)
     assert "SIGTERM taken by a worker thread" in err, err
     assert proc.returncode == 0, err
     assert "signal 15: finishing the current step and stopping" in err, err
