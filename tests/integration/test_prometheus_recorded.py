@@ -27,9 +27,10 @@ from defrag.detectors.leak.registration import (
     judged_at,
     leak_series,
 )
-from defrag.ports import MetricsSource, Sample
+from defrag.ports import MetricsSource
 from defrag.rules import RuleSet, load_rules
 from defrag.scoring.profile import ScoringProfile
+from tests.integration.test_prometheus_detect import OneAtATime
 from tests.support.prometheus import (
     END,
     HOUR,
@@ -69,19 +70,6 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def source(url: str, concurrency: int = 4) -> PrometheusSource:
     return PrometheusSource(url, retries=0, timeout_s=30, concurrency=concurrency)
-
-
-class OneAtATime:
-    """A plain :class:`MetricsSource` (no ``ask_all``): asked the one unsharded query."""
-
-    def __init__(self, inner: PrometheusSource) -> None:
-        self.inner = inner
-
-    def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
-        return self.inner.instant(query, at)
-
-    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
-        return self.inner.range(query, start, end, step_s)
 
 
 def leak_rules(tmp: Path, recorded: str) -> RuleSet:
