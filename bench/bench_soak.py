@@ -283,6 +283,12 @@ class Soak:
     rss_every_s: float = 60.0
     probe_every_s: float = 600.0
     cycle_interval_s: float = 1.0
+    replica_count: int = len(REPLICAS)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The replicas this soak runs (one replica leads alone: its pauses leave no leader)."""
+        return REPLICAS[: self.replica_count]
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -428,7 +434,7 @@ class Soak:
         self._start_extender()
         sched_kc = plane.service_account_kubeconfig(SYSTEM, "defrag-scheduler")
         plane.start_scheduler(c.scheduler_config(self.ext_port, True), sched_kc, "kube-scheduler")
-        for name in REPLICAS:
+        for name in self.names:
             token = plane.token(SYSTEM, name, seconds=lifetime)
             kc = self.proxy.kubeconfig(self.folder / f"{name}.kubeconfig", token, name)
             self.replicas[name] = Replica(name, kc, settings, rules)
@@ -1315,7 +1321,7 @@ class Soak:
             name: int(sum(metric_sum(s, "defrag_cycles_total") for s in r.scrapes.values()))
             for name, r in self.replicas.items()
         }
-        leader_cycles = sum(self._log_count(name, "cycle (leader") for name in REPLICAS)
+        leader_cycles = sum(self._log_count(name, "cycle (leader") for name in self.names)
         buckets = merged_buckets(
             [s for r in self.replicas.values() for s in r.scrapes.values()],
             "defrag_cycle_duration_seconds_bucket",
@@ -1339,7 +1345,7 @@ class Soak:
             "cycles_by_replica": cycles_by,
             "leader_cycles": leader_cycles,
             "leader_cycles_by_replica": {
-                name: self._log_count(name, "cycle (leader") for name in REPLICAS
+                name: self._log_count(name, "cycle (leader") for name in self.names
             },
             "evictions_201": len(ok),
             "never_evict_created": dict(sorted(self.never_created.items())),
@@ -1579,7 +1585,7 @@ class Soak:
     def _leader_cycles(self) -> list[tuple[float, set[str]]]:
         """(time, the finding kinds) of every cycle a replica ran as the leader."""
         out = []
-        for name in REPLICAS:
+        for name in self.names:
             for o in self._log_lines(name):
                 message = str(o.get("message", ""))
                 if not message.startswith("cycle (leader"):
@@ -1886,6 +1892,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rss-every-s", type=float, default=60.0)
     parser.add_argument("--probe-every-s", type=float, default=600.0)
     parser.add_argument("--cycle-interval-s", type=float, default=1.0)
+    parser.add_argument(
+        "--replicas", type=int, choices=(1, 2), default=2, help="defrag run replicas (2: one leads)"
+    )
     args = parser.parse_args(argv)
     # SIGTERM ends the soak through its clean-up (every process it started stopped by PID)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
@@ -1900,7 +1909,8 @@ def main(argv: list[str] | None = None) -> int:
                     max_wall_s=args.max_wall_s, memory=args.memory, pool=args.pool,
                     fill_pods=args.fill_pods if args.memory else 0, out=args.out,
                     rss_every_s=args.rss_every_s, probe_every_s=args.probe_every_s,
-                    cycle_interval_s=args.cycle_interval_s)  # fmt: skip
+                    cycle_interval_s=args.cycle_interval_s,
+                    replica_count=args.replicas)  # fmt: skip
         if args.memory:
             soak.chaos_every_s = (8.0, 20.0)
             soak.rates = FaultRates(trickle=0.02)
