@@ -585,8 +585,21 @@ _SPEC_FIELDS = (
     "schedulingGates",
 )
 """The ``spec`` fields :class:`_Shape` is made of."""
+_CONTAINER_FIELDS = ("resources", "restartPolicy")
+"""What :func:`_pod_requests` reads of a container."""
 SHAPES_KEPT = 4096
 _shapes: dict[str, _Shape] = {}
+
+
+def _keyed(field: str, value: object) -> object:
+    """``value`` as the shape cache keys it: a container by what is read of it only. A pod's
+    containers carry what differs from pod to pod of one template — the API server mounts each
+    pod's own service-account token volume (``kube-api-access-<random>``) into every container
+    — so keyed whole, every pod an extender is asked about (ExtenderArgs carries the whole
+    pod) would be a new entry, and the cache would fill and empty over and over."""
+    if field not in ("containers", "initContainers") or not isinstance(value, list):
+        return value
+    return [[c.get(k) for k in _CONTAINER_FIELDS] if isinstance(c, dict) else c for c in value]
 
 
 def _shape(
@@ -599,7 +612,7 @@ def _shape(
 ) -> _Shape:
     """The pod's :class:`_Shape`: looked up by the JSON it is made of, else made. One that
     warned (the warning names the pod) is made for each pod and not kept."""
-    key = repr((namespace, bound, annotations, [spec.get(f) for f in _SPEC_FIELDS]))
+    key = repr((namespace, bound, annotations, [_keyed(f, spec.get(f)) for f in _SPEC_FIELDS]))
     shape = _shapes.get(key)
     if shape is not None:
         return shape
