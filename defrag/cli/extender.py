@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
+from defrag.adapters.stop_signal import StopSignal
 from defrag.cli.app import (
     Output,
     OutputOpt,
@@ -56,14 +56,6 @@ def _span(text: str, old: str | None, flag: str) -> float:
     if not 0 < seconds < 1e6:
         raise UserError(f"{flag}: must be positive and under 11 days, got {text!r}")
     return seconds
-
-
-def _on_sigterm(stop: threading.Event) -> None:
-    def handler(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, handler)
 
 
 def _logging() -> None:
@@ -196,16 +188,14 @@ def extender(
         except OSError as exc:
             stop(server)
             raise UserError(f"cannot listen on {metrics_host}:{metrics_port}: {exc}") from None
-    stopping = threading.Event()
-    _on_sigterm(stopping)
+    sigterm = StopSignal().install()
     for srv in servers:
         threading.Thread(target=srv.serve_forever, args=(0.2,), daemon=True).start()
     err_console.print(f"defrag extender: policy {config.policy}, serving on {server.url}")
     if len(servers) > 1:
         err_console.print(f"defrag extender: /metrics, /healthz, /readyz on {servers[1].url}")
     try:
-        while not stopping.wait(0.5):
-            pass
+        sigterm.wait()
     except KeyboardInterrupt:
         pass
     finally:
@@ -293,17 +283,34 @@ def agent(
             server = HealthServer((host, port), worker.probes()).start("defrag-agent-http")
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
-        stopping = threading.Event()
-        _on_sigterm(stopping)
         err_console.print(f"defrag agent on {node_name}: /metrics on {host}:{port}")
-        try:
-            worker.run(stopping)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            server.stop()
+        _run_until_sigterm(worker.run)
+        server.stop()
     finally:
         inventory.close()
+
+
+def _run_until_sigterm(run: Callable[[threading.Event], None]) -> None:
+    """``run(stop)`` on a thread of its own until SIGTERM or Ctrl-C, then ``stop`` set and the
+    run's current step (one sync, bounded by the API client's timeouts) waited for."""
+    sigterm = StopSignal().install()
+    stop, ended = threading.Event(), threading.Event()
+
+    def target() -> None:
+        try:
+            run(stop)
+        finally:
+            ended.set()
+
+    worker = threading.Thread(target=target, name="defrag-agent-sync", daemon=True)
+    worker.start()
+    try:
+        sigterm.wait(ended)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        worker.join()
 
 
 def _print_topology(data: dict[str, object], output: Output, driver: str) -> None:

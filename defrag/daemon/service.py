@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from types import FrameType
 from typing import Any, Protocol
 
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -36,6 +35,7 @@ from defrag.adapters.deadline import time_budget
 from defrag.adapters.health import HealthServer, Probes
 from defrag.adapters.kube import KubeError
 from defrag.adapters.prometheus import MetricsError
+from defrag.adapters.stop_signal import StopSignal
 from defrag.alerting import ALERTS
 from defrag.daemon.cycle import CyclePorts, CycleResult, run_cycle
 from defrag.decide import CycleConfig
@@ -67,14 +67,6 @@ STOP_SLACK_S = 10.0
 """Seconds past ``stop_grace_s`` after which a process told to stop ends whatever it still waits
 on (the Lease's release, the HTTP server, a thread that will not be joined): exit status 1, every
 thread's stack on stderr. 10 + 10 s stays inside Kubernetes' default grace period of 30 s."""
-
-SIGNAL_POLL_S = 0.2
-"""The longest the main thread waits before looking for a stop signal again. A Python signal
-handler runs only when the main thread executes bytecode: a main thread parked in a wait
-without a timeout runs it only when the kernel happens to interrupt that very wait. A SIGTERM
-taken by another thread, or by the main thread just before it blocked, interrupts nothing, and
-the handler — the stop and the watchdog with it — waited for a wake-up that never came
-(python/cpython#85300). Waiting in slices bounds that to this long."""
 
 
 class AlwaysLeader:
@@ -505,28 +497,20 @@ class Daemon:
         """Run until SIGTERM or SIGINT, then :meth:`stop`; the process ends by ``stop_grace_s``
         + :data:`STOP_SLACK_S` after the first signal whatever the stop waits on.
 
-        The handler only records the signal; the main thread, waiting in slices of
-        :data:`SIGNAL_POLL_S`, sees it, arms the watchdog, logs and stops. The handler runs
-        between any two bytecodes of the main thread, inside whatever lock that holds at the
-        time (logging's, threading's): taking a lock there, as logging and starting a thread
-        do, can deadlock it, and a handler stuck so never armed the watchdog."""
-        received: list[int] = []
-
-        def _on_signal(signum: int, frame: FrameType | None) -> None:
-            received.append(signum)  # no lock, no I/O: see above
-
-        signal.signal(signal.SIGTERM, _on_signal)
-        signal.signal(signal.SIGINT, _on_signal)
+        The handler only records the signal (:class:`~defrag.adapters.stop_signal.StopSignal`:
+        a handler that took a lock, as logging and starting a thread do, could deadlock the
+        main thread, and one stuck so never armed the watchdog); the main thread, waiting in
+        slices, sees it, arms the watchdog, logs and stops."""
+        sigterm = StopSignal().install(signal.SIGTERM, signal.SIGINT)
         self.start()
-        while not received and not self.stopped.wait(SIGNAL_POLL_S):
-            pass
-        if not received:  # stopped by a call to stop(), not by a signal
+        signum = sigterm.wait(self.stopped)
+        if signum is None:  # stopped by a call to stop(), not by a signal
             return
         # The last resort first, from a thread of faulthandler's own (no Python lock can hold
         # it; a stderr that blocks the log line below cannot keep it from being armed): past
         # the bound, every thread's stack goes to stderr and the process exits 1.
         faulthandler.dump_traceback_later(self.stop_grace_s + STOP_SLACK_S, exit=True)
-        log.warning("signal %d: finishing the current step and stopping", received[0])
+        log.warning("signal %d: finishing the current step and stopping", signum)
         self.stop()
 
     @property
