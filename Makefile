@@ -30,7 +30,7 @@ CONTAINER ?= $(shell docker info >/dev/null 2>&1 && echo docker || command -v po
 HELM_SDKPY_VERSION := 0.1.32
 HELM_TOOLS ?= .tools/helm
 
-.PHONY: venv tools tools-helm kube-assets data lint test test-fast e2e demo demo-note bench image image-name clean
+.PHONY: venv tools tools-helm kube-assets data lint test test-fast e2e demo demo-note bench image image-name clean soak soak-memory
 
 venv: $(VENV)/.installed
 
@@ -126,3 +126,12 @@ clean:
 # faults and chaos, every invariant checked. SEED and CYCLES may be given: make soak SEED=2
 soak: venv kube-assets
 	$(PY) -m bench.bench_soak --seed $(or $(SEED),1) --cycles $(or $(CYCLES),1000) --json soak-$(or $(SEED),1).json
+
+# The long memory soak (docs/daemon.md § The long memory soak): 5,000 nodes with churn, faults
+# and chaos for 2 h, RSS each minute to soak-out/rss.csv, then its plot. REPLICAS=1 or 2.
+soak-memory: venv kube-assets
+	$(PY) -m bench.bench_soak --memory --seed $(or $(SEED),1) --nodes $(or $(NODES),5000) \
+	  --pool 8 --fill-pods 4000 --cycle-interval-s 5 --max-wall-s $(or $(WALL),7800) \
+	  --cycles 1000000000 --replicas $(or $(REPLICAS),2) --out soak-out --keep soak-out/keep \
+	  --json soak-out/report.json
+	$(PY) -m bench.soak_plot soak-out/rss.csv --out soak-out/rss.png --json soak-out/rss-figures.json

@@ -89,6 +89,9 @@ from tests.support.broken_prometheus import BrokenPrometheus, Fault
 
 NS = "soak"
 SYSTEM = "defrag-system"
+CHAOS_STARTED = "chaos-started"
+"""The file in ``--out`` holding when the chaos began (ISO, UTC): where the RSS slope's
+warm-up starts."""
 REPLICAS = ("defrag", "defrag-2")  # ServiceAccount per replica (its identity too)
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/defrag"
 LEASE_S = 4
@@ -450,6 +453,9 @@ class Soak:
         self.proxy.enabled = True
         self.chaos_on.set()
         self.chaos_started = time.time()
+        if self.memory and self.out is not None:  # soak_plot's --since, read from beside rss.csv
+            stamp = datetime.fromtimestamp(self.chaos_started, UTC).isoformat(timespec="seconds")
+            (self.out / CHAOS_STARTED).write_text(stamp + "\n")
         loops = [self._workload_loop, self._chaos_loop, self._observe_loop, self._keeper_loop]
         if self.memory:
             loops += [self._fleet_churn_loop, self._rss_loop]

@@ -4,9 +4,10 @@ process, with the least-squares line over the samples after the warm-up.
     .venv/bin/python -m bench.soak_plot DIR/rss.csv --since 2026-12-04T13:48:48 \\
         --out docs/img/soak-rss.png [--json DIR/rss-figures.json]
 
-``--since`` is when the chaos began (the soak's report has it: ``chaos_started``; the log says
-``running to …``); the warm-up is the first ``WARMUP_S`` after it. The figures printed (and
-written with ``--json``) are ``bench_soak.long_rss_figures`` over the same samples.
+``--since`` is when the chaos began (by default the ``chaos-started`` file the soak writes beside
+``rss.csv``; the log says ``running to …``); the warm-up is the first ``WARMUP_S`` after it.
+The figures printed (and written with ``--json``) are ``bench_soak.long_rss_figures`` over the
+same samples.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from datetime import datetime
 from pathlib import Path
 
-from bench.bench_soak import WARMUP_S, long_rss_figures
+from bench.bench_soak import CHAOS_STARTED, WARMUP_S, long_rss_figures
 
 DAEMONS = ("daemon-defrag", "daemon-defrag-2", "extender")
 
@@ -62,12 +64,22 @@ def plot(rows: list[tuple[float, str, int, int]], since: float, out: Path, title
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", type=Path)
-    parser.add_argument("--since", required=True, help="ISO time the chaos began (UTC)")
+    parser.add_argument(
+        "--since", help="ISO time the chaos began (UTC); default: the chaos-started file by CSV"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="defrag memory soak: RSS per process")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    since = datetime.fromisoformat(args.since.replace("Z", "+00:00")).timestamp()
+    text = args.since
+    if text is None:
+        started = args.csv.parent / CHAOS_STARTED
+        try:
+            text = started.read_text().strip()
+        except OSError as exc:
+            print(f"error: {started}: {exc.strerror}; give --since", file=sys.stderr)
+            return 2
+    since = datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     rows = read(args.csv)
     plot(rows, since, args.out, args.title)
     figures = long_rss_figures(rows, since)

@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.bench_soak import NEVER_KINDS, WINDOW_BUDGET, Soak, table
+import pytest
+
+from bench.bench_soak import CHAOS_STARTED, NEVER_KINDS, WINDOW_BUDGET, Soak, table
 from tests.e2e.controlplane import require_assets
 
 
@@ -86,3 +88,29 @@ def test_the_soak_keeps_only_the_audit_events_its_invariants_read() -> None:
     assert not kept(event("patch", "pods", "status"))
     assert not kept(event("create", "deployments"))
     assert not kept({"kind": "Event", "verb": "get"})
+
+
+def test_the_soak_plot_finds_when_the_chaos_began_beside_the_samples(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench/soak_plot.py`` reads the chaos's start from the file the soak writes beside
+    ``rss.csv`` (so ``make soak-memory`` plots without being told it); without the file and
+    without ``--since`` it says which file is missing, one ``error:`` line."""
+    from bench import soak_plot
+    from bench.bench_soak import WARMUP_S
+
+    lines = ["time_utc,elapsed_s,process,pid,rss_kb"]
+    for minute in range(40):
+        stamp = f"2026-12-04T10:{minute:02d}:00+00:00"
+        lines.append(f"{stamp},{60 * minute},daemon-defrag,7,{200_000 + 100 * minute}")
+    (tmp_path / "rss.csv").write_text("\n".join(lines) + "\n")
+    args = [str(tmp_path / "rss.csv"), "--out", str(tmp_path / "rss.png")]
+    assert soak_plot.main(args) == 2
+    assert f"error: {tmp_path / CHAOS_STARTED}" in capsys.readouterr().err
+    (tmp_path / CHAOS_STARTED).write_text("2026-12-04T10:10:00+00:00\n")
+    assert soak_plot.main([*args, "--json", str(tmp_path / "figures.json")]) == 0
+    figure = json.loads((tmp_path / "figures.json").read_text())["daemon-defrag"]
+    # samples from minute 10 (the chaos) + WARMUP_S on: 100 kB/min exactly
+    assert figure["samples_after_warmup"] == 40 - 10 - int(WARMUP_S // 60)
+    assert abs(figure["slope_kb_per_min_after_warmup"] - 100) < 1e-6
+    assert (tmp_path / "rss.png").stat().st_size > 0
