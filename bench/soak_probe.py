@@ -9,7 +9,13 @@ the interpreter's garbage collector counts and the number of live objects of eac
 60 most numerous); with ``SOAK_PROBE_TRACE=Node,Pod`` also, for the name with the most
 live instances of each type, the chain of objects that hold them (referrers, up to 8 levels);
 ``SOAK_PROBE_GC_OFF=1`` starts the process with the cyclic collector off (a diagnosis: what
-reference cycles keep when nothing collects them).
+reference cycles keep when nothing collects them). Every line also has the blocks the
+interpreter's allocator holds (``sys.getallocatedblocks``: strings, bytes and numbers too, which
+the type counts leave out, as the collector does not track them). With
+``SOAK_PROBE_TRACEMALLOC=N`` the process runs under :mod:`tracemalloc` (N frames per
+allocation; it runs slower and larger) and each line names the allocation sites that grew most
+since the first probe after ``SOAK_PROBE_BASELINE_S`` (default 900 s, the soak's warm-up): when
+RSS grows and no type's count does, what holds the memory.
 Nothing is collected or freed by the probe: it only counts, so the daemon
 behaves as it would without it (the count holds the GIL for a moment, ~0.1–1 s at a few
 hundred MB of heap).
@@ -24,8 +30,10 @@ import os
 import sys
 import threading
 import time
+import tracemalloc
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 
 def count_types() -> dict[str, int]:
@@ -84,9 +92,26 @@ def holders(kind: str, chains: int = 3, depth: int = 8) -> dict[str, object]:
     return {"name": name, "copies": copies, "instances": sum(names.values()), "chains": out}
 
 
+def grown_sites(now: tracemalloc.Snapshot, base: tracemalloc.Snapshot, top: int = 15) -> list[Any]:
+    """The allocation sites (their innermost frames) whose live bytes grew most since ``base``."""
+    stats = now.compare_to(base, "traceback")
+    stats.sort(key=lambda st: st.size_diff, reverse=True)
+    return [
+        {
+            "kb": round(st.size_diff / 1024, 1),
+            "blocks": st.count_diff,
+            "at": [f"{Path(f.filename).name}:{f.lineno}" for f in list(st.traceback)[-8:]],
+        }
+        for st in stats[:top]
+        if st.size_diff > 0
+    ]
+
+
 def probe(path: Path, every_s: float) -> None:
     started = time.time()
     trace = os.environ.get("SOAK_PROBE_TRACE", "")
+    baseline_s = float(os.environ.get("SOAK_PROBE_BASELINE_S", "900"))
+    base: tracemalloc.Snapshot | None = None
     while True:
         t0 = time.monotonic()
         line = {
@@ -95,7 +120,19 @@ def probe(path: Path, every_s: float) -> None:
             "gc_counts": list(gc.get_count()),
             "gc_stats": gc.get_stats(),
             "types": count_types(),
+            "allocated_blocks": sys.getallocatedblocks(),
         }
+        if tracemalloc.is_tracing():
+            current, peak = tracemalloc.get_traced_memory()
+            line["traced_mb"] = [round(current / 2**20, 1), round(peak / 2**20, 1)]
+            snap = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
+            if base is None and time.time() - started >= baseline_s:
+                base = snap
+            elif base is not None:
+                line["grew"] = grown_sites(snap, base)
+            del snap
         if trace:
             line["holders"] = {kind: holders(kind) for kind in trace.split(",")}
         line["probe_s"] = round(time.monotonic() - t0, 3)
@@ -113,6 +150,9 @@ def main() -> None:
         # The collector off from the start, as overlapping pauses left it in the long soak:
         # with SOAK_PROBE_TRACE, which reference cycles keep what then piles up.
         gc.disable()
+    frames = int(os.environ.get("SOAK_PROBE_TRACEMALLOC", "0") or 0)
+    if frames:
+        tracemalloc.start(frames)
     target = os.environ.get("SOAK_PROBE_FILE")
     if target:
         every = float(os.environ.get("SOAK_PROBE_EVERY_S", "600"))
