@@ -13,7 +13,8 @@ reference cycles keep when nothing collects them). Every line also has the block
 interpreter's allocator holds (``sys.getallocatedblocks``: strings, bytes and numbers too, which
 the type counts leave out, as the collector does not track them). With
 ``SOAK_PROBE_TRACEMALLOC=N`` the process runs under :mod:`tracemalloc` (N frames per
-allocation; it runs slower and larger) and each line names the allocation sites that grew most
+allocation; it runs slower and larger; ``SOAK_PROBE_TRACEMALLOC_COMMANDS=run`` traces the
+daemons only) and each line names the allocation sites that grew most
 since the first probe after ``SOAK_PROBE_BASELINE_S`` (default 900 s, the soak's warm-up): when
 RSS grows and no type's count does, what holds the memory.
 Nothing is collected or freed by the probe: it only counts, so the daemon
@@ -151,7 +152,8 @@ def main() -> None:
         # with SOAK_PROBE_TRACE, which reference cycles keep what then piles up.
         gc.disable()
     frames = int(os.environ.get("SOAK_PROBE_TRACEMALLOC", "0") or 0)
-    if frames:
+    traced = os.environ.get("SOAK_PROBE_TRACEMALLOC_COMMANDS", "run,extender").split(",")
+    if frames and sys.argv[1:2] and sys.argv[1] in traced:
         tracemalloc.start(frames)
     target = os.environ.get("SOAK_PROBE_FILE")
     if target:
