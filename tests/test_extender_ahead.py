@@ -91,9 +91,11 @@ pod_events = st.lists(
 def test_the_view_ahead_is_the_view_of_the_next_build(
     sequence: list[tuple[str, str, int, int, int, int]], cuts: list[int], policy: str
 ) -> None:
-    """After each cut of the events: where the store answers ahead, its free resources are the
-    next build's and the view ahead answers as that build's view from scratch; the build after
-    it is still the full conversion of the store (``pending`` changed nothing it reads)."""
+    """After every event, where the store answers ahead: its free resources are those of the
+    store's full conversion at that moment and the view ahead answers as that cluster's view
+    from scratch (between two builds each answer starts from the last one: the events pile
+    up). At each cut the store builds, and its build is still the full conversion (``pending``
+    changed nothing it reads)."""
     config = ProfileConfig(policy=policy, seed=3)
     store = sb.seeded()
     cluster, generation = store.build()
@@ -102,20 +104,19 @@ def test_the_view_ahead_is_the_view_of_the_next_build(
     for cut in [*cuts, len(sequence)]:
         for kind, what, index, variant, node, gpus in sequence[at : at + cut]:
             sb.apply(store, what, event_obj(kind, index, variant, node, gpus))
-        at += cut
-        got = store.pending()
-        if got is not None:
+            got = store.pending()
+            if got is None:
+                continue
             ahead, ahead_generation = got
             assert ahead.base is view.cluster
             assert ahead_generation == store.generation()
+            want, _dropped = sb.full_build(store)
+            assert_same_arrays(ahead.arrays, want.arrays)
             made = view_ahead(view, ahead, ahead_generation, config, 0.0)
+            assert_same_view(made, make_view(want, config, 0.0, ahead_generation))
+        at += cut
         cluster, generation = store.build()
         sb.assert_same(cluster, sb.full_build(store)[0])
-        fresh = make_view(cluster, config, 0.0, generation)
-        if got is not None:
-            assert_same_arrays(ahead.arrays, cluster.arrays)
-            assert made.generation == generation
-            assert_same_view(made, fresh)
         view = make_view(cluster, config, 0.0, generation, previous=view)
         if at >= len(sequence):
             break

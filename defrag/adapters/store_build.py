@@ -125,6 +125,17 @@ class Ahead:
     """The changed objects' pods as the next build will have them."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """An answer :meth:`StoreBuild.ahead` gave: the changes it applied to ``base`` (each
+    object's piece, and its pods resolved) and the arrays they made (never written again)."""
+
+    base: Cluster
+    pieces: dict[Ref, Piece | None]
+    resolved: dict[str, Keyed]
+    arrays: NodeArrays
+
+
 class Declined(Exception):
     """A change that moves what the whole cluster decides: build in full."""
 
@@ -137,6 +148,8 @@ class StoreBuild:
     full_builds: int = 0
     partial_builds: int = 0
     _state: _State | None = field(default=None, repr=False)
+    _memo: _Memo | None = field(default=None, repr=False)
+    """The last answer :meth:`ahead` gave, and from what."""
 
     @property
     def ready(self) -> bool:
@@ -235,56 +248,85 @@ class StoreBuild:
         bound to a node not built (or unreadable), a pod that does not fit its node, a pod
         object that is not exactly one pod keyed as it is stored (anywhere in the store), or
         the nodes a pod hides usage on moved. Not thread-safe with builds: the caller
-        serialises it with them."""
+        serialises it with them.
+
+        The changes pile up between two builds: the last answer ahead of the same build is
+        kept, and only the nodes of the objects changed since it are redone on a copy of its
+        arrays (each object's pods resolved once)."""
         state = self._state
         if state is None or state.astray or len(changed) > AHEAD_LIMIT:
             return None
-        went: list[Pod] = []
-        came: list[Pod] = []
+        base = state.cluster
+        memo = self._memo if self._memo is not None and self._memo.base is base else None
+        last_pieces = memo.pieces if memo is not None else {}
+        last_resolved = memo.resolved if memo is not None else {}
+        pieces: dict[Ref, Piece | None] = {}
         resolved: dict[str, Keyed] = {}
-        leaving: dict[str, set[str]] = {}  # node → changed store keys whose pods it held
-        for (kind, key), piece in changed.items():
-            if state.pieces.get((kind, key)) is piece:
+        moved: set[str] = set()  # store keys whose pods differ from the last answer's
+        for ref, piece in changed.items():
+            kind, key = ref
+            if state.pieces.get(ref) is piece:
                 continue
             if kind != POD:
                 return None
-            before = state.inputs.get(key, ())
-            after = self._resolve(state, piece) if piece is not None else ()
-            if _astray(key, before) or _astray(key, after):
+            if ref in last_pieces and last_pieces[ref] is piece:
+                after = last_resolved[key]
+            else:
+                after = self._resolve(state, piece) if piece is not None else ()
+                if _astray(key, after):
+                    return None
+                hides = piece.hidden_usage if piece is not None else ()
+                if hides != state.hidden_by.get(key, ()):
+                    return None
+                moved.add(key)
+            if _astray(key, state.inputs.get(key, ())):
                 return None
-            hides = piece.hidden_usage if piece is not None else ()
-            if hides != state.hidden_by.get(key, ()):
-                return None
-            for _k, pod in before:
+            pieces[ref] = piece
+            resolved[key] = after
+        moved.update(key for (_kind, key) in last_pieces.keys() - pieces.keys())
+        went: list[Pod] = []
+        came: list[Pod] = []
+        leaving: dict[str, set[str]] = {}  # node → changed store keys whose pods it held
+        arriving: dict[str, set[str]] = {}  # node → changed store keys whose pods it holds now
+        for key, after in resolved.items():
+            for _k, pod in state.inputs.get(key, ()):
                 went.append(pod)
                 if pod.node is not None:
                     leaving.setdefault(pod.node, set()).add(key)
             for _k, pod in after:
                 came.append(pod)
-            resolved[key] = after
-        arriving: dict[str, set[str]] = {}  # node → changed store keys whose pods it holds now
-        for key, after in resolved.items():
-            for _k, pod in after:
                 if pod.node is not None:
                     arriving.setdefault(pod.node, set()).add(key)
-        dirty = sorted(leaving.keys() | arriving.keys())
-        if any(name not in state.nodes or name in state.skipped for name in dirty):
+        if memo is None:
+            redo = leaving.keys() | arriving.keys()
+        else:  # where the moved objects' pods were in the last answer, and are now
+            redo = {
+                pod.node
+                for key in moved
+                for keyed in (
+                    last_resolved.get(key, state.inputs.get(key, ())),
+                    resolved.get(key, state.inputs.get(key, ())),
+                )
+                for _k, pod in keyed
+                if pod.node is not None
+            }
+        if any(name not in state.nodes or name in state.skipped for name in redo):
             return None
-        base = state.cluster
-        if not dirty:
-            return Ahead(base, base.arrays, tuple(went), tuple(came))
-        arrays = base.arrays.copy()
-        for name in dirty:
-            keys = (state.on_node.get(name, set()) - leaving.get(name, set())) | arriving.get(
-                name, set()
-            )
-            on_node = [
-                pod
-                for key in sorted(keys)
-                for _k, pod in (resolved[key] if key in resolved else state.inputs[key])
-            ]
-            if not _redo_row(arrays, name, on_node):
-                return None
+        arrays = memo.arrays if memo is not None else base.arrays
+        if redo:
+            arrays = arrays.copy()
+            for name in sorted(redo):
+                keys = (state.on_node.get(name, set()) - leaving.get(name, set())) | arriving.get(
+                    name, set()
+                )
+                on_node = [
+                    pod
+                    for key in sorted(keys)
+                    for _k, pod in (resolved[key] if key in resolved else state.inputs[key])
+                ]
+                if not _redo_row(arrays, name, on_node):
+                    return None
+        self._memo = _Memo(base, pieces, resolved, arrays)
         return Ahead(base, arrays, tuple(went), tuple(came))
 
     # --- the parts ---------------------------------------------------------------------------
