@@ -98,6 +98,12 @@ class ModeRun:
     """Builds of the extender's view (after watch events) while kube-scheduler ran."""
     view_build_s: float = float("nan")
     """The last one's duration."""
+    fresh_answers: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The extender's filter answers while kube-scheduler ran, by how the view was made fresh
+    (``defrag_extender_fresh_answers``: current, ahead, waited)."""
+    extender_cpu_ms: float = float("nan")
+    """The extender process's CPU time (user + system) while kube-scheduler ran, per filter
+    call, in ms."""
 
 
 # --- reading figures ---------------------------------------------------------------------
@@ -191,6 +197,20 @@ def view_builds(text: str) -> tuple[int, float]:
     builds = sum(v for _, v in samples(text, "defrag_extender_relists_total"))
     last = samples(text, "defrag_extender_relist_seconds")
     return int(builds), (last[0][1] if last else float("nan"))
+
+
+def fresh_answers(text: str) -> dict[str, int]:
+    """The extender's fresh answers so far by how (its /metrics)."""
+    return {
+        labels["how"]: int(value)
+        for labels, value in samples(text, "defrag_extender_fresh_answers_total")
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, user + system (``/proc/PID/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def algorithm_mean_ms(text: str) -> float:
@@ -323,8 +343,14 @@ def run_mode(
     calls: dict[str, int] = {}
     mean: dict[str, float] = {}
     builds, build_s = 0, float("nan")
+    fresh: dict[str, int] = {}
+    cpu_ms = float("nan")
     with extender_for(mode, plane, sched_kc, settings, port, base) as ext:
-        builds_before = view_builds(ext.get("/metrics").text)[0] if ext is not None else 0
+        builds_before, fresh_before, cpu_before = 0, {}, 0.0
+        if ext is not None:
+            text = ext.get("/metrics").text
+            builds_before, fresh_before = view_builds(text)[0], fresh_answers(text)
+            cpu_before = cpu_seconds(ext.process.proc.pid)
         try:
             # /metrics opened to anonymous reads, as /readyz is by default
             plane.start_scheduler(
@@ -344,6 +370,12 @@ def run_mode(
                 p50, p99, calls, mean = extender_figures(text)
                 builds, build_s = view_builds(text)
                 builds -= builds_before
+                fresh = {
+                    how: n - fresh_before.get(how, 0) for how, n in fresh_answers(text).items()
+                }
+                used = cpu_seconds(ext.process.proc.pid) - cpu_before
+                if calls.get("filter"):
+                    cpu_ms = round(used * 1e3 / calls["filter"], 2)
         finally:
             if SCHEDULER in plane.processes:
                 plane.processes.pop(SCHEDULER).stop()
@@ -365,6 +397,8 @@ def run_mode(
         algorithm_mean_ms=algorithm,
         view_builds=builds,
         view_build_s=round(build_s, 4),
+        fresh_answers=fresh,
+        extender_cpu_ms=cpu_ms,
     )
 
 
@@ -383,8 +417,9 @@ def report(results: list[ModeRun]) -> list[str]:
     the medians."""
     lines = [
         "| nodes | qps | mode | pods bound | pods/s | ÷ alone | algorithm mean ms "
-        "| extender mean ms, filter + prioritize | filter p99 ms | prioritize p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| extender mean ms, filter + prioritize | filter p99 ms | prioritize p99 ms "
+        "| extender CPU ms a filter call | filter answers ahead / waited, all runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     summary = []
     for nodes, qps in sorted({(r.nodes, r.qps) for r in results}):
@@ -405,7 +440,7 @@ def report(results: list[ModeRun]) -> list[str]:
                 _spread([r.algorithm_mean_ms for r in runs]),
             ]
             if mode == "alone":
-                cells += ["—", "—", "—"]
+                cells += ["—", "—", "—", "—", "—"]
             else:
                 nan = float("nan")
                 cells += [
@@ -414,6 +449,13 @@ def report(results: list[ModeRun]) -> list[str]:
                     + _spread([r.extender_mean_ms.get("prioritize", nan) for r in runs]),
                     _spread([r.extender_p99_ms.get("filter", nan) for r in runs]),
                     _spread([r.extender_p99_ms.get("prioritize", nan) for r in runs]),
+                    _spread([r.extender_cpu_ms for r in runs]),
+                    " / ".join(
+                        f"{sum(r.fresh_answers.get(how, 0) for r in runs)}"
+                        for how in ("ahead", "waited")
+                    )
+                    if any(r.fresh_answers for r in runs)
+                    else "—",
                 ]
                 cost = (1 - rate / alone) * 100
                 p99 = statistics.median(
@@ -522,7 +564,10 @@ def main(argv: list[str] | None = None) -> int:
                             f"{result.algorithm_mean_ms} ms, extender p99 "
                             f"{result.extender_p99_ms} ms, mean {result.extender_mean_ms} ms; "
                             f"extender view builds {result.view_builds} (last "
-                            f"{result.view_build_s} s); load {os.getloadavg()[0]:.2f}",
+                            f"{result.view_build_s} s); filter answers "
+                            f"{result.fresh_answers}; extender CPU "
+                            f"{result.extender_cpu_ms} ms a filter call; load "
+                            f"{os.getloadavg()[0]:.2f}",
                             flush=True,
                         )
     after = calibrate(3)

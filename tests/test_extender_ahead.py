@@ -210,6 +210,8 @@ def test_a_request_is_answered_ahead_without_a_build() -> None:
     waits for the build that has it."""
     store = sb.seeded()
     cache = ClusterCache(Fed(store), ProfileConfig(), min_interval_s=3600, fresh_wait_s=60)
+    hows: list[str] = []
+    cache.on_fresh = hows.append
     cache.start()
     try:
         first = cache.view()
@@ -231,6 +233,7 @@ def test_a_request_is_answered_ahead_without_a_build() -> None:
         assert waited is not None and waited.ahead is None
         assert waited.generation == store.generation()
         assert cache.latest() is waited
+        assert hows == ["current", "ahead", "ahead", "waited"]
     finally:
         cache.stop()
 

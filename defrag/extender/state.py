@@ -257,6 +257,10 @@ class ClusterCache:
     _ahead_of: tuple[ClusterView, ClusterView] | None = None
     """The last view answered ahead (second) and the built view it was made from (first)."""
     _ahead_lock: threading.Lock = field(default_factory=threading.Lock)
+    on_fresh: Callable[[str], None] | None = None
+    """Watched: told how each request that wanted every change was answered: ``current``
+    (the view had them), ``ahead`` (:meth:`ahead`) or ``waited`` (for a build, or until
+    ``fresh_wait_s``)."""
 
     def __post_init__(self) -> None:
         self._pending = getattr(self.source, "pending", None)
@@ -276,25 +280,32 @@ class ClusterCache:
             return view
         source: WatchedClusterSource = self.source  # type: ignore[assignment]
         deadline = time.monotonic() + self.fresh_wait_s
+        how = "current"
         while True:
             tried = self._tried  # read before the view: a build sets the view, then this
             view = self._view
             wanted = source.generation()
             if view is None or view.generation >= wanted:
-                return view
+                break
             ahead = self.ahead(view)
             if ahead is not None:
-                return ahead
+                view, how = ahead, "ahead" if how == "current" else how
+                break
+            how = "waited"
             with self._built:
                 self._hurry.set()
                 self._wake.set()
                 while self._tried == tried:  # until a build is done: then ahead of it again
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        return self._view
+                        break
                     self._built.wait(left)
-                if self._tried >= wanted:
-                    return self._view  # built (or failed) with every change there was
+                if self._tried == tried or self._tried >= wanted:
+                    view = self._view  # built (or failed) with every change there was, or late
+                    break
+        if self.on_fresh is not None:
+            self.on_fresh(how)
+        return view
 
     def ahead(self, view: ClusterView) -> ClusterView | None:
         """``view`` with the source's pending pod changes applied (:func:`view_ahead`), without
