@@ -241,6 +241,39 @@ def add_nodes(plane: ControlPlane, prefix: str, count: int, threads: int) -> lis
     return names
 
 
+def node_events(plane: ControlPlane, seconds: int) -> int:
+    """How many Node events (ADDED / MODIFIED / DELETED) the API server sends in ``seconds``
+    from now (a watch from the list's resourceVersion, ended by the server)."""
+    version = plane.admin.get("/api/v1/nodes", limit=1)["metadata"]["resourceVersion"]
+    answer = plane.admin.session.get(
+        plane.admin.url("/api/v1/nodes"),
+        params={"watch": "1", "resourceVersion": version, "timeoutSeconds": str(seconds)},
+        stream=True,
+        timeout=seconds + 30,
+    )
+    answer.raise_for_status()
+    with answer:
+        return sum(1 for line in answer.iter_lines() if line and b'"BOOKMARK"' not in line[:40])
+
+
+def settle_nodes(plane: ControlPlane, quiet_s: int = 10, limit_s: float = 900) -> tuple[float, int]:
+    """Wait until no Node changes for ``quiet_s`` (at most ``limit_s``): the seconds waited
+    and the Node events seen meanwhile.
+
+    kube-controller-manager keeps writing the nodes for minutes after they were made (its TTL
+    controller sets every node's ``node.alpha.kubernetes.io/ttl`` annotation by the cluster's
+    size, kubernetes/kubernetes pkg/controller/ttl, at its API client's rate): each write is a
+    node change, which the extender builds in full and does not answer ahead of the build.
+    Measured before they end, the first modes would count that churn, not scheduling."""
+    started, seen = time.monotonic(), 0
+    while time.monotonic() - started < limit_s:
+        events = node_events(plane, quiet_s)
+        seen += events
+        if not events:
+            break
+    return time.monotonic() - started, seen
+
+
 def create_pods(plane: ControlPlane, count: int, threads: int) -> None:
     def one(i: int) -> None:
         body = {
@@ -540,6 +573,16 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"{size} nodes up in {time.monotonic() - started:.0f} s; one Node object "
                     f"as the API server serves it: {len(one.content):,} bytes of JSON",
+                    flush=True,
+                )
+                settled, seen = settle_nodes(plane)
+                ttl = plane.admin.get(f"/api/v1/nodes/n{size}-00000")["metadata"].get(
+                    "annotations", {}
+                )
+                print(
+                    f"{size} nodes: no Node change for 10 s after {settled:.0f} s ({seen} Node "
+                    f"events meanwhile; node.alpha.kubernetes.io/ttl now "
+                    f"{ttl.get('node.alpha.kubernetes.io/ttl')})",
                     flush=True,
                 )
                 for run in range(args.runs):
