@@ -129,14 +129,22 @@ def one_run(n_nodes: int, n_pods: int) -> dict[str, Any]:
 
 
 def in_child(folder: Path, n_nodes: int, n_pods: int) -> dict[str, Any]:
-    """:func:`one_run` in a fresh process, ``folder``'s code first on the path."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(folder), str(Path.cwd())])}
-    argv = [sys.executable, "-m", "bench.bench_extender_binding", "--child"]
-    argv += ["--nodes", str(n_nodes), "--pods", str(n_pods)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+    """:func:`one_run` of this file in a fresh process whose ``defrag`` (and ``bench``,
+    ``tests``) are ``folder``'s: run from there, this file by its path (another checkout may
+    not have it)."""
+    env = {**os.environ, "PYTHONPATH": str(folder)}
+    argv = [sys.executable, "-c", RUN_CHILD, __file__, str(n_nodes), str(n_pods)]
+    done = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True, check=True)
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
+
+RUN_CHILD = (
+    "import json, runpy, sys; "
+    "one_run = runpy.run_path(sys.argv[1])['one_run']; "
+    "print(json.dumps(one_run(int(sys.argv[2]), int(sys.argv[3]))))"
+)
+"""A child's program: this file's :func:`one_run`, loaded by path (not as ``bench.…``)."""
 
 FIGURES = (
     "filter_mean_ms",
@@ -155,14 +163,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pods", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--base", type=Path, help="another checkout, run in the same invocation")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.child:
-        print(json.dumps(one_run(args.nodes, args.pods)))
-        return 0
     cal = calibrate(3)
     print(f"calibration {cal:.3f} s; load {os.getloadavg()}", flush=True)
-    which = {"HEAD": Path.cwd()} | ({"base": args.base.resolve()} if args.base else {})
+    here = Path(__file__).resolve().parent.parent
+    which = {"HEAD": here} | ({"base": args.base.resolve()} if args.base else {})
     got: dict[str, list[dict[str, Any]]] = {name: [] for name in which}
     for run in range(args.runs):
         names = list(which) if run % 2 == 0 else list(reversed(which))

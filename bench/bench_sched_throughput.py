@@ -4,8 +4,10 @@ its path, on the e2e suite's control plane.
     .venv/bin/python -m bench.bench_sched_throughput --nodes 1000,5000 --pods 2000 --runs 3
 
 For each size, ``--nodes`` fake GPU nodes (8 GPUs each, ``tests/e2e/kubelet.add_node``; no
-kubelet: a pod only has to be bound) are created once; then, ``--runs`` times, each mode in
-turn (the order rotates from run to run, so that no mode always goes first):
+kubelet: a pod only has to be bound) are created once, and the bench waits until no Node
+changes for 10 s (kube-controller-manager's TTL controller rewrites every node for minutes
+after they were made, :func:`settle_nodes`); then, ``--runs`` times, each mode in turn (the
+order rotates from run to run, so that no mode always goes first):
 
 - ``alone``: kube-scheduler with the shipped ``kube-scheduler-config.yaml`` less its
   ``extenders`` (no defrag process running at all);
