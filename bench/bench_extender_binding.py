@@ -34,8 +34,9 @@ from typing import Any
 from bench.calibrate import calibrate
 
 
-def one_run(n_nodes: int, n_pods: int) -> dict[str, Any]:
-    """The loop in this process, with whatever ``defrag`` is on the path."""
+def one_run(n_nodes: int, n_pods: int, min_interval_s: float = 0.1) -> dict[str, Any]:
+    """The loop in this process, with whatever ``defrag`` is on the path; the builder builds
+    at most every ``min_interval_s`` (the server's default)."""
     from kubernetes import client as kube_client
 
     from bench.bench_extender_load import lists, nodes_to_find
@@ -88,7 +89,9 @@ def one_run(n_nodes: int, n_pods: int) -> dict[str, Any]:
     source = Fed()
     if hasattr(store, "pending"):
         source.pending = store.pending  # type: ignore[attr-defined]
-    cache = ClusterCache(source, ProfileConfig(policy="reserve-binpack"))
+    cache = ClusterCache(
+        source, ProfileConfig(policy="reserve-binpack"), min_interval_s=min_interval_s
+    )
     hows: Counter[str] = Counter()
     if hasattr(cache, "on_fresh"):
         cache.on_fresh = lambda how: hows.update((how,))

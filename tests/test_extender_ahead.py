@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.adapters.store_build import AHEAD_LIMIT
 from defrag.extender.state import ClusterCache, ClusterView, make_view, view_ahead
-from defrag.extender.verbs import Extender
 from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.ports import WatchHealth
@@ -205,52 +204,47 @@ def test_no_answer_ahead_while_a_build_is_under_way() -> None:
 
 
 def test_a_request_is_answered_ahead_without_a_build() -> None:
-    """Through the cache, as the extender asks: a binding is answered ahead (the builder,
-    spacing its builds an hour apart, builds nothing), as the build would; a node's change
-    waits for the build that has it."""
+    """Through the cache, as the extender asks (no builder thread: nothing is built unless
+    asked): a binding is answered ahead, as the build would answer, without building; a node's
+    change is not: the request waits for a build (here none comes: after ``fresh_wait_s`` it
+    gets the last view built), and the next build has it."""
     store = sb.seeded()
-    cache = ClusterCache(Fed(store), ProfileConfig(), min_interval_s=3600, fresh_wait_s=60)
+    cache = ClusterCache(Fed(store), ProfileConfig(), fresh_wait_s=0.2)
     hows: list[str] = []
     cache.on_fresh = hows.append
-    cache.start()
-    try:
-        first = cache.view()
-        assert first is not None and first.ahead is None
-        builds = store._builder.partial_builds + store._builder.full_builds
-        bind(store, "p-10", 2, 2)
-        view = cache.view()
-        assert view is not None and view.ahead is not None
-        assert view.generation == store.generation()
-        assert cache.latest() is view  # prioritize reads the same view, not the one built
-        assert store._builder.partial_builds + store._builder.full_builds == builds
-        want = answers(make_view(store.build()[0], ProfileConfig(), 0.0))
-        assert answers(view) == want
-        # the extender itself, through the cache
-        extender = Extender(cache)
-        assert extender.cache.view() is not None
-        sb.apply(store, "MODIFIED", sb.node_obj("node-2", 4))  # cordoned: a node changed
-        waited = cache.view()
-        assert waited is not None and waited.ahead is None
-        assert waited.generation == store.generation()
-        assert cache.latest() is waited
-        assert hows == ["current", "ahead", "ahead", "waited"]
-    finally:
-        cache.stop()
+    assert cache.refresh().ok
+    first = cache.view()
+    assert first is not None and first.ahead is None
+    builds = store._builder.partial_builds + store._builder.full_builds
+    bind(store, "p-10", 2, 2)
+    view = cache.view()
+    assert view is not None and view.ahead is not None
+    assert view.generation == store.generation()
+    assert cache.latest() is view  # prioritize reads the same view, not the one built
+    assert cache.view() is view  # kept until the next change
+    assert store._builder.partial_builds + store._builder.full_builds == builds
+    assert answers(view) == answers(make_view(sb.full_build(store)[0], ProfileConfig(), 0.0))
+    sb.apply(store, "MODIFIED", sb.node_obj("node-2", 4))  # cordoned: a node changed
+    waited = cache.view()
+    assert waited is first  # no build came
+    assert hows == ["current", "ahead", "ahead", "waited"]
+    assert cache.refresh().ok
+    built = cache.view()
+    assert built is not None and built.ahead is None
+    assert built.generation == store.generation()
+    assert hows[-1] == "current"
 
 
 def test_a_view_ahead_is_never_carried_into_the_next_build() -> None:
     """The view kept (and carried from by the next build) is always a built one."""
     store = sb.seeded()
-    cache = ClusterCache(Fed(store), ProfileConfig(policy="fgd"), min_interval_s=3600)
-    cache.start()
-    try:
-        bind(store, "p-10", 1, 4)
-        ahead = cache.view()
-        assert isinstance(ahead, ClusterView) and ahead.ahead is not None
-        assert cache.refresh().ok
-        built = cache._view
-        assert built is not None and built.ahead is None
-        assert built.generation == ahead.generation
-        assert_same_view(ahead, built)
-    finally:
-        cache.stop()
+    cache = ClusterCache(Fed(store), ProfileConfig(policy="fgd"))
+    assert cache.refresh().ok
+    bind(store, "p-10", 1, 4)
+    ahead = cache.view()
+    assert isinstance(ahead, ClusterView) and ahead.ahead is not None
+    assert cache.refresh().ok
+    built = cache._view
+    assert built is not None and built.ahead is None
+    assert built.generation == ahead.generation
+    assert_same_view(ahead, built)
