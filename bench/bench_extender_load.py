@@ -43,6 +43,7 @@ from bench.extender_bodies import nodes_body
 from defrag.adapters.httpserve import ServerLimits
 from defrag.adapters.kube_convert import paused_gc
 from defrag.adapters.kube_watch import KubeWatchSource
+from defrag.adapters.store_build import Ahead
 from defrag.extender.server import ExtenderHTTPServer, ExtenderMetrics, serve, stop
 from defrag.extender.state import ClusterCache, make_view
 from defrag.extender.verbs import Extender
@@ -235,6 +236,9 @@ class _Fed:
 
     def health(self) -> WatchHealth:
         return self.store.health()
+
+    def pending(self) -> tuple[Ahead, int] | None:
+        return self.store.pending()
 
 
 PODS_PER_NODE = 10

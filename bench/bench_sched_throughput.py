@@ -4,8 +4,10 @@ its path, on the e2e suite's control plane.
     .venv/bin/python -m bench.bench_sched_throughput --nodes 1000,5000 --pods 2000 --runs 3
 
 For each size, ``--nodes`` fake GPU nodes (8 GPUs each, ``tests/e2e/kubelet.add_node``; no
-kubelet: a pod only has to be bound) are created once; then, ``--runs`` times, each mode in
-turn (the order rotates from run to run, so that no mode always goes first):
+kubelet: a pod only has to be bound) are created once, and the bench waits until no Node
+changes for 10 s (kube-controller-manager's TTL controller rewrites every node for minutes
+after they were made, :func:`settle_nodes`); then, ``--runs`` times, each mode in turn (the
+order rotates from run to run, so that no mode always goes first):
 
 - ``alone``: kube-scheduler with the shipped ``kube-scheduler-config.yaml`` less its
   ``extenders`` (no defrag process running at all);
@@ -98,6 +100,12 @@ class ModeRun:
     """Builds of the extender's view (after watch events) while kube-scheduler ran."""
     view_build_s: float = float("nan")
     """The last one's duration."""
+    fresh_answers: dict[str, int] = dataclasses.field(default_factory=dict)
+    """The extender's filter answers while kube-scheduler ran, by how the view was made fresh
+    (``defrag_extender_fresh_answers``: current, ahead, waited)."""
+    extender_cpu_ms: float = float("nan")
+    """The extender process's CPU time (user + system) while kube-scheduler ran, per filter
+    call, in ms."""
 
 
 # --- reading figures ---------------------------------------------------------------------
@@ -193,6 +201,20 @@ def view_builds(text: str) -> tuple[int, float]:
     return int(builds), (last[0][1] if last else float("nan"))
 
 
+def fresh_answers(text: str) -> dict[str, int]:
+    """The extender's fresh answers so far by how (its /metrics)."""
+    return {
+        labels["how"]: int(value)
+        for labels, value in samples(text, "defrag_extender_fresh_answers_total")
+    }
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, user + system (``/proc/PID/stat`` fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def algorithm_mean_ms(text: str) -> float:
     """kube-scheduler's mean scheduling-algorithm time (filter and score, extender calls
     included), over every attempt so far."""
@@ -219,6 +241,39 @@ def add_nodes(plane: ControlPlane, prefix: str, count: int, threads: int) -> lis
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(lambda n: add_node(plane.admin, n, 8), names))
     return names
+
+
+def node_events(plane: ControlPlane, seconds: int) -> int:
+    """How many Node events (ADDED / MODIFIED / DELETED) the API server sends in ``seconds``
+    from now (a watch from the list's resourceVersion, ended by the server)."""
+    version = plane.admin.get("/api/v1/nodes", limit=1)["metadata"]["resourceVersion"]
+    answer = plane.admin.session.get(
+        plane.admin.url("/api/v1/nodes"),
+        params={"watch": "1", "resourceVersion": version, "timeoutSeconds": str(seconds)},
+        stream=True,
+        timeout=seconds + 30,
+    )
+    answer.raise_for_status()
+    with answer:
+        return sum(1 for line in answer.iter_lines() if line and b'"BOOKMARK"' not in line[:40])
+
+
+def settle_nodes(plane: ControlPlane, quiet_s: int = 10, limit_s: float = 900) -> tuple[float, int]:
+    """Wait until no Node changes for ``quiet_s`` (at most ``limit_s``): the seconds waited
+    and the Node events seen meanwhile.
+
+    kube-controller-manager keeps writing the nodes for minutes after they were made (its TTL
+    controller sets every node's ``node.alpha.kubernetes.io/ttl`` annotation by the cluster's
+    size, kubernetes/kubernetes pkg/controller/ttl, at its API client's rate): each write is a
+    node change, which the extender builds in full and does not answer ahead of the build.
+    Measured before they end, the first modes would count that churn, not scheduling."""
+    started, seen = time.monotonic(), 0
+    while time.monotonic() - started < limit_s:
+        events = node_events(plane, quiet_s)
+        seen += events
+        if not events:
+            break
+    return time.monotonic() - started, seen
 
 
 def create_pods(plane: ControlPlane, count: int, threads: int) -> None:
@@ -323,8 +378,14 @@ def run_mode(
     calls: dict[str, int] = {}
     mean: dict[str, float] = {}
     builds, build_s = 0, float("nan")
+    fresh: dict[str, int] = {}
+    cpu_ms = float("nan")
     with extender_for(mode, plane, sched_kc, settings, port, base) as ext:
-        builds_before = view_builds(ext.get("/metrics").text)[0] if ext is not None else 0
+        builds_before, fresh_before, cpu_before = 0, {}, 0.0
+        if ext is not None:
+            text = ext.get("/metrics").text
+            builds_before, fresh_before = view_builds(text)[0], fresh_answers(text)
+            cpu_before = cpu_seconds(ext.process.proc.pid)
         try:
             # /metrics opened to anonymous reads, as /readyz is by default
             plane.start_scheduler(
@@ -344,6 +405,12 @@ def run_mode(
                 p50, p99, calls, mean = extender_figures(text)
                 builds, build_s = view_builds(text)
                 builds -= builds_before
+                fresh = {
+                    how: n - fresh_before.get(how, 0) for how, n in fresh_answers(text).items()
+                }
+                used = cpu_seconds(ext.process.proc.pid) - cpu_before
+                if calls.get("filter"):
+                    cpu_ms = round(used * 1e3 / calls["filter"], 2)
         finally:
             if SCHEDULER in plane.processes:
                 plane.processes.pop(SCHEDULER).stop()
@@ -365,6 +432,8 @@ def run_mode(
         algorithm_mean_ms=algorithm,
         view_builds=builds,
         view_build_s=round(build_s, 4),
+        fresh_answers=fresh,
+        extender_cpu_ms=cpu_ms,
     )
 
 
@@ -383,8 +452,9 @@ def report(results: list[ModeRun]) -> list[str]:
     the medians."""
     lines = [
         "| nodes | qps | mode | pods bound | pods/s | ÷ alone | algorithm mean ms "
-        "| extender mean ms, filter + prioritize | filter p99 ms | prioritize p99 ms |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| extender mean ms, filter + prioritize | filter p99 ms | prioritize p99 ms "
+        "| extender CPU ms a filter call | filter answers ahead / waited, all runs |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     summary = []
     for nodes, qps in sorted({(r.nodes, r.qps) for r in results}):
@@ -405,7 +475,7 @@ def report(results: list[ModeRun]) -> list[str]:
                 _spread([r.algorithm_mean_ms for r in runs]),
             ]
             if mode == "alone":
-                cells += ["—", "—", "—"]
+                cells += ["—", "—", "—", "—", "—"]
             else:
                 nan = float("nan")
                 cells += [
@@ -414,6 +484,13 @@ def report(results: list[ModeRun]) -> list[str]:
                     + _spread([r.extender_mean_ms.get("prioritize", nan) for r in runs]),
                     _spread([r.extender_p99_ms.get("filter", nan) for r in runs]),
                     _spread([r.extender_p99_ms.get("prioritize", nan) for r in runs]),
+                    _spread([r.extender_cpu_ms for r in runs]),
+                    " / ".join(
+                        f"{sum(r.fresh_answers.get(how, 0) for r in runs)}"
+                        for how in ("ahead", "waited")
+                    )
+                    if any(r.fresh_answers for r in runs)
+                    else "—",
                 ]
                 cost = (1 - rate / alone) * 100
                 p99 = statistics.median(
@@ -500,6 +577,16 @@ def main(argv: list[str] | None = None) -> int:
                     f"as the API server serves it: {len(one.content):,} bytes of JSON",
                     flush=True,
                 )
+                settled, seen = settle_nodes(plane)
+                ttl = plane.admin.get(f"/api/v1/nodes/n{size}-00000")["metadata"].get(
+                    "annotations", {}
+                )
+                print(
+                    f"{size} nodes: no Node change for 10 s after {settled:.0f} s ({seen} Node "
+                    f"events meanwhile; node.alpha.kubernetes.io/ttl now "
+                    f"{ttl.get('node.alpha.kubernetes.io/ttl')})",
+                    flush=True,
+                )
                 for run in range(args.runs):
                     order = modes[run % len(modes) :] + modes[: run % len(modes)]
                     for qps, mode in [(q, m) for q in qps_list for m in order]:
@@ -522,7 +609,10 @@ def main(argv: list[str] | None = None) -> int:
                             f"{result.algorithm_mean_ms} ms, extender p99 "
                             f"{result.extender_p99_ms} ms, mean {result.extender_mean_ms} ms; "
                             f"extender view builds {result.view_builds} (last "
-                            f"{result.view_build_s} s); load {os.getloadavg()[0]:.2f}",
+                            f"{result.view_build_s} s); filter answers "
+                            f"{result.fresh_answers}; extender CPU "
+                            f"{result.extender_cpu_ms} ms a filter call; load "
+                            f"{os.getloadavg()[0]:.2f}",
                             flush=True,
                         )
     after = calibrate(3)

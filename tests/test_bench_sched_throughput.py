@@ -4,8 +4,11 @@ in tests/test_bench_smoke.py on the real control plane.)"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -14,7 +17,9 @@ from bench.bench_sched_throughput import (
     ModeRun,
     algorithm_mean_ms,
     binding_times,
+    cpu_seconds,
     extender_figures,
+    fresh_answers,
     histogram_quantile,
     report,
     view_builds,
@@ -131,3 +136,28 @@ def test_view_builds_from_the_extenders_metrics() -> None:
     metrics.relists.labels(result="failed").inc()
     metrics.relist_seconds.set(0.041)
     assert view_builds(generate_latest(metrics.registry).decode()) == (4, 0.041)
+
+
+def test_fresh_answers_from_the_extenders_metrics() -> None:
+    metrics = ExtenderMetrics.create()
+    for how in ("ahead", "ahead", "waited", "current"):
+        metrics.observe_fresh(how)
+    text = generate_latest(metrics.registry).decode()
+    assert fresh_answers(text) == {"ahead": 2, "waited": 1, "current": 1}
+
+
+def test_cpu_seconds_of_a_process_grow_with_its_work() -> None:
+    before = cpu_seconds(os.getpid())
+    until = time.process_time() + 0.05
+    while time.process_time() < until:
+        pass
+    assert cpu_seconds(os.getpid()) >= before + 0.03  # clock ticks of 10 ms
+
+
+def test_the_table_says_how_the_filter_answers_were_made() -> None:
+    results = [_run("alone", 1000, 100.0), _run("names", 1000, 90.0)]
+    results[1] = dataclasses.replace(
+        results[1], fresh_answers={"ahead": 40, "waited": 2}, extender_cpu_ms=1.5
+    )
+    row = next(line for line in report(results) if "| names |" in line)
+    assert row.endswith("| 1.5 | 40 / 2 |")

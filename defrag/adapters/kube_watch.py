@@ -53,7 +53,7 @@ from defrag.adapters.kube import (
     plural,
 )
 from defrag.adapters.kube_convert import Piece, convert, paused_gc
-from defrag.adapters.store_build import Built, StoreBuild
+from defrag.adapters.store_build import AHEAD_LIMIT, Ahead, Built, StoreBuild
 from defrag.model.cluster import Cluster, ModelError
 from defrag.ports import WatchHealth
 
@@ -420,6 +420,28 @@ class KubeWatchSource:
                 log.warning("not modelled fully: %s", warning)
             self._said = set(cluster.warnings)
         return cluster, generation
+
+    def pending(self) -> tuple[Ahead, int] | None:
+        """The changes held beyond the last build, applied ahead of the next one
+        (:meth:`StoreBuild.ahead <defrag.adapters.store_build.StoreBuild.ahead>`: the free
+        resources that build will have), with the generation they bring it to; None when only
+        a build can say, or one is under way (it is about to say)."""
+        if not self._build_lock.acquire(blocking=False):
+            return None
+        try:
+            with self._lock:
+                if not self._builder.ready or len(self._changes) > AHEAD_LIMIT:
+                    return None
+                generation = self._generation
+                by_kind = {k.name: k.objects for k in self._kinds}
+                changed = {}
+                for kind, key in self._changes:
+                    entry = by_kind[kind].get(key)
+                    changed[kind, key] = entry.piece if entry is not None else None
+            ahead = self._builder.ahead(changed)
+        finally:
+            self._build_lock.release()
+        return None if ahead is None else (ahead, generation)
 
     def _build(self) -> tuple[Built, int]:
         """From the objects changed since the last build when it can (``StoreBuild.update``),

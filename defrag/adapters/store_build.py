@@ -20,6 +20,12 @@ could not be read moved, or the last build had to assume every pod's slots (conf
 ``defrag.io/gpu-indices``). Either way the result is the cluster a full build of the same store
 makes — the same nodes, pods in the same order, slots, free resources, warnings and left-out
 pods (tests/test_store_build.py checks it on random event sequences).
+
+:meth:`StoreBuild.ahead` answers, without building, what the next build's free resources will
+be when the changes held since the last build are only a few pods coming, going or changing:
+the last build's arrays with the rows of the nodes those pods touch redone as :func:`rebuilt
+<defrag.model.rebuild.rebuilt>` redoes them (the extender answers from them while the build is
+still to come; tests/test_extender_ahead.py checks them against the build).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+
+import numpy as np
 
 from defrag.adapters.kube_convert import (
     UNREADABLE_TAINT,
@@ -38,9 +46,12 @@ from defrag.adapters.kube_convert import (
     resolve_pod,
     skipped_warning,
 )
-from defrag.model.cluster import Cluster, PodDisruptionBudget
-from defrag.model.rebuild import rebuilt
+from defrag.model.arrays import NodeArrays
+from defrag.model.cluster import Cluster, ModelError, PodDisruptionBudget
+from defrag.model.cluster import _assign_gpus as assign_gpus
+from defrag.model.rebuild import HOLDING_PHASES, rebuilt
 from defrag.model.resources import Node, Pod
+from defrag.model.units import GPU_MILLI
 
 NODE, POD, PRIORITY_CLASS = "Node", "Pod", "PriorityClass"
 
@@ -91,6 +102,40 @@ class _State:
     none are, the pods' order (by store key) is their keys' own order."""
 
 
+AHEAD_LIMIT = 64
+"""The most changed objects :meth:`StoreBuild.ahead` applies; past that the build is the cheaper
+way (a relist marks every object changed)."""
+
+KEPT_COUNTS = ("whole_count", "share_free", "share_max", "domain_whole")
+"""The per-node counts ``NodeArrays`` keeps from its free GPU shares (its ``recount``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ahead:
+    """The free resources the next build will have, ahead of it: pod changes only."""
+
+    base: Cluster
+    """The last build, which the changes are applied to."""
+    arrays: NodeArrays
+    """``base``'s arrays with the rows of the nodes the changes touched as the next build makes
+    them (``base.arrays`` itself when they touched no node: pending pods only)."""
+    went: tuple[Pod, ...]
+    """The changed objects' pods as the last build had them (resolved, before GPU slots)."""
+    came: tuple[Pod, ...]
+    """The changed objects' pods as the next build will have them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Memo:
+    """An answer :meth:`StoreBuild.ahead` gave: the changes it applied to ``base`` (each
+    object's piece, and its pods resolved) and the arrays they made (never written again)."""
+
+    base: Cluster
+    pieces: dict[Ref, Piece | None]
+    resolved: dict[str, Keyed]
+    arrays: NodeArrays
+
+
 class Declined(Exception):
     """A change that moves what the whole cluster decides: build in full."""
 
@@ -103,6 +148,8 @@ class StoreBuild:
     full_builds: int = 0
     partial_builds: int = 0
     _state: _State | None = field(default=None, repr=False)
+    _memo: _Memo | None = field(default=None, repr=False)
+    """The last answer :meth:`ahead` gave, and from what."""
 
     @property
     def ready(self) -> bool:
@@ -193,6 +240,94 @@ class StoreBuild:
         self._state = state
         self.partial_builds += 1
         return Built(cluster, dropped, full=False)
+
+    def ahead(self, changed: Mapping[Ref, Piece | None]) -> Ahead | None:
+        """The next build's free resources after ``changed`` (as :meth:`update` takes them),
+        without building and without changing what the next build starts from; None where only
+        a build can say: anything but pods changed, more than :data:`AHEAD_LIMIT` objects, a pod
+        bound to a node not built (or unreadable), a pod that does not fit its node, a pod
+        object that is not exactly one pod keyed as it is stored (anywhere in the store), or
+        the nodes a pod hides usage on moved. Not thread-safe with builds: the caller
+        serialises it with them.
+
+        The changes pile up between two builds: the last answer ahead of the same build is
+        kept, and only the nodes of the objects changed since it are redone on a copy of its
+        arrays (each object's pods resolved once)."""
+        state = self._state
+        if state is None or state.astray or len(changed) > AHEAD_LIMIT:
+            return None
+        base = state.cluster
+        memo = self._memo if self._memo is not None and self._memo.base is base else None
+        last_pieces = memo.pieces if memo is not None else {}
+        last_resolved = memo.resolved if memo is not None else {}
+        pieces: dict[Ref, Piece | None] = {}
+        resolved: dict[str, Keyed] = {}
+        moved: set[str] = set()  # store keys whose pods differ from the last answer's
+        for ref, piece in changed.items():
+            kind, key = ref
+            if state.pieces.get(ref) is piece:
+                continue
+            if kind != POD:
+                return None
+            if ref in last_pieces and last_pieces[ref] is piece:
+                after = last_resolved[key]
+            else:
+                after = self._resolve(state, piece) if piece is not None else ()
+                if _astray(key, after):
+                    return None
+                hides = piece.hidden_usage if piece is not None else ()
+                if hides != state.hidden_by.get(key, ()):
+                    return None
+                moved.add(key)
+            if _astray(key, state.inputs.get(key, ())):
+                return None
+            pieces[ref] = piece
+            resolved[key] = after
+        moved.update(key for (_kind, key) in last_pieces.keys() - pieces.keys())
+        went: list[Pod] = []
+        came: list[Pod] = []
+        leaving: dict[str, set[str]] = {}  # node → changed store keys whose pods it held
+        arriving: dict[str, set[str]] = {}  # node → changed store keys whose pods it holds now
+        for key, after in resolved.items():
+            for _k, pod in state.inputs.get(key, ()):
+                went.append(pod)
+                if pod.node is not None:
+                    leaving.setdefault(pod.node, set()).add(key)
+            for _k, pod in after:
+                came.append(pod)
+                if pod.node is not None:
+                    arriving.setdefault(pod.node, set()).add(key)
+        if memo is None:
+            redo = leaving.keys() | arriving.keys()
+        else:  # where the moved objects' pods were in the last answer, and are now
+            redo = {
+                pod.node
+                for key in moved
+                for keyed in (
+                    last_resolved.get(key, state.inputs.get(key, ())),
+                    resolved.get(key, state.inputs.get(key, ())),
+                )
+                for _k, pod in keyed
+                if pod.node is not None
+            }
+        if any(name not in state.nodes or name in state.skipped for name in redo):
+            return None
+        arrays = memo.arrays if memo is not None else base.arrays
+        if redo:
+            arrays = arrays.copy()
+            for name in sorted(redo):
+                keys = (state.on_node.get(name, set()) - leaving.get(name, set())) | arriving.get(
+                    name, set()
+                )
+                on_node = [
+                    pod
+                    for key in sorted(keys)
+                    for _k, pod in (resolved[key] if key in resolved else state.inputs[key])
+                ]
+                if not _redo_row(arrays, name, on_node):
+                    return None
+        self._memo = _Memo(base, pieces, resolved, arrays)
+        return Ahead(base, arrays, tuple(went), tuple(came))
 
     # --- the parts ---------------------------------------------------------------------------
 
@@ -368,9 +503,41 @@ def _leave_out(
 
 
 def _astray(key: str, keyed: Keyed) -> int:
-    """1 when an object's pods are not exactly one pod whose key is the object's store key (a
-    pod listed without a namespace is stored as ``name``, keyed ``default/name``), else 0."""
-    return 0 if len(keyed) == 1 and keyed[0][0] == key else 1
+    """1 when an object has pods and they are not exactly one pod whose key is the object's
+    store key (a pod listed without a namespace is stored as ``name``, keyed ``default/name``),
+    else 0. An object without pods (left out, or not there before or after a change) orders
+    nothing: counted as one, a pod's coming took the count below zero, and the pods' order was
+    then always walked in Python."""
+    return 0 if not keyed or (len(keyed) == 1 and keyed[0][0] == key) else 1
+
+
+def _redo_row(arrays: NodeArrays, name: str, pods: Sequence[Pod]) -> bool:
+    """Node ``name``'s row of ``arrays`` emptied and its ``pods`` (in the full build's order)
+    given their GPU slots again, as :func:`rebuilt <defrag.model.rebuild.rebuilt>` redoes a
+    dirty node; False where it declines (a node not in the arrays, a pod that does not fit)."""
+    row = arrays.index.get(name)
+    if row is None:
+        return False
+    one = arrays.row_view(row)  # its numpy fields write through to ``arrays``
+    one.gpu_free[0] = np.where(one.gpu_exists[0], GPU_MILLI, 0)
+    one.cpu_free[0] = one.cpu_total[0]
+    one.mem_free[0] = one.mem_total[0]
+    one.class_count[0] = 0
+    one.pool_free[0] = one.pool_total[0]
+    bound: list[tuple[int, Pod]] = []
+    try:
+        for pod in pods:
+            if pod.phase not in HOLDING_PHASES:
+                continue
+            pod = assign_gpus(one, pod)
+            one.take_gpus(0, pod, pod.gpu_indices)
+            bound.append((0, pod))
+    except ModelError:
+        return False
+    one.charge(bound)  # CPU, memory and classes through the views; the counts made anew:
+    for field_name in KEPT_COUNTS:
+        getattr(arrays, field_name)[row] = getattr(one, field_name)[0]
+    return True
 
 
 def _makes_nodes_or_pods(piece: Piece | None) -> bool:
@@ -396,4 +563,4 @@ def _tainted(node: Node, hidden: frozenset[str]) -> Node:
     return replace(node, taints=(*node.taints, UNREADABLE_TAINT)) if node.name in hidden else node
 
 
-__all__ = ["Built", "StoreBuild"]
+__all__ = ["AHEAD_LIMIT", "Ahead", "Built", "StoreBuild"]

@@ -40,6 +40,7 @@ class ExtenderMetrics:
     relist_seconds: Gauge
     state_age: Gauge
     closed: Counter
+    fresh: Counter
 
     @classmethod
     def create(cls, cache: ClusterCache | None = None) -> ExtenderMetrics:
@@ -83,6 +84,14 @@ class ExtenderMetrics:
                 ["reason"],
                 registry=registry,
             ),
+            fresh=Counter(
+                "defrag_extender_fresh_answers",
+                "Watched: requests that wanted every change the store held (filter), by how "
+                "they were answered: current (the view had them), ahead (the view with the "
+                "pending pod changes applied, no build awaited), waited (for a build).",
+                ["how"],
+                registry=registry,
+            ),
         )
         if cache is not None:
 
@@ -92,6 +101,9 @@ class ExtenderMetrics:
 
             metrics.state_age.set_function(age)
         return metrics
+
+    def observe_fresh(self, how: str) -> None:
+        self.fresh.labels(how=how).inc()
 
     def observe_relist(self, status: Status, seconds: float) -> None:
         self.relists.labels(result="ok" if status.ok else "failed").inc()
@@ -366,6 +378,7 @@ def serve(
     )
     metrics = ExtenderMetrics.create(cache)
     cache.on_relist = metrics.observe_relist
+    cache.on_fresh = metrics.observe_fresh
     server = ExtenderHTTPServer(
         (host, port),
         Extender(cache),

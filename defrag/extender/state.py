@@ -8,10 +8,16 @@ cluster are plain :class:`~defrag.ports.ClusterSource` objects):
   makes a new :class:`ClusterView` when the store changes — at once after a quiet spell, then at
   most every ``min_interval_s`` and never sooner than the last build took (a burst of events is
   one build; the builder uses at most about half a core however busy the cluster). A request
-  that arrives while the store holds changes the view lacks waits for the view that has them
-  (the builder is hurried), up to ``fresh_wait_s``; after that it is answered from the last
-  view. So a node freed by a drain is seen by the next scheduling attempt, and the answer's
-  latency is bounded. A view after a change is carried from the last one (:func:`make_view`):
+  that arrives while the store holds changes the view lacks is answered **ahead** of the build
+  when those changes are only a few pods coming, going or changing (kube-scheduler just bound
+  the previous pod): from the last view with the free resources of the nodes those pods touch
+  as the next build will make them (the source's ``pending()``, :meth:`StoreBuild.ahead
+  <defrag.adapters.store_build.StoreBuild.ahead>`), so no build is in the request's path; the
+  builder builds in the background as ever. Any other change (a node, a PriorityClass, many
+  objects, a build under way) makes the request wait for the view that has it (the builder is
+  hurried), up to ``fresh_wait_s``; after that it is answered from the last view. So a node
+  freed by a drain is seen by the next scheduling attempt, and the answer's latency is
+  bounded. A view after a change is carried from the last one (:func:`make_view`):
   the store rebuilds only the nodes the change touched, and what the change did not touch is
   kept; every ``scratch_interval_s`` one is made from scratch.
 - **relisted** (snapshot files, the simulated cluster): :meth:`ClusterCache.refresh` every
@@ -32,17 +38,22 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress
+from typing import TYPE_CHECKING, Protocol
 
 from defrag.extender.wire import ObjectArray, host_prefixes
+from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
-from defrag.model.resources import RESERVED_FOR_ANNOTATION
+from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod
 from defrag.model.status import Status
 from defrag.model.workload import Shape, WorkloadMix
 from defrag.ports import ClusterSource, WatchedClusterSource
 from defrag.scoring.framework import Policy
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
+
+if TYPE_CHECKING:
+    from defrag.adapters.store_build import Ahead
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +87,20 @@ class ClusterView:
     """How many GPU pods (bound and pending) of each shape the cluster holds: the observed
     workload mix before its cut (``WorkloadMix.from_counts``), kept to move by the next change
     (empty when the policy reads no mix, :data:`MIX_POLICIES`)."""
+    ahead: NodeArrays | None = None
+    """A view answered ahead of its build (:func:`view_ahead`): the free resources with the
+    store's pending pod changes applied (None: ``cluster``'s own). ``cluster`` is then the last
+    build, whose pods and nodes lack those changes: the answers read only :attr:`arrays`."""
 
     @property
     def policy(self) -> Policy:
         """The profile's score function."""
         return self.profile.policy
+
+    @property
+    def arrays(self) -> NodeArrays:
+        """The free resources and capacity the answers are worked out on."""
+        return self.ahead if self.ahead is not None else self.cluster.arrays
 
 
 def make_view(
@@ -120,6 +140,45 @@ def make_view(
     # its sequence again); only its mix is carried.
     profile = config.with_mix(mix)
     return ClusterView(cluster, profile, reserved, taken_at, generation, hosts, counts)
+
+
+def view_ahead(
+    view: ClusterView, ahead: Ahead, generation: int, config: ProfileConfig, taken_at: float
+) -> ClusterView:
+    """``view`` with the store's pending pod changes applied (``ahead``, made from the build
+    ``view`` was made of): it answers as the view of the next build will (nodes, reservations
+    and host prefixes are the same: only pods changed), with a fresh profile as that view has,
+    and the mix's shape counts moved by the pods that went and came."""
+    counts: Counter[Shape] = Counter()
+    if config.policy in MIX_POLICIES:
+        counts = _shifted(view.shape_counts, ahead.went, ahead.came)
+    mix = WorkloadMix.from_counts(counts) if counts else WorkloadMix.default()
+    profile = config.with_mix(mix)
+    return replace(
+        view,
+        profile=profile,
+        taken_at=taken_at,
+        generation=generation,
+        shape_counts=counts,
+        ahead=ahead.arrays,
+    )
+
+
+def _shifted(
+    counts: Counter[Shape], went: tuple[Pod, ...], came: tuple[Pod, ...]
+) -> Counter[Shape]:
+    moved = Counter(counts)
+    moved.subtract(Shape.of(p) for p in went if p.num_gpu)
+    moved.update(Shape.of(p) for p in came if p.num_gpu)
+    return +moved  # shapes no pod has any more are dropped
+
+
+class PendingSource(Protocol):
+    """A watched source that can say what its pending changes make of the last build's free
+    resources (:meth:`KubeWatchSource.pending
+    <defrag.adapters.kube_watch.KubeWatchSource.pending>`)."""
+
+    def pending(self) -> tuple[Ahead, int] | None: ...
 
 
 def _same_nodes(before: Cluster, after: Cluster) -> bool:
@@ -193,6 +252,18 @@ class ClusterCache:
     _thread: threading.Thread | None = None
     _watched: bool | None = None
     """Whether the source is watched, asked once (a Protocol isinstance check is slow)."""
+    _pending: Callable[[], tuple[Ahead, int] | None] | None = None
+    """The source's ``pending`` (:class:`PendingSource`), looked up once; None: it has none."""
+    _ahead_of: tuple[ClusterView, ClusterView] | None = None
+    """The last view answered ahead (second) and the built view it was made from (first)."""
+    _ahead_lock: threading.Lock = field(default_factory=threading.Lock)
+    on_fresh: Callable[[str], None] | None = None
+    """Watched: told how each request that wanted every change was answered: ``current``
+    (the view had them), ``ahead`` (:meth:`ahead`) or ``waited`` (for a build, or until
+    ``fresh_wait_s``)."""
+
+    def __post_init__(self) -> None:
+        self._pending = getattr(self.source, "pending", None)
 
     @property
     def watched(self) -> bool:
@@ -201,29 +272,71 @@ class ClusterCache:
         return self._watched
 
     def view(self) -> ClusterView | None:
-        """The view to answer from. Watched: when the source holds changes the view lacks, wait
-        (at most ``fresh_wait_s``) for the build that has them."""
+        """The view to answer from. Watched: when the source holds changes the view lacks, the
+        view ahead of its build (:meth:`ahead`) where the changes allow, else wait (at most
+        ``fresh_wait_s`` in all) for the build that has them."""
         view = self._view
         if view is None or not self.watched:
             return view
         source: WatchedClusterSource = self.source  # type: ignore[assignment]
-        wanted = source.generation()
-        if view.generation >= wanted:
-            return view
         deadline = time.monotonic() + self.fresh_wait_s
-        with self._built:
-            self._hurry.set()
-            self._wake.set()
-            while self._tried < wanted:
-                left = deadline - time.monotonic()
-                if left <= 0:
+        how = "current"
+        while True:
+            tried = self._tried  # read before the view: a build sets the view, then this
+            view = self._view
+            wanted = source.generation()
+            if view is None or view.generation >= wanted:
+                break
+            ahead = self.ahead(view)
+            if ahead is not None:
+                view, how = ahead, "ahead" if how == "current" else how
+                break
+            how = "waited"
+            with self._built:
+                self._hurry.set()
+                self._wake.set()
+                while self._tried == tried:  # until a build is done: then ahead of it again
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._built.wait(left)
+                if self._tried == tried or self._tried >= wanted:
+                    view = self._view  # built (or failed) with every change there was, or late
                     break
-                self._built.wait(left)
-        return self._view
+        if self.on_fresh is not None:
+            self.on_fresh(how)
+        return view
+
+    def ahead(self, view: ClusterView) -> ClusterView | None:
+        """``view`` with the source's pending pod changes applied (:func:`view_ahead`), without
+        waiting for their build; None when the source cannot say (a change to anything but
+        pods, a build under way, ``view`` not its last build). The last one is kept: requests
+        between two changes share it (and, as one built view would, its profile)."""
+        pending = self._pending
+        if pending is None:
+            return None
+        source: WatchedClusterSource = self.source  # type: ignore[assignment]
+        with self._ahead_lock:
+            last = self._ahead_of
+            if last is not None and last[0] is view and last[1].generation >= source.generation():
+                return last[1]
+            got = pending()
+            if got is None or got[0].base is not view.cluster:
+                return None
+            made = view_ahead(view, got[0], got[1], self.config, self.clock())
+            self._ahead_of = (view, made)
+            return made
 
     def latest(self) -> ClusterView | None:
-        """The last view built, without waiting."""
-        return self._view
+        """The newest view there is without waiting: the last one built, or ahead of it where
+        the source's pending changes allow (:meth:`ahead`)."""
+        view = self._view
+        if view is None or not self.watched:
+            return view
+        source: WatchedClusterSource = self.source  # type: ignore[assignment]
+        if view.generation >= source.generation():
+            return view
+        return self.ahead(view) or view
 
     def refresh(self) -> Status:
         """Relist (or, watched, build) once. Never raises: a failure is a Status with the

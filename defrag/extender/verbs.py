@@ -44,34 +44,36 @@ class Extender:
 
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
-        self._last_rows: tuple[ClusterView, tuple[str, ...], IntArray] | None = None
-        """The last request's node names and their rows: kube-scheduler asks about the same
-        nodes pod after pod, and comparing the names is cheaper than looking each one up."""
+        self._last_rows: tuple[tuple[str, ...], tuple[str, ...], IntArray] | None = None
+        """The rows' names, the last request's node names and their rows: kube-scheduler asks
+        about the same nodes pod after pod, and comparing the names is cheaper than looking
+        each one up (views of the same nodes share the names, whose rows are theirs)."""
 
     def _view(self, fresh: bool = True) -> ClusterView:
         """The view to answer from. ``fresh``: one with every change the store held when the
-        request came (waiting for its build, :meth:`ClusterCache.view`); else the newest one
-        built, without waiting — what ``prioritize`` answers from: kube-scheduler asks it in
-        the same scheduling cycle, right after ``filter``, about the nodes the filter passed,
-        and scores them on the snapshot the cycle began with; the newest view is at least the
-        one that filter answered from, and waiting again for a binding made meanwhile would
-        only put another build in the cycle's path."""
+        request came (ahead of its build, or waiting for it: :meth:`ClusterCache.view`); else
+        the newest there is without waiting (:meth:`ClusterCache.latest`) — what
+        ``prioritize`` answers from: kube-scheduler asks it in the same scheduling cycle, right
+        after ``filter``, about the nodes the filter passed, and scores them on the snapshot
+        the cycle began with; the newest view is at least the one that filter answered from,
+        and waiting again for a binding made meanwhile would only put another build in the
+        cycle's path."""
         view = self.cache.view() if fresh else self.cache.latest()
         if view is None:
             raise StateUnavailable(str(self.cache.readiness()))
         return view
 
     def _candidates(self, args: ExtenderArgs, view: ClusterView) -> Candidates:
-        arrays = view.cluster.arrays
+        arrays = view.arrays
         get = arrays.index.get
         names = args.node_names
         last = self._last_rows
-        if last is not None and last[0] is view and last[1] == names:
+        if last is not None and last[0] is arrays.names and last[1] == names:
             rows = last[2]
         else:
             rows = np.fromiter(map(get, names, repeat(-1)), dtype=np.int64, count=len(names))
             rows.flags.writeable = False
-            self._last_rows = (view, names, rows)
+            self._last_rows = (arrays.names, names, rows)
         known = rows >= 0
         unknown: tuple[str, ...] = ()
         if not known.all():
@@ -108,7 +110,7 @@ class Extender:
             name: f"node reserved for {key} ({RESERVED_FOR_ANNOTATION})"
             for name, key in cand.reserved.items()
         }
-        mask = feasible_mask(args.pod, view.cluster.arrays, cand.exclude)
+        mask = feasible_mask(args.pod, view.arrays, cand.exclude)
         passes = (cand.rows >= 0) & mask[cand.rows]  # rows of -1 are masked by the first term
         if args.unmodelled:  # not defrag's to judge: only reserved nodes are refused
             failed = {}
@@ -124,7 +126,7 @@ class Extender:
             # a few hundred of the cluster's nodes), without scoring: a filter call never draws
             # from the profile's score function (``random`` answers prioritize as `defrag
             # place` does).
-            arrays = view.cluster.arrays
+            arrays = view.arrays
             masks = filter_masks(args.pod, arrays)
             at = np.fromiter(map(arrays.index.__getitem__, infeasible), np.int64, len(infeasible))
             passes_each = np.array([mask[at] for _reason, mask in masks]).T.tolist()
@@ -176,11 +178,11 @@ class Extender:
         """(the view, each requested node's 0..10 score, its row in the view or -1)."""
         view = self._view(fresh=False)
         if args.unmodelled:
-            get = view.cluster.arrays.index.get
+            get = view.arrays.index.get
             at = np.fromiter((get(n, -1) for n in args.node_names), np.int64)
             return view, np.zeros(len(args.node_names), dtype=np.int64), at
         cand = self._candidates(args, view)
-        arrays = view.cluster.arrays
+        arrays = view.arrays
         feasible = feasible_mask(args.pod, arrays, cand.exclude)
         scores = node_scores(args.pod, arrays, view.policy, feasible) if feasible.any() else None
         known = cand.rows >= 0
