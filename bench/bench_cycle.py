@@ -28,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import gc
 import multiprocessing as mp
 import os
+import pstats
 import random
 import resource
 import statistics
@@ -180,6 +182,11 @@ def main() -> None:
     parser.add_argument(
         "--churn", type=int, default=20, help="bound pods replaced before each later cycle"
     )
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="cProfile the later cycles (snapshot to result) and write the stats to PATH",
+    )
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -229,6 +236,7 @@ def main() -> None:
         builder = source.watch._builder
         pauses = GcPauses()
         rows = []
+        profiles: list[cProfile.Profile] = []
         list_cpu = 0.0
         first_rss = 0.0
         for i in range(args.repeat):
@@ -241,9 +249,15 @@ def main() -> None:
                     if time.perf_counter() - waited > 60:
                         raise SystemExit("the watch did not deliver the churn within 60 s")
                     time.sleep(0.01)
+            profiler = cProfile.Profile() if i and args.profile else None
             t, cpu = time.perf_counter(), time.process_time()
             paused = pauses.total_s
+            if profiler is not None:
+                profiler.enable()
             result = run_cycle(ports, CycleConfig())
+            if profiler is not None:
+                profiler.disable()
+                profiles.append(profiler)
             total, cpu = time.perf_counter() - t, time.process_time() - cpu
             paused = pauses.total_s - paused
             steps = len(result.plan.steps) if result.plan else 0
@@ -271,6 +285,11 @@ def main() -> None:
                 f"({cpu:.2f} s CPU), RSS {_rss_mib():.0f} MiB",
                 flush=True,
             )
+        if profiles:
+            stats = pstats.Stats(profiles[0])
+            for more in profiles[1:]:
+                stats.add(more)
+            stats.dump_stats(args.profile)
         assert api.writes() == 0, "a dry-run cycle must not write"
         source.stop()
     finally:

@@ -8,7 +8,7 @@ to choose. The plan is deterministic for a given cluster, goal, policy, constrai
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -32,6 +32,7 @@ from defrag.plan.model import Blocked, Plan, RoomWorth, Step
 from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
+from defrag.plan.shape import shape_of
 from defrag.plan.spend import BudgetLedger
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
@@ -300,6 +301,7 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     groups: dict[str, list[Pod]] = defaultdict(list)
     never: set[str] = set()
     empty = None
+    fits_ever: dict[Hashable, bool] = {}  # by shape: the filters read nothing else
     for pod in cluster.pending_pods():
         if pod.priority < options.starved_priority or pod.is_gated:
             continue
@@ -310,7 +312,11 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
             continue
         empty = empty if empty is not None else empty_nodes(cluster)
         key = gang_of(pod) or pod.key
-        if not satisfiable(pod, empty).ok:
+        shape = shape_of(pod)
+        ever = fits_ever.get(shape)
+        if ever is None:
+            ever = fits_ever[shape] = satisfiable(pod, empty).ok
+        if not ever:
             never.add(key)
         groups[key].append(pod)
     groups = {k: g for k, g in groups.items() if k not in never}
