@@ -249,7 +249,7 @@ def main() -> None:
                     if time.perf_counter() - waited > 60:
                         raise SystemExit("the watch did not deliver the churn within 60 s")
                     time.sleep(0.01)
-            profiler = cProfile.Profile() if i and args.profile else None
+            profiler = cProfile.Profile(time.process_time) if i and args.profile else None
             t, cpu = time.perf_counter(), time.process_time()
             paused = pauses.total_s
             if profiler is not None:
