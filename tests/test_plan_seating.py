@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -23,7 +23,8 @@ from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, Node, Pod
 from defrag.plan import seating as seating_module
 from defrag.plan.constraints import gang_of
-from defrag.plan.seating import Seat, seating, seating_of
+from defrag.plan.departures import Departures
+from defrag.plan.seating import Seat, departures_of, seating, seating_of
 from defrag.plan.workspace import Workspace
 from tests.test_plan_support import NOW, gpu_node, pending, running
 
@@ -76,6 +77,14 @@ def assert_same(made: Workspace, ref: Workspace) -> None:
 
 
 NAMES = [f"n{i}" for i in range(5)]
+ZONES = [UTC, timezone(timedelta(hours=5, minutes=30)), timezone(timedelta(hours=-8))]
+MOMENTS = st.one_of(
+    st.none(),
+    st.datetimes(datetime(2026, 11, 1), datetime(2026, 12, 1), timezones=st.sampled_from(ZONES)),
+    st.datetimes(datetime(2026, 11, 1), datetime(2026, 12, 1)),  # naive: taken as UTC
+)
+"""When a pod started: unknown, aware in any zone, naive; to the microsecond; some after
+``now`` (an age of 0)."""
 
 
 def _pod(draw: st.DrawFn, i: int, nodes: list[str]) -> Pod:
@@ -91,6 +100,8 @@ def _pod(draw: st.DrawFn, i: int, nodes: list[str]) -> Pod:
         f"p{i}", node, gpus, namespace=ns, gang=gang, labels=labels,
         cpu=draw(st.sampled_from([500, 1000])),
     )  # fmt: skip
+    when = draw(MOMENTS)
+    pod = replace(pod, created_at=when, scheduled_at=draw(st.sampled_from([None, when])))
     if kind == "finished":
         return replace(pod, phase="Succeeded")
     if kind == "ending":
@@ -101,7 +112,7 @@ def _pod(draw: st.DrawFn, i: int, nodes: list[str]) -> Pod:
 def _nodes(names: list[str], reserved: str | None) -> list[Node]:
     out = [gpu_node(n, 8) for n in names]
     if reserved in names:
-        at = names.index(reserved)  # type: ignore[arg-type]
+        at = names.index(reserved)
         out[at] = replace(out[at], annotations={RESERVED_FOR_ANNOTATION: "default/p1"})
     return out
 
@@ -179,7 +190,23 @@ def test_the_kept_seating_is_the_one_made_from_nothing(clusters: list[Cluster]) 
         assert _seats(kept.where) == _seats(fresh.where)
         assert kept.gangs == fresh.gangs and kept.gang_by_pod == fresh.gang_by_pod
         assert kept.terminating == fresh.terminating
+        assert kept.started_us == fresh.started_us
         assert np.array_equal(kept.gpuless_cpu, fresh.gpuless_cpu)
+
+
+@SETTINGS
+@given(
+    sequences(), st.datetimes(datetime(2026, 11, 20), datetime(2026, 12, 2), timezones=st.just(UTC))
+)
+def test_departures_from_the_seating_are_the_ones_from_the_pods(
+    clusters: list[Cluster], now: datetime
+) -> None:
+    """The forecast's ages read from the kept seating's starts are the ages of the bound pods,
+    to the bit, at every step."""
+    for c in clusters:
+        kept = departures_of(c, now, 12.0).ages_h
+        walked = Departures.of(c.bound_pods(), now, 12.0).ages_h
+        assert kept.dtype == walked.dtype and kept.tobytes() == walked.tobytes()
 
 
 def test_a_cluster_seen_again_after_another_gets_its_own_seating() -> None:

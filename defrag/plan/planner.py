@@ -24,7 +24,6 @@ from defrag.plan.config import (
     RoomValue,
 )
 from defrag.plan.constraints import Ledger, gang_of
-from defrag.plan.departures import Departures
 from defrag.plan.drainworth import Beneficiaries, Waiting
 from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.makeroom import candidate_rows, describe, make_room, room_worth
@@ -32,6 +31,7 @@ from defrag.plan.model import Blocked, Plan, RoomWorth, Step
 from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
+from defrag.plan.seating import departures_of
 from defrag.plan.shape import shape_of
 from defrag.plan.spend import BudgetLedger
 from defrag.plan.workspace import Workspace
@@ -90,9 +90,7 @@ def make_plan(
     ws = Workspace.from_cluster(cluster)
     ledger = Ledger(cluster.pdbs, constraints, owners, spent)
     forecast = bool(groups) and options.room_value is RoomValue.FORECAST and options.room_worth > 0
-    departures = (
-        Departures.of(cluster.bound_pods(), now, options.room_horizon_h) if forecast else None
-    )
+    departures = departures_of(cluster, now, options.room_horizon_h) if forecast else None
     ctx = SearchContext(
         pol, ledger, constraints, options.cost, now, history=history, departures=departures
     )

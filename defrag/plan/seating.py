@@ -19,6 +19,7 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 import numpy as np
@@ -26,7 +27,9 @@ import numpy as np
 from defrag.model.arrays import IntArray
 from defrag.model.cluster import Cluster, occupies
 from defrag.model.resources import Pod
+from defrag.model.utc import utc
 from defrag.plan.constraints import gang_of
+from defrag.plan.departures import DEFAULT_BANDWIDTH_H, DEFAULT_HORIZON_H, Departures
 
 
 class Occupant(Protocol):
@@ -68,6 +71,7 @@ class Seating:
         gangs: dict[str, tuple[str, ...]],
         gpuless_cpu: IntArray,
         terminating: set[str],
+        started_us: dict[str, int],
     ) -> None:
         self.pods = pods
         """The cluster's pods this seating is of (compared pod by pod, by identity)."""
@@ -78,6 +82,10 @@ class Seating:
         self.gangs = gangs
         self.gpuless_cpu = gpuless_cpu
         self.terminating = terminating
+        self.started_us = started_us
+        """The running GPU pods not Terminating whose start is known (bound, else created) →
+        that moment in microseconds since the epoch: what their ages are read from
+        (:func:`departures_of`)."""
         self.where: dict[str, Seat] = _where(rows)
 
     def rows_copy(self) -> list[dict[str, Seat]]:
@@ -108,6 +116,7 @@ def seating_of(cluster: Cluster) -> Seating:
     gang_by_pod: dict[str, str] = {}
     cpu = [0] * len(arrays)
     terminating: set[str] = set()
+    started: dict[str, int] = {}
     for key, pod in sorted((p.key, p) for p in cluster.bound_pods()):
         row = index[pod.node]  # type: ignore[index]
         rows[row][key] = Seat(pod, row, pod.gpu_indices)
@@ -115,6 +124,8 @@ def seating_of(cluster: Cluster) -> Seating:
             cpu[row] += pod.cpu_milli
         if pod.terminating:
             terminating.add(key)
+        else:
+            _note_start(started, key, pod)
         gang = gang_of(pod)
         if gang:
             members[gang].append(key)
@@ -126,7 +137,26 @@ def seating_of(cluster: Cluster) -> Seating:
             gang_by_pod[pod.key] = gang
     gangs = {g: tuple(sorted(keys)) for g, keys in members.items()}
     gpuless = np.array(cpu, dtype=np.int64)
-    return Seating(cluster.pods, arrays.names, rows, gang_by_pod, gangs, gpuless, terminating)
+    return Seating(
+        cluster.pods, arrays.names, rows, gang_by_pod, gangs, gpuless, terminating, started
+    )
+
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def micros(moment: datetime) -> int:
+    """``moment`` in whole microseconds since the epoch (exact: a datetime's resolution)."""
+    return (utc(moment) - EPOCH) // _MICROSECOND
+
+
+def _note_start(started: dict[str, int], key: str, pod: Pod) -> None:
+    """Keep a running pod's start (bound, else created) when it is a GPU pod and known."""
+    if pod.num_gpu:
+        since = pod.scheduled_at or pod.created_at
+        if since is not None:
+            started[key] = micros(since)
 
 
 def updated(last: Seating, cluster: Cluster) -> Seating | None:
@@ -163,6 +193,7 @@ def updated(last: Seating, cluster: Cluster) -> Seating | None:
                 if seat.pod.num_gpu == 0:
                     last.gpuless_cpu[seat.row] -= seat.pod.cpu_milli
                 last.terminating.discard(key)
+                last.started_us.pop(key, None)
             gang = last.gang_by_pod.pop(key, None)
             if gang is not None:
                 gang_change(gang)[0].add(key)
@@ -178,6 +209,8 @@ def updated(last: Seating, cluster: Cluster) -> Seating | None:
                 last.gpuless_cpu[row] += after.cpu_milli
             if after.terminating:
                 last.terminating.add(key)
+            else:
+                _note_start(last.started_us, key, after)
         elif not _waiting(after):
             continue
         gang = gang_of(after)
@@ -215,9 +248,36 @@ def seating(cluster: Cluster) -> Seating:
     return found
 
 
+def departures_of(
+    cluster: Cluster,
+    now: datetime,
+    horizon_h: float = DEFAULT_HORIZON_H,
+    bandwidth_h: float = DEFAULT_BANDWIDTH_H,
+) -> Departures:
+    """:meth:`Departures.of <defrag.plan.departures.Departures.of>` the cluster's bound pods,
+    from the starts its kept seating holds (brought up to this cluster, not walked). The same
+    ages to the bit: each is the whole microseconds between the two moments over 10⁶ (what
+    ``timedelta.total_seconds`` computes: exact integers, divided once), over 3600."""
+    with _lock:
+        started = seating(cluster).started_us
+        since = np.fromiter(started.values(), dtype=np.int64, count=len(started))
+    hours = (micros(now) - since) / 1e6 / 3600.0
+    return Departures(np.sort(np.maximum(hours, 0.0)), horizon_h, bandwidth_h)
+
+
 def held() -> threading.Lock:
     """The lock under which :func:`seating` is asked and its answer copied."""
     return _lock
 
 
-__all__ = ["REBUILD_SHARE", "Occupant", "Seat", "Seating", "held", "seating", "seating_of"]
+__all__ = [
+    "REBUILD_SHARE",
+    "Occupant",
+    "Seat",
+    "Seating",
+    "departures_of",
+    "held",
+    "micros",
+    "seating",
+    "seating_of",
+]
