@@ -164,8 +164,8 @@ def detect_starvation(
     for one of its ``reasons``; ``pods``: default all pending), diagnosed with ``profile`` —
     the one built for this snapshot, which the planner and the extender score with too."""
     findings = []
-    candidates = cluster.pending_pods() if pods is None else pods
     diagnosis = diagnoser(cluster, profile.policy)
+    candidates = diagnosis.pending() if pods is None else pods
     for pod in candidates:
         since = pending_since(pod)
         if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
@@ -229,17 +229,29 @@ class Diagnoser:
         self.policy = policy
         self._reuse = repeatable(policy)
         self._empty: NodeArrays | None = None
+        self._pending: tuple[Pod, ...] | None = None
         self._known: dict[Hashable, Diagnosis] = {}
+        self._by_pod: dict[str, tuple[Pod, Diagnosis]] = {}
 
     def __call__(self, pod: Pod) -> Diagnosis:
         if not self._reuse:
             return diagnose(pod, self.cluster, self.policy, self.empty())
+        seen = self._by_pod.get(pod.key)
+        if seen is not None and seen[0] is pod:  # the next rule asks of the same pod
+            return seen[1]
         shape = shape_of(pod)
         known = self._known.get(shape)
         if known is None:
             known = diagnose(pod, self.cluster, self.policy, self.empty())
             self._known[shape] = known
+        self._by_pod[pod.key] = (pod, known)
         return known
+
+    def pending(self) -> tuple[Pod, ...]:
+        """The cluster's pending pods (``Cluster.pending_pods``), found once."""
+        if self._pending is None:
+            self._pending = tuple(self.cluster.pending_pods())
+        return self._pending
 
     def empty(self) -> NodeArrays:
         """The nodes emptied (:func:`~defrag.scoring.satisfiable.empty_nodes`), built once."""
