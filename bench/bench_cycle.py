@@ -2,7 +2,8 @@
 through the real client.
 
 Run: ``.venv/bin/python -m bench.bench_cycle [--nodes 5000] [--pods 40000] [--repeat 4]
-[--churn 20]``
+[--churn 20] [--profile PATH]`` (``--profile``: cProfile of the later cycles, timed in CPU
+time, so that a loaded machine's waits do not show as work; read with ``pstats``)
 
 The cluster (F1's generator in bench.bench_kube: 8-GPU nodes, real-shaped pods, PDBs) sits in
 the emulated API server, run in a child process so that serving JSON does not compete with the
