@@ -34,10 +34,11 @@ from defrag.plan.room import SearchContext
 from defrag.plan.seating import departures_of
 from defrag.plan.shape import shape_of
 from defrag.plan.spend import BudgetLedger
+from defrag.plan.waiting import waiting
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
-from defrag.scoring.satisfiable import empty_nodes, satisfiable
+from defrag.scoring.satisfiable import satisfiable
 
 
 class PlanError(ValueError):
@@ -298,9 +299,9 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     with such a member gets no room at all (it is placed whole or not at all)."""
     groups: dict[str, list[Pod]] = defaultdict(list)
     never: set[str] = set()
-    empty = None
+    found = waiting(cluster)  # the pending pods and the nodes emptied, once per snapshot
     fits_ever: dict[Hashable, bool] = {}  # by shape: the filters read nothing else
-    for pod in cluster.pending_pods():
+    for pod in found.pods:
         if pod.priority < options.starved_priority or pod.is_gated:
             continue
         since = pod.pending_since or pod.created_at
@@ -308,12 +309,11 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
             since is None or utc(now) - utc(since) < options.starved_after
         ):
             continue
-        empty = empty if empty is not None else empty_nodes(cluster)
         key = gang_of(pod) or pod.key
         shape = shape_of(pod)
         ever = fits_ever.get(shape)
         if ever is None:
-            ever = fits_ever[shape] = satisfiable(pod, empty).ok
+            ever = fits_ever[shape] = satisfiable(pod, found.empty()).ok
         if not ever:
             never.add(key)
         groups[key].append(pod)

@@ -59,8 +59,9 @@ class Seating:
     """A cluster's running pods by row, with what a workspace derives from them.
 
     ``rows`` are never handed out: a workspace copies them (:meth:`rows_copy`); ``where``,
-    ``gangs`` and ``gpuless_cpu`` likewise. ``gangs`` is read by gang name only (its order is
-    not kept)."""
+    ``gangs`` and ``gpuless_cpu`` likewise. ``where`` and ``gangs`` are read by key only, or
+    walked into a set: their order is not kept (a changed pod's seat is put at the end of
+    ``where``, where one made from nothing has it row by row)."""
 
     def __init__(
         self,
@@ -226,8 +227,6 @@ def updated(last: Seating, cluster: Cluster) -> Seating | None:
         else:
             last.gangs.pop(gang, None)
     last.pods = new
-    if dirty_rows:
-        last.where = _where(last.rows)
     return last
 
 

@@ -43,6 +43,7 @@ from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.plan.shape import repeatable, shape_of
+from defrag.plan.waiting import waiting
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
 from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.profile import ScoringProfile
@@ -228,8 +229,7 @@ class Diagnoser:
         self.cluster = cluster
         self.policy = policy
         self._reuse = repeatable(policy)
-        self._empty: NodeArrays | None = None
-        self._pending: tuple[Pod, ...] | None = None
+        self._waiting = waiting(cluster)
         self._known: dict[Hashable, Diagnosis] = {}
         self._by_pod: dict[str, tuple[Pod, Diagnosis]] = {}
 
@@ -248,16 +248,14 @@ class Diagnoser:
         return known
 
     def pending(self) -> tuple[Pod, ...]:
-        """The cluster's pending pods (``Cluster.pending_pods``), found once."""
-        if self._pending is None:
-            self._pending = tuple(self.cluster.pending_pods())
-        return self._pending
+        """The cluster's pending pods (``Cluster.pending_pods``), found once per snapshot
+        (:mod:`defrag.plan.waiting`: the planner asks for them too)."""
+        return self._waiting.pods
 
     def empty(self) -> NodeArrays:
-        """The nodes emptied (:func:`~defrag.scoring.satisfiable.empty_nodes`), built once."""
-        if self._empty is None:
-            self._empty = empty_nodes(self.cluster)
-        return self._empty
+        """The nodes emptied (:func:`~defrag.scoring.satisfiable.empty_nodes`), built once per
+        snapshot."""
+        return self._waiting.empty()
 
 
 _last: Diagnoser | None = None
