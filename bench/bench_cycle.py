@@ -2,7 +2,8 @@
 through the real client.
 
 Run: ``.venv/bin/python -m bench.bench_cycle [--nodes 5000] [--pods 40000] [--repeat 4]
-[--churn 20]``
+[--churn 20] [--profile PATH]`` (``--profile``: cProfile of the later cycles, timed in CPU
+time, so that a loaded machine's waits do not show as work; read with ``pstats``)
 
 The cluster (F1's generator in bench.bench_kube: 8-GPU nodes, real-shaped pods, PDBs) sits in
 the emulated API server, run in a child process so that serving JSON does not compete with the
@@ -28,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import cProfile
 import gc
 import multiprocessing as mp
 import os
+import pstats
 import random
 import resource
 import statistics
@@ -180,6 +183,11 @@ def main() -> None:
     parser.add_argument(
         "--churn", type=int, default=20, help="bound pods replaced before each later cycle"
     )
+    parser.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="cProfile the later cycles (snapshot to result) and write the stats to PATH",
+    )
     args = parser.parse_args()
 
     t0 = time.perf_counter()
@@ -229,6 +237,7 @@ def main() -> None:
         builder = source.watch._builder
         pauses = GcPauses()
         rows = []
+        profiles: list[cProfile.Profile] = []
         list_cpu = 0.0
         first_rss = 0.0
         for i in range(args.repeat):
@@ -241,9 +250,15 @@ def main() -> None:
                     if time.perf_counter() - waited > 60:
                         raise SystemExit("the watch did not deliver the churn within 60 s")
                     time.sleep(0.01)
+            profiler = cProfile.Profile(time.process_time) if i and args.profile else None
             t, cpu = time.perf_counter(), time.process_time()
             paused = pauses.total_s
+            if profiler is not None:
+                profiler.enable()
             result = run_cycle(ports, CycleConfig())
+            if profiler is not None:
+                profiler.disable()
+                profiles.append(profiler)
             total, cpu = time.perf_counter() - t, time.process_time() - cpu
             paused = pauses.total_s - paused
             steps = len(result.plan.steps) if result.plan else 0
@@ -271,6 +286,11 @@ def main() -> None:
                 f"({cpu:.2f} s CPU), RSS {_rss_mib():.0f} MiB",
                 flush=True,
             )
+        if profiles:
+            stats = pstats.Stats(profiles[0])
+            for more in profiles[1:]:
+                stats.add(more)
+            stats.dump_stats(args.profile)
         assert api.writes() == 0, "a dry-run cycle must not write"
         source.stop()
     finally:

@@ -26,6 +26,7 @@ from defrag.execute.outcome import Execution
 from defrag.execute.reconcile import Reconciler
 from defrag.execute.windows import WindowStatus
 from defrag.model.cluster import Cluster
+from defrag.model.gc_policy import YOUNG_EVERY, gc_deferred
 from defrag.plan.model import Plan
 from defrag.plan.recent import NONE as NO_EVICTIONS
 from defrag.plan.recent import RecentEvictions
@@ -149,6 +150,25 @@ def run_cycle(
     :attr:`~CycleResult.opened_early`)."""
     started = ports.clock.now()
     cluster = ports.source.snapshot()
+    # Detection and planning make objects by the hundred thousand at fleet scale, nearly all
+    # dying young by reference counting; at the default thresholds the cyclic collector walked
+    # them (and the snapshot's) again and again — the young generation more rarely, as the
+    # simulator's timeline does (defrag.model.gc_policy).
+    with gc_deferred(YOUNG_EVERY):
+        return _cycle(ports, config, started, cluster, leader, last_packing, evicted, opened_early)
+
+
+def _cycle(
+    ports: CyclePorts,
+    config: CycleConfig,
+    started: datetime,
+    cluster: Cluster,
+    leader: bool,
+    last_packing: Finding | None,
+    evicted: RecentEvictions,
+    opened_early: datetime | None,
+) -> CycleResult:
+    """:func:`run_cycle` once the snapshot is taken."""
     # One profile for this snapshot: the detectors, the planner and the figures on /metrics
     # (and so alert evidence and `defrag report`) all score with it.
     profile = config.profile.for_cluster(cluster)

@@ -8,7 +8,7 @@ to choose. The plan is deterministic for a given cluster, goal, policy, constrai
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -24,7 +24,6 @@ from defrag.plan.config import (
     RoomValue,
 )
 from defrag.plan.constraints import Ledger, gang_of
-from defrag.plan.departures import Departures
 from defrag.plan.drainworth import Beneficiaries, Waiting
 from defrag.plan.history import NO_HISTORY, History
 from defrag.plan.makeroom import candidate_rows, describe, make_room, room_worth
@@ -32,11 +31,14 @@ from defrag.plan.model import Blocked, Plan, RoomWorth, Step
 from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
+from defrag.plan.seating import departures_of
+from defrag.plan.shape import shape_of
 from defrag.plan.spend import BudgetLedger
+from defrag.plan.waiting import waiting
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
-from defrag.scoring.satisfiable import empty_nodes, satisfiable
+from defrag.scoring.satisfiable import satisfiable
 
 
 class PlanError(ValueError):
@@ -89,9 +91,7 @@ def make_plan(
     ws = Workspace.from_cluster(cluster)
     ledger = Ledger(cluster.pdbs, constraints, owners, spent)
     forecast = bool(groups) and options.room_value is RoomValue.FORECAST and options.room_worth > 0
-    departures = (
-        Departures.of(cluster.bound_pods(), now, options.room_horizon_h) if forecast else None
-    )
+    departures = departures_of(cluster, now, options.room_horizon_h) if forecast else None
     ctx = SearchContext(
         pol, ledger, constraints, options.cost, now, history=history, departures=departures
     )
@@ -299,8 +299,9 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     with such a member gets no room at all (it is placed whole or not at all)."""
     groups: dict[str, list[Pod]] = defaultdict(list)
     never: set[str] = set()
-    empty = None
-    for pod in cluster.pending_pods():
+    found = waiting(cluster)  # the pending pods and the nodes emptied, once per snapshot
+    fits_ever: dict[Hashable, bool] = {}  # by shape: the filters read nothing else
+    for pod in found.pods:
         if pod.priority < options.starved_priority or pod.is_gated:
             continue
         since = pod.pending_since or pod.created_at
@@ -308,9 +309,12 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
             since is None or utc(now) - utc(since) < options.starved_after
         ):
             continue
-        empty = empty if empty is not None else empty_nodes(cluster)
         key = gang_of(pod) or pod.key
-        if not satisfiable(pod, empty).ok:
+        shape = shape_of(pod)
+        ever = fits_ever.get(shape)
+        if ever is None:
+            ever = fits_ever[shape] = satisfiable(pod, found.empty()).ok
+        if not ever:
             never.add(key)
         groups[key].append(pod)
     groups = {k: g for k, g in groups.items() if k not in never}

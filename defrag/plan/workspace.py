@@ -9,38 +9,17 @@ made from changes.
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from defrag.model.arrays import BoolArray, IntArray, NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, Pod, reservation_admits
-from defrag.plan.constraints import gang_of
+from defrag.plan.seating import Occupant, Seat, held, seating
 
 _STATES = itertools.count(1)
 """Numbers for workspace states, unique across every workspace of the process."""
-
-
-class Occupant(Protocol):
-    """A running pod on a row (the simulator's ``Placed`` has the same attributes)."""
-
-    @property
-    def pod(self) -> Pod: ...
-    @property
-    def row(self) -> int: ...
-    @property
-    def gpus(self) -> tuple[int, ...]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Seat:
-    pod: Pod
-    row: int
-    gpus: tuple[int, ...]
 
 
 class Workspace:
@@ -63,6 +42,7 @@ class Workspace:
         where: Mapping[str, Occupant] | None = None,
         gpuless_cpu: IntArray | None = None,
         moved: frozenset[str] = frozenset(),
+        terminating: frozenset[str] | None = None,
     ) -> None:
         self.arrays = arrays
         self.rows: list[dict[str, Occupant]] = [dict(r) for r in rows]
@@ -88,7 +68,11 @@ class Workspace:
         self._versions: list[int] = []
         """The version before each change of ``_log``."""
         self.version = next(_STATES)
-        self._terminating = frozenset(k for k, o in self.where.items() if o.pod.terminating)
+        self._terminating = (
+            terminating
+            if terminating is not None
+            else frozenset(k for k, o in self.where.items() if o.pod.terminating)
+        )
         self._initial: dict[str, Occupant] = dict(self.where)
         """Every running pod's seat before the plan: a pod no longer in its own has been moved
         (:meth:`moved`); a rollback puts the same seat back."""
@@ -99,21 +83,20 @@ class Workspace:
 
     @classmethod
     def from_cluster(cls, cluster: Cluster) -> Workspace:
+        """A workspace on a copy of the cluster's arrays, its running pods seated as the kept
+        seating has them (:func:`~defrag.plan.seating.seating`: brought up to this cluster)."""
         arrays = cluster.arrays.copy()
-        rows: list[dict[str, Occupant]] = [{} for _ in range(len(arrays))]
-        gangs: dict[str, list[str]] = defaultdict(list)
+        with held():  # the kept seating is copied before another plan may change it
+            seated = seating(cluster)
+            ws = cls(
+                arrays,
+                seated.rows,
+                dict(seated.gangs),
+                where=seated.where,
+                gpuless_cpu=seated.gpuless_cpu,
+                terminating=frozenset(seated.terminating),
+            )
         index = arrays.index
-        for key, pod in sorted((p.key, p) for p in cluster.bound_pods()):
-            row = index[pod.node]  # type: ignore[index]
-            rows[row][key] = Seat(pod, row, pod.gpu_indices)
-            gang = gang_of(pod)
-            if gang:
-                gangs[gang].append(key)
-        for pod in cluster.pending_pods():
-            gang = gang_of(pod)
-            if gang:
-                gangs[gang].append(pod.key)
-        ws = cls(arrays, rows, {g: tuple(sorted(keys)) for g, keys in gangs.items()})
         ws.reserved_for = {
             index[n.name]: n.annotations[RESERVED_FOR_ANNOTATION]
             for n in cluster.nodes

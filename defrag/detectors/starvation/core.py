@@ -27,7 +27,8 @@ of this: it waits for its gates, not for room, and is reported nowhere (docs/rul
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Literal
@@ -41,6 +42,8 @@ from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
+from defrag.plan.shape import repeatable, shape_of
+from defrag.plan.waiting import waiting
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
 from defrag.scoring.framework import Placement, Policy
 from defrag.scoring.profile import ScoringProfile
@@ -162,9 +165,8 @@ def detect_starvation(
     for one of its ``reasons``; ``pods``: default all pending), diagnosed with ``profile`` —
     the one built for this snapshot, which the planner and the extender score with too."""
     findings = []
-    candidates = cluster.pending_pods() if pods is None else pods
-    policy = profile.policy
-    empty: NodeArrays | None = None
+    diagnosis = diagnoser(cluster, profile.policy)
+    candidates = diagnosis.pending() if pods is None else pods
     for pod in candidates:
         since = pending_since(pod)
         if since is None or pod.is_gated or not is_high_priority(pod, cluster, params):
@@ -174,8 +176,7 @@ def detect_starvation(
         waited = (now - since).total_seconds()
         if waited < params.for_s:
             continue
-        empty = empty if empty is not None else empty_nodes(cluster)
-        why = diagnose(pod, cluster, policy, empty)
+        why = diagnosis(pod)
         if why.reason not in params.reasons:
             continue
         prio = priority_of(pod, cluster)
@@ -215,6 +216,65 @@ def detect_starvation(
             )
         )
     return sorted(findings, key=lambda f: f.subject)
+
+
+class Diagnoser:
+    """:func:`diagnose` on one cluster with one policy, each pod shape once
+    (:func:`~defrag.plan.shape.shape_of`): pods of one shape get one answer — the answer
+    :func:`diagnose` gives each of them, since nothing it reads tells them apart. A policy
+    that draws from a generator is asked for every pod, as before
+    (:func:`~defrag.plan.shape.repeatable`)."""
+
+    def __init__(self, cluster: Cluster, policy: Policy) -> None:
+        self.cluster = cluster
+        self.policy = policy
+        self._reuse = repeatable(policy)
+        self._waiting = waiting(cluster)
+        self._known: dict[Hashable, Diagnosis] = {}
+        self._by_pod: dict[str, tuple[Pod, Diagnosis]] = {}
+
+    def __call__(self, pod: Pod) -> Diagnosis:
+        if not self._reuse:
+            return diagnose(pod, self.cluster, self.policy, self.empty())
+        seen = self._by_pod.get(pod.key)
+        if seen is not None and seen[0] is pod:  # the next rule asks of the same pod
+            return seen[1]
+        shape = shape_of(pod)
+        known = self._known.get(shape)
+        if known is None:
+            known = diagnose(pod, self.cluster, self.policy, self.empty())
+            self._known[shape] = known
+        self._by_pod[pod.key] = (pod, known)
+        return known
+
+    def pending(self) -> tuple[Pod, ...]:
+        """The cluster's pending pods (``Cluster.pending_pods``), found once per snapshot
+        (:mod:`defrag.plan.waiting`: the planner asks for them too)."""
+        return self._waiting.pods
+
+    def empty(self) -> NodeArrays:
+        """The nodes emptied (:func:`~defrag.scoring.satisfiable.empty_nodes`), built once per
+        snapshot."""
+        return self._waiting.empty()
+
+
+_last: Diagnoser | None = None
+_last_lock = threading.Lock()
+
+
+def diagnoser(cluster: Cluster, policy: Policy) -> Diagnoser:
+    """The :class:`Diagnoser` for this cluster and policy: the one the last call made when it
+    was for the same two objects, else a new one (kept in its place). The shipped rules are
+    three starvation rules over the same pending pods; each asks of the same snapshot with
+    the same profile, so the second and third ask nothing new. A cluster is never changed in
+    place (every change makes a new one), and the one kept is compared by identity and held,
+    so its answers cannot be another cluster's."""
+    global _last
+    with _last_lock:
+        last = _last
+        if last is None or last.cluster is not cluster or last.policy is not policy:
+            last = _last = Diagnoser(cluster, policy)
+        return last
 
 
 def first_per_pod(findings: Iterable[Finding]) -> list[Finding]:

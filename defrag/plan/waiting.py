@@ -1,0 +1,55 @@
+"""A snapshot's pending pods and its nodes emptied, found once for every part of a cycle.
+
+The starvation rules (three in the shipped file) and the planner each walk the snapshot's pods
+for the pending ones and empty every node to ask whether a pod could ever fit: the same answers,
+from the same snapshot, in one cycle. The last snapshot's are kept. A cluster is never changed
+in place (every change makes a new one) and the kept one is held and compared by identity, so
+the answers cannot be another cluster's.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from defrag.model.arrays import NodeArrays
+from defrag.model.cluster import Cluster
+from defrag.model.resources import Pod
+from defrag.scoring.satisfiable import empty_nodes
+
+
+class Waiting:
+    """The pending pods of one cluster (``Cluster.pending_pods``, in its order) and its nodes
+    emptied (:func:`~defrag.scoring.satisfiable.empty_nodes`), each found when first asked."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._pods: tuple[Pod, ...] | None = None
+        self._empty: NodeArrays | None = None
+
+    @property
+    def pods(self) -> tuple[Pod, ...]:
+        if self._pods is None:
+            self._pods = tuple(self.cluster.pending_pods())
+        return self._pods
+
+    def empty(self) -> NodeArrays:
+        if self._empty is None:
+            self._empty = empty_nodes(self.cluster)
+        return self._empty
+
+
+_kept: Waiting | None = None
+_lock = threading.Lock()
+
+
+def waiting(cluster: Cluster) -> Waiting:
+    """The :class:`Waiting` of ``cluster``: the kept one when it is of the same object."""
+    global _kept
+    with _lock:
+        kept = _kept
+        if kept is None or kept.cluster is not cluster:
+            kept = _kept = Waiting(cluster)
+        return kept
+
+
+__all__ = ["Waiting", "waiting"]
