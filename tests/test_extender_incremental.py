@@ -194,3 +194,16 @@ def test_the_filters_reasons_are_filter_reasons(
                 assert reason == ("; ".join(want[arrays.index[name]]) or "does not fit")
         for name in answer["NodeNames"]:
             assert not want[arrays.index[name]]
+
+
+def test_a_cluster_of_no_nodes_fails_every_node_as_unknown() -> None:
+    """Every node has left (or none joined yet): each one asked about is unknown, for every
+    pod, not an error of the answer (an empty row array indexed at -1)."""
+    from defrag.model.cluster import Cluster
+
+    view = make_view(Cluster.build([]), ProfileConfig(policy="reserve-binpack"), 0.0)
+    extender = Extender(_Fixed(view))  # type: ignore[arg-type]
+    for body in requests():
+        answer = extender.filter(parse_args(body))
+        assert not answer["NodeNames"]
+        assert set(answer["FailedNodes"]) == {*sb.NODES, "node-9"}

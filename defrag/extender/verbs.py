@@ -111,7 +111,10 @@ class Extender:
             for name, key in cand.reserved.items()
         }
         mask = feasible_mask(args.pod, view.arrays, cand.exclude)
-        passes = (cand.rows >= 0) & mask[cand.rows]  # rows of -1 are masked by the first term
+        if len(mask):
+            passes = (cand.rows >= 0) & mask[cand.rows]  # rows of -1: masked by the first term
+        else:  # a cluster of no nodes: every requested node is unknown (and mask[-1] would fail)
+            passes = np.zeros(len(cand.rows), dtype=bool)
         if args.unmodelled:  # not defrag's to judge: only reserved nodes are refused
             failed = {}
             passes = np.array([n not in unresolvable for n in args.node_names], dtype=bool)
