@@ -1,12 +1,13 @@
 """PrometheusSource decodes an answer itself (orjson where that is sure to agree): the value or
 the error is ``response.json()``'s — what prometheus-api-client, which decoded every answer
 before, gives — for every body and declared charset, and the GC pause around it leaves the
-collector as it was."""
+collector as it was; the request is the client's."""
 
 from __future__ import annotations
 
 import gc
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag.adapters.prometheus import _decoded, _result, _to_samples
+from defrag.adapters.prometheus import PrometheusSource, _decoded, _result, _to_samples
 
 
 def response(body: bytes, content_type: str | None = "application/json") -> requests.Response:
@@ -122,3 +123,25 @@ def test_decoding_leaves_the_collector_as_it_was() -> None:
             assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("query", ["up", "x" * 5000])  # a GET, and a POST past the URL limit
+def test_queries_use_the_sources_ca_bundle_whatever_the_environment_names(
+    query: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As prometheus-api-client sent them: the session's ``verify`` stated on each request, so
+    requests does not replace the configured CA bundle by ``REQUESTS_CA_BUNDLE``'s."""
+    ours, theirs = tmp_path / "ours.pem", tmp_path / "theirs.pem"
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(theirs))
+    source = PrometheusSource("https://prometheus.example:9090", ca_bundle=ours, retries=0)
+    sent: list[Any] = []
+
+    def send(request: requests.PreparedRequest, **options: Any) -> requests.Response:
+        sent.append(options["verify"])
+        out = response(b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+        out.request = request
+        return out
+
+    monkeypatch.setattr(source._session.get_adapter(source.url), "send", send)
+    assert source.instant(query) == []
+    assert sent == [str(ours)]

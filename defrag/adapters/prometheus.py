@@ -208,7 +208,7 @@ class PrometheusSource:
         Answered and failing as a GET: ``data.result``; a non-200 raises the client's
         exception with the text :func:`_prometheus_error` reads."""
         response = self._session.post(
-            f"{self.url}{path}", data=dict(form), headers=self._client.headers, timeout=timeout
+            f"{self.url}{path}", data=dict(form), timeout=timeout, **self._sent_as_the_client()
         )
         return _result(response)
 
@@ -218,9 +218,20 @@ class PrometheusSource:
         :meth:`_post`; a range's start and end as given (the client's rounds them to whole
         seconds)."""
         response = self._session.get(
-            f"{self.url}{path}", params=dict(params), headers=self._client.headers, timeout=timeout
+            f"{self.url}{path}", params=dict(params), timeout=timeout, **self._sent_as_the_client()
         )
         return _result(response)
+
+    def _sent_as_the_client(self) -> dict[str, Any]:
+        """The request options prometheus-api-client passes: its headers, and the session's
+        own ``verify`` and ``cert`` stated (stated, a CA bundle given here is used even where
+        ``REQUESTS_CA_BUNDLE`` names another; left to the session, requests would take that
+        one)."""
+        return {
+            "headers": self._client.headers,
+            "verify": self._session.verify,
+            "cert": self._session.cert,
+        }
 
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""
