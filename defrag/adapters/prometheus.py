@@ -14,6 +14,7 @@ them to a cluster's pods (:func:`apply_gpu_indices`).
 from __future__ import annotations
 
 import ast
+import codecs
 import json
 import math
 import re
@@ -29,6 +30,7 @@ import requests
 from prometheus_api_client import PrometheusApiClientException, PrometheusConnect
 from urllib3.util.retry import Retry
 
+from defrag.adapters import jsonio
 from defrag.adapters.deadline import (
     Deadline,
     DeadlineAdapter,
@@ -38,6 +40,7 @@ from defrag.adapters.deadline import (
 )
 from defrag.detectors.leak.core import DcgmLabels
 from defrag.model.cluster import Cluster, ModelError
+from defrag.model.gc_policy import gc_deferred
 from defrag.model.resources import GPU_INDICES_ANNOTATION
 from defrag.ports import Query, Sample, ask
 from defrag.redact import redact_text, redact_url
@@ -88,8 +91,10 @@ class PrometheusSource:
     (:mod:`defrag.adapters.deadline`); inside a command's or cycle's
     :func:`~defrag.adapters.deadline.time_budget` the query ends by the budget's end too.
 
-    prometheus-api-client stays the client: it sends through the ``requests.Session`` given
-    to it, and the deadline works on that session's sockets, under the client.
+    Queries are sent through the ``requests.Session`` given to prometheus-api-client, as the
+    client sends them, and the deadline works on that session's sockets; the answers are
+    decoded here (:func:`_result`: orjson where it gives what ``response.json()`` gives), not
+    by the client.
     """
 
     def __init__(
@@ -155,37 +160,23 @@ class PrometheusSource:
     # --- MetricsSource -------------------------------------------------------------------------
 
     def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
-        params = {"time": f"{at.timestamp():.3f}"} if at is not None else None
+        form = {"query": query}
+        if at is not None:
+            form["time"] = f"{at.timestamp():.3f}"
         if len(query) > POST_ABOVE_CHARS:
-            form = {"query": query, **(params or {})}
             return self._call(query, lambda t: self._post("/api/v1/query", form, t))
-        return self._call(
-            query, lambda t: self._client.custom_query(query, params=params, timeout=t)
-        )
+        return self._call(query, lambda t: self._get("/api/v1/query", form, t))
 
     def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
         if end < start:
             raise ValueError(f"range end {end} before start {start}")
-        whole = _whole_seconds(start) and _whole_seconds(end)
-        if len(query) > POST_ABOVE_CHARS or not whole:
-            # start and end to the millisecond (Prometheus's resolution), so a range ending at
-            # a recording rule's evaluation time has its points exactly there
-            form = {
-                "query": query,
-                "start": _stamp(start),
-                "end": _stamp(end),
-                "step": f"{step_s:g}",
-            }
-            if len(query) > POST_ABOVE_CHARS:
-                return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
-            return self._call(query, lambda t: self._get("/api/v1/query_range", form, t))
-        # The client sends whole seconds itself; step in seconds as a float.
-        return self._call(
-            query,
-            lambda t: self._client.custom_query_range(
-                query, start, end, step=f"{step_s:g}", timeout=t
-            ),
-        )
+        # start and end to the millisecond (Prometheus's resolution), so a range ending at a
+        # recording rule's evaluation time has its points exactly there; whole seconds as the
+        # client writes them; step in seconds as a float
+        form = {"query": query, "start": _stamp(start), "end": _stamp(end), "step": f"{step_s:g}"}
+        if len(query) > POST_ABOVE_CHARS:
+            return self._call(query, lambda t: self._post("/api/v1/query_range", form, t))
+        return self._call(query, lambda t: self._get("/api/v1/query_range", form, t))
 
     def ask_all(self, queries: Sequence[Query]) -> list[list[Sample]]:
         """Every query at once, one thread each (at most :data:`CONCURRENT_QUERIES`): the server
@@ -214,20 +205,33 @@ class PrometheusSource:
         """A query form-encoded in a POST body, as Prometheus's API takes ``/api/v1/query`` and
         ``/api/v1/query_range`` for queries that may breach a URL length limit
         (prometheus/prometheus docs/querying/api.md, "Instant queries" and "Range queries").
-        Answered and failing as the client's GET: ``data.result``; a non-200 raises the
-        client's exception with the text :func:`_prometheus_error` reads."""
+        Answered and failing as a GET: ``data.result``; a non-200 raises the client's
+        exception with the text :func:`_prometheus_error` reads."""
         response = self._session.post(
-            f"{self.url}{path}", data=dict(form), headers=self._client.headers, timeout=timeout
+            f"{self.url}{path}", data=dict(form), timeout=timeout, **self._sent_as_the_client()
         )
         return _result(response)
 
     def _get(self, path: str, params: Mapping[str, str], timeout: Any) -> Any:
-        """The same request as a GET with ``params`` (the client's GET rounds a range's start
-        and end to whole seconds; this one sends them as given)."""
+        """A GET with ``params``, the request prometheus-api-client's ``custom_query`` and
+        ``custom_query_range`` send (the same URL, parameters, headers and session), answered as
+        :meth:`_post`; a range's start and end as given (the client's rounds them to whole
+        seconds)."""
         response = self._session.get(
-            f"{self.url}{path}", params=dict(params), headers=self._client.headers, timeout=timeout
+            f"{self.url}{path}", params=dict(params), timeout=timeout, **self._sent_as_the_client()
         )
         return _result(response)
+
+    def _sent_as_the_client(self) -> dict[str, Any]:
+        """The request options prometheus-api-client passes: its headers, and the session's
+        own ``verify`` and ``cert`` stated (stated, a CA bundle given here is used even where
+        ``REQUESTS_CA_BUNDLE`` names another; left to the session, requests would take that
+        one)."""
+        return {
+            "headers": self._client.headers,
+            "verify": self._session.verify,
+            "cert": self._session.cert,
+        }
 
     def _call(self, query: str, send: Callable[[Any], Any]) -> list[Sample]:
         """``send`` under one deadline for the whole query, retries included."""
@@ -294,7 +298,8 @@ class PrometheusSource:
                 query,
             ) from None
         try:
-            return _to_samples(data)
+            with gc_deferred(None):  # a burst of acyclic tuples: see _result
+                return _to_samples(data)
         except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
             raise PrometheusBadAnswer(
                 f"Prometheus at {self.shown} answered query {query!r} with a result of the wrong "
@@ -317,13 +322,46 @@ class PrometheusSource:
 
 
 def _result(response: requests.Response) -> Any:
-    """``data.result`` of an answer; a non-200 raises the client's exception, with the text
-    :func:`_prometheus_error` reads."""
+    """``data.result`` of an answer, as the client reads it (``response.json()["data"]
+    ["result"]``); a non-200 raises the client's exception, with the text
+    :func:`_prometheus_error` reads.
+
+    A range answer over thousands of GPUs is millions of small lists, floats and strings that
+    make no reference cycles; at its default thresholds the cyclic collector walked them again
+    and again while they were made (more CPU than decoding them), so it is paused meanwhile
+    (:func:`~defrag.model.gc_policy.gc_deferred`; restored after)."""
     if response.status_code != 200:
         raise PrometheusApiClientException(
             f"HTTP Status Code {response.status_code} ({response.content!r})"
         )
-    return response.json()["data"]["result"]
+    with gc_deferred(None):
+        return _decoded(response)["data"]["result"]
+
+
+def _decoded(response: requests.Response) -> Any:
+    """``response.json()``: the same value or the same error, by orjson
+    (:func:`~defrag.adapters.jsonio.loads`) where that is sure to be the same — a UTF-8 body
+    (the charset Prometheus's ``application/json`` implies, or none) that starts as an object
+    does, so no byte-order mark and no UTF-16/32 that :mod:`json` would detect and requests
+    would not. Anything else, or a body it cannot decode, is decoded by requests as before."""
+    content = response.content
+    if content[:1] == b"{" and content[1:2] != b"\0" and _utf8(response.encoding):
+        try:
+            return jsonio.loads(content)
+        except ValueError:  # not JSON, or not UTF-8: requests' own answer or error, below
+            pass
+    return response.json()
+
+
+def _utf8(encoding: str | None) -> bool:
+    """Whether requests decodes a body in ``encoding`` as UTF-8 (None: it guesses, UTF-8 for a
+    body with no NUL bytes and no byte-order mark)."""
+    if encoding is None:
+        return True
+    try:
+        return codecs.lookup(encoding).name == "utf-8"
+    except LookupError:
+        return False
 
 
 def _whole_seconds(at: datetime) -> bool:

@@ -40,6 +40,7 @@ is reported as unattributable rather than guessed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -137,6 +138,12 @@ class LeakParams:
 _PORT = re.compile(r":\d+$")
 
 
+@functools.cache
+def _compiled(pattern: str) -> re.Pattern[str]:
+    """``re.compile``, kept: asked once per series of a fleet's answer."""
+    return re.compile(pattern)
+
+
 @dataclass(frozen=True, slots=True)
 class DcgmLabels:
     """DCGM exporter label names; each tuple lists the names to try, in order.
@@ -168,7 +175,11 @@ class DcgmLabels:
     """Pods whose name matches are the exporter itself (never a workload)."""
 
     def first(self, labels: Mapping[str, str], names: Sequence[str]) -> str:
-        return next((labels[n] for n in names if labels.get(n)), "")
+        for name in names:  # a loop, not next() over a generator: asked per series
+            value = labels.get(name)
+            if value:
+                return value
+        return ""
 
     def node_of(self, labels: Mapping[str, str]) -> str:
         for name in self.node:
@@ -206,7 +217,9 @@ class DcgmLabels:
 
     def is_exporter(self, key: str, targets: frozenset[str] = frozenset()) -> bool:
         name = key.partition("/")[2]
-        return key in targets or bool(self.exporter_pod and re.match(self.exporter_pod, name))
+        if key in targets:
+            return True
+        return bool(self.exporter_pod and _compiled(self.exporter_pod).match(name))
 
     def pod_key(
         self, labels: Mapping[str, str], targets: frozenset[str] = frozenset()

@@ -545,16 +545,21 @@ def leak_series(
     }
     # used now: the device's own series where the exporter adds each pod's beside it (its
     # labels name no pod), else the copies on the pods' series (the same value); and each
-    # pod's own, by pod and UID
-    unlabelled = [s for s in used_now if not names.pod_key(s.labels, targets)]
-    last_of["used"] = _last_by_key(used_now, names) | _last_by_key(unlabelled, names)
-    last_of["pod_used"] = {
-        (k, pod, names.uid_of(s.labels)): s.last
-        for s in used_now
-        if (k := names.key(s.labels)) is not None
-        and (pod := names.pod_key(s.labels, targets))
-        and s.last is not None
-    }
+    # pod's own, by pod and UID — in one pass over every GPU's series
+    any_used: dict[tuple[str, ...], float] = {}
+    device_used: dict[tuple[str, ...], float] = {}
+    last_of["pod_used"] = {}
+    for s in used_now:
+        k, last = names.key(s.labels), s.last
+        if k is None or last is None:
+            continue
+        any_used[k] = last
+        pod = names.pod_key(s.labels, targets)
+        if pod:
+            last_of["pod_used"][(k, pod, names.uid_of(s.labels))] = last
+        else:
+            device_used[k] = last
+    last_of["used"] = any_used | device_used
     live_nodes = {names.node_of(s.labels) for s in free} - {""}
     unkeyed = 0
     groups: dict[tuple[str, ...], list[Sample]] = {}
@@ -642,12 +647,17 @@ def leak_series(
         pods = tuple(sorted({life.pod for life in current if life.pod}))
         uids = {life.uid for life in current if life.pod}
         named = any(labels_of[o].get(p) for o in current for p in names.pod)
+        if free_now is not None:
+            used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
+            total = used_at + free_now + reserved_mib
+            capacity: dict[str, Any] = {"total_mib": total, "capacity_from": "used+free"}
+        else:
+            capacity = _model_capacity(latest)
         series = GpuMemorySeries(
             node=node,
             gpu=latest.get(names.gpu, ""),
             times=times,
             used_mib=values,
-            total_mib=0.0,
             pods=pods,
             uuid=names.uuid_of(latest),
             instance=latest.get(names.gpu_instance, ""),
@@ -656,14 +666,13 @@ def leak_series(
             exporter_only=named and not pods,
             stale_s=stale_s,
             pod_uid=next(iter(uids)) if len(pods) == 1 and len(uids) == 1 else "",
+            **capacity,
         )
         occupied[key] = (current, ended)
         if free_now is not None:
-            used_at = last_of["used"].get(key, float(values[-1]) if len(values) else 0.0)
-            total = used_at + free_now + series.reserved_mib
-            final[key] = replace(series, total_mib=total, capacity_from="used+free")
+            final[key] = series
         else:
-            silent.append((key, replace(series, **_model_capacity(latest))))
+            silent.append((key, series))
     if silent:  # asked only when some GPU has no fresh reading: capacity from the last values
         window = f"[{params.lookback_s:.0f}s]"
         last_free = _last_by_key(metrics.instant(_last_over(rule.queries.free, window), now), names)
@@ -731,8 +740,9 @@ def _lives(
         for occupancy, now_ in [(o, True) for o in current] + [(o, False) for o in ended]:
             if not occupancy.pod:
                 continue
+            namespace, _, name = occupancy.pod.partition("/")
             for life in split_lives(
-                "",
+                f"{namespace}/Pod/{name}",  # the owner unless kube_pod_owner names one, below
                 occupancy.pod,
                 gpu.subject,
                 gpu.node,
@@ -744,12 +754,7 @@ def _lives(
                 runs.append((occupancy.pod, life))
     full = [life for _, life in runs if life.ended and life.used_mib.max() >= 0.9 * life.usable_mib]
     owners = _owners(rule, metrics, now) if len(full) >= 2 and rule.queries.owner else {}
-    out = []
-    for pod, life in runs:
-        namespace, _, name = pod.partition("/")
-        owner = owners.get(pod, f"{namespace}/Pod/{name}")
-        out.append(replace(life, owner=owner))
-    return out
+    return [life if pod not in owners else replace(life, owner=owners[pod]) for pod, life in runs]
 
 
 def _owners(rule: LeakRuleFields, metrics: MetricsSource, now: datetime) -> dict[str, str]:
