@@ -1,8 +1,9 @@
 """JSON in and out at the edge, fast, with the standard library's results.
 
-Every large JSON body defrag decodes itself — Kubernetes list pages, the extender's requests —
-goes through :func:`loads` (Prometheus answers are decoded by prometheus-api-client, the client
-defrag keeps for Prometheus); the extender's answers are encoded by :func:`dumps`. Both use
+Every large JSON body defrag decodes — Kubernetes list pages, the extender's requests,
+Prometheus's query answers (``adapters/prometheus.py`` sends the request prometheus-api-client
+would and decodes the answer here) — goes through :func:`loads`; the extender's answers are
+encoded by :func:`dumps`. Both use
 orjson (a compiled codec, several times faster than :mod:`json` on these bodies) and give what
 :mod:`json` gives, so switching codec changes no result and no error:
 
