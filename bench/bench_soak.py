@@ -89,6 +89,9 @@ from tests.support.broken_prometheus import BrokenPrometheus, Fault
 
 NS = "soak"
 SYSTEM = "defrag-system"
+START_S = 60.0
+"""How long a daemon has to answer /healthz once started (the extender half again, for
+/readyz after its first list)."""
 CHAOS_STARTED = "chaos-started"
 """The file in ``--out`` holding when the chaos began (ISO, UTC): where the RSS slope's
 warm-up starts."""
@@ -688,7 +691,7 @@ class Soak:
         )  # fmt: skip
         self.plane.processes["defrag-extender"] = proc
         self.extender = c.Served(proc, metrics)
-        c.wait_ready(proc, metrics, timeout_s=90)
+        c.wait_ready(proc, metrics, timeout_s=1.5 * START_S)
 
     def _start_replica(self, replica: Replica) -> None:
         replica.port = free_port()
@@ -714,7 +717,7 @@ class Soak:
         wait_for(
             name,
             lambda: requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok,
-            60,
+            START_S * (4 if os.environ.get("SOAK_PROBE_TRACEMALLOC") else 1),  # traced: slow
             replica.process,
         )
 
