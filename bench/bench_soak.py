@@ -717,7 +717,7 @@ class Soak:
         wait_for(
             name,
             lambda: requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).ok,
-            START_S * (4 if os.environ.get("SOAK_PROBE_TRACEMALLOC") else 1),  # traced: slow
+            START_S,
             replica.process,
         )
 

@@ -12,11 +12,12 @@ live instances of each type, the chain of objects that hold them (referrers, up 
 reference cycles keep when nothing collects them). Every line also has the blocks the
 interpreter's allocator holds (``sys.getallocatedblocks``: strings, bytes and numbers too, which
 the type counts leave out, as the collector does not track them). With
-``SOAK_PROBE_TRACEMALLOC=N`` the process runs under :mod:`tracemalloc` (N frames per
+``SOAK_PROBE_TRACEMALLOC=N`` the process is traced by :mod:`tracemalloc` (N frames per
 allocation; it runs slower and larger; ``SOAK_PROBE_TRACEMALLOC_COMMANDS=run`` traces the
-daemons only) and each line names the allocation sites that grew most
-since the first probe after ``SOAK_PROBE_BASELINE_S`` (default 900 s, the soak's warm-up): when
-RSS grows and no type's count does, what holds the memory.
+daemons only) from the first probe after ``SOAK_PROBE_BASELINE_S`` (default 900 s, the soak's
+warm-up; traced from the start, a daemon's imports alone outlast the soak's start-up bound), and
+each later line names the allocation sites whose live memory grew most since the probe after
+that: when RSS grows and no type's count does, what holds the memory.
 Nothing is collected or freed by the probe: it only counts, so the daemon
 behaves as it would without it (the count holds the GIL for a moment, ~0.1–1 s at a few
 hundred MB of heap).
@@ -108,7 +109,7 @@ def grown_sites(now: tracemalloc.Snapshot, base: tracemalloc.Snapshot, top: int 
     ]
 
 
-def probe(path: Path, every_s: float) -> None:
+def probe(path: Path, every_s: float, frames: int = 0) -> None:
     started = time.time()
     trace = os.environ.get("SOAK_PROBE_TRACE", "")
     baseline_s = float(os.environ.get("SOAK_PROBE_BASELINE_S", "900"))
@@ -129,11 +130,13 @@ def probe(path: Path, every_s: float) -> None:
             snap = tracemalloc.take_snapshot().filter_traces(
                 [tracemalloc.Filter(False, tracemalloc.__file__)]
             )
-            if base is None and time.time() - started >= baseline_s:
+            if base is None:
                 base = snap
-            elif base is not None:
+            else:
                 line["grew"] = grown_sites(snap, base)
             del snap
+        elif frames and time.time() - started >= baseline_s:
+            tracemalloc.start(frames)
         if trace:
             line["holders"] = {kind: holders(kind) for kind in trace.split(",")}
         line["probe_s"] = round(time.monotonic() - t0, 3)
@@ -153,13 +156,13 @@ def main() -> None:
         gc.disable()
     frames = int(os.environ.get("SOAK_PROBE_TRACEMALLOC", "0") or 0)
     traced = os.environ.get("SOAK_PROBE_TRACEMALLOC_COMMANDS", "run,extender").split(",")
-    if frames and sys.argv[1:2] and sys.argv[1] in traced:
-        tracemalloc.start(frames)
+    if not (sys.argv[1:2] and sys.argv[1] in traced):
+        frames = 0
     target = os.environ.get("SOAK_PROBE_FILE")
     if target:
         every = float(os.environ.get("SOAK_PROBE_EVERY_S", "600"))
         threading.Thread(
-            target=probe, args=(Path(target), every), daemon=True, name="soak-probe"
+            target=probe, args=(Path(target), every, frames), daemon=True, name="soak-probe"
         ).start()
     from defrag.cli import main as defrag_main
 
