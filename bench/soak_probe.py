@@ -25,6 +25,7 @@ hundred MB of heap).
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import json
@@ -34,12 +35,31 @@ import threading
 import time
 import tracemalloc
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 
+@contextlib.contextmanager
+def world_stopped() -> Iterator[None]:
+    """No other thread runs until the block ends: ``gc.get_objects()`` hands out tuples that
+    another thread is still building (``tuple(generator)`` grows its tuple in place, which it
+    may do only while it holds the one reference). Held by the probe's list when that thread
+    resumes, the next growth fails with ``SystemError: Objects/tupleobject.c: bad argument to
+    internal function`` (python/cpython#39117): a daemon cycle failed by the probe itself. So
+    the probe keeps the GIL, by a switch interval longer than the count, until it has let
+    every object go."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(60.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
 def count_types() -> dict[str, int]:
-    counts = Counter(type(o).__qualname__ for o in gc.get_objects())
+    with world_stopped():
+        counts = Counter(type(o).__qualname__ for o in gc.get_objects())
     return dict(counts.most_common(60))
 
 
@@ -138,7 +158,8 @@ def probe(path: Path, every_s: float, frames: int = 0) -> None:
         elif frames and time.time() - started >= baseline_s:
             tracemalloc.start(frames)
         if trace:
-            line["holders"] = {kind: holders(kind) for kind in trace.split(",")}
+            with world_stopped():
+                line["holders"] = {kind: holders(kind) for kind in trace.split(",")}
         line["probe_s"] = round(time.monotonic() - t0, 3)
         with path.open("a") as f:
             f.write(json.dumps(line) + "\n")

@@ -114,3 +114,21 @@ def test_the_soak_plot_finds_when_the_chaos_began_beside_the_samples(
     assert figure["samples_after_warmup"] == 40 - 10 - int(WARMUP_S // 60)
     assert abs(figure["slope_kb_per_min_after_warmup"] - 100) < 1e-6
     assert (tmp_path / "rss.png").stat().st_size > 0
+
+
+def test_an_eviction_is_the_leaders_while_it_renews_the_lease_without_a_break() -> None:
+    """The soak's Lease invariant: an eviction the API server finished after the Lease's
+    duration from the last renewal before it came is still the leader's when a renewal by the
+    same replica landed in time meanwhile (the one-replica 2 h soak's flagged eviction: received
+    3.7 s into a 4 s Lease, finished 0.5 s later, the Lease renewed 0.1 s after it came); not
+    when the renewal came late, nor once another replica took the Lease."""
+    from bench.bench_soak import held_until
+
+    first = (100.0, 100.01, "defrag")
+    renewed = [first, (103.8, 103.9, "defrag"), (107.5, 107.6, "defrag")]
+    assert held_until(renewed, first, 4.0) == pytest.approx(111.5)
+    late = [first, (104.2, 104.3, "defrag")]  # after the first tenure ran out at 104.0
+    assert held_until(late, first, 4.0) == pytest.approx(104.0)
+    taken = [first, (103.0, 103.1, "defrag"), (105.0, 105.1, "defrag-2")]
+    assert held_until(taken, first, 4.0) == pytest.approx(105.0)
+    assert held_until([first], first, 4.0) == pytest.approx(104.0)
