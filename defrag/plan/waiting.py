@@ -9,11 +9,10 @@ the answers cannot be another cluster's.
 
 from __future__ import annotations
 
-import threading
-
 from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
+from defrag.plan.kept import KeptFor
 from defrag.scoring.satisfiable import empty_nodes
 
 
@@ -38,18 +37,12 @@ class Waiting:
         return self._empty
 
 
-_kept: Waiting | None = None
-_lock = threading.Lock()
+_kept: KeptFor[Waiting] = KeptFor()
 
 
 def waiting(cluster: Cluster) -> Waiting:
     """The :class:`Waiting` of ``cluster``: the kept one when it is of the same object."""
-    global _kept
-    with _lock:
-        kept = _kept
-        if kept is None or kept.cluster is not cluster:
-            kept = _kept = Waiting(cluster)
-        return kept
+    return _kept.get((cluster,), lambda: Waiting(cluster))
 
 
 __all__ = ["Waiting", "waiting"]

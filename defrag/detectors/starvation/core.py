@@ -27,7 +27,6 @@ of this: it waits for its gates, not for room, and is reported nowhere (docs/rul
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -42,6 +41,7 @@ from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
+from defrag.plan.kept import KeptFor
 from defrag.plan.shape import repeatable, shape_of
 from defrag.plan.waiting import waiting
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask
@@ -258,8 +258,7 @@ class Diagnoser:
         return self._waiting.empty()
 
 
-_last: Diagnoser | None = None
-_last_lock = threading.Lock()
+_last: KeptFor[Diagnoser] = KeptFor()
 
 
 def diagnoser(cluster: Cluster, policy: Policy) -> Diagnoser:
@@ -269,12 +268,7 @@ def diagnoser(cluster: Cluster, policy: Policy) -> Diagnoser:
     the same profile, so the second and third ask nothing new. A cluster is never changed in
     place (every change makes a new one), and the one kept is compared by identity and held,
     so its answers cannot be another cluster's."""
-    global _last
-    with _last_lock:
-        last = _last
-        if last is None or last.cluster is not cluster or last.policy is not policy:
-            last = _last = Diagnoser(cluster, policy)
-        return last
+    return _last.get((cluster, policy), lambda: Diagnoser(cluster, policy))
 
 
 def first_per_pod(findings: Iterable[Finding]) -> list[Finding]:
