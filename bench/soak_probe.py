@@ -129,6 +129,21 @@ def grown_sites(now: tracemalloc.Snapshot, base: tracemalloc.Snapshot, top: int 
     ]
 
 
+def resident_kb() -> dict[str, int]:
+    """The process's resident kB by kind (``RssAnon``: the heap; ``RssFile``: code and mapped
+    files), from /proc/self/status; empty where there is none."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "RssFile", "RssShmem"):
+            out[key.removeprefix("Rss").lower()] = int(value.split()[0])
+    return out
+
+
 def probe(path: Path, every_s: float, frames: int = 0) -> None:
     started = time.time()
     trace = os.environ.get("SOAK_PROBE_TRACE", "")
@@ -143,6 +158,7 @@ def probe(path: Path, every_s: float, frames: int = 0) -> None:
             "gc_stats": gc.get_stats(),
             "types": count_types(),
             "allocated_blocks": sys.getallocatedblocks(),
+            "resident_kb": resident_kb(),
         }
         if tracemalloc.is_tracing():
             current, peak = tracemalloc.get_traced_memory()

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
+from defrag.adapters.heap import keep_heap_small
 from defrag.adapters.stop_signal import StopSignal
 from defrag.cli.app import (
     Output,
@@ -148,6 +149,7 @@ def extender(
                 f"cannot load --tls-cert {tls_cert} / --tls-key {tls_key}: {exc}"
             ) from None
     _logging()
+    keep_heap_small()  # before the watch and serving threads start
     # A bad snapshot file is the user's mistake: said now (the factory reads it), not at /readyz.
     # The live API is watched (a freed node is seen at once); snapshot files are re-read.
     spec = (
@@ -284,6 +286,7 @@ def agent(
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port}: {exc}") from None
         err_console.print(f"defrag agent on {node_name}: /metrics on {host}:{port}")
+        keep_heap_small()
         _run_until_sigterm(worker.run)
         server.stop()
     finally:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from defrag.adapters.heap import keep_heap_small
 from defrag.cli.app import Output, OutputOpt, UserError, app, print_data, print_line
 from defrag.cli.exitcodes import ExitCode
 from defrag.redact import redact_text
@@ -352,6 +353,8 @@ def run(
     )
     logs = settings.logging
     configure_logging(logs.format, logs.level if not once else "WARNING")
+    if not once:
+        keep_heap_small()  # before _build starts the watch threads
     wiring = _build(settings, once=once)
     daemon = wiring.daemon
     if not once:

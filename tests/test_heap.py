@@ -1,0 +1,109 @@
+"""The heap's freed pages go back to the kernel (defrag/adapters/heap.py)."""
+
+from __future__ import annotations
+
+import ctypes.util
+import threading
+from pathlib import Path
+
+import pytest
+
+from defrag.adapters import heap as heap_mod
+from defrag.adapters.heap import Heap, keep_heap_small
+
+glibc = pytest.mark.skipif(
+    Heap.glibc() is None, reason="the C library is not glibc (musl, macOS): nothing to trim"
+)
+
+
+def _anon_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1])
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+@glibc
+def test_a_trim_returns_pages_freed_in_the_middle_of_the_heap() -> None:
+    """Pages freed below a live chunk stay resident after free(); the trim hands them back."""
+    heap = Heap.glibc()
+    assert heap is not None
+    heap.trim()
+    # Blocks of 4,000 bytes go to malloc (not Python's small-object allocator); one in 64 is kept,
+    # and the last one made, so the top of the heap stays live and free() cannot shrink it.
+    blocks = [bytes(4000) for _ in range(25_000)]
+    kept = [*blocks[::64], blocks[-1]]
+    del blocks
+    before = _anon_kb()
+    assert heap.trim()
+    after = _anon_kb()
+    freed_kb = 25_000 * 4000 // 1024 * 63 // 64
+    assert before - after > freed_kb // 2, (before, after, freed_kb)
+    assert len(kept) > 1
+
+
+@glibc
+def test_the_arena_cap_is_taken() -> None:
+    heap = Heap.glibc()
+    assert heap is not None
+    assert heap.limit_arenas(heap_mod.ARENAS)
+
+
+def test_no_glibc_no_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    assert Heap.glibc() is None
+
+
+@glibc
+def test_once_per_process_with_a_trimming_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Called by every long-running command: a second call starts no second thread."""
+    keep_heap_small.cache_clear()
+    trims: list[int] = []
+
+    def trim(self: Heap) -> bool:
+        trims.append(1)
+        return True
+
+    monkeypatch.setattr(Heap, "trim", trim)
+    stop = keep_heap_small(0.01)
+    try:
+        assert stop is not None
+        assert keep_heap_small(0.01) is stop
+        named = [t for t in threading.enumerate() if t.name == "defrag-heap-trim"]
+        assert len(named) == 1
+        deadline = threading.Event()
+        for _ in range(200):
+            if len(trims) >= 2:
+                break
+            deadline.wait(0.01)
+        assert len(trims) >= 2
+    finally:
+        assert stop is not None
+        stop.set()
+        keep_heap_small.cache_clear()
+
+
+@glibc
+@pytest.mark.parametrize("operator_set", [True, False])
+def test_an_operators_malloc_arena_max_wins(
+    monkeypatch: pytest.MonkeyPatch, operator_set: bool
+) -> None:
+    keep_heap_small.cache_clear()
+    capped: list[int] = []
+
+    def limit(self: Heap, arenas: int) -> bool:
+        capped.append(arenas)
+        return True
+
+    monkeypatch.setattr(Heap, "limit_arenas", limit)
+    if operator_set:
+        monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    else:
+        monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    stop = keep_heap_small(3600)
+    try:
+        assert capped == ([] if operator_set else [heap_mod.ARENAS])
+    finally:
+        assert stop is not None
+        stop.set()
+        keep_heap_small.cache_clear()
