@@ -116,8 +116,16 @@ def _observed_counts(pods: Iterable[Pod]) -> Counter[Shape]:
         counts = _updated(last, mapping) if last is not None else None
         if counts is None:
             counts = _counted(mapping.values())
-        _kept = _Kept(dict(mapping), counts)
+        _kept = _Kept(_copy(mapping), counts)
         return Counter(counts)
+
+
+def _copy(mapping: Mapping[str, Pod]) -> dict[str, Pod]:
+    """A copy of ``mapping``: a dict's own (a read-only proxy copies the dict it wraps, in C)
+    where it has one, many times faster than a copy read key by key."""
+    copy = getattr(mapping, "copy", None)
+    made = copy() if copy is not None else None
+    return made if isinstance(made, dict) else dict(mapping)
 
 
 def _updated(last: _Kept, new: Mapping[str, Pod]) -> Counter[Shape] | None:

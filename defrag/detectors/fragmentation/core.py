@@ -115,10 +115,15 @@ def _fitting(
 def _node_finding(
     node: NodeFragmentation, fitting: tuple[int, ...], params: FragmentationParams, now: datetime
 ) -> Finding | None:
-    """A partly used node's finding, judged on the sizes that matter and fit it."""
+    """A partly used node's finding, judged on the sizes that matter and fit it (ascending,
+    each once, as :func:`sizes_that_matter` gives them)."""
     stranded = node.stranded
-    worst = max(fitting, key=lambda k: (stranded.get(k, 0), k), default=None)
-    if worst is None or stranded.get(worst, 0) < params.node_stranded_min_gpus:
+    worst, most = 0, -1
+    for k in fitting:  # the most stranded, the larger size on a tie
+        n = stranded.get(k, 0)
+        if n >= most:
+            worst, most = k, n
+    if most < 0 or most < params.node_stranded_min_gpus:
         return None
     return Finding(
         kind="fragmentation",
