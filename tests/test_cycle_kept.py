@@ -6,6 +6,8 @@ sequence of clusters.
 - the workload mix (``WorkloadMix.observed``): the GPU pods' shape counts brought up to the
   next snapshot by the pods that changed;
 - the spreading rule's window (``window_pods``): the bound GPU pods kept in bind order;
+- the fragmentation rule: its sizes asked per pod shape, the cycle's report reused, each node
+  judged without a key function per size;
 - the pods that changed between two mappings (``changed_keys``), shared by those that keep.
 
 Each reference below is the code as it was before anything was kept: a walk over every pod or
@@ -25,6 +27,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from defrag.detect.findings import Finding
+from defrag.detectors.fragmentation import core as fragmentation_core
+from defrag.detectors.fragmentation.core import FragmentationParams, detect_fragmentation
 from defrag.detectors.spreading.core import SpreadingParams, window_pods
 from defrag.model.arrays import NodeArrays
 from defrag.model.cluster import Cluster, occupies
@@ -41,8 +46,11 @@ from defrag.scoring.fragmentation import (
     placeable_per_node,
     pool_usage,
 )
+from defrag.scoring.profile import ProfileConfig
+from defrag.scoring.satisfiable import empty_nodes, largest_gpu_node, satisfiable
 from tests.test_plan_seating import sequences
 from tests.test_plan_support import NOW, gpu_node, running
+from tests.test_pod_shapes import with_pending
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -277,3 +285,77 @@ def test_the_changed_keys_are_the_pods_that_differ(clusters: list[Cluster], limi
             found = changed_keys(old.pods, new.pods, limit)
             assert found == (None if len(differ) > limit else walked(old.pods, new.pods))
     assert changed_keys(clusters[0].pods, clusters[0].pods, 0) == []
+
+
+def reference_node_finding(
+    node: NodeFragmentation, sizes: tuple[int, ...], params: FragmentationParams, now: datetime
+) -> Finding | None:
+    """A node's finding as the rule judged it before (every node, a key function per size)."""
+    if not node.partly_used:
+        return None
+    fitting = [k for k in sizes if k <= node.total]
+    worst = max(fitting, key=lambda k: (node.stranded.get(k, 0), k), default=None)
+    if worst is None or node.stranded.get(worst, 0) < params.node_stranded_min_gpus:
+        return None
+    return Finding(
+        kind="fragmentation",
+        subject=f"node/{node.name}",
+        severity=params.severity,
+        summary=(
+            f"node {node.name}: {node.stranded[worst]} of its {node.free} free GPU(s) are "
+            f"stranded for {worst}-GPU jobs (largest placeable job {node.largest_job} of "
+            f"{node.total})"
+        ),
+        evidence={
+            "total": node.total,
+            "free": node.free,
+            "free_share": round(node.free_share, 3),
+            "largest_job": node.largest_job,
+            "stranded": {str(k): node.stranded[k] for k in fitting},
+            "size": worst,
+            "fgd_fragmented": round(node.fgd_fragmented, 3),
+        },
+        since=now,
+        labels={"node": node.name, "detector": "fragmentation", "rule": params.name},
+        action=params.action,
+    )
+
+
+def reference_fragmentation(c: Cluster, params: FragmentationParams) -> list[Finding]:
+    """The fragmentation rule as it was: sizes asked pod by pod, a report of those sizes
+    measured from nothing, every node judged."""
+    sizes_set = set(params.sizes)
+    if params.include_waiting:
+        empty = empty_nodes(c)
+        sizes_set |= {
+            p.num_gpu
+            for p in c.pending_pods()
+            if p.num_gpu and not p.is_sharing and satisfiable(p, empty).ok
+        }
+    largest = largest_gpu_node(c.arrays)
+    sizes = tuple(sorted(k for k in sizes_set if k <= largest))
+    mix = ProfileConfig().for_cluster(c).mix
+    rep = reference_report(c, mix, sizes)
+    found = [f for n in rep.nodes if (f := reference_node_finding(n, sizes, params, NOW))]
+    whole = fragmentation_core._cluster_finding(rep, sizes, params, NOW)
+    return [whole, *found] if whole is not None else found
+
+
+@SETTINGS
+@given(
+    with_pending(),
+    st.sampled_from([(8,), (1, 2, 4, 8), (3,), (16, 2), (2, 4)]),
+    st.booleans(),
+    st.sampled_from([1.0, 2.0, 3.0]),
+)
+def test_the_fragmentation_rules_findings_are_the_ones_judged_node_by_node(
+    c: Cluster, sizes: tuple[int, ...], waiting_too: bool, node_min: float
+) -> None:
+    params = FragmentationParams(
+        sizes=sizes, include_waiting=waiting_too, node_stranded_min_gpus=node_min,
+        cluster_stranded_min_gpus=4.0,
+    )  # fmt: skip
+    profile = ProfileConfig().for_cluster(c)
+    fragmentation_report(c, profile.mix)  # the cycle's own figures first, as the daemon asks
+    found = detect_fragmentation(c, params, NOW, profile=profile)
+    assert found == reference_fragmentation(c, params)
