@@ -8,6 +8,8 @@ sequence of clusters.
 - the spreading rule's window (``window_pods``): the bound GPU pods kept in bind order;
 - the fragmentation rule: its sizes asked per pod shape, the cycle's report reused, each node
   judged without a key function per size;
+- the nodes emptied (and whether each pod shape could ever fit them), kept while the parts of
+  the nodes they are made from are the same;
 - the pods that changed between two mappings (``changed_keys``), shared by those that keep.
 
 Each reference below is the code as it was before anything was kept: a walk over every pod or
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from datetime import UTC, datetime, timedelta, timezone
 from itertools import pairwise
 
@@ -37,6 +39,7 @@ from defrag.model.podchanges import changed_keys, walked
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
+from defrag.plan.waiting import EMPTIED_FROM, Waiting
 from defrag.scoring.fragmentation import (
     DEFAULT_SIZES,
     FragmentationReport,
@@ -359,3 +362,44 @@ def test_the_fragmentation_rules_findings_are_the_ones_judged_node_by_node(
     fragmentation_report(c, profile.mix)  # the cycle's own figures first, as the daemon asks
     found = detect_fragmentation(c, params, NOW, profile=profile)
     assert found == reference_fragmentation(c, params)
+
+
+def _same_arrays(a: NodeArrays, b: NodeArrays) -> None:
+    for f in fields(NodeArrays):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and np.array_equal(x, y), f.name
+        else:
+            assert x == y, f.name
+
+
+@SETTINGS
+@given(sequences())
+def test_the_kept_emptied_nodes_are_the_ones_emptied_now(clusters: list[Cluster]) -> None:
+    """Through snapshots (nodes added and removed among them) and back to the first: the
+    nodes emptied and each pending pod's answer, as made from the snapshot itself."""
+    for c in [*clusters, clusters[0]]:
+        found = Waiting(c)
+        _same_arrays(found.empty(), empty_nodes(c))
+        empty = empty_nodes(c)
+        for pod in [*c.pending_pods(), *c.bound_pods()]:
+            assert found.fits_ever(pod) == satisfiable(pod, empty).ok
+
+
+def test_emptied_nodes_made_from_changed_values_are_made_again() -> None:
+    """A part changed in place (the same object, other values) is not served from the kept."""
+    c = Cluster.build([gpu_node("n0", 8), gpu_node("n1", 4)], [running("a", "n0", 2)])
+    first = Waiting(c).empty()
+    c.arrays.cpu_total[1] = 1  # no cluster does this: the guard is for a source that would
+    again = Waiting(c).empty()
+    assert again is not first and int(again.cpu_free[1]) == 1
+
+
+def test_every_part_of_the_arrays_is_read_by_emptied_or_made_free() -> None:
+    """A field added to NodeArrays must be named here or in EMPTIED_FROM (emptied may read it:
+    the kept emptied nodes would not see it change)."""
+    made_free = {
+        "gpu_free", "cpu_free", "mem_free", "schedulable", "tainted_rows", "pool_free",
+        "whole_count", "share_free", "domain_whole", "share_max",
+    }  # fmt: skip
+    assert {f.name for f in fields(NodeArrays)} == set(EMPTIED_FROM) | made_free
