@@ -2,7 +2,8 @@
 
 The starvation detector diagnoses each shape of pending pod once per snapshot and profile
 (``Diagnoser``, shared by the rules of one cycle); the planner asks whether a pod could ever
-fit once per shape (``starved_groups``). The reference is the same code asked for every pod:
+fit once per shape (``starved_groups``), and so does the fragmentation rule for the sizes that
+matter (``sizes_that_matter``). The reference is the same code asked for every pod:
 ``repeatable`` patched to say no (the path the ``random`` policy takes). Random clusters with
 many pods of a few shapes that differ in their identity (name, namespace, priority, labels,
 owner, times) and some in their shape (GPUs, shares, CPU, model, selector, tolerations).
@@ -17,6 +18,7 @@ from unittest.mock import patch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from defrag.detectors.fragmentation.core import FragmentationParams, sizes_that_matter
 from defrag.detectors.starvation import core
 from defrag.detectors.starvation.core import Diagnoser, StarvationParams, detect_starvation
 from defrag.model.cluster import Cluster
@@ -25,8 +27,10 @@ from defrag.plan import shape
 from defrag.plan.config import PlanOptions
 from defrag.plan.planner import starved_groups
 from defrag.plan.shape import IDENTITY, repeatable, shape_of
+from defrag.plan.waiting import Waiting
 from defrag.scoring.policies import POLICY_NAMES, make_policy
 from defrag.scoring.profile import ProfileConfig
+from defrag.scoring.satisfiable import empty_nodes, largest_gpu_node, satisfiable
 from tests.test_plan_drains import clusters
 from tests.test_plan_support import NOW
 
@@ -125,9 +129,33 @@ def test_each_diagnosis_is_the_pods_own(c: Cluster, policy: str) -> None:
 def test_starved_groups_by_shape_are_the_ones_asked_per_pod(c: Cluster, priority: int) -> None:
     options = PlanOptions(starved_priority=priority)
     reused = starved_groups(c, NOW, options)
-    with patch("defrag.plan.planner.shape_of", lambda pod: object()):  # no two pods alike
+    with (
+        patch("defrag.plan.planner.waiting", Waiting),  # nothing kept from the call above
+        patch("defrag.plan.waiting.shape_of", lambda pod: object()),  # no two pods alike
+    ):
         asked = starved_groups(c, NOW, options)
     assert reused == asked
+
+
+@SETTINGS
+@given(with_pending(), st.sampled_from([(8,), (1, 2, 4, 8), (3,), (16, 2)]), st.booleans())
+def test_sizes_that_matter_by_shape_are_the_ones_asked_per_pod(
+    c: Cluster, sizes: tuple[int, ...], waiting_too: bool
+) -> None:
+    """The fragmentation rule's sizes: whether each pending pod could ever fit, asked once per
+    shape (and shared with the planner), against ``satisfiable`` asked for every pod."""
+    params = FragmentationParams(sizes=sizes, include_waiting=waiting_too)
+    reused = sizes_that_matter(c, params)
+    empty = empty_nodes(c)
+    wanted = set(sizes)
+    if waiting_too:
+        wanted |= {
+            p.num_gpu
+            for p in c.pending_pods()
+            if p.num_gpu and not p.is_sharing and satisfiable(p, empty).ok
+        }
+    largest = largest_gpu_node(c.arrays)
+    assert reused == tuple(sorted(k for k in wanted if k <= largest))
 
 
 def test_identity_is_left_out_and_the_rest_is_shape() -> None:

@@ -8,7 +8,7 @@ to choose. The plan is deterministic for a given cluster, goal, policy, constrai
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -32,13 +32,11 @@ from defrag.plan.owners import OwnerFacts, owner_key, read_kind
 from defrag.plan.repack import repack
 from defrag.plan.room import SearchContext
 from defrag.plan.seating import departures_of
-from defrag.plan.shape import shape_of
 from defrag.plan.spend import BudgetLedger
 from defrag.plan.waiting import waiting
 from defrag.plan.workspace import Workspace
 from defrag.scoring.fragmentation import fragmentation_report
 from defrag.scoring.profile import ProfileConfig, ScoringProfile
-from defrag.scoring.satisfiable import satisfiable
 
 
 class PlanError(ValueError):
@@ -300,7 +298,6 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
     groups: dict[str, list[Pod]] = defaultdict(list)
     never: set[str] = set()
     found = waiting(cluster)  # the pending pods and the nodes emptied, once per snapshot
-    fits_ever: dict[Hashable, bool] = {}  # by shape: the filters read nothing else
     for pod in found.pods:
         if pod.priority < options.starved_priority or pod.is_gated:
             continue
@@ -310,11 +307,7 @@ def starved_groups(cluster: Cluster, now: datetime, options: PlanOptions) -> lis
         ):
             continue
         key = gang_of(pod) or pod.key
-        shape = shape_of(pod)
-        ever = fits_ever.get(shape)
-        if ever is None:
-            ever = fits_ever[shape] = satisfiable(pod, found.empty()).ok
-        if not ever:
+        if not found.fits_ever(pod):
             never.add(key)
         groups[key].append(pod)
     groups = {k: g for k, g in groups.items() if k not in never}

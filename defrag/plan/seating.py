@@ -26,6 +26,7 @@ import numpy as np
 
 from defrag.model.arrays import IntArray
 from defrag.model.cluster import Cluster, occupies
+from defrag.model.podchanges import changed_keys
 from defrag.model.resources import Pod
 from defrag.model.utc import utc
 from defrag.plan.constraints import gang_of
@@ -169,13 +170,8 @@ def updated(last: Seating, cluster: Cluster) -> Seating | None:
     old, new = last.pods, cluster.pods
     if new is old:
         return last
-    limit = max(int(len(new) * REBUILD_SHARE), 1)
-    changed = [k for k, p in new.items() if old.get(k) is not p]
-    if len(changed) > limit:
-        return None
-    if len(old) + sum(1 for k in changed if k not in old) != len(new):
-        changed += [k for k in old.keys() - new.keys()]
-    if len(changed) > limit:
+    changed = changed_keys(old, new, max(int(len(new) * REBUILD_SHARE), 1))
+    if changed is None:
         return None
     index = arrays.index
     dirty_rows: set[int] = set()

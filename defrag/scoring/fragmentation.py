@@ -11,6 +11,7 @@ that matter.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,21 +36,30 @@ class NodeFragmentation:
     largest_job: int
     stranded: Mapping[int, int] = field(default_factory=dict, hash=False)
     fgd_fragmented: float = 0.0
+    _dict: dict[str, Any] | None = field(
+        default=None, init=False, repr=False, compare=False, hash=False
+    )
+    """:meth:`to_dict`'s answer, made once: a node unchanged between two reports is the same
+    (frozen) object in both, and a plan's report lists every node."""
 
     @property
     def partly_used(self) -> bool:
         return 0 < self.free_share < self.total
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "total": self.total,
-            "free": self.free,
-            "free_share": round(self.free_share, 3),
-            "largest_job": self.largest_job,
-            "stranded": {str(k): v for k, v in self.stranded.items()},
-            "fgd_fragmented": round(self.fgd_fragmented, 3),
-        }
+        made = self._dict
+        if made is None:
+            made = {
+                "name": self.name,
+                "total": self.total,
+                "free": self.free,
+                "free_share": round(self.free_share, 3),
+                "largest_job": self.largest_job,
+                "stranded": {str(k): v for k, v in self.stranded.items()},
+                "fgd_fragmented": round(self.fgd_fragmented, 3),
+            }
+            object.__setattr__(self, "_dict", made)
+        return {**made, "stranded": dict(made["stranded"])}  # the caller's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,8 +146,33 @@ def fragmentation_report(
 ) -> FragmentationReport:
     """The fragmentation of ``target``; its FGD figure is measured against ``mix`` — the
     snapshot's :class:`~defrag.scoring.profile.ScoringProfile` ``mix``, so that ``/metrics``,
-    alert evidence, ``defrag report`` and the planner give one number."""
-    arrays = target.arrays if isinstance(target, Cluster) else target
+    alert evidence, ``defrag report`` and the planner give one number.
+
+    A cycle asks for the same snapshot's report more than once (its own figures, the
+    fragmentation rule, the planner's ``before``): the last report of a cluster is kept and
+    handed out again for the same cluster (by identity: a cluster is never changed in place),
+    an equal mix and equal sizes. Bare arrays (a plan's workspace, which changes in place) are
+    measured every time."""
+    if not isinstance(target, Cluster):
+        return _measure(target, mix, tuple(sizes))
+    key = (mix, tuple(sizes))
+    with _kept_lock:
+        global _kept_report
+        kept = _kept_report
+        if kept is not None and kept[0] is target and kept[1] == key:
+            return kept[2]
+        report = _measure(target.arrays, mix, key[1])
+        _kept_report = (target, key, report)
+        return report
+
+
+_kept_lock = threading.Lock()
+_ReportKey = tuple[WorkloadMix, tuple[int, ...]]
+_kept_report: tuple[Cluster, _ReportKey, FragmentationReport] | None = None
+
+
+def _measure(arrays: NodeArrays, mix: WorkloadMix, sizes: tuple[int, ...]) -> FragmentationReport:
+    """:func:`fragmentation_report` of ``arrays``, measured."""
     gpu_rows = arrays.gpu_total > 0
     free_whole = arrays.free_whole_count()
     share = arrays.free_share() / GPU_MILLI
@@ -146,17 +181,19 @@ def fragmentation_report(
     stranded = {k: free_whole - k * placeable[k] for k in sizes}
     frag = fgd_node_fragmentation(arrays, mix) / GPU_MILLI
     idle = float(share[gpu_rows].sum())
-    nodes = tuple(
-        NodeFragmentation(
-            name=arrays.names[i],
-            total=int(arrays.gpu_total[i]),
-            free=int(free_whole[i]),
-            free_share=float(share[i]),
-            largest_job=int(largest[i]),
-            stranded={k: int(stranded[k][i]) for k in sizes},
-            fgd_fragmented=float(frag[i]),
-        )
-        for i in np.flatnonzero(gpu_rows)
+    rows = np.flatnonzero(gpu_rows)
+    columns = _Columns(
+        names=arrays.names,
+        sizes=sizes,
+        rows=rows,
+        total=arrays.gpu_total[rows].astype(np.int64),
+        free=free_whole[rows].astype(np.int64),
+        share=share[rows],
+        largest=largest[rows],
+        stranded=np.stack([stranded[k][rows] for k in sizes]).astype(np.int64)
+        if sizes
+        else np.zeros((0, len(rows)), dtype=np.int64),
+        frag=frag[rows],
     )
     fragmented = float(frag[gpu_rows].sum())
     return FragmentationReport(
@@ -170,9 +207,99 @@ def fragmentation_report(
         stranded={k: int(v.sum()) for k, v in stranded.items()},
         fgd_fragmented_gpus=fragmented,
         fgd_frag_pct_of_idle=100.0 * fragmented / idle if idle > 0 else 0.0,
-        nodes=nodes,
+        nodes=_node_rows(columns),
         pools=pool_usage(arrays),
     )
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Columns:
+    """Every GPU node's figures as columns (``rows``: their rows in the arrays)."""
+
+    names: tuple[str, ...]
+    sizes: tuple[int, ...]
+    rows: IntArray
+    total: IntArray
+    free: IntArray
+    share: FloatArray
+    largest: IntArray
+    stranded: IntArray
+    """[sizes, nodes]"""
+    frag: FloatArray
+
+    def unchanged(self, last: _Columns) -> np.ndarray:
+        """[nodes] whether each node's figures equal ``last``'s (the same nodes, in order)."""
+        same = (
+            (self.rows == last.rows)
+            & (self.total == last.total)
+            & (self.free == last.free)
+            & (self.share == last.share)
+            & (self.largest == last.largest)
+            & (self.frag == last.frag)
+        )
+        return np.asarray(same & (self.stranded == last.stranded).all(axis=0))
+
+
+_kept_rows: tuple[_Columns, tuple[NodeFragmentation, ...]] | None = None
+_rows_lock = threading.Lock()
+
+
+def _node_rows(columns: _Columns) -> tuple[NodeFragmentation, ...]:
+    """Every GPU node's :class:`NodeFragmentation`. Between two measures most nodes did not
+    change (a cycle's snapshots, a plan's before and after): the last measure's rows are kept,
+    and a node whose figures all equal its kept row's gets that (frozen) row again."""
+    global _kept_rows
+    with _rows_lock:
+        kept = _kept_rows
+    reuse: list[bool] | None = None
+    if (
+        kept is not None
+        and kept[0].names is columns.names
+        and kept[0].sizes == columns.sizes
+        and len(kept[0].rows) == len(columns.rows)
+    ):
+        reuse = columns.unchanged(kept[0]).tolist()
+    if reuse is None or not any(reuse):
+        nodes = tuple(_made(columns, range(len(columns.rows))))
+    else:
+        assert kept is not None
+        old = kept[1]
+        fresh = iter(_made(columns, [i for i, same in enumerate(reuse) if not same]))
+        nodes = tuple(old[i] if same else next(fresh) for i, same in enumerate(reuse))
+    with _rows_lock:
+        _kept_rows = (columns, nodes)
+    return nodes
+
+
+def _made(columns: _Columns, at: Sequence[int]) -> list[NodeFragmentation]:
+    """The rows ``at`` (positions among the GPU nodes) made from the columns."""
+    if not len(at):
+        return []
+    pick = np.asarray(at, dtype=np.int64)
+    names = columns.names
+    sizes = columns.sizes
+    strandeds = columns.stranded[:, pick].T.tolist()
+    return [
+        NodeFragmentation(
+            name=names[row],
+            total=total,
+            free=free,
+            free_share=share,
+            largest_job=largest,
+            stranded=dict(zip(sizes, stranded_k, strict=True)),
+            fgd_fragmented=frag,
+        )
+        for row, total, free, share, largest, stranded_k, frag in zip(
+            columns.rows[pick].tolist(),
+            columns.total[pick].tolist(),
+            columns.free[pick].tolist(),
+            columns.share[pick].tolist(),
+            columns.largest[pick].tolist(),
+            strandeds,
+            columns.frag[pick].tolist(),
+            strict=True,
+        )
+    ]
 
 
 def pool_usage(arrays: NodeArrays) -> tuple[PoolUsage, ...]:

@@ -24,13 +24,17 @@ from annotated_types import Ge, Gt
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.settings import INTERNAL, Action
 from defrag.model.cluster import Cluster
+from defrag.plan.waiting import waiting
 from defrag.scoring.fragmentation import (
+    DEFAULT_SIZES,
     FragmentationReport,
     NodeFragmentation,
     fragmentation_report,
 )
 from defrag.scoring.profile import ScoringProfile
-from defrag.scoring.satisfiable import empty_nodes, largest_gpu_node, satisfiable
+from defrag.scoring.satisfiable import largest_gpu_node
+
+Sizes = tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +57,14 @@ def sizes_that_matter(cluster: Cluster, params: FragmentationParams) -> tuple[in
     admits (its GPU model, selector, CPU and memory included)."""
     sizes = set(params.sizes)
     if params.include_waiting:
-        waiting = [p for p in cluster.pending_pods() if p.num_gpu and not p.is_sharing]
-        if waiting:
-            empty = empty_nodes(cluster)
-            sizes |= {p.num_gpu for p in waiting if satisfiable(p, empty).ok}
+        # the snapshot's pending pods and whether each shape could ever fit, found once for the
+        # starvation rules, this rule and the planner
+        found = waiting(cluster)
+        sizes |= {
+            p.num_gpu
+            for p in found.pods
+            if p.num_gpu and not p.is_sharing and p.num_gpu not in sizes and found.fits_ever(p)
+        }
     largest = largest_gpu_node(cluster.arrays)
     return tuple(sorted(k for k in sizes if k <= largest))
 
@@ -74,33 +82,55 @@ def detect_fragmentation(
     ``defrag report``). ``report``: one already measured with that mix, reused if it has
     every size that matters."""
     sizes = sizes_that_matter(cluster, params)
-    rep = report or fragmentation_report(cluster, profile.mix, sizes)
+    # A report with more sizes gives the same findings (they read the sizes that matter
+    # alone): the default sizes' report is the one the cycle measures for its own figures.
+    measured = DEFAULT_SIZES if set(sizes) <= set(DEFAULT_SIZES) else sizes
+    rep = report or fragmentation_report(cluster, profile.mix, measured)
     missing = [k for k in sizes if k not in rep.stranded]
     if missing:
         rep = fragmentation_report(cluster, profile.mix, sizes)
-    findings = [f for n in rep.nodes if (f := _node_finding(n, sizes, params, now)) is not None]
+    fitting: dict[int, Sizes] = {}  # by node size: the sizes that fit it
+    findings = [
+        f
+        for n in rep.nodes
+        if 0 < n.free_share < n.total  # partly used: no other node has a finding
+        and (f := _node_finding(n, _fitting(fitting, n.total, sizes), params, now)) is not None
+    ]
     cluster_finding = _cluster_finding(rep, sizes, params, now)
     if cluster_finding is not None:
         findings.insert(0, cluster_finding)
     return findings
 
 
+def _fitting(
+    known: dict[int, tuple[int, ...]], total: int, sizes: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The sizes no larger than a node of ``total`` GPUs (kept in ``known`` by node size)."""
+    found = known.get(total)
+    if found is None:
+        found = known[total] = tuple(k for k in sizes if k <= total)
+    return found
+
+
 def _node_finding(
-    node: NodeFragmentation, sizes: tuple[int, ...], params: FragmentationParams, now: datetime
+    node: NodeFragmentation, fitting: tuple[int, ...], params: FragmentationParams, now: datetime
 ) -> Finding | None:
-    if not node.partly_used:
+    """A partly used node's finding, judged on the sizes that matter and fit it (ascending,
+    each once, as :func:`sizes_that_matter` gives them)."""
+    stranded = node.stranded
+    worst, most = 0, -1
+    for k in fitting:  # the most stranded, the larger size on a tie
+        n = stranded.get(k, 0)
+        if n >= most:
+            worst, most = k, n
+    if most < 0 or most < params.node_stranded_min_gpus:
         return None
-    fitting = [k for k in sizes if k <= node.total]
-    worst = max(fitting, key=lambda k: (node.stranded.get(k, 0), k), default=None)
-    if worst is None or node.stranded.get(worst, 0) < params.node_stranded_min_gpus:
-        return None
-    stranded = node.stranded[worst]
     return Finding(
         kind="fragmentation",
         subject=f"node/{node.name}",
         severity=params.severity,
         summary=(
-            f"node {node.name}: {stranded} of its {node.free} free GPU(s) are stranded for "
+            f"node {node.name}: {stranded[worst]} of its {node.free} free GPU(s) are stranded for "
             f"{worst}-GPU jobs (largest placeable job {node.largest_job} of {node.total})"
         ),
         evidence={

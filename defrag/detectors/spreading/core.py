@@ -36,7 +36,6 @@ docs/benchmarks.md) measures them on simulated clusters whose scheduler is known
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -47,8 +46,9 @@ from annotated_types import Ge, Gt, Le
 
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.settings import INTERNAL, RuleName, Seconds
+from defrag.detectors.spreading.placements import held, placements
 from defrag.model.arrays import NodeArrays
-from defrag.model.cluster import Cluster, occupies
+from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.status import Status
 from defrag.model.units import GPU_MILLI
@@ -141,31 +141,15 @@ class Verdict:
     findings: tuple[Finding, ...]
 
 
-def bind_time(pod: Pod) -> datetime | None:
-    """When ``pod`` was bound: its ``PodScheduled`` time, else its creation."""
-    return pod.scheduled_at or pod.created_at
-
-
 def window_pods(cluster: Cluster, params: SpreadingParams, now: datetime) -> tuple[list[Pod], int]:
-    """The bound GPU pods of the window in bind order (ties by name), and how many bound GPU
-    pods have no time at all (one pass over the pods: the daemon runs this every cycle)."""
+    """The bound GPU pods of the window in bind order (ties by namespace and name), the latest
+    ``max_placements``, and how many bound GPU pods have no time at all. The daemon runs this
+    every cycle: the bound GPU pods are kept in bind order from snapshot to snapshot
+    (:mod:`~defrag.detectors.spreading.placements`)."""
     since = now - timedelta(seconds=params.window_s)
-    dated: list[tuple[datetime, str, Pod]] = []
-    undated = 0
-    for pod in cluster.pods.values():
-        if pod.node is None or not (pod.num_gpu or pod.pool_units) or not occupies(pod):
-            continue
-        at = bind_time(pod)
-        if at is None:
-            undated += 1
-        elif since <= at <= now:
-            dated.append((at, pod.name, pod))
-    latest = heapq.nlargest(params.max_placements, dated, key=_bind_order)
-    return [p for _, _, p in reversed(latest)], undated
-
-
-def _bind_order(entry: tuple[datetime, str, Pod]) -> tuple[datetime, str, str]:
-    return entry[0], entry[2].namespace, entry[1]
+    with held():
+        found = placements(cluster)
+        return found.latest(since, now, params.max_placements), found.undated
 
 
 def stranded(arrays: NodeArrays) -> Stranded:
