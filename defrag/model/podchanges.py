@@ -12,27 +12,25 @@ and compared by identity: a cluster's pods never change in place).
 from __future__ import annotations
 
 import operator
-import threading
 from collections.abc import Mapping
 from itertools import compress
 
+from defrag.model.carried import Carried
 from defrag.model.resources import Pod
 
 
 def changed_keys(old: Mapping[str, Pod], new: Mapping[str, Pod], limit: int) -> list[str] | None:
     """The keys whose pod differs between ``old`` and ``new`` (added or replaced, in ``new``'s
     order, then removed), or None when there are more than ``limit`` of them."""
-    global _kept
     if old is new:
         return []
-    with _lock:
-        kept = _kept
-    if kept is not None and kept[0] is old and kept[1] is new:
-        found = kept[2]
-    else:
-        found = walked(old, new)
-        with _lock:
-            _kept = (old, new, found)
+
+    def step(kept: _Walk | None) -> _Walk:
+        if kept is not None and kept[0] is old and kept[1] is new:
+            return kept
+        return (old, new, walked(old, new))
+
+    found = _kept.step(step)[2]
     return None if len(found) > limit else list(found)
 
 
@@ -45,8 +43,8 @@ def walked(old: Mapping[str, Pod], new: Mapping[str, Pod]) -> list[str]:
     return changed
 
 
-_kept: tuple[Mapping[str, Pod], Mapping[str, Pod], list[str]] | None = None
-_lock = threading.Lock()
+_Walk = tuple[Mapping[str, Pod], Mapping[str, Pod], list[str]]
+_kept: Carried[_Walk] = Carried()
 
 
 __all__ = ["changed_keys", "walked"]

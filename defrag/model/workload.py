@@ -6,11 +6,11 @@ the typical pod could not use is fragmented.
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from defrag.model.carried import Carried
 from defrag.model.podchanges import walked
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
@@ -92,8 +92,7 @@ class _Kept:
         self.counts = counts
 
 
-_kept: _Kept | None = None
-_lock = threading.Lock()
+_kept: Carried[_Kept] = Carried()
 
 
 def _counted(pods: Iterable[Pod]) -> Counter[Shape]:
@@ -106,18 +105,19 @@ def _observed_counts(pods: Iterable[Pod]) -> Counter[Shape]:
     count is kept and brought up to date by the pods whose object differs, by key. The counts
     are the same as counted anew: a shape's count is the number of its pods, whatever the order
     they were counted in (and the mix sorts the shapes by count and shape alone)."""
-    global _kept
     # a dict's values view holds its dict (``mapping``, read-only): the pods by key
     mapping = getattr(pods, "mapping", None)
     if not isinstance(mapping, Mapping):
         return _counted(pods)
-    with _lock:
-        last, _kept = _kept, None  # a change that raises half-way leaves nothing kept
+
+    def step(last: _Kept | None) -> _Kept:
         counts = _updated(last, mapping) if last is not None else None
         if counts is None:
             counts = _counted(mapping.values())
-        _kept = _Kept(_copy(mapping), counts)
-        return Counter(counts)
+        return _Kept(_copy(mapping), counts)
+
+    with _kept.lock:  # the next step changes the counts in place: copied before it
+        return Counter(_kept.step(step).counts)
 
 
 def _copy(mapping: Mapping[str, Pod]) -> dict[str, Pod]:

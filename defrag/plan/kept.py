@@ -8,9 +8,10 @@ in place (every change makes a new one), so the value made for the last objects 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Generic, TypeVar
+
+from defrag.model.carried import Carried
 
 T = TypeVar("T")
 
@@ -20,17 +21,13 @@ class KeptFor(Generic[T]):
     about. Thread-safe: one caller makes it, the others get the one made."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._key: tuple[object, ...] = ()
-        self._value: T | None = None
+        self._carried: Carried[tuple[tuple[object, ...], T]] = Carried()
 
     def get(self, key: tuple[object, ...], make: Callable[[], T]) -> T:
-        with self._lock:
-            value = self._value
-            if value is None or not _same(key, self._key):
-                value = self._value = make()
-                self._key = key
-            return value
+        def step(last: tuple[tuple[object, ...], T] | None) -> tuple[tuple[object, ...], T]:
+            return last if last is not None and _same(key, last[0]) else (key, make())
+
+        return self._carried.step(step)[1]
 
 
 def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:

@@ -25,6 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from defrag.model.arrays import IntArray
+from defrag.model.carried import Carried
 from defrag.model.cluster import Cluster, occupies
 from defrag.model.podchanges import changed_keys
 from defrag.model.resources import Pod
@@ -226,21 +227,19 @@ def updated(last: Seating, cluster: Cluster) -> Seating | None:
     return last
 
 
-_kept: Seating | None = None
-_lock = threading.Lock()
+_kept: Carried[Seating] = Carried()
 
 
 def seating(cluster: Cluster) -> Seating:
     """The seating of ``cluster``: the kept one brought up to it, else one made from nothing
     (then kept). Callers copy what they change (:meth:`Seating.rows_copy`) while holding
     :func:`held`."""
-    global _kept
-    last, _kept = _kept, None  # a change that raises half-way leaves nothing kept
-    found = updated(last, cluster) if last is not None else None
-    if found is None:
-        found = seating_of(cluster)
-    _kept = found
-    return found
+
+    def step(last: Seating | None) -> Seating:
+        found = updated(last, cluster) if last is not None else None
+        return found if found is not None else seating_of(cluster)
+
+    return _kept.step(step)
 
 
 def departures_of(
@@ -253,16 +252,16 @@ def departures_of(
     from the starts its kept seating holds (brought up to this cluster, not walked). The same
     ages to the bit: each is the whole microseconds between the two moments over 10⁶ (what
     ``timedelta.total_seconds`` computes: exact integers, divided once), over 3600."""
-    with _lock:
+    with _kept.lock:
         started = seating(cluster).started_us
         since = np.fromiter(started.values(), dtype=np.int64, count=len(started))
     hours = (micros(now) - since) / 1e6 / 3600.0
     return Departures(np.sort(np.maximum(hours, 0.0)), horizon_h, bandwidth_h)
 
 
-def held() -> threading.Lock:
+def held() -> threading.RLock:
     """The lock under which :func:`seating` is asked and its answer copied."""
-    return _lock
+    return _kept.lock
 
 
 __all__ = [

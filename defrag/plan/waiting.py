@@ -18,12 +18,12 @@ the same object as theirs and, for the numpy ones, holds the same values.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Hashable
 
 import numpy as np
 
 from defrag.model.arrays import NodeArrays
+from defrag.model.carried import Carried
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.plan.kept import KeptFor
@@ -120,19 +120,15 @@ class Emptied:
         return True
 
 
-_emptied: Emptied | None = None
-_emptied_lock = threading.Lock()
+_emptied: Carried[Emptied] = Carried()
 
 
 def emptied(arrays: NodeArrays) -> Emptied:
     """The nodes of ``arrays`` emptied, with the shapes' answers: the kept ones when they
     serve (:meth:`Emptied.serves`), else made (then kept)."""
-    global _emptied
-    with _emptied_lock:
-        kept = _emptied
-        if kept is None or not kept.serves(arrays):
-            kept = _emptied = Emptied(arrays)
-        return kept
+    return _emptied.step(
+        lambda kept: kept if kept is not None and kept.serves(arrays) else Emptied(arrays)
+    )
 
 
 _kept: KeptFor[Waiting] = KeptFor()

@@ -11,7 +11,6 @@ that matter.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from defrag.model.arrays import FloatArray, IntArray, NodeArrays
+from defrag.model.carried import Carried
 from defrag.model.cluster import Cluster
 from defrag.model.units import GPU_MILLI
 from defrag.model.workload import WorkloadMix
@@ -156,19 +156,18 @@ def fragmentation_report(
     if not isinstance(target, Cluster):
         return _measure(target, mix, tuple(sizes))
     key = (mix, tuple(sizes))
-    with _kept_lock:
-        global _kept_report
-        kept = _kept_report
+
+    def step(kept: _Kept | None) -> _Kept:
         if kept is not None and kept[0] is target and kept[1] == key:
-            return kept[2]
-        report = _measure(target.arrays, mix, key[1])
-        _kept_report = (target, key, report)
-        return report
+            return kept
+        return (target, key, _measure(target.arrays, mix, key[1]))
+
+    return _kept_report.step(step)[2]
 
 
-_kept_lock = threading.Lock()
 _ReportKey = tuple[WorkloadMix, tuple[int, ...]]
-_kept_report: tuple[Cluster, _ReportKey, FragmentationReport] | None = None
+_Kept = tuple[Cluster, _ReportKey, FragmentationReport]
+_kept_report: Carried[_Kept] = Carried()
 
 
 def _measure(arrays: NodeArrays, mix: WorkloadMix, sizes: tuple[int, ...]) -> FragmentationReport:
@@ -240,17 +239,18 @@ class _Columns:
         return np.asarray(same & (self.stranded == last.stranded).all(axis=0))
 
 
-_kept_rows: tuple[_Columns, tuple[NodeFragmentation, ...]] | None = None
-_rows_lock = threading.Lock()
+_Rows = tuple[_Columns, tuple[NodeFragmentation, ...]]
+_kept_rows: Carried[_Rows] = Carried()
 
 
 def _node_rows(columns: _Columns) -> tuple[NodeFragmentation, ...]:
     """Every GPU node's :class:`NodeFragmentation`. Between two measures most nodes did not
     change (a cycle's snapshots, a plan's before and after): the last measure's rows are kept,
     and a node whose figures all equal its kept row's gets that (frozen) row again."""
-    global _kept_rows
-    with _rows_lock:
-        kept = _kept_rows
+    return _kept_rows.step(lambda kept: (columns, _rows_from(columns, kept)))[1]
+
+
+def _rows_from(columns: _Columns, kept: _Rows | None) -> tuple[NodeFragmentation, ...]:
     reuse: list[bool] | None = None
     if (
         kept is not None
@@ -259,16 +259,11 @@ def _node_rows(columns: _Columns) -> tuple[NodeFragmentation, ...]:
         and len(kept[0].rows) == len(columns.rows)
     ):
         reuse = columns.unchanged(kept[0]).tolist()
-    if reuse is None or not any(reuse):
-        nodes = tuple(_made(columns, range(len(columns.rows))))
-    else:
-        assert kept is not None
-        old = kept[1]
-        fresh = iter(_made(columns, [i for i, same in enumerate(reuse) if not same]))
-        nodes = tuple(old[i] if same else next(fresh) for i, same in enumerate(reuse))
-    with _rows_lock:
-        _kept_rows = (columns, nodes)
-    return nodes
+    if kept is None or reuse is None or not any(reuse):
+        return tuple(_made(columns, range(len(columns.rows))))
+    old = kept[1]
+    fresh = iter(_made(columns, [i for i, same in enumerate(reuse) if not same]))
+    return tuple(old[i] if same else next(fresh) for i, same in enumerate(reuse))
 
 
 def _made(columns: _Columns, at: Sequence[int]) -> list[NodeFragmentation]:

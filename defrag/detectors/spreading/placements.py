@@ -18,6 +18,7 @@ from bisect import bisect_left, bisect_right, insort
 from collections.abc import Mapping
 from datetime import datetime
 
+from defrag.model.carried import Carried
 from defrag.model.cluster import Cluster, occupies
 from defrag.model.podchanges import changed_keys
 from defrag.model.resources import Pod
@@ -105,25 +106,23 @@ def updated(last: Placements, pods: Mapping[str, Pod]) -> Placements | None:
     return last
 
 
-_kept: Placements | None = None
-_lock = threading.Lock()
+_kept: Carried[Placements] = Carried()
 
 
 def placements(cluster: Cluster) -> Placements:
     """The placements of ``cluster``: the kept ones brought up to it, else sorted from nothing
     (then kept). Read them under :func:`held`."""
-    global _kept
-    last, _kept = _kept, None  # a change that raises half-way leaves nothing kept
-    found = updated(last, cluster.pods) if last is not None else None
-    if found is None:
-        found = Placements(cluster.pods)
-    _kept = found
-    return found
+
+    def step(last: Placements | None) -> Placements:
+        found = updated(last, cluster.pods) if last is not None else None
+        return found if found is not None else Placements(cluster.pods)
+
+    return _kept.step(step)
 
 
-def held() -> threading.Lock:
+def held() -> threading.RLock:
     """The lock under which :func:`placements` is asked and read."""
-    return _lock
+    return _kept.lock
 
 
 __all__ = ["REBUILD_SHARE", "Placements", "bind_time", "held", "placed", "placements"]
