@@ -40,19 +40,20 @@ from typing import Any
 from bench.calibrate import calibrate
 
 PARTS = (
-    ("HTTP: request line and headers", ("parse_request", "parse_headers")),
-    ("HTTP: answer status and headers", ("send_response", "send_header", "end_headers")),
-    ("HTTP: socket reads and writes", ("readinto", "_SocketWriter.write", "peek", "sendall")),
-    ("metrics and logs", ("prometheus_client", "log_message", "log_request")),
-    ("request JSON (parse_args)", ("parse_args",)),
-    ("answer JSON", ("dumps", "encode_priorities")),
-    ("filter (verbs)", ("Extender.filter",)),
-    ("prioritize (verbs)", ("Extender._scored",)),
-    ("watch event: decode, trim, convert", ("watch_event",)),
-    ("view builds (builder thread)", ("_build_loop",)),
+    ("HTTP: request line and headers", ("http/server.py:parse_request", "simple_headers")),
+    ("HTTP: request body read", ("server.py:_read_exact", "server.py:_read_chunked")),
+    ("HTTP: answer written", ("httpserve.py:send_body",)),
+    ("metrics", ("metrics.py:labels", "metrics.py:inc", "metrics.py:observe")),
+    ("request log", ("http/server.py:log_request",)),
+    ("request JSON (parse_args)", ("wire.py:parse_args",)),
+    ("answer JSON", ("jsonio.py:dumps", "wire.py:encode_priorities_at")),
+    ("filter (verbs, the view ahead included)", ("verbs.py:filter",)),
+    ("prioritize (verbs)", ("verbs.py:_scored",)),
+    ("watch event: decode, trim, convert, apply", ("bench_extender_http.py:watch_event",)),
+    ("view builds (builder thread)", ("state.py:_build_loop",)),
 )
-"""Each part's name and the functions whose inclusive time it is (the first that matches a
-function on the stack, from the innermost caller listed here)."""
+"""Each part's name and the functions (``file:function``, by its end) whose inclusive CPU time
+it is; the parts do not nest in one another."""
 
 
 def api_pod(name: str, node: str | None, version: int) -> dict[str, Any]:
@@ -234,7 +235,11 @@ def _profiled(target: Callable[..., Any], profiles: list[cProfile.Profile]) -> C
 
 
 def one_run(
-    n_nodes: int, n_pods: int, profile_to: str = "", rate: float = 60.0, min_interval_s: float = 0.1
+    n_nodes: int,
+    n_pods: int,
+    profile_to: str = "",
+    rate: float = 60.0,
+    min_interval_s: float | None = None,
 ) -> dict[str, Any]:
     """The loop in this process, with whatever ``defrag`` is on the path: ``rate`` pods a second
     at most (kube-scheduler's pace with the extender, so that a build covers as many bindings
@@ -282,7 +287,9 @@ def one_run(
         )
         ClusterCache._build_loop = _profiled(ClusterCache._build_loop, profiles)  # type: ignore[method-assign]
     cache = ClusterCache(
-        source, ProfileConfig(policy="reserve-binpack"), min_interval_s=min_interval_s
+        source,
+        ProfileConfig(policy="reserve-binpack"),
+        **({} if min_interval_s is None else {"min_interval_s": min_interval_s}),
     )
     metrics = ext_server.ExtenderMetrics.create(cache)
     cache.on_relist = metrics.observe_relist
@@ -377,13 +384,12 @@ def one_run(
 
 def parts(stats: Any, n_pods: int) -> dict[str, float]:
     """The inclusive CPU ms per pod of each of :data:`PARTS` (a function's cumulative time,
-    summed over the functions a part names; a part nested in another is counted in both)."""
+    summed over the functions a part names), and of every profiled thread together."""
     got: dict[str, float] = {}
     for label, needles in PARTS:
         total = 0.0
         for (file, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.stats.items():
-            where = f"{file}:{func}"
-            if any(n in where or n == func for n in needles):
+            if f"{file}:{func}".endswith(needles):
                 total += ct
         got[label] = round(total * 1e3 / n_pods, 3)
     total = sum(tt for (_cc, _nc, tt, _ct, _callers) in stats.stats.values())
