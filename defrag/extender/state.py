@@ -230,11 +230,8 @@ class ClusterCache:
     max_staleness_s: float = 120.0
     clock: Callable[[], float] = time.monotonic
     on_relist: Callable[[Status, float], None] | None = None
-    min_interval_s: float = 0.5
-    """Watched: builds at least this far apart (and at least as far as the last one took),
-    unless a request waits for one. Pod changes are answered ahead of the build, so a build
-    only moves the base those answers start from: each one costs a pass over every node and,
-    while it runs, holds the interpreter's lock that the request threads wait for."""
+    min_interval_s: float = 0.1
+    """Watched: builds at least this far apart (and at least as far as the last one took)."""
     fresh_wait_s: float = 1.0
     """Watched: how long a request waits for a view with the changes made before it came."""
     scratch_interval_s: float = 300.0
