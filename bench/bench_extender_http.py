@@ -466,3 +466,46 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def server_only(n_requests: int, body_bytes: int = 7000) -> dict[str, Any]:
+    """The HTTP server's own CPU per request, with whatever ``defrag`` is on the path: the
+    extender's server over one keep-alive connection, its verbs stubbed (no parsing, a fixed
+    answer of the size a filter's is), so that what is left is reading the request, its
+    headers and body, the metrics, the log and writing the answer."""
+    from defrag.extender import server as ext_server
+
+    class Stub:
+        cache = None
+
+        def filter(self, args: Any) -> dict[str, Any]:
+            return {"NodeNames": [f"gpu-{i:05d}" for i in range(420)], "Error": ""}
+
+        def prioritize_body(self, args: Any) -> bytes:
+            return b"[]"
+
+    ext_server.parse_args = lambda body: None  # type: ignore[assignment,misc]
+    metrics = ext_server.ExtenderMetrics.create()
+    server = ext_server.ExtenderHTTPServer.__new__(ext_server.ExtenderHTTPServer)
+    ext_server.BoundedHTTPServer.__init__(server, ("127.0.0.1", 0), ext_server._Handler)
+    server.extender = Stub()  # type: ignore[assignment]
+    server.metrics = metrics
+    server.max_body_bytes = ext_server.MAX_BODY_BYTES
+    server.body_budget = ext_server.BodyBudget(ext_server.BODY_BUDGET_BYTES, 10.0)
+    threading.Thread(target=server.serve_forever, args=(0.5,), daemon=True).start()
+    port = server.server_address[1]
+    request = go_request("filter", port, b"x" * body_bytes)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray()
+    client0, process0 = time.thread_time(), time.process_time()
+    for _ in range(n_requests):
+        sock.sendall(request)
+        code, _answer = read_answer(sock, buf)
+        if code != 200:
+            raise RuntimeError(f"answer {code}")
+    client_s, process_s = time.thread_time() - client0, time.process_time() - process0
+    sock.close()
+    server.shutdown()
+    server.server_close()
+    return {"server_cpu_us_per_request": (process_s - client_s) * 1e6 / n_requests}
