@@ -13,10 +13,8 @@ threads, an idle timeout between requests and a total read deadline per request
 from __future__ import annotations
 
 import contextlib
-import http.client
 import io
 import logging
-import re
 import socket
 import ssl
 import sys
@@ -34,63 +32,10 @@ JOIN_BODY_BYTES = 1 << 16
 copying it to join them would cost more than the write it saves)."""
 
 
-_SIMPLE_HEADERS = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e]*\r\n){0,99}\r\n")
-"""A header block of plain ``Name: value`` lines (an RFC 9110 token, a colon, printable ASCII
-or tabs; CRLF line ends), up to its blank line: at most 99 lines, as ``http.client`` allows (it
-counts the blank line among its 100)."""
-MAX_HEADER_LINE = 65536
-"""``http.client``'s longest header line (a longer one is its 431 answer)."""
-_HEADER_LINE = re.compile(rb"([^:]+):[\t ]*([^\r]*)\r\n")
-_NESTED_TYPES = re.compile(rb"(?i)multipart|message")
-"""Content types the email parser reads a body of parts from (``multipart/*``, ``message/*``)."""
-
-
-def simple_headers(buffered: bytes) -> tuple[http.client.HTTPMessage, int] | None:
-    """The header block at the start of ``buffered`` parsed as ``http.client.parse_headers``
-    parses it, and its length in bytes — when it is all there and plain (:data:`_SIMPLE_HEADERS`:
-    what kube-scheduler's Go client and every ordinary client send); else None, and the
-    standard library's parser reads it (folded lines, control or non-ASCII bytes, bare LFs).
-
-    The standard library hands the block to the email package, whose general parser costs
-    tens of microseconds a request; for a plain block its result is a message holding each
-    line's name and its value after the colon, leading blanks taken off, in order (the parser
-    adds the empty payload: :meth:`QuietHandler.parse_request`; tests/test_httpserve_headers.py
-    checks the whole against that parser)."""
-    block = _SIMPLE_HEADERS.match(buffered)
-    if block is None or block.end() > MAX_HEADER_LINE:  # (a line is shorter than its block)
-        return None
-    message = http.client.HTTPMessage()
-    for name, value in _HEADER_LINE.findall(block.group()):
-        if name.lower() == b"content-type" and _NESTED_TYPES.search(value):
-            return None  # the email parser would look for parts in the (empty) body
-        message.set_raw(name.decode("ascii"), value.decode("ascii"))
-    return message, block.end()
-
-
 class QuietHandler(BaseHTTPRequestHandler):
     """A request handler that logs at debug level (never on stderr) and sends sized bodies."""
 
     logger: logging.Logger = log
-
-    def parse_request(self) -> bool:
-        """The standard library's, with a plain header block already in the read buffer parsed
-        here (:func:`simple_headers`): the standard parser then reads an empty block from a
-        stand-in stream and returns the message made here, so that everything it decides from
-        the request line and the headers (errors, keep-alive, ``Expect``) is its own."""
-        rfile = self.rfile
-        peek = getattr(rfile, "peek", None)
-        parsed = simple_headers(peek()) if peek is not None else None
-        if parsed is None:
-            return super().parse_request()
-        message, size = parsed
-        rfile.read(size)  # buffered: no read from the socket
-        self.rfile = io.BytesIO(b"\r\n")
-        self.MessageClass = lambda **_policy: message  # type: ignore[assignment]
-        try:
-            return super().parse_request()
-        finally:
-            self.rfile = rfile
-            del self.MessageClass
 
     def log_message(self, format: str, *args: Any) -> None:
         # Every answer logs its request line: formatted only when someone reads it.
