@@ -40,7 +40,7 @@ from typing import Any
 from bench.calibrate import calibrate
 
 PARTS = (
-    ("HTTP: request line and headers", ("http/server.py:parse_request", "simple_headers")),
+    ("HTTP: request line and headers", ("http/server.py:parse_request",)),
     ("HTTP: request body read", ("server.py:_read_exact", "server.py:_read_chunked")),
     ("HTTP: answer written", ("httpserve.py:send_body",)),
     ("metrics", ("metrics.py:labels", "metrics.py:inc", "metrics.py:observe")),
@@ -281,12 +281,17 @@ def one_run(
     source = Fed()
     source.pending = store.pending  # type: ignore[attr-defined]
     profiles: list[cProfile.Profile] = []
+    cache_class = ClusterCache
     if profile_to:
-        ext_server.ExtenderHTTPServer.process_request_thread = _profiled(  # type: ignore[method-assign]
-            ext_server.ExtenderHTTPServer.process_request_thread, profiles
-        )
-        ClusterCache._build_loop = _profiled(ClusterCache._build_loop, profiles)  # type: ignore[method-assign]
-    cache = ClusterCache(
+
+        class ProfiledCache(ClusterCache):
+            """The cache whose builder thread is profiled (the class itself left as it is)."""
+
+            def _build_loop(self) -> None:
+                _profiled(super()._build_loop, profiles)()
+
+        cache_class = ProfiledCache
+    cache = cache_class(
         source,
         ProfileConfig(policy="reserve-binpack"),
         **({} if min_interval_s is None else {"min_interval_s": min_interval_s}),
@@ -295,6 +300,10 @@ def one_run(
     cache.on_relist = metrics.observe_relist
     cache.on_fresh = metrics.observe_fresh
     server = ext_server.ExtenderHTTPServer(("127.0.0.1", 0), ext_server.Extender(cache), metrics)
+    if profile_to:  # each connection's thread, on this server only
+        server.process_request_thread = _profiled(  # type: ignore[method-assign]
+            server.process_request_thread, profiles
+        )
     cache.start()
     serving = threading.Thread(target=server.serve_forever, args=(0.5,), daemon=True)
     serving.start()
@@ -398,12 +407,13 @@ def parts(stats: Any, n_pods: int) -> dict[str, float]:
 
 
 def in_child(
-    folder: Path, n_nodes: int, n_pods: int, rate: float, profile_to: str = ""
+    folder: Path, n_nodes: int, n_pods: int, rate: float, profile_to: str = "", requests: int = 0
 ) -> dict[str, Any]:
-    """:func:`one_run` of this file in a fresh process whose ``defrag`` is ``folder``'s."""
+    """:func:`one_run` of this file in a fresh process whose ``defrag`` is ``folder``'s (with
+    ``requests``, :func:`server_only` of that many requests instead)."""
     env = {**os.environ, "PYTHONPATH": str(folder)}
     argv = [sys.executable, "-c", RUN_CHILD, __file__, str(n_nodes), str(n_pods), profile_to]
-    argv.append(str(rate))
+    argv += [str(rate), str(requests)]
     done = subprocess.run(argv, env=env, cwd=folder, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"the run in {folder} failed:\n{done.stderr[-3000:]}")
@@ -411,12 +421,15 @@ def in_child(
     return result
 
 
-RUN_CHILD = (
-    "import json, runpy, sys; "
-    "one_run = runpy.run_path(sys.argv[1])['one_run']; "
-    "print(json.dumps(one_run(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], "
-    "float(sys.argv[5]))))"
-)
+RUN_CHILD = """
+import json, runpy, sys
+here = runpy.run_path(sys.argv[1])
+nodes, pods, profile_to, rate, requests = sys.argv[2:7]
+if int(requests):
+    print(json.dumps(here["server_only"](int(requests))))
+else:
+    print(json.dumps(here["one_run"](int(nodes), int(pods), profile_to, float(rate))))
+"""
 
 FIGURES = (
     "extender_cpu_ms_per_pod",
@@ -437,6 +450,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=60.0, help="pods a second at most")
     parser.add_argument("--base", type=Path, help="another checkout, run in the same invocation")
     parser.add_argument(
+        "--server-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure the HTTP server alone (its verbs stubbed) over N requests a run",
+    )
+    parser.add_argument(
         "--profile", default="", help="profile each run's server threads; a pstats file prefix"
     )
     args = parser.parse_args(argv)
@@ -445,6 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     here = Path(__file__).resolve().parent.parent
     which = {"HEAD": here} | ({"base": args.base.resolve()} if args.base else {})
     got: dict[str, list[dict[str, Any]]] = {name: [] for name in which}
+    if args.server_only:
+        return _server_only(which, args.runs, args.server_only)
     for run in range(args.runs):
         order = list(which) if run % 2 == 0 else list(reversed(which))
         for name in order:
@@ -460,6 +482,23 @@ def main(argv: list[str] | None = None) -> int:
     for name, runs in got.items():
         medians = ", ".join(f"{k} {statistics.median(r[k] for r in runs):.3f}" for k in FIGURES)
         print(f"{name} ({args.nodes} nodes, {args.pods} pods), median of {len(runs)}: {medians}")
+    print(f"calibration after {calibrate(3):.3f} s; load {os.getloadavg()}")
+    return 0
+
+
+def _server_only(which: dict[str, Path], runs: int, requests: int) -> int:
+    got: dict[str, list[float]] = {name: [] for name in which}
+    for run in range(runs):
+        for name in list(which) if run % 2 == 0 else list(reversed(which)):
+            result = in_child(which[name], 0, 0, 0.0, "", requests)
+            got[name].append(result["server_cpu_us_per_request"])
+            print(
+                f"run {run + 1} {name}: server CPU {got[name][-1]:.1f} µs a request; "
+                f"load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    for name, values in got.items():
+        print(f"{name}, median of {runs}: server CPU {statistics.median(values):.1f} µs a request")
     print(f"calibration after {calibrate(3):.3f} s; load {os.getloadavg()}")
     return 0
 
@@ -484,28 +523,32 @@ def server_only(n_requests: int, body_bytes: int = 7000) -> dict[str, Any]:
         def prioritize_body(self, args: Any) -> bytes:
             return b"[]"
 
+    parse_args = ext_server.parse_args
     ext_server.parse_args = lambda body: None  # type: ignore[assignment,misc]
-    metrics = ext_server.ExtenderMetrics.create()
-    server = ext_server.ExtenderHTTPServer.__new__(ext_server.ExtenderHTTPServer)
-    ext_server.BoundedHTTPServer.__init__(server, ("127.0.0.1", 0), ext_server._Handler)
-    server.extender = Stub()  # type: ignore[assignment]
-    server.metrics = metrics
-    server.max_body_bytes = ext_server.MAX_BODY_BYTES
-    server.body_budget = ext_server.BodyBudget(ext_server.BODY_BUDGET_BYTES, 10.0)
-    threading.Thread(target=server.serve_forever, args=(0.5,), daemon=True).start()
-    port = server.server_address[1]
-    request = go_request("filter", port, b"x" * body_bytes)
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    buf = bytearray()
-    client0, process0 = time.thread_time(), time.process_time()
-    for _ in range(n_requests):
-        sock.sendall(request)
-        code, _answer = read_answer(sock, buf)
-        if code != 200:
-            raise RuntimeError(f"answer {code}")
-    client_s, process_s = time.thread_time() - client0, time.process_time() - process0
-    sock.close()
-    server.shutdown()
-    server.server_close()
+    try:
+        metrics = ext_server.ExtenderMetrics.create()
+        server = ext_server.ExtenderHTTPServer.__new__(ext_server.ExtenderHTTPServer)
+        ext_server.BoundedHTTPServer.__init__(server, ("127.0.0.1", 0), ext_server._Handler)
+        server.extender = Stub()  # type: ignore[assignment]
+        server.metrics = metrics
+        server.max_body_bytes = ext_server.MAX_BODY_BYTES
+        server.body_budget = ext_server.BodyBudget(ext_server.BODY_BUDGET_BYTES, 10.0)
+        threading.Thread(target=server.serve_forever, args=(0.5,), daemon=True).start()
+        port = server.server_address[1]
+        request = go_request("filter", port, b"x" * body_bytes)
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        client0, process0 = time.thread_time(), time.process_time()
+        for _ in range(n_requests):
+            sock.sendall(request)
+            code, _answer = read_answer(sock, buf)
+            if code != 200:
+                raise RuntimeError(f"answer {code}")
+        client_s, process_s = time.thread_time() - client0, time.process_time() - process0
+        sock.close()
+        server.shutdown()
+        server.server_close()
+    finally:
+        ext_server.parse_args = parse_args
     return {"server_cpu_us_per_request": (process_s - client_s) * 1e6 / n_requests}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bench.bench_extender_http import FIGURES, PARTS, api_pod, one_run
+from bench.bench_extender_http import FIGURES, PARTS, api_pod, one_run, server_only
 
 
 def test_the_http_loop_runs_and_profiles(tmp_path: Path) -> None:
@@ -30,3 +30,8 @@ def test_the_pod_is_the_api_servers_shape() -> None:
     assert pending["metadata"]["uid"] == bound["metadata"]["uid"]  # the same pod, bound
     assert bound["metadata"]["resourceVersion"] == "8"
     assert pending["metadata"]["managedFields"]  # what the API server sends, trimmed by the store
+
+
+def test_the_server_alone_answers_every_request() -> None:
+    result = server_only(20)
+    assert result["server_cpu_us_per_request"] > 0
