@@ -34,9 +34,9 @@ from typing import Any
 from bench.calibrate import calibrate
 
 
-def one_run(n_nodes: int, n_pods: int, min_interval_s: float = 0.1) -> dict[str, Any]:
+def one_run(n_nodes: int, n_pods: int, min_interval_s: float | None = None) -> dict[str, Any]:
     """The loop in this process, with whatever ``defrag`` is on the path; the builder builds
-    at most every ``min_interval_s`` (the server's default)."""
+    at most every ``min_interval_s`` (None: the server's default, that code's own)."""
 
     from bench.bench_extender_load import fed_store, lists, nodes_to_find
     from defrag.adapters import jsonio
@@ -79,7 +79,9 @@ def one_run(n_nodes: int, n_pods: int, min_interval_s: float = 0.1) -> dict[str,
     if hasattr(store, "pending"):
         source.pending = store.pending  # type: ignore[attr-defined]
     cache = ClusterCache(
-        source, ProfileConfig(policy="reserve-binpack"), min_interval_s=min_interval_s
+        source,
+        ProfileConfig(policy="reserve-binpack"),
+        **({} if min_interval_s is None else {"min_interval_s": min_interval_s}),
     )
     hows: Counter[str] = Counter()
     if hasattr(cache, "on_fresh"):

@@ -27,6 +27,10 @@ from typing import Any, cast
 
 log = logging.getLogger(__name__)
 
+JOIN_BODY_BYTES = 1 << 16
+"""The largest body written in one piece with its headers (a larger one is written after them:
+copying it to join them would cost more than the write it saves)."""
+
 
 class QuietHandler(BaseHTTPRequestHandler):
     """A request handler that logs at debug level (never on stderr) and sends sized bodies."""
@@ -34,14 +38,27 @@ class QuietHandler(BaseHTTPRequestHandler):
     logger: logging.Logger = log
 
     def log_message(self, format: str, *args: Any) -> None:
-        self.logger.debug("%s %s", self.address_string(), format % args)
+        # Every answer logs its request line: formatted only when someone reads it.
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug("%s %s", self.address_string(), format % args)
 
     def send_body(self, code: int, body: bytes, content_type: str) -> None:
+        """The status line, the headers and ``body`` in one write: a socket write per part
+        costs a system call each and, between the two, hands the interpreter's lock to any
+        other thread that wants it, for up to its switch interval, while the client waits."""
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        buffered = getattr(self, "_headers_buffer", None)
+        if self.request_version == "HTTP/0.9" or buffered is None or len(body) > JOIN_BODY_BYTES:
+            self.end_headers()  # no headers written, or a body too large to copy for this
+            self.wfile.write(body)
+            return
+        # end_headers() is the blank line and a flush of the buffered headers; the body joins
+        # them before the flush.
+        buffered.append(b"\r\n")
+        buffered.append(body)
+        self.flush_headers()
 
 
 class QuietHTTPServer(ThreadingHTTPServer):

@@ -6,7 +6,7 @@ import logging
 import ssl
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,9 @@ class ExtenderMetrics:
     state_age: Gauge
     closed: Counter
     fresh: Counter
+    _children: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
+    """The labelled series looked up so far: a request counts in two of them, and finding a
+    series by its labels builds its key and takes the metric's lock each time."""
 
     @classmethod
     def create(cls, cache: ClusterCache | None = None) -> ExtenderMetrics:
@@ -103,7 +106,19 @@ class ExtenderMetrics:
         return metrics
 
     def observe_fresh(self, how: str) -> None:
-        self.fresh.labels(how=how).inc()
+        self._child(self.fresh, how).inc()
+
+    def observe_request(self, verb: str, code: int, seconds: float) -> None:
+        """One answer of ``verb`` with HTTP status ``code``, ``seconds`` after it came."""
+        self._child(self.requests, verb, str(code)).inc()
+        self._child(self.seconds, verb).observe(seconds)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (metric, *labels)
+        child = self._children.get(key)
+        if child is None:  # two threads may both look it up: labels() gives both the same
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_relist(self, status: Status, seconds: float) -> None:
         self.relists.labels(result="ok" if status.ok else "failed").inc()
@@ -154,10 +169,7 @@ class _Handler(BoundedHandler):
     def _send(self, code: int, body: bytes, content_type: str = "application/json") -> None:
         verb, self._metered = self._metered, None
         if verb is not None:
-            self.server.metrics.requests.labels(verb=verb, code=str(code)).inc()
-            self.server.metrics.seconds.labels(verb=verb).observe(
-                time.perf_counter() - self._started
-            )
+            self.server.metrics.observe_request(verb, code, time.perf_counter() - self._started)
         self.send_body(code, body, content_type)
 
     def _json(self, code: int, data: Any) -> None:
