@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,7 @@ from defrag.cli.app import (
 )
 from defrag.cli.exitcodes import ExitCode
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
+from defrag.extender.pace import SWITCH_INTERVAL_S
 
 if TYPE_CHECKING:
     from defrag.extender.server import ExtenderHTTPServer
@@ -191,6 +193,8 @@ def extender(
             stop(server)
             raise UserError(f"cannot listen on {metrics_host}:{metrics_port}: {exc}") from None
     sigterm = StopSignal().install()
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     for srv in servers:
         threading.Thread(target=srv.serve_forever, args=(0.2,), daemon=True).start()
     err_console.print(f"defrag extender: policy {config.policy}, serving on {server.url}")
@@ -202,6 +206,7 @@ def extender(
         pass
     finally:
         _shutdown(servers)
+        sys.setswitchinterval(switch)
 
 
 def _shutdown(servers: list[ExtenderHTTPServer]) -> None:
