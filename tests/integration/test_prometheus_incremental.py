@@ -1,0 +1,163 @@
+"""A later detection asks the real Prometheus only for the span since the previous one, and
+its merged medians and findings are exactly a whole read's at the same time.
+
+The fleet and the recorded series are test_prometheus_recorded's (the shipped recording
+rules backfilled over the last 6.5 h). Each test detects at an earlier time with a memory,
+then at the later time, and compares with a detection at the later time that keeps nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from defrag.adapters.prometheus import PrometheusSource
+from defrag.detection import run_detection
+from defrag.detectors.leak.registration import (
+    _ask_leak_queries,
+    _gpu_labels,
+    _medians_key,
+    judged_at,
+)
+from defrag.detectors.range_memory import RangeMemory, remembering
+from defrag.ports import Sample
+from tests.integration.test_prometheus_recorded import PROFILE, _server, leak_rules, rule_of
+from tests.support.prometheus import END
+
+pytestmark = pytest.mark.integration
+
+STEP = timedelta(minutes=5)
+LOOKBACK = timedelta(hours=6)
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(tmp_path_factory.mktemp("incremental"), 6.5)
+
+
+class Asked(PrometheusSource):
+    """The source, noting the span of every medians range it is asked."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url, retries=0, timeout_s=30)
+        self.spans: list[timedelta] = []
+
+    def range(self, query: str, start: datetime, end: datetime, step_s: float) -> list[Sample]:
+        if "median" in query or "quantile_over_time" in query:
+            self.spans.append(end - start)
+        return super().range(query, start, end, step_s)
+
+
+def whole(url: str) -> PrometheusSource:
+    return PrometheusSource(url, retries=0, timeout_s=30)
+
+
+def read(rule: Any, prom: PrometheusSource, now: datetime, memory: RangeMemory | None) -> Any:
+    at, recorded = judged_at(rule, prom, now)
+    with remembering(memory):
+        return _ask_leak_queries(rule, prom, at - LOOKBACK, at, recorded)
+
+
+@pytest.mark.parametrize("mode", ["auto", "never"])
+def test_a_later_detection_reads_the_span_and_finds_what_a_whole_read_finds(
+    url: str, tmp_path: Path, mode: str
+) -> None:
+    rules = leak_rules(tmp_path, mode)
+    rule = rule_of(rules)
+    memory = RangeMemory()
+    prom = Asked(url)
+    first = run_detection(rules, prom, None, END - STEP, profile=PROFILE, memory=memory)
+    assert prom.spans and all(span == LOOKBACK for span in prom.spans)
+    prom.spans.clear()
+    later = run_detection(rules, prom, None, END, profile=PROFILE, memory=memory)
+    # the kept range's last point but one, asked again, to the new end a step later
+    assert prom.spans and all(span == 2 * STEP for span in prom.spans)
+    assert later == run_detection(rules, whole(url), None, END, profile=PROFILE)
+    assert {f.subject for f in later.findings} == {"gpu/node-001/4", "pod/ml/leak-0"}
+    assert first.findings  # the earlier detection found them too, from a whole read
+    # the medians themselves, and what the memory keeps for the next detection
+    memory = RangeMemory()
+    read(rule, prom, END - 2 * STEP, memory)
+    merged = read(rule, prom, END, memory)
+    assert merged == read(rule, whole(url), END, None)
+    (kept,) = memory._kept.values()
+    assert sum(len(p) for p in kept.points.values()) == sum(len(s.points) for s in merged[0])
+
+
+def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
+    url: str, tmp_path: Path
+) -> None:
+    rule = rule_of(leak_rules(tmp_path, "auto"))
+    prom = Asked(url)
+    memory = RangeMemory()
+    read(rule, prom, END - STEP, memory)
+    _, recorded = judged_at(rule, prom, END)
+    key = _medians_key(rule, recorded, True)
+    kept = memory.get(key)
+    assert kept is not None and kept.covered
+    gone = sorted(kept.covered)[0]  # as if this GPU had not passed the prefilter then
+    on = _gpu_labels(rule)
+    points = {k: v for k, v in kept.points.items() if tuple(dict(k).get(n, "") for n in on) != gone}
+    assert len(points) < len(kept.points)
+    memory.put(key, replace(kept, covered=kept.covered - {gone}, points=points))
+    prom.spans.clear()
+    assert read(rule, prom, END, memory) == read(rule, whole(url), END, None)
+    # the GPUs kept: the span; the one not kept: the whole lookback (in the same round)
+    assert sorted(set(prom.spans)) == [2 * STEP, LOOKBACK]
+
+
+def test_answers_that_do_not_line_up_read_the_whole_range(url: str, tmp_path: Path) -> None:
+    rule = rule_of(leak_rules(tmp_path, "auto"))
+    prom = Asked(url)
+    memory = RangeMemory()
+    read(rule, prom, END - STEP, memory)
+    _, recorded = judged_at(rule, prom, END)
+    key = _medians_key(rule, recorded, True)
+    kept = memory.get(key)
+    assert kept is not None
+    # a kept value that Prometheus no longer answers (one that lost or rewrote data)
+    label, points = next(iter(kept.points.items()))
+    changed = points.copy()
+    changed[-2, 1] += 1.0
+    memory.put(key, replace(kept, points={**kept.points, label: changed}))
+    prom.spans.clear()
+    assert read(rule, prom, END, memory) == read(rule, whole(url), END, None)
+    # the span was asked, did not line up, and the whole range was read after it
+    assert prom.spans[0] == 2 * STEP and prom.spans[-1] == LOOKBACK
+
+
+@pytest.mark.parametrize(
+    ("earlier", "why"),
+    [
+        (timedelta(minutes=7), "not a whole number of steps before"),
+        (LOOKBACK, "no kept point reaches the new start"),
+        (-STEP, "after the later detection"),
+    ],
+)
+def test_otherwise_the_whole_range_is_read(
+    url: str, tmp_path: Path, earlier: timedelta, why: str
+) -> None:
+    rule = rule_of(leak_rules(tmp_path, "never"))
+    prom = Asked(url)
+    memory = RangeMemory()
+    read(rule, prom, END - earlier, memory)
+    prom.spans.clear()
+    assert read(rule, prom, END, memory) == read(rule, whole(url), END, None), why
+    assert set(prom.spans) == {LOOKBACK}, why
+
+
+def test_kept_points_stay_within_the_lookback(url: str, tmp_path: Path) -> None:
+    rule = rule_of(leak_rules(tmp_path, "never"))
+    prom = whole(url)
+    memory = RangeMemory()
+    for back in (3, 2, 1, 0):
+        read(rule, prom, END - back * STEP, memory)
+    (kept,) = memory._kept.values()
+    start = (END - LOOKBACK).timestamp()
+    assert all(np.all(p[:, 0] >= start) for p in kept.points.values())
