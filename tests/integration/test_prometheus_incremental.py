@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from defrag.adapters.prometheus import PrometheusSource
-from defrag.detection import run_detection
+from defrag.detection import cycle_detector, run_detection
 from defrag.detectors.leak.registration import (
     _ask_leak_queries,
     _gpu_labels,
@@ -26,6 +26,7 @@ from defrag.detectors.leak.registration import (
     judged_at,
 )
 from defrag.detectors.range_memory import RangeMemory, remembering
+from defrag.model.cluster import Cluster
 from defrag.ports import Sample
 from tests.integration.test_prometheus_recorded import PROFILE, _server, leak_rules, rule_of
 from tests.support.prometheus import END
@@ -161,3 +162,21 @@ def test_kept_points_stay_within_the_lookback(url: str, tmp_path: Path) -> None:
     (kept,) = memory._kept.values()
     start = (END - LOOKBACK).timestamp()
     assert all(np.all(p[:, 0] >= start) for p in kept.points.values())
+
+
+def test_the_daemons_detector_remembers_between_cycles(url: str, tmp_path: Path) -> None:
+    rules = leak_rules(tmp_path, "auto")
+    prom = Asked(url)
+    cycle = cycle_detector(rules, prom)
+    empty = Cluster.build([], [])
+    cycle(empty, END - STEP, PROFILE)
+    prom.spans.clear()
+    later = cycle(empty, END, PROFILE)
+    assert prom.spans and set(prom.spans) == {2 * STEP}
+    assert later == cycle_detector(rules, whole(url))(empty, END, PROFILE)
+    assert {f.subject for f in later.findings} == {"gpu/node-001/4", "pod/ml/leak-0"}
+    # a detector of its own (new rules) reads whole; so does a detection that keeps nothing
+    prom.spans.clear()
+    cycle_detector(rules, prom)(empty, END, PROFILE)
+    run_detection(rules, prom, None, END, profile=PROFILE)
+    assert set(prom.spans) == {LOOKBACK}
