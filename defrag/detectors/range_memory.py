@@ -25,11 +25,13 @@ once) keeps nothing and reads every range whole.
 
 from __future__ import annotations
 
+import bisect
 import threading
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -44,19 +46,26 @@ def ms(seconds: float) -> int:
     return round(seconds * 1000.0)
 
 
+Key = tuple[tuple[str, str], ...]
+"""A series' labels as sorted (name, value) pairs."""
+
+
 @dataclass(frozen=True, slots=True)
 class KeptRange:
-    """One range answer kept after a detection: its series' ``points`` by their label items
-    (``(n, 2)`` arrays of time and value, in time order, within the lookback), their labels,
-    the range's ``end_ms``, ``step_ms`` and ``lookback_ms``, and the groups it holds every
-    series of (``covered``; None: every series the query has)."""
+    """One range answer kept after a detection: every series' points in one block (``times``
+    and ``values``, each series' run in time order), each series' run (``runs``: its start and
+    end in the block) and ``labels`` by its label pairs; the range's ``end_ms``, ``step_ms``
+    and ``lookback_ms``; and the groups it holds every series of (``covered``; None: every
+    series the query has)."""
 
     end_ms: int
     step_ms: int
     lookback_ms: int
     covered: frozenset[Group] | None
-    points: Mapping[tuple[tuple[str, str], ...], np.ndarray]
-    labels: Mapping[tuple[tuple[str, str], ...], Mapping[str, str]]
+    times: np.ndarray
+    values: np.ndarray
+    runs: Mapping[Key, tuple[int, int]]
+    labels: Mapping[Key, Mapping[str, str]]
 
     def since(self, end_ms: int, step_ms: int, lookback_ms: int) -> int | None:
         """The time (ms) from which a range ending at ``end_ms`` may be asked, the points
@@ -91,9 +100,20 @@ class KeptRange:
         ``since_ms`` on (of those groups only; ``group`` tells a series' group by its labels);
         None when they do not line up: a point of ``span`` off the step's grid
         or before ``since_ms``, or a series whose point at ``since_ms`` (asked again) is not
-        the kept one — absent on one side, or another value. Series in no particular order."""
+        the kept one — absent on one side, or another value. Series in no particular order.
+
+        Times are compared as the floats they are: Prometheus writes a point's time as its
+        milliseconds ÷ 1000, the float nearest that decimal, which ``ms / 1000.0`` is too."""
         out: list[Sample] = []
-        fresh: set[tuple[tuple[str, str], ...]] = set()
+        fresh: set[Key] = set()
+        start_s, since_s = start_ms / 1000.0, since_ms / 1000.0
+        times, values = self.times.tolist(), self.values.tolist()  # floats, as answered
+
+        def head(run: tuple[int, int]) -> tuple[int, int]:
+            """The run's points at ``start_s`` … ``since_s``, both included."""
+            lo = bisect.bisect_left(times, start_s, *run)
+            return lo, bisect.bisect_right(times, since_s, lo, run[1])
+
         for sample in span:
             key = tuple(sorted(sample.labels.items()))
             fresh.add(key)
@@ -102,42 +122,34 @@ class KeptRange:
                 (t_ms := ms(t)) < since_ms or (t_ms - since_ms) % self.step_ms for t, _ in points
             ):
                 return None
-            kept = self.points.get(key)
-            again = points[0] if points and ms(points[0][0]) == since_ms else None
-            before = _trimmed(kept, start_ms, since_ms) if kept is not None else None
-            last = before[-1] if before is not None and len(before) else None
-            was = tuple(last) if last is not None and ms(float(last[0])) == since_ms else None
-            if (again is None) != (was is None) or (
-                again is not None and was is not None and not _same(again[1], was[1])
+            run = self.runs.get(key)
+            lo, hi = head(run) if run is not None else (0, 0)
+            again = points[0] if points and points[0][0] == since_s else None
+            was = hi > lo and times[hi - 1] == since_s
+            if (again is None) == was or (
+                again is not None and not _same(again[1], values[hi - 1])
             ):
                 return None
-            if before is None or not len(before):
+            if hi == lo:
                 out.append(sample)
                 continue
-            head = tuple(map(tuple, before.tolist()))
-            out.append(Sample(sample.labels, head + points[1 if again is not None else 0 :]))
-        for key, kept in self.points.items():
+            kept_points = tuple(zip(times[lo:hi], values[lo:hi], strict=True))
+            out.append(Sample(sample.labels, kept_points + points[1 if again is not None else 0 :]))
+        for key, run in self.runs.items():
             if key in fresh or (asked is not None and group(self.labels[key]) not in asked):
                 continue
-            before = _trimmed(kept, start_ms, since_ms)
-            if len(before) and ms(float(before[-1][0])) == since_ms:
+            lo, hi = head(run)
+            if hi > lo and times[hi - 1] == since_s:
                 return None  # a point at since_ms kept but not answered again
-            if len(before):
-                out.append(Sample(self.labels[key], tuple(map(tuple, before.tolist()))))
+            if hi > lo:
+                kept_points = tuple(zip(times[lo:hi], values[lo:hi], strict=True))
+                out.append(Sample(self.labels[key], kept_points))
         return out
 
 
 def _same(a: float, b: float) -> bool:
     """Equal values, NaN equal to NaN (Prometheus answers NaN as a value)."""
     return a == b or (a != a and b != b)
-
-
-def _trimmed(points: np.ndarray, start_ms: int, since_ms: int) -> np.ndarray:
-    """The kept points at ``start_ms`` … ``since_ms`` (both included)."""
-    times = np.rint(points[:, 0] * 1000.0)
-    lo = int(np.searchsorted(times, start_ms, side="left"))
-    hi = int(np.searchsorted(times, since_ms, side="right"))
-    return points[lo:hi]
 
 
 def kept(
@@ -147,14 +159,24 @@ def kept(
     step_ms: int,
     lookback_ms: int,
 ) -> KeptRange:
-    """``answer`` (the whole range's, ending at ``end_ms``) as kept for the next detection."""
-    points: dict[tuple[tuple[str, str], ...], np.ndarray] = {}
-    labels: dict[tuple[tuple[str, str], ...], Mapping[str, str]] = {}
-    for sample in answer:
+    """``answer`` (the whole range's, ending at ``end_ms``) as kept for the next detection:
+    its points in two float arrays (a seventh of the tuples' memory)."""
+    counts = [len(sample.points) for sample in answer]
+    flat = np.fromiter(
+        chain.from_iterable(chain.from_iterable(sample.points for sample in answer)),
+        dtype=float,
+        count=2 * sum(counts),
+    )
+    ends = np.cumsum(counts).tolist()
+    runs: dict[Key, tuple[int, int]] = {}
+    labels: dict[Key, Mapping[str, str]] = {}
+    for sample, end, count in zip(answer, ends, counts, strict=True):
         key = tuple(sorted(sample.labels.items()))
-        points[key] = np.array(sample.points, dtype=float).reshape(-1, 2)
+        runs[key] = (end - count, end)
         labels[key] = sample.labels
-    return KeptRange(end_ms, step_ms, lookback_ms, covered, points, labels)
+    return KeptRange(
+        end_ms, step_ms, lookback_ms, covered, flat[0::2].copy(), flat[1::2].copy(), runs, labels
+    )
 
 
 class RangeMemory:

@@ -26,7 +26,8 @@ from defrag.detectors.leak.registration import (
     _medians_key,
     judged_at,
 )
-from defrag.detectors.range_memory import RangeMemory, remembering
+from defrag.detectors.range_memory import KeptRange, RangeMemory, remembering
+from defrag.detectors.range_memory import kept as keep
 from defrag.model.cluster import Cluster
 from defrag.ports import Sample
 from tests.integration.test_prometheus_recorded import PROFILE, _server, leak_rules, rule_of
@@ -72,6 +73,15 @@ def span_reads(prom: Asked) -> tuple[set[str], set[str]]:
     return spans, wholes
 
 
+def kept_answer(kept: KeptRange) -> list[Sample]:
+    """The kept answer as samples again."""
+    times, values = kept.times.tolist(), kept.values.tolist()
+    return [
+        Sample(kept.labels[k], tuple(zip(times[a:b], values[a:b], strict=True)))
+        for k, (a, b) in kept.runs.items()
+    ]
+
+
 def whole(url: str) -> PrometheusSource:
     return PrometheusSource(url, retries=0, timeout_s=30)
 
@@ -108,7 +118,7 @@ def test_a_later_detection_reads_the_span_and_finds_what_a_whole_read_finds(
     merged = read(rule, prom, END, memory)
     assert merged == read(rule, whole(url), END, None)
     (kept,) = memory._kept.values()
-    assert sum(len(t) for t, _ in kept.points.values()) == sum(len(s.points) for s in merged[0])
+    assert len(kept.times) == sum(len(s.points) for s in merged[0])
 
 
 def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
@@ -124,9 +134,11 @@ def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
     assert kept is not None and kept.covered
     gone = sorted(kept.covered)[0]  # as if this GPU had not passed the prefilter then
     on = _gpu_labels(rule)
-    points = {k: v for k, v in kept.points.items() if tuple(dict(k).get(n, "") for n in on) != gone}
-    assert len(points) < len(kept.points)
-    memory.put(key, replace(kept, covered=kept.covered - {gone}, points=points))
+    answer = [s for s in kept_answer(kept) if tuple(s.labels.get(n, "") for n in on) != gone]
+    assert len(answer) < len(kept.runs)
+    memory.put(
+        key, keep(answer, kept.covered - {gone}, kept.end_ms, kept.step_ms, kept.lookback_ms)
+    )
     prom.reads.clear()
     assert read(rule, prom, END, memory) == read(rule, whole(url), END, None)
     # the GPUs kept: the span; the one not kept: the whole lookback (in the same round)
@@ -144,10 +156,10 @@ def test_answers_that_do_not_line_up_read_the_whole_range(url: str, tmp_path: Pa
     kept = memory.get(key)
     assert kept is not None
     # a kept value that Prometheus no longer answers (one that lost or rewrote data)
-    label, (times, values) = next(iter(kept.points.items()))
-    changed = values.copy()
-    changed[-2] += 1.0
-    memory.put(key, replace(kept, points={**kept.points, label: (times, changed)}))
+    _, end = next(iter(kept.runs.values()))
+    changed = kept.values.copy()
+    changed[end - 2] += 1.0  # the run's last point but one: the time asked again
+    memory.put(key, replace(kept, values=changed))
     prom.reads.clear()
     assert read(rule, prom, END, memory) == read(rule, whole(url), END, None)
     # the span was asked, did not line up, and the whole range was read after it
@@ -183,7 +195,7 @@ def test_kept_points_stay_within_the_lookback(url: str, tmp_path: Path) -> None:
         read(rule, prom, END - back * STEP, memory)
     (kept,) = memory._kept.values()
     start = (END - LOOKBACK).timestamp()
-    assert all(np.all(times >= start) for times, _ in kept.points.values())
+    assert len(kept.times) and np.all(kept.times >= start)
 
 
 def test_the_daemons_detector_remembers_between_cycles(url: str, tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ from defrag.detectors.rulemodel import (
     settings_model,
     settings_of,
 )
+from defrag.model.gc_policy import gc_deferred
 from defrag.ports import ConcurrentMetricsSource, MetricsSource, Query, Sample, ask
 
 DcgmLabelNames = settings_model(DcgmLabels)
@@ -478,13 +479,14 @@ def _medians_read(
         reads = [(span_start, old)] + ([(start, new)] if new else [])
         answers = _medians_of(rule, metrics, now, reads, recorded)
         on = _gpu_labels(rule)
-        merged = before.merged(
-            answers[0],
-            lambda labels: tuple(labels.get(k, "") for k in on),
-            old,
-            since,
-            end_ms - lookback_ms,
-        )
+        with gc_deferred(None):  # a burst of acyclic tuples, as the adapter's decoding
+            merged = before.merged(
+                answers[0],
+                lambda labels: tuple(labels.get(k, "") for k in on),
+                old,
+                since,
+                end_ms - lookback_ms,
+            )
         if merged is not None:
             used = _in_answer_order(merged + (answers[1] if new else []))
     if used is None:
