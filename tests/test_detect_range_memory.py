@@ -9,7 +9,14 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from defrag.detectors.range_memory import KeptRange, RangeMemory, current_memory, kept, remembering
+from defrag.detectors.range_memory import (
+    KeptRange,
+    RangeMemory,
+    current_memory,
+    kept,
+    keyed,
+    remembering,
+)
 from defrag.ports import Sample
 
 STEP = 300_000  # ms
@@ -43,6 +50,24 @@ class Fleet:
             if points:
                 out.append(Sample({"gpu": str(group), "pod": f"p{i}"}, points))
         return out
+
+
+def merge(
+    before: KeptRange,
+    span: list[Sample],
+    group: object,
+    asked: frozenset[tuple[str, ...]] | None,
+    since: int,
+    start: int,
+) -> list[Sample] | None:
+    """:meth:`KeptRange.merged` of a plain answer, the series without their label pairs."""
+    out = before.merged(keyed(span), group_of, asked, since, start)
+    return None if out is None else [sample for _, sample in out]
+
+
+def group_of(labels: object) -> tuple[str, ...]:
+    assert isinstance(labels, dict)
+    return (labels["gpu"],)
 
 
 def group(labels: object) -> tuple[str, ...]:
@@ -92,7 +117,9 @@ def test_the_merged_range_is_the_whole_ranges_answer(
     end0 = T0 + first_end * STEP
     end1 = end0 + ahead * STEP
     asked0 = frozenset(covered)
-    before = kept(fleet.range(end0 - LOOKBACK, end0, asked0), _strs(asked0), end0, STEP, LOOKBACK)
+    before = kept(
+        keyed(fleet.range(end0 - LOOKBACK, end0, asked0)), _strs(asked0), end0, STEP, LOOKBACK
+    )
     since = before.since(end1, STEP, LOOKBACK)
     if ahead * STEP > LOOKBACK - STEP:
         assert since is None  # the kept points do not reach the new range's start
@@ -100,7 +127,7 @@ def test_the_merged_range_is_the_whole_ranges_answer(
     assert since == end0 - STEP
     old = frozenset(wanted) & asked0
     span = fleet.range(since, end1, old)
-    merged = before.merged(span, group, _strs(old), since, end1 - LOOKBACK)
+    merged = merge(before, span, group, _strs(old), since, end1 - LOOKBACK)
     assert merged is not None
     assert same(merged, fleet.range(end1 - LOOKBACK, end1, old))
 
@@ -111,11 +138,11 @@ def _strs(groups: frozenset[int]) -> frozenset[tuple[str, ...]]:
 
 def test_every_series_when_nothing_narrows_the_read() -> None:
     fleet = Fleet([(0, -80, 60), (1, 10, 200), (2, 61, 300)], seed=3)
-    before = kept(fleet.range(T0 - LOOKBACK, T0), None, T0, STEP, LOOKBACK)
+    before = kept(keyed(fleet.range(T0 - LOOKBACK, T0)), None, T0, STEP, LOOKBACK)
     end = T0 + 70 * STEP
     since = before.since(end, STEP, LOOKBACK)
     assert since is not None
-    merged = before.merged(fleet.range(since, end), group, None, since, end - LOOKBACK)
+    merged = merge(before, fleet.range(since, end), group, None, since, end - LOOKBACK)
     assert merged is not None and same(merged, fleet.range(end - LOOKBACK, end))
     assert {s.labels["pod"] for s in merged} == {"p0", "p1", "p2"}  # p2 began after the kept end
 
@@ -140,40 +167,40 @@ def test_a_lookback_off_the_step_asks_from_the_kept_ranges_last_point_but_one() 
         points = tuple((t / 1000.0, float(t % 7919)) for t in grid if since is None or t >= since)
         return [Sample({"gpu": "0", "pod": "p0"}, points)]
 
-    before = kept(answer(T0 - lookback, T0), None, T0, STEP, lookback)
+    before = kept(keyed(answer(T0 - lookback, T0)), None, T0, STEP, lookback)
     end = T0 + 2 * STEP
     since = before.since(end, STEP, lookback)
     assert since == T0 - 100_000 - STEP  # the kept grid's last point is 100 s before its end
     span = answer(end - lookback, end, since)
-    merged = before.merged(span, group, None, since, end - lookback)
+    merged = merge(before, span, group, None, since, end - lookback)
     assert merged == answer(end - lookback, end)
 
 
 def test_answers_that_do_not_line_up_are_refused() -> None:
     fleet = Fleet([(0, -80, 60), (1, -80, 60)], seed=7)
-    before = kept(fleet.range(T0 - LOOKBACK, T0), None, T0, STEP, LOOKBACK)
+    before = kept(keyed(fleet.range(T0 - LOOKBACK, T0)), None, T0, STEP, LOOKBACK)
     end = T0 + STEP
     since = before.since(end, STEP, LOOKBACK)
     assert since is not None
     start = end - LOOKBACK
     span = fleet.range(since, end)
-    assert before.merged(span, group, None, since, start) is not None
+    assert merge(before, span, group, None, since, start) is not None
 
     def changed(sample: Sample, value: float) -> Sample:
         return replace(sample, points=((sample.points[0][0], value), *sample.points[1:]))
 
     # the point asked again has another value (a Prometheus that lost or rewrote data)
-    assert before.merged([changed(span[0], -1.0), span[1]], group, None, since, start) is None
+    assert merge(before, [changed(span[0], -1.0), span[1]], group, None, since, start) is None
     # … or is missing, or the series is: it was kept with a point there
-    assert before.merged([span[0]], group, None, since, start) is None
+    assert merge(before, [span[0]], group, None, since, start) is None
     gone = replace(span[1], points=span[1].points[1:])
-    assert before.merged([span[0], gone], group, None, since, start) is None
+    assert merge(before, [span[0], gone], group, None, since, start) is None
     # a series never kept answers a point at the time asked again: it has a past
     stranger = Sample({"gpu": "9", "pod": "x"}, span[0].points)
-    assert before.merged([*span, stranger], group, None, since, start) is None
+    assert merge(before, [*span, stranger], group, None, since, start) is None
     # a point off the step's grid, or before the time asked
     off = replace(span[0], points=((span[0].points[0][0] + 1.0, 5.0), *span[0].points[1:]))
-    assert before.merged([off, span[1]], group, None, since, start) is None
+    assert merge(before, [off, span[1]], group, None, since, start) is None
 
 
 def test_the_memory_is_the_current_detections_only_inside_remembering() -> None:

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 
 import numpy as np
 
@@ -89,22 +90,24 @@ class KeptRange:
 
     def merged(
         self,
-        span: Sequence[Sample],
+        span: Sequence[tuple[Key, Sample]],
         group: Callable[[Mapping[str, str]], Group],
         asked: frozenset[Group] | None,
         since_ms: int,
         start_ms: int,
-    ) -> list[Sample] | None:
+    ) -> list[tuple[Key, Sample]] | None:
         """The whole range's answer for the groups ``asked`` (None: every series), from the
         kept points at ``start_ms`` … ``since_ms`` and ``span``, the answer of the range from
-        ``since_ms`` on (of those groups only; ``group`` tells a series' group by its labels);
+        ``since_ms`` on (of those groups only, each series with its label pairs, :func:`keyed`;
+        ``group`` tells a series' group by its labels);
         None when they do not line up: a point of ``span`` off the step's grid
         or before ``since_ms``, or a series whose point at ``since_ms`` (asked again) is not
-        the kept one — absent on one side, or another value. Series in no particular order.
+        the kept one — absent on one side, or another value. Each series with its label pairs,
+        in no particular order.
 
         Times are compared as the floats they are: Prometheus writes a point's time as its
         milliseconds ÷ 1000, the float nearest that decimal, which ``ms / 1000.0`` is too."""
-        out: list[Sample] = []
+        out: list[tuple[Key, Sample]] = []
         fresh: set[Key] = set()
         start_s, since_s = start_ms / 1000.0, since_ms / 1000.0
         times, values = self.times.tolist(), self.values.tolist()  # floats, as answered
@@ -114,8 +117,7 @@ class KeptRange:
             lo = bisect.bisect_left(times, start_s, *run)
             return lo, bisect.bisect_right(times, since_s, lo, run[1])
 
-        for sample in span:
-            key = tuple(sorted(sample.labels.items()))
+        for key, sample in span:
             fresh.add(key)
             points = sample.points
             if any(
@@ -131,10 +133,11 @@ class KeptRange:
             ):
                 return None
             if hi == lo:
-                out.append(sample)
+                out.append((key, sample))
                 continue
             kept_points = tuple(zip(times[lo:hi], values[lo:hi], strict=True))
-            out.append(Sample(sample.labels, kept_points + points[1 if again is not None else 0 :]))
+            rest = points[1 if again is not None else 0 :]
+            out.append((key, Sample(sample.labels, kept_points + rest)))
         for key, run in self.runs.items():
             if key in fresh or (asked is not None and group(self.labels[key]) not in asked):
                 continue
@@ -143,7 +146,7 @@ class KeptRange:
                 return None  # a point at since_ms kept but not answered again
             if hi > lo:
                 kept_points = tuple(zip(times[lo:hi], values[lo:hi], strict=True))
-                out.append(Sample(self.labels[key], kept_points))
+                out.append((key, Sample(self.labels[key], kept_points)))
         return out
 
 
@@ -152,26 +155,33 @@ def _same(a: float, b: float) -> bool:
     return a == b or (a != a and b != b)
 
 
+def keyed(samples: Iterable[Sample]) -> list[tuple[Key, Sample]]:
+    """Each series with its label pairs, sorted by them: the order Prometheus answers a range
+    query in (promql's Matrix sort, labels.Compare: (name, value) pairs by name, shorter first
+    on a tie)."""
+    return sorted(((tuple(sorted(s.labels.items())), s) for s in samples), key=itemgetter(0))
+
+
 def kept(
-    answer: Sequence[Sample],
+    answer: Sequence[tuple[Key, Sample]],
     covered: frozenset[Group] | None,
     end_ms: int,
     step_ms: int,
     lookback_ms: int,
 ) -> KeptRange:
-    """``answer`` (the whole range's, ending at ``end_ms``) as kept for the next detection:
-    its points in two float arrays (a seventh of the tuples' memory)."""
-    counts = [len(sample.points) for sample in answer]
+    """``answer`` (the whole range's, ending at ``end_ms``, each series with its label pairs)
+    as kept for the next detection: its points in two float arrays (a seventh of the tuples'
+    memory)."""
+    counts = [len(sample.points) for _, sample in answer]
     flat = np.fromiter(
-        chain.from_iterable(chain.from_iterable(sample.points for sample in answer)),
+        chain.from_iterable(chain.from_iterable(sample.points for _, sample in answer)),
         dtype=float,
         count=2 * sum(counts),
     )
     ends = np.cumsum(counts).tolist()
     runs: dict[Key, tuple[int, int]] = {}
     labels: dict[Key, Mapping[str, str]] = {}
-    for sample, end, count in zip(answer, ends, counts, strict=True):
-        key = tuple(sorted(sample.labels.items()))
+    for (key, sample), end, count in zip(answer, ends, counts, strict=True):
         runs[key] = (end - count, end)
         labels[key] = sample.labels
     return KeptRange(

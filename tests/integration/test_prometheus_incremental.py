@@ -26,7 +26,7 @@ from defrag.detectors.leak.registration import (
     _medians_key,
     judged_at,
 )
-from defrag.detectors.range_memory import KeptRange, RangeMemory, remembering
+from defrag.detectors.range_memory import KeptRange, RangeMemory, keyed, remembering
 from defrag.detectors.range_memory import kept as keep
 from defrag.model.cluster import Cluster
 from defrag.ports import Sample
@@ -137,7 +137,7 @@ def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
     answer = [s for s in kept_answer(kept) if tuple(s.labels.get(n, "") for n in on) != gone]
     assert len(answer) < len(kept.runs)
     memory.put(
-        key, keep(answer, kept.covered - {gone}, kept.end_ms, kept.step_ms, kept.lookback_ms)
+        key, keep(keyed(answer), kept.covered - {gone}, kept.end_ms, kept.step_ms, kept.lookback_ms)
     )
     prom.reads.clear()
     assert read(rule, prom, END, memory) == read(rule, whole(url), END, None)

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -39,7 +40,7 @@ from defrag.detectors.leak.core import (
     without_neighbours,
 )
 from defrag.detectors.leak.recorded import RecordedSeries, nameless, recorded_at, recorded_series
-from defrag.detectors.range_memory import Group, current_memory, kept, ms
+from defrag.detectors.range_memory import Group, Key, current_memory, kept, keyed, ms
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
     Model,
@@ -341,13 +342,6 @@ def _with_matcher(selector: str, matcher: str) -> str:
     return f"{name.strip()}{{{inner + ', ' if inner else ''}{matcher}}}"
 
 
-def _in_answer_order(samples: list[Sample]) -> list[Sample]:
-    """The series in the order Prometheus answers a range query: sorted by their label sets
-    (promql's Matrix sort, labels.Compare: (name, value) pairs by name, shorter first on a
-    tie), so several shards read as the one query's answer."""
-    return sorted(samples, key=lambda s: sorted(s.labels.items()))
-
-
 NARROW_AT_MOST = 20_000
 """The most GPUs whose names :func:`_ask_leak_queries` writes into the range query's selector
 (a larger answer is fetched whole and joined here)."""
@@ -470,7 +464,7 @@ def _medians_read(
     before = memory.get(key) if memory is not None else None
     end_ms, step_ms, lookback_ms = ms(now.timestamp()), ms(params.bin_s), ms(params.lookback_s)
     since = before.since(end_ms, step_ms, lookback_ms) if before is not None else None
-    used: list[Sample] | None = None
+    used: list[tuple[Key, Sample]] | None = None
     if before is not None and since is not None:
         covered = before.covered
         old = wanted if wanted is None or covered is None else wanted & covered
@@ -488,12 +482,12 @@ def _medians_read(
                 end_ms - lookback_ms,
             )
         if merged is not None:
-            used = _in_answer_order(merged + (answers[1] if new else []))
+            used = sorted(merged + (answers[1] if new else []), key=itemgetter(0))
     if used is None:
         used = _medians_of(rule, metrics, now, [(start, wanted)], recorded)[0]
     if memory is not None:
         memory.put(key, kept(used, wanted, end_ms, step_ms, lookback_ms))
-    return used
+    return [sample for _, sample in used]
 
 
 def _medians_of(
@@ -502,16 +496,17 @@ def _medians_of(
     now: datetime,
     reads: Sequence[tuple[datetime, frozenset[Group] | None]],
     recorded: RecordedSeries | None,
-) -> list[list[Sample]]:
+) -> list[list[tuple[Key, Sample]]]:
     """For each read (a start, and the GPUs wanted: None for every series), the medians from
-    that start to ``now`` as the one range query answers them (in its order), every read's
-    queries asked at once; recorded: read from the recorded series instead of computed.
+        that start to ``now`` as the one range query answers them (in its order, each series with
+    its label pairs), every read's
+        queries asked at once; recorded: read from the recorded series instead of computed.
 
-    Every series: the selector in the shards of :data:`SHARDS`. The GPUs that passed the
-    prefilter: in chunks of whole nodes (at least the source's ``concurrency`` of them,
-    :func:`_node_chunks`), each chunk's selector naming its GPUs by the GPU label that tells
-    most of them apart (a superset: every series the prefilter's ``and on(...)`` would keep
-    has one of those values), and the join done here, on the same labels."""
+        Every series: the selector in the shards of :data:`SHARDS`. The GPUs that passed the
+        prefilter: in chunks of whole nodes (at least the source's ``concurrency`` of them,
+        :func:`_node_chunks`), each chunk's selector naming its GPUs by the GPU label that tells
+        most of them apart (a superset: every series the prefilter's ``and on(...)`` would keep
+        has one of those values), and the join done here, on the same labels."""
     params = LEAK.settings_of(rule)
     sel = rule.queries.used.strip()
     on = _gpu_labels(rule)
@@ -536,7 +531,7 @@ def _medians_of(
             selectors = [_with_matcher(sel, m) for m in narrowed] if all(narrowed) else [sel]
         queries.append([Query(of(s), now, start, params.bin_s) for s in selectors])
     answers = _ask_all(metrics, [q for read in queries for q in read])
-    out: list[list[Sample]] = []
+    out: list[list[tuple[Key, Sample]]] = []
     for (_, wanted), read in zip(reads, queries, strict=True):
         mine, answers = answers[: len(read)], answers[len(read) :]
         answer = [s for part in mine for s in part]
@@ -544,7 +539,7 @@ def _medians_of(
             answer = nameless(answer)
         if wanted is not None:
             answer = [s for s in answer if tuple(s.labels.get(k, "") for k in on) in wanted]
-        out.append(_in_answer_order(answer))
+        out.append(keyed(answer))  # in the one query's order, each with its label pairs
     return out
 
 
