@@ -8,13 +8,13 @@ or ``@ end()``, nothing of the range itself. So when a later range has the same 
 lookback and ends a whole number of steps after the kept one, its points before the kept end
 are the kept points, and only the span from the kept end on has to be asked.
 
-:class:`KeptRange` is one answer as kept: each series' points over the lookback (numpy, a
-seventh of the tuples' memory), which groups of series it holds whole (``covered``: a group
-absent from it was not asked, so it is read over the whole lookback), and its end.
-:meth:`KeptRange.since` says from when a later range may be asked (the kept end less one
-step: that point is asked again, and must come back as kept — else the answer does not line up
-with what was kept, a Prometheus that lost or changed data, and the whole range is read
-again); :meth:`KeptRange.merged` joins the kept points and the span's answer into what the
+:class:`KeptRange` is one answer as kept: each series' points over the lookback (two float
+arrays, a seventh of the tuples' memory), which groups of series it holds whole (``covered``:
+a group absent from it was not asked, so it is read over the whole lookback), and its end.
+:meth:`KeptRange.since` says from when a later range may be asked (the kept range's last point
+but one: that point is asked again, and must come back as kept — else the answer does not
+line up with what was kept, a Prometheus that lost or changed data, and the whole range is
+read again); :meth:`KeptRange.merged` joins the kept points and the span's answer into what the
 whole range's answer would be, or None when they do not line up.
 
 :class:`RangeMemory` holds the kept answers of one detector's reads between detections (a
