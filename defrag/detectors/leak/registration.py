@@ -498,15 +498,15 @@ def _medians_of(
     recorded: RecordedSeries | None,
 ) -> list[list[tuple[Key, Sample]]]:
     """For each read (a start, and the GPUs wanted: None for every series), the medians from
-        that start to ``now`` as the one range query answers them (in its order, each series with
-    its label pairs), every read's
-        queries asked at once; recorded: read from the recorded series instead of computed.
+    that start to ``now`` as the one range query answers them (in its order, each series with
+    its label pairs), every read's queries asked at once; recorded: read from the recorded
+    series instead of computed.
 
-        Every series: the selector in the shards of :data:`SHARDS`. The GPUs that passed the
-        prefilter: in chunks of whole nodes (at least the source's ``concurrency`` of them,
-        :func:`_node_chunks`), each chunk's selector naming its GPUs by the GPU label that tells
-        most of them apart (a superset: every series the prefilter's ``and on(...)`` would keep
-        has one of those values), and the join done here, on the same labels."""
+    Every series: the selector in the shards of :data:`SHARDS`. The GPUs that passed the
+    prefilter: in chunks of whole nodes (at least the source's ``concurrency`` of them,
+    :func:`_node_chunks`), each chunk's selector naming its GPUs by the GPU label that tells
+    most of them apart (a superset: every series the prefilter's ``and on(...)`` would keep
+    has one of those values), and the join done here, on the same labels."""
     params = LEAK.settings_of(rule)
     sel = rule.queries.used.strip()
     on = _gpu_labels(rule)
