@@ -9,7 +9,7 @@ then at the later time, and compares with a detection at the later time that kee
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import requests
 
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detection import cycle_detector, run_detection
@@ -215,3 +216,46 @@ def test_the_daemons_detector_remembers_between_cycles(url: str, tmp_path: Path)
     cycle_detector(rules, prom)(empty, END, PROFILE)
     run_detection(rules, prom, None, END, profile=PROFILE)
     assert set(prom.spans) == {LOOKBACK}
+
+
+class Garbled(Asked):
+    """Answers the medians ranges of ``span`` with something that is not JSON."""
+
+    def __init__(self, url: str, span: timedelta) -> None:
+        super().__init__(url)
+        self.span: timedelta | None = span
+
+    def _get(self, path: str, params: Mapping[str, str], timeout: Any) -> Any:
+        return self._garbled(path, params) or super()._get(path, params, timeout)
+
+    def _post(self, path: str, form: Mapping[str, str], timeout: Any) -> Any:
+        return self._garbled(path, form) or super()._post(path, form, timeout)
+
+    def _garbled(self, path: str, form: Mapping[str, str]) -> None:
+        medians = path.endswith("query_range") and "median" in form["query"]
+        span = round(float(form["end"]) - float(form["start"]), 3) if medians else None
+        if self.span is not None and span == self.span.total_seconds():
+            raise requests.exceptions.JSONDecodeError("Expecting value", "<html>", 0)
+
+
+def test_a_malformed_span_answer_fails_the_rule_as_a_whole_read_does(
+    url: str, tmp_path: Path
+) -> None:
+    rules = leak_rules(tmp_path, "auto")
+    memory = RangeMemory()
+    prom = Garbled(url, 2 * STEP)
+    run_detection(rules, prom, None, END - STEP, profile=PROFILE, memory=memory)
+    later = run_detection(rules, prom, None, END, profile=PROFILE, memory=memory)
+    read_whole = run_detection(rules, Garbled(url, LOOKBACK), None, END, profile=PROFILE)
+    (failed,), (also,) = later.failures, read_whole.failures
+    # the same one line, naming the query asked (the span's, the whole read's)
+    shape = r"Prometheus at \S+ answered query '.+' with something that is not JSON \(.+\)"
+    assert re.fullmatch(shape, failed.message) and re.fullmatch(shape, also.message)
+    assert "\n" not in failed.message and failed.rule == also.rule == "gpu-memory-leak"
+    # the kept answer is left as it was: the next detection reads the span and merges
+    prom.span = None
+    prom.reads.clear()
+    again = run_detection(rules, prom, None, END, profile=PROFILE, memory=memory)
+    spans, wholes = span_reads(prom)
+    assert not spans & wholes
+    assert again == run_detection(rules, whole(url), None, END, profile=PROFILE)
