@@ -20,6 +20,12 @@ ranges). Each run then detects twice, alternating: the leak rule on the raw seri
 (``recorded: never``) and on the recorded ones (``recorded: auto``), and the leak findings of
 the second are checked against the raw series judged at the recorded evaluation time.
 ``--data DIR`` keeps the TSDB (and its set-up times) in DIR and reuses it when there.
+
+Each run and mode also detects as a daemon's cycles do, with a memory of the range answers
+(:mod:`defrag.detectors.range_memory`): a first detection a ``step`` before the end (read
+whole, kept), then a later one at the end, which asks only for the span since; its findings
+must be the whole read's. "detect, …" rows are the detections that keep nothing (every
+detection before the memory); "detect first / later" rows the two cycles.
 """
 
 from __future__ import annotations
@@ -40,13 +46,14 @@ import yaml
 from bench.leak_corpus import corpus, random_mix
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detect.findings import Finding
-from defrag.detection import detect
+from defrag.detection import detect, run_detection
 from defrag.detectors.leak.registration import (
     LEAK,
     LeakRuleFields,
     judged_at,
     leak_range_query,
 )
+from defrag.detectors.range_memory import RangeMemory
 from defrag.rules import load_rules
 from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import (
@@ -59,6 +66,9 @@ from tests.support.prometheus import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("whole", "first", "later")
+"""Each run's detections per mode: at the end keeping nothing; a step before it with a fresh
+memory; at the end with what that one kept."""
 RECORDING = ROOT / "rules" / "prometheus" / "defrag.detection.rules.yaml"
 
 
@@ -260,19 +270,36 @@ def main() -> None:
             at = judged[modes[-1]][0]
             lookback = timedelta(seconds=leak.lookback_s)
             fetched = len(source.range(leak_range_query(leak_rule), at - lookback, at, leak.bin_s))
-            times: dict[str, list[float]] = {m: [] for m in modes}
-            cpus: dict[str, list[float]] = {m: [] for m in modes}
-            server_cpus: dict[str, list[float]] = {m: [] for m in modes}
-            findings: dict[str, list[Finding]] = {}
+            kinds = [(m, k) for m in modes for k in KINDS]
+            times: dict[tuple[str, str], list[float]] = {mk: [] for mk in kinds}
+            cpus: dict[tuple[str, str], list[float]] = {mk: [] for mk in kinds}
+            server_cpus: dict[tuple[str, str], list[float]] = {mk: [] for mk in kinds}
+            findings: dict[tuple[str, str], list[Finding]] = {}
             load = os.getloadavg()
             for _ in range(args.runs):
                 for mode in modes:  # alternating, so load drifts reach both alike
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    s0 = _cpu_s(server.process.pid)
-                    findings[mode] = detect(rules_of[mode], source, None, END, profile=profile)
-                    times[mode].append(time.perf_counter() - t0)
-                    cpus[mode].append(time.process_time() - c0)
-                    server_cpus[mode].append(_cpu_s(server.process.pid) - s0)
+                    # a detection that keeps nothing (as every detection did before), then a
+                    # daemon's two cycles a step apart: the first reads whole and keeps, the
+                    # later asks for the span since
+                    memory = RangeMemory()
+                    for kind, at_, kept_in in (
+                        ("whole", END, None),
+                        ("first", END - timedelta(seconds=leak.bin_s), memory),
+                        ("later", END, memory),
+                    ):
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        s0 = _cpu_s(server.process.pid)
+                        report = run_detection(
+                            rules_of[mode], source, None, at_, profile=profile, memory=kept_in
+                        )
+                        times[mode, kind].append(time.perf_counter() - t0)
+                        cpus[mode, kind].append(time.process_time() - c0)
+                        server_cpus[mode, kind].append(_cpu_s(server.process.pid) - s0)
+                        if report.failures:
+                            raise SystemExit(f"error: {report.failures[0]}")
+                        findings[mode, kind] = list(report.findings)
+                    if findings[mode, "later"] != findings[mode, "whole"]:
+                        raise SystemExit(f"error: {mode}: the later detection found otherwise")
             rss = _rss_mib(server.process.pid)
             load_after = os.getloadavg()
             # the leak rule's findings from the raw series judged at the recorded series'
@@ -280,7 +307,7 @@ def main() -> None:
             same = ""
             if args.recorded:
                 raw_then = detect(rules_of["never"], source, None, at, profile=profile)
-                same = "yes" if _leaks(raw_then) == _leaks(findings["auto"]) else "NO"
+                same = "yes" if _leaks(raw_then) == _leaks(findings["auto", "whole"]) else "NO"
     gpus = args.gpus
     rows = [(line, "") for line in setup]
     rows += [
@@ -293,23 +320,33 @@ def main() -> None:
     for mode in modes:
         # the raw rows keep the names bench/run_all.py reads
         label = "with recorded series, " if mode == "auto" else ""
-        leaks = sum(f.kind == "leak" for f in findings[mode])
+        whole = (mode, "whole")
+        leaks = sum(f.kind == "leak" for f in findings[whole])
         rows += [
-            (f"detect, {label}min of {args.runs} (s)", f"{min(times[mode]):.3f}"),
-            (f"detect, {label}median of {args.runs} (s)", f"{median(times[mode]):.3f}"),
-            (f"detect, {label}max (s)", f"{max(times[mode]):.3f}"),
+            (f"detect, {label}min of {args.runs} (s)", f"{min(times[whole]):.3f}"),
+            (f"detect, {label}median of {args.runs} (s)", f"{median(times[whole]):.3f}"),
+            (f"detect, {label}max (s)", f"{max(times[whole]):.3f}"),
             (
                 f"detect, {label}per 10,000 GPUs, median (s)",
-                f"{median(times[mode]) * 1e4 / gpus:.2f}",
+                f"{median(times[whole]) * 1e4 / gpus:.2f}",
             ),
-            (f"detect, {label}CPU in this process, min / median / max (s)", _spread(cpus[mode])),
+            (f"detect, {label}CPU in this process, min / median / max (s)", _spread(cpus[whole])),
             (
                 f"detect, {label}CPU in Prometheus, min / median / max (s)",
-                _spread(server_cpus[mode]),
+                _spread(server_cpus[whole]),
             ),
             (f"detect, {label}leak findings (expected)", f"{leaks} ({(gpus + 99) // 100})"),
-            (f"detect, {label}idle finding", f"{sum(f.kind == 'idle' for f in findings[mode])}"),
+            (f"detect, {label}idle finding", f"{sum(f.kind == 'idle' for f in findings[whole])}"),
         ]
+        for kind in KINDS[1:]:
+            what = f"detect {kind} (a step {'before' if kind == 'first' else 'after'}), {label}"
+            mk = (mode, kind)
+            rows += [
+                (f"{what}wall min / median / max (s)", _spread(times[mk])),
+                (f"{what}CPU in this process, min / median / max (s)", _spread(cpus[mk])),
+                (f"{what}CPU in Prometheus, min / median / max (s)", _spread(server_cpus[mk])),
+            ]
+        rows.append((f"detect later, {label}findings = a whole read's", "yes"))
     if args.recorded:
         rows.append(("leak findings: recorded = raw at the recorded evaluation", same))
     width = max(len(k) for k, _ in rows)

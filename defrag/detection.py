@@ -28,6 +28,7 @@ from defrag.detectors.idle.core import IdleParams, IdleStatus, assess_idle
 from defrag.detectors.idle.registration import IDLE, IdleRuleFields, idle_curve
 from defrag.detectors.leak.core import DcgmLabels, LeakParams, detect_leaks
 from defrag.detectors.leak.registration import LEAK, LeakRuleFields, leak_series
+from defrag.detectors.range_memory import RangeMemory, remembering
 from defrag.detectors.registry import Inputs, MissingInput
 from defrag.detectors.rulemodel import ClusterRuleModel, KubeStateQueries, settings_of
 from defrag.detectors.starvation.core import first_per_pod
@@ -92,6 +93,7 @@ def run_detection(
     now: datetime,
     *,
     profile: ScoringProfile,
+    memory: RangeMemory | None = None,
 ) -> DetectionReport:
     """Every enabled rule, each through its detector's registration.
 
@@ -101,7 +103,22 @@ def run_detection(
     build a GPU-only cluster from Prometheus (:func:`cluster_from_kube_state`, once per set of
     queries), scored with the same configuration bound to that cluster's mix. A pod several
     starvation rules find has the first rule's finding only (:func:`first_per_pod`).
+
+    ``memory``: what the previous detections of these rules kept of their range answers
+    (:mod:`defrag.detectors.range_memory`), so that this one asks Prometheus only for what is new;
+    it keeps this one's in turn. None: every range is read whole, nothing kept.
     """
+    with remembering(memory):
+        return _run_detection(rules, metrics, cluster, now, profile)
+
+
+def _run_detection(
+    rules: RuleSet,
+    metrics: MetricsSource | None,
+    cluster: Cluster | None,
+    now: datetime,
+    profile: ScoringProfile,
+) -> DetectionReport:
     findings: list[Finding] = []
     failures: list[RuleFailure] = []
     skipped: dict[str, str] = {}
@@ -149,10 +166,16 @@ def cycle_detector(rules: RuleSet, metrics: MetricsSource | None) -> Detector:
     """The decision's detector port: every enabled rule on the cycle's cluster, with what
     could not be evaluated (rule → why, redacted) and what was skipped for missing inputs. One
     broken rule never stops the others; the daemon logs, counts and alerts on the failed ones,
-    and holds their alerts as they were. The daemon and the simulator both detect with it."""
+    and holds their alerts as they were. The daemon and the simulator both detect with it.
+
+    It remembers (a :class:`~defrag.detectors.range_memory.RangeMemory` of its own): each cycle's
+    detection asks Prometheus only for the span since the previous one where it can, and the
+    rules and the source stay the same for its life (new rules make a new detector, which
+    reads everything anew)."""
+    memory = RangeMemory()
 
     def detect(cluster: Cluster, now: datetime, profile: ScoringProfile) -> Detected:
-        report = run_detection(rules, metrics, cluster, now, profile=profile)
+        report = run_detection(rules, metrics, cluster, now, profile=profile, memory=memory)
         failed = {f.rule: redact_text(f"{f.message} ({f.file}:{f.line})") for f in report.failures}
         return Detected(report.findings, failed, report.skipped)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from operator import itemgetter
 from typing import Any, Literal
 
 import numpy as np
@@ -39,6 +40,7 @@ from defrag.detectors.leak.core import (
     without_neighbours,
 )
 from defrag.detectors.leak.recorded import RecordedSeries, nameless, recorded_at, recorded_series
+from defrag.detectors.range_memory import Group, Key, current_memory, kept, keyed, ms
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
     Model,
@@ -47,6 +49,7 @@ from defrag.detectors.rulemodel import (
     settings_model,
     settings_of,
 )
+from defrag.model.gc_policy import gc_deferred
 from defrag.ports import ConcurrentMetricsSource, MetricsSource, Query, Sample, ask
 
 DcgmLabelNames = settings_model(DcgmLabels)
@@ -339,13 +342,6 @@ def _with_matcher(selector: str, matcher: str) -> str:
     return f"{name.strip()}{{{inner + ', ' if inner else ''}{matcher}}}"
 
 
-def _in_answer_order(samples: list[Sample]) -> list[Sample]:
-    """The series in the order Prometheus answers a range query: sorted by their label sets
-    (promql's Matrix sort, labels.Compare: (name, value) pairs by name, shorter first on a
-    tie), so several shards read as the one query's answer."""
-    return sorted(samples, key=lambda s: sorted(s.labels.items()))
-
-
 NARROW_AT_MOST = 20_000
 """The most GPUs whose names :func:`_ask_leak_queries` writes into the range query's selector
 (a larger answer is fetched whole and joined here)."""
@@ -402,26 +398,17 @@ def _ask_leak_queries(
     passed = [s for part in answers[: len(first)] for s in part]
     free, used_now = answers[len(first)], answers[len(first) + 1]
     reserved = answers[len(first) + 2] if reserved_q else []
-    medians = (lambda s: recorded.read(_as_recorded(recorded, s))) if recorded else None
     if not plain:
         used = metrics.range(rule.queries.used, start, now, params.bin_s)
     elif not prefilter:
-        used = _sharded(rule, metrics, start, now, [sel], medians)
+        used = _medians_read(rule, metrics, start, now, None, recorded)
     elif not passed:
         used = []  # no GPU passed the prefilter: the one query's answer is empty too
+        _forget(rule, recorded, prefilter)
     else:
         on = _gpu_labels(rule)
-        wanted = {tuple(s.labels.get(k, "") for k in on) for s in passed}
-        names: DcgmLabels = settings_of(rule.labels)
-        chunks = _node_chunks(on, names, wanted, getattr(metrics, "concurrency", len(SHARDS)))
-        narrowed = [_one_of(on, chunk) for chunk in chunks]
-        # a chunk too large to name (one node past NARROW_AT_MOST GPUs): every series, once
-        selectors = [_with_matcher(sel, m) for m in narrowed] if all(narrowed) else [sel]
-        used = [
-            s
-            for s in _sharded(rule, metrics, start, now, selectors, medians, split=False)
-            if tuple(s.labels.get(k, "") for k in on) in wanted
-        ]
+        wanted = frozenset(tuple(s.labels.get(k, "") for k in on) for s in passed)
+        used = _medians_read(rule, metrics, start, now, wanted, recorded)
     return used, free, reserved, used_now if used else []
 
 
@@ -436,29 +423,124 @@ def _as_recorded(recorded: RecordedSeries, selector: str) -> str:
     return f"{recorded.median}{selector[len(recorded.metric) :].strip()}"
 
 
-def _sharded(
+def _medians_key(
+    rule: LeakRuleFields, recorded: RecordedSeries | None, prefilter: bool
+) -> tuple[str, ...]:
+    """What a detection's medians read is kept under: the rule, its selector, the series read
+    (raw or recorded) and whether the prefilter narrows it (step and lookback are checked by
+    the kept answer itself)."""
+    median = recorded.median if recorded else ""
+    return ("leak", rule.name, rule.queries.used.strip(), median, "prefilter" * prefilter)
+
+
+def _forget(rule: LeakRuleFields, recorded: RecordedSeries | None, prefilter: bool) -> None:
+    memory = current_memory()
+    if memory is not None:
+        memory.drop(_medians_key(rule, recorded, prefilter))
+
+
+def _medians_read(
     rule: LeakRuleFields,
     metrics: MetricsSource,
     start: datetime,
     now: datetime,
-    selectors: list[str],
-    medians: Callable[[str], str] | None = None,
-    *,
-    split: bool = True,
+    wanted: frozenset[Group] | None,
+    recorded: RecordedSeries | None,
 ) -> list[Sample]:
-    """The medians of each of ``selectors`` (``split``: each in the shards of :data:`SHARDS`)
-    asked at once, answered as one query would be; ``medians`` reads them from the recorded
-    series instead of computing them."""
+    """The medians of the GPUs ``wanted`` (None: of every series) over ``start`` … ``now``, as
+    the one range query answers them (:func:`_medians_of`).
+
+    Within a detection that remembers (:func:`~defrag.detectors.range_memory.current_memory`: a
+    daemon's cycles), the answer is kept, and a later detection asks only for what it lacks:
+    the span since the kept end for the GPUs kept whole, the whole lookback for the GPUs new
+    to the prefilter — in one round — and merges the kept points in
+    (:meth:`~defrag.detectors.range_memory.KeptRange.merged`). Anything doubtful reads the whole
+    range as a detection that keeps nothing does: nothing kept, another step or lookback, an
+    end not a whole number of steps after the kept one or past the lookback, a span that does
+    not line up with the kept points (asked again at the kept range's last settled point)."""
     params = LEAK.settings_of(rule)
-    matchers = _shard_matchers(rule) if split else [""]
-    of = medians or (lambda s: _medians(rule, s))
-    shards = [
-        Query(of(_with_matcher(sel, m) if m else sel), now, start, params.bin_s)
-        for sel in selectors
-        for m in matchers
-    ]
-    answer = [s for part in _ask_all(metrics, shards) for s in part]
-    return _in_answer_order(nameless(answer) if medians else answer)
+    memory = current_memory()
+    key = _medians_key(rule, recorded, wanted is not None)
+    before = memory.get(key) if memory is not None else None
+    end_ms, step_ms, lookback_ms = ms(now.timestamp()), ms(params.bin_s), ms(params.lookback_s)
+    since = before.since(end_ms, step_ms, lookback_ms) if before is not None else None
+    used: list[tuple[Key, Sample]] | None = None
+    if before is not None and since is not None:
+        covered = before.covered
+        old = wanted if wanted is None or covered is None else wanted & covered
+        new = None if wanted is None or covered is None else wanted - covered
+        span_start = now - timedelta(milliseconds=end_ms - since)
+        reads = [(span_start, old)] + ([(start, new)] if new else [])
+        answers = _medians_of(rule, metrics, now, reads, recorded)
+        on = _gpu_labels(rule)
+        with gc_deferred(None):  # a burst of acyclic tuples, as the adapter's decoding
+            merged = before.merged(
+                answers[0],
+                lambda labels: tuple(labels.get(k, "") for k in on),
+                old,
+                since,
+                end_ms - lookback_ms,
+            )
+        if merged is not None:
+            used = sorted(merged + (answers[1] if new else []), key=itemgetter(0))
+    if used is None:
+        used = _medians_of(rule, metrics, now, [(start, wanted)], recorded)[0]
+    if memory is not None:
+        memory.put(key, kept(used, wanted, end_ms, step_ms, lookback_ms))
+    return [sample for _, sample in used]
+
+
+def _medians_of(
+    rule: LeakRuleFields,
+    metrics: MetricsSource,
+    now: datetime,
+    reads: Sequence[tuple[datetime, frozenset[Group] | None]],
+    recorded: RecordedSeries | None,
+) -> list[list[tuple[Key, Sample]]]:
+    """For each read (a start, and the GPUs wanted: None for every series), the medians from
+    that start to ``now`` as the one range query answers them (in its order, each series with
+    its label pairs), every read's queries asked at once; recorded: read from the recorded
+    series instead of computed.
+
+    Every series: the selector in the shards of :data:`SHARDS`. The GPUs that passed the
+    prefilter: in chunks of whole nodes (at least the source's ``concurrency`` of them,
+    :func:`_node_chunks`), each chunk's selector naming its GPUs by the GPU label that tells
+    most of them apart (a superset: every series the prefilter's ``and on(...)`` would keep
+    has one of those values), and the join done here, on the same labels."""
+    params = LEAK.settings_of(rule)
+    sel = rule.queries.used.strip()
+    on = _gpu_labels(rule)
+    names: DcgmLabels = settings_of(rule.labels)
+
+    def of(selector: str) -> str:
+        if recorded is not None:
+            return recorded.read(_as_recorded(recorded, selector))
+        return _medians(rule, selector)
+
+    queries: list[list[Query]] = []
+    for start, wanted in reads:
+        if wanted is None:
+            selectors = [_with_matcher(sel, m) for m in _shard_matchers(rule)]
+        elif not wanted:
+            selectors = []
+        else:
+            concurrency = getattr(metrics, "concurrency", len(SHARDS))
+            chunks = _node_chunks(on, names, set(wanted), concurrency)
+            narrowed = [_one_of(on, chunk) for chunk in chunks]
+            # a chunk too large to name (one node past NARROW_AT_MOST GPUs): every series, once
+            selectors = [_with_matcher(sel, m) for m in narrowed] if all(narrowed) else [sel]
+        queries.append([Query(of(s), now, start, params.bin_s) for s in selectors])
+    answers = _ask_all(metrics, [q for read in queries for q in read])
+    out: list[list[tuple[Key, Sample]]] = []
+    for (_, wanted), read in zip(reads, queries, strict=True):
+        mine, answers = answers[: len(read)], answers[len(read) :]
+        answer = [s for part in mine for s in part]
+        if recorded is not None:
+            answer = nameless(answer)
+        if wanted is not None:
+            answer = [s for s in answer if tuple(s.labels.get(k, "") for k in on) in wanted]
+        out.append(keyed(answer))  # in the one query's order, each with its label pairs
+    return out
 
 
 def _node_chunks(
