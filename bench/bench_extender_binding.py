@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import runpy
 import statistics
 import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,6 @@ def one_run(n_nodes: int, n_pods: int, min_interval_s: float | None = None) -> d
     from defrag.extender.state import ClusterCache
     from defrag.extender.verbs import Extender
     from defrag.extender.wire import parse_args
-    from defrag.model.cluster import Cluster
-    from defrag.ports import WatchHealth
     from defrag.scoring.profile import ProfileConfig
     from tests.support import kubeobjects
 
@@ -54,30 +52,9 @@ def one_run(n_nodes: int, n_pods: int, min_interval_s: float | None = None) -> d
     for pod in pods:
         store._apply(kinds["Pod"], {"type": "ADDED", "raw_object": pod})
 
-    class Fed:
-        """The store as the extender's watched source (its watch events applied by hand)."""
-
-        def snapshot(self) -> Cluster:
-            return store.build()[0]
-
-        def start(self, on_change: Callable[[], None]) -> None:
-            store._on_change = on_change  # the builder is woken by each event, as live
-
-        def stop(self) -> None:
-            pass
-
-        def generation(self) -> int:
-            return store.generation()
-
-        def build(self) -> tuple[Cluster, int]:
-            return store.build()
-
-        def health(self) -> WatchHealth:
-            return store.health()
-
-    source = Fed()
-    if hasattr(store, "pending"):
-        source.pending = store.pending  # type: ignore[attr-defined]
+    # this checkout's, by path: in a --base child ``bench`` is the other checkout's
+    fed = runpy.run_path(str(Path(__file__).with_name("fed_source.py")))["FedSource"]
+    source = fed(store, wakes=True)
     cache = ClusterCache(
         source,
         ProfileConfig(policy="reserve-binpack"),

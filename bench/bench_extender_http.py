@@ -27,6 +27,7 @@ import json
 import os
 import queue
 import resource
+import runpy
 import socket
 import statistics
 import subprocess
@@ -249,8 +250,6 @@ def one_run(
     from bench.bench_extender_load import fed_store, lists, nodes_to_find
     from defrag.extender import server as ext_server
     from defrag.extender.state import ClusterCache
-    from defrag.model.cluster import Cluster
-    from defrag.ports import WatchHealth
     from defrag.scoring.profile import ProfileConfig
 
     store = fed_store(n_nodes, pod_gpus=())
@@ -259,27 +258,9 @@ def one_run(
     for i, name in enumerate(names):
         store._apply(kinds["Pod"], {"type": "ADDED", "raw_object": api_pod(name, None, 5000 + i)})
 
-    class Fed:
-        def snapshot(self) -> Cluster:
-            return store.build()[0]
-
-        def start(self, on_change: Callable[[], None]) -> None:
-            store._on_change = on_change
-
-        def stop(self) -> None:
-            pass
-
-        def generation(self) -> int:
-            return store.generation()
-
-        def build(self) -> tuple[Cluster, int]:
-            return store.build()
-
-        def health(self) -> WatchHealth:
-            return store.health()
-
-    source = Fed()
-    source.pending = store.pending  # type: ignore[attr-defined]
+    # this checkout's, by path: in a --base child ``bench`` is the other checkout's
+    fed = runpy.run_path(str(Path(__file__).with_name("fed_source.py")))["FedSource"]
+    source = fed(store, wakes=True)
     profiles: list[cProfile.Profile] = []
     cache_class = ClusterCache
     if profile_to:

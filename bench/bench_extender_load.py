@@ -31,7 +31,6 @@ import statistics
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,15 +39,13 @@ from kubernetes import client as kube_client
 
 from bench.bench_extender import _Static, make_cluster, request_body
 from bench.extender_bodies import nodes_body
+from bench.fed_source import FedSource
 from defrag.adapters.httpserve import ServerLimits
 from defrag.adapters.kube_convert import paused_gc
 from defrag.adapters.kube_watch import KubeWatchSource
-from defrag.adapters.store_build import Ahead
 from defrag.extender.server import ExtenderHTTPServer, ExtenderMetrics, serve, stop
 from defrag.extender.state import ClusterCache, make_view
 from defrag.extender.verbs import Extender
-from defrag.model.cluster import Cluster
-from defrag.ports import WatchHealth
 from defrag.scoring.profile import ProfileConfig
 from tests.support import kubeobjects
 
@@ -212,35 +209,6 @@ def nodes_to_find(n: int) -> int:
     return max(n * percent // 100, MIN_FEASIBLE_NODES)
 
 
-class _Fed:
-    """A :class:`~defrag.ports.WatchedClusterSource` over a :class:`KubeWatchSource` whose store
-    was filled by hand through its own event path (no API server: nothing is listed or watched)."""
-
-    def __init__(self, store: KubeWatchSource) -> None:
-        self.store = store
-
-    def snapshot(self) -> Cluster:
-        return self.store.build()[0]
-
-    def start(self, on_change: Callable[[], None]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def generation(self) -> int:
-        return self.store.generation()
-
-    def build(self) -> tuple[Cluster, int]:
-        return self.store.build()
-
-    def health(self) -> WatchHealth:
-        return self.store.health()
-
-    def pending(self) -> tuple[Ahead, int] | None:
-        return self.store.pending()
-
-
 PODS_PER_NODE = 10
 """200,000 pods on 20,000 nodes of 8 GPUs (the issue's large fleet)."""
 POD_GPUS = (1, 1, 1, 1, 2, 0, 0, 0, 0, 0)
@@ -313,7 +281,7 @@ def _serve_fed(
     t1 = time.perf_counter()
     costs = binding_costs(store, ProfileConfig(), 50)  # before the cache builds beside it
     t0 += time.perf_counter() - t1  # not part of the fill and first build
-    cache = ClusterCache(_Fed(store), ProfileConfig())
+    cache = ClusterCache(FedSource(store), ProfileConfig())
     metrics = ExtenderMetrics.create(cache)
     srv = ExtenderHTTPServer(
         ("127.0.0.1", 0),

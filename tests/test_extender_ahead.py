@@ -17,42 +17,20 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bench.fed_source import FedSource
 from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.adapters.store_build import AHEAD_LIMIT
 from defrag.extender.state import ClusterCache, ClusterView, make_view, view_ahead
 from defrag.model.arrays import NodeArrays
-from defrag.model.cluster import Cluster
-from defrag.ports import WatchHealth
 from defrag.scoring.profile import ProfileConfig
 from tests import test_store_build as sb
 from tests.support import kubeobjects as k
 from tests.test_extender_incremental import POLICIES, answers, assert_same_view, event_obj
 
 
-class Fed:
-    """A watched source over a store fed by hand (what the extender's cache reads of it)."""
-
-    def __init__(self, store: KubeWatchSource) -> None:
-        self.store = store
-        self.pending = store.pending
-
-    def snapshot(self) -> Cluster:
-        return self.store.build()[0]
-
-    def start(self, on_change: Callable[[], None]) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def generation(self) -> int:
-        return self.store.generation()
-
-    def build(self) -> tuple[Cluster, int]:
-        return self.store.build()
-
-    def health(self) -> WatchHealth:
-        return WatchHealth(True)
+def Fed(store: KubeWatchSource) -> FedSource:
+    """A watched source over a store fed by hand, always in sync (it never lists)."""
+    return FedSource(store, synced=True)
 
 
 def assert_same_arrays(got: NodeArrays, want: NodeArrays) -> None:
