@@ -12,7 +12,10 @@ order rotates from run to run, so that no mode always goes first):
 - ``alone``: kube-scheduler with the shipped ``kube-scheduler-config.yaml`` less its
   ``extenders`` (no defrag process running at all);
 - ``names``: the shipped configuration, the extender with ``nodeCacheCapable: true``;
-- ``nodes``: the same with ``nodeCacheCapable: false`` (whole Node objects in each call).
+- ``nodes``: the same with ``nodeCacheCapable: false`` (whole Node objects in each call);
+- ``null``: the ``names`` configuration pointed at an extender that decides nothing
+  (``bench/null_extender.py``: every node passes, every score 0, answered from a thread of the
+  bench's process): the least any extender in the path costs kube-scheduler on this machine.
 
 A mode: ``--pods`` pods, each asking for 1 ``nvidia.com/gpu`` (a managed resource of the shipped
 configuration, so every one goes to the extender) and naming ``schedulerName:
@@ -67,12 +70,13 @@ import requests
 import urllib3
 
 from bench.calibrate import calibrate
+from bench.null_extender import NullExtender
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import AssetsMissing, ControlPlane, control_plane, find_assets
 from tests.e2e.kubelet import add_node
 from tests.support.binaries import free_port
 
-MODES = ("alone", "names", "nodes")
+MODES = ("alone", "names", "nodes", "null")
 BASE = "-base"
 """A mode's suffix when its extender runs another tree's code (``--base DIR``): e.g.
 ``names-base``, measured in the same run as ``names``."""
@@ -329,6 +333,10 @@ def extender_for(
     if mode == "alone":
         yield None
         return
+    if mode == "null":
+        with NullExtender(port):
+            yield None
+        return
     with contextlib.ExitStack() as stack:
         path: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if mode.endswith(BASE):
@@ -534,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
-    known = {*MODES, *(m + BASE for m in MODES if m != "alone")}
+    known = {*MODES, *(m + BASE for m in MODES if m not in ("alone", "null"))}
     if set(modes) - known or "alone" not in modes:
         parser.error(f"--modes: from {', '.join(sorted(known))}, alone included")
     if any(m.endswith(BASE) for m in modes) and (args.base is None or not args.base.is_dir()):

@@ -26,6 +26,7 @@ from bench.bench_sched_throughput import (
 )
 from bench.run_all import BENCHES
 from defrag.extender.server import ExtenderMetrics
+from tests.support.binaries import free_port
 
 
 def _audit(name: str, ns: str, subresource: str | None, code: int, stamp: str) -> str:
@@ -161,3 +162,31 @@ def test_the_table_says_how_the_filter_answers_were_made() -> None:
     )
     row = next(line for line in report(results) if "| names |" in line)
     assert row.endswith("| 1.5 | 40 / 2 |")
+
+
+def test_the_null_extender_passes_every_node_and_scores_none() -> None:
+    """The floor mode's extender answers kube-scheduler's two calls in both modes, on one
+    keep-alive connection, as ``extender/v1/types.go`` shapes them."""
+    import http.client
+
+    from bench.null_extender import NullExtender
+
+    port = free_port()
+    with NullExtender(port):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        names = ["gpu-1", "gpu-2"]
+        pod = {"metadata": {"name": "p", "namespace": "ns"}}
+        answers = []
+        for verb, args in [
+            ("filter", {"Pod": pod, "Nodes": None, "NodeNames": names}),
+            ("prioritize", {"Pod": pod, "Nodes": None, "NodeNames": names}),
+            ("filter", {"Pod": pod, "Nodes": {"items": [{"metadata": {"name": "n"}}]}}),
+        ]:
+            conn.request("POST", f"/{verb}", json.dumps(args), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == 200
+            answers.append(json.loads(response.read()))
+        conn.close()
+    assert answers[0] == {"NodeNames": names, "FailedNodes": {}, "Error": ""}
+    assert answers[1] == [{"Host": "gpu-1", "Score": 0}, {"Host": "gpu-2", "Score": 0}]
+    assert answers[2]["Nodes"] == {"items": [{"metadata": {"name": "n"}}]}
