@@ -63,12 +63,14 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import requests
+from scipy import stats
 
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import (
@@ -1801,13 +1803,8 @@ def rss_figures(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
         by[inc].append((t, kb))
     longest = max(by.values(), key=lambda s: s[-1][0] - s[0][0])
     half = longest[len(longest) // 2 :]
-    slope = 0.0
-    if len(half) >= 3:
-        ts = [t for t, _ in half]
-        ks = [k for _, k in half]
-        mt, mk = sum(ts) / len(ts), sum(ks) / len(ks)
-        den = sum((t - mt) ** 2 for t in ts)
-        slope = sum((t - mt) * (k - mk) for t, k in half) / den * 60 if den else 0.0
+    fitted = rss_slope(half)
+    slope = fitted[0] if fitted is not None else 0.0
     return {
         "peak_mb": round(max(kb for _, _, kb in samples) / 1024, 1),
         "incarnations": len(by),
@@ -1816,6 +1813,20 @@ def rss_figures(samples: list[tuple[float, int, int]]) -> dict[str, Any]:
         "start_mb": round(half[0][1] / 1024, 1) if half else None,
         "end_mb": round(half[-1][1] / 1024, 1) if half else None,
     }
+
+
+def rss_slope(
+    samples: Sequence[tuple[float, int]],
+) -> tuple[float, tuple[float, float]] | None:
+    """The least-squares slope of (time s, RSS kB) samples in kB/min and its 95% confidence
+    interval (Student's t over the fit's standard error); None below three samples or when
+    they span no time."""
+    if len(samples) < 3 or samples[0][0] == samples[-1][0]:
+        return None
+    fit = stats.linregress([t for t, _ in samples], [kb for _, kb in samples])
+    half = float(stats.t.ppf(0.975, len(samples) - 2) * fit.stderr) * 60
+    slope = float(fit.slope) * 60
+    return slope, (slope - half, slope + half)
 
 
 def long_rss_figures(rows: list[tuple[float, str, int, int]], started: float) -> dict[str, Any]:
@@ -1828,18 +1839,15 @@ def long_rss_figures(rows: list[tuple[float, str, int, int]], started: float) ->
     out: dict[str, Any] = {}
     for name, samples in sorted(by.items()):
         late = [(t, kb) for t, _, kb in samples if t - started >= WARMUP_S]
-        slope = None
-        if len(late) >= 3:
-            ts = [t for t, _ in late]
-            ks = [k for _, k in late]
-            mt, mk = sum(ts) / len(ts), sum(ks) / len(ks)
-            den = sum((t - mt) ** 2 for t in ts)
-            slope = round(sum((t - mt) * (k - mk) for t, k in late) / den * 60, 1) if den else 0.0
+        fitted = rss_slope(late)
         out[name] = {
             "samples": len(samples),
             "samples_after_warmup": len(late),
             "pids": len({pid for _, pid, _ in samples}),
-            "slope_kb_per_min_after_warmup": slope,
+            "slope_kb_per_min_after_warmup": round(fitted[0], 1) if fitted else None,
+            # the slope's 95% confidence interval: RSS moves by megabytes with each collection
+            # and trim, so a slope of a few kB/min is only told from 0 over hours of samples
+            "slope_ci95_kb_per_min": [round(v, 1) for v in fitted[1]] if fitted else None,
             "minutes_after_warmup": round((late[-1][0] - late[0][0]) / 60, 1) if late else 0,
             "mb_at_warmup_end": round(late[0][1] / 1024, 1) if late else None,
             "mb_at_end": round(samples[-1][2] / 1024, 1),

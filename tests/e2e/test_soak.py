@@ -62,6 +62,11 @@ def test_the_memory_soaks_slope_is_fitted_after_the_warm_up_per_process() -> Non
     assert daemon["samples_after_warmup"] == 60 - int(WARMUP_S // 60)
     assert 6 <= daemon["slope_kb_per_min_after_warmup"] <= 10, daemon
     assert 290 <= leaky["slope_kb_per_min_after_warmup"] <= 310, leaky
+    # the interval holds the slope drawn; the sawtooth widens the flat one's, the line has none
+    low, high = daemon["slope_ci95_kb_per_min"]
+    assert low < 8 < high and high - low > 0, daemon
+    low, high = leaky["slope_ci95_kb_per_min"]
+    assert abs(low - 300) < 1e-6 and abs(high - 300) < 1e-6, leaky
     assert leaky["pids"] == 2
     assert daemon["peak_mb"] >= daemon["mb_at_end"]
 
