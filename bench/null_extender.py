@@ -19,6 +19,9 @@ from typing import Any
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as kube-scheduler's client uses it
+    # the headers and the body are two writes: with Nagle's algorithm the body waits for the
+    # client's delayed ACK of the headers (40 ms on Linux) — 90 ms a pod, measured
+    disable_nagle_algorithm = True
 
     def do_POST(self) -> None:
         args = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
