@@ -8,6 +8,11 @@ the same three things, which this class is: the last value, a lock under which t
 made (the daemon's cycle, its HTTP handlers and a simulator's threads may ask at once), and
 nothing kept when a step raises half-way (a value changed in place and left half-done would be
 carried on).
+
+:class:`KeptFor` is the simplest such part: the value made for the very objects asked about last
+(held, compared by identity), made again for any other — what one snapshot's rules and the
+planner ask twice (its pending pods, each pod shape's diagnosis, the pods changed since the last
+snapshot). A cluster is never changed in place, so the value made for it stays its own.
 """
 
 from __future__ import annotations
@@ -38,4 +43,22 @@ class Carried(Generic[T]):
             return value
 
 
-__all__ = ["Carried"]
+class KeptFor(Generic[T]):
+    """The value last made for a tuple of objects, made again when other objects are asked
+    about. Thread-safe: one caller makes it, the others get the one made."""
+
+    def __init__(self) -> None:
+        self._carried: Carried[tuple[tuple[object, ...], T]] = Carried()
+
+    def get(self, key: tuple[object, ...], make: Callable[[], T]) -> T:
+        def step(last: tuple[tuple[object, ...], T] | None) -> tuple[tuple[object, ...], T]:
+            return last if last is not None and _same(key, last[0]) else (key, make())
+
+        return self._carried.step(step)[1]
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+__all__ = ["Carried", "KeptFor"]

@@ -15,7 +15,7 @@ import operator
 from collections.abc import Mapping
 from itertools import compress
 
-from defrag.model.carried import Carried
+from defrag.model.carried import KeptFor
 from defrag.model.resources import Pod
 
 
@@ -24,13 +24,7 @@ def changed_keys(old: Mapping[str, Pod], new: Mapping[str, Pod], limit: int) -> 
     order, then removed), or None when there are more than ``limit`` of them."""
     if old is new:
         return []
-
-    def step(kept: _Walk | None) -> _Walk:
-        if kept is not None and kept[0] is old and kept[1] is new:
-            return kept
-        return (old, new, walked(old, new))
-
-    found = _kept.step(step)[2]
+    found = _kept.get((old, new), lambda: walked(old, new))
     return None if len(found) > limit else list(found)
 
 
@@ -43,8 +37,7 @@ def walked(old: Mapping[str, Pod], new: Mapping[str, Pod]) -> list[str]:
     return changed
 
 
-_Walk = tuple[Mapping[str, Pod], Mapping[str, Pod], list[str]]
-_kept: Carried[_Walk] = Carried()
+_kept: KeptFor[list[str]] = KeptFor()
 
 
 __all__ = ["changed_keys", "walked"]

@@ -23,10 +23,9 @@ from collections.abc import Hashable
 import numpy as np
 
 from defrag.model.arrays import NodeArrays
-from defrag.model.carried import Carried
+from defrag.model.carried import Carried, KeptFor
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
-from defrag.plan.kept import KeptFor
 from defrag.plan.shape import shape_of
 from defrag.scoring.satisfiable import empty_nodes, satisfiable
 
@@ -38,7 +37,6 @@ class Waiting:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self._pods: tuple[Pod, ...] | None = None
-        self._empty: NodeArrays | None = None
         self._kept: Emptied | None = None
 
     @property
@@ -48,9 +46,7 @@ class Waiting:
         return self._pods
 
     def empty(self) -> NodeArrays:
-        if self._empty is None:
-            self._empty = self._emptied().arrays
-        return self._empty
+        return self._emptied().arrays
 
     def _emptied(self) -> Emptied:
         if self._kept is None:

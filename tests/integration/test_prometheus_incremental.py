@@ -122,17 +122,25 @@ def test_a_later_detection_reads_the_span_and_finds_what_a_whole_read_finds(
     assert len(kept.times) == sum(len(s.points) for s in merged[0])
 
 
-def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
-    url: str, tmp_path: Path
-) -> None:
-    rule = rule_of(leak_rules(tmp_path, "auto"))
-    prom = Asked(url)
+def read_once(rule: Any, prom: Asked) -> tuple[RangeMemory, tuple[str, ...], KeptRange]:
+    """A memory after one detection a step before ``END``, the key the later one (at ``END``)
+    reads its medians under, and what is kept there."""
     memory = RangeMemory()
     read(rule, prom, END - STEP, memory)
     _, recorded = judged_at(rule, prom, END)
     key = _medians_key(rule, recorded, True)
     kept = memory.get(key)
-    assert kept is not None and kept.covered
+    assert kept is not None
+    return memory, key, kept
+
+
+def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
+    url: str, tmp_path: Path
+) -> None:
+    rule = rule_of(leak_rules(tmp_path, "auto"))
+    prom = Asked(url)
+    memory, key, kept = read_once(rule, prom)
+    assert kept.covered
     gone = sorted(kept.covered)[0]  # as if this GPU had not passed the prefilter then
     on = _gpu_labels(rule)
     answer = [s for s in kept_answer(kept) if tuple(s.labels.get(n, "") for n in on) != gone]
@@ -150,12 +158,7 @@ def test_a_gpu_new_to_the_prefilter_is_read_over_the_whole_lookback(
 def test_answers_that_do_not_line_up_read_the_whole_range(url: str, tmp_path: Path) -> None:
     rule = rule_of(leak_rules(tmp_path, "auto"))
     prom = Asked(url)
-    memory = RangeMemory()
-    read(rule, prom, END - STEP, memory)
-    _, recorded = judged_at(rule, prom, END)
-    key = _medians_key(rule, recorded, True)
-    kept = memory.get(key)
-    assert kept is not None
+    memory, key, kept = read_once(rule, prom)
     # a kept value that Prometheus no longer answers (one that lost or rewrote data)
     _, end = next(iter(kept.runs.values()))
     changed = kept.values.copy()

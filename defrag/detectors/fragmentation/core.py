@@ -93,7 +93,7 @@ def detect_fragmentation(
     findings = [
         f
         for n in rep.nodes
-        if 0 < n.free_share < n.total  # partly used: no other node has a finding
+        if n.partly_used  # no other node has a finding
         and (f := _node_finding(n, _fitting(fitting, n.total, sizes), params, now)) is not None
     ]
     cluster_finding = _cluster_finding(rep, sizes, params, now)

@@ -8,7 +8,7 @@ with the count of those without a time, and brought up to the next cluster by th
 object differs (a :class:`~defrag.model.resources.Pod` is frozen: the same object is the same
 pod; a cluster is never changed in place, so the one kept is held and compared pod by pod).
 Many changed pods: sorted from nothing. Either way the same list as a walk over every pod
-(``tests/test_spreading_placements.py``).
+(``tests/test_cycle_kept.py``).
 """
 
 from __future__ import annotations

@@ -38,10 +38,10 @@ from annotated_types import MinLen
 from defrag.detect.findings import Finding, Severity
 from defrag.detect.settings import INTERNAL, RuleName, Seconds, StarvationAction
 from defrag.model.arrays import NodeArrays
+from defrag.model.carried import KeptFor
 from defrag.model.cluster import Cluster
 from defrag.model.resources import Pod
 from defrag.model.units import GPU_MILLI
-from defrag.plan.kept import KeptFor
 from defrag.plan.shape import repeatable, shape_of
 from defrag.plan.waiting import waiting
 from defrag.scoring.filters import R_GPU, R_POOL, R_TOPOLOGY, node_mask

@@ -1,11 +1,11 @@
-"""``defrag/plan/kept.py``: a value is made once for the very same objects and again for others,
-equal or not (a new snapshot equal to the last is still another snapshot)."""
+"""``defrag/model/carried.KeptFor``: a value is made once for the very same objects and again
+for others, equal or not (a new snapshot equal to the last is still another snapshot)."""
 
 from __future__ import annotations
 
 import threading
 
-from defrag.plan.kept import KeptFor
+from defrag.model.carried import KeptFor
 
 
 def test_the_same_objects_get_the_value_made_for_them_once() -> None:
