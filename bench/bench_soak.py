@@ -292,6 +292,9 @@ class Soak:
     probe_every_s: float = 600.0
     cycle_interval_s: float = 1.0
     replica_count: int = len(REPLICAS)
+    defrag_env: tuple[tuple[str, str], ...] = ()
+    """Environment for the daemons and the extender only (an allocator to try, say), not for
+    the control plane or Prometheus."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -667,8 +670,9 @@ class Soak:
     def _command(self, who: str) -> tuple[list[str], dict[str, str]]:
         """How to start ``defrag``: the command, or in the memory soak the probe around it."""
         if not self.memory:
-            return [c.defrag_path()], {}
+            return [c.defrag_path()], dict(self.defrag_env)
         env = {
+            **dict(self.defrag_env),
             "SOAK_PROBE_FILE": str((self.out or self.folder) / f"objects-{who}.jsonl"),
             "SOAK_PROBE_EVERY_S": str(self.probe_every_s),
             "PYTHONPATH": os.pathsep.join(
@@ -1908,6 +1912,17 @@ def held_until(writes: list[Write], first: Write, lease_s: float = LEASE_S) -> f
     return until
 
 
+def env_pairs(items: list[str]) -> list[tuple[str, str]]:
+    """``KEY=VALUE`` strings as pairs; ValueError naming the first without a key."""
+    pairs = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        pairs.append((key, value))
+    return pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=1)
@@ -1930,9 +1945,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--probe-every-s", type=float, default=600.0)
     parser.add_argument("--cycle-interval-s", type=float, default=1.0)
     parser.add_argument(
+        "--defrag-env", action="append", default=[], metavar="KEY=VALUE",
+        help="set in the daemons' and the extender's environment only (repeatable), e.g. "
+        "PYTHONMALLOC=malloc",
+    )  # fmt: skip
+    parser.add_argument(
         "--replicas", type=int, choices=(1, 2), default=2, help="defrag run replicas (2: one leads)"
     )
     args = parser.parse_args(argv)
+    try:
+        env_pairs(args.defrag_env)
+    except ValueError as exc:
+        print(f"error: --defrag-env: {exc}", file=sys.stderr)
+        return 2
     # SIGTERM ends the soak through its clean-up (every process it started stopped by PID)
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
@@ -1947,7 +1972,8 @@ def main(argv: list[str] | None = None) -> int:
                     fill_pods=args.fill_pods if args.memory else 0, out=args.out,
                     rss_every_s=args.rss_every_s, probe_every_s=args.probe_every_s,
                     cycle_interval_s=args.cycle_interval_s,
-                    replica_count=args.replicas)  # fmt: skip
+                    replica_count=args.replicas,
+                    defrag_env=tuple(env_pairs(args.defrag_env)))  # fmt: skip
         if args.memory:
             soak.chaos_every_s = (8.0, 20.0)
             soak.rates = FaultRates(trickle=0.02)

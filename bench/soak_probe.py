@@ -11,7 +11,9 @@ live instances of each type, the chain of objects that hold them (referrers, up 
 ``SOAK_PROBE_GC_OFF=1`` starts the process with the cyclic collector off (a diagnosis: what
 reference cycles keep when nothing collects them). Every line also has the blocks the
 interpreter's allocator holds (``sys.getallocatedblocks``: strings, bytes and numbers too, which
-the type counts leave out, as the collector does not track them). With
+the type counts leave out, as the collector does not track them), what pymalloc's arenas span
+and what glibc's heap holds (in use and free), so that growth of RSS with flat objects can be
+told apart: arenas kept by a few live blocks, or glibc's free chunks no trim can hand back. With
 ``SOAK_PROBE_TRACEMALLOC=N`` the process is traced by :mod:`tracemalloc` (N frames per
 allocation; it runs slower and larger; ``SOAK_PROBE_TRACEMALLOC_COMMANDS=run`` traces the
 daemons only) from the first probe after ``SOAK_PROBE_BASELINE_S`` (default 900 s, the soak's
@@ -38,6 +40,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from defrag.adapters.heap import Heap
 
 
 @contextlib.contextmanager
@@ -144,11 +148,45 @@ def resident_kb() -> dict[str, int]:
     return out
 
 
+def small_object_kb() -> dict[str, int]:
+    """What CPython's own small-object allocator (pymalloc) holds: its arenas (1 MiB each since
+    3.10; one goes back to the system only when every block in it is free), the kB they span
+    and the kB of blocks in use. ``sys._debugmallocstats`` is the only reader and writes to the
+    C ``stderr``, so that descriptor points at a scratch file while it runs, with every other
+    thread held (:func:`world_stopped`). Empty when pymalloc is off (``PYTHONMALLOC=malloc``)."""
+    import tempfile
+
+    fields = {
+        "# arenas allocated current": "arenas",
+        "# bytes in allocated blocks": "in_use_kb",
+        "Total": "arenas_kb",
+    }
+    out: dict[str, int] = {}
+    with tempfile.TemporaryFile(mode="w+") as scratch, world_stopped():
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(scratch.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        scratch.seek(0)
+        for text in scratch:
+            key, sep, value = text.partition("=")
+            name = fields.get(key.strip())
+            if sep and name and name not in out:
+                number = int(value.strip().replace(",", ""))
+                out[name] = number if name == "arenas" else number // 1024
+    return out
+
+
 def probe(path: Path, every_s: float, frames: int = 0) -> None:
     started = time.time()
     trace = os.environ.get("SOAK_PROBE_TRACE", "")
     baseline_s = float(os.environ.get("SOAK_PROBE_BASELINE_S", "900"))
     base: tracemalloc.Snapshot | None = None
+    heap = Heap.glibc()
     while True:
         t0 = time.monotonic()
         line = {
@@ -159,6 +197,8 @@ def probe(path: Path, every_s: float, frames: int = 0) -> None:
             "types": count_types(),
             "allocated_blocks": sys.getallocatedblocks(),
             "resident_kb": resident_kb(),
+            "pymalloc_kb": small_object_kb(),
+            "glibc_kb": heap.usage_kb() if heap else {},
         }
         if tracemalloc.is_tracing():
             current, peak = tracemalloc.get_traced_memory()

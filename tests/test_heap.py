@@ -43,6 +43,28 @@ def test_a_trim_returns_pages_freed_in_the_middle_of_the_heap() -> None:
 
 
 @glibc
+def test_glibcs_accounting_sees_what_python_hands_to_malloc() -> None:
+    """Blocks past Python's small-object size come from malloc: glibc's in-use figure grows by
+    them, and by less once they are freed."""
+    heap = Heap.glibc()
+    assert heap is not None
+    before = heap.usage_kb()
+    if not before:
+        pytest.skip("glibc before 2.33 has no mallinfo2")
+    blocks = [bytes(4000) for _ in range(10_000)]
+    grown = heap.usage_kb()
+    in_blocks_kb = 10_000 * 4000 // 1024
+    assert (
+        grown["in_use"] + grown["mmapped"] - before["in_use"] - before["mmapped"]
+        > in_blocks_kb * 0.9
+    )
+    del blocks
+    after = heap.usage_kb()
+    assert grown["in_use"] - after["in_use"] > in_blocks_kb * 0.9
+    assert after["free"] + after["in_use"] <= after["heap"] + 1
+
+
+@glibc
 def test_the_arena_cap_is_taken() -> None:
     heap = Heap.glibc()
     assert heap is not None

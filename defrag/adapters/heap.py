@@ -38,6 +38,18 @@ milliseconds on a heap of a gigabyte, so once a minute costs nothing a cycle wou
 _M_ARENA_MAX = -8  # from glibc's malloc.h
 
 
+class _Mallinfo2(ctypes.Structure):
+    """glibc's ``struct mallinfo2`` (malloc.h, glibc 2.33 on): ten ``size_t`` fields."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd",
+            "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost",
+        )
+    ]  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Heap:
     """glibc's allocator, reached through ctypes."""
@@ -61,6 +73,24 @@ class Heap:
     def limit_arenas(self, arenas: int) -> bool:
         """At most ``arenas`` arenas from now on (those already made stay); True when set."""
         return bool(self.libc.mallopt(_M_ARENA_MAX, arenas))
+
+    def usage_kb(self) -> dict[str, int]:
+        """What glibc holds, in kB: ``heap`` (obtained by sbrk and the arenas), ``mmapped``
+        (blocks mapped on their own), ``in_use`` and ``free`` (allocated and free chunks of the
+        heap). The free part is what a trim may still hand back, page by page. Empty before
+        glibc 2.33 (no ``mallinfo2``)."""
+        try:
+            call = self.libc.mallinfo2
+        except AttributeError:
+            return {}
+        call.restype = _Mallinfo2
+        info = call()
+        return {
+            "heap": info.arena // 1024,
+            "mmapped": info.hblkhd // 1024,
+            "in_use": info.uordblks // 1024,
+            "free": info.fordblks // 1024,
+        }
 
     def trim(self) -> bool:
         """Return every whole free page to the kernel; True when any was returned."""

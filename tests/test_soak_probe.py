@@ -1,0 +1,59 @@
+"""The long soak's probe names where resident memory went: pymalloc's arenas and glibc's heap."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from bench.soak_probe import small_object_kb
+from defrag.adapters.heap import Heap
+
+
+def test_small_objects_fill_arenas_and_the_count_sees_them() -> None:
+    before = small_object_kb()
+    if not before:
+        pytest.skip("this interpreter runs without pymalloc")
+    strings = [str(i) * 3 for i in range(200_000)]  # small blocks: pymalloc's
+    grown = small_object_kb()
+    assert grown["in_use_kb"] - before["in_use_kb"] > 200_000 * 40 // 1024
+    assert grown["arenas"] > before["arenas"]
+    assert grown["arenas_kb"] >= grown["in_use_kb"]
+    assert len(strings) == 200_000
+
+
+def test_no_pymalloc_no_arenas_and_stderr_is_given_back() -> None:
+    script = (
+        "import sys; from bench.soak_probe import small_object_kb; "
+        "print(small_object_kb()); print('after', file=sys.stderr)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PYTHONMALLOC": "malloc", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    assert done.stdout.strip() == "{}"
+    assert done.stderr.strip() == "after"
+
+
+@pytest.mark.skipif(Heap.glibc() is None, reason="the C library is not glibc: no mallinfo2")
+def test_the_probe_line_carries_both_heaps(tmp_path: Path) -> None:
+    from bench import soak_probe
+
+    out = tmp_path / "objects.jsonl"
+    threading.Thread(target=soak_probe.probe, args=(out, 3600.0), daemon=True).start()
+    for _ in range(200):
+        if out.exists() and out.read_text().strip():
+            break
+        threading.Event().wait(0.05)
+    line = json.loads(out.read_text().splitlines()[0])
+    assert line["pymalloc_kb"]["arenas"] > 0
+    assert line["glibc_kb"]["in_use"] > 0
+    assert line["resident_kb"]["anon"] > 0
