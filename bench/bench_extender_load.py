@@ -13,7 +13,8 @@
    watch events (``KubeWatchSource``'s own event path; no API server), served in its own process;
    ``filter`` then ``prioritize`` per pod, with the node lists kube-scheduler sends at that size
    (:func:`nodes_to_find`) and with every node, one client and four: p50/p99 per verb, the
-   server's RSS, and how each grows with N (the exponent of a log-log fit).
+   server's RSS, and how each grows with N (the exponent of a log-log fit); then each verb's own
+   CPU per answer (thread time, in this process, no HTTP), which tells the work from the waits.
 
     nice -n 15 .venv/bin/python -m bench.bench_extender_load [--calls 2000] [--clients 4]
     .venv/bin/python -m bench.bench_extender_load --fleet 1000,5000,20000
@@ -46,6 +47,7 @@ from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.extender.server import ExtenderHTTPServer, ExtenderMetrics, serve, stop
 from defrag.extender.state import ClusterCache, make_view
 from defrag.extender.verbs import Extender
+from defrag.extender.wire import parse_args
 from defrag.scoring.profile import ProfileConfig
 from tests.support import kubeobjects
 
@@ -408,6 +410,42 @@ def fleet_one(n_nodes: int, calls: int) -> tuple[list[FleetFigure], dict[str, fl
     return figures, memory
 
 
+def fleet_cpu(n_nodes: int, calls: int) -> dict[str, float]:
+    """The CPU each verb takes on its own thread (``time.thread_time``) with kube-scheduler's
+    lists, in this process without HTTP: the work of an answer, apart from the waits for a core
+    that make up most of a p99 on a loaded machine. Returns the p99 per verb in ms."""
+    store = fed_store(n_nodes)
+    cache = ClusterCache(FedSource(store), ProfileConfig())
+    cache.start()
+    try:
+        while cache.latest() is None:
+            time.sleep(0.05)
+        ext = Extender(cache)
+        names = lists(n_nodes, nodes_to_find(n_nodes), calls)
+        shapes = (1, 2, 4, 8) * calls
+        pods = [parse_args(request_body(n, g)) for n, g in zip(names, shapes, strict=False)]
+        for args in pods[:20]:  # warm-up
+            ext.filter(args)
+            ext.prioritize_body(args)
+        spent: dict[str, list[float]] = {"filter": [], "prioritize": []}
+        for args in pods:
+            for verb, call in (("filter", ext.filter), ("prioritize", ext.prioritize_body)):
+                t0 = time.thread_time()
+                call(args)
+                spent[verb].append(time.thread_time() - t0)
+    finally:
+        cache.stop()
+    p99 = {v: float(np.percentile(s, 99) * 1e3) for v, s in spent.items()}
+    p50 = {v: float(np.percentile(s, 50) * 1e3) for v, s in spent.items()}
+    print(
+        f"4. {n_nodes:,} nodes, kube-scheduler's lists, CPU of the answer alone (no HTTP, "
+        f"{calls} pods): filter p50 {p50['filter']:.2f} / p99 {p99['filter']:.2f} ms, "
+        f"prioritize p50 {p50['prioritize']:.2f} / p99 {p99['prioritize']:.2f} ms",
+        flush=True,
+    )
+    return p99
+
+
 def exponent(sizes: list[int], values: list[float]) -> float:
     """The least-squares slope of log(value) over log(size): value ∝ size^slope."""
     return float(np.polyfit(np.log(sizes), np.log(values), 1)[0])
@@ -419,6 +457,7 @@ def fleet(sizes: list[int], calls: int) -> None:
     for n in sizes:
         got, memory[n] = fleet_one(n, calls)
         figures += got
+        fleet_cpu(n, calls)
     if len(sizes) < 2:
         return
     rss = [memory[n]["hwm_mib"] for n in sizes]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_extender_load import PODS_PER_NODE, fed_store, lists, nodes_to_find
+from bench.bench_extender_load import PODS_PER_NODE, fed_store, fleet_cpu, lists, nodes_to_find
 from bench.run_all import BENCHES
 from bench.targets import of_bench
 
@@ -66,3 +66,10 @@ def test_make_bench_reads_the_fleet_figures() -> None:
     }
     limits = {t.label: t.limit for t in of_bench("extender-fleet")}
     assert limits["extender p99, 20,000 nodes, kube-scheduler's lists, 4 clients"] == 15.0
+
+
+def test_the_answers_cpu_is_measured_per_verb(capsys: pytest.CaptureFixture[str]) -> None:
+    p99 = fleet_cpu(120, 8)
+    assert set(p99) == {"filter", "prioritize"}
+    assert all(0 < ms < 1000 for ms in p99.values())
+    assert "120 nodes, kube-scheduler's lists, CPU of the answer alone" in capsys.readouterr().out
