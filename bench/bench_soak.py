@@ -100,6 +100,9 @@ warm-up starts."""
 REPLICAS = ("defrag", "defrag-2")  # ServiceAccount per replica (its identity too)
 LEASE = f"/apis/coordination.k8s.io/v1/namespaces/{SYSTEM}/leases/defrag"
 LEASE_S = 4
+ALERT_TTL_S = 120
+"""The daemons' ``alerts.ttl_s``: an alert no leader refreshes for this long lapses in
+Alertmanager (resolved at the ``endsAt`` of its last refresh)."""
 DRAIN_TAINT = "defrag.io/draining"
 RESERVED = "defrag.io/reserved-for"
 RESERVED_AT = "defrag.io/reserved-at"
@@ -197,7 +200,7 @@ def daemon_settings(
             "max_evictions_per_node": 100000,
         },
         "prometheus": {"url": prometheus, "timeout_s": 3},
-        "alerts": {"urls": [alertmanager], "resend_interval_s": 5, "ttl_s": 120},
+        "alerts": {"urls": [alertmanager], "resend_interval_s": 5, "ttl_s": ALERT_TTL_S},
         "logging": {"format": "json"},
     }
 
@@ -405,13 +408,18 @@ class Soak:
         )
         self.proxy.start()
         self.receiver = WebhookReceiver()
-        self.received: list[tuple[float, str, dict[str, str]]] = []
+        self.received: list[Notified] = []
         record = self.receiver._record
 
         def timed(payload: dict[str, Any]) -> None:
             for alert in payload.get("alerts", []):
                 self.received.append(
-                    (time.time(), str(alert.get("status")), dict(alert.get("labels", {})))
+                    (
+                        time.time(),
+                        str(alert.get("status")),
+                        dict(alert.get("labels", {})),
+                        ends_at(alert),
+                    )
                 )
             record(payload)
 
@@ -1613,28 +1621,12 @@ class Soak:
         return sorted(out, key=lambda x: x[0])
 
     def _refires(self) -> list[str]:
-        """A resolved notification, then a firing one for the same labels, with no leader cycle
-        in between (from 3 s before the resolved one) that did not find that kind: the
-        finding never cleared, yet the alert was resolved and fired again."""
+        """Alerts resolved and fired again while their finding never cleared (:func:`refired`)."""
         import defrag.detection  # noqa: F401  (registers the detectors' alerts)
         from defrag.alerting import ALERTS
 
         kind_of = {a.name: kind for kind in ALERTS.kinds() for a in ALERTS.alerted(kind)}
-        cycles = self._leader_cycles()
-        seen: dict[tuple[tuple[str, str], ...], list[tuple[float, str]]] = defaultdict(list)
-        for t, status, labels in self.received:
-            seen[tuple(sorted(labels.items()))].append((t, status))
-        out = []
-        for key, history in seen.items():
-            name = dict(key).get("alertname", "")
-            kind = kind_of.get(name, name)
-            for (t1, a), (t2, b) in itertools.pairwise(history):
-                if a != "resolved" or b != "firing":
-                    continue
-                cleared = any(t1 - 3 <= t <= t2 and kind not in kinds for t, kinds in cycles)
-                if not cleared:
-                    out.append(f"{json.dumps(dict(key))} resolved at {t1:.1f}, fired {t2:.1f}")
-        return out
+        return refired(self.received, self._leader_cycles(), kind_of)
 
     def _visibility(self) -> dict[str, dict[str, Any]]:
         """Each fault kind injected, and where it shows: each daemon's transient-error counter
@@ -1694,6 +1686,57 @@ class Soak:
                 "visible": all(v["seen"] >= v["injected"] for v in per.values()),
             }
         return out
+
+
+# --- the re-fired alerts ------------------------------------------------------------------------
+
+Notified = tuple[float, str, dict[str, str], float | None]
+"""One alert of a notification Alertmanager sent: (received, status, labels, its ``endsAt``)."""
+
+
+def ends_at(alert: dict[str, Any]) -> float | None:
+    """An alert's ``endsAt`` in a webhook notification, as a Unix time (None when absent)."""
+    from defrag.alerting import parse_rfc3339
+
+    try:
+        return parse_rfc3339(str(alert["endsAt"])).timestamp()
+    except (KeyError, ValueError, OverflowError):
+        return None
+
+
+def refired(
+    received: Sequence[Notified],
+    cycles: Sequence[tuple[float, set[str]]],
+    kind_of: dict[str, str],
+    ttl_s: float = ALERT_TTL_S,
+) -> list[str]:
+    """A resolved notification, then a firing one for the same labels, with no leader cycle
+    in between that did not find that kind: the finding never cleared, yet the alert was
+    resolved and fired again. ``cycles``: (time, the finding kinds) of every leader cycle.
+
+    "In between" starts where the resolution was decided. A leader resolves an alert with its
+    own time as ``endsAt`` and logs its cycle right after: from 3 s before the resolution on.
+    An alert no leader refreshed for ``ttl_s`` lapses in Alertmanager at its ``endsAt``, with
+    no cycle there: from its last refresh (``ttl_s`` before) on, since any leader since may be
+    one that did not find it (another replica took over). Each pair is named with which."""
+    seen: dict[tuple[tuple[str, str], ...], list[Notified]] = defaultdict(list)
+    for note in received:
+        seen[tuple(sorted(note[2].items()))].append(note)
+    out = []
+    for key, history in seen.items():
+        name = dict(key).get("alertname", "")
+        kind = kind_of.get(name, name)
+        for (t1, a, _, ends), (t2, b, _, _) in itertools.pairwise(history):
+            if a != "resolved" or b != "firing":
+                continue
+            resolved_at = min(t1, ends) if ends is not None else t1
+            lapsed = not any(resolved_at - 1 <= t <= resolved_at + 10 for t, _ in cycles)
+            since = resolved_at - ttl_s if lapsed else resolved_at
+            cleared = any(since - 3 <= t <= t2 and kind not in kinds for t, kinds in cycles)
+            if not cleared:
+                how = f"lapsed {ttl_s:g} s after its last refresh" if lapsed else "by a leader"
+                out.append(f"{json.dumps(dict(key))} resolved at {t1:.1f} ({how}), fired {t2:.1f}")
+    return out
 
 
 # --- helpers ----------------------------------------------------------------------------------

@@ -171,3 +171,9 @@ class AlertSink(Protocol):
         """Make the active alerts equal to ``findings``: fire new, refresh, resolve the rest —
         except the alerts of ``held_rules`` (rules not evaluated this cycle): those stay."""
         ...
+
+    def take_over(self) -> None:
+        """This replica has just become the leader: what it knew of the alerts is stale (the
+        other leader fired, refreshed and resolved them meanwhile); the next ``sync`` starts
+        from what the receiver holds, as after a restart."""
+        ...

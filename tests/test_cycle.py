@@ -31,6 +31,7 @@ NIGHTLY = (Window("0 2 * * *", 3600),)  # the simulated clock starts at 01:50: c
 class RecordingSink:
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[list[str]] = []
+        self.take_overs = 0
         self.times: list[datetime] = []
         self.fail = fail
 
@@ -42,6 +43,9 @@ class RecordingSink:
         self.times.append(now)
         if self.fail:
             raise ConnectionError("alertmanager unreachable")
+
+    def take_over(self) -> None:
+        self.take_overs += 1
 
 
 LIVE = RunMode.live()

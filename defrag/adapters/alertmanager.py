@@ -13,9 +13,11 @@ A send that fails after the retries is logged, counted in
 ``defrag_alert_send_failures_total{url}`` and kept: the next cycle sends everything that URL
 missed. When every URL failed, ``sync`` raises :class:`~defrag.alerting.AlertSendError`.
 
-After a restart, the first cycle asks each Alertmanager which of this sender's alerts it still
-holds (``GET /api/v2/alerts``) and adopts them: those still found keep their start time, those
-no longer found are resolved. Nothing re-fires, nothing is forgotten.
+After a restart, and whenever this replica becomes the leader (:meth:`AlertmanagerSink.take_over`:
+the other replica sent while this one followed), the first cycle asks each Alertmanager which of
+this sender's alerts it still holds (``GET /api/v2/alerts``) and adopts them: those still found
+keep their start time, those no longer found are resolved. Nothing re-fires, nothing is
+forgotten.
 """
 
 from __future__ import annotations
@@ -243,6 +245,21 @@ class AlertmanagerSink:
         report = SyncReport(transition, tuple(results))
         self.last_report = report
         return report
+
+    def take_over(self) -> None:
+        """Forget this sender's alerts and adopt Alertmanager's at the next :meth:`sync`.
+
+        Called when this replica becomes the leader. Only the leader sends, so while this one
+        followed, the other fired and resolved alerts it never saw: without this, an alert the
+        other fired and whose finding this one does not see is never resolved (it lapses
+        ``ttl_s`` later), and one this one knew from before keeps its old start when its
+        finding comes back (a new alert, to Alertmanager, if the other resolved it)."""
+        self.state = ActiveAlerts()
+        self._rebuilt = False
+        for target in self._targets:
+            target.last_sent.clear()
+            target.pending_resolved.clear()  # re-derived from what Alertmanager still holds
+            target.stale = False
 
     # -- direct sends (the test alert) ----------------------------------------------------
 

@@ -553,6 +553,7 @@ class KubeActuator:
                 if not _transient(exc):
                     return EvictionResult(key, "failed", _describe(exc))
                 if attempt + 1 == attempts:
+                    count_transient(exc)  # the last try's failure is a transient error too
                     if exc.status == 429:
                         return EvictionResult(
                             key,
@@ -565,6 +566,7 @@ class KubeActuator:
                 last: BaseException = exc
             except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
                 if attempt + 1 == attempts:
+                    count_transient(exc)
                     return EvictionResult(key, "failed", _describe(exc))
                 _count_failure(exc)
                 last = exc

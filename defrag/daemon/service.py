@@ -313,6 +313,8 @@ class Daemon:
         """Real seconds SIGTERM waits for a running cycle before the process goes anyway."""
         self._cycle_started: float | None = None  # time.monotonic() of the running cycle
         self._reconciled = False
+        self._leading = False
+        """Whether the last cycle ran as the leader (a change hands the alerts over)."""
         if isinstance(self.elector, Fence):
             # Leadership is re-checked before every write, not only once per cycle.
             if ports.executor is not None:
@@ -336,6 +338,9 @@ class Daemon:
                     if not self._reconciled:
                         self.reconcile()
                     leader = self.elector.is_leader()
+                    if leader and not self._leading and self.ports.alerts is not None:
+                        self.ports.alerts.take_over()
+                    self._leading = leader
                     last = self.health.last_result
                     result = run_cycle(
                         self.ports,

@@ -137,3 +137,47 @@ def test_an_eviction_is_the_leaders_while_it_renews_the_lease_without_a_break() 
     taken = [first, (103.0, 103.1, "defrag"), (105.0, 105.1, "defrag-2")]
     assert held_until(taken, first, 4.0) == pytest.approx(105.0)
     assert held_until([first], first, 4.0) == pytest.approx(104.0)
+
+
+def test_an_alert_that_lapsed_under_a_leader_that_did_not_find_it_has_not_re_fired() -> None:
+    """The soak's re-fired-alerts invariant (``bench_soak.refired``) on the two-replica 2 h
+    soak's timeline (seconds from 20:26:00 UTC): ``defrag-2`` led and found its circuit open at
+    18 s, then followed; ``defrag`` led from 61 s to 128 s without the finding (its breaker was
+    closed) and never knew the alert, which lapsed in Alertmanager at its ``endsAt`` (18 s +
+    ``ttl_s``), with no cycle there; ``defrag-2`` led again at 226.6 s and its breaker tripped
+    anew. The invariant looked from 3 s before the resolution only, found no leader cycle and
+    counted a re-fire; the finding had cleared from the alert's last refresh on."""
+    from bench.bench_soak import refired
+
+    t0 = 1_796_415_960.0  # 2026-12-04T20:26:00Z
+    labels = {"alertname": "DefragCircuitOpen", "detector": "executor", "severity": "critical"}
+    kind_of = {"DefragCircuitOpen": "circuit-open"}
+    received = [
+        (t0 + 18.1, "firing", labels, None),
+        (t0 + 138.0, "resolved", labels, t0 + 138.0),
+        (t0 + 226.6, "firing", labels, None),
+    ]
+    other = [(t0 + s, {"starvation", "plan-blocked"}) for s in (61.2, 71.9, 92.0, 107.0, 128.7)]
+    cycles = sorted([(t0 + 18.1, {"circuit-open", "starvation"}), *other])
+    assert refired(received, cycles, kind_of, ttl_s=120) == []
+    # the same resolution with every leader cycle since the last refresh finding it: a re-fire
+    found = [(t, {"circuit-open"}) for t, _ in cycles]
+    (lapsed,) = refired(received, found, kind_of, ttl_s=120)
+    assert "lapsed 120 s after its last refresh" in lapsed
+    # a leader resolved it (its cycle at the endsAt) while every leader cycle found the kind:
+    # a re-fire; one cycle that did not find it in between clears it
+    by_leader = [(t0 + 100.0, "resolved", labels, t0 + 99.5), received[2]]
+    steady = [(t0 + s, {"circuit-open"}) for s in (95.0, 100.2, 105.0, 226.0)]
+    (flapped,) = refired(by_leader, steady, kind_of, ttl_s=120)
+    assert "by a leader" in flapped
+    cleared = sorted([*steady, (t0 + 150.0, {"starvation"})])
+    assert refired(by_leader, cleared, kind_of, ttl_s=120) == []
+    # the old window (from 3 s before the resolution) would have counted the lapse
+    assert not any(t0 + 135.0 <= t <= t0 + 226.6 for t, _ in cycles)
+
+
+def test_a_notifications_end_time_is_read_from_alertmanagers_webhook() -> None:
+    from bench.bench_soak import ends_at
+
+    assert ends_at({"endsAt": "2026-12-04T20:28:18.021Z"}) == pytest.approx(1_796_416_098.021)
+    assert ends_at({}) is None
