@@ -41,15 +41,17 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Debian's prometheus (with promtool) and prometheus-alertmanager, for the integration tests;
-# etcd-server for the e2e suite's control plane.
+# etcd-server for the e2e suite's control plane; libjemalloc2, the allocator the image's
+# Deployments preload (tests/test_heap.py runs a process with it).
 tools:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
-	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v etcd >/dev/null; then \
-	  echo "installing prometheus, prometheus-alertmanager and etcd-server (Debian packages)"; \
+	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v etcd >/dev/null \
+	    || ! $$(command -v ldconfig || echo /sbin/ldconfig) -p | grep -q 'libjemalloc.so.2 '; then \
+	  echo "installing prometheus, prometheus-alertmanager, etcd-server and libjemalloc2 (Debian packages)"; \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    prometheus prometheus-alertmanager etcd-server >/dev/null; \
+	    prometheus prometheus-alertmanager etcd-server libjemalloc2 >/dev/null; \
 	fi
 
 tools-helm: $(HELM_TOOLS)/.installed-$(HELM_SDKPY_VERSION)

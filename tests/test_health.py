@@ -68,12 +68,14 @@ def test_health_server_serves_the_answers_over_http() -> None:
 
 
 def test_metrics_carry_the_build_info() -> None:
-    """``defrag_build_info{version,revision,python} 1`` on /metrics, after the process's own
-    series, whichever process answers (they all answer through ``probe_answer``)."""
+    """``defrag_build_info{version,revision,python,allocator} 1`` on /metrics, after the
+    process's own series, whichever process answers (they all answer through
+    ``probe_answer``)."""
     import platform
 
     from defrag import __version__
     from defrag.adapters.health import build_info_exposition
+    from defrag.adapters.heap import allocators
 
     registry = CollectorRegistry()
     Gauge("own_series", "a process's own", registry=registry).set(3)
@@ -81,10 +83,13 @@ def test_metrics_carry_the_build_info() -> None:
     assert answer is not None and answer.code == 200
     text = answer.body.decode()
     assert "own_series 3.0" in text
+    allocator = str(allocators({}))
     line = (
-        f'defrag_build_info{{python="{platform.python_version()}",revision="unknown",'
-        f'version="{__version__}"}} 1.0'
+        f'defrag_build_info{{allocator="{allocator}",python="{platform.python_version()}",'
+        f'revision="unknown",version="{__version__}"}} 1.0'
     )
     assert line in text.splitlines() or line in build_info_exposition({}).decode()
+    assert allocator.startswith("pymalloc+")
+    assert 'allocator="malloc+' in build_info_exposition({"PYTHONMALLOC": "malloc"}).decode()
     assert 'revision="abc1234"' in build_info_exposition({"DEFRAG_REVISION": "abc1234"}).decode()
     assert "defrag_build_info{" in text

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ctypes.util
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import pytest
 
 from defrag.adapters import heap as heap_mod
 from defrag.adapters.heap import Heap, keep_heap_small
+from tests.support.binaries import require_library
 
 glibc = pytest.mark.skipif(
     Heap.glibc() is None, reason="the C library is not glibc (musl, macOS): nothing to trim"
@@ -133,3 +136,24 @@ def test_an_operators_malloc_arena_max_wins(
         assert stop is not None
         stop.set()
         keep_heap_small.cache_clear()
+
+
+def test_the_allocators_are_named_from_the_environment_and_the_preloaded_library() -> None:
+    """As the shipped Deployments run: PYTHONMALLOC=malloc over a preloaded jemalloc, which
+    returns pages by itself, so no trimming thread starts; without them, pymalloc over glibc."""
+    jemalloc = require_library("jemalloc")
+    script = (
+        "from defrag.adapters.heap import allocators, keep_heap_small; "
+        "print(allocators(), keep_heap_small() is None)"
+    )
+    root = Path(__file__).resolve().parent.parent
+    shipped = {"PYTHONMALLOC": "malloc", "LD_PRELOAD": jemalloc, "PYTHONPATH": str(root)}
+    for env, said in ((shipped, "malloc+jemalloc True"), ({"PYTHONPATH": str(root)}, None)):
+        done = subprocess.run(
+            [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+        )
+        if said is not None:
+            assert done.stdout.strip() == said
+        else:  # this machine's own C library: glibc trims, others (musl) have nothing to do
+            expected = "pymalloc+glibc False" if Heap.glibc() else "pymalloc+other True"
+            assert done.stdout.strip() == expected

@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from defrag import __version__
+from defrag.adapters.heap import allocators
 from defrag.adapters.httpserve import QuietHandler, QuietHTTPServer
 from defrag.model.status import Status
 
@@ -37,17 +38,20 @@ REVISION_ENV = "DEFRAG_REVISION"
 
 
 def build_info_exposition(environ: Mapping[str, str] | None = None) -> bytes:
-    """``defrag_build_info{version,revision,python} 1``: which build answers, on the /metrics of
-    every process (the daemon, the extender, the agent)."""
+    """``defrag_build_info{version,revision,python,allocator} 1``: which build answers, on the
+    /metrics of every process (the daemon, the extender, the agent); ``allocator`` is Python's and
+    the C library's (``malloc+jemalloc`` as the shipped Deployments run, ``pymalloc+glibc``
+    elsewhere: :func:`~defrag.adapters.heap.allocators`)."""
     registry = CollectorRegistry()
     gauge = Gauge(
         "defrag_build_info",
         "Always 1; the labels say which build of defrag this process runs.",
-        ["version", "revision", "python"],
+        ["version", "revision", "python", "allocator"],
         registry=registry,
     )
-    revision = (os.environ if environ is None else environ).get(REVISION_ENV) or "unknown"
-    gauge.labels(__version__, revision, platform.python_version()).set(1)
+    env = dict(os.environ if environ is None else environ)
+    revision = env.get(REVISION_ENV) or "unknown"
+    gauge.labels(__version__, revision, platform.python_version(), str(allocators(env))).set(1)
     return generate_latest(registry)
 
 

@@ -14,6 +14,15 @@ that:
   arena (``madvise(MADV_DONTNEED)``), not only the top.
 
 Elsewhere than glibc (musl, macOS) both are skipped: :meth:`Heap.glibc` returns None.
+
+That bounds glibc's part. CPython's own small-object allocator (pymalloc) is the other part: it
+carves objects of up to 512 bytes out of 1 MiB arenas and hands an arena back only when every
+object in it is gone, so a few long-lived objects made during a burst (a relist, a large
+answer) keep whole arenas resident after the burst is freed, and no trim reaches them. The
+shipped Deployments therefore run the daemon and the extender with ``PYTHONMALLOC=malloc`` over
+jemalloc (``LD_PRELOAD``, from the image), which returns freed pages on its own after a few
+seconds; :func:`allocators` says which pair a process runs (``defrag_build_info{allocator}``),
+and with a C allocator other than glibc nothing here is done.
 """
 
 from __future__ import annotations
@@ -97,14 +106,46 @@ class Heap:
         return bool(self.libc.malloc_trim(0))
 
 
+@dataclass(frozen=True)
+class Allocators:
+    """Which allocators serve this process: Python's (``pymalloc``, or ``malloc`` when
+    ``PYTHONMALLOC`` hands every object to the C allocator) and the C library's (``glibc``,
+    ``jemalloc`` or ``mimalloc`` when one is preloaded, else ``other``)."""
+
+    python: str
+    c: str
+
+    def __str__(self) -> str:
+        return f"{self.python}+{self.c}"
+
+
+_C_ALLOCATORS = (("jemalloc", "mallctl"), ("mimalloc", "mi_malloc"), ("glibc", "malloc_trim"))
+"""A symbol only that allocator exports, looked up in the process's global namespace (a
+preloaded library's symbols come first): the first found names it."""
+
+
+def allocators(environ: dict[str, str] | None = None) -> Allocators:
+    """The allocators this process runs with (``PYTHONMALLOC`` as the interpreter read it at
+    start: the ``_debug`` variants are the same allocators with checks)."""
+    env = os.environ if environ is None else environ
+    python = "malloc" if env.get("PYTHONMALLOC", "").startswith("malloc") else "pymalloc"
+    try:
+        process = ctypes.CDLL(None)
+    except OSError:
+        return Allocators(python, "other")
+    c = next((name for name, symbol in _C_ALLOCATORS if hasattr(process, symbol)), "other")
+    return Allocators(python, c)
+
+
 @functools.cache
 def keep_heap_small(every_s: float = TRIM_EVERY_S) -> threading.Event | None:
     """At a process's start, before its threads: cap the arenas (unless ``MALLOC_ARENA_MAX`` is
     set) and trim every ``every_s`` on a daemon thread. Once per process (a command called again
     in the same process, as tests do, gets the first call's event). The event returned stops the
-    trimming; None when the C library is not glibc."""
+    trimming; None when the C library is not glibc, or another allocator (jemalloc) was preloaded
+    over it: that one hands pages back by itself."""
     heap = Heap.glibc()
-    if heap is None:
+    if heap is None or allocators().c != "glibc":
         return None
     if "MALLOC_ARENA_MAX" not in os.environ and not heap.limit_arenas(ARENAS):
         log.debug("mallopt(M_ARENA_MAX, %d) refused", ARENAS)

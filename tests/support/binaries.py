@@ -27,6 +27,21 @@ def require_binary(name: str) -> str:
     return path
 
 
+def require_library(name: str) -> str:
+    """The soname the dynamic loader finds for library ``name`` (``jemalloc`` →
+    ``libjemalloc.so.2``, usable as ``LD_PRELOAD``); skip locally when it is missing, fail under
+    CI (never skip silently)."""
+    import ctypes.util
+
+    found = ctypes.util.find_library(name)
+    if found is None:
+        message = f"lib{name} not found by the dynamic loader (make tools installs it)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return found
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
