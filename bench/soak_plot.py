@@ -4,6 +4,11 @@ process, with the least-squares line over the samples after the warm-up.
     .venv/bin/python -m bench.soak_plot DIR/rss.csv --since 2026-12-04T13:48:48 \\
         --out docs/img/soak-rss.png [--json DIR/rss-figures.json]
 
+With ``--heap OUT.png`` also the probes' heap over time (``objects-*.jsonl`` beside ``rss.csv``,
+``bench/soak_probe.py``): per process, the anonymous RSS, what pymalloc's arenas span and the
+part of them in use, and what glibc holds in use; a line per process says how each moved from
+the first probe after the warm-up to the last.
+
 ``--since`` is when the chaos began (by default the ``chaos-started`` file the soak writes beside
 ``rss.csv``; the log says ``running to …``); the warm-up is the first ``WARMUP_S`` after it.
 The figures printed (and written with ``--json``) are ``bench_soak.long_rss_figures`` over the
@@ -18,6 +23,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bench.bench_soak import CHAOS_STARTED, WARMUP_S, long_rss_figures
 
@@ -61,6 +67,70 @@ def plot(rows: list[tuple[float, str, int, int]], since: float, out: Path, title
     fig.savefig(out, dpi=110)
 
 
+HEAP_SERIES = (
+    ("RSS (anonymous)", lambda line: line.get("resident_kb", {}).get("anon")),
+    ("pymalloc arenas", lambda line: (line.get("pymalloc_kb") or {}).get("arenas_kb")),
+    ("pymalloc in use", lambda line: (line.get("pymalloc_kb") or {}).get("in_use_kb")),
+    ("glibc in use", lambda line: (line.get("glibc_kb") or {}).get("in_use") or None),
+)
+
+
+def read_probes(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each probed process's lines (``objects-<process>.jsonl``), in time order."""
+    out = {}
+    for path in sorted(folder.glob("objects-*.jsonl")):
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        out[path.stem.removeprefix("objects-")] = sorted(lines, key=lambda x: x["time"])
+    return out
+
+
+def heap_moves(probes: dict[str, list[dict[str, Any]]], since: float) -> dict[str, dict[str, int]]:
+    """Per process, each heap series' change in kB from the first probe after the warm-up to
+    the last (series a process does not have, e.g. pymalloc's under PYTHONMALLOC=malloc, left
+    out)."""
+    out: dict[str, dict[str, int]] = {}
+    for name, lines in probes.items():
+        after = [x for x in lines if x["time"] - since >= WARMUP_S]
+        if len(after) < 2:
+            continue
+        moved = {}
+        for label, get in HEAP_SERIES:
+            a, b = get(after[0]), get(after[-1])
+            if a is not None and b is not None:
+                moved[label] = int(b - a)
+        out[name] = moved
+    return out
+
+
+def plot_heap(probes: dict[str, list[dict[str, Any]]], since: float, out: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted(probes)
+    fig, axes = plt.subplots(len(names), 1, figsize=(10, 3 * len(names)), sharex=True)
+    for axis, name in zip([axes] if len(names) == 1 else axes, names, strict=True):
+        for label, get in HEAP_SERIES:
+            minutes, mib = [], []
+            for x in probes[name]:
+                kb = get(x)
+                if kb is not None:
+                    minutes.append((x["time"] - since) / 60)
+                    mib.append(kb / 1024)
+            if mib:
+                axis.plot(minutes, mib, marker=".", label=label)
+        axis.axvline(WARMUP_S / 60, color="grey", linestyle="--", linewidth=1)
+        axis.set_ylabel(f"{name}\n(MiB)")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.supxlabel("minutes since the chaos began (dashed: end of the warm-up)")
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("csv", type=Path)
@@ -70,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--title", default="defrag memory soak: RSS per process")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--heap", type=Path, help="also plot the probes' heap to this file")
     args = parser.parse_args(argv)
     text = args.since
     if text is None:
@@ -87,6 +158,12 @@ def main(argv: list[str] | None = None) -> int:
         print(name, json.dumps(fig))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2))
+    if args.heap:
+        probes = read_probes(args.csv.parent)
+        plot_heap(probes, since, args.heap, args.title.replace("RSS", "heap"))
+        for name, moved in heap_moves(probes, since).items():
+            said = ", ".join(f"{label} {kb:+,} kB" for label, kb in moved.items())
+            print(f"{name} heap after the warm-up: {said}")
     return 0
 
 

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,40 @@ def test_the_probe_line_carries_both_heaps(tmp_path: Path) -> None:
     assert line["pymalloc_kb"]["arenas"] > 0
     assert line["glibc_kb"]["in_use"] > 0
     assert line["resident_kb"]["anon"] > 0
+
+
+def test_the_soak_plot_draws_the_probes_heap_and_says_what_moved(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from bench import soak_plot
+    from bench.bench_soak import CHAOS_STARTED, WARMUP_S
+
+    (tmp_path / CHAOS_STARTED).write_text("2027-01-15T08:00:00+00:00\n")
+    start = datetime.fromisoformat("2027-01-15T08:00:00+00:00").timestamp()
+    rows = ["time_utc,elapsed_s,process,pid,rss_kb"]
+    probes = []
+    for k in range(6):
+        t = start + WARMUP_S + 600 * (k - 1)
+        stamp = datetime.fromtimestamp(t, UTC).isoformat()
+        rows.append(f"{stamp},{600 * k},daemon-defrag,7,{200_000 + 1000 * k}")
+        probes.append(
+            {
+                "time": t,
+                "resident_kb": {"anon": 190_000 + 1000 * k},
+                "pymalloc_kb": {"arenas": 100 + k, "arenas_kb": 102_400 + 1024 * k,
+                                "in_use_kb": 80_000},
+                "glibc_kb": {"in_use": 40_000},
+            }
+        )  # fmt: skip
+    (tmp_path / "rss.csv").write_text("\n".join(rows) + "\n")
+    (tmp_path / "objects-defrag.jsonl").write_text("\n".join(map(json.dumps, probes)) + "\n")
+    heap = tmp_path / "heap.png"
+    code = soak_plot.main([str(tmp_path / "rss.csv"), "--out", str(tmp_path / "rss.png"),
+                           "--heap", str(heap)])  # fmt: skip
+    assert code == 0 and heap.stat().st_size > 0
+    said = [x for x in capsys.readouterr().out.splitlines() if "heap after" in x]
+    # from the first probe at or after the warm-up (k = 1) to the last (k = 5)
+    assert said == [
+        "defrag heap after the warm-up: RSS (anonymous) +4,000 kB, pymalloc arenas +4,096 kB, "
+        "pymalloc in use +0 kB, glibc in use +0 kB"
+    ]
