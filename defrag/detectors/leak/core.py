@@ -69,6 +69,7 @@ from defrag.detect.series import (
     sen_trend,
 )
 from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
+from defrag.detectors.leak.hinge import best_break, line_sse
 from defrag.detectors.leak.screen import cannot_leak
 
 HOUR_S = 3600.0
@@ -912,31 +913,16 @@ def _onset(bins: Binned, need: int) -> float | None:
         return None
     h = (bins.times - bins.times[0]) / HOUR_S
     v = bins.values
-    best_k, best_sse = 0, _line_sse(h, v)
-    for k in range(3, n - need + 1):
-        x = np.maximum(h - h[k], 0.0)
-        sse = _line_sse(x, v)
-        if sse < best_sse:
-            best_k, best_sse = k, sse
+    best_k, best_sse = best_break(h, v, 3, n - need + 1)
     # a break that explains little of what one line leaves (AR(1) noise bends a steady leak
     # this way and that) is no onset; nor one whose flat part itself rises
-    if best_k == 0 or best_sse > ONSET_SSE_SHARE * _line_sse(h, v):
+    if best_k == 0 or best_sse > ONSET_SSE_SHARE * line_sse(h, v):
         return None
     x = np.maximum(h - h[best_k], 0.0)
     rise = float(np.polyfit(x, v, 1)[0])
     if rise <= 0 or median_pairwise_slope(h[:best_k], v[:best_k]) > ONSET_FLAT_SHARE * rise:
         return None
     return float(bins.times[best_k] - bins.width / 2)
-
-
-def _line_sse(x: FloatArray, y: FloatArray) -> float:
-    """The residual sum of squares of the least-squares line of ``y`` on ``x``."""
-    xc = x - x.mean()
-    yc = y - y.mean()
-    sxx = float(xc @ xc)
-    b = float(xc @ yc) / sxx if sxx > 0 else 0.0
-    r = yc - b * xc
-    return float(r @ r)
 
 
 def _lost_slope(u: FloatArray, gap: FloatArray) -> float:
