@@ -414,9 +414,12 @@ class LeakAssessment:
     evidence: dict[str, object] = field(default_factory=dict, hash=False)
 
 
-def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> LeakAssessment:
+def assess_leak(
+    series: GpuMemorySeries, params: LeakParams, now: datetime, seen: StopsSeen | None = None
+) -> LeakAssessment:
     """Judge one GPU's memory over ``[now − lookback, now]``: the whole lookback first, then
-    the short windows (a fast leak is found before the lookback fills)."""
+    the short windows (a fast leak is found before the lookback fills). ``seen``: the stop
+    tests' answers on bins judged before (kept there for the next judging)."""
     end = now.timestamp()
     start = end - params.lookback_s
     t, y = series.times, series.used_mib
@@ -478,6 +481,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             short=False,
             raw=raw,
             noise=bins_noise if judged is bins else None,
+            seen=seen,
         )
         if verdict.leaking:
             return verdict
@@ -498,6 +502,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             climb=climb,
             raw=raw,
             noise=bins_noise,
+            seen=seen,
             regrow_to=regrow_to,
         )
         if short.leaking:
@@ -561,6 +566,7 @@ def _judge(
     regrow_to: float | None = None,
     raw: tuple[FloatArray, FloatArray] | None = None,
     noise: float | None = None,
+    seen: StopsSeen | None = None,
 ) -> LeakAssessment:
     """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
     lookback, with its own false-positive guard (no cache drop in it or in the floor window
@@ -741,15 +747,12 @@ def _judge(
         if short:
             loaded = _loaded_at(all_bins, params)
             settled = _after(all_bins, loaded) if loaded is not None else all_bins
-        # the stop tests fit the growth from its onset: a flat stretch before a cache began to
-        # fill would dilute the slope it lost (the line through few bins has its own error)
-        onset = _onset(settled, need=2 * max(int(np.ceil(params.flat_for_s / bins.width)), 2))
+        onset, stalled = _stops_on_bins(
+            settled, slope, float(noise), fit.variance_ratio, params, seen
+        )
         if onset is not None:
             settled = _after(settled, onset)
             evidence["onset"] = _iso(onset)
-        stalled = _stalled_since(
-            settled, slope, float(noise), fit.variance_ratio, params, line_error=onset is not None
-        )
         if stalled is None and raw is not None:
             stalled = _stopped_on_samples(settled, *raw, params, flat_before=onset is not None)
     if stalled is not None:
@@ -792,6 +795,44 @@ def _judge(
                 f"{params.horizon_s / HOUR_S:g} h horizon"
             )
     return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+StopsSeen = dict[tuple[LeakParams, bytes], tuple[float | None, float | None]]
+"""The stop tests' answers on the bins (:func:`_stops_on_bins`) by their inputs, to the bit:
+the leaks are judged again with their raw samples, on the same bins."""
+
+
+def _stops_on_bins(
+    settled: Binned,
+    slope: float,
+    noise: float,
+    ratio: float,
+    params: LeakParams,
+    seen: StopsSeen | None = None,
+) -> tuple[float | None, float | None]:
+    """(onset, stalled): when growth began after the bins' start, and when it stopped on the
+    bins (:func:`_onset`, :func:`_stalled_since` from the onset), or what ``seen`` holds for
+    the same bins, figures and settings."""
+    key = (
+        params,
+        b"".join(
+            (
+                settled.times.tobytes(),
+                settled.values.tobytes(),
+                np.array([settled.width, slope, noise, ratio, len(settled.times)]).tobytes(),
+            )
+        ),
+    )
+    if seen is not None and key in seen:
+        return seen[key]
+    # the stop tests fit the growth from its onset: a flat stretch before a cache began to
+    # fill would dilute the slope it lost (the line through few bins has its own error)
+    onset = _onset(settled, need=2 * max(int(np.ceil(params.flat_for_s / settled.width)), 2))
+    since = _after(settled, onset) if onset is not None else settled
+    stalled = _stalled_since(since, slope, noise, ratio, params, line_error=onset is not None)
+    if seen is not None:
+        seen[key] = (onset, stalled)
+    return onset, stalled
 
 
 def _stopped_on_samples(
@@ -1297,10 +1338,11 @@ def detect_leaks(
     growth that stopped minutes ago), and those are judged again with them: a cache that filled
     to its limit is not reported once flat for ``flat_for``."""
     cleared = cannot_leak(series, params, now.timestamp())  # the fleet's quiet GPUs, at once
+    seen: StopsSeen = {}  # the leaks' bins are judged again below, with their raw samples
     verdicts = [
         v
         for v in (
-            assess_leak(one, params, now)
+            assess_leak(one, params, now, seen)
             for one, out in zip(series, cleared, strict=True)
             if not out
         )
@@ -1309,7 +1351,7 @@ def detect_leaks(
     if recent is not None and verdicts:
         samples = recent([v.series for v in verdicts])
         verdicts = [
-            v if raw is None else assess_leak(replace(v.series, raw=raw), params, now)
+            v if raw is None else assess_leak(replace(v.series, raw=raw), params, now, seen)
             for v, raw in zip(verdicts, samples, strict=True)
         ]
     findings = [_finding(v, params, now) for v in verdicts if v.leaking]
