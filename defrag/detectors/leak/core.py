@@ -1132,6 +1132,11 @@ def _last_restart(bins: Binned, min_fall: float, usable: float = 0.0) -> int | N
 def _restarts(v: FloatArray, min_fall: float, usable: float = 0.0) -> npt.NDArray[np.intp]:
     if len(v) < 2:
         return np.empty(0, dtype=np.intp)
+    high = v.max()
+    if high <= 0 or v.min() > 0.5 * high:
+        # most series: no running peak above zero (none can fall from one), or every value
+        # above half the highest, so above a tenth and half of every running peak (NaN: below)
+        return np.empty(0, dtype=np.intp)
     peak = np.maximum.accumulate(v)
     oom = (peak >= 0.9 * usable) & (v <= 0.5 * peak) if usable > 0 else np.zeros(len(v), bool)
     fell = ((v <= 0.1 * peak) | oom) & (peak - v > max(min_fall, 0.0)) & (peak > 0)
