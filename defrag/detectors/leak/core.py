@@ -993,6 +993,18 @@ def _stalled_since(
         return None
     hours = (bins.times - bins.times[0]) / HOUR_S
     heads = PrefixSlopes(hours, bins.values)
+    # each gap is compared with the larger of two bounds: one that is cheap (half the gap of
+    # growth that stopped) and one that is not (the noise's, from the spread and the line's
+    # error). A gap within the cheap one fails whatever the other is, so long as that one is a
+    # number (a NaN bound would let it through): it is for ordinary figures — a positive
+    # finite variance ratio, a noise, times apart and not astronomical
+    steps = np.diff(hours)
+    ordinary = (
+        0.0 < ratio < 1e50
+        and not math.isnan(noise)
+        and bool((steps > 1e-50).all())
+        and float(hours[-1]) < 1e50
+    )
     for size in range(n // 2, need - 1, -1):
         head_h, head_v = hours[:-size], bins.values[:-size]
         before = heads.median(n - size)
@@ -1000,23 +1012,27 @@ def _stalled_since(
             continue
         residual = head_v - before * head_h
         base = median(residual)
-        spread = max(noise, 1.4826 * median(np.abs(residual - base)))
         gap = base + before * hours[-size:] - bins.values[-size:]
         # had growth stopped at the tail's start, the gap would grow like this; half of it at
         # least must be missing, beside the noise test (a noiseless leak has no spread)
         stopped = before * (hours[-size:] - hours[-size] + bins.width / 2 / HOUR_S)
+        mean_gap, half_stopped = _mean(gap), _mean(stopped) / 2
+        if ordinary and mean_gap <= half_stopped:
+            continue
+        spread = max(noise, 1.4826 * median(np.abs(residual - base)))
         # ``line_error``: the line before the tail is fitted on few bins (growth since its
         # onset), so its own error, carried to the tail, widens what a gap must exceed
         whole = _line_se(head_h, hours[-size:], spread, ratio) if line_error else 0.0
-        if _mean(gap) <= max(
-            3.5 * math.sqrt(spread * spread * ratio / size + whole * whole), _mean(stopped) / 2
+        if mean_gap <= max(
+            3.5 * math.sqrt(spread * spread * ratio / size + whole * whole), half_stopped
         ):
             continue
-        last = _mean(gap[-need:])
+        last, half_last = _mean(gap[-need:]), _mean(stopped[-need:]) / 2
+        if ordinary and last <= half_last:
+            continue
         end_se = _line_se(head_h, hours[-need:], spread, ratio) if line_error else 0.0
         if last <= max(
-            3.5 * math.sqrt(spread * spread * ratio / need + end_se * end_se),
-            _mean(stopped[-need:]) / 2,
+            3.5 * math.sqrt(spread * spread * ratio / need + end_se * end_se), half_last
         ):
             continue
         # a tail of a few bins has too noisy a slope of its own: its two gaps decide
