@@ -69,6 +69,7 @@ from defrag.detect.series import (
     sen_trend,
 )
 from defrag.detect.settings import INTERNAL, Action, Regex, RuleName, Seconds
+from defrag.detectors.leak.hinge import best_break, line_sse
 from defrag.detectors.leak.screen import cannot_leak
 
 HOUR_S = 3600.0
@@ -413,9 +414,12 @@ class LeakAssessment:
     evidence: dict[str, object] = field(default_factory=dict, hash=False)
 
 
-def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> LeakAssessment:
+def assess_leak(
+    series: GpuMemorySeries, params: LeakParams, now: datetime, seen: StopsSeen | None = None
+) -> LeakAssessment:
     """Judge one GPU's memory over ``[now − lookback, now]``: the whole lookback first, then
-    the short windows (a fast leak is found before the lookback fills)."""
+    the short windows (a fast leak is found before the lookback fills). ``seen``: the stop
+    tests' answers on bins judged before (kept there for the next judging)."""
     end = now.timestamp()
     start = end - params.lookback_s
     t, y = series.times, series.used_mib
@@ -477,6 +481,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             short=False,
             raw=raw,
             noise=bins_noise if judged is bins else None,
+            seen=seen,
         )
         if verdict.leaking:
             return verdict
@@ -497,6 +502,7 @@ def assess_leak(series: GpuMemorySeries, params: LeakParams, now: datetime) -> L
             climb=climb,
             raw=raw,
             noise=bins_noise,
+            seen=seen,
             regrow_to=regrow_to,
         )
         if short.leaking:
@@ -560,6 +566,7 @@ def _judge(
     regrow_to: float | None = None,
     raw: tuple[FloatArray, FloatArray] | None = None,
     noise: float | None = None,
+    seen: StopsSeen | None = None,
 ) -> LeakAssessment:
     """The tests of one window (docs/rules.md, "leak"). ``short``: a window shorter than the
     lookback, with its own false-positive guard (no cache drop in it or in the floor window
@@ -740,15 +747,12 @@ def _judge(
         if short:
             loaded = _loaded_at(all_bins, params)
             settled = _after(all_bins, loaded) if loaded is not None else all_bins
-        # the stop tests fit the growth from its onset: a flat stretch before a cache began to
-        # fill would dilute the slope it lost (the line through few bins has its own error)
-        onset = _onset(settled, need=2 * max(int(np.ceil(params.flat_for_s / bins.width)), 2))
+        onset, stalled = _stops_on_bins(
+            settled, slope, float(noise), fit.variance_ratio, params, seen
+        )
         if onset is not None:
             settled = _after(settled, onset)
             evidence["onset"] = _iso(onset)
-        stalled = _stalled_since(
-            settled, slope, float(noise), fit.variance_ratio, params, line_error=onset is not None
-        )
         if stalled is None and raw is not None:
             stalled = _stopped_on_samples(settled, *raw, params, flat_before=onset is not None)
     if stalled is not None:
@@ -791,6 +795,44 @@ def _judge(
                 f"{params.horizon_s / HOUR_S:g} h horizon"
             )
     return LeakAssessment(series, not reasons, tuple(reasons), slope, exhaust_at, evidence)
+
+
+StopsSeen = dict[tuple[LeakParams, bytes], tuple[float | None, float | None]]
+"""The stop tests' answers on the bins (:func:`_stops_on_bins`) by their inputs, to the bit:
+the leaks are judged again with their raw samples, on the same bins."""
+
+
+def _stops_on_bins(
+    settled: Binned,
+    slope: float,
+    noise: float,
+    ratio: float,
+    params: LeakParams,
+    seen: StopsSeen | None = None,
+) -> tuple[float | None, float | None]:
+    """(onset, stalled): when growth began after the bins' start, and when it stopped on the
+    bins (:func:`_onset`, :func:`_stalled_since` from the onset), or what ``seen`` holds for
+    the same bins, figures and settings."""
+    key = (
+        params,
+        b"".join(
+            (
+                settled.times.tobytes(),
+                settled.values.tobytes(),
+                np.array([settled.width, slope, noise, ratio, len(settled.times)]).tobytes(),
+            )
+        ),
+    )
+    if seen is not None and key in seen:
+        return seen[key]
+    # the stop tests fit the growth from its onset: a flat stretch before a cache began to
+    # fill would dilute the slope it lost (the line through few bins has its own error)
+    onset = _onset(settled, need=2 * max(int(np.ceil(params.flat_for_s / settled.width)), 2))
+    since = _after(settled, onset) if onset is not None else settled
+    stalled = _stalled_since(since, slope, noise, ratio, params, line_error=onset is not None)
+    if seen is not None:
+        seen[key] = (onset, stalled)
+    return onset, stalled
 
 
 def _stopped_on_samples(
@@ -912,31 +954,16 @@ def _onset(bins: Binned, need: int) -> float | None:
         return None
     h = (bins.times - bins.times[0]) / HOUR_S
     v = bins.values
-    best_k, best_sse = 0, _line_sse(h, v)
-    for k in range(3, n - need + 1):
-        x = np.maximum(h - h[k], 0.0)
-        sse = _line_sse(x, v)
-        if sse < best_sse:
-            best_k, best_sse = k, sse
+    best_k, best_sse = best_break(h, v, 3, n - need + 1)
     # a break that explains little of what one line leaves (AR(1) noise bends a steady leak
     # this way and that) is no onset; nor one whose flat part itself rises
-    if best_k == 0 or best_sse > ONSET_SSE_SHARE * _line_sse(h, v):
+    if best_k == 0 or best_sse > ONSET_SSE_SHARE * line_sse(h, v):
         return None
     x = np.maximum(h - h[best_k], 0.0)
     rise = float(np.polyfit(x, v, 1)[0])
     if rise <= 0 or median_pairwise_slope(h[:best_k], v[:best_k]) > ONSET_FLAT_SHARE * rise:
         return None
     return float(bins.times[best_k] - bins.width / 2)
-
-
-def _line_sse(x: FloatArray, y: FloatArray) -> float:
-    """The residual sum of squares of the least-squares line of ``y`` on ``x``."""
-    xc = x - x.mean()
-    yc = y - y.mean()
-    sxx = float(xc @ xc)
-    b = float(xc @ yc) / sxx if sxx > 0 else 0.0
-    r = yc - b * xc
-    return float(r @ r)
 
 
 def _lost_slope(u: FloatArray, gap: FloatArray) -> float:
@@ -966,6 +993,18 @@ def _stalled_since(
         return None
     hours = (bins.times - bins.times[0]) / HOUR_S
     heads = PrefixSlopes(hours, bins.values)
+    # each gap is compared with the larger of two bounds: one that is cheap (half the gap of
+    # growth that stopped) and one that is not (the noise's, from the spread and the line's
+    # error). A gap within the cheap one fails whatever the other is, so long as that one is a
+    # number (a NaN bound would let it through): it is for ordinary figures — a positive
+    # finite variance ratio, a noise, times apart and not astronomical
+    steps = np.diff(hours)
+    ordinary = (
+        0.0 < ratio < 1e50
+        and not math.isnan(noise)
+        and bool((steps > 1e-50).all())
+        and float(hours[-1]) < 1e50
+    )
     for size in range(n // 2, need - 1, -1):
         head_h, head_v = hours[:-size], bins.values[:-size]
         before = heads.median(n - size)
@@ -973,23 +1012,27 @@ def _stalled_since(
             continue
         residual = head_v - before * head_h
         base = median(residual)
-        spread = max(noise, 1.4826 * median(np.abs(residual - base)))
         gap = base + before * hours[-size:] - bins.values[-size:]
         # had growth stopped at the tail's start, the gap would grow like this; half of it at
         # least must be missing, beside the noise test (a noiseless leak has no spread)
         stopped = before * (hours[-size:] - hours[-size] + bins.width / 2 / HOUR_S)
+        mean_gap, half_stopped = _mean(gap), _mean(stopped) / 2
+        if ordinary and mean_gap <= half_stopped:
+            continue
+        spread = max(noise, 1.4826 * median(np.abs(residual - base)))
         # ``line_error``: the line before the tail is fitted on few bins (growth since its
         # onset), so its own error, carried to the tail, widens what a gap must exceed
         whole = _line_se(head_h, hours[-size:], spread, ratio) if line_error else 0.0
-        if _mean(gap) <= max(
-            3.5 * math.sqrt(spread * spread * ratio / size + whole * whole), _mean(stopped) / 2
+        if mean_gap <= max(
+            3.5 * math.sqrt(spread * spread * ratio / size + whole * whole), half_stopped
         ):
             continue
-        last = _mean(gap[-need:])
+        last, half_last = _mean(gap[-need:]), _mean(stopped[-need:]) / 2
+        if ordinary and last <= half_last:
+            continue
         end_se = _line_se(head_h, hours[-need:], spread, ratio) if line_error else 0.0
         if last <= max(
-            3.5 * math.sqrt(spread * spread * ratio / need + end_se * end_se),
-            _mean(stopped[-need:]) / 2,
+            3.5 * math.sqrt(spread * spread * ratio / need + end_se * end_se), half_last
         ):
             continue
         # a tail of a few bins has too noisy a slope of its own: its two gaps decide
@@ -1104,6 +1147,11 @@ def _last_restart(bins: Binned, min_fall: float, usable: float = 0.0) -> int | N
 
 def _restarts(v: FloatArray, min_fall: float, usable: float = 0.0) -> npt.NDArray[np.intp]:
     if len(v) < 2:
+        return np.empty(0, dtype=np.intp)
+    high = v.max()
+    if high <= 0 or v.min() > 0.5 * high:
+        # most series: no running peak above zero (none can fall from one), or every value
+        # above half the highest, so above a tenth and half of every running peak (NaN: below)
         return np.empty(0, dtype=np.intp)
     peak = np.maximum.accumulate(v)
     oom = (peak >= 0.9 * usable) & (v <= 0.5 * peak) if usable > 0 else np.zeros(len(v), bool)
@@ -1311,10 +1359,11 @@ def detect_leaks(
     growth that stopped minutes ago), and those are judged again with them: a cache that filled
     to its limit is not reported once flat for ``flat_for``."""
     cleared = cannot_leak(series, params, now.timestamp())  # the fleet's quiet GPUs, at once
+    seen: StopsSeen = {}  # the leaks' bins are judged again below, with their raw samples
     verdicts = [
         v
         for v in (
-            assess_leak(one, params, now)
+            assess_leak(one, params, now, seen)
             for one, out in zip(series, cleared, strict=True)
             if not out
         )
@@ -1323,7 +1372,7 @@ def detect_leaks(
     if recent is not None and verdicts:
         samples = recent([v.series for v in verdicts])
         verdicts = [
-            v if raw is None else assess_leak(replace(v.series, raw=raw), params, now)
+            v if raw is None else assess_leak(replace(v.series, raw=raw), params, now, seen)
             for v, raw in zip(verdicts, samples, strict=True)
         ]
     findings = [_finding(v, params, now) for v in verdicts if v.leaking]

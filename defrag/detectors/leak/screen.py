@@ -7,18 +7,22 @@ freed) and its Theil–Sen slope below the minimum, each short window's quick sl
 own. Through Prometheus every series of a range query shares the same timestamps (one point per
 step), so those steps are computed here for all such series at once, as rows of one matrix, by
 the same arithmetic (each row's values are bit for bit the per-series ones: the same IEEE
-operations on the same numbers, the same partition for each median). A series the screen
-cannot clear — other timestamps, a NaN, a restart, a load, a cache freed, a slope at or above a
-minimum, a stale exporter — goes to ``assess_leak`` as before. Only verdicts of *not leaking*
-are skipped, and ``detect_leaks`` reports leaking verdicts only: the findings are unchanged.
+operations on the same numbers, the same partition for each median; a slope's comparison
+with its minimum by counting the pairwise slopes below it, which decides as the median does).
+A series the screen cannot clear — other timestamps, a NaN, a restart, a load, a cache freed, a
+slope at or above a minimum, a stale exporter — goes to ``assess_leak`` as before. Only
+verdicts of *not leaking* are skipped, and ``detect_leaks`` reports leaking verdicts only: the
+findings are unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes, row_robust_noise
 from defrag.model.arrays import BoolArray
@@ -115,13 +119,49 @@ def _screen(times: FloatArray, used: FloatArray, params: ScreenParams, end: floa
     ]  # the others are skipped by ``assess_leak`` whatever the values
     rows = np.flatnonzero(candidate)
     kept = bins[rows]
-    cleared = row_pairwise_slopes(full_x, kept) < params.min_slope_mib_per_h
+    cleared = slope_below(full_x, kept, params.min_slope_mib_per_h)
     for window, need in windows:
         inside = centres > end - window  # a short window's first test in ``_judge``
         x = centres[inside]
         if len(x) >= 2:  # else too few bins: not leaking there either
-            quick = row_pairwise_slopes((x - x[0]) / HOUR_S, kept[:, inside], chunk=128)
-            cleared &= quick < need
+            cleared &= slope_below((x - x[0]) / HOUR_S, kept[:, inside], need, chunk=128)
     out = np.zeros(n, dtype=bool)
     out[rows] = cleared
     return out
+
+
+def slope_below(x: FloatArray, rows: FloatArray, limit: float, chunk: int = 32) -> BoolArray:
+    """``row_pairwise_slopes(x, rows, chunk) < limit``, to the bit, without the medians where
+    counting decides: of the N pairwise slopes of a row, the median (the middle one, or the
+    two middle ones' mean) lies below ``limit`` when more than half lie below it, and not when
+    fewer than half do (the mean of two values lies between them, in floating point too); a
+    row where exactly half do, or whose values are not all finite (a slope could be NaN),
+    gets its median."""
+    n = rows.shape[0]
+    if len(x) < 2 or n == 0 or not np.isfinite(limit):
+        return row_pairwise_slopes(x, rows, chunk) < limit
+    if not bool((x[1:] > x[:-1]).all()):
+        raise ValueError("slope_below: x must strictly increase")
+    i, j = _pairs(len(x))
+    dx = x[j] - x[i]
+    pairs = len(dx)
+    below = np.empty(n, dtype=np.int64)
+    for s in range(0, n, chunk):
+        slopes = (rows[s : s + chunk, j] - rows[s : s + chunk, i]) / dx
+        below[s : s + chunk] = np.count_nonzero(slopes < limit, axis=1)
+    out = below > pairs // 2  # the middle one (odd N), both middle ones (even N) below
+    unsure = ~np.isfinite(rows).all(axis=1)
+    if pairs % 2 == 0:
+        unsure |= below == pairs // 2  # the lower middle one below, the upper one not
+    if bool(unsure.any()):
+        out[unsure] = row_pairwise_slopes(x, rows[unsure], chunk) < limit
+    return out
+
+
+@lru_cache(maxsize=16)
+def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+    """Every pair of ``n`` points (``np.triu_indices(n, 1)``; read-only: shared)."""
+    i, j = np.triu_indices(n, 1)
+    i.flags.writeable = False
+    j.flags.writeable = False
+    return i, j
