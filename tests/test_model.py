@@ -107,3 +107,14 @@ def test_on_misfit_reports_instead_of_raising() -> None:
     assert (
         len(seen) == 1 and seen[0].startswith("default/big:") and "more than it has free" in seen[0]
     )
+
+
+def test_a_copy_of_the_pods_is_the_clusters_own_to_change() -> None:
+    cluster = _cluster()
+    copied = cluster.pods_copy()
+    assert copied == dict(cluster.pods) and list(copied) == list(cluster.pods)
+    copied.clear()
+    assert len(cluster.pods) > 0  # the cluster's map is untouched
+    added = cluster.with_pod_added(Pod("late", namespace="t"))
+    assert list(added.pods) == [*cluster.pods, "t/late"]
+    assert list(added.with_pod_removed("t/late").pods) == list(cluster.pods)

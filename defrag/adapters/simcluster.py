@@ -155,7 +155,7 @@ class SimCluster:
             if pod is None:
                 raise KeyError(f"pod {key} not found")
             # Annotations hold no resources: the pod is swapped in place, the arrays kept.
-            pods = dict(self._state.pods)
+            pods = self._state.pods_copy()
             pods[key] = replace(pod, annotations=_merged(pod.annotations, annotations))
             self._state = replace(self._state, pods=MappingProxyType(pods))
 

@@ -371,7 +371,7 @@ class StoreBuild:
             for name in sorted(dirty):
                 for key in sorted(state.on_node.get(name, ())):
                     pod_changes.append((key, state.pieces.get((POD, key))))
-        pods = dict(state.cluster.pods)
+        pods = state.cluster.pods_copy()
         reorder = False  # a pod new to the map goes last in it: put back in order
         for key, piece in pod_changes:
             before = state.inputs.pop(key, ())

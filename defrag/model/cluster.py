@@ -123,6 +123,13 @@ class Cluster:
 
     # --- changes -----------------------------------------------------------------------------
 
+    def pods_copy(self) -> dict[str, Pod]:
+        """A new dict of the pods, to change and wrap again. The map is a read-only proxy of a
+        dict, whose ``copy()`` copies that dict whole in C; ``dict(proxy)`` would walk it key
+        by key through the mapping protocol, several times slower at 100,000s of pods."""
+        pods = self.pods
+        return pods.copy() if isinstance(pods, MappingProxyType) else dict(pods)
+
     def with_pod_added(self, pod: Pod) -> Cluster:
         """A cluster with ``pod`` added; a bound pod takes its node's resources."""
         if pod.key in self.pods:
@@ -132,7 +139,7 @@ class Cluster:
             arrays = arrays.copy()
             pod = _assign_gpus(arrays, pod)
             arrays.allocate(arrays.index[pod.node], pod, pod.gpu_indices)  # type: ignore[index]
-        pods = dict(self.pods)
+        pods = self.pods_copy()
         pods[pod.key] = pod
         return replace(self, pods=MappingProxyType(pods), arrays=arrays)
 
@@ -145,7 +152,7 @@ class Cluster:
         if pod.node is not None and occupies(pod):
             arrays = arrays.copy()
             arrays.release(arrays.index[pod.node], pod, pod.gpu_indices)
-        pods = dict(self.pods)
+        pods = self.pods_copy()
         del pods[key]
         return replace(self, pods=MappingProxyType(pods), arrays=arrays)
 
