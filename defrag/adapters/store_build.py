@@ -482,7 +482,9 @@ def _leave_out(
     lost: list[tuple[str, Pod]] = []
     if pods is None:
         # Pods can be on a missing node only where they said so: look at the nodes named.
-        names = [n for n in state.on_node if n not in state.nodes or n in state.skipped]
+        # Set operations on the key views, in C: a Python walk of every node named costs
+        # milliseconds a build at 20,000 nodes.
+        names = (state.on_node.keys() - state.nodes.keys()) | (state.skipped & state.on_node.keys())
         keys = sorted({key for n in names for key in state.on_node[n]})
         lost = [(k, p) for key in keys for k, p in state.inputs[key]]
         kept: list[tuple[str, Pod]] = []

@@ -17,6 +17,7 @@ builds in full.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable, Mapping, Sequence, Set
 from types import MappingProxyType
 
@@ -83,7 +84,7 @@ def _arrays(previous: Cluster, nodes: Sequence[Node], dirty: Set[str]) -> NodeAr
     dirty rows empty (their pods are charged again)."""
     old = previous.arrays
     same_nodes = len(nodes) == len(previous.nodes) and all(
-        a is b for a, b in zip(nodes, previous.nodes, strict=True)
+        map(operator.is_, nodes, previous.nodes)  # in C: a generator is ms at 20,000 nodes
     )
     if same_nodes:
         arrays = old.copy()
