@@ -172,7 +172,8 @@ def test_the_null_extender_passes_every_node_and_scores_none() -> None:
     from bench.null_extender import NullExtender
 
     port = free_port()
-    with NullExtender(port):
+    with NullExtender(port) as null:
+        assert null.pid != os.getpid()  # its CPU counted apart from the bench's
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         names = ["gpu-1", "gpu-2"]
         pod = {"metadata": {"name": "p", "namespace": "ns"}}
@@ -187,6 +188,8 @@ def test_the_null_extender_passes_every_node_and_scores_none() -> None:
             assert response.status == 200
             answers.append(json.loads(response.read()))
         conn.close()
+        assert null.filter_calls == 2
+    assert not null.process.is_alive()
     assert answers[0] == {"NodeNames": names, "FailedNodes": {}, "Error": ""}
     assert answers[1] == [{"Host": "gpu-1", "Score": 0}, {"Host": "gpu-2", "Score": 0}]
     assert answers[2]["Nodes"] == {"items": [{"metadata": {"name": "n"}}]}
