@@ -104,10 +104,10 @@ def _group() -> tuple[list[str], dict[str, dict[str, object]]]:
 
 
 def test_the_shipped_verdict_is_the_daemons_prefilter_with_its_settings(tmp_path: Path) -> None:
-    """The recorded verdict's expression is, space for space, the prefilter the daemon would
-    ask over the recorded terms at the shipped rule's settings, and both the verdict and its
-    witness state those settings; they are evaluated after the terms they read and before the
-    marker (so a marker at t says they were evaluated at t)."""
+    """The recorded verdict's expression is, token for token, the prefilter the daemon would
+    ask over the recorded terms at the shipped rule's settings; its witness counts the verdict
+    with those settings, and both state them; each is evaluated after what it reads and
+    before the marker (so a marker at t says they were evaluated at t)."""
     rule = _leak_rule(tmp_path)
     rec = recorded_series(rule.queries.used, LeakParams())
     assert rec is not None
@@ -118,11 +118,14 @@ def test_the_shipped_verdict_is_the_daemons_prefilter_with_its_settings(tmp_path
     assert " ".join(expr.split()) == rec.verdict_expr(threshold, fewer)
     settings = verdict_settings(threshold, fewer)
     assert settings == "deriv*3600>32,count<0.979167*max,min<0.5*max"
+    witness = shipped[rec.verdict_count]["expr"]
+    assert isinstance(witness, str)
+    assert witness.strip() == rec.witness_expr(settings)
     for name in (rec.verdict, rec.verdict_count):
         assert shipped[name]["labels"] == {VERDICT_LABEL: settings}
     terms = [order.index(n) for n in rec.names]
-    assert max(terms) < order.index(rec.verdict) < order.index(rec.marker)
-    assert max(terms) < order.index(rec.verdict_count) < order.index(rec.marker)
+    assert max(terms) < order.index(rec.verdict) < order.index(rec.verdict_count)
+    assert order.index(rec.verdict_count) < order.index(rec.marker)
     # another minimum slope states other settings
     other = _leak_rule(tmp_path, ("min_slope_mib_per_h: 64", "min_slope_mib_per_h: 100"))
     assert verdict_settings(*_prefilter_settings(other)) != settings

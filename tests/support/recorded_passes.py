@@ -7,7 +7,8 @@ Prometheus serving the raw history alone, so a rule that reads another rule's re
 one-pass backfill the witness is absent and the daemon asks the terms. In a running Prometheus
 the rules of a group run in order, each seeing what the ones before it wrote at the same
 evaluation. :func:`backfill_second_pass` gets the same after the first pass is in the TSDB:
-a Prometheus serving raw and recorded blocks evaluates each such rule (its query API, as
+a Prometheus serving raw and recorded blocks evaluates each such rule (once what it reads is
+in) (its query API, as
 promtool does) at the group's own evaluation times — read from the group's marker, so the
 second pass lines up with the first whatever rule file name that one was evaluated under — and
 the answers, named and labelled as the rule says, are written as blocks
@@ -52,9 +53,23 @@ def backfill_second_pass(
 ) -> int:
     """Every rule of ``text`` that reads recorded series, evaluated at each sample time of the
     group's ``marker`` within ``[start, end]`` by a Prometheus serving ``data``, written into
-    ``data`` as blocks. Such rules must not read one another (each is evaluated over what the
-    first pass wrote). Returns the samples written."""
-    rules = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if reads_recorded(r)]
+    ``data`` as blocks — in passes: a rule that reads another such rule (the witness reads the
+    verdict) is evaluated once that one's blocks are in. Returns the samples written."""
+    left = [r for g in yaml.safe_load(text)["groups"] for r in g["rules"] if reads_recorded(r)]
+    written = 0
+    while left:
+        pending = {r["record"] for r in left}
+        now = [r for r in left if not any(p in r["expr"] for p in pending - {r["record"]})]
+        if not now:
+            raise ValueError("the group's rules read one another in a cycle")
+        written += _one_pass(data, now, marker, start, end, workdir)
+        left = [r for r in left if r not in now]
+    return written
+
+
+def _one_pass(
+    data: Path, rules: list[dict[str, Any]], marker: str, start: float, end: float, workdir: Path
+) -> int:
     points: dict[str, list[tuple[str, float, str]]] = {r["record"]: [] for r in rules}
     with serve_tsdb(data, workdir) as server:
         source = PrometheusSource(server.url, retries=0, timeout_s=600)

@@ -16,7 +16,7 @@ The group also records the prefilter's verdict (:attr:`RecordedSeries.verdict`):
 query the daemon would send over the recorded terms (:meth:`RecordedSeries.prefilter`, over
 every series), evaluated in the group right after them, so a detection reads the GPUs that
 pass instead of evaluating the joins over every GPU. Its settings are a label on it and on its
-witness (:attr:`RecordedSeries.verdict_count`, the number of series it judged); the daemon
+witness (:attr:`RecordedSeries.verdict_count`, the number of series that passed); the daemon
 reads the verdict only when the witness with its own settings was recorded at the judged time
 (:func:`verdict_recorded`), else it asks the prefilter over the terms as before.
 """
@@ -85,8 +85,8 @@ class RecordedSeries:
 
     @property
     def verdict_count(self) -> str:
-        """The verdict's witness: how many series the verdict judged at an evaluation (absent
-        when the terms it reads were not recorded then, as in a one-pass backfill)."""
+        """The verdict's witness: how many series passed at an evaluation, read from the
+        verdict itself (absent when the verdict was not recorded then, or nothing passed)."""
         return f"cluster:{self.metric}:prefilter{duration(self.lookback_s)}"
 
     def verdict_selector(self, name: str, settings: str) -> str:
@@ -130,6 +130,11 @@ class RecordedSeries:
         that shard)."""
         return self.prefilter({n: n for n in self.names}, threshold, fewer)
 
+    def witness_expr(self, settings: str) -> str:
+        """What the recording group evaluates as :attr:`verdict_count`: the verdict's series
+        with ``settings`` at that evaluation, counted."""
+        return f"count({self.read(self.verdict_selector(self.verdict, settings))})"
+
     @property
     def names(self) -> tuple[str, ...]:
         """Every recorded name a leak detection reads (the marker aside)."""
@@ -160,8 +165,10 @@ def verdict_recorded(
     """Whether the verdict with ``settings`` can stand in for the prefilter at ``at`` (the
     group's last evaluation, :func:`recorded_at`): the rule's selector has no matchers of its
     own (the verdict counts the fleet's fullest series over every series of the metric), and
-    its witness with these settings was recorded at ``at`` itself — so the group evaluated the
-    verdict then, after the terms it reads, with the rule's settings. One small query."""
+    its witness with these settings was recorded at ``at`` itself — it counts the verdict's
+    series at that evaluation, so the group recorded the verdict then, after the terms it
+    reads, with the rule's settings (when nothing passed there is no witness, and the terms
+    are asked). One small query."""
     if recorded.matchers.strip() not in ("", "{}"):
         return False
     witness = recorded.read(recorded.verdict_selector(recorded.verdict_count, settings))
