@@ -16,10 +16,16 @@ to 800 MiB, 6–8 h each); ``--no-prefilter`` fetches every GPU (the worst case)
 ``--recorded`` also backfills the shipped recording rules
 (rules/prometheus/defrag.detection.rules.yaml) with ``promtool tsdb create-blocks-from rules``:
 Prometheus itself evaluates them over the raw history (:func:`recording_parts` says which
-ranges). Each run then detects twice, alternating: the leak rule on the raw series
-(``recorded: never``) and on the recorded ones (``recorded: auto``), and the leak findings of
-the second are checked against the raw series judged at the recorded evaluation time.
-``--data DIR`` keeps the TSDB (and its set-up times) in DIR and reuses it when there.
+ranges); then the rules that read the group's own recorded series (the prefilter's verdict and
+its witness) at the group's evaluation times over the last 10 minutes, as a running Prometheus
+evaluates them after the terms (tests/support/recorded_passes.py; added to a TSDB kept without
+them). Each run then detects in turn: the leak rule on the raw series (``recorded: never``), on
+the recorded ones (``recorded: auto``: the prefilter read from its recorded verdict), and on the
+recorded ones with the verdict's witness hidden ("terms": the prefilter evaluated over the
+recorded terms, as before the verdict); the leak findings of the second are checked against the
+raw series judged at the recorded evaluation time, and against the third's. ``--no-raw``
+leaves the raw series out of the runs (the check against them stays). ``--data DIR`` keeps the
+TSDB (and its set-up times) in DIR and reuses it when there.
 
 Each run and mode also detects as a daemon's cycles do, with a memory of the range answers
 (:mod:`defrag.detectors.range_memory`): a first detection a ``step`` before the end (read
@@ -36,7 +42,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from statistics import median
 
@@ -47,6 +53,7 @@ from bench.leak_corpus import corpus, random_mix
 from defrag.adapters.prometheus import PrometheusSource
 from defrag.detect.findings import Finding
 from defrag.detection import detect, run_detection
+from defrag.detectors.leak.recorded import VERDICT_LABEL
 from defrag.detectors.leak.registration import (
     LEAK,
     LeakRuleFields,
@@ -54,6 +61,7 @@ from defrag.detectors.leak.registration import (
     leak_range_query,
 )
 from defrag.detectors.range_memory import RangeMemory
+from defrag.ports import Sample
 from defrag.rules import load_rules
 from defrag.scoring.profile import ScoringProfile
 from tests.support.prometheus import (
@@ -64,12 +72,26 @@ from tests.support.prometheus import (
     make_fleet,
     serve_tsdb,
 )
+from tests.support.recorded_passes import backfill_second_pass, reads_recorded
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("whole", "first", "later")
 """Each run's detections per mode: at the end keeping nothing; a step before it with a fresh
 memory; at the end with what that one kept."""
 RECORDING = ROOT / "rules" / "prometheus" / "defrag.detection.rules.yaml"
+MARKER = "cluster:DCGM_FI_DEV_FB_USED:count"
+VERDICT_PASS = "promtool verdict"
+"""The set-up row that says the TSDB has the second pass (the verdict and its witness)."""
+
+
+class WithoutVerdict(PrometheusSource):
+    """A source on which the prefilter's recorded verdict is never found (its witness answers
+    nothing), so the leak rule evaluates the prefilter over the recorded terms."""
+
+    def instant(self, query: str, at: datetime | None = None) -> list[Sample]:
+        if query.startswith("last_over_time(cluster:") and VERDICT_LABEL in query:
+            return []
+        return super().instant(query, at)
 
 
 def write_history(path: Path, gpus: int, hours: float) -> tuple[int, int]:
@@ -169,7 +191,8 @@ def recording_parts(lookback_s: float) -> list[RuleBackfill]:
     end = END.timestamp()
 
     def part(keep: Callable[[str], bool]) -> str:
-        rules = [r for r in group["rules"] if keep(r["record"])]
+        # the rules reading the group's recorded series: a second pass (add_verdict)
+        rules = [r for r in group["rules"] if keep(r["record"]) and not reads_recorded(r)]
         return yaml.safe_dump({"groups": [{**group, "rules": rules}]}, sort_keys=False)
 
     def lookback_term(name: str) -> bool:
@@ -207,8 +230,19 @@ def build(args: argparse.Namespace, data: Path, tmp: Path, lookback_s: float) ->
         for block in blocks.iterdir():
             block.rename(data / block.name)
         rows.append(f"promtool rules {time.perf_counter() - t0:.1f} s")
+        rows.append(add_verdict(data, tmp))
     (data / "bench-detect.txt").write_text("\n".join(rows) + "\n")
     return rows
+
+
+def add_verdict(data: Path, tmp: Path) -> str:
+    """The second pass into ``data``: the rules that read the recorded terms, at the group's
+    evaluations within the last 10 minutes before ``END`` (where the terms are). Its set-up
+    row."""
+    t0 = time.perf_counter()
+    end = END.timestamp()
+    written = backfill_second_pass(data, RECORDING.read_text(), MARKER, end - 600, end, tmp)
+    return f"{VERDICT_PASS} {time.perf_counter() - t0:.1f} s ({written:,} samples)"
 
 
 def main() -> None:
@@ -225,6 +259,9 @@ def main() -> None:
     )
     parser.add_argument("--concurrency", type=int, default=4, help="prometheus.concurrent_queries")
     parser.add_argument(
+        "--no-raw", action="store_true", help="with --recorded: no runs on the raw series"
+    )
+    parser.add_argument(
         "--data", type=Path, help="keep the TSDB here and reuse it when present (set-up once)"
     )
     args = parser.parse_args()
@@ -234,11 +271,12 @@ def main() -> None:
         leak_yaml = (ROOT / "rules" / "leak.yaml").read_text()
         if args.no_prefilter:
             leak_yaml = leak_yaml.replace("prefilter: true", "prefilter: false")
-        modes = ["never", "auto"] if args.recorded else ["never"]
+        modes = ["never", "auto", "terms"] if args.recorded else ["never"]
         rules_of = {}
         for mode in modes:
             (tmp / mode).mkdir()
-            text = leak_yaml.replace("prefilter:", f"recorded: {mode}\n    prefilter:", 1)
+            recorded = "auto" if mode == "terms" else mode
+            text = leak_yaml.replace("prefilter:", f"recorded: {recorded}\n    prefilter:", 1)
             (tmp / mode / "leak.yaml").write_text(text)
             names = [tmp / mode / "leak.yaml"]
             rules_of[mode] = load_rules(names + ([] if args.corpus else [ROOT / "rules/idle.yaml"]))
@@ -247,7 +285,11 @@ def main() -> None:
         leak = LEAK.settings_of(leak_rule)
         data = args.data or tmp / "data"
         if (data / "bench-detect.txt").exists():
-            setup = [*(data / "bench-detect.txt").read_text().splitlines(), "(reused)"]
+            setup = (data / "bench-detect.txt").read_text().splitlines()
+            if args.recorded and not any(line.startswith(VERDICT_PASS) for line in setup):
+                setup.append(add_verdict(data, tmp))
+                (data / "bench-detect.txt").write_text("\n".join(setup) + "\n")
+            setup.append("(reused)")
         else:
             setup = build(args, data, tmp, leak.lookback_s)
         t0 = time.perf_counter()
@@ -258,15 +300,29 @@ def main() -> None:
             source = PrometheusSource(
                 server.url, retries=0, timeout_s=600, concurrency=args.concurrency
             )
+            sources = {
+                mode: WithoutVerdict(
+                    server.url, retries=0, timeout_s=600, concurrency=args.concurrency
+                )
+                if mode == "terms"
+                else source
+                for mode in modes
+            }
             profile = ScoringProfile.default()
             judged = {}
             for mode in modes:  # warm the server's caches once each
-                detect(rules_of[mode], source, None, END, profile=profile)
+                detect(rules_of[mode], sources[mode], None, END, profile=profile)
                 rule = rules_of[mode].enabled("leak")[0].rule
                 assert isinstance(rule, LeakRuleFields)
-                judged[mode] = judged_at(rule, source, END)
-            if args.recorded and judged["auto"][1] is None:
-                raise SystemExit("error: the recorded series do not cover the lookback")
+                judged[mode] = judged_at(rule, sources[mode], END)
+            if args.recorded:
+                rec, terms = judged["auto"][1], judged["terms"][1]
+                if rec is None or terms is None:
+                    raise SystemExit("error: the recorded series do not cover the lookback")
+                if not rec.verdict_with or terms.verdict_with:
+                    raise SystemExit("error: the recorded verdict is not read (or not hidden)")
+            if args.recorded and args.no_raw:
+                modes.remove("never")
             at = judged[modes[-1]][0]
             lookback = timedelta(seconds=leak.lookback_s)
             fetched = len(source.range(leak_range_query(leak_rule), at - lookback, at, leak.bin_s))
@@ -290,7 +346,12 @@ def main() -> None:
                         t0, c0 = time.perf_counter(), time.process_time()
                         s0 = _cpu_s(server.process.pid)
                         report = run_detection(
-                            rules_of[mode], source, None, at_, profile=profile, memory=kept_in
+                            rules_of[mode],
+                            sources[mode],
+                            None,
+                            at_,
+                            profile=profile,
+                            memory=kept_in,
                         )
                         times[mode, kind].append(time.perf_counter() - t0)
                         cpus[mode, kind].append(time.process_time() - c0)
@@ -304,10 +365,12 @@ def main() -> None:
             load_after = os.getloadavg()
             # the leak rule's findings from the raw series judged at the recorded series'
             # evaluation time are the recorded run's (the idle rule reads raw series at END)
-            same = ""
+            same = same_terms = ""
             if args.recorded:
                 raw_then = detect(rules_of["never"], source, None, at, profile=profile)
                 same = "yes" if _leaks(raw_then) == _leaks(findings["auto", "whole"]) else "NO"
+                verdict, terms_found = findings["auto", "whole"], findings["terms", "whole"]
+                same_terms = "yes" if verdict == terms_found else "NO"
     gpus = args.gpus
     rows = [(line, "") for line in setup]
     rows += [
@@ -319,7 +382,10 @@ def main() -> None:
     ]
     for mode in modes:
         # the raw rows keep the names bench/run_all.py reads
-        label = "with recorded series, " if mode == "auto" else ""
+        label = {
+            "auto": "with recorded series, ",
+            "terms": "with recorded terms, verdict hidden, ",
+        }.get(mode, "")
         whole = (mode, "whole")
         leaks = sum(f.kind == "leak" for f in findings[whole])
         rows += [
@@ -349,6 +415,7 @@ def main() -> None:
         rows.append((f"detect later, {label}findings = a whole read's", "yes"))
     if args.recorded:
         rows.append(("leak findings: recorded = raw at the recorded evaluation", same))
+        rows.append(("findings: recorded verdict = recorded terms", same_terms))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value:>20}" if value else key)

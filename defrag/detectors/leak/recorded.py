@@ -11,10 +11,19 @@ evaluation time (:func:`read`), and its answers are the raw queries' answers at 
 :func:`recorded_at` says whether the recorded series can stand in: the group's last marker
 sample (``cluster:<metric>:count``, written after every other rule of the group) and one at
 every ``step`` back over the whole lookback — else the rule reads the raw series.
+
+The group also records the prefilter's verdict (:attr:`RecordedSeries.verdict`): the very
+query the daemon would send over the recorded terms (:meth:`RecordedSeries.prefilter`, over
+every series), evaluated in the group right after them, so a detection reads the GPUs that
+pass instead of evaluating the joins over every GPU. Its settings are a label on it and on its
+witness (:attr:`RecordedSeries.verdict_count`, the number of series that passed); the daemon
+reads the verdict only when the witness with its own settings was recorded at the judged time
+(:func:`verdict_recorded`), else it asks the prefilter over the terms as before.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -26,6 +35,14 @@ from defrag.ports import MetricsSource, Sample
 _PLAIN = re.compile(r"^\s*([A-Za-z_:][A-Za-z0-9_:]*)\s*(\{[^{}]*\})?\s*$")
 
 _UNITS = (("d", 86400), ("h", 3600), ("m", 60), ("s", 1))
+
+VERDICT_LABEL = "defrag_prefilter"
+"""The label that states, on the recorded verdict and its witness, the settings it was
+recorded with (:func:`verdict_settings`)."""
+
+RESTART_BELOW = 0.5
+"""The prefilter's restart term: a series whose floor over the lookback is below this share of
+its peak."""
 
 
 def duration(seconds: float) -> str:
@@ -46,6 +63,9 @@ class RecordedSeries:
     matchers: str
     step_s: float
     lookback_s: float
+    verdict_with: str = ""
+    """The settings of a verdict recorded at the judged time with the rule's own settings
+    (:func:`verdict_recorded`); "" when the prefilter is to be asked over the terms."""
 
     @property
     def median(self) -> str:
@@ -57,6 +77,23 @@ class RecordedSeries:
     @property
     def marker(self) -> str:
         return f"cluster:{self.metric}:count"
+
+    @property
+    def verdict(self) -> str:
+        """The prefilter's verdict: every series that passes it (any value)."""
+        return f"gpu:{self.metric}:prefilter{duration(self.lookback_s)}"
+
+    @property
+    def verdict_count(self) -> str:
+        """The verdict's witness: how many series passed at an evaluation, read from the
+        verdict itself (absent when the verdict was not recorded then, or nothing passed)."""
+        return f"cluster:{self.metric}:prefilter{duration(self.lookback_s)}"
+
+    def verdict_selector(self, name: str, settings: str) -> str:
+        """``name`` with the rule's matchers and the verdict's settings label."""
+        inner = self.matchers.strip()[1:-1].strip().rstrip(",") if self.matchers else ""
+        own = f"{VERDICT_LABEL}={json.dumps(settings, ensure_ascii=False)}"
+        return f"{name}{{{inner + ', ' if inner else ''}{own}}}"
 
     def selector(self, name: str) -> str:
         """``name`` with the rule's own matchers (the recorded series keep every label)."""
@@ -84,8 +121,19 @@ class RecordedSeries:
             f"{deriv} * 3600 > {threshold:g}"
             f" or {count} < {fewer:.6g} * scalar(max({whole}))"
             f" or {count} unless {last_step}"
-            f" or {low} < 0.5 * {high}"
+            f" or {low} < {RESTART_BELOW:g} * {high}"
         )
+
+    def verdict_expr(self, threshold: float, fewer: float) -> str:
+        """What the recording group evaluates as :attr:`verdict`: the prefilter over the terms
+        of every series, as the daemon asks it (each shard's answer is this one's series of
+        that shard)."""
+        return self.prefilter({n: n for n in self.names}, threshold, fewer)
+
+    def witness_expr(self, settings: str) -> str:
+        """What the recording group evaluates as :attr:`verdict_count`: the verdict's series
+        with ``settings`` at that evaluation, counted."""
+        return f"count({self.read(self.verdict_selector(self.verdict, settings))})"
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -102,6 +150,30 @@ def recorded_series(used: str, params: LeakParams) -> RecordedSeries | None:
     if params.bin_s < 2 or params.lookback_s < params.bin_s:
         return None
     return RecordedSeries(match.group(1), match.group(2) or "", params.bin_s, params.lookback_s)
+
+
+def verdict_settings(threshold: float, fewer: float) -> str:
+    """The prefilter's settings as the verdict's label states them: the slope threshold in
+    MiB/h, the share of the fleet's fullest count below which a series began or has holes, the
+    share of its peak below which a series restarted — written as the query writes them."""
+    return f"deriv*3600>{threshold:g},count<{fewer:.6g}*max,min<{RESTART_BELOW:g}*max"
+
+
+def verdict_recorded(
+    recorded: RecordedSeries, metrics: MetricsSource, at: datetime, settings: str
+) -> bool:
+    """Whether the verdict with ``settings`` can stand in for the prefilter at ``at`` (the
+    group's last evaluation, :func:`recorded_at`): the rule's selector has no matchers of its
+    own (the verdict counts the fleet's fullest series over every series of the metric), and
+    its witness with these settings was recorded at ``at`` itself — it counts the verdict's
+    series at that evaluation, so the group recorded the verdict then, after the terms it
+    reads, with the rule's settings (when nothing passed there is no witness, and the terms
+    are asked). One small query."""
+    if recorded.matchers.strip() not in ("", "{}"):
+        return False
+    witness = recorded.read(recorded.verdict_selector(recorded.verdict_count, settings))
+    got = metrics.instant(witness, at)
+    return len(got) == 1 and got[0].last is not None and math.isfinite(got[0].last)
 
 
 def recorded_at(recorded: RecordedSeries, metrics: MetricsSource, now: datetime) -> datetime | None:
@@ -135,4 +207,14 @@ def nameless(samples: list[Sample]) -> list[Sample]:
     ]
 
 
-__all__ = ["RecordedSeries", "duration", "nameless", "recorded_at", "recorded_series"]
+__all__ = [
+    "RESTART_BELOW",
+    "VERDICT_LABEL",
+    "RecordedSeries",
+    "duration",
+    "nameless",
+    "recorded_at",
+    "recorded_series",
+    "verdict_recorded",
+    "verdict_settings",
+]

@@ -39,7 +39,15 @@ from defrag.detectors.leak.core import (
     split_occupancy,
     without_neighbours,
 )
-from defrag.detectors.leak.recorded import RecordedSeries, nameless, recorded_at, recorded_series
+from defrag.detectors.leak.recorded import (
+    RESTART_BELOW,
+    RecordedSeries,
+    nameless,
+    recorded_at,
+    recorded_series,
+    verdict_recorded,
+    verdict_settings,
+)
 from defrag.detectors.range_memory import Group, Key, current_memory, kept, keyed, ms
 from defrag.detectors.registry import Detector, Inputs, MissingInput, register
 from defrag.detectors.rulemodel import (
@@ -107,12 +115,20 @@ def judged_at(
 ) -> tuple[datetime, RecordedSeries | None]:
     """When the rule is judged and from which series: at ``now`` from the raw series, or — with
     ``recorded: auto`` and the recording rules evaluated over the whole lookback — at their
-    last evaluation (at most one ``step`` before ``now``) from the recorded series."""
+    last evaluation (at most one ``step`` before ``now``) from the recorded series; and the
+    prefilter from its recorded verdict where that was recorded then with the rule's settings
+    (``verdict_with``)."""
     recorded = recorded_series(rule.queries.used, LEAK.settings_of(rule))
     if rule.recorded == "never" or recorded is None:
         return now, None
     at = recorded_at(recorded, metrics, now)
-    return (now, None) if at is None else (at, recorded)
+    if at is None:
+        return now, None
+    if rule.prefilter:
+        settings = verdict_settings(*_prefilter_settings(rule))
+        if verdict_recorded(recorded, metrics, at, settings):
+            recorded = replace(recorded, verdict_with=settings)
+    return at, recorded
 
 
 def _one_per_workload(
@@ -289,10 +305,9 @@ def _prefilter(
     series is found over the whole ``queries.used`` (not the shard's), so every shard compares
     with the same count."""
     params = LEAK.settings_of(rule)
-    threshold = params.min_slope_mib_per_h / 2
+    threshold, fewer = _prefilter_settings(rule)
     look = f"[{params.lookback_s:.0f}s] @ {at}"
     whole = rule.queries.used.strip()
-    fewer = 1.0 - 1.5 * params.bin_s / params.lookback_s
     if recorded is not None:  # the same terms, recorded; asked at ``at`` itself
         own = selector[len(recorded.metric) :].strip()
         return recorded.prefilter({n: f"{n}{own}" for n in recorded.names}, threshold, fewer)
@@ -302,8 +317,16 @@ def _prefilter(
         f"scalar(max(count_over_time({whole}{look})))"
         f" or count_over_time({selector}{look}) unless "
         f"count_over_time({selector}[{params.bin_s:.0f}s] @ {at})"
-        f" or min_over_time({selector}{look}) < 0.5 * max_over_time({selector}{look})"
+        f" or min_over_time({selector}{look}) < {RESTART_BELOW:g} * "
+        f"max_over_time({selector}{look})"
     )
+
+
+def _prefilter_settings(rule: LeakRuleFields) -> tuple[float, float]:
+    """The prefilter's slope threshold (MiB/h: half the rule's minimum) and the share of the
+    fleet's fullest sample count below which a series began or has holes (1.5 steps short)."""
+    params = LEAK.settings_of(rule)
+    return params.min_slope_mib_per_h / 2, 1.0 - 1.5 * params.bin_s / params.lookback_s
 
 
 def _gpu_labels(rule: LeakRuleFields) -> list[str]:
@@ -367,9 +390,10 @@ def _ask_leak_queries(
     ``and on(...)`` would keep has one of those values), and the join itself is done here, on
     the same labels, so the answer is the one query's — while Prometheus computes the medians
     of the passing GPUs only, not of all. With ``recorded`` (:func:`judged_at`), the prefilter
-    and the medians read the recorded series, asked the same way (any source). Any other
-    source is asked the one query, then the instants (``used`` now only when the range has
-    series)."""
+    and the medians read the recorded series, asked the same way (any source); the prefilter
+    is then one read of its recorded verdict where ``recorded.verdict_with`` says it stands in.
+    Any other source is asked the one query, then the instants (``used`` now only when the range
+    has series)."""
     params = LEAK.settings_of(rule)
     reserved_q = rule.queries.reserved
     concurrent = isinstance(metrics, ConcurrentMetricsSource)
@@ -383,14 +407,18 @@ def _ask_leak_queries(
     prefilter = rule.prefilter and plain
     sel = rule.queries.used.strip()
     at = _at(now)
-    first = (
-        [
+    if prefilter and recorded is not None and recorded.verdict_with:
+        # the verdict recorded at ``now`` with the rule's settings: the GPUs that pass, read
+        # as recorded instead of evaluated over every GPU's terms
+        verdict = recorded.verdict_selector(recorded.verdict, recorded.verdict_with)
+        first = [Query(recorded.read(verdict), now)]
+    elif prefilter:
+        first = [
             Query(_prefilter(rule, _with_matcher(sel, m), at, recorded), now)
             for m in _shard_matchers(rule)
         ]
-        if prefilter
-        else []
-    )
+    else:
+        first = []
     instants = [Query(rule.queries.free, now), Query(rule.queries.used, now)]
     if reserved_q:
         instants.append(Query(reserved_q, now))
