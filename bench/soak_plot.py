@@ -56,12 +56,25 @@ def plot(rows: list[tuple[float, str, int, int]], since: float, out: Path, title
         label = f"{name} ({slope:+.1f} kB/min after {WARMUP_S / 60:.0f} min)"
         axis.plot(minutes, mb, marker=".", linewidth=1, label=label)
     for axis in (top, bottom):
-        axis.axvline(WARMUP_S / 60, color="grey", linestyle="--", linewidth=1)
-        axis.set_ylabel("RSS (MiB)")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8, loc="upper left")
+        _framed(axis, "RSS (MiB)", "upper left")
     top.set_title(title, fontsize=10)
-    bottom.set_xlabel("minutes since the chaos began (dashed: end of the warm-up)")
+    bottom.set_xlabel(X_LABEL)
+    _save(fig, out)
+
+
+X_LABEL = "minutes since the chaos began (dashed: end of the warm-up)"
+
+
+def _framed(axis: Any, ylabel: str, legend_at: str) -> None:
+    """The warm-up's end, the label, the grid and the legend of one panel."""
+    axis.axvline(WARMUP_S / 60, color="grey", linestyle="--", linewidth=1)
+    axis.set_ylabel(ylabel)
+    axis.grid(alpha=0.3)
+    if axis.get_legend_handles_labels()[0]:
+        axis.legend(fontsize=8, loc=legend_at)
+
+
+def _save(fig: Any, out: Path) -> None:
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -120,15 +133,10 @@ def plot_heap(probes: dict[str, list[dict[str, Any]]], since: float, out: Path, 
                     mib.append(kb / 1024)
             if mib:
                 axis.plot(minutes, mib, marker=".", label=label)
-        axis.axvline(WARMUP_S / 60, color="grey", linestyle="--", linewidth=1)
-        axis.set_ylabel(f"{name}\n(MiB)")
-        axis.grid(alpha=0.3)
-        axis.legend(fontsize=8, loc="lower right")
+        _framed(axis, f"{name}\n(MiB)", "lower right")
     fig.suptitle(title, fontsize=10)
-    fig.supxlabel("minutes since the chaos began (dashed: end of the warm-up)")
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.supxlabel(X_LABEL)
+    _save(fig, out)
 
 
 def main(argv: list[str] | None = None) -> int:

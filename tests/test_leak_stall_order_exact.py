@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from defrag.detect.series import Binned, PrefixSlopes, median, median_pairwise_slope
 from defrag.detectors.leak.core import LeakParams, _line_se, _mean, _stalled_since
+from tests.test_detect_leak_stall_exact import stalling
 
 HOUR_S = 3600.0
 END = 1_772_452_800.0
@@ -69,14 +70,6 @@ def answer(f, *args: object) -> str:  # type: ignore[no-untyped-def]
             return repr(f(*args))
     except (ValueError, ZeroDivisionError, OverflowError) as e:
         return type(e).__name__
-
-
-def stalling(n: int, rate: float, flat_bins: int, sigma: float, rng: np.random.Generator) -> Binned:
-    times = END - 300.0 * np.arange(n)[::-1] - 150.0
-    hours = (times - times[0]) / HOUR_S
-    grown = rate * np.minimum(hours, hours[max(n - 1 - flat_bins, 0)])
-    values = 8000.0 + grown + rng.normal(0.0, sigma, n).round(1)
-    return Binned(times, values, 300.0)
 
 
 def test_the_stop_test_is_as_it_was_on_stalls_and_leaks() -> None:

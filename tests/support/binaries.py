@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import requests
@@ -20,10 +21,7 @@ def require_binary(name: str) -> str:
     """Path of ``name``; skip locally when it is missing, fail under CI (never skip silently)."""
     path = shutil.which(name)
     if path is None:
-        message = f"{name} not found on PATH (make tools installs it)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _missing(f"{name} not found on PATH (make tools installs it)")
     return path
 
 
@@ -35,11 +33,15 @@ def require_library(name: str) -> str:
 
     found = ctypes.util.find_library(name)
     if found is None:
-        message = f"lib{name} not found by the dynamic loader (make tools installs it)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        _missing(f"lib{name} not found by the dynamic loader (make tools installs it)")
     return found
+
+
+def _missing(message: str) -> NoReturn:
+    """Skip locally; under CI fail, so a missing part is never a silent skip."""
+    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def free_port() -> int:
