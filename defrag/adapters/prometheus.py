@@ -393,14 +393,26 @@ def _to_samples(data: Any) -> list[Sample]:
         metric = item.get("metric", {})
         if not isinstance(metric, dict):
             raise TypeError("a result item's metric is not an object")
-        labels = {str(k): str(v) for k, v in metric.items()}
+        labels = metric if _all_text(metric) else {str(k): str(v) for k, v in metric.items()}
         if "values" in item:
-            points = tuple((float(t), float(v)) for t, v in item["values"])
+            points = tuple([(float(t), float(v)) for t, v in item["values"]])
         else:
             t, v = item["value"]
             points = ((float(t), float(v)),)
         out.append(Sample(labels, points))
     return out
+
+
+def _all_text(metric: dict[Any, Any]) -> bool:
+    """Whether every label name and value is a string, as in every answer of Prometheus's: the
+    decoded object, this call's own, is then the labels as they are (``str`` of a string
+    decoded from JSON is that string); else each is made one. ``str.join`` checks each in C."""
+    try:
+        "".join(metric)
+        "".join(metric.values())
+    except TypeError:
+        return False
+    return True
 
 
 _STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)\s*$", re.S)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -137,6 +138,8 @@ class LeakParams:
 
 
 _PORT = re.compile(r":\d+$")
+_EXPORTED = operator.methodcaller("startswith", "exported_")
+"""Whether a label name is one Prometheus renamed (a call in C per name, not a generator's)."""
 
 
 @functools.cache
@@ -198,13 +201,13 @@ class DcgmLabels:
     def key(self, labels: Mapping[str, str]) -> tuple[str, ...] | None:
         """Which GPU (MIG instance) a series is about: its UUID when it has one, so GPUs of
         different nodes never merge; else (node, gpu). None when the labels name neither."""
-        instance = labels.get(self.gpu_instance, "")
-        uuid = self.uuid_of(labels)
-        if uuid:
-            return ("uuid", uuid, instance)
+        for name in self.uuid:  # uuid_of, unrolled: asked per series
+            uuid = labels.get(name)
+            if uuid:
+                return ("uuid", uuid, labels.get(self.gpu_instance, ""))
         node, gpu = self.node_of(labels), labels.get(self.gpu, "")
         if node and gpu:
-            return ("node", node, gpu, instance)
+            return ("node", node, gpu, labels.get(self.gpu_instance, ""))
         return None
 
     def target_pods(self, series_labels: Iterable[Mapping[str, str]]) -> frozenset[str]:
@@ -212,7 +215,7 @@ class DcgmLabels:
         carries an ``exported_`` pair (Prometheus renamed the exporter's clashing labels)."""
         out = set()
         for labels in series_labels:
-            if any(k.startswith("exported_") for k in labels) and labels.get("pod"):
+            if any(map(_EXPORTED, labels)) and labels.get("pod"):
                 out.add(f"{labels.get('namespace', '')}/{labels['pod']}")
         return frozenset(out)
 
@@ -231,8 +234,9 @@ class DcgmLabels:
         ``pod``/``namespace``) and the namespace comes from the same pair as the pod.
         """
         for pod_name, ns_name in zip(self.pod, self.namespace, strict=False):
-            if labels.get(pod_name):
-                key = f"{labels.get(ns_name, '')}/{labels[pod_name]}"
+            pod = labels.get(pod_name)
+            if pod:
+                key = f"{labels.get(ns_name, '')}/{pod}"
                 if not self.is_exporter(key, targets):
                     return key
         return None

@@ -16,6 +16,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from itertools import chain
 from operator import itemgetter
 from typing import Any, Literal
 
@@ -822,13 +823,20 @@ def _occupancies(
     for (pod, uid), group in by_pod.items():
         whole = Occupancy(pod, *merged[(pod, uid)], uid)
         others = [t for ident, (t, _) in merged.items() if ident[0] != pod]
-        other_times = np.concatenate(others) if others else np.empty(0)
-        latest = max(group, key=lambda s: s.points[-1][0] if s.points else 0.0).labels
-        parts = split_incarnations(whole, other_times, 1.5 * bin_s) if pod else [whole]
+        latest = group[0] if len(group) == 1 else max(group, key=_last_time)
+        # no other series on the GPU: nothing tells an incarnation apart (a GPU held by one pod)
+        parts = [whole]
+        if pod and others:
+            parts = split_incarnations(whole, np.concatenate(others), 1.5 * bin_s)
         for part in parts:
             out.append(part)
-            labels_of[part] = latest
+            labels_of[part] = latest.labels
     return out, labels_of
+
+
+def _last_time(sample: Sample) -> float:
+    """When a series' last point is (0 without points): its GPU's latest series names it."""
+    return sample.points[-1][0] if sample.points else 0.0
 
 
 def _lives(
@@ -928,9 +936,18 @@ def _merge_points(samples: list[Sample]) -> tuple[np.ndarray, np.ndarray]:
     """One time-ordered series from several: DCGM exports one series per pod on a shared GPU
     (the same values), and an exporter restart behind a ServiceMonitor starts a new series (a
     new exporter pod label). Values at the same time are averaged."""
-    points = np.concatenate([np.asarray(s.points, dtype=float).reshape(-1, 2) for s in samples])
+    arrays = [_points_array(s.points) for s in samples]
+    points = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
     if len(samples) == 1 or len(points) == 0:
         return points[:, 0], points[:, 1]
     times, inverse, counts = np.unique(points[:, 0], return_inverse=True, return_counts=True)
     sums = np.bincount(inverse, weights=points[:, 1], minlength=len(times))
     return times, sums / counts
+
+
+def _points_array(points: Sequence[tuple[float, float]]) -> np.ndarray:
+    """A series' (time, value) pairs as an (n, 2) float array, read pair by pair: what
+    ``np.asarray(points, dtype=float)`` gives, at half its cost (it walks the nested tuples
+    once more to find their shape). Every :class:`Sample`'s points are pairs."""
+    flat = np.fromiter(chain.from_iterable(points), dtype=float, count=2 * len(points))
+    return flat.reshape(-1, 2)
