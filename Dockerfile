@@ -14,16 +14,7 @@ COPY defrag ./defrag
 # same image run a settings sweep's scheduler, workers and runner (deploy/sweep/). EXTRAS=""
 # builds the daemon alone.
 ARG EXTRAS=sweep
-# jemalloc, which the daemon's and the extender's manifests preload (LD_PRELOAD, with
-# PYTHONMALLOC=malloc) so that memory freed after a burst goes back to the kernel
-# (docs/operations.md, "Memory over days"): copied into the environment, so the final stage
-# stays a copy with no package manager run.
-# hadolint ignore=DL3008
-RUN apt-get update -qq \
-    && apt-get install -y -qq --no-install-recommends libjemalloc2 \
-    && rm -rf /var/lib/apt/lists/*
 RUN python -m venv /opt/defrag \
-    && cp /usr/lib/*-linux-gnu/libjemalloc.so.2 /opt/defrag/lib/libjemalloc.so.2 \
     && /opt/defrag/bin/pip wheel --no-deps --wheel-dir /tmp/dist . \
     && wheel="$(ls /tmp/dist/defrag-*.whl)" \
     && /opt/defrag/bin/pip install "${wheel}${EXTRAS:+[$EXTRAS]}" \

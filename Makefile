@@ -41,8 +41,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # Debian's prometheus (with promtool) and prometheus-alertmanager, for the integration tests;
-# etcd-server for the e2e suite's control plane; libjemalloc2, the allocator the image's
-# Deployments preload (tests/test_heap.py runs a process with it).
+# etcd-server for the e2e suite's control plane; libjemalloc2, an allocator an operator may
+# preload (tests/test_heap.py checks that defrag names it and leaves its own trim aside).
 tools:
 	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null \
 	    || ! command -v prometheus-alertmanager >/dev/null || ! command -v etcd >/dev/null \

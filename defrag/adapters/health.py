@@ -40,8 +40,8 @@ REVISION_ENV = "DEFRAG_REVISION"
 def build_info_exposition(environ: Mapping[str, str] | None = None) -> bytes:
     """``defrag_build_info{version,revision,python,allocator} 1``: which build answers, on the
     /metrics of every process (the daemon, the extender, the agent); ``allocator`` is Python's and
-    the C library's (``malloc+jemalloc`` as the shipped Deployments run, ``pymalloc+glibc``
-    elsewhere: :func:`~defrag.adapters.heap.allocators`)."""
+    the C library's (``pymalloc+glibc`` by default, ``malloc+jemalloc`` with jemalloc preloaded
+    under every object: :func:`~defrag.adapters.heap.allocators`)."""
     registry = CollectorRegistry()
     gauge = Gauge(
         "defrag_build_info",

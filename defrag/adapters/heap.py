@@ -17,12 +17,11 @@ Elsewhere than glibc (musl, macOS) both are skipped: :meth:`Heap.glibc` returns 
 
 That bounds glibc's part. CPython's own small-object allocator (pymalloc) is the other part: it
 carves objects of up to 512 bytes out of 1 MiB arenas and hands an arena back only when every
-object in it is gone, so a few long-lived objects made during a burst (a relist, a large
-answer) keep whole arenas resident after the burst is freed, and no trim reaches them. The
-shipped Deployments therefore run the daemon and the extender with ``PYTHONMALLOC=malloc`` over
-jemalloc (``LD_PRELOAD``, from the image), which returns freed pages on its own after a few
-seconds; :func:`allocators` says which pair a process runs (``defrag_build_info{allocator}``),
-and with a C allocator other than glibc nothing here is done.
+object in it is gone, so a few long-lived objects made during a burst keep whole arenas
+resident; no trim reaches them. An operator may run another allocator instead
+(``PYTHONMALLOC=malloc`` over a preloaded jemalloc, say); :func:`allocators` says which pair a
+process runs (``defrag_build_info{allocator}``), and with a C allocator other than glibc nothing
+here is done.
 """
 
 from __future__ import annotations
