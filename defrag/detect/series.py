@@ -205,7 +205,7 @@ def row_medians(rows: FloatArray) -> FloatArray:
 
 
 @lru_cache(maxsize=64)
-def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
+def point_pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
     """``np.triu_indices(n, 1)``, built once per length (read-only: shared between calls)."""
     i, j = np.triu_indices(n, 1)
     i.flags.writeable = False
@@ -216,7 +216,7 @@ def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
 def _pairwise(x: FloatArray, y: FloatArray) -> tuple[FloatArray, FloatArray]:
     """(Δy, Δx) of every pair of points with distinct ``x`` (later minus earlier), in
     ``np.triu_indices`` order; when ``x`` strictly increases no pair needs to be dropped."""
-    i, j = _pairs(len(x))
+    i, j = point_pairs(len(x))
     dx = x[j] - x[i]
     dy = y[j] - y[i]
     if bool((x[1:] > x[:-1]).all()):
@@ -277,7 +277,7 @@ def row_pairwise_slopes(x: FloatArray, rows: FloatArray, chunk: int = 32) -> Flo
         return np.zeros(rows.shape[0])
     if not bool((x[1:] > x[:-1]).all()):
         raise ValueError("row_pairwise_slopes: x must strictly increase")
-    i, j = _pairs(len(x))
+    i, j = point_pairs(len(x))
     dx = x[j] - x[i]
     parts = [
         row_medians((rows[s : s + chunk, j] - rows[s : s + chunk, i]) / dx)

@@ -18,13 +18,17 @@ findings are unchanged.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
-import numpy.typing as npt
 
-from defrag.detect.series import FloatArray, row_medians, row_pairwise_slopes, row_robust_noise
+from defrag.detect.series import (
+    FloatArray,
+    point_pairs,
+    row_medians,
+    row_pairwise_slopes,
+    row_robust_noise,
+)
 from defrag.model.arrays import BoolArray
 
 HOUR_S = 3600.0
@@ -142,7 +146,7 @@ def slope_below(x: FloatArray, rows: FloatArray, limit: float, chunk: int = 32) 
         return row_pairwise_slopes(x, rows, chunk) < limit
     if not bool((x[1:] > x[:-1]).all()):
         raise ValueError("slope_below: x must strictly increase")
-    i, j = _pairs(len(x))
+    i, j = point_pairs(len(x))
     dx = x[j] - x[i]
     pairs = len(dx)
     below = np.empty(n, dtype=np.int64)
@@ -156,12 +160,3 @@ def slope_below(x: FloatArray, rows: FloatArray, limit: float, chunk: int = 32) 
     if bool(unsure.any()):
         out[unsure] = row_pairwise_slopes(x, rows[unsure], chunk) < limit
     return out
-
-
-@lru_cache(maxsize=16)
-def _pairs(n: int) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.intp]]:
-    """Every pair of ``n`` points (``np.triu_indices(n, 1)``; read-only: shared)."""
-    i, j = np.triu_indices(n, 1)
-    i.flags.writeable = False
-    j.flags.writeable = False
-    return i, j
