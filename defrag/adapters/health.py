@@ -49,7 +49,7 @@ def build_info_exposition(environ: Mapping[str, str] | None = None) -> bytes:
         ["version", "revision", "python", "allocator"],
         registry=registry,
     )
-    env = dict(os.environ if environ is None else environ)
+    env = os.environ if environ is None else environ
     revision = env.get(REVISION_ENV) or "unknown"
     gauge.labels(__version__, revision, platform.python_version(), str(allocators(env))).set(1)
     return generate_latest(registry)

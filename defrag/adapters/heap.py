@@ -32,6 +32,7 @@ import functools
 import logging
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ _C_ALLOCATORS = (("jemalloc", "mallctl"), ("mimalloc", "mi_malloc"), ("glibc", "
 preloaded library's symbols come first): the first found names it."""
 
 
-def allocators(environ: dict[str, str] | None = None) -> Allocators:
+def allocators(environ: Mapping[str, str] | None = None) -> Allocators:
     """The allocators this process runs with (``PYTHONMALLOC`` as the interpreter read it at
     start: the ``_debug`` variants are the same allocators with checks)."""
     env = os.environ if environ is None else environ
