@@ -220,7 +220,10 @@ def count_transient(exc: BaseException) -> str:
 
 def _count_failure(exc: BaseException) -> None:
     """A transient failure: counted, and one INFO line naming it (retried with backoff)."""
-    reason = count_transient(exc)
+    _log_retry(count_transient(exc), exc)
+
+
+def _log_retry(reason: str, exc: BaseException) -> None:
     log.info("Kubernetes API call failed (%s, %s); retrying with backoff", reason, _describe(exc))
 
 
@@ -552,24 +555,20 @@ class KubeActuator:
                     )
                 if not _transient(exc):
                     return EvictionResult(key, "failed", _describe(exc))
-                if attempt + 1 == attempts:
-                    count_transient(exc)  # the last try's failure is a transient error too
-                    if exc.status == 429:
-                        return EvictionResult(
-                            key,
-                            "failed",
-                            f"API server throttling (429 without a DisruptionBudget cause) after "
-                            f"{attempts} tries with backoff: {api_message(exc)}",
-                        )
-                    return EvictionResult(key, "failed", _describe(exc))
-                _count_failure(exc)
                 last: BaseException = exc
             except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-                if attempt + 1 == attempts:
-                    count_transient(exc)
-                    return EvictionResult(key, "failed", _describe(exc))
-                _count_failure(exc)
                 last = exc
+            reason = count_transient(last)  # every try's, the last one's too
+            if attempt + 1 == attempts:
+                if isinstance(last, ApiException) and last.status == 429:
+                    return EvictionResult(
+                        key,
+                        "failed",
+                        f"API server throttling (429 without a DisruptionBudget cause) after "
+                        f"{attempts} tries with backoff: {api_message(last)}",
+                    )
+                return EvictionResult(key, "failed", _describe(last))
+            _log_retry(reason, last)
             # Before trying again: the request may have been carried out although its answer
             # was lost (a connection reset, a gateway's 5xx). A second eviction of a pod
             # already Terminating is answered 201 again, and skips the PDB check: look first.

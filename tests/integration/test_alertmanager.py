@@ -238,3 +238,23 @@ def test_cli_test_alert_fires_then_resolves(
     rx.wait_for(has("DefragTestAlert", "firing"))
     rx.wait_for(has("DefragTestAlert", "resolved"))
     assert '"resolved": true' in result.output
+
+
+def test_the_new_leader_resolves_an_alert_the_old_one_fired(
+    am: tuple[AlertmanagerServer, WebhookReceiver],
+) -> None:
+    """Two replicas' sinks: a new leader takes the alerts over from Alertmanager's own idea of
+    which are still active (``tests/test_alert_takeover.py`` shows it against a scripted one)."""
+    server, rx = am
+    opened = Finding("circuit-open", "cluster", "critical", "defrag execution stopped: stuck")
+    # a lifetime far longer than the test: a resolution seen here is a leader's, not a lapse
+    first, second = make_sink(server.url, ttl_s=600), make_sink(server.url, ttl_s=600)
+    first.take_over()
+    first.sync([], now())  # the first replica leads first
+    second.take_over()
+    second.sync([opened], now())  # then the second, whose circuit is open
+    rx.wait_for(has("DefragCircuitOpen", "firing"))  # a resolution is notified only after it
+    first.take_over()
+    first.sync([], now())  # the first leads again and finds no open circuit
+    rx.wait_for(has("DefragCircuitOpen", "resolved"))
+    assert server.alerts(cluster="it") == []
