@@ -34,16 +34,19 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from kubernetes import client as kube_client
 
 from bench.bench_extender import _Static, make_cluster, request_body
+from bench.bench_extender_http import go_request, read_answer
 from bench.extender_bodies import nodes_body
 from bench.fed_source import FedSource
 from defrag.adapters.httpserve import ServerLimits
 from defrag.adapters.kube_convert import paused_gc
 from defrag.adapters.kube_watch import KubeWatchSource
+from defrag.extender.pace import serving_pace
 from defrag.extender.server import ExtenderHTTPServer, ExtenderMetrics, serve, stop
 from defrag.extender.state import ClusterCache, make_view
 from defrag.extender.verbs import Extender
@@ -61,7 +64,8 @@ def _serve(n_nodes: int, ready: multiprocessing.queues.Queue[int]) -> None:
     )
     ready.put(int(srv.server_address[1]))
     try:
-        srv.serve_forever(0.5)
+        with serving_pace():
+            srv.serve_forever(0.5)
     finally:
         stop(srv)
 
@@ -295,7 +299,8 @@ def _serve_fed(
     built_s = time.perf_counter() - t0
     ready.put((int(srv.server_address[1]), built_s, costs))
     try:
-        srv.serve_forever(0.5)
+        with serving_pace():  # as `defrag extender` serves
+            srv.serve_forever(0.5)
     finally:
         stop(srv)
 
@@ -314,17 +319,62 @@ def lists(n_nodes: int, length: int, count: int) -> list[list[str]]:
 def verb_client(
     port: int, bodies: list[bytes], out: dict[str, list[float]], codes: Counter[int]
 ) -> None:
-    """Each body as kube-scheduler sends it for one pod: ``filter``, then ``prioritize``."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    for body in bodies:
-        for verb in ("filter", "prioritize"):
-            t0 = time.perf_counter()
-            conn.request("POST", f"/{verb}", body, {"Content-Type": "application/json"})
-            resp = conn.getresponse()
-            resp.read()
-            out[verb].append(time.perf_counter() - t0)
-            codes[resp.status] += 1
-    conn.close()
+    """Each body as kube-scheduler sends it for one pod: ``filter``, then ``prioritize``, each
+    written as Go's client writes it, pre-encoded, on one keep-alive connection."""
+    verbs = ("filter", "prioritize")
+    requests = [[(v, go_request(v, port, body)) for v in verbs] for body in bodies]
+    buf = bytearray()
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for pod in requests:
+            for verb, request in pod:
+                t0 = time.perf_counter()
+                sock.sendall(request)
+                code, _ = read_answer(sock, buf)
+                out[verb].append(time.perf_counter() - t0)
+                codes[code] += 1
+
+
+def _client_process(
+    port: int, bodies: list[bytes], answers: multiprocessing.queues.Queue[Any]
+) -> None:
+    out: dict[str, list[float]] = {"filter": [], "prioritize": []}
+    codes: Counter[int] = Counter()
+    verb_client(port, bodies, out, codes)
+    answers.put((out, dict(codes)))
+
+
+def clients_at_once(
+    port: int, shares: list[list[bytes]], how: str
+) -> tuple[dict[str, list[float]], Counter[int]]:
+    """Every share's pods from its own client at the same time: each client a process of its
+    own (``processes``: separate kube-schedulers, none waiting for another's interpreter) or a
+    thread of this one (``threads``: the clients queue on this process's interpreter too)."""
+    samples: dict[str, list[float]] = {"filter": [], "prioritize": []}
+    codes: Counter[int] = Counter()
+    if how == "threads":
+        threads = [
+            threading.Thread(target=verb_client, args=(port, share, samples, codes))
+            for share in shares
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return samples, codes
+    ctx = multiprocessing.get_context("fork")
+    answers: multiprocessing.queues.Queue[Any] = ctx.Queue()
+    procs = [ctx.Process(target=_client_process, args=(port, s, answers)) for s in shares]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        out, got = answers.get(timeout=3600)
+        for verb, times in out.items():
+            samples[verb] += times
+        codes.update(got)
+    for proc in procs:
+        proc.join()
+    return samples, codes
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,7 +386,9 @@ class FleetFigure:
     p50_ms: dict[str, float]
 
 
-def fleet_one(n_nodes: int, calls: int) -> tuple[list[FleetFigure], dict[str, float]]:
+def fleet_one(
+    n_nodes: int, calls: int, how: str = "processes"
+) -> tuple[list[FleetFigure], dict[str, float]]:
     ctx = multiprocessing.get_context("fork")
     ready: multiprocessing.queues.Queue[tuple[int, float, dict[str, float]]] = ctx.Queue()
     proc = ctx.Process(target=_serve_fed, args=(n_nodes, ready), daemon=True)
@@ -362,20 +414,10 @@ def fleet_one(n_nodes: int, calls: int) -> tuple[list[FleetFigure], dict[str, fl
             ]
             verb_client(port, pods[:20], {"filter": [], "prioritize": []}, Counter())  # warm-up
             for clients in (1, 4):
-                samples: dict[str, list[float]] = {"filter": [], "prioritize": []}
-                codes: Counter[int] = Counter()
                 share = max(calls // clients, 1)
-                threads = [
-                    threading.Thread(
-                        target=verb_client,
-                        args=(port, pods[c * share : (c + 1) * share], samples, codes),
-                    )
-                    for c in range(clients)
-                ]
-                for t in threads:
-                    t.start()
-                for t in threads:
-                    t.join()
+                samples, codes = clients_at_once(
+                    port, [pods[c * share : (c + 1) * share] for c in range(clients)], how
+                )
                 if set(codes) != {200}:
                     raise SystemExit(f"{n_nodes} nodes: answers {dict(codes)}")
                 p99 = {v: float(np.percentile(s, 99) * 1e3) for v, s in samples.items()}
@@ -451,11 +493,11 @@ def exponent(sizes: list[int], values: list[float]) -> float:
     return float(np.polyfit(np.log(sizes), np.log(values), 1)[0])
 
 
-def fleet(sizes: list[int], calls: int) -> None:
+def fleet(sizes: list[int], calls: int, how: str = "processes") -> None:
     figures: list[FleetFigure] = []
     memory: dict[int, dict[str, float]] = {}
     for n in sizes:
-        got, memory[n] = fleet_one(n, calls)
+        got, memory[n] = fleet_one(n, calls, how)
         figures += got
         fleet_cpu(n, calls)
     if len(sizes) < 2:
@@ -497,9 +539,16 @@ def main() -> None:
         "node; kube-scheduler's node lists and the full list; 1 and 4 clients) at each",
     )
     parser.add_argument("--fleet-calls", type=int, default=400, help="pods per measurement")
+    parser.add_argument(
+        "--fleet-clients",
+        choices=("processes", "threads"),
+        default="processes",
+        help="part 4's clients: each a process of its own (as separate kube-schedulers), or "
+        "threads of this process, which then also wait for each other's interpreter",
+    )
     opts = parser.parse_args()
     if opts.fleet:
-        fleet([int(n) for n in opts.fleet.split(",") if n], opts.fleet_calls)
+        fleet([int(n) for n in opts.fleet.split(",") if n], opts.fleet_calls, opts.fleet_clients)
         return
     proc, port = start(1000)
     try:

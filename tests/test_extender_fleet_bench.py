@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_extender_load import PODS_PER_NODE, fed_store, fleet_cpu, lists, nodes_to_find
+from bench.bench_extender import request_body
+from bench.bench_extender_load import (
+    PODS_PER_NODE,
+    clients_at_once,
+    fed_store,
+    fleet_cpu,
+    lists,
+    nodes_to_find,
+    start,
+)
 from bench.run_all import BENCHES
 from bench.targets import of_bench
 
@@ -73,3 +82,21 @@ def test_the_answers_cpu_is_measured_per_verb(capsys: pytest.CaptureFixture[str]
     assert set(p99) == {"filter", "prioritize"}
     assert all(0 < ms < 1000 for ms in p99.values())
     assert "120 nodes, kube-scheduler's lists, CPU of the answer alone" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("how", ["processes", "threads"])
+def test_every_clients_pods_are_answered_and_timed_per_verb(how: str) -> None:
+    proc, port = start(40)
+    try:
+        names = lists(40, 40, 1)[0]
+        shares = [[request_body(names, g) for g in (1, 2, 4)] for _ in range(4)]
+        samples, codes = clients_at_once(port, shares, how)
+    finally:
+        proc.terminate()
+        proc.join()
+    assert codes == {200: 4 * 3 * 2}
+    assert {verb: len(times) for verb, times in samples.items()} == {
+        "filter": 12,
+        "prioritize": 12,
+    }
+    assert all(0 < t < 60 for times in samples.values() for t in times)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +28,7 @@ from defrag.cli.app import (
 )
 from defrag.cli.exitcodes import ExitCode
 from defrag.cli.profile import PolicyOpt, SettingsOpt, profile_config
-from defrag.extender.pace import SWITCH_INTERVAL_S
+from defrag.extender.pace import serving_pace
 
 if TYPE_CHECKING:
     from defrag.extender.server import ExtenderHTTPServer
@@ -193,20 +192,18 @@ def extender(
             stop(server)
             raise UserError(f"cannot listen on {metrics_host}:{metrics_port}: {exc}") from None
     sigterm = StopSignal().install()
-    switch = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    for srv in servers:
-        threading.Thread(target=srv.serve_forever, args=(0.2,), daemon=True).start()
-    err_console.print(f"defrag extender: policy {config.policy}, serving on {server.url}")
-    if len(servers) > 1:
-        err_console.print(f"defrag extender: /metrics, /healthz, /readyz on {servers[1].url}")
-    try:
-        sigterm.wait()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        _shutdown(servers)
-        sys.setswitchinterval(switch)
+    with serving_pace():
+        for srv in servers:
+            threading.Thread(target=srv.serve_forever, args=(0.2,), daemon=True).start()
+        err_console.print(f"defrag extender: policy {config.policy}, serving on {server.url}")
+        if len(servers) > 1:
+            err_console.print(f"defrag extender: /metrics, /healthz, /readyz on {servers[1].url}")
+        try:
+            sigterm.wait()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            _shutdown(servers)
 
 
 def _shutdown(servers: list[ExtenderHTTPServer]) -> None:

@@ -11,7 +11,23 @@ microseconds, and only while an answer is waiting.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+
 SWITCH_INTERVAL_S = 0.0005
 """The extender process's ``sys.setswitchinterval``."""
 
-__all__ = ["SWITCH_INTERVAL_S"]
+
+@contextlib.contextmanager
+def serving_pace() -> Iterator[None]:
+    """The extender's switch interval while the block serves; the one before, after it."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+__all__ = ["SWITCH_INTERVAL_S", "serving_pace"]
