@@ -683,6 +683,7 @@ class Soak:
             **dict(self.defrag_env),
             "SOAK_PROBE_FILE": str((self.out or self.folder) / f"objects-{who}.jsonl"),
             "SOAK_PROBE_EVERY_S": str(self.probe_every_s),
+            "SOAK_PROBE_PEAKS_FILE": str((self.out or self.folder) / f"peaks-{who}.jsonl"),
             "PYTHONPATH": os.pathsep.join(
                 [str(Path(__file__).resolve().parent.parent), os.environ.get("PYTHONPATH", "")]
             ),

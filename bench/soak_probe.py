@@ -19,7 +19,9 @@ allocation; it runs slower and larger; ``SOAK_PROBE_TRACEMALLOC_COMMANDS=run`` t
 daemons only) from the first probe after ``SOAK_PROBE_BASELINE_S`` (default 900 s, the soak's
 warm-up; traced from the start, a daemon's imports alone outlast the soak's start-up bound), and
 each later line names the allocation sites whose live memory grew most since the probe after
-that: when RSS grows and no type's count does, what holds the memory.
+that: when RSS grows and no type's count does, what holds the memory. With
+``SOAK_PROBE_PEAKS_FILE`` a second thread writes there a line each time the allocated blocks
+reach a new high (:func:`watch_peaks`), naming what every thread is running at that moment.
 Nothing is collected or freed by the probe: it only counts, so the daemon
 behaves as it would without it (the count holds the GIL for a moment, ~0.1–1 s at a few
 hundred MB of heap).
@@ -222,6 +224,48 @@ def probe(path: Path, every_s: float, frames: int = 0) -> None:
         time.sleep(every_s)
 
 
+def running(frame: Any, inner: int = 6) -> list[str]:
+    """A thread's stack as ``file:function:line``, the project's frames only (``defrag/`` and
+    ``bench/``): the outermost one (what the thread is for), then the innermost ``inner``."""
+    mine = []
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "/defrag/" in name or "/bench/" in name:
+            mine.append(f"{Path(name).name}:{frame.f_code.co_name}:{frame.f_lineno}")
+        frame = frame.f_back
+    return mine[:inner] + (["…", mine[-1]] if len(mine) > inner else [])
+
+
+def watch_peaks(path: Path, every_s: float, rise: float = 0.01) -> None:
+    """One JSON line each time the interpreter's allocated blocks pass the last line's count by
+    ``rise``: the time, the blocks and what every other thread is running then. pymalloc takes
+    a new arena only when the blocks in use outgrow those it has, so these lines name the bursts
+    that raise its high-water mark (the 5-minute probes see the arenas grow, not why). Reading
+    the count is one load of a counter; the stacks are read only at a new high."""
+    me = threading.get_ident()
+    started = time.time()
+    told = 0
+    while True:
+        blocks = sys.getallocatedblocks()
+        if blocks > told * (1 + rise):
+            told = blocks
+            names = {t.ident: t.name for t in threading.enumerate()}
+            stacks = {
+                names.get(ident, str(ident)): running(frame)
+                for ident, frame in sys._current_frames().items()
+                if ident != me
+            }
+            line = {
+                "time": time.time(),
+                "elapsed_s": round(time.time() - started, 1),
+                "blocks": blocks,
+                "threads": {k: v for k, v in stacks.items() if v},
+            }
+            with path.open("a") as f:
+                f.write(json.dumps(line) + "\n")
+        time.sleep(every_s)
+
+
 _PROBE_CODE = {holders.__code__, probe.__code__, describe.__code__}
 """The probe's own frames, which refer to what it walks."""
 
@@ -240,6 +284,14 @@ def main() -> None:
         every = float(os.environ.get("SOAK_PROBE_EVERY_S", "600"))
         threading.Thread(
             target=probe, args=(Path(target), every, frames), daemon=True, name="soak-probe"
+        ).start()
+    peaks = os.environ.get("SOAK_PROBE_PEAKS_FILE")
+    if peaks:
+        threading.Thread(
+            target=watch_peaks,
+            args=(Path(peaks), float(os.environ.get("SOAK_PROBE_PEAKS_EVERY_S", "0.005"))),
+            daemon=True,
+            name="soak-peaks",
         ).start()
     from defrag.cli import main as defrag_main
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -103,3 +104,35 @@ def test_the_soak_plot_draws_the_probes_heap_and_says_what_moved(
         "defrag heap after the warm-up: RSS (anonymous) +4,000 kB, pymalloc arenas +4,096 kB, "
         "pymalloc in use +0 kB, glibc in use +0 kB"
     ]
+
+
+def test_a_burst_past_the_high_is_named_by_what_its_thread_runs(tmp_path: Path) -> None:
+    """A thread that holds 300,000 new objects a while: the peak watcher writes lines while it
+    grows, naming its function (a file under bench/, as the project's are) and not itself."""
+    out = tmp_path / "peaks.jsonl"
+    script = f"""
+import threading, time
+from pathlib import Path
+from bench.soak_probe import watch_peaks
+args = (Path({str(out)!r}), 0.001)
+threading.Thread(target=watch_peaks, args=args, daemon=True, name="soak-peaks").start()
+time.sleep(0.2)
+code = compile('''
+def hold_a_burst():
+    held = [str(i) * 2 for i in range(300_000)]
+    time.sleep(0.3)
+    return len(held)
+''', "/src/bench/burst.py", "exec")
+space = {{"time": time}}
+exec(code, space)
+t = threading.Thread(target=space["hold_a_burst"], name="burst")
+t.start(); t.join()
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=ROOT, timeout=60)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(lines) >= 2
+    assert all(b["blocks"] > a["blocks"] * 1.01 for a, b in itertools.pairwise(lines))
+    named = [x for x in lines if "burst" in x["threads"]]
+    assert named, lines[-1]
+    assert named[-1]["threads"]["burst"][0].startswith("burst.py:hold_a_burst:")
+    assert all("soak-peaks" not in x["threads"] for x in lines)
