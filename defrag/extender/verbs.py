@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
-from itertools import repeat
+from itertools import compress, repeat
 from typing import Any
 
 import numpy as np
@@ -16,7 +17,7 @@ from defrag.extender.wire import (
     encode_priorities_at,
     extender_scores,
 )
-from defrag.model.arrays import BoolArray, IntArray
+from defrag.model.arrays import BoolArray, IntArray, NodeArrays
 from defrag.model.resources import RESERVED_FOR_ANNOTATION, reservation_admits
 from defrag.scoring.filters import filter_masks
 from defrag.scoring.scheduler import feasible_mask, node_scores, select, tie_order
@@ -44,10 +45,13 @@ class Extender:
 
     def __init__(self, cache: ClusterCache) -> None:
         self.cache = cache
-        self._last_rows: tuple[tuple[str, ...], tuple[str, ...], IntArray] | None = None
-        """The rows' names, the last request's node names and their rows: kube-scheduler asks
-        about the same nodes pod after pod, and comparing the names is cheaper than looking
-        each one up (views of the same nodes share the names, whose rows are theirs)."""
+        self._connection = threading.local()
+        """Per connection (each is served on its own thread): ``rows``, the view's names, the
+        last request's node names and their rows. kube-scheduler asks ``prioritize`` about the
+        nodes ``filter`` passed, on the connection it asked ``filter`` on, and comparing the
+        names is cheaper than looking each one up (views of the same nodes share the names,
+        whose rows are theirs); another scheduler's requests on another connection in between
+        do not take the last request's place."""
 
     def _view(self, fresh: bool = True) -> ClusterView:
         """The view to answer from. ``fresh``: one with every change the store held when the
@@ -67,13 +71,13 @@ class Extender:
         arrays = view.arrays
         get = arrays.index.get
         names = args.node_names
-        last = self._last_rows
+        last = getattr(self._connection, "rows", None)
         if last is not None and last[0] is arrays.names and last[1] == names:
             rows = last[2]
         else:
             rows = np.fromiter(map(get, names, repeat(-1)), dtype=np.int64, count=len(names))
             rows.flags.writeable = False
-            self._last_rows = (arrays.names, names, rows)
+            self._connection.rows = (arrays.names, names, rows)
         known = rows >= 0
         unknown: tuple[str, ...] = ()
         if not known.all():
@@ -118,28 +122,14 @@ class Extender:
         if args.unmodelled:  # not defrag's to judge: only reserved nodes are refused
             failed = {}
             passes = np.array([n not in unresolvable for n in args.node_names], dtype=bool)
-        passed = [n for n, ok in zip(args.node_names, passes.tolist(), strict=True) if ok]
-        infeasible = [
-            n
-            for n, ok, row in zip(args.node_names, passes.tolist(), cand.rows.tolist(), strict=True)
-            if not ok and row >= 0 and n not in unresolvable
-        ]
-        if infeasible:
-            # The filter's own reasons (``filter_reasons``' for these rows only: a request names
-            # a few hundred of the cluster's nodes), without scoring: a filter call never draws
-            # from the profile's score function (``random`` answers prioritize as `defrag
-            # place` does).
-            arrays = view.arrays
-            masks = filter_masks(args.pod, arrays)
-            at = np.fromiter(map(arrays.index.__getitem__, infeasible), np.int64, len(infeasible))
-            passes_each = np.array([mask[at] for _reason, mask in masks]).T.tolist()
-            said: dict[tuple[bool, ...], str] = {}
-            for name, passed_each in zip(infeasible, map(tuple, passes_each), strict=True):
-                text = said.get(passed_each)
-                if text is None:
-                    reasons = [r for (r, _m), ok in zip(masks, passed_each, strict=True) if not ok]
-                    text = said[passed_each] = "; ".join(reasons) or "does not fit"
-                failed[name] = text
+        passed = list(compress(args.node_names, passes.tolist()))
+        judged = ~passes & (cand.rows >= 0)
+        if unresolvable:
+            judged &= np.fromiter(
+                (n not in unresolvable for n in args.node_names), bool, len(args.node_names)
+            )
+        if judged.any():
+            failed.update(self._reasons(args, view.arrays, cand.rows, judged))
         # Every field, in ExtenderFilterResult's order, as Go's json.Marshal writes it: the node
         # list in the request's mode, the other one null (kube-scheduler reads NodeNames when
         # nodeCacheCapable and it is non-null, else Nodes).
@@ -156,6 +146,28 @@ class Extender:
             "FailedAndUnresolvableNodes": unresolvable,
             "Error": "",
         }
+
+    @staticmethod
+    def _reasons(
+        args: ExtenderArgs, arrays: NodeArrays, rows: IntArray, judged: BoolArray
+    ) -> dict[str, str]:
+        """Why each ``judged`` node of the request fails: the filter's own reasons
+        (``filter_reasons``' for these rows only: a request names a few hundred of the
+        cluster's nodes), without scoring — a filter call never draws from the profile's score
+        function (``random`` answers prioritize as `defrag place` does). The nodes that fail
+        the same filters share one text."""
+        masks = filter_masks(args.pod, arrays)
+        at = rows[judged]
+        # each node's failed filters as the bits of one number: filter i is bit i
+        failing = np.array([~mask[at] for _reason, mask in masks], dtype=np.int64)
+        bits = (1 << np.arange(len(masks), dtype=np.int64)) @ failing
+        patterns, which = np.unique(bits, return_inverse=True)
+        texts = [
+            "; ".join(r for i, (r, _m) in enumerate(masks) if pattern >> i & 1) or "does not fit"
+            for pattern in patterns.tolist()
+        ]
+        names = compress(args.node_names, judged.tolist())
+        return dict(zip(names, map(texts.__getitem__, which.reshape(-1).tolist()), strict=True))
 
     def prioritize(self, args: ExtenderArgs) -> list[dict[str, Any]]:
         """A HostPriorityList: every requested node with a 0..10 score (see the module doc)."""
