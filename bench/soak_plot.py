@@ -9,6 +9,9 @@ With ``--heap OUT.png`` also the probes' heap over time (``objects-*.jsonl`` bes
 part of them in use, and what glibc holds in use; a line per process says how each moved from
 the first probe after the warm-up to the last.
 
+With ``--peaks`` also each new high of a process's allocated blocks after the warm-up
+(``peaks-*.jsonl``, ``bench/soak_probe.py``) and the threads that were busy then.
+
 ``--since`` is when the chaos began (by default the ``chaos-started`` file the soak writes beside
 ``rss.csv``; the log says ``running to …``); the warm-up is the first ``WARMUP_S`` after it.
 The figures printed (and written with ``--json``) are ``bench_soak.long_rss_figures`` over the
@@ -21,6 +24,7 @@ import argparse
 import csv
 import json
 import sys
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -115,6 +119,31 @@ def heap_moves(probes: dict[str, list[dict[str, Any]]], since: float) -> dict[st
     return out
 
 
+def peak_bursts(folder: Path, since: float) -> dict[str, list[dict[str, Any]]]:
+    """Per process (``peaks-<process>.jsonl``, ``soak_probe.watch_peaks``), each new high of
+    its allocated blocks after the warm-up: the minute, the blocks, and the threads that were
+    not where they mostly are (a thread's most frequent stack over the file is its wait) —
+    what was running when the high was raised."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(folder.glob("peaks-*.jsonl")):
+        lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        stacks: dict[str, Counter[tuple[str, ...]]] = {}
+        for line in lines:
+            for thread, stack in line["threads"].items():
+                stacks.setdefault(thread, Counter())[tuple(stack)] += 1
+        usual = {thread: seen.most_common(1)[0][0] for thread, seen in stacks.items()}
+        out[path.stem.removeprefix("peaks-")] = [
+            {
+                "minute": round((line["time"] - since) / 60, 1),
+                "blocks": line["blocks"],
+                "busy": {t: s for t, s in line["threads"].items() if tuple(s) != usual[t]},
+            }
+            for line in lines
+            if line["time"] - since >= WARMUP_S
+        ]
+    return out
+
+
 def plot_heap(probes: dict[str, list[dict[str, Any]]], since: float, out: Path, title: str) -> None:
     import matplotlib
 
@@ -149,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--title", default="defrag memory soak: RSS per process")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--heap", type=Path, help="also plot the probes' heap to this file")
+    parser.add_argument(
+        "--peaks",
+        action="store_true",
+        help="also print each new high of the allocated blocks after the warm-up, and what ran",
+    )
     args = parser.parse_args(argv)
     text = args.since
     if text is None:
@@ -172,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         for name, moved in heap_moves(probes, since).items():
             said = ", ".join(f"{label} {kb:+,} kB" for label, kb in moved.items())
             print(f"{name} heap after the warm-up: {said}")
+    if args.peaks:
+        for name, highs in peak_bursts(args.csv.parent, since).items():
+            print(f"{name}: {len(highs)} new highs of the allocated blocks after the warm-up")
+            for high in highs:
+                print(f"  minute {high['minute']}: {high['blocks']:,} blocks")
+                for thread, stack in high["busy"].items():
+                    print(f"    {thread}: {' < '.join(stack)}")
     return 0
 
 

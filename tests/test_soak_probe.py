@@ -134,5 +134,35 @@ t.start(); t.join()
     assert all(b["blocks"] > a["blocks"] * 1.01 for a, b in itertools.pairwise(lines))
     named = [x for x in lines if "burst" in x["threads"]]
     assert named, lines[-1]
-    assert named[-1]["threads"]["burst"][0].startswith("burst.py:hold_a_burst:")
+    stack = named[-1]["threads"]["burst"]  # innermost first: the comprehension, or its function
+    assert stack[0].startswith(("burst.py:<listcomp>:", "burst.py:hold_a_burst:"))
+    assert any(frame.startswith("burst.py:hold_a_burst:") for frame in stack)
     assert all("soak-peaks" not in x["threads"] for x in lines)
+
+
+def test_the_peaks_after_the_warm_up_name_the_threads_away_from_their_wait(
+    tmp_path: Path,
+) -> None:
+    from bench import soak_plot
+    from bench.bench_soak import WARMUP_S
+
+    since = 1_000_000.0
+    wait = ["kube_watch.py:_events:661"]
+    lines = [
+        {"time": since + 60, "blocks": 10, "threads": {"watch": wait, "cycle": ["a.py:f:1"]}},
+        *(
+            {"time": since + WARMUP_S + 60 * k, "blocks": 20 + k, "threads": {"watch": wait}}
+            for k in range(3)
+        ),
+        {
+            "time": since + WARMUP_S + 600,
+            "blocks": 40,
+            "threads": {"watch": ["kube_watch.py:call:571", "jsonio.py:loads:61"]},
+        },
+    ]
+    (tmp_path / "peaks-defrag.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    highs = soak_plot.peak_bursts(tmp_path, since)["defrag"]
+    assert [h["blocks"] for h in highs] == [20, 21, 22, 40]  # the warm-up's left out
+    assert [h["busy"] for h in highs[:3]] == [{}, {}, {}]  # the watch in its usual wait
+    assert highs[3]["busy"] == {"watch": ["kube_watch.py:call:571", "jsonio.py:loads:61"]}
+    assert highs[3]["minute"] == round((WARMUP_S + 600) / 60, 1)
