@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from bench.forked import default_signals
 from defrag.extender.server import serve, stop
 from defrag.extender.state import ClusterCache
 from defrag.extender.verbs import Extender
@@ -89,6 +90,7 @@ def request_body(names: list[str], gpus: int) -> bytes:
 
 
 def _serve(cluster: Cluster, policy: str, ready: multiprocessing.queues.Queue[int]) -> None:
+    default_signals()
     srv = serve(_Static(cluster), profile=ProfileConfig(policy), host="127.0.0.1", port=0)
     ready.put(int(srv.server_address[1]))
     try:

@@ -43,6 +43,7 @@ from bench.bench_extender import _Static, make_cluster, request_body
 from bench.bench_extender_http import go_request, read_answer
 from bench.extender_bodies import nodes_body
 from bench.fed_source import FedSource
+from bench.forked import default_signals
 from defrag.adapters.httpserve import ServerLimits
 from defrag.adapters.kube_convert import paused_gc
 from defrag.adapters.kube_watch import KubeWatchSource
@@ -56,6 +57,7 @@ from tests.support import kubeobjects
 
 
 def _serve(n_nodes: int, ready: multiprocessing.queues.Queue[int]) -> None:
+    default_signals()
     srv = serve(
         _Static(make_cluster(n_nodes)),
         host="127.0.0.1",
@@ -282,6 +284,7 @@ def binding_costs(store: KubeWatchSource, config: ProfileConfig, bindings: int) 
 def _serve_fed(
     n_nodes: int, ready: multiprocessing.queues.Queue[tuple[int, float, dict[str, float]]]
 ) -> None:
+    default_signals()
     t0 = time.perf_counter()
     store = fed_store(n_nodes)
     t1 = time.perf_counter()
@@ -338,6 +341,7 @@ def verb_client(
 def _client_process(
     port: int, bodies: list[bytes], answers: multiprocessing.queues.Queue[Any]
 ) -> None:
+    default_signals()
     out: dict[str, list[float]] = {"filter": [], "prioritize": []}
     codes: Counter[int] = Counter()
     verb_client(port, bodies, out, codes)

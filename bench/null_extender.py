@@ -19,6 +19,8 @@ import multiprocessing.synchronize
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from bench.forked import default_signals
+
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as kube-scheduler's client uses it
@@ -59,6 +61,7 @@ def _serve(
     calls: multiprocessing.sharedctypes.Synchronized[int],
     ready: multiprocessing.synchronize.Event,
 ) -> None:
+    default_signals()
     _Handler.filter_calls = calls
     server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)
     server.daemon_threads = True

@@ -6,6 +6,8 @@ its ``nextStartNodeIndex`` does, the store fed through the watch's event path, a
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from bench.bench_extender import request_body
@@ -86,14 +88,20 @@ def test_the_answers_cpu_is_measured_per_verb(capsys: pytest.CaptureFixture[str]
 
 @pytest.mark.parametrize("how", ["processes", "threads"])
 def test_every_clients_pods_are_answered_and_timed_per_verb(how: str) -> None:
-    proc, port = start(40)
+    # as a test worker that ran a command line in-process: a handler that only records SIGTERM
+    before = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        proc, port = start(40)
+    finally:
+        signal.signal(signal.SIGTERM, before)
     try:
         names = lists(40, 40, 1)[0]
         shares = [[request_body(names, g) for g in (1, 2, 4)] for _ in range(4)]
         samples, codes = clients_at_once(port, shares, how)
     finally:
         proc.terminate()
-        proc.join()
+        proc.join(30)
+    assert proc.exitcode == -signal.SIGTERM  # ended by the signal, whatever this worker installed
     assert codes == {200: 4 * 3 * 2}
     assert {verb: len(times) for verb, times in samples.items()} == {
         "filter": 12,
