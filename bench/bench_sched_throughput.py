@@ -126,6 +126,8 @@ def binding_times(audit_log: Path, offset: int, namespace: str) -> list[float]:
     with audit_log.open("rb") as handle:
         handle.seek(offset)
         for raw in handle:
+            if not raw.endswith(b"\n"):
+                break  # the API server is still writing this line: the next read has it whole
             if b'"binding"' not in raw:
                 continue
             event = json.loads(raw)

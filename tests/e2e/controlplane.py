@@ -412,8 +412,10 @@ class ControlPlane:
         """Every request the API server has answered so far (level Metadata)."""
         if not self.audit_log.exists():
             return []
-        lines = self.audit_log.read_text(errors="replace").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        text = self.audit_log.read_text(errors="replace")
+        # the API server may be writing a line as it is read: only whole lines are events
+        whole = text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def token(
         self,
