@@ -104,13 +104,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("runs", type=Path, nargs="+")
     args = parser.parse_args(argv)
+    cases: dict[tuple[str, int], dict[tuple[str, str], Any]] = {}
     for path in args.runs:
         try:
-            runs_by_case([path])
+            for key, case in runs_by_case([path]).items():
+                cases.setdefault(key, {}).update(case)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"error: {path}: not bench_peers --json runs ({exc})", file=sys.stderr)
             return 2
-    cases = runs_by_case(args.runs)
     policies = policies_of(cases)
     print("| scheduler | trace, seed | none | defrag | KAI | descheduler HNU |")
     print("|---|---|---|---|---|---|")
