@@ -1,7 +1,7 @@
 """The daemon's cluster kept by list + watch (against the emulated API server, the real client's
 watch code running): built once per change, not per cycle; a change seen without a relist; a
 watch down longer than the bound makes the cycle fail saying so, with nothing planned; the
-executor still reads the API itself."""
+executor reads the store while every watch is up and lists the API while one is down."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from defrag.adapters.kube import KubeClusterSource
-from defrag.adapters.watched_cluster import StaleCluster, WatchedCluster
+from defrag.adapters.kube import KubeClusterSource, KubeError
+from defrag.adapters.watched_cluster import StaleCluster, WatchedCluster, WatchedOrListed
 from defrag.daemon.cycle import CyclePorts, SystemClock, run_cycle
 from defrag.decide import CycleConfig
 from defrag.model.cluster import Cluster
@@ -22,7 +22,15 @@ from defrag.plan import make_plan
 from defrag.plan.model import Plan
 from defrag.scoring.profile import ScoringProfile
 from tests.support.kubeapi import KubeApi, running
-from tests.test_extender_watch import NODES, cluster_items, lists, watch_source, watches, within
+from tests.test_extender_watch import (
+    FAST,
+    NODES,
+    cluster_items,
+    lists,
+    watch_source,
+    watches,
+    within,
+)
 
 
 @pytest.fixture
@@ -116,6 +124,54 @@ def test_a_stale_cycle_says_so_and_plans_nothing(api: KubeApi, watched: WatchedC
     assert planned == []
 
 
+def test_the_executor_reads_the_store_while_every_watch_is_up(
+    api: KubeApi, watched: WatchedCluster
+) -> None:
+    lister = KubeClusterSource(api.client(), retry=FAST)
+    view = WatchedOrListed(watched, lister)
+    # not started: nothing is watched yet, so the API is listed
+    assert sorted(view.snapshot().arrays.names) == ["node-1", "node-2", "node-3"]
+    assert (view.listed, view.stored, lists(api)) == (1, 0, 1)
+    watched.start()
+    first = view.snapshot()
+    assert (view.listed, view.stored) == (1, 1)
+    assert view.snapshot() is first  # unchanged: the same cluster, no build and no list
+    pod = api.get("Pod", "seven", "default")
+    assert pod is not None
+    pod["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
+    api.put(pod)
+
+    def terminating() -> bool:
+        return view.snapshot().pods["default/seven"].deleting_since is not None
+
+    within(2.0, terminating, "the eviction seen through the store")
+    assert view.listed == 1 and lists(api) == 2  # the store's own first list, none since
+
+
+def test_the_executor_lists_the_api_while_a_watch_is_down(
+    api: KubeApi, watched: WatchedCluster
+) -> None:
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST))
+    watched.start()
+    view.snapshot()
+    assert view.stored == 1
+    break_node_watch(api, watched)
+    # Well within the store's staleness bound, so the store would still answer; the view lists
+    # instead, and the list meets the same refusal the watch does.
+    with pytest.raises(KubeError, match="cannot list Nodes: HTTP 503") as raised:
+        view.snapshot()
+    assert not isinstance(raised.value, StaleCluster)
+    assert view.stored == 1
+    api.clear_faults()
+    node = api.get("Node", "node-2")
+    assert node is not None
+    node["spec"]["taints"] = []
+    api.put(node)
+    within(2.0, lambda: watched.watch.health().broken_since is None, "the node watch back")
+    within(2.0, lambda: not view.snapshot().node("node-2").taints, "the change seen")
+    assert view.stored >= 2  # back on the store once the watch is
+
+
 def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     api: KubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -128,7 +184,9 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     ports = wiring.daemon.ports
     assert isinstance(ports.source, WatchedCluster)
     assert ports.executor is not None
-    assert isinstance(ports.executor.source, KubeClusterSource)
+    executor_view = ports.executor.source
+    assert isinstance(executor_view, WatchedOrListed) and executor_view.watched is ports.source
+    assert isinstance(executor_view.lister, KubeClusterSource)
     assert ports.source.max_staleness_s == settings.daemon.ready_age_limit_s
     assert wiring.watching
     # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.

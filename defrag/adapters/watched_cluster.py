@@ -13,9 +13,13 @@ kinds and why; the cycle fails saying so and plans nothing on it. A watch that t
 open but silent counts as down once it outlives its ``timeoutSeconds`` by the grace
 (:class:`~defrag.adapters.kube_watch.KubeWatchSource`).
 
-The executor does not read this view: before it evicts it re-reads the API itself (the lost
-answer and terminating-pod checks act on fresh state), so the daemon wires it a plain
-:class:`~defrag.adapters.kube.KubeClusterSource`.
+The executor reads it too, through :class:`WatchedOrListed`: while every watch is connected
+the store is the API's history up to a moment ago (each kind's events arrive in order, so what it
+shows did happen), and the executor's polls — replacements scheduled, rooms taken, checkpoints
+written, every few seconds while a drain lasts — cost one incremental build, not a list of the
+whole cluster each. While some watch is down, or before the first list, it lists the API itself.
+What must be exact when written is checked by the API, not by a read: the Eviction API applies
+the disruption budgets, and an eviction whose answer was lost is settled by reading that pod.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from collections.abc import Callable
 from defrag.adapters.kube import KubeError
 from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.model.cluster import Cluster
+from defrag.ports import ClusterSource
 
 
 class StaleCluster(KubeError):
@@ -58,6 +63,10 @@ class WatchedCluster:
             if not self._started:
                 self.watch.start(lambda: None)
                 self._started = True
+
+    @property
+    def started(self) -> bool:
+        return self._started
 
     def stop(self) -> None:
         with self._lock:
@@ -94,3 +103,29 @@ class WatchedCluster:
                 f"(more than {self.max_staleness_s:g} s): {'; '.join(health.reasons)}; "
                 "not planning on it"
             )
+
+
+class WatchedOrListed:
+    """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while every watch
+    is connected and listed, a list of the API (``lister``) otherwise.
+
+    A store with a watch down holds what was current when it went down, and the executor waits
+    on changes (replacements bound, pods gone), so it does not wait on a store that cannot see
+    them. ``stored`` and ``listed`` count the answers from each.
+    """
+
+    def __init__(self, watched: WatchedCluster, lister: ClusterSource) -> None:
+        self.watched = watched
+        self.lister = lister
+        self.stored = 0
+        self.listed = 0
+
+    def snapshot(self) -> Cluster:
+        health = self.watched.watch.health()
+        if self.watched.started and health.synced and health.broken_since is None:
+            cluster = self.watched.snapshot()
+            self.stored += 1
+            return cluster
+        cluster = self.lister.snapshot()
+        self.listed += 1
+        return cluster

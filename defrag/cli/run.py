@@ -26,6 +26,7 @@ from defrag.redact import redact_text
 
 if TYPE_CHECKING:  # heavy (numpy, scipy, clients): imported when a command runs
     from defrag.adapters.sources import Backend
+    from defrag.adapters.watched_cluster import WatchedCluster
     from defrag.daemon.cycle import CycleResult
     from defrag.daemon.service import Daemon, Elector
     from defrag.decide import Planner
@@ -94,14 +95,18 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
     sleep: Callable[[float], None] = time.sleep
     backend = _backend(settings, probe=probe)
     source: ClusterSource = backend.source
-    fresh: ClusterSource = source  # what the executor re-reads before and after it evicts
+    fresh: ClusterSource = source  # what the executor reads while it drains
     if backend.sim is not None:
         sim = backend.sim
         actuator: Actuator = sim
         clock, time_scale, sleep = sim.clock, settings.sim.speedup, sim.clock.sleep
     else:
         if watch:
-            source = _watched(settings, backend.api)
+            from defrag.adapters.watched_cluster import WatchedOrListed
+
+            watched = _watched(settings, backend.api)
+            # the executor polls while a drain lasts: from the store while its watches are up
+            source, fresh = watched, WatchedOrListed(watched, backend.source)
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
         if probe and metrics is not None and hasattr(metrics, "probe"):
@@ -146,7 +151,7 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
         # a cycle still running when a good one should have been seen is wedged
         cycle_deadline_s=settings.daemon.ready_age_limit_s,
     )
-    return Wiring(daemon, sim, watching=source is not fresh)
+    return Wiring(daemon, sim, watching=source is not backend.source)
 
 
 def _cycle_time_left(time_scale: float) -> float | None:
@@ -179,7 +184,7 @@ def _backend(settings: Settings, *, probe: bool = False) -> Backend:
         raise SettingsError(str(exc)) from None
 
 
-def _watched(settings: Settings, api: Any) -> ClusterSource:
+def _watched(settings: Settings, api: Any) -> WatchedCluster:
     """The cycle's cluster: the store list + watch keeps (converted once per change), refused
     once a watch has been down longer than the daemon's readiness age."""
     from defrag.adapters.kube_watch import KubeWatchSource

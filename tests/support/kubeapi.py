@@ -495,6 +495,11 @@ class KubeApi:
                 Fault(method, re.compile(path), status, times, delay_s, message, after, dry_run)
             )
 
+    def clear_faults(self) -> None:
+        """Forget every fault not yet served."""
+        with self._lock:
+            self._faults.clear()
+
     # --- internals ---------------------------------------------------------------------------
 
     def _next_rv(self) -> str:
