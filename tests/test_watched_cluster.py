@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from defrag.adapters.kube import KubeClusterSource, KubeError
 from defrag.adapters.watched_cluster import StaleCluster, WatchedCluster, WatchedOrListed
@@ -129,6 +130,7 @@ def test_the_executor_reads_the_store_while_every_watch_is_up(
 ) -> None:
     lister = KubeClusterSource(api.client(), retry=FAST)
     view = WatchedOrListed(watched, lister)
+    before = {source: reads(source) for source in ("store", "list")}
     # not started: nothing is watched yet, so the API is listed
     assert sorted(view.snapshot().arrays.names) == ["node-1", "node-2", "node-3"]
     assert (view.listed, view.stored, lists(api)) == (1, 0, 1)
@@ -146,6 +148,14 @@ def test_the_executor_reads_the_store_while_every_watch_is_up(
 
     within(2.0, terminating, "the eviction seen through the store")
     assert view.listed == 1 and lists(api) == 2  # the store's own first list, none since
+    assert reads("list") - before["list"] == 1
+    assert reads("store") - before["store"] == view.stored
+
+
+def reads(source: str) -> float:
+    return (
+        REGISTRY.get_sample_value("defrag_executor_cluster_reads_total", {"source": source}) or 0.0
+    )
 
 
 def test_the_executor_lists_the_api_while_a_watch_is_down(

@@ -28,6 +28,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from prometheus_client import Counter
+
 from defrag.adapters.kube import KubeError
 from defrag.adapters.kube_watch import KubeWatchSource
 from defrag.model.cluster import Cluster
@@ -105,13 +107,24 @@ class WatchedCluster:
             )
 
 
+EXECUTOR_READS = Counter(
+    "defrag_executor_cluster_reads",
+    "The executor's reads of the cluster while it drains, by what answered: the watched store "
+    "(every watch up) or a list of the API (some watch down, or the store not started).",
+    ["source"],
+)
+for _source in ("store", "list"):
+    EXECUTOR_READS.labels(source=_source)
+
+
 class WatchedOrListed:
     """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while every watch
     is connected and listed, a list of the API (``lister``) otherwise.
 
     A store with a watch down holds what was current when it went down, and the executor waits
     on changes (replacements bound, pods gone), so it does not wait on a store that cannot see
-    them. ``stored`` and ``listed`` count the answers from each.
+    them. ``stored`` and ``listed`` count the answers from each (and
+    ``defrag_executor_cluster_reads_total{source}``).
     """
 
     def __init__(self, watched: WatchedCluster, lister: ClusterSource) -> None:
@@ -125,7 +138,9 @@ class WatchedOrListed:
         if self.watched.started and health.synced and health.broken_since is None:
             cluster = self.watched.snapshot()
             self.stored += 1
+            EXECUTOR_READS.labels(source="store").inc()
             return cluster
         cluster = self.lister.snapshot()
         self.listed += 1
+        EXECUTOR_READS.labels(source="list").inc()
         return cluster
