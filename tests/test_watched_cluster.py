@@ -161,13 +161,14 @@ def reads(source: str) -> float:
 def test_the_executor_lists_the_api_while_a_watch_is_down(
     api: KubeApi, watched: WatchedCluster
 ) -> None:
-    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST))
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_down_s=0.05)
     watched.start()
     view.snapshot()
     assert view.stored == 1
     break_node_watch(api, watched)
-    # Well within the store's staleness bound, so the store would still answer; the view lists
-    # instead, and the list meets the same refusal the watch does.
+    time.sleep(0.1)  # down past max_down_s
+    # Within the store's staleness bound (0.3 s), so the store would still answer; the view
+    # lists instead, and the list meets the same refusal the watch does.
     with pytest.raises(KubeError, match="cannot list Nodes: HTTP 503") as raised:
         view.snapshot()
     assert not isinstance(raised.value, StaleCluster)
@@ -180,6 +181,20 @@ def test_the_executor_lists_the_api_while_a_watch_is_down(
     within(2.0, lambda: watched.watch.health().broken_since is None, "the node watch back")
     within(2.0, lambda: not view.snapshot().node("node-2").taints, "the change seen")
     assert view.stored >= 2  # back on the store once the watch is
+
+
+def test_a_watch_down_less_than_a_poll_still_answers_from_the_store(
+    api: KubeApi, watched: WatchedCluster
+) -> None:
+    # A dropped watch resumes from its resourceVersion within a moment and loses nothing: the
+    # executor does not list the whole cluster for each drop (a chaos soak drops them often).
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_down_s=60)
+    watched.start()
+    first = view.snapshot()
+    listed = lists(api)
+    break_node_watch(api, watched)
+    assert view.snapshot() is first  # the store, although the node watch is down
+    assert (view.stored, view.listed, lists(api)) == (2, 0, listed)
 
 
 def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
@@ -197,6 +212,7 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     executor_view = ports.executor.source
     assert isinstance(executor_view, WatchedOrListed) and executor_view.watched is ports.source
     assert isinstance(executor_view.lister, KubeClusterSource)
+    assert executor_view.max_down_s == settings.execution.poll_interval_s
     assert ports.source.max_staleness_s == settings.daemon.ready_age_limit_s
     assert wiring.watching
     # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.

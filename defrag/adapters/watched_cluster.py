@@ -13,11 +13,11 @@ kinds and why; the cycle fails saying so and plans nothing on it. A watch that t
 open but silent counts as down once it outlives its ``timeoutSeconds`` by the grace
 (:class:`~defrag.adapters.kube_watch.KubeWatchSource`).
 
-The executor reads it too, through :class:`WatchedOrListed`: while every watch is connected
-the store is the API's history up to a moment ago (each kind's events arrive in order, so what it
-shows did happen), and the executor's polls — replacements scheduled, rooms taken, checkpoints
-written, every few seconds while a drain lasts — cost one incremental build, not a list of the
-whole cluster each. While some watch is down, or before the first list, it lists the API itself.
+The executor reads it too, through :class:`WatchedOrListed`: the store is the API's history
+up to a moment ago (each kind's events arrive in order, so what it shows did happen), and the
+executor's polls — replacements scheduled, rooms taken, checkpoints written, every few seconds
+while a drain lasts — cost one incremental build, not a list of the whole cluster each. Once
+some watch has been down longer than a poll, or before the first list, it lists the API itself.
 What must be exact when written is checked by the API, not by a read: the Eviction API applies
 the disruption budgets, and an eviction whose answer was lost is settled by reading that pod.
 """
@@ -118,24 +118,35 @@ for _source in ("store", "list"):
 
 
 class WatchedOrListed:
-    """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while every watch
-    is connected and listed, a list of the API (``lister``) otherwise.
+    """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while it is
+    listed and no watch has been down longer than ``max_down_s``, a list of the API
+    (``lister``) otherwise.
 
-    A store with a watch down holds what was current when it went down, and the executor waits
-    on changes (replacements bound, pods gone), so it does not wait on a store that cannot see
-    them. ``stored`` and ``listed`` count the answers from each (and
-    ``defrag_executor_cluster_reads_total{source}``).
+    A watch that drops is resumed from its last resourceVersion, usually within a second, and
+    loses nothing; while it is down the store holds what was current when it went down. The
+    executor waits on changes (replacements bound, pods gone) polling every few seconds, so a
+    store behind by less than one poll (``max_down_s``, the poll interval) answers as well as a
+    list; one down longer cannot see what it waits for, and the API is listed. ``stored`` and
+    ``listed`` count the answers from each (and ``defrag_executor_cluster_reads_total{source}``).
     """
 
-    def __init__(self, watched: WatchedCluster, lister: ClusterSource) -> None:
+    def __init__(
+        self,
+        watched: WatchedCluster,
+        lister: ClusterSource,
+        *,
+        max_down_s: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.watched = watched
         self.lister = lister
+        self.max_down_s = max_down_s
+        self.clock = clock
         self.stored = 0
         self.listed = 0
 
     def snapshot(self) -> Cluster:
-        health = self.watched.watch.health()
-        if self.watched.started and health.synced and health.broken_since is None:
+        if self._current():
             cluster = self.watched.snapshot()
             self.stored += 1
             EXECUTOR_READS.labels(source="store").inc()
@@ -144,3 +155,11 @@ class WatchedOrListed:
         self.listed += 1
         EXECUTOR_READS.labels(source="list").inc()
         return cluster
+
+    def _current(self) -> bool:
+        if not self.watched.started:
+            return False
+        health = self.watched.watch.health()
+        if not health.synced:
+            return False
+        return health.broken_since is None or self.clock() - health.broken_since <= self.max_down_s

@@ -106,7 +106,10 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
 
             watched = _watched(settings, backend.api)
             # the executor polls while a drain lasts: from the store while its watches are up
-            source, fresh = watched, WatchedOrListed(watched, backend.source)
+            source = watched
+            fresh = WatchedOrListed(
+                watched, backend.source, max_down_s=settings.execution.poll_interval_s
+            )
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
         if probe and metrics is not None and hasattr(metrics, "probe"):
