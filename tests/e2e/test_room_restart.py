@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from defrag.model.resources import RESERVED_FOR_ANNOTATION
 from tests.e2e import cluster as c
@@ -69,9 +70,10 @@ def test_a_stopped_daemons_room_is_the_next_ones_no_second_room(stage: Stage) ->
     rooms = Rooms(stage, key)
     settings = stage.settings(execution={"dry_run": False})
     first = f"daemon-{stage.ns}-1"
-    c.start_daemon(plane, stage.kubeconfig, settings, stage.rules, first)
+    daemon = c.start_daemon(plane, stage.kubeconfig, settings, stage.rules, first)
     wait_for("the first eviction", lambda: bool(stage.evictions(mark)), 60)
-    time.sleep(1.0)  # the drain waits on its Terminating victim
+    # the drain waits on its Terminating victim, polling the watched store, not listing the API
+    wait_for("the drain's polls", lambda: executor_reads(daemon, "store") >= 2, 30)
     plane.processes.pop(first).stop()  # SIGTERM: the stop the Deployment's rollout sends
     assert len(rooms.seen) == 1, rooms.seen
     room = rooms.seen[0]
@@ -87,3 +89,15 @@ def test_a_stopped_daemons_room_is_the_next_ones_no_second_room(stage: Stage) ->
     kubelet.hold.clear()
     bound = bound_train(stage)
     assert c.node_of(bound) == room
+
+
+def executor_reads(daemon: c.Served, source: str) -> float:
+    """``defrag_executor_cluster_reads_total{source}`` on the daemon's /metrics."""
+    for family in text_string_to_metric_families(daemon.get("/metrics").text):
+        for sample in family.samples:
+            if (
+                sample.name == "defrag_executor_cluster_reads_total"
+                and sample.labels.get("source") == source
+            ):
+                return sample.value
+    return 0.0
