@@ -131,12 +131,12 @@ def test_the_executor_reads_the_store_while_every_watch_is_up(
     lister = KubeClusterSource(api.client(), retry=FAST)
     view = WatchedOrListed(watched, lister)
     before = {source: reads(source) for source in ("store", "list")}
-    # not started: nothing is watched yet, so the API is listed
-    assert sorted(view.snapshot().arrays.names) == ["node-1", "node-2", "node-3"]
-    assert (view.listed, view.stored, lists(api)) == (1, 0, 1)
-    watched.start()
+    # the first read starts the store: its list is the only one (the daemon's reconcile at
+    # start reads here before any cycle has started the watches)
     first = view.snapshot()
-    assert (view.listed, view.stored) == (1, 1)
+    assert sorted(first.arrays.names) == ["node-1", "node-2", "node-3"]
+    assert watched.started
+    assert (view.listed, view.stored, lists(api)) == (0, 1, 1)
     assert view.snapshot() is first  # unchanged: the same cluster, no build and no list
     pod = api.get("Pod", "seven", "default")
     assert pod is not None
@@ -147,8 +147,8 @@ def test_the_executor_reads_the_store_while_every_watch_is_up(
         return view.snapshot().pods["default/seven"].deleting_since is not None
 
     within(2.0, terminating, "the eviction seen through the store")
-    assert view.listed == 1 and lists(api) == 2  # the store's own first list, none since
-    assert reads("list") - before["list"] == 1
+    assert view.listed == 0 and lists(api) == 1  # the store's own first list, none since
+    assert reads("list") - before["list"] == 0
     assert reads("store") - before["store"] == view.stored
 
 
@@ -181,6 +181,25 @@ def test_the_executor_lists_the_api_while_a_watch_is_down(
     within(2.0, lambda: watched.watch.health().broken_since is None, "the node watch back")
     within(2.0, lambda: not view.snapshot().node("node-2").taints, "the change seen")
     assert view.stored >= 2  # back on the store once the watch is
+
+
+def test_the_executor_sees_through_a_list_what_a_down_watch_cannot(
+    api: KubeApi, watched: WatchedCluster
+) -> None:
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_down_s=0.05)
+    view.snapshot()
+    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
+    api.fail("GET", f"^{NODES}$", status=503, times=10_000, watch=True)  # lists still answer
+    api.drop_watches()
+    within(3.0, lambda: watched.watch.health().broken_since is not None, "the node watch down")
+    node = api.get("Node", "node-2")
+    assert node is not None
+    node["spec"]["taints"] = []
+    api.put(node)
+    time.sleep(0.1)  # down past max_down_s
+    assert watched.snapshot().node("node-2").taints  # the store cannot see the change
+    assert not view.snapshot().node("node-2").taints  # the executor's list does
+    assert view.listed == 1
 
 
 def test_a_watch_down_less_than_a_poll_still_answers_from_the_store(

@@ -17,7 +17,8 @@ The executor reads it too, through :class:`WatchedOrListed`: the store is the AP
 up to a moment ago (each kind's events arrive in order, so what it shows did happen), and the
 executor's polls — replacements scheduled, rooms taken, checkpoints written, every few seconds
 while a drain lasts — cost one incremental build, not a list of the whole cluster each. Once
-some watch has been down longer than a poll, or before the first list, it lists the API itself.
+some watch has been down longer than a poll, or while the store's first list has failed, it
+lists the API itself.
 What must be exact when written is checked by the API, not by a read: the Eviction API applies
 the disruption budgets, and an eviction whose answer was lost is settled by reading that pod.
 """
@@ -120,7 +121,7 @@ for _source in ("store", "list"):
 class WatchedOrListed:
     """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while it is
     listed and no watch has been down longer than ``max_down_s``, a list of the API
-    (``lister``) otherwise.
+    (``lister``) otherwise. The first read starts the store.
 
     A watch that drops is resumed from its last resourceVersion, usually within a second, and
     loses nothing; while it is down the store holds what was current when it went down. The
@@ -157,8 +158,9 @@ class WatchedOrListed:
         return cluster
 
     def _current(self) -> bool:
-        if not self.watched.started:
-            return False
+        # The first read starts the store (the daemon's reconcile at start reads here before
+        # its first cycle would): one list of the cluster at start, not one more before it.
+        self.watched.start()
         health = self.watched.watch.health()
         if not health.synced:
             return False

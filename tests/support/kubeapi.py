@@ -134,6 +134,8 @@ class Fault:
     dry_run: bool | None = None
     """None: any matching request; False: only those that change something; True: only dry
     runs (``?dryRun=All``)."""
+    watch: bool | None = None
+    """None: any matching request; True: only watches; False: every request but watches."""
 
 
 @dataclass(slots=True)
@@ -484,15 +486,27 @@ class KubeApi:
         message: str = "injected fault",
         after: bool = False,
         dry_run: bool | None = None,
+        watch: bool | None = None,
     ) -> None:
         """The next ``times`` requests matching ``method`` and the ``path`` regex (searched) wait
         ``delay_s`` and then fail with ``status`` (0 = answer normally after the delay);
         ``after``: the request is carried out, then its answer replaced by the failure;
         ``dry_run``: False matches only requests that are not dry runs (an eviction, not the
-        executor's server-side rehearsal of it), True only dry runs, None both."""
+        executor's server-side rehearsal of it), True only dry runs, None both; ``watch``: True
+        matches only watches, False every request but watches, None both."""
         with self._lock:
             self._faults.append(
-                Fault(method, re.compile(path), status, times, delay_s, message, after, dry_run)
+                Fault(
+                    method,
+                    re.compile(path),
+                    status,
+                    times,
+                    delay_s,
+                    message,
+                    after,
+                    dry_run,
+                    watch,
+                )
             )
 
     def clear_faults(self) -> None:
@@ -674,10 +688,14 @@ class KubeApi:
             self._raw[rt.resource][key] = raw
         return raw
 
-    def _take_fault(self, method: str, path: str, dry_run: bool = False) -> Fault | None:
+    def _take_fault(
+        self, method: str, path: str, dry_run: bool = False, watch: bool = False
+    ) -> Fault | None:
         with self._lock:
             for fault in self._faults:
                 if fault.dry_run is not None and fault.dry_run != dry_run:
+                    continue
+                if fault.watch is not None and fault.watch != watch:
                     continue
                 if fault.method in (method, "*") and fault.path.search(path) and fault.times > 0:
                     fault.times -= 1
@@ -701,7 +719,7 @@ class KubeApi:
                 parsed = body.decode(errors="replace")
         route = _route(path)
         verb, group, resource, namespace, name = _rbac(method, route, query)
-        fault = self._take_fault(method, path, "All" in query.get("dryRun", []))
+        fault = self._take_fault(method, path, "All" in query.get("dryRun", []), _is_watch(query))
         status, payload = 0, b""
         late, fault = (fault, None) if fault is not None and fault.after else (None, fault)
         if fault is not None:
@@ -754,7 +772,7 @@ class KubeApi:
         self.arrived.append(("GET", path))
         route = _route(path)
         verb, group, resource, namespace, name = _rbac("GET", route, query)
-        fault = self._take_fault("GET", path)
+        fault = self._take_fault("GET", path, watch=True)
         if fault is not None and fault.status:
             fault.times += 1  # put back: handle() takes it and answers with its status
             return False
@@ -1165,3 +1183,7 @@ __all__ = [
     "running",
     "serve_in_subprocess",
 ]
+
+
+def _is_watch(query: dict[str, list[str]]) -> bool:
+    return any(v in ("true", "1") for v in query.get("watch", []))
