@@ -227,6 +227,42 @@ def test_replacements_stuck_pending_open_the_breaker_until_they_run() -> None:
     assert not ex.breaker.refresh(sim.snapshot()).open
 
 
+class Lagging:
+    """A source that answers the cluster as it was when it fell behind (a watched store whose
+    watch is down): what it shows happened, what happened since it does not show."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.reads = 0
+
+    def snapshot(self) -> Cluster:
+        self.reads += 1
+        return self.cluster
+
+
+@pytest.mark.parametrize("confirmed", [False, True])
+def test_a_drain_is_done_only_when_a_fresh_read_says_so(confirmed: bool) -> None:
+    sim, _ = make(tight_cluster(), timeout_s=60)
+    cluster = sim.snapshot()
+    lagging = Lagging(cluster)  # before the eviction: no replacement pending in it
+    clock = sim.clock
+    settings = ExecutorSettings(
+        budgets=EvictionBudget(50, 50, 50), batch_size=2, replacement_timeout_s=60,
+        poll_interval_s=10,
+    )  # fmt: skip
+    ex = Executor(
+        sim, lagging, clock, settings, mode=LIVE, sleep=clock.sleep,
+        confirm=sim if confirmed else None,
+    )  # fmt: skip
+    result = ex.execute(plan_for([cluster.pods["ml/job-1"]], target="n2"), cluster, OPEN)
+    assert lagging.reads >= 1
+    if confirmed:
+        # the lagging read showed nothing pending; the fresh one, the stuck replacement
+        assert result.stuck == ("ml/ReplicaSet/job-1",) and ex.breaker.state.open
+    else:
+        assert result.stuck == () and not ex.breaker.state.open  # the lag taken for done
+
+
 def test_stop_request_finishes_the_batch_untaints_and_sends_no_more() -> None:
     sim, ex = make()
     evict = sim.evict

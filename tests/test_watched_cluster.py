@@ -161,14 +161,13 @@ def reads(source: str) -> float:
 def test_the_executor_lists_the_api_while_a_watch_is_down(
     api: KubeApi, watched: WatchedCluster
 ) -> None:
-    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_down_s=0.05)
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_wait_s=0.05)
     watched.start()
     view.snapshot()
     assert view.stored == 1
     break_node_watch(api, watched)
-    time.sleep(0.1)  # down past max_down_s
     # Within the store's staleness bound (0.3 s), so the store would still answer; the view
-    # lists instead, and the list meets the same refusal the watch does.
+    # waits 0.05 s for the watch, then lists, and the list meets the refusal the watch does.
     with pytest.raises(KubeError, match="cannot list Nodes: HTTP 503") as raised:
         view.snapshot()
     assert not isinstance(raised.value, StaleCluster)
@@ -186,7 +185,7 @@ def test_the_executor_lists_the_api_while_a_watch_is_down(
 def test_the_executor_sees_through_a_list_what_a_down_watch_cannot(
     api: KubeApi, watched: WatchedCluster
 ) -> None:
-    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_down_s=0.05)
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_wait_s=0.05)
     view.snapshot()
     within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
     api.fail("GET", f"^{NODES}$", status=503, times=10_000, watch=True)  # lists still answer
@@ -196,24 +195,32 @@ def test_the_executor_sees_through_a_list_what_a_down_watch_cannot(
     assert node is not None
     node["spec"]["taints"] = []
     api.put(node)
-    time.sleep(0.1)  # down past max_down_s
     assert watched.snapshot().node("node-2").taints  # the store cannot see the change
     assert not view.snapshot().node("node-2").taints  # the executor's list does
     assert view.listed == 1
 
 
-def test_a_watch_down_less_than_a_poll_still_answers_from_the_store(
+def test_a_read_waits_for_a_dropped_watch_to_resume_instead_of_listing(
     api: KubeApi, watched: WatchedCluster
 ) -> None:
     # A dropped watch resumes from its resourceVersion within a moment and loses nothing: the
     # executor does not list the whole cluster for each drop (a chaos soak drops them often).
-    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_down_s=60)
-    watched.start()
-    first = view.snapshot()
+    view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_wait_s=10)
+    view.snapshot()
     listed = lists(api)
-    break_node_watch(api, watched)
-    assert view.snapshot() is first  # the store, although the node watch is down
+    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
+    api.fail("GET", f"^{NODES}$", status=503, times=5, watch=True)  # five reconnects refused
+    api.drop_watches()
+    within(3.0, lambda: not watched.watch.current(), "the node watch down")
+    node = api.get("Node", "node-2")
+    assert node is not None
+    node["spec"]["taints"] = []
+    api.put(node)
+    view.snapshot()  # waits until the watch is back, and reads the store
     assert (view.stored, view.listed, lists(api)) == (2, 0, listed)
+    # the change made while it was down arrives through the resumed watch, not a list
+    within(2.0, lambda: not view.snapshot().node("node-2").taints, "the change seen")
+    assert view.listed == 0 and lists(api) == listed
 
 
 def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
@@ -231,9 +238,12 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     executor_view = ports.executor.source
     assert isinstance(executor_view, WatchedOrListed) and executor_view.watched is ports.source
     assert isinstance(executor_view.lister, KubeClusterSource)
-    assert executor_view.max_down_s == settings.execution.poll_interval_s
+    assert executor_view.max_wait_s == settings.execution.poll_interval_s
+    assert ports.executor.confirm is executor_view.lister  # a drain's end read fresh
     assert ports.source.max_staleness_s == settings.daemon.ready_age_limit_s
     assert wiring.watching
     # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.
     once = build(settings, watch=False)
     assert isinstance(once.daemon.ports.source, KubeClusterSource) and not once.watching
+    assert once.daemon.ports.executor is not None
+    assert once.daemon.ports.executor.confirm is None  # its reads are lists already

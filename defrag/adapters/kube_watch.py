@@ -397,6 +397,12 @@ class KubeWatchSource:
             reasons = tuple(f"watching {k.plural}: {k.reason}" for k in broken)
             return WatchHealth(synced, since, reasons)
 
+    def current(self) -> bool:
+        """Every kind listed (no relist after 410 Gone under way) and every watch connected:
+        the store is the API's history up to the watch's own latency."""
+        with self._lock:
+            return all(k.listed and k.broken_since is None for k in self._kinds)
+
     def snapshot(self) -> Cluster:
         """The cluster held now; lists first when nothing was listed yet (not started)."""
         if not self._threads and not all(k.listed for k in self._kinds):

@@ -16,9 +16,11 @@ open but silent counts as down once it outlives its ``timeoutSeconds`` by the gr
 The executor reads it too, through :class:`WatchedOrListed`: the store is the API's history
 up to a moment ago (each kind's events arrive in order, so what it shows did happen), and the
 executor's polls — replacements scheduled, rooms taken, checkpoints written, every few seconds
-while a drain lasts — cost one incremental build, not a list of the whole cluster each. Once
-some watch has been down longer than a poll, or while the store's first list has failed, it
-lists the API itself.
+while a drain lasts — cost one incremental build, not a list of the whole cluster each. It
+reads the store only while every watch is connected, and after a drop waits a few seconds for
+the watch to resume; when it has not, it lists the API itself. The one verdict a lagging store
+could get wrong — no replacement pending, when one was just created — the executor confirms
+with a list (:attr:`~defrag.execute.executor.Executor.confirm`).
 What must be exact when written is checked by the API, not by a read: the Eviction API applies
 the disruption budgets, and an eviction whose answer was lost is settled by reading that pod.
 """
@@ -120,15 +122,18 @@ for _source in ("store", "list"):
 
 class WatchedOrListed:
     """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while it is
-    listed and no watch has been down longer than ``max_down_s``, a list of the API
-    (``lister``) otherwise. The first read starts the store.
+    current, a list of the API (``lister``) otherwise. The first read starts the store.
 
-    A watch that drops is resumed from its last resourceVersion, usually within a second, and
-    loses nothing; while it is down the store holds what was current when it went down. The
-    executor waits on changes (replacements bound, pods gone) polling every few seconds, so a
-    store behind by less than one poll (``max_down_s``, the poll interval) answers as well as a
-    list; one down longer cannot see what it waits for, and the API is listed. ``stored`` and
-    ``listed`` count the answers from each (and ``defrag_executor_cluster_reads_total{source}``).
+    Current means every kind listed and every watch connected
+    (:meth:`~defrag.adapters.kube_watch.KubeWatchSource.current`): the store is then the API's
+    history up to the watch's latency, as good as a list for what the executor waits on
+    (replacements created and bound, pods gone, checkpoints written). A store whose watch is
+    down holds what was current when it went down, and would miss a replacement created since
+    — the executor would take the drain for done. A dropped watch is resumed from its last
+    resourceVersion, usually within a second, so a read first waits up to ``max_wait_s`` for
+    the store to be current again, and lists only when it is not by then (a watch down longer,
+    a relist after 410 Gone not finished). ``stored`` and ``listed`` count the answers from
+    each (and ``defrag_executor_cluster_reads_total{source}``).
     """
 
     def __init__(
@@ -136,13 +141,15 @@ class WatchedOrListed:
         watched: WatchedCluster,
         lister: ClusterSource,
         *,
-        max_down_s: float = 5.0,
+        max_wait_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.watched = watched
         self.lister = lister
-        self.max_down_s = max_down_s
+        self.max_wait_s = max_wait_s
         self.clock = clock
+        self.sleep = sleep
         self.stored = 0
         self.listed = 0
 
@@ -158,10 +165,18 @@ class WatchedOrListed:
         return cluster
 
     def _current(self) -> bool:
+        """Whether the store is current, waiting up to ``max_wait_s`` for it to be."""
         # The first read starts the store (the daemon's reconcile at start reads here before
         # its first cycle would): one list of the cluster at start, not one more before it.
         self.watched.start()
-        health = self.watched.watch.health()
-        if not health.synced:
-            return False
-        return health.broken_since is None or self.clock() - health.broken_since <= self.max_down_s
+        deadline = self.clock() + self.max_wait_s
+        while not self.watched.watch.current():
+            left = deadline - self.clock()
+            if left <= 0:
+                return False
+            self.sleep(min(WAIT_STEP_S, left))
+        return True
+
+
+WAIT_STEP_S = 0.05
+"""How often a read waiting for the store to be current looks again."""

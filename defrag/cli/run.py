@@ -96,6 +96,7 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
     backend = _backend(settings, probe=probe)
     source: ClusterSource = backend.source
     fresh: ClusterSource = source  # what the executor reads while it drains
+    confirm: ClusterSource | None = None  # read before a drain is taken as done, where fresh lags
     if backend.sim is not None:
         sim = backend.sim
         actuator: Actuator = sim
@@ -108,8 +109,9 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
             # the executor polls while a drain lasts: from the store while its watches are up
             source = watched
             fresh = WatchedOrListed(
-                watched, backend.source, max_down_s=settings.execution.poll_interval_s
+                watched, backend.source, max_wait_s=settings.execution.poll_interval_s
             )
+            confirm = backend.source
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
         if probe and metrics is not None and hasattr(metrics, "probe"):
@@ -131,6 +133,7 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
         time_left=lambda: _cycle_time_left(time_scale),
         # the window's spend rides on the Lease, so a restart or a new leader resumes it
         spend=elector if isinstance(elector, SpendRecord) else None,
+        confirm=confirm,
     )
     ports = CyclePorts(
         source=source,

@@ -115,6 +115,7 @@ class Executor:
         fence: Fence | None = None,
         time_left: Callable[[], float | None] | None = None,
         spend: SpendRecord | None = None,
+        confirm: ClusterSource | None = None,
     ) -> None:
         self.actuator = actuator
         self.time_left = time_left or _no_deadline
@@ -123,6 +124,11 @@ class Executor:
         self.fence: Fence = fence or NoFence()
         """Asked before every write; the daemon sets its LeaseElector here."""
         self.source = source
+        self.confirm = confirm
+        """Read once more before a drain's replacements are taken as all scheduled, where
+        ``source`` may lag (the daemon's watched store): a store that lags can miss a
+        replacement just created, never show one that was not, so only that verdict needs a
+        fresh read. None: ``source`` is read fresh each time."""
         self.clock = clock
         self.settings = settings or ExecutorSettings()
         self.mode = mode or RunMode()
@@ -655,10 +661,14 @@ class Executor:
         while True:
             self.sleep(self.settings.poll_interval_s)
             cluster = self.source.snapshot()
-            if run is not None:
-                run.latest = cluster
             pending = pending_of(cluster, watched)
             still = [p for p in leaving if p in cluster.pods]
+            if not pending and not still and self.confirm is not None:
+                cluster = self.confirm.snapshot()
+                pending = pending_of(cluster, watched)
+                still = [p for p in leaving if p in cluster.pods]
+            if run is not None:
+                run.latest = cluster
             if not pending and not still:
                 return ()
             if self.stop_requested.is_set():
