@@ -14,15 +14,17 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 
-from defrag.adapters.kube import KubeClusterSource, KubeError
+from defrag.adapters.kube import KubeClusterSource, KubeError, KubeUnscheduledPods
 from defrag.adapters.watched_cluster import StaleCluster, WatchedCluster, WatchedOrListed
 from defrag.daemon.cycle import CyclePorts, SystemClock, run_cycle
 from defrag.decide import CycleConfig
+from defrag.execute.circuit import pending_of
 from defrag.model.cluster import Cluster
 from defrag.plan import make_plan
 from defrag.plan.model import Plan
 from defrag.scoring.profile import ScoringProfile
 from tests.support.kubeapi import KubeApi, running
+from tests.test_extender import v1_pod
 from tests.test_extender_watch import (
     FAST,
     NODES,
@@ -223,6 +225,23 @@ def test_a_read_waits_for_a_dropped_watch_to_resume_instead_of_listing(
     assert view.listed == 0 and lists(api) == listed
 
 
+def test_a_drains_end_is_confirmed_on_the_unscheduled_pods_alone(api: KubeApi) -> None:
+    pending = v1_pod("replacement", 8)  # no node: what a drain waits on
+    pending["metadata"]["ownerReferences"] = [
+        {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "train", "controller": True,
+         "uid": "u-train"}
+    ]  # fmt: skip
+    api.put(pending)
+    cluster = KubeUnscheduledPods(api.client(), retry=FAST).snapshot()
+    assert sorted(cluster.pods) == ["default/replacement"]  # the bound pods are not listed
+    assert pending_of(cluster, ("default/ReplicaSet/train",)) == ("default/ReplicaSet/train",)
+    listed = [r for r in api.requests if r.verb == "list"]
+    assert [r.path for r in listed] == ["/api/v1/pods"]
+    assert listed[0].query["fieldSelector"] == [
+        "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
+    ]
+
+
 def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     api: KubeApi, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -239,7 +258,7 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     assert isinstance(executor_view, WatchedOrListed) and executor_view.watched is ports.source
     assert isinstance(executor_view.lister, KubeClusterSource)
     assert executor_view.max_wait_s == settings.execution.poll_interval_s
-    assert ports.executor.confirm is executor_view.lister  # a drain's end read fresh
+    assert isinstance(ports.executor.confirm, KubeUnscheduledPods)  # a drain's end, fresh
     assert ports.source.max_staleness_s == settings.daemon.ready_age_limit_s
     assert wiring.watching
     # `defrag run --once` lists once instead: no watch threads to outlive the one cycle.

@@ -423,6 +423,17 @@ class KubeClusterSource:
         return self.call(call)
 
 
+class KubeUnscheduledPods(KubeClusterSource):
+    """A :class:`~defrag.ports.ClusterSource` of the pods bound to no node and not finished, and
+    nothing else (a field selector the API server answers from its index): what the executor
+    reads to confirm that a drain's replacements are all scheduled, without listing the
+    cluster (``Executor.confirm``)."""
+
+    def listings(self) -> list[tuple[str, Callable[..., Any], dict[str, Any]]]:
+        unbound = "spec.nodeName=,status.phase!=Succeeded,status.phase!=Failed"
+        return [("Pod", self.core.list_pod_for_all_namespaces, {"field_selector": unbound})]
+
+
 # --- actuator -------------------------------------------------------------------------------------
 
 

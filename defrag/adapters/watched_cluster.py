@@ -20,7 +20,7 @@ while a drain lasts — cost one incremental build, not a list of the whole clus
 reads the store only while every watch is connected, and after a drop waits a few seconds for
 the watch to resume; when it has not, it lists the API itself. The one verdict a lagging store
 could get wrong — no replacement pending, when one was just created — the executor confirms
-with a list (:attr:`~defrag.execute.executor.Executor.confirm`).
+on a list of the pods bound to no node (:attr:`~defrag.execute.executor.Executor.confirm`).
 What must be exact when written is checked by the API, not by a read: the Eviction API applies
 the disruption budgets, and an eviction whose answer was lost is settled by reading that pod.
 """

@@ -111,7 +111,7 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
             fresh = WatchedOrListed(
                 watched, backend.source, max_wait_s=settings.execution.poll_interval_s
             )
-            confirm = backend.source
+            confirm = _unscheduled(backend.api)
         actuator, elector = _kube(settings, backend.api)
         metrics = _prometheus(settings)
         if probe and metrics is not None and hasattr(metrics, "probe"):
@@ -201,6 +201,12 @@ def _watched(settings: Settings, api: Any) -> WatchedCluster:
     limit = settings.daemon.ready_age_limit_s
     source = KubeWatchSource(api, max_backoff_s=max(1.0, min(30.0, limit / 4)))
     return WatchedCluster(source, max_staleness_s=limit)
+
+
+def _unscheduled(api: Any) -> ClusterSource:
+    from defrag.adapters.kube import KubeUnscheduledPods
+
+    return KubeUnscheduledPods(api)
 
 
 def _kube(settings: Settings, api: Any) -> tuple[Actuator, Elector]:

@@ -127,8 +127,10 @@ class Executor:
         self.confirm = confirm
         """Read once more before a drain's replacements are taken as all scheduled, where
         ``source`` may lag (the daemon's watched store): a store that lags can miss a
-        replacement just created, never show one that was not, so only that verdict needs a
-        fresh read. None: ``source`` is read fresh each time."""
+        replacement just created, never show one that was not (nor a pod gone that is not),
+        so only that verdict needs a fresh read, and only of the pods not yet scheduled (the
+        daemon: :class:`~defrag.adapters.kube.KubeUnscheduledPods`). None: ``source`` is read
+        fresh each time."""
         self.clock = clock
         self.settings = settings or ExecutorSettings()
         self.mode = mode or RunMode()
@@ -664,9 +666,7 @@ class Executor:
             pending = pending_of(cluster, watched)
             still = [p for p in leaving if p in cluster.pods]
             if not pending and not still and self.confirm is not None:
-                cluster = self.confirm.snapshot()
-                pending = pending_of(cluster, watched)
-                still = [p for p in leaving if p in cluster.pods]
+                pending = pending_of(self.confirm.snapshot(), watched)
             if run is not None:
                 run.latest = cluster
             if not pending and not still:
