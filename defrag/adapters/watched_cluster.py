@@ -16,11 +16,11 @@ open but silent counts as down once it outlives its ``timeoutSeconds`` by the gr
 The executor reads it too, through :class:`WatchedOrListed`: the store is the API's history
 up to a moment ago (each kind's events arrive in order, so what it shows did happen), and the
 executor's polls — replacements scheduled, rooms taken, checkpoints written, every few seconds
-while a drain lasts — cost one incremental build, not a list of the whole cluster each. It
-reads the store only while every watch is connected, and after a drop waits a few seconds for
-the watch to resume; when it has not, it lists the API itself. The one verdict a lagging store
-could get wrong — no replacement pending, when one was just created — the executor confirms
-on a list of the pods bound to no node (:attr:`~defrag.execute.executor.Executor.confirm`).
+while a drain lasts — cost one incremental build, not a list of the whole cluster each. A
+store that lags only delays what the executor sees; the one verdict it could get wrong — no
+replacement pending, when one was just created — the executor confirms on a list of the pods
+bound to no node (:attr:`~defrag.execute.executor.Executor.confirm`). Where the store is refused
+(:class:`StaleCluster`) the executor lists the API itself.
 What must be exact when written is checked by the API, not by a read: the Eviction API applies
 the disruption budgets, and an eviction whose answer was lost is settled by reading that pod.
 """
@@ -121,19 +121,21 @@ for _source in ("store", "list"):
 
 
 class WatchedOrListed:
-    """The executor's :class:`~defrag.ports.ClusterSource`: the watched store while it is
-    current, a list of the API (``lister``) otherwise. The first read starts the store.
+    """The executor's :class:`~defrag.ports.ClusterSource`: the watched store, and a list of the
+    API (``lister``) only where the store is refused (not listed yet, or a watch down longer
+    than its staleness bound: :class:`StaleCluster`). The first read starts the store.
 
-    Current means every kind listed and every watch connected
-    (:meth:`~defrag.adapters.kube_watch.KubeWatchSource.current`): the store is then the API's
-    history up to the watch's latency, as good as a list for what the executor waits on
-    (replacements created and bound, pods gone, checkpoints written). A store whose watch is
-    down holds what was current when it went down, and would miss a replacement created since
-    — the executor would take the drain for done. A dropped watch is resumed from its last
-    resourceVersion, usually within a second, so a read first waits up to ``max_wait_s`` for
-    the store to be current again, and lists only when it is not by then (a watch down longer,
-    a relist after 410 Gone not finished). ``stored`` and ``listed`` count the answers from
-    each (and ``defrag_executor_cluster_reads_total{source}``).
+    A store that lags shows only what did happen (each kind's events arrive in order), so every
+    verdict the executor draws from a poll — a checkpoint written, a pod gone, a replacement
+    bound, a pod Terminating — holds however late it comes; a lag only delays it. The one
+    verdict a lagging store could get wrong, that no replacement is pending when one was just
+    created, the executor confirms on a fresh list of the pods bound to no node
+    (:attr:`~defrag.execute.executor.Executor.confirm`). So a dropped watch, or a relist after
+    410 Gone, does not make the executor list the whole cluster: a read waits up to
+    ``max_wait_s`` for every watch to be connected and every kind listed (a drop resumes from
+    its last resourceVersion, usually within a second), then answers from the store either way.
+    ``stored`` and ``listed`` count the answers from each (and
+    ``defrag_executor_cluster_reads_total{source}``).
     """
 
     def __init__(
@@ -154,28 +156,30 @@ class WatchedOrListed:
         self.listed = 0
 
     def snapshot(self) -> Cluster:
-        if self._current():
-            cluster = self.watched.snapshot()
-            self.stored += 1
-            EXECUTOR_READS.labels(source="store").inc()
-            return cluster
-        cluster = self.lister.snapshot()
-        self.listed += 1
-        EXECUTOR_READS.labels(source="list").inc()
-        return cluster
-
-    def _current(self) -> bool:
-        """Whether the store is current, waiting up to ``max_wait_s`` for it to be."""
         # The first read starts the store (the daemon's reconcile at start reads here before
         # its first cycle would): one list of the cluster at start, not one more before it.
         self.watched.start()
+        self._await_current()
+        try:
+            cluster = self.watched.snapshot()
+        except StaleCluster:
+            cluster = self.lister.snapshot()
+            self.listed += 1
+            EXECUTOR_READS.labels(source="list").inc()
+            return cluster
+        self.stored += 1
+        EXECUTOR_READS.labels(source="store").inc()
+        return cluster
+
+    def _await_current(self) -> None:
+        """Wait up to ``max_wait_s`` for every watch to be connected and every kind listed:
+        the poll then sees what happened up to now, not up to the drop."""
         deadline = self.clock() + self.max_wait_s
         while not self.watched.watch.current():
             left = deadline - self.clock()
             if left <= 0:
-                return False
+                return
             self.sleep(min(WAIT_STEP_S, left))
-        return True
 
 
 WAIT_STEP_S = 0.05

@@ -106,7 +106,7 @@ def build(settings: Settings, *, watch: bool = True, probe: bool = False) -> Wir
             from defrag.adapters.watched_cluster import WatchedOrListed
 
             watched = _watched(settings, backend.api)
-            # the executor polls while a drain lasts: from the store while its watches are up
+            # the executor polls the store while a drain lasts; its end is confirmed fresh
             source = watched
             fresh = WatchedOrListed(
                 watched, backend.source, max_wait_s=settings.execution.poll_interval_s
