@@ -60,10 +60,7 @@ def test_an_unchanged_store_is_built_once(api: KubeApi, watched: WatchedCluster)
 def test_a_change_is_seen_without_a_relist(api: KubeApi, watched: WatchedCluster) -> None:
     before = watched.snapshot()
     assert before.node("node-2").taints  # drained: tainted
-    node = api.get("Node", "node-2")
-    assert node is not None
-    node["spec"]["taints"] = []
-    api.put(node)
+    untaint(api, "node-2")
     within(2.0, lambda: not watched.snapshot().node("node-2").taints, "the untainted node")
     assert watched.builds == 2  # one build per change, however many snapshots were asked
     assert lists(api) == 1  # by the watch, not a relist
@@ -73,10 +70,7 @@ def test_a_terminating_pod_is_seen_terminating(api: KubeApi, watched: WatchedClu
     # Before: the store trimmed metadata.deletionTimestamp away, so the daemon's planner took a
     # pod already going for a victim again (tests/e2e/test_daemon_makeroom.py caught it).
     assert watched.snapshot().pods["default/seven"].deleting_since is None
-    pod = api.get("Pod", "seven", "default")
-    assert pod is not None
-    pod["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
-    api.put(pod)
+    start_terminating(api, "default", "seven")
 
     def terminating() -> bool:
         return watched.snapshot().pods["default/seven"].deleting_since is not None
@@ -140,10 +134,7 @@ def test_the_executor_reads_the_store_while_every_watch_is_up(
     assert watched.started
     assert (view.listed, view.stored, lists(api)) == (0, 1, 1)
     assert view.snapshot() is first  # unchanged: the same cluster, no build and no list
-    pod = api.get("Pod", "seven", "default")
-    assert pod is not None
-    pod["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
-    api.put(pod)
+    start_terminating(api, "default", "seven")
 
     def terminating() -> bool:
         return view.snapshot().pods["default/seven"].deleting_since is not None
@@ -167,14 +158,8 @@ def test_a_store_down_within_its_bound_answers_late_and_no_list_is_made(
     view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_wait_s=0.05)
     first = view.snapshot()
     listed = lists(api)
-    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
-    api.fail("GET", f"^{NODES}$", status=503, times=10_000, watch=True)  # lists still answer
-    api.drop_watches()
-    within(3.0, lambda: not watched.watch.current(), "the node watch down")
-    node = api.get("Node", "node-2")
-    assert node is not None
-    node["spec"]["taints"] = []
-    api.put(node)
+    drop_node_watch(api, watched)  # lists still answer
+    untaint(api, "node-2")
     # the view waits 0.05 s for the watch, then answers what the store holds: late, not wrong
     assert view.snapshot() is first and first.node("node-2").taints
     assert (view.stored, view.listed, lists(api)) == (2, 0, listed)
@@ -185,14 +170,8 @@ def test_the_executor_lists_the_api_once_the_store_is_refused(
 ) -> None:
     view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_wait_s=0.05)
     view.snapshot()
-    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
-    api.fail("GET", f"^{NODES}$", status=503, times=10_000, watch=True)  # lists still answer
-    api.drop_watches()
-    within(3.0, lambda: watched.watch.health().broken_since is not None, "the node watch down")
-    node = api.get("Node", "node-2")
-    assert node is not None
-    node["spec"]["taints"] = []
-    api.put(node)
+    drop_node_watch(api, watched)  # lists still answer
+    untaint(api, "node-2")
     time.sleep(0.4)  # down past the store's bound (0.3 s): the cycle would refuse it too
     with pytest.raises(StaleCluster):
         watched.snapshot()
@@ -208,14 +187,8 @@ def test_a_read_waits_for_a_dropped_watch_to_resume_instead_of_listing(
     view = WatchedOrListed(watched, KubeClusterSource(api.client(), retry=FAST), max_wait_s=10)
     view.snapshot()
     listed = lists(api)
-    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
-    api.fail("GET", f"^{NODES}$", status=503, times=5, watch=True)  # five reconnects refused
-    api.drop_watches()
-    within(3.0, lambda: not watched.watch.current(), "the node watch down")
-    node = api.get("Node", "node-2")
-    assert node is not None
-    node["spec"]["taints"] = []
-    api.put(node)
+    drop_node_watch(api, watched, refusals=5)  # five reconnects refused
+    untaint(api, "node-2")
     view.snapshot()  # waits until the watch is back, and reads the store
     assert (view.stored, view.listed, lists(api)) == (2, 0, listed)
     # the change made while it was down arrives through the resumed watch, not a list
@@ -264,3 +237,26 @@ def test_the_daemon_plans_on_the_watch_and_evicts_on_fresh_reads(
     assert isinstance(once.daemon.ports.source, KubeClusterSource) and not once.watching
     assert once.daemon.ports.executor is not None
     assert once.daemon.ports.executor.confirm is None  # its reads are lists already
+
+
+def drop_node_watch(api: KubeApi, watched: WatchedCluster, refusals: int = 10_000) -> None:
+    """Cut the open node watch and refuse the next ``refusals`` watch requests (lists still
+    answer), until the store says it is not current."""
+    within(2.0, lambda: len(watches(api)) >= 1, "the node watch open")
+    api.fail("GET", f"^{NODES}$", status=503, times=refusals, watch=True)
+    api.drop_watches()
+    within(3.0, lambda: not watched.watch.current(), "the node watch down")
+
+
+def start_terminating(api: KubeApi, namespace: str, name: str) -> None:
+    pod = api.get("Pod", name, namespace)
+    assert pod is not None
+    pod["metadata"]["deletionTimestamp"] = "2026-12-02T01:00:00Z"
+    api.put(pod)
+
+
+def untaint(api: KubeApi, name: str) -> None:
+    node = api.get("Node", name)
+    assert node is not None
+    node["spec"]["taints"] = []
+    api.put(node)
