@@ -112,8 +112,9 @@ class WatchedCluster:
 
 EXECUTOR_READS = Counter(
     "defrag_executor_cluster_reads",
-    "The executor's reads of the cluster while it drains, by what answered: the watched store "
-    "(every watch up) or a list of the API (some watch down, or the store not started).",
+    "The executor's reads of the cluster while it drains, by what answered: the watched store, "
+    "or a list of the API where the store is refused (not listed yet, or a watch down past its "
+    "staleness bound).",
     ["source"],
 )
 for _source in ("store", "list"):

@@ -509,11 +509,6 @@ class KubeApi:
                 )
             )
 
-    def clear_faults(self) -> None:
-        """Forget every fault not yet served."""
-        with self._lock:
-            self._faults.clear()
-
     # --- internals ---------------------------------------------------------------------------
 
     def _next_rv(self) -> str:
@@ -1082,6 +1077,10 @@ def _route(path: str) -> _Route | None:
 _VERBS = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
 
+def _is_watch(query: dict[str, list[str]]) -> bool:
+    return query.get("watch", [""])[0] in ("true", "1")
+
+
 def _rbac(
     method: str, route: _Route | None, query: dict[str, list[str]]
 ) -> tuple[str, str, str, str, str]:
@@ -1089,10 +1088,7 @@ def _rbac(
     if route is None:
         return method.lower(), "", "", "", ""
     if method == "GET":
-        if route.name:
-            verb = "get"
-        else:
-            verb = "watch" if query.get("watch", [""])[0] in ("true", "1") else "list"
+        verb = "get" if route.name else "watch" if _is_watch(query) else "list"
     else:
         verb = _VERBS.get(method, method.lower())
         if method == "DELETE" and not route.name:
@@ -1113,7 +1109,7 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         query = parse_qs(urlsplit(self.path).query)
-        watching = self.command == "GET" and query.get("watch", [""])[0] in ("true", "1")
+        watching = self.command == "GET" and _is_watch(query)
         if watching and self.emulator.serve_watch(self, self.path):
             return
         status, payload = self.emulator.handle(
@@ -1183,7 +1179,3 @@ __all__ = [
     "running",
     "serve_in_subprocess",
 ]
-
-
-def _is_watch(query: dict[str, list[str]]) -> bool:
-    return any(v in ("true", "1") for v in query.get("watch", []))
