@@ -346,6 +346,7 @@ class Soak:
         """(time, process, pid, VmRSS kB) sampled every ``rss_every_s`` (memory soak)."""
         self.started_at = time.time()
         self.chaos_started: float | None = None
+        self.marks_at_end: list[str] | None = None
         if self.memory and self.out is not None:
             self.out.mkdir(parents=True, exist_ok=True)
 
@@ -505,10 +506,13 @@ class Soak:
         time.sleep(self.drain_s)
         # A room made in the drain's last seconds is a drain under way, not something left: it
         # gets time to be taken or to time out and be released by the leader's next cycle, which
-        # on a loaded machine can take tens of seconds (then whatever still marks a node counts).
+        # on a loaded machine can take tens of seconds. A job still pending gets its room in
+        # that time too (a room made after the marks were read would be one under way). What
+        # marks a node when both are done, or at the deadline, counts.
         deadline = time.monotonic() + max(self.drain_s, MARK_GRACE_S)
-        while self._marked_nodes() and time.monotonic() < deadline:
+        while (self._marked_nodes() or self._pending_jobs()) and time.monotonic() < deadline:
             time.sleep(0.5)
+        self.marks_at_end = self._marks()
         self.stop.set()
         for t in threads:
             t.join(timeout=30)
@@ -1112,6 +1116,27 @@ class Soak:
                 found.append(node["metadata"]["name"])
         return found
 
+    def _pending_jobs(self) -> list[str]:
+        """The soak's high-priority jobs not yet running (their rooms are still to come)."""
+        return [name for name, since in list(self.jobs.items()) if not since]
+
+    def _marks(self) -> list[str]:
+        """Every drain taint and reservation on a node, with the reservation's age."""
+        checked = time.time()
+        leftovers = []
+        for node in self.plane.admin.get("/api/v1/nodes")["items"]:
+            keys = [t["key"] for t in node["spec"].get("taints", [])]
+            notes = node["metadata"].get("annotations", {})
+            if DRAIN_TAINT in keys:
+                leftovers.append(f"{node['metadata']['name']}: taint {DRAIN_TAINT}")
+            if RESERVED in notes:
+                at = notes.get(RESERVED_AT, "")
+                leftovers.append(
+                    f"{node['metadata']['name']}: annotation {RESERVED} "
+                    f"({notes[RESERVED]}, {RESERVED_AT} {at or 'missing'}, {_age(at, checked)})"
+                )
+        return leftovers
+
     def _cordon_node(self) -> bool:
         marked = self._marked_nodes()
         node = self.chaos_rng.choice(marked or self.node_names)
@@ -1308,20 +1333,9 @@ class Soak:
                     f"{who} evicted {e['objectRef']['name']} at {e['stageTimestamp']} "
                     f"(holder {holder})"
                 )
-        # 4. marks left on the nodes
-        checked = time.time()
-        leftovers = []
-        for node in self.plane.admin.get("/api/v1/nodes")["items"]:
-            keys = [t["key"] for t in node["spec"].get("taints", [])]
-            notes = node["metadata"].get("annotations", {})
-            if DRAIN_TAINT in keys:
-                leftovers.append(f"{node['metadata']['name']}: taint {DRAIN_TAINT}")
-            if RESERVED in notes:
-                at = notes.get(RESERVED_AT, "")
-                leftovers.append(
-                    f"{node['metadata']['name']}: annotation {RESERVED} "
-                    f"({notes[RESERVED]}, {RESERVED_AT} {at or 'missing'}, {_age(at, checked)})"
-                )
+        # 4. marks left on the nodes, read when the drain had ended (the daemons still run, so
+        # a room made since is one under way)
+        leftovers = self.marks_at_end if self.marks_at_end is not None else self._marks()
         # 5. alerts resolved then fired again for a finding that never cleared
         refired = self._refires()
         # 6. tracebacks in any log
