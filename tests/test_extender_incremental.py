@@ -189,6 +189,10 @@ def test_the_filters_reasons_are_filter_reasons(
         args = parse_args(body)
         want = filter_reasons(args.pod, arrays)
         answer = extender.filter(args)
+        # every node asked about is answered once: fits, fails, or fails for good
+        answered = [*answer["NodeNames"], *answer["FailedNodes"]]
+        answered += answer["FailedAndUnresolvableNodes"]
+        assert sorted(answered) == sorted(args.node_names)
         for name, reason in answer["FailedNodes"].items():
             if name in arrays.index:
                 assert reason == ("; ".join(want[arrays.index[name]]) or "does not fit")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -303,9 +304,15 @@ def test_the_emulator_validates_event_namespaces_as_the_api_server(
     assert api.objects("Event") == []
 
 
-def test_event_failure_is_logged_not_raised(api: KubeApi) -> None:
+def test_event_failure_is_logged_not_raised(api: KubeApi, caplog: pytest.LogCaptureFixture) -> None:
     api.fail("POST", r"/events$", status=500, times=10)
-    actuator(api).event("Pod", "ml", "x", "R", "m")  # no exception
+    with caplog.at_level(logging.WARNING, logger="defrag.adapters.kube"):
+        actuator(api).event("Pod", "ml", "x", "R", "m")  # no exception
+    # sent as often as the retry policy allows, then given up with one warning
+    posts = [r for r in api.requests if r.method == "POST" and r.path.endswith("/events")]
+    assert len(posts) == FAST.attempts
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("cannot record event R on Pod x: "), warned
     assert api.objects("Event") == []
 
 

@@ -1,35 +1,12 @@
-"""The cluster model: quantities, the immutable cluster and its numpy views."""
+"""The cluster model: the units it reads quantities in, the immutable cluster and its numpy
+views (parsing a quantity: test_quantity.py)."""
 
 from __future__ import annotations
-
-from decimal import Decimal
 
 import pytest
 
 from defrag.model import Cluster, ModelError, Node, Pod
-from defrag.model.units import QuantityError, count, cpu_milli, memory_mib, parse_quantity
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("500m", Decimal("0.5")),
-        ("2", Decimal(2)),
-        ("64Gi", Decimal(64 * 2**30)),
-        ("1e3", Decimal(1000)),
-        ("1.5k", Decimal(1500)),
-        ("100Mi", Decimal(100 * 2**20)),
-        (3, Decimal(3)),
-    ],
-)
-def test_parse_quantity(text: str | int, expected: Decimal) -> None:
-    assert parse_quantity(text) == expected
-
-
-@pytest.mark.parametrize("bad", ["", "abc", "1.2.3", "5 Gi", "--1"])
-def test_parse_quantity_rejects(bad: str) -> None:
-    with pytest.raises(QuantityError):
-        parse_quantity(bad)
+from defrag.model.units import QuantityError, count, cpu_milli, memory_mib
 
 
 def test_units() -> None:

@@ -37,8 +37,6 @@ def terminating(pod: Pod) -> Pod:
         (running("a", "n", priority=2_000_000_000), Constraints(), "system-critical"),
         (running("a", "n", hours=0.05), Constraints(min_age=timedelta(minutes=10)), "min-age"),
         (running("a", "n", hours=0.05), Constraints(min_age=timedelta(0)), None),
-        (running("a", "n", priority=500), Constraints(priority_threshold=500), "priority"),
-        (running("a", "n", priority=499), Constraints(priority_threshold=500), None),
         # metadata.deletionTimestamp set: already going, whatever else holds; checked first
         (terminating(running("a", "n")), Constraints(), "terminating"),
         (

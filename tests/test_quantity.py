@@ -57,6 +57,10 @@ ACCEPTED = [
     (".5", Decimal("0.5")),
     ("1.5Gi", Decimal(3 * GI // 2)),
     ("-3", Decimal(-3)),  # parsed; a negative request is refused by the converter
+    ("2", Decimal(2)),
+    ("64Gi", Decimal(64 * GI)),
+    ("1.5k", Decimal(1500)),
+    ("100Mi", Decimal(100 * MI)),
     # parser: the digits may be missing, and then the number is zero
     ("+", Decimal(0)),
     (".", Decimal(0)),
@@ -90,6 +94,8 @@ REFUSED = [
     "1e99999999999999999999",
     "--1",
     "5 Gi",
+    "abc",
+    "1.2.3",
     "NaN",
     "Infinity",
 ]

@@ -269,11 +269,15 @@ def test_fgd_prefers_the_gpu_that_leaves_usable_share() -> None:
 
 
 def test_random_is_seeded() -> None:
-    picks = [
-        schedule(Pod("x", num_gpu=1), small_cluster(), make_policy("random", seed=7)).node  # type: ignore[union-attr]
-        for _ in range(3)
-    ]
-    assert len(set(picks)) == 1
+    def picks(seed: int) -> list[tuple[str, tuple[int, ...]]]:
+        policy = make_policy("random", seed=seed)
+        placed = [schedule(Pod("x", num_gpu=1), small_cluster(), policy) for _ in range(20)]
+        return [(p.node, p.gpus) for p in placed if isinstance(p, Placement)]
+
+    first = picks(7)
+    assert len(first) == 20 and len(set(first)) > 1  # it does pick at random
+    assert picks(7) == first  # the same seed, the same picks
+    assert picks(8) != first
 
 
 def test_unknown_policy() -> None:

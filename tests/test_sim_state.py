@@ -102,7 +102,14 @@ def test_no_defrag_hook_and_planner_hook_loading() -> None:
     s = make_state()
     assert NoDefrag().on_window(s, 0.0) == ()
     hook = FillHook()
-    assert hasattr(hook, "on_unschedulable") and hasattr(hook, "on_window")
+    assert hook.on_window(s, 0.0) == ()
+    # node b holds one 1-GPU pod: moving it to a's whole free GPU frees b for a 4-GPU pod
+    s.place(Pod("r", num_gpu=1, cpu_milli=500), 1, (0,))
+    assert hook.on_unschedulable(s, Pod("big", num_gpu=4), 0.0) == (
+        Move("default/r", source_row=1, target_row=0, gpus=(3,)),
+    )
+    # more than the whole cluster has free: no move is looked for
+    assert hook.on_unschedulable(s, Pod("huge", num_gpu=8), 0.0) == ()
 
 
 def test_synthetic_cluster_has_the_openb_mix() -> None:
