@@ -278,7 +278,8 @@ class DetectionSection(Section):
     """The detection rules."""
 
     rules_dir: str | None = None
-    """Default: ./rules, else the rules beside the package (``--rules`` overrides)."""
+    """The rule files' folder; unset: the rules shipped inside the package (``--rules``
+    overrides either)."""
 
 
 class DaemonSection(Section):
@@ -355,8 +356,9 @@ class PlannerSection(Section):
         None if DEFAULT_PATIENCE is None else DEFAULT_PATIENCE.total_seconds(), ge=0
     )
     """While the scheduler packs (the spreading rule's ``packing`` finding), make room only for
-    pods pending at least this long; ``null`` (the default): never while it packs; 0: as under
-    a spreading scheduler (docs/planning.md, "Patience under a packing scheduler")."""
+    pods pending at least this long; ``null``: never while it packs; 0 (the default): as under
+    a spreading scheduler, each room weighed by its forecast value (docs/planning.md, "Patience
+    under a packing scheduler")."""
     make_room_packing_memory_s: float = Field(DEFAULT_MEMORY.total_seconds(), ge=0)
     """How long the spreading rule's ``packing`` finding stands after the last cycle that
     reported it (one cycle whose share dips under the bar does not undo it; a ``spreading``
