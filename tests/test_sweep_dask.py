@@ -18,7 +18,7 @@ from defrag.sim.sweep.engine import DaskEngine, LocalEngine, Outcome, run_sweep
 from defrag.sim.sweep.results import table_columns, tidy_rows, to_csv
 from defrag.sim.sweep.spec import load_sweep
 from defrag.sim.sweep.tasks import SweepPlan, SweepTask, plan_sweep
-from tests.support.binaries import free_port
+from tests.support.binaries import free_port, unavailable
 from tests.support.dask_loopback import Loopback
 from tests.support.dask_loopback import start_loopback as start
 
@@ -41,10 +41,7 @@ def require_distributed() -> None:
     try:
         import distributed  # noqa: F401
     except ImportError:
-        message = "distributed is not installed (pip install 'defrag[sweep]')"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
+        unavailable("distributed is not installed (pip install 'defrag[sweep]')")
 
 
 def start_loopback(tmp: Path, workers: int = 2, code: Path = ROOT) -> Loopback:

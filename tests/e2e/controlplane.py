@@ -81,16 +81,18 @@ def find_assets() -> Assets:
 
 
 def require_assets() -> Assets:
-    """The binaries, or skip the test with the line saying how to get them; with the setting
-    given but the folder incomplete, fail (CI points it at the binaries)."""
+    """The binaries, or skip the test with the line saying how to get them; under CI, or with
+    the setting given but the folder incomplete, fail (a missing part is never a silent skip)."""
     import pytest
+
+    from tests.support.binaries import unavailable
 
     try:
         return find_assets()
     except AssetsMissing as exc:
         if os.environ.get(ASSETS_ENV):
             pytest.fail(str(exc))
-        pytest.skip(str(exc))
+        unavailable(str(exc))
 
 
 # --- certificates (openssl) ---------------------------------------------------------------

@@ -16,7 +16,6 @@ elsewhere they skip with one line naming what to run.
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -26,7 +25,6 @@ import yaml
 from defrag import __version__
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import (
-    HOW_TO_GET,
     ControlPlane,
     Rest,
     control_plane,
@@ -43,7 +41,7 @@ from tests.e2e.test_manifests import (
     wait_workload_pods,
 )
 from tests.support.chart_parity import CASES, Case, compare, manifest_objects
-from tests.support.helm import Helm, HelmError, in_ci, require_helm
+from tests.support.helm import Helm, HelmError, require_helm
 
 NS = "defrag-system"
 RELEASE = "defrag"
@@ -59,8 +57,6 @@ def helm() -> Helm:
 def plane(tmp_path_factory: pytest.TempPathFactory, helm: Helm) -> Iterator[ControlPlane]:
     """A bare control plane: nothing of defrag's applied (Helm must own every object it makes),
     the Prometheus Operator's CRDs served, one GPU node for the agent's DaemonSet."""
-    if in_ci() and not os.environ.get("KUBEBUILDER_ASSETS"):
-        pytest.fail(HOW_TO_GET)
     require_assets()
     with control_plane(tmp_path_factory.mktemp("helm-controlplane")) as started:
         admin = started.admin

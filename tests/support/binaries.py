@@ -21,7 +21,7 @@ def require_binary(name: str) -> str:
     """Path of ``name``; skip locally when it is missing, fail under CI (never skip silently)."""
     path = shutil.which(name)
     if path is None:
-        _missing(f"{name} not found on PATH (make tools installs it)")
+        unavailable(f"{name} not found on PATH (make tools installs it)")
     return path
 
 
@@ -33,14 +33,19 @@ def require_library(name: str) -> str:
 
     found = ctypes.util.find_library(name)
     if found is None:
-        _missing(f"lib{name} not found by the dynamic loader (make tools installs it)")
+        unavailable(f"lib{name} not found by the dynamic loader (make tools installs it)")
     return found
 
 
-def _missing(message: str) -> NoReturn:
+def in_ci() -> bool:
+    """Whether the suite runs in CI (``CI`` set to 1, true or yes, as CI services set it)."""
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unavailable(message: str) -> NoReturn:
     """Skip locally; under CI fail, so a missing part is never a silent skip."""
-    if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-        pytest.fail(message)
+    if in_ci():
+        pytest.fail(f"CI={os.environ['CI']}: {message}", pytrace=False)
     pytest.skip(message)
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pytest
+from tests.support.binaries import unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "defrag"
@@ -24,10 +24,6 @@ TOOLS_PYTHON = ROOT / ".tools" / "helm" / "bin" / "python"
 HOW_TO_GET = "no Helm engine: run `make tools-helm` (helm-sdkpy in .tools/helm)"
 # Lint severities of Helm's pkg/chart/v2/lint/support/message.go (InfoSev, WarningSev, ErrorSev).
 INFO, WARNING, ERROR = 1, 2, 3
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
 class HelmError(AssertionError):
@@ -130,7 +126,5 @@ def require_helm() -> Helm:
     """The engine, or skip with the line saying how to get it (fail under CI=true)."""
     helm = find_helm()
     if helm is None:
-        if in_ci():
-            pytest.fail(HOW_TO_GET)
-        pytest.skip(HOW_TO_GET)
+        unavailable(HOW_TO_GET)
     return helm
