@@ -41,20 +41,19 @@ def _bound(api: Any, ns: str, name: str, timeout_s: float = 30) -> str:
     return node
 
 
-def _settle(extender: c.Served, bound_pods: int) -> None:
-    """Until the extender's view holds every pod bound so far (its /metrics says how many pods
-    its last view holds); with a relisting view this waits for the next relist."""
+def _settle(extender: c.Served) -> None:
+    """Until the extender's watches are connected and its view holds every change its store
+    does (``defrag_extender_state_age_seconds`` about 0: it was found current as /metrics was
+    read), so that it scores on the pods bound so far as ``defrag place`` reads them."""
 
-    def seen() -> bool:
-        text = extender.get("/metrics").text
-        for line in text.splitlines():
-            if line.startswith("defrag_extender_view_pods "):
-                return float(line.split()[1]) >= bound_pods
-        time.sleep(1.0)  # no such gauge: wait out one relist interval
-        return True
+    def age() -> float:
+        for line in extender.get("/metrics").text.splitlines():
+            if line.startswith("defrag_extender_state_age_seconds "):
+                return float(line.split()[1])
+        raise AssertionError("the extender's /metrics has no defrag_extender_state_age_seconds")
 
     deadline = time.monotonic() + 15
-    while not seen():
+    while age() > 0.1:
         assert time.monotonic() < deadline, "the extender's view never caught up"
         time.sleep(0.05)
 
@@ -84,9 +83,8 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
             extra=("--relist-interval", "1s"),
         ) as ext:
             plane.start_scheduler(c.scheduler_config(port, node_cache_capable), sched_kc, scheduler)
-            bound = 0
             for i, gpus in enumerate(SEQUENCE):
-                _settle(ext, bound)
+                _settle(ext)
                 placed = c.defrag_json(
                     "place",
                     "--kubeconfig",
@@ -101,7 +99,6 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
                 name = f"p{i}-{gpus}"
                 c.deployment(plane.admin, ns, name, gpus)
                 assert _bound(plane.admin, ns, name) == expected, (gpus, placed)
-                bound += 1
             calls = ext.get("/metrics").text
             assert 'defrag_extender_requests_total{code="200",verb="filter"}' in calls
             assert 'defrag_extender_requests_total{code="200",verb="prioritize"}' in calls
@@ -113,15 +110,23 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
                 f"/api/v1/nodes/{roomy}",
                 {"metadata": {"annotations": {"defrag.io/reserved-for": f"{ns}/keeper"}}},
             )
-            _settle(ext, bound)
+            _settle(ext)
             time.sleep(1.2)  # one relist: the annotation is in the view
-            # The largest job that fits only on the reserved node stays Pending...
+            # The largest job that fits only on the reserved node stays Pending: kube-scheduler
+            # tried and found no node, the reserved one refused for the reservation...
             c.deployment(plane.admin, ns, "intruder", free[roomy])
-            time.sleep(3)
-            intruder = c.pods(plane.admin, ns, "app=intruder")
-            assert [c.node_of(p) for p in intruder] == [None]
+            intruder = c.wait_pods(
+                plane.admin,
+                ns,
+                "app=intruder",
+                lambda ps: len(ps) == 1 and _unschedulable(ps[0]) is not None,
+                30,
+                what="intruder found unschedulable",
+            )
+            assert c.node_of(intruder[0]) is None
+            assert f"reserved for {ns}/keeper" in str(_unschedulable(intruder[0]))
             # ...while the pod it is reserved for lands there.
-            keeper = c.bare_pod(plane.admin, ns, "keeper", free[roomy])
+            c.bare_pod(plane.admin, ns, "keeper", free[roomy])
             c.wait_pods(
                 plane.admin,
                 ns,
@@ -132,19 +137,36 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
                 30,
                 what="keeper on its reserved node",
             )
-            assert keeper["metadata"]["name"] == "keeper"
+            assert c.node_of(c.pods(plane.admin, ns, "app=intruder")[0]) is None
         # The extender is gone (ignorable: true): kube-scheduler binds without it, on the one
         # node with room.
         nodes.append(f"{tag}-gpu-4")
         add_node(plane.admin, nodes[-1], 8)
+        log = plane.processes[scheduler].log
+        before = len(log.read_bytes())  # the start-up log names the extender's URL too
         c.deployment(plane.admin, ns, "fallback", 1)
         assert _bound(plane.admin, ns, "fallback") == nodes[-1]
-        log = plane.processes[scheduler].log.read_text(errors="replace")
-        assert f"127.0.0.1:{port}" in log  # the failed call was made and logged
+        since = log.read_bytes()[before:].decode(errors="replace")
+        # the call for the fallback pod was made, failed and was skipped (schedule_one.go:
+        # "Skipping extender as it returned error and has ignorable flag set")
+        failed = [
+            line
+            for line in since.splitlines()
+            if f'pod="{ns}/fallback-' in line and f"127.0.0.1:{port}" in line
+        ]
+        assert failed and "ignorable" in failed[0], since[-3000:]
     finally:
         if scheduler in plane.processes:
             plane.processes.pop(scheduler).stop()
         c.clean(plane, ns, nodes)
+
+
+def _unschedulable(pod: dict[str, Any]) -> str | None:
+    """The message of the pod's PodScheduled=False condition with reason Unschedulable."""
+    for cond in pod["status"].get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
+            return str(cond.get("message", ""))
+    return None
 
 
 def _free_gpus(plane: ControlPlane, nodes: list[str]) -> dict[str, int]:
