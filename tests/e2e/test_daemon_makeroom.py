@@ -9,6 +9,7 @@ the freed node.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +18,12 @@ from typing import Any
 
 import pytest
 
-from defrag.adapters.kube import KubeActuator, KubeClusterSource, connect
+from defrag.adapters.kube import (
+    WINDOW_SPEND_ANNOTATION,
+    KubeActuator,
+    KubeClusterSource,
+    connect,
+)
 from defrag.daemon.cycle import SystemClock
 from defrag.execute import Executor, ExecutorSettings, WindowStatus
 from defrag.execute.mode import RunMode
@@ -65,14 +71,15 @@ def test_dry_run_plans_the_room_and_writes_nothing(stage: Stage) -> None:
     assert steps, result
     assert {s["pod"].split("/")[-1].split("-")[0] for s in steps} <= {"a", "b"}
     # And the daemon itself, several cycles of it, with leader election on.
+    started = len(stage.plane.audit_events())
     daemon = c.start_daemon(
         stage.plane, stage.kubeconfig, stage.settings(), stage.rules, f"daemon-{stage.ns}"
     )
-    time.sleep(8)
+    c.wait_for("three cycles", lambda: _cycles(daemon) >= 3, 60, daemon.process)
     assert daemon.process.alive()
     writes = c.audit_writes(stage.plane, DAEMON, since=mark)
     assert writes == [], [(w["verb"], w["requestURI"]) for w in writes]
-    reads = [e for e in stage.plane.audit_events()[mark:] if e["user"]["username"] == DAEMON]
+    reads = [e for e in stage.plane.audit_events()[started:] if e["user"]["username"] == DAEMON]
     assert reads, "the daemon read nothing: it did not run as its ServiceAccount"
 
 
@@ -220,6 +227,12 @@ def test_a_terminating_victim_is_never_evicted_again(stage: Stage) -> None:
     c.wait_for("five more cycles", lambda: _cycles(daemon) >= cycles + 5, 90, daemon.process)
     victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
     assert len(victims) == len(set(victims)), victims
+    # the window's spend (on the Lease) counts each eviction once
+    lease = stage.plane.admin.get(
+        "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
+    )
+    spend = json.loads(lease["metadata"]["annotations"][WINDOW_SPEND_ANNOTATION])
+    assert sum(w["total"] for w in spend["windows"].values()) == len(victims), spend
     stage.kubelet.release(list(stage.kubelet.hold))
     bound_train(stage)
     _wait_clean_nodes(stage)
