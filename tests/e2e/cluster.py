@@ -203,6 +203,18 @@ class Served:
     def get(self, path: str) -> requests.Response:
         return requests.get(f"http://127.0.0.1:{self.port}{path}", timeout=5)
 
+    def cycles(self, *, leading: bool = False) -> float:
+        """The cycles a daemon has finished (``defrag_cycles_total``, every outcome); with
+        ``leading``, 0 unless it holds the Lease now."""
+        text = self.get("/metrics").text
+        if leading and "defrag_leader 1.0" not in text:
+            return 0.0
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("defrag_cycles_total")
+        )
+
 
 def wait_ready(process: Process, port: int, timeout_s: float = 60) -> None:
     wait_for(

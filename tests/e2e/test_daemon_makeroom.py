@@ -75,7 +75,7 @@ def test_dry_run_plans_the_room_and_writes_nothing(stage: Stage) -> None:
     daemon = c.start_daemon(
         stage.plane, stage.kubeconfig, stage.settings(), stage.rules, f"daemon-{stage.ns}"
     )
-    c.wait_for("three cycles", lambda: _cycles(daemon) >= 3, 60, daemon.process)
+    c.wait_for("three cycles", lambda: daemon.cycles() >= 3, 60, daemon.process)
     assert daemon.process.alive()
     writes = c.audit_writes(stage.plane, DAEMON, since=mark)
     assert writes == [], [(w["verb"], w["requestURI"]) for w in writes]
@@ -222,9 +222,9 @@ def test_a_terminating_victim_is_never_evicted_again(stage: Stage) -> None:
     """The victim hangs in Terminating past the replacement wait; the cycles after it see a pod
     with a deletionTimestamp and neither evict it again nor charge a budget for it."""
     daemon, _, mark = _a_held_victim(stage, replacement_timeout_s=4)
-    cycles = _cycles(daemon)
+    cycles = daemon.cycles()
     # The replacement wait (4 s) runs out, then several more 2 s cycles.
-    c.wait_for("five more cycles", lambda: _cycles(daemon) >= cycles + 5, 90, daemon.process)
+    c.wait_for("five more cycles", lambda: daemon.cycles() >= cycles + 5, 90, daemon.process)
     victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
     assert len(victims) == len(set(victims)), victims
     # the window's spend (on the Lease) counts each eviction once
@@ -300,15 +300,6 @@ def _a_held_victim(
     )
     c.wait_for("an eviction", lambda: stage.evictions(mark), 60, daemon.process)
     return daemon, settings, mark
-
-
-def _cycles(daemon: c.Served) -> float:
-    """Cycles the daemon has finished, from its /metrics."""
-    total = 0.0
-    for line in daemon.get("/metrics").text.splitlines():
-        if line.startswith("defrag_cycles_total"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
 
 
 def test_contradicting_settings_stop_the_daemon_before_it_touches_the_cluster(

@@ -154,18 +154,6 @@ def _start(plane: ControlPlane, stage: dict[str, Any], name: str) -> c.Served:
     return c.start_daemon(plane, stage["kubeconfig"], stage["settings"], stage["rules"], name)
 
 
-def _leader_cycles(daemon: c.Served) -> float:
-    """Cycles the daemon finished while leading: 0 until it has the Lease."""
-    text = daemon.get("/metrics").text
-    if "defrag_leader 1.0" not in text:
-        return 0.0
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("defrag_cycles_total")
-    )
-
-
 def _kill_after_two_evictions(
     plane: ControlPlane, stage: dict[str, Any], daemon: c.Served, mark: int
 ) -> int:
@@ -191,13 +179,15 @@ def _resumed(plane: ControlPlane, stage: dict[str, Any], daemon: c.Served, mark:
         60,
         daemon.process,
     )
-    c.wait_for("it cycles as leader", lambda: _leader_cycles(daemon) > 0, 30, daemon.process)
-    start = _leader_cycles(daemon)
+    c.wait_for("it cycles as leader", lambda: daemon.cycles(leading=True) > 0, 30, daemon.process)
+    start = daemon.cycles(leading=True)
+
     # Long enough for a fresh budget to have been spent: 10 leader cycles (2 s each), and every
     # drain it could have started finished.
-    c.wait_for(
-        "ten cycles as leader", lambda: _leader_cycles(daemon) >= start + 10, 120, daemon.process
-    )
+    def ten_more() -> bool:
+        return daemon.cycles(leading=True) >= start + 10
+
+    c.wait_for("ten cycles as leader", ten_more, 120, daemon.process)
     evicted = _evictions(plane, stage["ns"], mark)
     waiting = [p for p in c.pods(plane.admin, stage["ns"], "app=train") if not c.node_of(p)]
     names = [e["objectRef"]["name"] for e in evicted]

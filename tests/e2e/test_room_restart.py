@@ -79,8 +79,16 @@ def test_a_stopped_daemons_room_is_the_next_ones_no_second_room(stage: Stage) ->
     room = rooms.seen[0]
     node = plane.admin.get(f"/api/v1/nodes/{room}")
     kept = node["metadata"].get("annotations", {}).get(RESERVED_FOR_ANNOTATION)
-    c.start_daemon(plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}-2")
-    time.sleep(15)  # the second leads (the first released the Lease) and runs cycles
+    second = c.start_daemon(plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}-2")
+    # the second leads (the first released the Lease) and runs cycles on the room
+    c.wait_for("the second leading", lambda: second.cycles(leading=True) >= 1, 60, second.process)
+    start = second.cycles(leading=True)
+
+    def five_more() -> bool:
+        return second.cycles(leading=True) >= start + 5
+
+    c.wait_for("five cycles as leader", five_more, 60, second.process)
+    assert second.process.alive()
     evicted = [e for e in stage.evictions(mark) if e["responseStatus"]["code"] == 201]
     assert len(evicted) == 1, [e["objectRef"]["name"] for e in evicted]
     assert rooms.stop() == [room]  # no second room
