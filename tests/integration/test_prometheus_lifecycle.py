@@ -69,14 +69,21 @@ def test_a_leaking_pod_that_ended_is_never_reported_after_its_end(
     series) and reported for hours after the pod was gone."""
     ruleset = rules(tmp_path, prefilter)
     ended = [c for c in CASES if c.truth.family == "ended-leak"]
+    assert ended
     late = []
+    alive: set[str] = set()
     for at in EVALS:
         found = findings(prom, ruleset, float(at))
         for case in ended:
             assert case.truth.end is not None
             if at >= case.truth.end + 600 and of(case, found):
                 late.append((case.name, round((at - case.truth.end) / 60)))
+            if at < case.truth.end and of(case, found):
+                alive.add(case.name)
     assert late == []
+    # a detector that finds nothing would pass the check above: the family's leaks are found
+    # while they run (those fast enough for the rule: 2 GiB/h here, not 1)
+    assert alive, "no ended leak was reported while it ran"
 
 
 def test_an_exporter_silent_at_evaluation_keeps_the_leak_with_its_age(
@@ -85,7 +92,9 @@ def test_an_exporter_silent_at_evaluation_keeps_the_leak_with_its_age(
     """Before: free memory could not be read, the capacity became 0 and every leak on the node
     was "never reaches the GPU's memory" (0 of 10 found)."""
     found = findings(prom, rules(tmp_path), END)
-    for case in [c for c in CASES if c.truth.family == "exporter-gap"]:
+    cases = [c for c in CASES if c.truth.family == "exporter-gap"]
+    assert cases
+    for case in cases:
         assert case.truth.silent_from is not None
         [finding] = of(case, found)
         assert finding.subject == case.truth.subject
@@ -101,7 +110,9 @@ def test_an_exporter_silent_at_evaluation_keeps_the_leak_with_its_age(
 
 def test_two_leaking_gpus_of_one_pod_are_two_alerts(prom: str, tmp_path: Path) -> None:
     found = findings(prom, rules(tmp_path), END)
-    for case in [c for c in CASES if c.truth.family == "two-gpu-leak"]:
+    cases = [c for c in CASES if c.truth.family == "two-gpu-leak"]
+    assert cases
+    for case in cases:
         mine = of(case, found)
         assert [f.subject for f in mine] == [case.truth.subject] * 2
         assert len({f.fingerprint for f in mine}) == 2
@@ -127,6 +138,7 @@ def test_a_leak_that_oom_kills_its_pod_is_reported_before_the_oom(
     15 min, it must be reported at least 30 min before the OOM."""
     ruleset = rules(tmp_path)
     oom = [c for c in CASES if c.truth.family == "oom-leak"]
+    assert oom
     warned: dict[str, float] = {}
     for at in np.arange(END - HISTORY_H * HOUR, END + 1, 900.0):
         found = findings(prom, ruleset, float(at))
@@ -142,7 +154,9 @@ def test_a_workload_whose_pods_each_leak_and_die_is_one_finding(prom: str, tmp_p
     """Before: a ReplicaSet whose pods each leak for 1–2 h and die (a new pod name each life)
     was never reported. Now: one finding about the workload, with its lives and slopes."""
     found = findings(prom, rules(tmp_path), END)
-    for case in [c for c in CASES if c.truth.family == "crashloop"]:
+    cases = [c for c in CASES if c.truth.family == "crashloop"]
+    assert cases
+    for case in cases:
         [workload] = [f for f in of_owner(case, found)]
         assert workload.kind == "leak-restarts" and workload.subject == case.truth.subject
         assert workload.severity == "critical"

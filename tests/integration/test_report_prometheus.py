@@ -45,7 +45,8 @@ def test_report_adds_utilisation_and_leak_suspects(prom: str) -> None:
     data = json.loads(result.stdout)
     assert data["largest_placeable_job"] == 8  # node-2 of the worked example is entirely free
     util = data["utilisation"]
-    assert util["p50"] <= util["p90"] <= util["p99"]
+    # every GPU of the fleet at ~10% (sd 2): the percentiles read from the series, in order
+    assert 9.0 < util["p50"] < 11.0 and util["p50"] <= util["p90"] <= util["p99"] < 20.0
     # exactly the leaking GPU's pod is a suspect; the flat and plateau GPUs are not
     assert [s["subject"] for s in data["leak_suspects"]] == ["pod/ml/leak-0"]
 
