@@ -1108,13 +1108,7 @@ class Soak:
         return True
 
     def _marked_nodes(self) -> list[str]:
-        found = []
-        for node in self.plane.admin.get("/api/v1/nodes")["items"]:
-            taints = [t["key"] for t in node["spec"].get("taints", [])]
-            notes = node["metadata"].get("annotations", {})
-            if DRAIN_TAINT in taints or RESERVED in notes:
-                found.append(node["metadata"]["name"])
-        return found
+        return list(self._node_marks())
 
     def _pending_jobs(self) -> list[str]:
         """The soak's high-priority jobs not yet running (their rooms are still to come)."""
@@ -1122,20 +1116,26 @@ class Soak:
 
     def _marks(self) -> list[str]:
         """Every drain taint and reservation on a node, with the reservation's age."""
+        return [mark for marks in self._node_marks().values() for mark in marks]
+
+    def _node_marks(self) -> dict[str, list[str]]:
+        """The marked nodes, each with its drain taint and reservation (with its age)."""
         checked = time.time()
-        leftovers = []
+        found: dict[str, list[str]] = {}
         for node in self.plane.admin.get("/api/v1/nodes")["items"]:
+            name = node["metadata"]["name"]
             keys = [t["key"] for t in node["spec"].get("taints", [])]
             notes = node["metadata"].get("annotations", {})
-            if DRAIN_TAINT in keys:
-                leftovers.append(f"{node['metadata']['name']}: taint {DRAIN_TAINT}")
+            marks = [f"{name}: taint {DRAIN_TAINT}"] if DRAIN_TAINT in keys else []
             if RESERVED in notes:
                 at = notes.get(RESERVED_AT, "")
-                leftovers.append(
-                    f"{node['metadata']['name']}: annotation {RESERVED} "
+                marks.append(
+                    f"{name}: annotation {RESERVED} "
                     f"({notes[RESERVED]}, {RESERVED_AT} {at or 'missing'}, {_age(at, checked)})"
                 )
-        return leftovers
+            if marks:
+                found[name] = marks
+        return found
 
     def _cordon_node(self) -> bool:
         marked = self._marked_nodes()

@@ -216,6 +216,37 @@ class Served:
         )
 
 
+def wait_cycles(
+    daemon: Served, more: int, timeout_s: float, *, leading_within_s: float | None = None
+) -> None:
+    """Until ``daemon`` has finished ``more`` cycles from now; with ``leading_within_s``, first
+    until it leads (a cycle as leader), then ``more`` as leader."""
+    leading = leading_within_s is not None
+    if leading_within_s is not None:
+        wait_for(
+            f"{daemon.process.name} cycling as leader",
+            lambda: daemon.cycles(leading=True) > 0,
+            leading_within_s,
+            daemon.process,
+        )
+    start = daemon.cycles(leading=leading)
+    wait_for(
+        f"{more} more cycles of {daemon.process.name}",
+        lambda: daemon.cycles(leading=leading) >= start + more,
+        timeout_s,
+        daemon.process,
+    )
+
+
+def not_scheduled(pod: dict[str, Any], reason: str) -> dict[str, Any] | None:
+    """The pod's PodScheduled condition when kube-scheduler (or the API server) set it for
+    ``reason`` (``Unschedulable``, ``SchedulingGated``), else None."""
+    for cond in pod["status"].get("conditions") or []:
+        if cond["type"] == "PodScheduled" and cond.get("reason") == reason:
+            return dict(cond)
+    return None
+
+
 def wait_ready(process: Process, port: int, timeout_s: float = 60) -> None:
     wait_for(
         process.name,

@@ -8,6 +8,7 @@ configuration with the defrag extender, both as the ``defrag-scheduler`` Service
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,14 +17,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from defrag.adapters.kube import WINDOW_SPEND_ANNOTATION as SPEND
 from tests.e2e import cluster as c
-from tests.e2e.controlplane import ControlPlane
+from tests.e2e.controlplane import ControlPlane, Rest
 from tests.e2e.kubelet import Kubelet, add_node
 from tests.support.binaries import free_port
 
 DAEMON = c.sa_user("defrag-system", "defrag")
 SCHEDULER_SA = c.sa_user("defrag-system", "defrag-scheduler")
 HIGH = "high-priority"
+LEASE = "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
+"""The daemon's Lease (the shipped ``leadership`` settings), which carries the window's spend."""
 STARVATION_RULE = {
     "rules": [
         {
@@ -129,10 +133,13 @@ def _dry_run(event: dict[str, Any]) -> bool:
 
 
 def _unschedulable(pod: dict[str, Any]) -> bool:
-    return any(
-        cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable"
-        for cond in pod["status"].get("conditions", [])
-    )
+    return c.not_scheduled(pod, "Unschedulable") is not None
+
+
+def window_spend(admin: Rest) -> dict[str, Any]:
+    """The window spend the daemon records on its Lease (``{"windows": {key: {"total", …}}}``)."""
+    spend: dict[str, Any] = json.loads(admin.get(LEASE)["metadata"]["annotations"][SPEND])
+    return spend
 
 
 @contextmanager
@@ -196,9 +203,7 @@ def make_room_stage(
                 plane.processes.pop(scheduler).stop()
             kubelet.hold.clear()
             c.clean(plane, ns, nodes)
-            plane.admin.delete(
-                "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
-            )
+            plane.admin.delete(LEASE)
 
 
 def _place_history(plane: ControlPlane, ns: str, count: int, node: str) -> None:

@@ -149,10 +149,9 @@ def test_a_pod_bound_token_changes_only_its_nodes_annotation(
     admin = plane.admin
     agent = plane.as_service_account(NS, SA, bound_pod=agent_pod)
     if case == "its-annotation-removed":  # there to remove, whatever ran before
-        admin.patch(node_path(node), annotate("0-1"))
+        annotated = admin.patch(node_path(node), annotate("0-1"))
+        assert annotated["metadata"]["annotations"][ANNOTATION] == "0-1"
     before = admin.get(node_path(node))
-    if case == "its-annotation-removed":
-        assert before["metadata"]["annotations"][ANNOTATION] == "0-1"
     answer = patch(agent, node, body(before))
     after = admin.get(node_path(node))
     if refusal is None:

@@ -9,7 +9,6 @@ the freed node.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,12 +17,7 @@ from typing import Any
 
 import pytest
 
-from defrag.adapters.kube import (
-    WINDOW_SPEND_ANNOTATION,
-    KubeActuator,
-    KubeClusterSource,
-    connect,
-)
+from defrag.adapters.kube import KubeActuator, KubeClusterSource, connect
 from defrag.daemon.cycle import SystemClock
 from defrag.execute import Executor, ExecutorSettings, WindowStatus
 from defrag.execute.mode import RunMode
@@ -34,10 +28,12 @@ from tests.e2e.kubelet import Kubelet
 from tests.e2e.stage import (
     DAEMON,
     LAYOUT,
+    LEASE,
     Stage,
     bound_train,
     drain_to_bind_s,
     make_room_stage,
+    window_spend,
 )
 
 
@@ -222,16 +218,12 @@ def test_a_terminating_victim_is_never_evicted_again(stage: Stage) -> None:
     """The victim hangs in Terminating past the replacement wait; the cycles after it see a pod
     with a deletionTimestamp and neither evict it again nor charge a budget for it."""
     daemon, _, mark = _a_held_victim(stage, replacement_timeout_s=4)
-    cycles = daemon.cycles()
     # The replacement wait (4 s) runs out, then several more 2 s cycles.
-    c.wait_for("five more cycles", lambda: daemon.cycles() >= cycles + 5, 90, daemon.process)
+    c.wait_cycles(daemon, 5, 90)
     victims = [e["objectRef"]["name"] for e in stage.evictions(mark)]
     assert len(victims) == len(set(victims)), victims
     # the window's spend (on the Lease) counts each eviction once
-    lease = stage.plane.admin.get(
-        "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
-    )
-    spend = json.loads(lease["metadata"]["annotations"][WINDOW_SPEND_ANNOTATION])
+    spend = window_spend(stage.plane.admin)
     assert sum(w["total"] for w in spend["windows"].values()) == len(victims), spend
     stage.kubelet.release(list(stage.kubelet.hold))
     bound_train(stage)
@@ -257,11 +249,10 @@ def test_a_new_leader_reconciles_a_drain_left_by_sigkill(stage: Stage) -> None:
     # kill): the nodes the second one has to take up
     left = [n for n in stage.nodes if _defrag_marks(stage, n)]
     killed = len(stage.plane.audit_events())
-    lease = "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
     c.wait_for(
         "the second replica holds the Lease",
         lambda: (
-            stage.plane.admin.get(lease)["spec"].get("holderIdentity") == f"daemon-{stage.ns}-2"
+            stage.plane.admin.get(LEASE)["spec"].get("holderIdentity") == f"daemon-{stage.ns}-2"
         ),
         60,
         second.process,

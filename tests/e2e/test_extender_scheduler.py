@@ -119,12 +119,13 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
                 plane.admin,
                 ns,
                 "app=intruder",
-                lambda ps: len(ps) == 1 and _unschedulable(ps[0]) is not None,
+                lambda ps: len(ps) == 1 and c.not_scheduled(ps[0], "Unschedulable") is not None,
                 30,
                 what="intruder found unschedulable",
             )
             assert c.node_of(intruder[0]) is None
-            assert f"reserved for {ns}/keeper" in str(_unschedulable(intruder[0]))
+            why = c.not_scheduled(intruder[0], "Unschedulable") or {}
+            assert f"reserved for {ns}/keeper" in why.get("message", ""), why
             # ...while the pod it is reserved for lands there.
             c.bare_pod(plane.admin, ns, "keeper", free[roomy])
             c.wait_pods(
@@ -159,14 +160,6 @@ def test_binding_follows_defrag_place_reservations_and_fallback(
         if scheduler in plane.processes:
             plane.processes.pop(scheduler).stop()
         c.clean(plane, ns, nodes)
-
-
-def _unschedulable(pod: dict[str, Any]) -> str | None:
-    """The message of the pod's PodScheduled=False condition with reason Unschedulable."""
-    for cond in pod["status"].get("conditions") or []:
-        if cond["type"] == "PodScheduled" and cond.get("reason") == "Unschedulable":
-            return str(cond.get("message", ""))
-    return None
 
 
 def _free_gpus(plane: ControlPlane, nodes: list[str]) -> dict[str, int]:

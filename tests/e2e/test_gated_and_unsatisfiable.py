@@ -50,10 +50,7 @@ def _pod(stage: Stage, name: str, gpus: int, gates: list[str]) -> None:
 
 def _waits_for(stage: Stage, name: str, reason: str) -> None:
     def marked(pods: list[dict[str, Any]]) -> bool:
-        return len(pods) == 1 and any(
-            cond["type"] == "PodScheduled" and cond.get("reason") == reason
-            for cond in pods[0]["status"].get("conditions", [])
-        )
+        return len(pods) == 1 and c.not_scheduled(pods[0], reason) is not None
 
     c.wait_pods(stage.plane.admin, stage.ns, f"app={name}", marked, 30, what=f"{name}: {reason}")
 

@@ -13,7 +13,6 @@ another's), six in all: more than the window's 4.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,15 +21,14 @@ from typing import Any
 
 import pytest
 
-from defrag.adapters.kube import WINDOW_SPEND_ANNOTATION, LeaseElector, connect
+from defrag.adapters.kube import LeaseElector, connect
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import ControlPlane
 from tests.e2e.kubelet import Kubelet, add_node
-from tests.e2e.stage import DAEMON, HIGH, STARVATION_RULE, daemon_settings
+from tests.e2e.stage import DAEMON, HIGH, LEASE, STARVATION_RULE, daemon_settings, window_spend
 from tests.support.binaries import free_port
 from tests.test_lease_serial import race
 
-LEASE = "/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag"
 NODES = 8
 TRAINS = 6
 BUDGET = 4
@@ -179,21 +177,15 @@ def _resumed(plane: ControlPlane, stage: dict[str, Any], daemon: c.Served, mark:
         60,
         daemon.process,
     )
-    c.wait_for("it cycles as leader", lambda: daemon.cycles(leading=True) > 0, 30, daemon.process)
-    start = daemon.cycles(leading=True)
-
     # Long enough for a fresh budget to have been spent: 10 leader cycles (2 s each), and every
     # drain it could have started finished.
-    def ten_more() -> bool:
-        return daemon.cycles(leading=True) >= start + 10
-
-    c.wait_for("ten cycles as leader", ten_more, 120, daemon.process)
+    c.wait_cycles(daemon, 10, 120, leading_within_s=30)
     evicted = _evictions(plane, stage["ns"], mark)
     waiting = [p for p in c.pods(plane.admin, stage["ns"], "app=train") if not c.node_of(p)]
     names = [e["objectRef"]["name"] for e in evicted]
     assert len(evicted) <= BUDGET, names
     assert waiting, "every train placed: the stage asked for less than the budget"
-    spend = json.loads(plane.admin.get(LEASE)["metadata"]["annotations"][WINDOW_SPEND_ANNOTATION])
+    spend = window_spend(plane.admin)
     (window,) = spend["windows"].values()
     assert window["total"] == BUDGET, spend  # spent: a leader that evicted nothing more fails
     # the stage's d<i> runs on node n<i>: each eviction carried out was recorded on its node

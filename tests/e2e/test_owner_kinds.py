@@ -23,7 +23,7 @@ import pytest
 from tests.e2e import cluster as c
 from tests.e2e.controlplane import ControlPlane, wait_for
 from tests.e2e.kubelet import Kubelet, add_node
-from tests.e2e.stage import DAEMON, HIGH, STARVATION_RULE, bound_train, daemon_settings
+from tests.e2e.stage import DAEMON, HIGH, LEASE, STARVATION_RULE, bound_train, daemon_settings
 from tests.support.binaries import free_port
 
 NS = "owners"
@@ -212,7 +212,7 @@ def stage(plane: ControlPlane, kubelet: Kubelet, tmp_path: Path) -> Iterator[dic
                 api.delete(path, {"apiVersion": "v1", "kind": "DeleteOptions",
                                   "propagationPolicy": "Background"})  # fmt: skip
             c.clean(plane, NS, nodes)
-            api.delete("/apis/coordination.k8s.io/v1/namespaces/defrag-system/leases/defrag")
+            api.delete(LEASE)
 
 
 def _once(stage: dict[str, Any], **execution: Any) -> dict[str, Any]:

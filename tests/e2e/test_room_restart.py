@@ -81,13 +81,7 @@ def test_a_stopped_daemons_room_is_the_next_ones_no_second_room(stage: Stage) ->
     kept = node["metadata"].get("annotations", {}).get(RESERVED_FOR_ANNOTATION)
     second = c.start_daemon(plane, stage.kubeconfig, settings, stage.rules, f"daemon-{stage.ns}-2")
     # the second leads (the first released the Lease) and runs cycles on the room
-    c.wait_for("the second leading", lambda: second.cycles(leading=True) >= 1, 60, second.process)
-    start = second.cycles(leading=True)
-
-    def five_more() -> bool:
-        return second.cycles(leading=True) >= start + 5
-
-    c.wait_for("five cycles as leader", five_more, 60, second.process)
+    c.wait_cycles(second, 5, 60, leading_within_s=60)
     assert second.process.alive()
     evicted = [e for e in stage.evictions(mark) if e["responseStatus"]["code"] == 201]
     assert len(evicted) == 1, [e["objectRef"]["name"] for e in evicted]
